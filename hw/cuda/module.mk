@@ -1,0 +1,8 @@
+# hw/cuda: compiled whenever ./configure found the CUDA toolkit (HAVE_CUDA=1).
+ifeq ($(HAVE_CUDA)$(wildcard hw/cuda/cuda.c),1hw/cuda/cuda.c)
+CORE_SRCS += $(filter-out hw/cuda/cuda_absent.c,$(wildcard hw/cuda/*.c))
+CU_SRCS += $(wildcard hw/cuda/*.cu)
+CUDA_CPPFLAGS_hw_cuda_ := $(CUDA_CPPFLAGS)
+else
+CORE_SRCS += hw/cuda/cuda_absent.c
+endif

@@ -1,0 +1,59 @@
+# Test builds and runners.
+#   tests/unit/<module>/test_<name>.c  -> $(O)/tests/unit/<module>/test_<name>  (cmocka)
+#     extra link flags: UNIT_LDFLAGS_<module>_test_<name> := -Wl,--wrap=...
+#   tests/integration/*.c              -> $(O)/tests/integration/<name> (helper programs)
+#   tests/integration/*.sh             scenarios, run by tests/run.sh with PF_* variables
+UNIT_SRCS := $(sort $(wildcard tests/unit/*/test_*.c))
+UNIT_BINS := $(patsubst tests/unit/%.c,$(O)/tests/unit/%,$(UNIT_SRCS))
+INTEG_C := $(sort $(wildcard tests/integration/*.c))
+INTEG_BINS := $(patsubst tests/integration/%.c,$(O)/tests/integration/%,$(INTEG_C))
+INTEG_SCRIPTS := $(sort $(wildcard tests/integration/test_*.sh))
+TESTLIB_SRCS := $(wildcard tests/lib/*.c)
+TESTLIB_OBJS := $(call obj,$(TESTLIB_SRCS))
+
+$(O)/tests/unit/%: $(O)/obj/tests/unit/%.o $(TESTLIB_OBJS) $(LIBPFCLIENT) $(LIBPFCORE)
+	@mkdir -p $(@D)
+	@echo "  LD      $@"
+	@$(CC) $(LDFLAGS_ALL) $(UNIT_LDFLAGS_$(subst /,_,$*)) -o $@ $< $(TESTLIB_OBJS) $(LIBPFCLIENT) \
+		$(LIBPFCORE) -lcmocka $(LIBS_ALL) $(CUDA_LIBS) $(if $(CU_SRCS),-lstdc++)
+
+$(O)/tests/integration/%: $(O)/obj/tests/integration/%.o $(TESTLIB_OBJS) $(LIBPFCLIENT) $(LIBPFCORE)
+	@mkdir -p $(@D)
+	@echo "  LD      $@"
+	@$(CC) $(LDFLAGS_ALL) -o $@ $< $(TESTLIB_OBJS) $(LIBPFCLIENT) $(LIBPFCORE) $(LIBS_ALL) \
+		$(CUDA_LIBS) $(if $(CU_SRCS),-lstdc++)
+
+TEST_ENV = PF_BIN=$(abspath $(O)/bin) PF_LIB=$(abspath $(O)/lib) \
+	PF_TESTBIN=$(abspath $(O)/tests/integration) PF_TOP=$(TOP) PF_VARIANT=$(VARIANT) \
+	PF_SAN=$(SAN) PEGAFLOW_LIB=$(abspath $(LIBPEGAFLOW))
+ifneq ($(findstring address,$(SAN)),)
+TEST_ENV += ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:allow_user_segv_handler=1 \
+	LSAN_OPTIONS=suppressions=$(TOP)/ci/lsan.supp:print_suppressions=0 \
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+endif
+ifneq ($(findstring thread,$(SAN)),)
+TEST_ENV += TSAN_OPTIONS=suppressions=$(TOP)/ci/tsan.supp:halt_on_error=1:second_deadlock_stack=1
+endif
+
+.PHONY: test test-build test-run test-unit test-integration test-python
+test-build: all $(UNIT_BINS) $(INTEG_BINS) $(LIBPEGAFLOW)
+
+test:
+	@ci/install-deps.sh
+	@$(MAKE) --no-print-directory -j$(NPROC) test-build
+	@$(MAKE) --no-print-directory test-run
+
+test-run:
+	@$(TEST_ENV) tests/run.sh all $(O)
+
+test-unit:
+	@$(MAKE) --no-print-directory -j$(NPROC) test-build
+	@$(TEST_ENV) tests/run.sh unit $(O)
+
+test-integration:
+	@$(MAKE) --no-print-directory -j$(NPROC) test-build
+	@$(TEST_ENV) tests/run.sh integration $(O)
+
+test-python:
+	@$(MAKE) --no-print-directory -j$(NPROC) test-build
+	@$(TEST_ENV) tests/run.sh python $(O)

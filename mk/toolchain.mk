@@ -1,0 +1,70 @@
+# Toolchain, flags and build variants.
+#   SAN=address,undefined | SAN=thread  -> build/san-<list>/
+#   COVERAGE=1                           -> build/cov/
+#   default                              -> build/rel/
+CC ?= cc
+ifeq ($(origin CC),default)
+CC := cc
+endif
+NPROC := $(shell nproc 2>/dev/null || echo 2)
+PKGS := grpc libprotobuf-c libmicrohttpd liburing libxxhash libcjson numa
+
+ifneq ($(SAN),)
+VARIANT := san-$(subst $(comma),-,$(SAN))
+OPT := -O1 -g -fno-omit-frame-pointer -fsanitize=$(SAN)
+SANFLAGS := -fsanitize=$(SAN)
+ifneq ($(findstring undefined,$(SAN)),)
+OPT += -fno-sanitize-recover=undefined
+SANFLAGS += -fno-sanitize-recover=undefined
+endif
+else ifeq ($(COVERAGE),1)
+VARIANT := cov
+OPT := -O0 -g --coverage
+SANFLAGS := --coverage
+else
+VARIANT := rel
+OPT := -O2 -g
+SANFLAGS :=
+endif
+comma := ,
+
+O := build/$(VARIANT)
+GEN := build/gen
+
+# Deferred (=) so pkg-config runs only when a recipe needs it, after install-deps.
+PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+WARN := -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter -Wstrict-prototypes -Wmissing-prototypes
+CPPFLAGS_ALL = -D_GNU_SOURCE -Isrc/include -I$(GEN) -Isrc $(PKG_CFLAGS)
+CFLAGS_ALL = -std=c11 -fPIC -pthread $(OPT) $(WARN) -MMD -MP $(CFLAGS)
+LDFLAGS_ALL = -pthread $(SANFLAGS) $(LDFLAGS)
+LIBS_ALL = $(PKG_LIBS) -libverbs -lm -ldl -lrt
+
+ifeq ($(HAVE_CUDA),1)
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt
+CUDA_CPPFLAGS := -I$(CUDA_HOME)/include
+NVCCFLAGS := -O2 -std=c++17 -Xcompiler -fPIC -Isrc/include
+else
+CUDA_LIBS :=
+CUDA_CPPFLAGS :=
+endif
+ifneq ($(HAVE_VERBS),1)
+LIBS_ALL := $(filter-out -libverbs,$(LIBS_ALL))
+endif
+
+# object path for a source path
+obj = $(patsubst %.c,$(O)/obj/%.o,$(filter %.c,$(1))) $(patsubst %.cu,$(O)/obj/%.cu.o,$(filter %.cu,$(1)))
+
+$(O)/obj/%.o: %.c | $(GEN)/engine.pb-c.h
+	@mkdir -p $(@D)
+	@echo "  CC      $<"
+	@$(CC) $(CPPFLAGS_ALL) $(CUDA_CPPFLAGS_$(subst /,_,$(dir $<))) $(CFLAGS_ALL) $(CFLAGS_$(subst /,_,$(dir $<))) -c $< -o $@
+
+$(O)/obj/%.cu.o: %.cu
+	@mkdir -p $(@D)
+	@echo "  NVCC    $<"
+	@$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+LIBPFCORE := $(O)/lib/libpfcore.a
+LIBPFCLIENT := $(O)/lib/libpfclient.a
+LIBPEGAFLOW := $(O)/lib/libpegaflow.so

@@ -1,0 +1,93 @@
+/* Application layer: flag tables and process lifecycle of pegaflow-server and
+ * pegaflow-metaserver (the src/bin main files only call pf_server_main / pf_metaserver_main). */
+#ifndef PF_APP_H
+#define PF_APP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pf/config.h"
+#include "pf/log.h"
+
+struct pf_server_config {
+    /* seeds/server.md */
+    char *addr;
+    struct pf_strlist devices;
+    uint64_t pool_size;
+    uint64_t hint_value_size;
+    bool use_hugepages;
+    bool enable_lfu_admission;
+    bool disable_numa_affinity;
+    bool blockwise_alloc;
+    enum pf_log_level log_level;
+    char *http_addr;
+    bool enable_prometheus;
+    char *metrics_otel_endpoint;
+    uint64_t metrics_period_secs;
+    struct pf_strlist ssd_cache_path;
+    uint64_t ssd_cache_capacity;
+    uint64_t ssd_cache_shards;
+    uint64_t ssd_write_queue_depth;
+    uint64_t ssd_prefetch_queue_depth;
+    uint64_t ssd_write_inflight;
+    uint64_t ssd_prefetch_inflight;
+    uint64_t max_prefetch_blocks;
+    struct pf_strlist nics;
+    char *metaserver_addr;
+    uint64_t transfer_lock_timeout_secs;
+    uint64_t metaserver_queue_depth;
+    /* reference-only flags */
+    uint64_t qps_per_peer;
+    uint64_t pool_shards;
+    char *metric_hll_windows;
+    uint64_t metric_hll_bucket_bits;
+    double trace_sample_rate;
+    /* ours (docs/server.md) */
+    char *gpu_backend;
+    char *net_backend;
+    uint64_t rpc_threads;
+    char *fault_spec;
+    bool enable_debug;
+    uint64_t sim_gpu_bandwidth;
+    uint64_t sim_gpus;
+    bool integrity;
+
+    /* derived by pf_server_config_parse */
+    struct pf_fault_plan *faults;
+    int *device_ids;
+    size_t ndevice_ids;
+    char metaserver_target[256];
+};
+
+extern const struct pf_flag pf_server_flags[];
+extern const size_t pf_server_nflags;
+
+/* Parses and validates argv. Returns 0, 1 (--help printed), 2 (--version printed) or
+ * -EINVAL with a one-line message in err (the binary prints it and exits 2). */
+int pf_server_config_parse(struct pf_server_config *cfg, int argc, char **argv, char *err,
+                           size_t errlen);
+void pf_server_config_free(struct pf_server_config *cfg);
+
+int pf_server_main(int argc, char **argv);
+
+struct pf_meta_config {
+    char *addr;
+    char *http_addr;
+    enum pf_log_level log_level;
+    uint64_t node_stale_secs;
+    uint64_t ttl_minutes;
+    uint64_t sweep_interval_secs;
+    uint64_t rpc_threads;
+};
+
+extern const struct pf_flag pf_meta_flags[];
+extern const size_t pf_meta_nflags;
+
+int pf_meta_config_parse(struct pf_meta_config *cfg, int argc, char **argv, char *err,
+                         size_t errlen);
+void pf_meta_config_free(struct pf_meta_config *cfg);
+
+int pf_metaserver_main(int argc, char **argv);
+
+#endif

@@ -1,0 +1,60 @@
+/* pegaflow-metaserver flags (reference §9.2) plus --rpc-threads. */
+#include <errno.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "app/app.h"
+
+#define F(n_, t_, field_, def_, meta_, help_, ...)                                                \
+    {                                                                                              \
+        .name = n_, .type = t_, .off = offsetof(struct pf_meta_config, field_), .defval = def_,   \
+        .metavar = meta_, .help = help_, __VA_ARGS__                                               \
+    }
+
+const struct pf_flag pf_meta_flags[] = {
+    F("addr", PF_FLAG_ADDR, addr, "127.0.0.1:50056", "HOST:PORT", "gRPC bind address"),
+    F("http-addr", PF_FLAG_ADDR, http_addr, "0.0.0.0:9092", "HOST:PORT",
+      "HTTP address for /health and /metrics"),
+    F("log-level", PF_FLAG_LOGLEVEL, log_level, "info", "LEVEL",
+      "Log level: trace, debug, info, warn, error"),
+    F("node-stale-secs", PF_FLAG_U64, node_stale_secs, "30", "SECS",
+      "A node whose last heartbeat is older than this is hidden from queries", .min = 1,
+      .max = 86400),
+    F("ttl-minutes", PF_FLAG_U64, ttl_minutes, "120", "MINUTES",
+      "Cache entry TTL: ownership older than this is swept", .max = 525600),
+    F("sweep-interval-secs", PF_FLAG_U64, sweep_interval_secs, "600", "SECS",
+      "How often expired entries are swept", .max = 86400),
+    F("rpc-threads", PF_FLAG_U64, rpc_threads, "8", "N", "gRPC handler threads", .min = 1,
+      .max = 256),
+};
+const size_t pf_meta_nflags = PF_ARRAY_SIZE(pf_meta_flags);
+
+int pf_meta_config_parse(struct pf_meta_config *cfg, int argc, char **argv, char *err,
+                         size_t errlen)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    int rc = pf_flags_parse(pf_meta_flags, pf_meta_nflags, cfg, argc, argv, err, errlen);
+    if (rc)
+        return rc;
+    if (cfg->ttl_minutes == 0) {
+        snprintf(err, errlen, "--ttl-minutes: must be greater than 0");
+        return -EINVAL;
+    }
+    if (cfg->sweep_interval_secs == 0) {
+        snprintf(err, errlen, "--sweep-interval-secs: must be greater than 0");
+        return -EINVAL;
+    }
+    if (cfg->ttl_minutes * 60 < cfg->node_stale_secs) {
+        snprintf(err, errlen,
+                 "--ttl-minutes: %llu minutes is shorter than --node-stale-secs %llu",
+                 (unsigned long long)cfg->ttl_minutes, (unsigned long long)cfg->node_stale_secs);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+void pf_meta_config_free(struct pf_meta_config *cfg)
+{
+    pf_flags_free(pf_meta_flags, pf_meta_nflags, cfg);
+}

@@ -1,0 +1,211 @@
+/* pegaflow-server process lifecycle: flags -> logging -> fault plan -> HAL -> engine ->
+ * HTTP -> gRPC; then wait for SIGINT, SIGTERM or the Shutdown RPC and tear down in
+ * reverse order. Signals are blocked in every thread and read from a signalfd by the
+ * main thread; the Shutdown RPC writes an eventfd. */
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#define PF_LOG_MOD "server"
+#include "app/app.h"
+#include "pf/fault.h"
+#include "pf/hal.h"
+#include "pf/http.h"
+#include "pf/log.h"
+#include "pf/rpc.h"
+#include "pf/service.h"
+
+struct server_app {
+    struct pf_server_config cfg;
+    struct pf_fault_plan *faults;
+    struct pf_gpu *gpu;
+    char gpu_backend[64];
+    struct pf_http_server *http;
+    struct pf_rpc_server *rpc;
+    struct pf_engine_service svc;
+    int efd;
+    int sfd;
+};
+
+static void request_shutdown(void *p)
+{
+    struct server_app *a = p;
+    uint64_t one = 1;
+    if (write(a->efd, &one, sizeof(one)) < 0)
+        pf_warn("shutdown eventfd write failed: %s", strerror(errno));
+}
+
+static void log_topology(struct server_app *a)
+{
+    int n = pf_gpu_device_count(a->gpu);
+    pf_info("topology: %d GPU(s) on backend %s", n, a->gpu_backend);
+    for (int i = 0; i < n; i++) {
+        struct pf_gpu_dev_info info;
+        if (pf_gpu_device_info(a->gpu, i, &info) == 0)
+            pf_info("  GPU %d: %s, NUMA node %d, PCI %s", info.index, info.name, info.numa_node,
+                    info.pci_bus_id);
+    }
+}
+
+static int open_hal(struct server_app *a)
+{
+    char err[256];
+    a->faults = a->cfg.faults;
+    if (a->faults)
+        pf_warn("fault injection enabled: spec='%s' seed=%llu (set seed=N in the spec to replay)",
+                pf_fault_plan_spec(a->faults), (unsigned long long)pf_fault_plan_seed(a->faults));
+    pf_hal_init();
+    struct pf_gpu_config gc = {
+        .devices = a->cfg.device_ids,
+        .ndevices = a->cfg.ndevice_ids,
+        .sim_bandwidth = a->cfg.sim_gpu_bandwidth,
+        .sim_default_devices = (int)a->cfg.sim_gpus,
+        .faults = a->faults,
+    };
+    int rc = pf_hal_gpu_open(a->cfg.gpu_backend, &gc, &a->gpu, a->gpu_backend,
+                             sizeof(a->gpu_backend), err, sizeof(err));
+    if (rc) {
+        pf_error("--gpu-backend %s: %s", a->cfg.gpu_backend, err);
+        return rc;
+    }
+    if (pf_gpu_device_count(a->gpu) <= 0) {
+        pf_error("--gpu-backend %s: no GPU devices", a->gpu_backend);
+        return -ENODEV;
+    }
+    log_topology(a);
+    return 0;
+}
+
+static const struct pf_http_route routes_prom[] = {
+    {"GET", "/health", pf_http_health},
+    {"GET", "/metrics", pf_http_metrics},
+};
+static const struct pf_http_route routes_noprom[] = {
+    {"GET", "/health", pf_http_health},
+};
+
+static int start_services(struct server_app *a)
+{
+    char err[256];
+    int port = 0;
+    int rc = pf_http_server_start(a->cfg.http_addr,
+                                  a->cfg.enable_prometheus ? routes_prom : routes_noprom,
+                                  a->cfg.enable_prometheus ? PF_ARRAY_SIZE(routes_prom)
+                                                           : PF_ARRAY_SIZE(routes_noprom),
+                                  a, &a->http, &port, err, sizeof(err));
+    if (rc) {
+        pf_error("--http-addr: %s", err);
+        return rc;
+    }
+    pf_info("HTTP listening on %s (port %d)", a->cfg.http_addr, port);
+    a->svc.request_shutdown = request_shutdown;
+    a->svc.app = a;
+    struct pf_rpc_server_config rc_cfg = {
+        .addr = a->cfg.addr,
+        .threads = (int)a->cfg.rpc_threads,
+        .methods = pf_engine_methods,
+        .nmethods = pf_engine_nmethods,
+        .ctx = &a->svc,
+        .metric_prefix = "pegaflow",
+        .unimplemented = pf_engine_unimplemented,
+        .nunimplemented = pf_engine_nunimplemented,
+    };
+    rc = pf_rpc_server_start(&rc_cfg, &a->rpc, &port, err, sizeof(err));
+    if (rc) {
+        pf_error("--addr: %s", err);
+        return rc;
+    }
+    pf_info("gRPC listening on %s (port %d), %llu RPC threads", a->cfg.addr, port,
+            (unsigned long long)a->cfg.rpc_threads);
+    return 0;
+}
+
+static int wait_for_stop(struct server_app *a)
+{
+    struct pollfd p[2] = {{.fd = a->sfd, .events = POLLIN}, {.fd = a->efd, .events = POLLIN}};
+    for (;;) {
+        int n = poll(p, 2, -1);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        if (p[0].revents & POLLIN) {
+            struct signalfd_siginfo si;
+            if (read(a->sfd, &si, sizeof(si)) == sizeof(si))
+                pf_info("received %s, shutting down", strsignal((int)si.ssi_signo));
+            return 0;
+        }
+        if (p[1].revents & POLLIN) {
+            pf_info("shutting down (Shutdown RPC)");
+            return 0;
+        }
+    }
+}
+
+int pf_server_main(int argc, char **argv)
+{
+    static struct server_app app;
+    struct server_app *a = &app;
+    char err[512];
+    a->efd = a->sfd = -1;
+    int rc = pf_server_config_parse(&a->cfg, argc, argv, err, sizeof(err));
+    if (rc == 1) {
+        pf_flags_usage(stdout, "pegaflow-server",
+                       "PegaFlow KV-cache server: saves vLLM KV blocks to pinned host memory, "
+                       "loads them back,\nspills to SSD and shares them across nodes.",
+                       pf_server_flags, pf_server_nflags);
+        pf_server_config_free(&a->cfg);
+        return 0;
+    }
+    if (rc == 2) {
+        printf("%s\n", PF_VERSION);
+        pf_server_config_free(&a->cfg);
+        return 0;
+    }
+    if (rc) {
+        fprintf(stderr, "pegaflow-server: %s\n", err);
+        pf_server_config_free(&a->cfg);
+        return 2;
+    }
+    pf_log_set_level(a->cfg.log_level);
+    pf_info("pegaflow-server %s starting (pid %d)", PF_VERSION, (int)getpid());
+
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    a->sfd = signalfd(-1, &set, SFD_CLOEXEC);
+    a->efd = eventfd(0, EFD_CLOEXEC);
+    int exit_code = 1;
+    if (a->sfd < 0 || a->efd < 0) {
+        pf_error("cannot create signal/event fds: %s", strerror(errno));
+        goto out;
+    }
+    if (open_hal(a) != 0)
+        goto out;
+    if (start_services(a) != 0)
+        goto out;
+    pf_info("ready");
+    if (wait_for_stop(a) == 0)
+        exit_code = 0;
+out:
+    pf_rpc_server_stop(a->rpc);
+    pf_http_server_stop(a->http);
+    pf_gpu_close(a->gpu);
+    if (a->sfd >= 0)
+        close(a->sfd);
+    if (a->efd >= 0)
+        close(a->efd);
+    pf_server_config_free(&a->cfg);
+    pf_info("stopped");
+    return exit_code;
+}

@@ -1,0 +1,286 @@
+/* pegaflow-server flags: every flag of seeds/server.md with its documented default, the
+ * reference's extra flags, and ours (backends, fault injection, RPC threads). Cross-flag
+ * rules (P2P flags together, routable --addr, fault injection needs --enable-debug) are
+ * checked after parsing. */
+#include <errno.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "app/app.h"
+#include "pf/fault.h"
+
+#define F(n_, t_, field_, def_, meta_, help_, ...)                                                \
+    {                                                                                              \
+        .name = n_, .type = t_, .off = offsetof(struct pf_server_config, field_), .defval = def_,   \
+        .metavar = meta_, .help = help_, __VA_ARGS__                                               \
+    }
+
+const struct pf_flag pf_server_flags[] = {
+    F("addr", PF_FLAG_ADDR, addr, "127.0.0.1:50055", "HOST:PORT",
+      "gRPC bind address; also the address peers use for P2P"),
+    F("devices", PF_FLAG_STRLIST, devices, NULL, "IDS",
+      "GPU device IDs to initialize, comma-separated (default: all detected; with the sim "
+      "backend: --sim-gpus devices)",
+      .flags = PF_FLAGF_MULTI),
+    F("pool-size", PF_FLAG_SIZE, pool_size, "30gb", "SIZE",
+      "Pinned memory pool size (kb, mb, gb, tb)", .min = 1),
+    F("hint-value-size", PF_FLAG_SIZE, hint_value_size, NULL, "SIZE",
+      "Typical value size, tunes the allocator unit and TinyLFU sizing (optional)", .min = 1),
+    F("use-hugepages", PF_FLAG_BOOL, use_hugepages, "false", NULL,
+      "Use huge pages for pinned memory (requires /proc/sys/vm/nr_hugepages)"),
+    F("enable-lfu-admission", PF_FLAG_BOOL, enable_lfu_admission, "false", NULL,
+      "Enable TinyLFU cache admission (default: plain LRU)"),
+    F("disable-numa-affinity", PF_FLAG_BOOL, disable_numa_affinity, "false", NULL,
+      "Disable NUMA-aware memory allocation"),
+    F("blockwise-alloc", PF_FLAG_BOOL, blockwise_alloc, "false", NULL,
+      "Allocate each block separately instead of one contiguous allocation per save"),
+    F("log-level", PF_FLAG_LOGLEVEL, log_level, "info", "LEVEL",
+      "Log level: trace, debug, info, warn, error"),
+    F("http-addr", PF_FLAG_ADDR, http_addr, "0.0.0.0:9091", "HOST:PORT",
+      "HTTP address for /health, /metrics and the admin endpoints (always enabled)"),
+    F("enable-prometheus", PF_FLAG_BOOL, enable_prometheus, "true", NULL,
+      "Serve Prometheus metrics on GET /metrics (--enable-prometheus=false disables)"),
+    F("metrics-otel-endpoint", PF_FLAG_STR, metrics_otel_endpoint, NULL, "URL",
+      "OTLP/HTTP metrics export endpoint, e.g. http://collector:4318 (optional)"),
+    F("metrics-period-secs", PF_FLAG_U64, metrics_period_secs, "10", "SECS",
+      "OTLP export period in seconds", .min = 1, .max = 86400),
+    F("ssd-cache-path", PF_FLAG_STRLIST, ssd_cache_path, NULL, "PATH",
+      "Enable the SSD cache: a file, or (several paths or shards) directories of "
+      "shard-NNNNNN.dat files; repeatable",
+      .flags = PF_FLAGF_MULTI),
+    F("ssd-cache-capacity", PF_FLAG_SIZE, ssd_cache_capacity, "512gb", "SIZE",
+      "SSD cache capacity (all shards together)", .min = 1),
+    F("ssd-cache-shards", PF_FLAG_U64, ssd_cache_shards, "1", "N", "SSD shards per path",
+      .min = 1, .max = 1024),
+    F("ssd-write-queue-depth", PF_FLAG_U64, ssd_write_queue_depth, "8", "N",
+      "Max pending SSD write batches", .min = 1, .max = 1 << 20),
+    F("ssd-prefetch-queue-depth", PF_FLAG_U64, ssd_prefetch_queue_depth, "2", "N",
+      "Max pending SSD prefetch batches", .min = 1, .max = 1 << 20),
+    F("ssd-write-inflight", PF_FLAG_U64, ssd_write_inflight, "2", "N",
+      "Max concurrent SSD block writes", .min = 1, .max = 4096),
+    F("ssd-prefetch-inflight", PF_FLAG_U64, ssd_prefetch_inflight, "16", "N",
+      "Max concurrent SSD block reads", .min = 1, .max = 4096),
+    F("max-prefetch-blocks", PF_FLAG_U64, max_prefetch_blocks, "800", "N",
+      "Max blocks being prefetched from SSD at once (backpressure)", .min = 1,
+      .max = 1u << 30),
+    F("nics", PF_FLAG_STRLIST, nics, NULL, "NAMES",
+      "NICs for inter-node transfer (e.g. mlx5_0,mlx5_1, or network interfaces with "
+      "--net-backend tcp); requires --metaserver-addr",
+      .flags = PF_FLAGF_MULTI),
+    F("metaserver-addr", PF_FLAG_STR, metaserver_addr, NULL, "URL",
+      "MetaServer address (e.g. http://10.0.0.100:50056); requires --nics and a routable "
+      "--addr"),
+    F("transfer-lock-timeout-secs", PF_FLAG_U64, transfer_lock_timeout_secs, "120", "SECS",
+      "Max time blocks stay locked for a cross-node transfer", .min = 1, .max = 86400),
+    F("metaserver-queue-depth", PF_FLAG_U64, metaserver_queue_depth, "4096", "N",
+      "Max pending MetaServer registration commands", .min = 1, .max = 1u << 24),
+    F("qps-per-peer", PF_FLAG_U64, qps_per_peer, "2", "N",
+      "Queue pairs per NIC per peer (must match peers)", .min = 1, .max = 64),
+    F("pool-shards", PF_FLAG_U64, pool_shards, "1", "N", "Independent sub-pools per pool",
+      .min = 1, .max = 64),
+    F("metric-hll-windows", PF_FLAG_STR, metric_hll_windows, "15m,1h,1d", "LIST",
+      "Reuse-estimator windows (s/m/h/d units, >= 1m)"),
+    F("metric-hll-bucket-bits", PF_FLAG_U64, metric_hll_bucket_bits, "16", "BITS",
+      "HyperLogLog registers = 2^BITS", .min = 4, .max = 18),
+    F("trace-sample-rate", PF_FLAG_DOUBLE, trace_sample_rate, "1.0", "RATE",
+      "Trace sampling rate (accepted for compatibility; tracing is not built)", .dmin = 0,
+      .dmax = 1),
+    F("gpu-backend", PF_FLAG_STR, gpu_backend, "auto", "NAME",
+      "GPU backend: auto, cuda or sim (auto = cuda when a GPU is present)"),
+    F("net-backend", PF_FLAG_STR, net_backend, "auto", "NAME",
+      "NIC backend: auto, verbs or tcp (auto = verbs when an RDMA device is present)"),
+    F("rpc-threads", PF_FLAG_U64, rpc_threads, "8", "N", "gRPC handler threads", .min = 1,
+      .max = 256),
+    F("fault-spec", PF_FLAG_STR, fault_spec, NULL, "SPEC",
+      "Fault injection plan (also PEGAFLOW_FAULTS); requires --enable-debug"),
+    F("enable-debug", PF_FLAG_BOOL, enable_debug, "false", NULL,
+      "Allow debugging aids such as fault injection (never in production)"),
+    F("sim-gpu-bandwidth", PF_FLAG_SIZE, sim_gpu_bandwidth, "0", "BYTES_PER_SEC",
+      "Sim GPU copy bandwidth per device, to model PCIe (0 = unlimited)"),
+    F("sim-gpus", PF_FLAG_U64, sim_gpus, "8", "N",
+      "Number of sim GPUs when --devices is not given", .min = 1, .max = 64),
+    F("integrity", PF_FLAG_BOOL, integrity, "on", "on|off",
+      "Checksum every sealed block and verify after SSD reads and remote fetches"),
+};
+const size_t pf_server_nflags = PF_ARRAY_SIZE(pf_server_flags);
+
+static int parse_devices(struct pf_server_config *cfg, char *err, size_t errlen)
+{
+    if (cfg->devices.n == 0)
+        return 0;
+    cfg->device_ids = calloc(cfg->devices.n, sizeof(int));
+    if (!cfg->device_ids)
+        return -ENOMEM;
+    for (size_t i = 0; i < cfg->devices.n; i++) {
+        uint64_t v;
+        if (pf_parse_u64(cfg->devices.v[i], &v) != 0 || v > 1023) {
+            snprintf(err, errlen, "--devices: '%s' is not a device ID (0..1023)",
+                     cfg->devices.v[i]);
+            return -EINVAL;
+        }
+        for (size_t j = 0; j < i; j++)
+            if (cfg->device_ids[j] == (int)v) {
+                snprintf(err, errlen, "--devices: device %llu listed twice",
+                         (unsigned long long)v);
+                return -EINVAL;
+            }
+        cfg->device_ids[i] = (int)v;
+    }
+    cfg->ndevice_ids = cfg->devices.n;
+    return 0;
+}
+
+/* "15m,1h,1d": units s/m/h/d, each >= 1 minute, no duplicates. */
+static int check_hll_windows(const char *s, char *err, size_t errlen)
+{
+    uint64_t seen[16];
+    size_t n = 0;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        unsigned long long v = strtoull(p, &end, 10);
+        uint64_t mult;
+        switch (*end) {
+        case 's':
+            mult = 1;
+            break;
+        case 'm':
+            mult = 60;
+            break;
+        case 'h':
+            mult = 3600;
+            break;
+        case 'd':
+            mult = 86400;
+            break;
+        default:
+            snprintf(err, errlen, "--metric-hll-windows: '%s' is not a list like 15m,1h,1d", s);
+            return -EINVAL;
+        }
+        if (end == p || v * mult < 60 || n == PF_ARRAY_SIZE(seen)) {
+            snprintf(err, errlen, "--metric-hll-windows: each window must be at least 1m (%s)",
+                     s);
+            return -EINVAL;
+        }
+        for (size_t i = 0; i < n; i++)
+            if (seen[i] == v * mult) {
+                snprintf(err, errlen, "--metric-hll-windows: duplicate window in %s", s);
+                return -EINVAL;
+            }
+        seen[n++] = v * mult;
+        p = end + 1;
+        if (*p == ',')
+            p++;
+        else if (*p) {
+            snprintf(err, errlen, "--metric-hll-windows: '%s' is not a list like 15m,1h,1d", s);
+            return -EINVAL;
+        }
+    }
+    if (n == 0) {
+        snprintf(err, errlen, "--metric-hll-windows: empty");
+        return -EINVAL;
+    }
+    return 0;
+}
+
+static bool known_backend(const char *v, const char *const *names)
+{
+    const char *b = strncmp(v, "faulty:", 7) == 0 ? v + 7 : v;
+    for (; *names; names++)
+        if (strcmp(b, *names) == 0)
+            return true;
+    return false;
+}
+
+int pf_server_config_parse(struct pf_server_config *cfg, int argc, char **argv, char *err,
+                           size_t errlen)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    int rc = pf_flags_parse(pf_server_flags, pf_server_nflags, cfg, argc, argv, err, errlen);
+    if (rc)
+        return rc;
+    rc = parse_devices(cfg, err, errlen);
+    if (rc)
+        return rc;
+    static const char *const gpu_names[] = {"auto", "cuda", "sim", NULL};
+    static const char *const net_names[] = {"auto", "verbs", "tcp", NULL};
+    if (!known_backend(cfg->gpu_backend, gpu_names)) {
+        snprintf(err, errlen, "--gpu-backend: unknown backend '%s' (auto, cuda, sim)",
+                 cfg->gpu_backend);
+        return -EINVAL;
+    }
+    if (!known_backend(cfg->net_backend, net_names)) {
+        snprintf(err, errlen, "--net-backend: unknown backend '%s' (auto, verbs, tcp)",
+                 cfg->net_backend);
+        return -EINVAL;
+    }
+    bool has_nics = cfg->nics.n > 0, has_meta = cfg->metaserver_addr != NULL;
+    if (has_nics != has_meta) {
+        snprintf(err, errlen, "%s: P2P needs --nics and --metaserver-addr together",
+                 has_nics ? "--nics" : "--metaserver-addr");
+        return -EINVAL;
+    }
+    if (has_meta) {
+        rc = pf_url_to_target(cfg->metaserver_addr, cfg->metaserver_target,
+                              sizeof(cfg->metaserver_target));
+        if (rc) {
+            snprintf(err, errlen,
+                     "--metaserver-addr: '%s' is not a MetaServer address like "
+                     "http://10.0.0.100:50056",
+                     cfg->metaserver_addr);
+            return -EINVAL;
+        }
+        char e2[160];
+        if (pf_addr_check(cfg->metaserver_target, e2, sizeof(e2)) != 0) {
+            snprintf(err, errlen, "--metaserver-addr: %s", e2);
+            return -EINVAL;
+        }
+        if (pf_addr_is_unroutable(cfg->addr)) {
+            snprintf(err, errlen,
+                     "--addr: %s is not routable; with P2P enabled other nodes connect to it "
+                     "(use this host's IP, not 0.0.0.0 or 127.0.0.1)",
+                     cfg->addr);
+            return -EINVAL;
+        }
+    }
+    if (cfg->metrics_otel_endpoint) {
+        char t[256];
+        if (pf_url_to_target(cfg->metrics_otel_endpoint, t, sizeof(t)) != 0 &&
+            strncmp(cfg->metrics_otel_endpoint, "http://", 7) != 0) {
+            snprintf(err, errlen,
+                     "--metrics-otel-endpoint: '%s' is not an http://host:port URL",
+                     cfg->metrics_otel_endpoint);
+            return -EINVAL;
+        }
+    }
+    rc = check_hll_windows(cfg->metric_hll_windows, err, errlen);
+    if (rc)
+        return rc;
+    const char *env_faults = getenv("PEGAFLOW_FAULTS");
+    const char *spec = cfg->fault_spec ? cfg->fault_spec : env_faults;
+    const char *what = cfg->fault_spec ? "--fault-spec" : "PEGAFLOW_FAULTS";
+    if (spec && *spec) {
+        if (!cfg->enable_debug) {
+            snprintf(err, errlen, "%s: fault injection is refused unless --enable-debug is given",
+                     what);
+            return -EINVAL;
+        }
+        char e2[300];
+        if (pf_fault_plan_parse(spec, &cfg->faults, e2, sizeof(e2)) != 0) {
+            snprintf(err, errlen, "%s: %s", what, e2);
+            return -EINVAL;
+        }
+    }
+    return 0;
+}
+
+void pf_server_config_free(struct pf_server_config *cfg)
+{
+    pf_flags_free(pf_server_flags, pf_server_nflags, cfg);
+    free(cfg->device_ids);
+    cfg->device_ids = NULL;
+    pf_fault_plan_free(cfg->faults);
+    cfg->faults = NULL;
+}

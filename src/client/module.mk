@@ -1,0 +1,2 @@
+CLIENT_SRCS += $(wildcard src/client/*.c)
+all: $(LIBPEGAFLOW)

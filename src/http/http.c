@@ -1,0 +1,166 @@
+/* libmicrohttpd wrapper: exact-path routing with 404/405, handler bodies owned by the
+ * server once returned. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <microhttpd.h>
+
+#define PF_LOG_MOD "http"
+#include "pf/config.h"
+#include "pf/http.h"
+#include "pf/log.h"
+
+struct pf_http_server {
+    struct MHD_Daemon *d;
+    const struct pf_http_route *routes;
+    size_t nroutes;
+    void *ctx;
+};
+
+int pf_http_resp_text(struct pf_http_resp *resp, int status, const char *text)
+{
+    resp->status = status;
+    resp->content_type = "text/plain; charset=utf-8";
+    resp->body = strdup(text);
+    if (!resp->body)
+        return -ENOMEM;
+    resp->len = strlen(text);
+    return 0;
+}
+
+const char *pf_http_query(const struct pf_http_req *req, const char *key)
+{
+    return MHD_lookup_connection_value((struct MHD_Connection *)req->conn, MHD_GET_ARGUMENT_KIND,
+                                       key);
+}
+
+static enum MHD_Result send_resp(struct MHD_Connection *conn, struct pf_http_resp *r,
+                                 const char *allow)
+{
+    struct MHD_Response *mr =
+        MHD_create_response_from_buffer(r->len, r->body ? r->body : (void *)"",
+                                        r->body ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
+    if (!mr) {
+        free(r->body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(mr, MHD_HTTP_HEADER_CONTENT_TYPE,
+                            r->content_type ? r->content_type : "text/plain; charset=utf-8");
+    if (allow)
+        MHD_add_response_header(mr, MHD_HTTP_HEADER_ALLOW, allow);
+    enum MHD_Result ret = MHD_queue_response(conn, (unsigned)(r->status ? r->status : 200), mr);
+    MHD_destroy_response(mr);
+    return ret;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload_data, size_t *upload_size, void **con_cls)
+{
+    struct pf_http_server *s = cls;
+    /* first call per request: headers only; consume any body, answer on the last call */
+    if (*con_cls == NULL) {
+        *con_cls = (void *)1;
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        *upload_size = 0; /* bodies are ignored by every endpoint */
+        return MHD_YES;
+    }
+    struct pf_http_resp r = {0};
+    char allow[64] = "";
+    const struct pf_http_route *hit = NULL;
+    for (size_t i = 0; i < s->nroutes; i++) {
+        if (strcmp(s->routes[i].path, url) != 0)
+            continue;
+        if (strcmp(s->routes[i].method, method) == 0) {
+            hit = &s->routes[i];
+            break;
+        }
+        snprintf(allow + strlen(allow), sizeof(allow) - strlen(allow), "%s%s",
+                 allow[0] ? ", " : "", s->routes[i].method);
+    }
+    if (!hit) {
+        char msg[256];
+        if (allow[0]) {
+            snprintf(msg, sizeof(msg), "method %s not allowed on %s (allowed: %s)\n", method,
+                     url, allow);
+            pf_http_resp_text(&r, 405, msg);
+            return send_resp(conn, &r, allow);
+        }
+        snprintf(msg, sizeof(msg), "no such endpoint: %s\n", url);
+        pf_http_resp_text(&r, 404, msg);
+        return send_resp(conn, &r, NULL);
+    }
+    struct pf_http_req req = {.method = method, .path = url, .conn = conn};
+    r.status = 200;
+    int rc = hit->fn(s->ctx, &req, &r);
+    if (rc) {
+        free(r.body);
+        memset(&r, 0, sizeof(r));
+        char msg[160];
+        snprintf(msg, sizeof(msg), "internal error: %s\n", strerror(-rc));
+        pf_http_resp_text(&r, 500, msg);
+    }
+    return send_resp(conn, &r, NULL);
+}
+
+int pf_http_server_start(const char *addr, const struct pf_http_route *routes, size_t nroutes,
+                         void *ctx, struct pf_http_server **s_p, int *bound_port_p, char *err,
+                         size_t errlen)
+{
+    char host[256];
+    uint16_t port;
+    if (pf_addr_split(addr, host, sizeof(host), &port) != 0) {
+        snprintf(err, errlen, "'%s' is not host:port", addr);
+        return -EINVAL;
+    }
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
+    struct addrinfo *res = NULL;
+    char ps[8];
+    snprintf(ps, sizeof(ps), "%u", port);
+    int g = getaddrinfo(host, ps, &hints, &res);
+    if (g != 0) {
+        snprintf(err, errlen, "cannot resolve '%s': %s", host, gai_strerror(g));
+        return -EINVAL;
+    }
+    struct pf_http_server *s = calloc(1, sizeof(*s));
+    if (!s) {
+        freeaddrinfo(res);
+        return -ENOMEM;
+    }
+    s->routes = routes;
+    s->nroutes = nroutes;
+    s->ctx = ctx;
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION |
+                     MHD_USE_ERROR_LOG;
+    if (res->ai_family == AF_INET6)
+        flags |= MHD_USE_IPv6;
+    s->d = MHD_start_daemon(flags, port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
+                            res->ai_addr, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30,
+                            MHD_OPTION_END);
+    freeaddrinfo(res);
+    if (!s->d) {
+        snprintf(err, errlen, "cannot listen on %s (address in use or not local)", addr);
+        free(s);
+        return -EADDRINUSE;
+    }
+    if (bound_port_p) {
+        const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
+        *bound_port_p = di ? di->port : port;
+    }
+    *s_p = s;
+    return 0;
+}
+
+void pf_http_server_stop(struct pf_http_server *s)
+{
+    if (!s)
+        return;
+    MHD_stop_daemon(s->d);
+    free(s);
+}

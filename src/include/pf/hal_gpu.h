@@ -1,0 +1,197 @@
+/* GPU hardware abstraction.
+ *
+ * One struct pf_gpu is opened per process (pf_hal_gpu_open) and covers every device the
+ * backend manages. The core calls only the static inline wrappers below, never ops->
+ * directly; unimplemented ops are filled with -EOPNOTSUPP stubs at registration, so no
+ * wrapper needs a NULL check.
+ *
+ * Memory kinds are explicit: device memory is a pf_devptr_t (an opaque 64-bit address the
+ * core must never dereference; the sim backend hands out addresses that are not mapped in
+ * the process at all), host memory is a plain pointer that must be registered
+ * (host_register) before a copy touches it.
+ *
+ * Backends: "cuda" (hw/cuda, CUDA runtime + IPC handles), "sim" (sim/gpu, POSIX shared
+ * memory "device memory" and engine threads doing the copies), and the "faulty:<inner>"
+ * decorator (src/hal/fault_gpu.c) driven by the fault plan.
+ *
+ * Threading: a pf_gpu and its mappings may be used from any thread. A stream is used by
+ * one thread at a time (its owner), which submits batches and syncs. */
+#ifndef PF_HAL_GPU_H
+#define PF_HAL_GPU_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef uint64_t pf_devptr_t;
+
+enum pf_mem_kind {
+    PF_MEM_HOST = 0,   /* pageable host memory */
+    PF_MEM_PINNED = 1, /* host memory registered with the GPU backend */
+    PF_MEM_DEVICE = 2, /* device memory: a pf_devptr_t, never dereferenced by the core */
+};
+
+enum pf_ipc_kind {
+    PF_IPC_UNSPECIFIED = 0,
+    PF_IPC_CUDA = 1,    /* IpcTensor.Kind.CUDA_IPC */
+    PF_IPC_SIM_SHM = 2, /* IpcTensor.Kind.SIM_SHM */
+};
+
+/* Decoded IpcTensor (proto/engine.proto). */
+struct pf_ipc_desc {
+    enum pf_ipc_kind kind;
+    bool has_uuid;
+    uint8_t device_uuid[16];
+    uint8_t cuda_handle[64];
+    char shm_name[256];
+    uint64_t offset; /* of the tensor storage inside the allocation / shm object */
+    uint64_t size;   /* bytes of the tensor storage */
+    int sim_device;
+};
+
+struct pf_gpu_dev_info {
+    int index;     /* backend ordinal, what --devices names */
+    int numa_node; /* -1 when unknown */
+    uint8_t uuid[16];
+    char name[64];
+    char pci_bus_id[32];
+    uint64_t total_mem;
+};
+
+enum pf_copy_dir {
+    PF_COPY_D2H = 1,
+    PF_COPY_H2D = 2,
+};
+
+enum pf_copy_mode {
+    PF_COPY_MODE_DIRECT = 0, /* TRANSFER_MODE_DIRECT: one async memcpy per merged range */
+    PF_COPY_MODE_KERNEL = 1, /* TRANSFER_MODE_KERNEL: one copy-kernel launch per batch */
+};
+
+/* One contiguous copy between a device range and a registered host range. */
+struct pf_copy_desc {
+    pf_devptr_t dev;
+    void *host;
+    uint64_t len;
+};
+
+struct pf_gpu;
+
+/* A mapped foreign allocation (an imported IpcTensor). base..base+size is the tensor's
+ * storage in device address space. Backends embed this first. */
+struct pf_gpu_mapping {
+    struct pf_gpu *gpu;
+    int device;
+    pf_devptr_t base;
+    uint64_t size;
+};
+
+struct pf_gpu_host_reg {
+    struct pf_gpu *gpu;
+    void *addr;
+    size_t len;
+};
+
+struct pf_gpu_stream {
+    struct pf_gpu *gpu;
+    int device;
+};
+
+struct pf_gpu_ops {
+    const char *name;
+    /* Number of devices this backend opened (after --devices filtering). */
+    int (*device_count)(struct pf_gpu *g);
+    /* Info for device ordinal dev (0 <= dev < count). 0 or -ENODEV. */
+    int (*device_info)(struct pf_gpu *g, int dev, struct pf_gpu_dev_info *info_p);
+    /* Imports an IpcTensor. The mapping stays valid until ipc_close. Errors: -EINVAL (bad
+     * descriptor, wrong kind for this backend), -ENODEV (device not found), -ENOENT (shm or
+     * handle not found), -ERANGE (offset+size outside the allocation). */
+    int (*ipc_open)(struct pf_gpu *g, const struct pf_ipc_desc *d, struct pf_gpu_mapping **m_p);
+    void (*ipc_close)(struct pf_gpu_mapping *m);
+    /* Registers host memory for copies (pinning/mapping). */
+    int (*host_register)(struct pf_gpu *g, void *addr, size_t len, struct pf_gpu_host_reg **r_p);
+    void (*host_unregister)(struct pf_gpu_host_reg *r);
+    int (*stream_create)(struct pf_gpu *g, int dev, struct pf_gpu_stream **s_p);
+    /* Waits for outstanding work (bounded by the backend), then frees. Accepts NULL. */
+    void (*stream_destroy)(struct pf_gpu_stream *s);
+    /* Enqueues n copies; returns without waiting. Every device range must lie inside one
+     * mapping of the stream's device and every host range inside registered memory, else
+     * -EFAULT and nothing of this call is enqueued (the sim checks everything first; CUDA
+     * may have enqueued part of it: callers always stream_sync before reusing memory).
+     * Host memory must stay valid until a stream_sync returned 0 or an error other than
+     * -ETIMEDOUT. */
+    int (*copy_batch)(struct pf_gpu_stream *s, enum pf_copy_dir dir, enum pf_copy_mode mode,
+                      const struct pf_copy_desc *d, size_t n);
+    /* Waits until every copy enqueued so far finished. Returns 0, the first error a copy
+     * reported since the previous sync (then the stream is usable again), or -ETIMEDOUT
+     * (work still in flight; call again). */
+    int (*stream_sync)(struct pf_gpu_stream *s, uint64_t timeout_ms);
+    void (*close)(struct pf_gpu *g);
+};
+
+struct pf_gpu {
+    const struct pf_gpu_ops *ops;
+};
+
+/* Backend-independent open parameters. */
+struct pf_gpu_config {
+    const int *devices; /* --devices; NULL = all the backend finds */
+    size_t ndevices;
+    uint64_t sim_bandwidth; /* sim: bytes/s per device copy engine, 0 = unlimited */
+    int sim_default_devices; /* sim: devices when --devices is not given */
+    struct pf_fault_plan *faults; /* faulty: decorator's plan */
+};
+
+static inline int pf_gpu_device_count(struct pf_gpu *g)
+{
+    return g->ops->device_count(g);
+}
+static inline int pf_gpu_device_info(struct pf_gpu *g, int dev, struct pf_gpu_dev_info *info_p)
+{
+    return g->ops->device_info(g, dev, info_p);
+}
+static inline int pf_gpu_ipc_open(struct pf_gpu *g, const struct pf_ipc_desc *d,
+                                  struct pf_gpu_mapping **m_p)
+{
+    return g->ops->ipc_open(g, d, m_p);
+}
+static inline void pf_gpu_ipc_close(struct pf_gpu_mapping *m)
+{
+    if (m)
+        m->gpu->ops->ipc_close(m);
+}
+static inline int pf_gpu_host_register(struct pf_gpu *g, void *addr, size_t len,
+                                       struct pf_gpu_host_reg **r_p)
+{
+    return g->ops->host_register(g, addr, len, r_p);
+}
+static inline void pf_gpu_host_unregister(struct pf_gpu_host_reg *r)
+{
+    if (r)
+        r->gpu->ops->host_unregister(r);
+}
+static inline int pf_gpu_stream_create(struct pf_gpu *g, int dev, struct pf_gpu_stream **s_p)
+{
+    return g->ops->stream_create(g, dev, s_p);
+}
+static inline void pf_gpu_stream_destroy(struct pf_gpu_stream *s)
+{
+    if (s)
+        s->gpu->ops->stream_destroy(s);
+}
+static inline int pf_gpu_copy_batch(struct pf_gpu_stream *s, enum pf_copy_dir dir,
+                                    enum pf_copy_mode mode, const struct pf_copy_desc *d, size_t n)
+{
+    return s->gpu->ops->copy_batch(s, dir, mode, d, n);
+}
+static inline int pf_gpu_stream_sync(struct pf_gpu_stream *s, uint64_t timeout_ms)
+{
+    return s->gpu->ops->stream_sync(s, timeout_ms);
+}
+static inline void pf_gpu_close(struct pf_gpu *g)
+{
+    if (g)
+        g->ops->close(g);
+}
+
+#endif

@@ -1,0 +1,164 @@
+/* NIC hardware abstraction: RDMA semantics (memory regions, RC queue pairs, one-sided READ,
+ * completions).
+ *
+ * Backends: "verbs" (hw/verbs, rdma-core; mlx5 or soft-RoCE), "tcp" (sim/net: a fabric with
+ * the same semantics over TCP, where a NIC thread on the serving node answers READs from
+ * registered memory without involving the application), and "faulty:<inner>".
+ *
+ * Model:
+ *  - pf_hal_net_open opens the NICs named by --nics (index i = i-th name). Peers pair NICs
+ *    by index, so both sides list the same number of NICs.
+ *  - reg_mem registers [addr, addr+len) on one NIC; the returned rkey lets peers READ it.
+ *    The backend checks rkey, bounds and access on every remote request (the TCP fabric is
+ *    stricter than hardware: it never serves bytes outside a live region).
+ *  - A QP is one end of a reliable connection: qp_create (INIT), exchange the local endpoint
+ *    blobs out of band (the RdmaHandshake RPC), qp_connect (ready).
+ *  - post_read READs len bytes from the peer's (raddr, rkey) into the local SGE list; the
+ *    completion {wr_id, status, bytes} is returned later by poll. Completions are records
+ *    the core polls; backends never call into the core.
+ *  - qp_invalidate moves the QP to the error state and returns only when no completion for
+ *    it can write local memory any more (outstanding READs are flushed with -ECANCELED and
+ *    can still be polled). This is what makes freeing staging memory after a timeout safe.
+ *
+ * Threading: ops on different QPs may run concurrently. One QP is posted to and polled by
+ * one thread at a time; qp_invalidate may be called from any thread. */
+#ifndef PF_HAL_NET_H
+#define PF_HAL_NET_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define PF_NET_EP_MAX 256 /* max bytes of a local endpoint blob */
+
+#define PF_NET_ACCESS_LOCAL_WRITE  0x1u
+#define PF_NET_ACCESS_REMOTE_READ  0x2u
+#define PF_NET_ACCESS_REMOTE_WRITE 0x4u
+
+struct pf_net;
+
+struct pf_net_nic_info {
+    char name[64];
+    int numa_node;  /* -1 when unknown */
+    char addr[64];  /* printable address (IP for tcp, GID for verbs) */
+    bool active;
+};
+
+struct pf_net_mr {
+    struct pf_net *net;
+    int nic;
+    void *addr;
+    uint64_t len;
+    uint32_t lkey, rkey;
+};
+
+struct pf_net_qp {
+    struct pf_net *net;
+    int nic;
+};
+
+struct pf_net_sge {
+    void *addr;
+    uint64_t len;
+    uint32_t lkey;
+};
+
+struct pf_net_cqe {
+    uint64_t wr_id;
+    int status; /* 0 or -errno (-EREMOTEIO: remote access error, -ECANCELED: flushed) */
+    uint64_t bytes;
+};
+
+struct pf_net_ops {
+    const char *name;
+    int (*nic_count)(struct pf_net *n);
+    int (*nic_info)(struct pf_net *n, int nic, struct pf_net_nic_info *info_p);
+    int (*reg_mem)(struct pf_net *n, int nic, void *addr, uint64_t len, unsigned access,
+                   struct pf_net_mr **mr_p);
+    /* After return, remote requests against this region fail. Accepts NULL. */
+    void (*dereg_mem)(struct pf_net_mr *mr);
+    int (*qp_create)(struct pf_net *n, int nic, struct pf_net_qp **qp_p);
+    /* Writes the endpoint blob the peer needs for qp_connect. 0 or -ENOSPC. */
+    int (*qp_local_endpoint)(struct pf_net_qp *qp, void *buf, size_t cap, size_t *len_p);
+    int (*qp_connect)(struct pf_net_qp *qp, const void *remote_ep, size_t len);
+    /* Posts one READ of sum(sge[i].len) bytes from (raddr, rkey). -EAGAIN when the send
+     * queue is full (poll, then retry), -ENOTCONN when the QP is not connected or broken. */
+    int (*post_read)(struct pf_net_qp *qp, const struct pf_net_sge *sge, size_t nsge,
+                     uint64_t raddr, uint32_t rkey, uint64_t wr_id);
+    /* Returns up to max completions (>= 0), waiting up to timeout_ms for the first one
+     * (0 = do not wait). -errno on a broken QP with nothing left to report. */
+    int (*poll)(struct pf_net_qp *qp, struct pf_net_cqe *out, size_t max, uint64_t timeout_ms);
+    void (*qp_invalidate)(struct pf_net_qp *qp);
+    /* Invalidates if needed, then frees. Accepts NULL. */
+    void (*qp_destroy)(struct pf_net_qp *qp);
+    void (*close)(struct pf_net *n);
+};
+
+struct pf_net {
+    const struct pf_net_ops *ops;
+};
+
+struct pf_net_config {
+    const char *const *nics; /* --nics */
+    size_t nnics;
+    struct pf_fault_plan *faults;
+};
+
+static inline int pf_net_nic_count(struct pf_net *n)
+{
+    return n->ops->nic_count(n);
+}
+static inline int pf_net_nic_info(struct pf_net *n, int nic, struct pf_net_nic_info *info_p)
+{
+    return n->ops->nic_info(n, nic, info_p);
+}
+static inline int pf_net_reg_mem(struct pf_net *n, int nic, void *addr, uint64_t len,
+                                 unsigned access, struct pf_net_mr **mr_p)
+{
+    return n->ops->reg_mem(n, nic, addr, len, access, mr_p);
+}
+static inline void pf_net_dereg_mem(struct pf_net_mr *mr)
+{
+    if (mr)
+        mr->net->ops->dereg_mem(mr);
+}
+static inline int pf_net_qp_create(struct pf_net *n, int nic, struct pf_net_qp **qp_p)
+{
+    return n->ops->qp_create(n, nic, qp_p);
+}
+static inline int pf_net_qp_local_endpoint(struct pf_net_qp *qp, void *buf, size_t cap,
+                                           size_t *len_p)
+{
+    return qp->net->ops->qp_local_endpoint(qp, buf, cap, len_p);
+}
+static inline int pf_net_qp_connect(struct pf_net_qp *qp, const void *ep, size_t len)
+{
+    return qp->net->ops->qp_connect(qp, ep, len);
+}
+static inline int pf_net_post_read(struct pf_net_qp *qp, const struct pf_net_sge *sge,
+                                   size_t nsge, uint64_t raddr, uint32_t rkey, uint64_t wr_id)
+{
+    return qp->net->ops->post_read(qp, sge, nsge, raddr, rkey, wr_id);
+}
+static inline int pf_net_poll(struct pf_net_qp *qp, struct pf_net_cqe *out, size_t max,
+                              uint64_t timeout_ms)
+{
+    return qp->net->ops->poll(qp, out, max, timeout_ms);
+}
+static inline void pf_net_qp_invalidate(struct pf_net_qp *qp)
+{
+    if (qp)
+        qp->net->ops->qp_invalidate(qp);
+}
+static inline void pf_net_qp_destroy(struct pf_net_qp *qp)
+{
+    if (qp)
+        qp->net->ops->qp_destroy(qp);
+}
+static inline void pf_net_close(struct pf_net *n)
+{
+    if (n)
+        n->ops->close(n);
+}
+
+#endif

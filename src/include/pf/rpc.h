@@ -1,0 +1,153 @@
+/* gRPC plumbing over the gRPC C core (libgrpc 1.51) with protobuf-c messages.
+ *
+ * Server: a completion queue drained by a fixed pool of RPC threads. Each call is decoded
+ * with its method's request descriptor and handed to the method's handler on the thread
+ * that received it; handlers may block on bounded work only. Server-streaming methods
+ * that never send ("parked" streams, like Session) hold no thread: the layer watches the
+ * call and invokes stream_closed when the client disconnects or the server stops.
+ * Messages up to 64 MiB both ways, HTTP/2 keepalive 30 s / 20 s, SO_REUSEPORT off (a busy
+ * port is an error). Unknown methods get UNIMPLEMENTED naming the method. Every call is
+ * counted in <prefix>_rpc_requests_total{method,status} and timed in
+ * <prefix>_rpc_duration_seconds{method,status}.
+ *
+ * Client: channels with a deadline on every call; gRPC status codes are mapped to -errno
+ * for return values and reported verbatim in struct pf_rpc_status. */
+#ifndef PF_RPC_H
+#define PF_RPC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <protobuf-c/protobuf-c.h>
+
+#include "pf/common.h"
+
+/* gRPC status codes (values of grpc_status_code), so headers need not include grpc. */
+enum pf_grpc_code {
+    PF_GRPC_OK = 0,
+    PF_GRPC_CANCELLED = 1,
+    PF_GRPC_UNKNOWN = 2,
+    PF_GRPC_INVALID_ARGUMENT = 3,
+    PF_GRPC_DEADLINE_EXCEEDED = 4,
+    PF_GRPC_NOT_FOUND = 5,
+    PF_GRPC_ALREADY_EXISTS = 6,
+    PF_GRPC_PERMISSION_DENIED = 7,
+    PF_GRPC_RESOURCE_EXHAUSTED = 8,
+    PF_GRPC_FAILED_PRECONDITION = 9,
+    PF_GRPC_ABORTED = 10,
+    PF_GRPC_OUT_OF_RANGE = 11,
+    PF_GRPC_UNIMPLEMENTED = 12,
+    PF_GRPC_INTERNAL = 13,
+    PF_GRPC_UNAVAILABLE = 14,
+    PF_GRPC_DATA_LOSS = 15,
+    PF_GRPC_UNAUTHENTICATED = 16,
+};
+
+#define PF_RPC_MSG_MAX (64u << 20)
+#define PF_RPC_ERRMSG  512
+
+struct pf_rpc_status {
+    int code; /* enum pf_grpc_code */
+    char msg[PF_RPC_ERRMSG];
+};
+
+/* "INVALID_ARGUMENT" etc.; "OK" for 0. */
+const char *pf_grpc_code_name(int code);
+/* Engine convention: -EINVAL -> INVALID_ARGUMENT; -ENOENT, -EPERM, -ESTALE ->
+ * FAILED_PRECONDITION; -ETIMEDOUT -> DEADLINE_EXCEEDED; -EOPNOTSUPP -> UNIMPLEMENTED;
+ * -EAGAIN, -ENOBUFS -> RESOURCE_EXHAUSTED; -ECANCELED -> CANCELLED; others -> INTERNAL. */
+int pf_grpc_code_from_errno(int neg_errno);
+/* Client side: OK -> 0, INVALID_ARGUMENT -> -EINVAL, FAILED_PRECONDITION -> -EPERM,
+ * DEADLINE_EXCEEDED -> -ETIMEDOUT, UNAVAILABLE -> -ECONNREFUSED, UNIMPLEMENTED ->
+ * -EOPNOTSUPP, INTERNAL -> -EIO, NOT_FOUND -> -ENOENT, RESOURCE_EXHAUSTED -> -ENOBUFS,
+ * CANCELLED -> -ECANCELED, others -> -EPROTO. */
+int pf_errno_from_grpc_code(int code);
+
+/* ------------------------------------------------------------------ server */
+
+struct pf_rpc_call;
+
+/* Handler of a unary method. Either responds with pf_rpc_respond() and returns 0, or
+ * returns pf_rpc_fail(...). Runs on an RPC thread. */
+typedef int (*pf_rpc_unary_fn)(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *req);
+/* Opens a parked server stream. Return 0 to park it (stream_closed fires later, exactly
+ * once), or pf_rpc_fail(...) to end the call with that status. */
+typedef int (*pf_rpc_stream_open_fn)(void *ctx, struct pf_rpc_call *call,
+                                     const ProtobufCMessage *req, void **stream_ctx_p);
+/* The parked stream ended: cancelled = the client went away (or the server stops). */
+typedef void (*pf_rpc_stream_closed_fn)(void *ctx, void *stream_ctx, bool cancelled);
+
+struct pf_rpc_method {
+    const char *path;        /* "/pegaflow.Engine/Save" */
+    const char *metric_name; /* "save" */
+    const ProtobufCMessageDescriptor *req_desc;
+    pf_rpc_unary_fn unary;
+    pf_rpc_stream_open_fn stream_open;
+    pf_rpc_stream_closed_fn stream_closed;
+};
+
+struct pf_rpc_server_config {
+    const char *addr; /* host:port; port 0 = pick one (see bound_port) */
+    int threads;
+    const struct pf_rpc_method *methods;
+    size_t nmethods;
+    void *ctx;                 /* handlers' first argument */
+    const char *metric_prefix; /* "pegaflow" or "pegaflow_metaserver" */
+    /* Paths known to the service but not built yet: answered UNIMPLEMENTED with a
+     * message saying so (unknown paths get a generic UNIMPLEMENTED). */
+    const char *const *unimplemented;
+    size_t nunimplemented;
+};
+
+struct pf_rpc_server;
+
+/* Binds and starts the threads. Errors (-EADDRINUSE, -EINVAL, ...) come with a one-line
+ * reason in err. */
+int pf_rpc_server_start(const struct pf_rpc_server_config *cfg, struct pf_rpc_server **s_p,
+                        int *bound_port_p, char *err, size_t errlen);
+/* Cancels every call (parked streams see stream_closed(cancelled=true)), waits for
+ * handlers to return, joins the threads and frees. Accepts NULL. */
+void pf_rpc_server_stop(struct pf_rpc_server *s);
+
+/* Packs msg as the call's response (msg may live on the handler's stack). Returns 0. */
+int pf_rpc_respond(struct pf_rpc_call *call, const ProtobufCMessage *msg);
+/* Sets the call's error status and message; returns code (non-zero) for handlers to
+ * return directly: return pf_rpc_fail(call, PF_GRPC_INVALID_ARGUMENT, "bad %s", x); */
+int pf_rpc_fail(struct pf_rpc_call *call, int code, const char *fmt, ...) PF_PRINTF(3, 4);
+/* Peer address of the call ("ipv4:1.2.3.4:5678"), valid during the handler. */
+const char *pf_rpc_call_peer(struct pf_rpc_call *call);
+
+/* ------------------------------------------------------------------ client */
+
+struct pf_rpc_channel;
+
+/* target: "host:port". Connection is lazy; a failed connect is retried with a short
+ * backoff (100 ms .. 1 s) so a restarted server is reachable again quickly. */
+int pf_rpc_channel_open(const char *target, struct pf_rpc_channel **ch_p);
+void pf_rpc_channel_close(struct pf_rpc_channel *ch);
+const char *pf_rpc_channel_target(const struct pf_rpc_channel *ch);
+
+/* One unary call with a deadline of timeout_ms. On OK returns 0 and *resp_p is the
+ * unpacked response (free with protobuf_c_message_free_unpacked(*resp_p, NULL)). On error
+ * returns -errno (pf_errno_from_grpc_code) and fills st (may be NULL). */
+int pf_rpc_unary(struct pf_rpc_channel *ch, const char *path, const ProtobufCMessage *req,
+                 const ProtobufCMessageDescriptor *resp_desc, uint64_t timeout_ms,
+                 ProtobufCMessage **resp_p, struct pf_rpc_status *st);
+
+/* A server-streaming call held open (e.g. Session). Messages are not read; the call stays
+ * open until pf_rpc_stream_close or until the server ends it. open waits up to timeout_ms
+ * for the server to accept it (its initial metadata) and fails when the server answered
+ * with an error status instead. */
+struct pf_rpc_stream;
+int pf_rpc_stream_open(struct pf_rpc_channel *ch, const char *path, const ProtobufCMessage *req,
+                       uint64_t timeout_ms, struct pf_rpc_stream **s_p, struct pf_rpc_status *st);
+/* True while the server has not ended the call. */
+bool pf_rpc_stream_alive(struct pf_rpc_stream *s);
+void pf_rpc_stream_close(struct pf_rpc_stream *s);
+
+/* Process-wide gRPC init/shutdown (refcounted, thread-safe). */
+void pf_rpc_global_init(void);
+void pf_rpc_global_shutdown(void);
+
+#endif

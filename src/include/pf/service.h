@@ -1,0 +1,25 @@
+/* Engine gRPC service (src/rpc/engine_service.c): the method table of service
+ * pegaflow.Engine and the context its handlers need. */
+#ifndef PF_SERVICE_H
+#define PF_SERVICE_H
+
+#include <stddef.h>
+
+#include "pf/rpc.h"
+
+struct pf_engine;
+
+struct pf_engine_service {
+    struct pf_engine *engine; /* NULL until the engine exists */
+    /* Called by the Shutdown RPC (from an RPC thread); must only signal the main thread. */
+    void (*request_shutdown)(void *app);
+    void *app;
+};
+
+/* Method table and the paths of Engine RPCs this build does not serve. */
+extern const struct pf_rpc_method pf_engine_methods[];
+extern const size_t pf_engine_nmethods;
+extern const char *const pf_engine_unimplemented[];
+extern const size_t pf_engine_nunimplemented;
+
+#endif

@@ -1,0 +1,341 @@
+/* gRPC client side: channels, unary calls with deadlines, held-open server streams.
+ * Unary calls use a per-thread pluck completion queue (created on first use, destroyed
+ * at thread exit), so concurrent callers never contend on one queue. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+
+#define PF_LOG_MOD "rpc"
+#include "pf/log.h"
+#include "pf/rpc.h"
+#include "rpc/rpc_internal.h"
+
+struct pf_rpc_channel {
+    grpc_channel *ch;
+    char *target;
+};
+
+struct pf_rpc_stream {
+    grpc_call *call;
+    grpc_completion_queue *cq;
+    grpc_metadata_array imd, tmd;
+    grpc_status_code status;
+    grpc_slice details;
+    grpc_byte_buffer *req;
+    bool ended;
+    int tag_start, tag_status;
+};
+
+static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
+static int init_refs;
+
+void pf_rpc_global_init(void)
+{
+    pthread_mutex_lock(&init_mu);
+    if (init_refs++ == 0)
+        grpc_init();
+    pthread_mutex_unlock(&init_mu);
+}
+
+void pf_rpc_global_shutdown(void)
+{
+    pthread_mutex_lock(&init_mu);
+    if (init_refs > 0 && --init_refs == 0)
+        grpc_shutdown();
+    pthread_mutex_unlock(&init_mu);
+}
+
+static pthread_key_t cq_key;
+static pthread_once_t cq_once = PTHREAD_ONCE_INIT;
+
+static void cq_destroy(void *p)
+{
+    grpc_completion_queue *cq = p;
+    grpc_completion_queue_shutdown(cq);
+    while (grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN)
+        ;
+    grpc_completion_queue_destroy(cq);
+}
+
+static void cq_key_init(void)
+{
+    pthread_key_create(&cq_key, cq_destroy);
+}
+
+static grpc_completion_queue *thread_cq(void)
+{
+    pthread_once(&cq_once, cq_key_init);
+    grpc_completion_queue *cq = pthread_getspecific(cq_key);
+    if (!cq) {
+        cq = grpc_completion_queue_create_for_pluck(NULL);
+        pthread_setspecific(cq_key, cq);
+    }
+    return cq;
+}
+
+int pf_rpc_channel_open(const char *target, struct pf_rpc_channel **ch_p)
+{
+    struct pf_rpc_channel *c = calloc(1, sizeof(*c));
+    if (!c)
+        return -ENOMEM;
+    c->target = strdup(target);
+    if (!c->target) {
+        free(c);
+        return -ENOMEM;
+    }
+    pf_rpc_global_init();
+    grpc_arg args[] = {
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+         .value.integer = PF_RPC_MSG_MAX},
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
+         .value.integer = PF_RPC_MSG_MAX},
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIME_MS, .value.integer = 30000},
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIMEOUT_MS, .value.integer = 20000},
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS,
+         .value.integer = 1},
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
+         .value.integer = 100},
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
+         .value.integer = 100},
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
+         .value.integer = 1000},
+        /* distinct channels get distinct connections (peers, sessions) */
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, .value.integer = 1},
+    };
+    grpc_channel_args ca = {PF_ARRAY_SIZE(args), args};
+    grpc_channel_credentials *cr = grpc_insecure_credentials_create();
+    c->ch = grpc_channel_create(target, cr, &ca);
+    grpc_channel_credentials_release(cr);
+    if (!c->ch) {
+        pf_rpc_global_shutdown();
+        free(c->target);
+        free(c);
+        return -EINVAL;
+    }
+    *ch_p = c;
+    return 0;
+}
+
+void pf_rpc_channel_close(struct pf_rpc_channel *ch)
+{
+    if (!ch)
+        return;
+    grpc_channel_destroy(ch->ch);
+    free(ch->target);
+    free(ch);
+    pf_rpc_global_shutdown();
+}
+
+const char *pf_rpc_channel_target(const struct pf_rpc_channel *ch)
+{
+    return ch->target;
+}
+
+static gpr_timespec deadline_after(uint64_t ms)
+{
+    return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                        gpr_time_from_millis((int64_t)ms, GPR_TIMESPAN));
+}
+
+static void set_status(struct pf_rpc_status *st, int code, const char *msg, size_t len)
+{
+    if (!st)
+        return;
+    st->code = code;
+    if (len >= sizeof(st->msg))
+        len = sizeof(st->msg) - 1;
+    memcpy(st->msg, msg, len);
+    st->msg[len] = '\0';
+}
+
+int pf_rpc_unary(struct pf_rpc_channel *ch, const char *path, const ProtobufCMessage *req,
+                 const ProtobufCMessageDescriptor *resp_desc, uint64_t timeout_ms,
+                 ProtobufCMessage **resp_p, struct pf_rpc_status *st)
+{
+    grpc_completion_queue *cq = thread_cq();
+    grpc_call *call = grpc_channel_create_call(ch->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
+                                               grpc_slice_from_static_string(path), NULL,
+                                               deadline_after(timeout_ms), NULL);
+    if (!call) {
+        set_status(st, PF_GRPC_INTERNAL, "cannot create call", 18);
+        return -ENOMEM;
+    }
+    grpc_byte_buffer *reqbb = pf_rpc_pack(req), *resp = NULL;
+    grpc_metadata_array imd, tmd;
+    grpc_metadata_array_init(&imd);
+    grpc_metadata_array_init(&tmd);
+    grpc_status_code status = GRPC_STATUS_UNKNOWN;
+    grpc_slice details = grpc_empty_slice();
+    grpc_op ops[6];
+    memset(ops, 0, sizeof(ops));
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = reqbb;
+    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[3].data.recv_initial_metadata.recv_initial_metadata = &imd;
+    ops[4].op = GRPC_OP_RECV_MESSAGE;
+    ops[4].data.recv_message.recv_message = &resp;
+    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    ops[5].data.recv_status_on_client.trailing_metadata = &tmd;
+    ops[5].data.recv_status_on_client.status = &status;
+    ops[5].data.recv_status_on_client.status_details = &details;
+    int tag;
+    int rc = 0;
+    grpc_call_error e = grpc_call_start_batch(call, ops, 6, &tag, NULL);
+    if (e != GRPC_CALL_OK) {
+        set_status(st, PF_GRPC_INTERNAL, "start_batch failed", 18);
+        rc = -EIO;
+        goto out;
+    }
+    /* the call's own deadline bounds this; the extra margin only guards against bugs */
+    grpc_event ev = grpc_completion_queue_pluck(cq, &tag, deadline_after(timeout_ms + 5000), NULL);
+    if (ev.type != GRPC_OP_COMPLETE) {
+        grpc_call_cancel(call, NULL);
+        grpc_completion_queue_pluck(cq, &tag, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+        status = GRPC_STATUS_DEADLINE_EXCEEDED;
+    }
+    if (status != GRPC_STATUS_OK) {
+        set_status(st, status, (const char *)GRPC_SLICE_START_PTR(details),
+                   GRPC_SLICE_LENGTH(details));
+        rc = pf_errno_from_grpc_code(status);
+        goto out;
+    }
+    if (!resp) {
+        set_status(st, PF_GRPC_INTERNAL, "empty response", 14);
+        rc = -EPROTO;
+        goto out;
+    }
+    grpc_slice sl = pf_rpc_bb_to_slice(resp);
+    ProtobufCMessage *m = protobuf_c_message_unpack(resp_desc, NULL, GRPC_SLICE_LENGTH(sl),
+                                                    GRPC_SLICE_START_PTR(sl));
+    grpc_slice_unref(sl);
+    if (!m) {
+        set_status(st, PF_GRPC_INTERNAL, "malformed response", 18);
+        rc = -EPROTO;
+        goto out;
+    }
+    set_status(st, PF_GRPC_OK, "", 0);
+    *resp_p = m;
+out:
+    if (resp)
+        grpc_byte_buffer_destroy(resp);
+    grpc_byte_buffer_destroy(reqbb);
+    grpc_slice_unref(details);
+    grpc_metadata_array_destroy(&imd);
+    grpc_metadata_array_destroy(&tmd);
+    grpc_call_unref(call);
+    return rc;
+}
+
+static bool md_has_open(const grpc_metadata_array *md)
+{
+    for (size_t i = 0; i < md->count; i++)
+        if (grpc_slice_str_cmp(md->metadata[i].key, "pf-stream") == 0)
+            return true;
+    return false;
+}
+
+int pf_rpc_stream_open(struct pf_rpc_channel *ch, const char *path, const ProtobufCMessage *req,
+                       uint64_t timeout_ms, struct pf_rpc_stream **s_p, struct pf_rpc_status *st)
+{
+    struct pf_rpc_stream *s = calloc(1, sizeof(*s));
+    if (!s)
+        return -ENOMEM;
+    s->cq = grpc_completion_queue_create_for_next(NULL);
+    s->call = grpc_channel_create_call(ch->ch, NULL, GRPC_PROPAGATE_DEFAULTS, s->cq,
+                                       grpc_slice_from_static_string(path), NULL,
+                                       gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    grpc_metadata_array_init(&s->imd);
+    grpc_metadata_array_init(&s->tmd);
+    s->details = grpc_empty_slice();
+    s->req = pf_rpc_pack(req);
+    grpc_op ops[4];
+    memset(ops, 0, sizeof(ops));
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = s->req;
+    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[3].data.recv_initial_metadata.recv_initial_metadata = &s->imd;
+    grpc_op sop;
+    memset(&sop, 0, sizeof(sop));
+    sop.op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    sop.data.recv_status_on_client.trailing_metadata = &s->tmd;
+    sop.data.recv_status_on_client.status = &s->status;
+    sop.data.recv_status_on_client.status_details = &s->details;
+    int rc = 0;
+    if (grpc_call_start_batch(s->call, ops, 4, &s->tag_start, NULL) != GRPC_CALL_OK ||
+        grpc_call_start_batch(s->call, &sop, 1, &s->tag_status, NULL) != GRPC_CALL_OK) {
+        set_status(st, PF_GRPC_INTERNAL, "start_batch failed", 18);
+        rc = -EIO;
+        goto err;
+    }
+    gpr_timespec dl = deadline_after(timeout_ms);
+    bool started = false;
+    while (!started || (!md_has_open(&s->imd) && !s->ended)) {
+        grpc_event ev = grpc_completion_queue_next(s->cq, dl, NULL);
+        if (ev.type == GRPC_QUEUE_TIMEOUT) {
+            set_status(st, PF_GRPC_DEADLINE_EXCEEDED, "stream not accepted in time", 27);
+            rc = -ETIMEDOUT;
+            goto err;
+        }
+        if (ev.tag == &s->tag_start)
+            started = true;
+        else if (ev.tag == &s->tag_status)
+            s->ended = true;
+    }
+    if (s->ended) {
+        int code = s->status == GRPC_STATUS_OK ? PF_GRPC_UNKNOWN : (int)s->status;
+        set_status(st, code, (const char *)GRPC_SLICE_START_PTR(s->details),
+                   GRPC_SLICE_LENGTH(s->details));
+        rc = pf_errno_from_grpc_code(code);
+        goto err;
+    }
+    set_status(st, PF_GRPC_OK, "", 0);
+    *s_p = s;
+    return 0;
+err:
+    pf_rpc_stream_close(s);
+    return rc;
+}
+
+bool pf_rpc_stream_alive(struct pf_rpc_stream *s)
+{
+    while (!s->ended) {
+        grpc_event ev = grpc_completion_queue_next(s->cq, gpr_time_0(GPR_CLOCK_MONOTONIC), NULL);
+        if (ev.type != GRPC_OP_COMPLETE)
+            break;
+        if (ev.tag == &s->tag_status)
+            s->ended = true;
+    }
+    return !s->ended;
+}
+
+void pf_rpc_stream_close(struct pf_rpc_stream *s)
+{
+    if (!s)
+        return;
+    if (s->call) {
+        grpc_call_cancel(s->call, NULL);
+        grpc_call_unref(s->call);
+    }
+    grpc_completion_queue_shutdown(s->cq);
+    while (grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN)
+        ;
+    grpc_completion_queue_destroy(s->cq);
+    grpc_metadata_array_destroy(&s->imd);
+    grpc_metadata_array_destroy(&s->tmd);
+    grpc_slice_unref(s->details);
+    if (s->req)
+        grpc_byte_buffer_destroy(s->req);
+    free(s);
+}

@@ -1,0 +1,16 @@
+/* Private helpers of src/rpc: protobuf-c <-> grpc_byte_buffer. */
+#ifndef PF_RPC_INTERNAL_H
+#define PF_RPC_INTERNAL_H
+
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/slice.h>
+#include <protobuf-c/protobuf-c.h>
+
+/* Packs msg into a new byte buffer (caller destroys). */
+grpc_byte_buffer *pf_rpc_pack(const ProtobufCMessage *msg);
+/* Flattens a received buffer into one slice (caller unrefs). */
+grpc_slice pf_rpc_bb_to_slice(grpc_byte_buffer *bb);
+
+#endif

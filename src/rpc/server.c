@@ -1,0 +1,548 @@
+/* gRPC C-core server: one completion queue, a pool of RPC threads, a handler table.
+ *
+ * Call lifecycle (tags: the call pointer for the main path, pointer|1 for the
+ * RECV_CLOSE_ON_SERVER watcher, which is the only way the core tells a server that a
+ * client went away):
+ *   NEW    request_call completed: ask for the next call, start the watcher, look up the
+ *          method (unknown -> UNIMPLEMENTED), receive the request message
+ *   READ   decode, run the handler on this thread, send reply + status (FINISH)
+ *   PARKED a server stream that sends nothing: initial metadata carries "pf-stream: open";
+ *          the watcher completing means the client disconnected (or we stop): the
+ *          method's stream_closed runs, then the status is sent.
+ * A call is freed when both paths released their reference.
+ * Pitfalls handled (gRPC 1.51): initial metadata is always sent before a status; message
+ * limits raised to 64 MiB; SO_REUSEPORT off. */
+#include <errno.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <netdb.h>
+
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+
+#define PF_LOG_MOD "rpc"
+#include "pf/clock.h"
+#include "pf/config.h"
+#include "pf/log.h"
+#include "pf/metrics.h"
+#include "pf/rpc.h"
+#include "pf/thread.h"
+#include "rpc/rpc_internal.h"
+
+enum { ST_NEW, ST_READ, ST_PARK_MD, ST_PARKED, ST_FINISH };
+/* park state of a streaming call, shared by the handler thread and the watcher */
+enum { PS_NONE, PS_OPENING, PS_PARKED, PS_CLOSED_EARLY };
+
+struct pf_rpc_call {
+    struct pf_rpc_server *srv;
+    _Atomic int st;
+    grpc_call *call;
+    grpc_call_details details;
+    grpc_metadata_array md;
+    grpc_byte_buffer *recv;
+    grpc_byte_buffer *send;
+    int cancelled;
+    _Atomic int refs;
+    const struct pf_rpc_method *m;
+    const char *unimpl; /* known-but-unbuilt path */
+    int code;
+    char msg[PF_RPC_ERRMSG];
+    uint64_t start_ns;
+    void *stream_ctx;
+    _Atomic int pstate;
+    char *peer;
+    grpc_metadata park_md;
+} __attribute__((aligned(8)));
+
+struct pf_rpc_server {
+    grpc_server *srv;
+    grpc_completion_queue *cq;
+    struct pf_rpc_server_config cfg;
+    int nthreads;
+    pthread_t *thr;
+    _Atomic bool stopping;
+    struct pf_metric *m_req, *m_dur;
+    int shutdown_tag;
+    pthread_mutex_t sd_mu;
+    pthread_cond_t sd_cv;
+    bool sd_done;
+};
+
+static void request_new(struct pf_rpc_server *s);
+
+static void call_free(struct pf_rpc_call *c)
+{
+    if (c->recv)
+        grpc_byte_buffer_destroy(c->recv);
+    if (c->send)
+        grpc_byte_buffer_destroy(c->send);
+    if (c->call)
+        grpc_call_unref(c->call);
+    if (c->peer)
+        gpr_free(c->peer);
+    grpc_call_details_destroy(&c->details);
+    grpc_metadata_array_destroy(&c->md);
+    free(c);
+}
+
+static void call_unref(struct pf_rpc_call *c)
+{
+    if (atomic_fetch_sub(&c->refs, 1) == 1)
+        call_free(c);
+}
+
+int pf_rpc_respond(struct pf_rpc_call *call, const ProtobufCMessage *msg)
+{
+    if (call->send)
+        grpc_byte_buffer_destroy(call->send);
+    call->send = pf_rpc_pack(msg);
+    return 0;
+}
+
+int pf_rpc_fail(struct pf_rpc_call *call, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(call->msg, sizeof(call->msg), fmt, ap);
+    va_end(ap);
+    call->code = code ? code : PF_GRPC_INTERNAL;
+    return call->code;
+}
+
+const char *pf_rpc_call_peer(struct pf_rpc_call *call)
+{
+    if (!call->peer)
+        call->peer = grpc_call_get_peer(call->call);
+    return call->peer ? call->peer : "";
+}
+
+static void record(struct pf_rpc_call *c)
+{
+    struct pf_rpc_server *s = c->srv;
+    const char *method = c->m ? c->m->metric_name : "unknown";
+    const char *status = c->code == 0 ? "ok" : pf_grpc_code_name(c->code);
+    double secs = (double)(pf_now_ns() - c->start_ns) / 1e9;
+    pf_child_add(pf_metric_child2(s->m_req, method, status), 1);
+    pf_child_observe(pf_metric_child2(s->m_dur, method, status), secs);
+    if (c->code && c->code != PF_GRPC_UNIMPLEMENTED)
+        pf_debug("%s -> %s: %s", c->m ? c->m->path : "?", pf_grpc_code_name(c->code), c->msg);
+}
+
+/* Sends (initial metadata if needed) + reply (when OK) + status; state FINISH. */
+static void finish(struct pf_rpc_call *c, bool send_initial_md)
+{
+    grpc_op ops[3];
+    memset(ops, 0, sizeof(ops));
+    size_t n = 0;
+    if (send_initial_md)
+        ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    if (c->code == 0 && c->send) {
+        ops[n].op = GRPC_OP_SEND_MESSAGE;
+        ops[n].data.send_message.send_message = c->send;
+        n++;
+    }
+    grpc_slice details = grpc_slice_from_copied_string(c->code ? c->msg : "");
+    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[n].data.send_status_from_server.status = (grpc_status_code)c->code;
+    ops[n].data.send_status_from_server.status_details = &details;
+    n++;
+    record(c);
+    c->st = ST_FINISH;
+    grpc_call_error e = grpc_call_start_batch(c->call, ops, n, c, NULL);
+    grpc_slice_unref(details);
+    if (e != GRPC_CALL_OK) {
+        pf_warn("finish start_batch failed: %d", e);
+        call_unref(c);
+    }
+}
+
+static void on_new_call(struct pf_rpc_call *c)
+{
+    struct pf_rpc_server *s = c->srv;
+    if (!atomic_load(&s->stopping))
+        request_new(s);
+    c->start_ns = pf_now_ns();
+    atomic_store(&c->refs, 2);
+    grpc_op op;
+    memset(&op, 0, sizeof(op));
+    op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    op.data.recv_close_on_server.cancelled = &c->cancelled;
+    if (grpc_call_start_batch(c->call, &op, 1, (char *)c + 1, NULL) != GRPC_CALL_OK)
+        atomic_store(&c->refs, 1);
+    for (size_t i = 0; i < s->cfg.nmethods; i++) {
+        if (grpc_slice_str_cmp(c->details.method, s->cfg.methods[i].path) == 0) {
+            c->m = &s->cfg.methods[i];
+            break;
+        }
+    }
+    if (!c->m) {
+        char path[256];
+        size_t l = GRPC_SLICE_LENGTH(c->details.method);
+        snprintf(path, sizeof(path), "%.*s", (int)(l < 200 ? l : 200),
+                 (const char *)GRPC_SLICE_START_PTR(c->details.method));
+        bool known = false;
+        for (size_t i = 0; i < s->cfg.nunimplemented; i++)
+            if (strcmp(path, s->cfg.unimplemented[i]) == 0)
+                known = true;
+        pf_rpc_fail(c, PF_GRPC_UNIMPLEMENTED,
+                    known ? "%s is not implemented by this server yet"
+                          : "unknown method %s",
+                    path);
+        finish(c, true);
+        return;
+    }
+    grpc_op ops[2];
+    memset(ops, 0, sizeof(ops));
+    size_t n = 0;
+    if (!c->m->stream_open)
+        ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[n].op = GRPC_OP_RECV_MESSAGE;
+    ops[n].data.recv_message.recv_message = &c->recv;
+    n++;
+    c->st = ST_READ;
+    if (grpc_call_start_batch(c->call, ops, n, c, NULL) != GRPC_CALL_OK)
+        call_unref(c);
+}
+
+static void on_request(struct pf_rpc_call *c)
+{
+    struct pf_rpc_server *s = c->srv;
+    const struct pf_rpc_method *m = c->m;
+    bool stream = m->stream_open != NULL;
+    if (!c->recv) {
+        pf_rpc_fail(c, PF_GRPC_INVALID_ARGUMENT, "request message missing");
+        finish(c, stream);
+        return;
+    }
+    grpc_slice sl = pf_rpc_bb_to_slice(c->recv);
+    grpc_byte_buffer_destroy(c->recv);
+    c->recv = NULL;
+    ProtobufCMessage *req = protobuf_c_message_unpack(m->req_desc, NULL, GRPC_SLICE_LENGTH(sl),
+                                                      GRPC_SLICE_START_PTR(sl));
+    grpc_slice_unref(sl);
+    if (!req) {
+        pf_rpc_fail(c, PF_GRPC_INVALID_ARGUMENT, "malformed %s (protobuf decoding failed)",
+                    m->req_desc->short_name);
+        finish(c, stream);
+        return;
+    }
+    if (!stream) {
+        int rc = m->unary(s->cfg.ctx, c, req);
+        protobuf_c_message_free_unpacked(req, NULL);
+        if (rc == 0 && !c->send)
+            pf_rpc_fail(c, PF_GRPC_INTERNAL, "handler produced no response");
+        else if (rc != 0 && c->code == 0)
+            pf_rpc_fail(c, pf_grpc_code_from_errno(rc < 0 ? rc : -EIO), "handler failed: %s",
+                        strerror(rc < 0 ? -rc : EIO));
+        finish(c, false);
+        return;
+    }
+    atomic_store(&c->pstate, PS_OPENING);
+    int rc = m->stream_open(s->cfg.ctx, c, req, &c->stream_ctx);
+    protobuf_c_message_free_unpacked(req, NULL);
+    if (rc != 0) {
+        if (c->code == 0)
+            pf_rpc_fail(c, PF_GRPC_INTERNAL, "stream open failed");
+        int old = atomic_exchange(&c->pstate, PS_NONE);
+        finish(c, true);
+        if (old == PS_CLOSED_EARLY)
+            call_unref(c); /* the watcher left its reference to us */
+        return;
+    }
+    if (atomic_exchange(&c->pstate, PS_PARKED) == PS_CLOSED_EARLY) {
+        /* the client vanished while the stream was being opened */
+        m->stream_closed(s->cfg.ctx, c->stream_ctx, true);
+        pf_rpc_fail(c, PF_GRPC_CANCELLED, "stream closed");
+        finish(c, true);
+        call_unref(c);
+        return;
+    }
+    /* park: announce acceptance; from now on only the watcher ends the call */
+    c->park_md.key = grpc_slice_from_static_string("pf-stream");
+    c->park_md.value = grpc_slice_from_static_string("open");
+    grpc_op op;
+    memset(&op, 0, sizeof(op));
+    op.op = GRPC_OP_SEND_INITIAL_METADATA;
+    op.data.send_initial_metadata.count = 1;
+    op.data.send_initial_metadata.metadata = &c->park_md;
+    c->st = ST_PARK_MD;
+    if (grpc_call_start_batch(c->call, &op, 1, c, NULL) != GRPC_CALL_OK)
+        call_unref(c);
+}
+
+/* Watcher completed: the call is over from the client's point of view. */
+static void on_closed(struct pf_rpc_call *c)
+{
+    struct pf_rpc_server *s = c->srv;
+    int old = atomic_exchange(&c->pstate, PS_CLOSED_EARLY);
+    if (old == PS_OPENING)
+        return; /* the opening thread sees PS_CLOSED_EARLY and finishes the call */
+    if (old == PS_PARKED) {
+        c->m->stream_closed(s->cfg.ctx, c->stream_ctx, c->cancelled != 0);
+        /* finish the parked call; its batch takes over this reference */
+        pf_rpc_fail(c, PF_GRPC_CANCELLED, "stream closed");
+        finish(c, false);
+        return;
+    }
+    call_unref(c);
+}
+
+static void *worker(void *arg)
+{
+    struct pf_rpc_server *s = arg;
+    for (;;) {
+        grpc_event ev = grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC),
+                                                   NULL);
+        if (ev.type == GRPC_QUEUE_SHUTDOWN)
+            break;
+        if (ev.type != GRPC_OP_COMPLETE || !ev.tag)
+            continue;
+        if (ev.tag == &s->shutdown_tag) {
+            pthread_mutex_lock(&s->sd_mu);
+            s->sd_done = true;
+            pthread_cond_broadcast(&s->sd_cv);
+            pthread_mutex_unlock(&s->sd_mu);
+            continue;
+        }
+        if ((uintptr_t)ev.tag & 1) {
+            on_closed((struct pf_rpc_call *)((char *)ev.tag - 1));
+            continue;
+        }
+        struct pf_rpc_call *c = ev.tag;
+        if (!ev.success) {
+            if (c->st == ST_NEW)
+                call_free(c);
+            else
+                call_unref(c);
+            continue;
+        }
+        switch (c->st) {
+        case ST_NEW:
+            on_new_call(c);
+            break;
+        case ST_READ:
+            on_request(c);
+            break;
+        case ST_PARK_MD:
+            c->st = ST_PARKED;
+            call_unref(c); /* main path done; the watcher keeps the call */
+            break;
+        case ST_FINISH:
+            call_unref(c);
+            break;
+        default:
+            call_unref(c);
+        }
+    }
+    return NULL;
+}
+
+static void request_new(struct pf_rpc_server *s)
+{
+    struct pf_rpc_call *c = calloc(1, sizeof(*c));
+    if (!c) {
+        pf_error("out of memory accepting a call");
+        return;
+    }
+    c->srv = s;
+    c->st = ST_NEW;
+    grpc_call_details_init(&c->details);
+    grpc_metadata_array_init(&c->md);
+    grpc_call_error e =
+        grpc_server_request_call(s->srv, &c->call, &c->details, &c->md, s->cq, s->cq, c);
+    if (e != GRPC_CALL_OK)
+        call_free(c);
+}
+
+/* Binds a plain socket first, only to turn a failure into a precise errno message
+ * (gRPC's add_http2_port returns 0 without a reason). */
+static int probe_bind(const char *addr, char *err, size_t errlen)
+{
+    char host[256];
+    uint16_t port;
+    if (pf_addr_split(addr, host, sizeof(host), &port) != 0) {
+        snprintf(err, errlen, "'%s' is not host:port", addr);
+        return -EINVAL;
+    }
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
+    struct addrinfo *res = NULL;
+    char ps[8];
+    snprintf(ps, sizeof(ps), "%u", port);
+    int g = getaddrinfo(host, ps, &hints, &res);
+    if (g != 0) {
+        snprintf(err, errlen, "cannot resolve '%s': %s", host, gai_strerror(g));
+        return -EINVAL;
+    }
+    int rc = 0;
+    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0) {
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+        if (bind(fd, res->ai_addr, res->ai_addrlen) != 0) {
+            rc = -errno;
+            snprintf(err, errlen, "cannot bind %s: %s", addr, strerror(errno));
+        }
+        close(fd);
+    }
+    freeaddrinfo(res);
+    return rc;
+}
+
+int pf_rpc_server_start(const struct pf_rpc_server_config *cfg, struct pf_rpc_server **s_p,
+                        int *bound_port_p, char *err, size_t errlen)
+{
+    int rc = probe_bind(cfg->addr, err, errlen);
+    if (rc)
+        return rc;
+    pf_rpc_global_init();
+    struct pf_rpc_server *s = calloc(1, sizeof(*s));
+    if (!s) {
+        rc = -ENOMEM;
+        goto err_init;
+    }
+    s->cfg = *cfg;
+    pthread_mutex_init(&s->sd_mu, NULL);
+    pf_cond_init(&s->sd_cv);
+    s->nthreads = cfg->threads > 0 ? cfg->threads : 8;
+    char name[128];
+    const char *prefix = cfg->metric_prefix ? cfg->metric_prefix : "pegaflow";
+    snprintf(name, sizeof(name), "%s_rpc_requests", prefix);
+    s->m_req = pf_metric_counter(name, "RPC requests by method and status", "method,status");
+    snprintf(name, sizeof(name), "%s_rpc_duration_seconds", prefix);
+    s->m_dur = pf_metric_histogram(name, "RPC handling time by method and status",
+                                   "method,status", pf_buckets_rpc_seconds,
+                                   pf_buckets_rpc_seconds_n);
+
+    grpc_arg args[] = {
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+         .value.integer = PF_RPC_MSG_MAX},
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
+         .value.integer = PF_RPC_MSG_MAX},
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_ALLOW_REUSEPORT, .value.integer = 0},
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIME_MS, .value.integer = 30000},
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIMEOUT_MS, .value.integer = 20000},
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS,
+         .value.integer = 1},
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+         .value.integer = 10000},
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_HTTP2_MAX_PING_STRIKES, .value.integer = 0},
+    };
+    grpc_channel_args ca = {PF_ARRAY_SIZE(args), args};
+    s->srv = grpc_server_create(&ca, NULL);
+    s->cq = grpc_completion_queue_create_for_next(NULL);
+    grpc_server_register_completion_queue(s->srv, s->cq, NULL);
+    grpc_server_credentials *cr = grpc_insecure_server_credentials_create();
+    int port = grpc_server_add_http2_port(s->srv, cfg->addr, cr);
+    grpc_server_credentials_release(cr);
+    if (port == 0) {
+        snprintf(err, errlen, "cannot listen on %s", cfg->addr);
+        rc = -EADDRNOTAVAIL;
+        goto err_srv;
+    }
+    grpc_server_start(s->srv);
+    s->thr = calloc((size_t)s->nthreads, sizeof(pthread_t));
+    if (!s->thr) {
+        rc = -ENOMEM;
+        goto err_started;
+    }
+    for (int i = 0; i < s->nthreads; i++)
+        request_new(s);
+    for (int i = 0; i < s->nthreads; i++) {
+        char tn[16];
+        snprintf(tn, sizeof(tn), "rpc-%d", i);
+        rc = pf_thread_start(&s->thr[i], tn, -1, worker, s);
+        if (rc) {
+            s->nthreads = i;
+            pf_rpc_server_stop(s);
+            snprintf(err, errlen, "cannot start RPC threads: %s", strerror(-rc));
+            return rc;
+        }
+    }
+    if (bound_port_p)
+        *bound_port_p = port;
+    *s_p = s;
+    return 0;
+err_started:
+    s->nthreads = 0;
+    pf_rpc_server_stop(s);
+    return rc;
+err_srv:
+    grpc_server_destroy(s->srv);
+    grpc_completion_queue_shutdown(s->cq);
+    while (grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN)
+        ;
+    grpc_completion_queue_destroy(s->cq);
+    free(s);
+err_init:
+    pf_rpc_global_shutdown();
+    return rc;
+}
+
+void pf_rpc_server_stop(struct pf_rpc_server *s)
+{
+    if (!s)
+        return;
+    atomic_store(&s->stopping, true);
+    grpc_server_shutdown_and_notify(s->srv, s->cq, &s->shutdown_tag);
+    grpc_server_cancel_all_calls(s->srv);
+    if (s->nthreads == 0) {
+        /* no workers: drain here */
+        for (;;) {
+            grpc_event ev = grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC),
+                                                       NULL);
+            if (ev.type == GRPC_OP_COMPLETE && ev.tag == &s->shutdown_tag)
+                break;
+            if (ev.type != GRPC_OP_COMPLETE || !ev.tag)
+                continue;
+            if ((uintptr_t)ev.tag & 1) {
+                on_closed((struct pf_rpc_call *)((char *)ev.tag - 1));
+                continue;
+            }
+            struct pf_rpc_call *c = ev.tag;
+            if (c->st == ST_NEW)
+                call_free(c);
+            else
+                call_unref(c);
+        }
+        grpc_completion_queue_shutdown(s->cq);
+        while (grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
+               GRPC_QUEUE_SHUTDOWN)
+            ;
+    } else {
+        /* The workers keep serving the queue (finishing cancelled calls, freeing pending
+         * requests) until the shutdown tag arrives; only then may the server be destroyed
+         * and the queue shut down, which makes the workers exit. */
+        pthread_mutex_lock(&s->sd_mu);
+        while (!s->sd_done) {
+            struct timespec dl = pf_deadline_ms(5000);
+            if (pthread_cond_timedwait(&s->sd_cv, &s->sd_mu, &dl) == ETIMEDOUT && !s->sd_done)
+                pf_warn("RPC shutdown still waiting for in-flight handlers");
+        }
+        pthread_mutex_unlock(&s->sd_mu);
+        grpc_server_destroy(s->srv);
+        s->srv = NULL;
+        grpc_completion_queue_shutdown(s->cq);
+        for (int i = 0; i < s->nthreads; i++)
+            pthread_join(s->thr[i], NULL);
+    }
+    if (s->srv)
+        grpc_server_destroy(s->srv);
+    grpc_completion_queue_destroy(s->cq);
+    pthread_mutex_destroy(&s->sd_mu);
+    pthread_cond_destroy(&s->sd_cv);
+    free(s->thr);
+    free(s);
+    pf_rpc_global_shutdown();
+}

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Test runner: tests/run.sh unit|integration|python|all <build-dir>
+# Runs every test with a timeout, keeps each log under <build-dir>/test-logs/, prints one
+# line per test (PASS / FAIL / SKIP with the reason) and a summary per suite. Exit code 77
+# from a test means "skipped" (hardware absent) and is never counted as passed.
+# Exits non-zero when any test failed.
+set -u
+mode=${1:-all}
+O=${2:?build dir}
+top=$(cd "$(dirname "$0")/.." && pwd)
+logs="$O/test-logs"
+mkdir -p "$logs"
+UNIT_TIMEOUT=${UNIT_TIMEOUT:-300}
+INTEG_TIMEOUT=${INTEG_TIMEOUT:-600}
+total_fail=0
+summary=()
+
+run_one() { # kind name timeout cmd...
+  local kind=$1 name=$2 tmo=$3; shift 3
+  local log="$logs/$kind/$name.log"
+  mkdir -p "$(dirname "$log")"
+  local t0=$(date +%s.%N)
+  timeout --kill-after=10 "$tmo" "$@" >"$log" 2>&1
+  local rc=$?
+  local dt=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')
+  case $rc in
+    0)
+      local detail=$(grep -aoE '\[  PASSED  \] [0-9]+ test' "$log" | tail -1 | grep -oE '[0-9]+')
+      printf '  PASS  %-48s %6ss%s\n' "$name" "$dt" "${detail:+  ($detail tests)}"
+      pass=$((pass+1)) ;;
+    77)
+      local why=$(grep -a 'SKIP' "$log" | tail -1)
+      [ -n "$why" ] || why=$(tail -n 1 "$log")
+      printf '  SKIP  %-48s %s\n' "$name" "$why"
+      skip=$((skip+1)) ;;
+    124|137)
+      printf '  FAIL  %-48s timed out after %ss (log: %s)\n' "$name" "$tmo" "$log"
+      tail -n 40 "$log" | sed 's/^/        | /'
+      fail=$((fail+1)) ;;
+    *)
+      printf '  FAIL  %-48s exit %d after %ss (log: %s)\n' "$name" "$rc" "$dt" "$log"
+      tail -n 40 "$log" | sed 's/^/        | /'
+      fail=$((fail+1)) ;;
+  esac
+}
+
+suite_end() {
+  summary+=("$(printf '%-12s %3d passed, %3d failed, %3d skipped' "$1:" "$pass" "$fail" "$skip")")
+  total_fail=$((total_fail+fail))
+}
+
+if [ "$mode" = unit ] || [ "$mode" = all ]; then
+  echo "== unit tests"
+  pass=0 fail=0 skip=0
+  while IFS= read -r t; do
+    rel=${t#"$O/tests/unit/"}
+    run_one unit "$rel" "$UNIT_TIMEOUT" "$t"
+  done < <(find "$O/tests/unit" -type f -perm -u+x 2>/dev/null | sort)
+  suite_end unit
+fi
+
+if [ "$mode" = integration ] || [ "$mode" = all ]; then
+  echo "== integration tests"
+  pass=0 fail=0 skip=0
+  for t in "$top"/tests/integration/test_*.sh; do
+    [ -e "$t" ] || continue
+    run_one integration "$(basename "$t" .sh)" "$INTEG_TIMEOUT" bash "$t"
+  done
+  suite_end integration
+fi
+
+if [ "$mode" = python ] || [ "$mode" = all ]; then
+  echo "== python tests"
+  pass=0 fail=0 skip=0
+  if ls "$top"/tests/python/test_*.py >/dev/null 2>&1; then
+    log="$logs/python/pytest.log"
+    mkdir -p "$(dirname "$log")"
+    (cd "$top" && timeout --kill-after=10 "$INTEG_TIMEOUT" /usr/bin/python3 -m pytest -q -p no:cacheprovider \
+       -rs tests/python) >"$log" 2>&1
+    rc=$?
+    line=$(grep -aE '[0-9]+ (passed|failed|skipped|error)' "$log" | tail -1)
+    p=$(echo "$line" | grep -oE '[0-9]+ passed' | grep -oE '[0-9]+'); pass=${p:-0}
+    f=$(echo "$line" | grep -oE '[0-9]+ (failed|error)' | grep -oE '[0-9]+' | awk '{s+=$1} END {print s+0}'); fail=${f:-0}
+    s=$(echo "$line" | grep -oE '[0-9]+ skipped' | grep -oE '[0-9]+'); skip=${s:-0}
+    if [ $rc -ne 0 ] && [ "$fail" -eq 0 ]; then fail=1; fi
+    echo "  pytest: ${line:-no summary} (log: $log)"
+    grep -aE '^SKIPPED' "$log" | sed 's/^/        /'
+    [ $rc -ne 0 ] && tail -n 60 "$log" | sed 's/^/        | /'
+  fi
+  suite_end python
+fi
+
+echo "== summary"
+for s in "${summary[@]}"; do echo "  $s"; done
+if [ $total_fail -ne 0 ]; then
+  echo "FAILED: $total_fail test(s) failed"
+  exit 1
+fi
+echo "OK"
