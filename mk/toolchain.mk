@@ -35,7 +35,7 @@ GEN := build/gen
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 WARN := -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter -Wstrict-prototypes -Wmissing-prototypes
-CPPFLAGS_ALL = -D_GNU_SOURCE -Isrc/include -I$(GEN) -Isrc $(PKG_CFLAGS)
+CPPFLAGS_ALL = -D_GNU_SOURCE -Isrc/include -I$(GEN) -Isrc -Itests/lib $(PKG_CFLAGS)
 CFLAGS_ALL = -std=c11 -fPIC -pthread $(OPT) $(WARN) -MMD -MP $(CFLAGS)
 LDFLAGS_ALL = -pthread $(SANFLAGS) $(LDFLAGS)
 LIBS_ALL = $(PKG_LIBS) -libverbs -lm -ldl -lrt

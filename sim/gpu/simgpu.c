@@ -30,11 +30,11 @@
 #include "pf/log.h"
 #include "pf/thread.h"
 
-#define SIMGPU_ADDR_TAG   0x8000000000000000ull
-#define SIMGPU_ID_SHIFT   40
-#define SIMGPU_OFF_MASK   ((1ull << SIMGPU_ID_SHIFT) - 1)
-#define SIMGPU_MAX_MAPS   4096
-#define SIMGPU_MAX_DEVS   64
+#define SIMGPU_ADDR_TAG     0x8000000000000000ull
+#define SIMGPU_ID_SHIFT     40
+#define SIMGPU_OFF_MASK     ((1ull << SIMGPU_ID_SHIFT) - 1)
+#define SIMGPU_MAX_MAPS     4096
+#define SIMGPU_MAX_DEVS     64
 #define SIMGPU_DEFAULT_DEVS 8
 
 struct simdev {
@@ -48,7 +48,7 @@ struct simmap {
     struct pf_gpu_mapping base;
     _Atomic int refs;
     uint32_t id;
-    void *host;      /* mmap of the whole object */
+    void *host; /* mmap of the whole object */
     size_t maplen;
     uint64_t offset; /* tensor storage offset inside the object */
     char name[256];
@@ -144,13 +144,13 @@ static int s_ipc_open(struct pf_gpu *g, const struct pf_ipc_desc *d, struct pf_g
     struct simgpu *s = sg(g);
     if (d->kind != PF_IPC_SIM_SHM) {
         pf_warn("refusing IpcTensor of kind %d: the sim GPU backend maps SIM_SHM descriptors "
-                "only", d->kind);
+                "only",
+                d->kind);
         return -EINVAL;
     }
     int ord = dev_ordinal(s, d->sim_device);
     if (ord < 0) {
-        pf_warn("IpcTensor names sim device %d, which this server did not open",
-                d->sim_device);
+        pf_warn("IpcTensor names sim device %d, which this server did not open", d->sim_device);
         return -ENODEV;
     }
     if (d->shm_name[0] != '/' || strchr(d->shm_name + 1, '/') || d->size == 0)
@@ -413,8 +413,8 @@ static int s_copy(struct pf_gpu_stream *sp, enum pf_copy_dir dir, enum pf_copy_m
             break;
         }
         if (!host_registered(s, d[i].host, d[i].len)) {
-            pf_warn("copy %zu of %zu: host range %p+%llu is not registered memory", i, n,
-                    d[i].host, (unsigned long long)d[i].len);
+            pf_warn("copy %zu of %zu: host range %p+%llu is not registered memory", i, n, d[i].host,
+                    (unsigned long long)d[i].len);
             rc = -EFAULT;
             break;
         }
@@ -448,8 +448,7 @@ static int s_sync(struct pf_gpu_stream *sp, uint64_t timeout_ms)
     pthread_mutex_lock(&st->mu);
     uint64_t target = st->submitted;
     while (st->completed < target) {
-        if (pthread_cond_timedwait(&st->cv, &st->mu, &dl) == ETIMEDOUT &&
-            st->completed < target) {
+        if (pthread_cond_timedwait(&st->cv, &st->mu, &dl) == ETIMEDOUT && st->completed < target) {
             rc = -ETIMEDOUT;
             goto out;
         }
@@ -485,10 +484,10 @@ static int s_open(const struct pf_gpu_config *cfg, struct pf_gpu **g_p)
         return -ENOMEM;
     pthread_rwlock_init(&s->lock, NULL);
     int nnodes = numa_available() >= 0 ? numa_max_node() + 1 : 1;
-    size_t n = cfg && cfg->devices ? cfg->ndevices
-                                   : (size_t)(cfg && cfg->sim_default_devices > 0
-                                                  ? cfg->sim_default_devices
-                                                  : SIMGPU_DEFAULT_DEVS);
+    size_t n = cfg && cfg->devices
+                   ? cfg->ndevices
+                   : (size_t)(cfg && cfg->sim_default_devices > 0 ? cfg->sim_default_devices
+                                                                  : SIMGPU_DEFAULT_DEVS);
     if (n == 0 || n > SIMGPU_MAX_DEVS) {
         pthread_rwlock_destroy(&s->lock);
         free(s);

@@ -6,9 +6,9 @@
 
 #include "app/app.h"
 
-#define F(n_, t_, field_, def_, meta_, help_, ...)                                                \
+#define F(n_, t_, field_, def_, meta_, help_, ...)                                                 \
     {                                                                                              \
-        .name = n_, .type = t_, .off = offsetof(struct pf_meta_config, field_), .defval = def_,   \
+        .name = n_, .type = t_, .off = offsetof(struct pf_meta_config, field_), .defval = def_,    \
         .metavar = meta_, .help = help_, __VA_ARGS__                                               \
     }
 
@@ -46,8 +46,7 @@ int pf_meta_config_parse(struct pf_meta_config *cfg, int argc, char **argv, char
         return -EINVAL;
     }
     if (cfg->ttl_minutes * 60 < cfg->node_stale_secs) {
-        snprintf(err, errlen,
-                 "--ttl-minutes: %llu minutes is shorter than --node-stale-secs %llu",
+        snprintf(err, errlen, "--ttl-minutes: %llu minutes is shorter than --node-stale-secs %llu",
                  (unsigned long long)cfg->ttl_minutes, (unsigned long long)cfg->node_stale_secs);
         return -EINVAL;
     }

@@ -65,8 +65,8 @@ int pf_metaserver_main(int argc, char **argv)
         pf_error("signalfd: %s", strerror(errno));
         goto out;
     }
-    rc = pf_http_server_start(cfg.http_addr, meta_routes, PF_ARRAY_SIZE(meta_routes), NULL,
-                              &http, &port, err, sizeof(err));
+    rc = pf_http_server_start(cfg.http_addr, meta_routes, PF_ARRAY_SIZE(meta_routes), NULL, &http,
+                              &port, err, sizeof(err));
     if (rc) {
         pf_error("--http-addr: %s", err);
         goto out;

@@ -14,6 +14,7 @@
 
 #define PF_LOG_MOD "server"
 #include "app/app.h"
+#include "pf/engine.h"
 #include "pf/fault.h"
 #include "pf/hal.h"
 #include "pf/http.h"
@@ -85,20 +86,47 @@ static int open_hal(struct server_app *a)
 static const struct pf_http_route routes_prom[] = {
     {"GET", "/health", pf_http_health},
     {"GET", "/metrics", pf_http_metrics},
+    {"GET", "/instances", pf_http_instances},
+    {"POST", "/instances/cleanup", pf_http_instances_cleanup},
+    {"POST", "/cache/memory/cleanup", pf_http_memory_cleanup},
 };
 static const struct pf_http_route routes_noprom[] = {
     {"GET", "/health", pf_http_health},
+    {"GET", "/instances", pf_http_instances},
+    {"POST", "/instances/cleanup", pf_http_instances_cleanup},
+    {"POST", "/cache/memory/cleanup", pf_http_memory_cleanup},
 };
+
+static int start_engine(struct server_app *a)
+{
+    char err[512];
+    struct pf_engine_config ec = {
+        .gpu = a->gpu,
+        .pool_size = a->cfg.pool_size,
+        .hint_value_size = a->cfg.hint_value_size,
+        .use_hugepages = a->cfg.use_hugepages,
+        .numa_affinity = !a->cfg.disable_numa_affinity,
+        .pool_shards = (uint32_t)a->cfg.pool_shards,
+        .lfu_admission = a->cfg.enable_lfu_admission,
+        .blockwise_alloc = a->cfg.blockwise_alloc,
+        .integrity = a->cfg.integrity,
+        .pad_512 = a->cfg.ssd_cache_path.n > 0,
+        .version = PF_VERSION,
+    };
+    int rc = pf_engine_create(&ec, &a->svc.engine, err, sizeof(err));
+    if (rc)
+        pf_error("%s", err);
+    return rc;
+}
 
 static int start_services(struct server_app *a)
 {
     char err[256];
     int port = 0;
-    int rc = pf_http_server_start(a->cfg.http_addr,
-                                  a->cfg.enable_prometheus ? routes_prom : routes_noprom,
-                                  a->cfg.enable_prometheus ? PF_ARRAY_SIZE(routes_prom)
-                                                           : PF_ARRAY_SIZE(routes_noprom),
-                                  a, &a->http, &port, err, sizeof(err));
+    int rc = pf_http_server_start(
+        a->cfg.http_addr, a->cfg.enable_prometheus ? routes_prom : routes_noprom,
+        a->cfg.enable_prometheus ? PF_ARRAY_SIZE(routes_prom) : PF_ARRAY_SIZE(routes_noprom),
+        &a->svc.engine, &a->http, &port, err, sizeof(err));
     if (rc) {
         pf_error("--http-addr: %s", err);
         return rc;
@@ -192,14 +220,18 @@ int pf_server_main(int argc, char **argv)
     }
     if (open_hal(a) != 0)
         goto out;
+    if (start_engine(a) != 0)
+        goto out;
     if (start_services(a) != 0)
         goto out;
     pf_info("ready");
     if (wait_for_stop(a) == 0)
         exit_code = 0;
 out:
+    a->svc.stopping = true;
     pf_rpc_server_stop(a->rpc);
     pf_http_server_stop(a->http);
+    pf_engine_destroy(a->svc.engine);
     pf_gpu_close(a->gpu);
     if (a->sfd >= 0)
         close(a->sfd);

@@ -11,9 +11,9 @@
 #include "app/app.h"
 #include "pf/fault.h"
 
-#define F(n_, t_, field_, def_, meta_, help_, ...)                                                \
+#define F(n_, t_, field_, def_, meta_, help_, ...)                                                 \
     {                                                                                              \
-        .name = n_, .type = t_, .off = offsetof(struct pf_server_config, field_), .defval = def_,   \
+        .name = n_, .type = t_, .off = offsetof(struct pf_server_config, field_), .defval = def_,  \
         .metavar = meta_, .help = help_, __VA_ARGS__                                               \
     }
 
@@ -52,8 +52,8 @@ const struct pf_flag pf_server_flags[] = {
       .flags = PF_FLAGF_MULTI),
     F("ssd-cache-capacity", PF_FLAG_SIZE, ssd_cache_capacity, "512gb", "SIZE",
       "SSD cache capacity (all shards together)", .min = 1),
-    F("ssd-cache-shards", PF_FLAG_U64, ssd_cache_shards, "1", "N", "SSD shards per path",
-      .min = 1, .max = 1024),
+    F("ssd-cache-shards", PF_FLAG_U64, ssd_cache_shards, "1", "N", "SSD shards per path", .min = 1,
+      .max = 1024),
     F("ssd-write-queue-depth", PF_FLAG_U64, ssd_write_queue_depth, "8", "N",
       "Max pending SSD write batches", .min = 1, .max = 1 << 20),
     F("ssd-prefetch-queue-depth", PF_FLAG_U64, ssd_prefetch_queue_depth, "2", "N",
@@ -63,8 +63,7 @@ const struct pf_flag pf_server_flags[] = {
     F("ssd-prefetch-inflight", PF_FLAG_U64, ssd_prefetch_inflight, "16", "N",
       "Max concurrent SSD block reads", .min = 1, .max = 4096),
     F("max-prefetch-blocks", PF_FLAG_U64, max_prefetch_blocks, "800", "N",
-      "Max blocks being prefetched from SSD at once (backpressure)", .min = 1,
-      .max = 1u << 30),
+      "Max blocks being prefetched from SSD at once (backpressure)", .min = 1, .max = 1u << 30),
     F("nics", PF_FLAG_STRLIST, nics, NULL, "NAMES",
       "NICs for inter-node transfer (e.g. mlx5_0,mlx5_1, or network interfaces with "
       "--net-backend tcp); requires --metaserver-addr",
@@ -78,8 +77,8 @@ const struct pf_flag pf_server_flags[] = {
       "Max pending MetaServer registration commands", .min = 1, .max = 1u << 24),
     F("qps-per-peer", PF_FLAG_U64, qps_per_peer, "2", "N",
       "Queue pairs per NIC per peer (must match peers)", .min = 1, .max = 64),
-    F("pool-shards", PF_FLAG_U64, pool_shards, "1", "N", "Independent sub-pools per pool",
-      .min = 1, .max = 64),
+    F("pool-shards", PF_FLAG_U64, pool_shards, "1", "N", "Independent sub-pools per pool", .min = 1,
+      .max = 64),
     F("metric-hll-windows", PF_FLAG_STR, metric_hll_windows, "15m,1h,1d", "LIST",
       "Reuse-estimator windows (s/m/h/d units, >= 1m)"),
     F("metric-hll-bucket-bits", PF_FLAG_U64, metric_hll_bucket_bits, "16", "BITS",
@@ -99,8 +98,8 @@ const struct pf_flag pf_server_flags[] = {
       "Allow debugging aids such as fault injection (never in production)"),
     F("sim-gpu-bandwidth", PF_FLAG_SIZE, sim_gpu_bandwidth, "0", "BYTES_PER_SEC",
       "Sim GPU copy bandwidth per device, to model PCIe (0 = unlimited)"),
-    F("sim-gpus", PF_FLAG_U64, sim_gpus, "8", "N",
-      "Number of sim GPUs when --devices is not given", .min = 1, .max = 64),
+    F("sim-gpus", PF_FLAG_U64, sim_gpus, "8", "N", "Number of sim GPUs when --devices is not given",
+      .min = 1, .max = 64),
     F("integrity", PF_FLAG_BOOL, integrity, "on", "on|off",
       "Checksum every sealed block and verify after SSD reads and remote fetches"),
 };
@@ -122,8 +121,7 @@ static int parse_devices(struct pf_server_config *cfg, char *err, size_t errlen)
         }
         for (size_t j = 0; j < i; j++)
             if (cfg->device_ids[j] == (int)v) {
-                snprintf(err, errlen, "--devices: device %llu listed twice",
-                         (unsigned long long)v);
+                snprintf(err, errlen, "--devices: device %llu listed twice", (unsigned long long)v);
                 return -EINVAL;
             }
         cfg->device_ids[i] = (int)v;
@@ -160,8 +158,7 @@ static int check_hll_windows(const char *s, char *err, size_t errlen)
             return -EINVAL;
         }
         if (end == p || v * mult < 60 || n == PF_ARRAY_SIZE(seen)) {
-            snprintf(err, errlen, "--metric-hll-windows: each window must be at least 1m (%s)",
-                     s);
+            snprintf(err, errlen, "--metric-hll-windows: each window must be at least 1m (%s)", s);
             return -EINVAL;
         }
         for (size_t i = 0; i < n; i++)
@@ -249,8 +246,7 @@ int pf_server_config_parse(struct pf_server_config *cfg, int argc, char **argv, 
         char t[256];
         if (pf_url_to_target(cfg->metrics_otel_endpoint, t, sizeof(t)) != 0 &&
             strncmp(cfg->metrics_otel_endpoint, "http://", 7) != 0) {
-            snprintf(err, errlen,
-                     "--metrics-otel-endpoint: '%s' is not an http://host:port URL",
+            snprintf(err, errlen, "--metrics-otel-endpoint: '%s' is not an http://host:port URL",
                      cfg->metrics_otel_endpoint);
             return -EINVAL;
         }

@@ -74,9 +74,9 @@ struct pf_save_layer {
     size_t n;
 };
 
-int pf_client_save(struct pf_client *c, const char *instance_id, uint32_t tp_rank,
-                   uint32_t pp_rank, int32_t device_id, const struct pf_save_layer *layers,
-                   size_t nlayers, uint64_t timeout_ms);
+int pf_client_save(struct pf_client *c, const char *instance_id, uint32_t tp_rank, uint32_t pp_rank,
+                   int32_t device_id, const struct pf_save_layer *layers, size_t nlayers,
+                   uint64_t timeout_ms);
 
 struct pf_query_result {
     int loading; /* 1: the server is fetching (SSD/peer); ask again */

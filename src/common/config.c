@@ -112,9 +112,8 @@ int pf_parse_size(const char *s, uint64_t *bytes_p)
         const char *sfx;
         int shift;
     } units[] = {
-        {"", 0},     {"b", 0},     {"k", 10},    {"kb", 10},   {"kib", 10}, {"m", 20},
-        {"mb", 20},  {"mib", 20},  {"g", 30},    {"gb", 30},   {"gib", 30}, {"t", 40},
-        {"tb", 40},  {"tib", 40},
+        {"", 0},     {"b", 0},  {"k", 10},  {"kb", 10},  {"kib", 10}, {"m", 20},  {"mb", 20},
+        {"mib", 20}, {"g", 30}, {"gb", 30}, {"gib", 30}, {"t", 40},   {"tb", 40}, {"tib", 40},
     };
     for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
         if (strcasecmp(end, units[i].sfx) == 0) {
@@ -276,8 +275,7 @@ static int push_list_items(struct pf_strlist *l, const char *val, const struct p
     return rc;
 }
 
-static int set_value(const struct pf_flag *f, void *cfg, const char *val, char *err,
-                     size_t errlen)
+static int set_value(const struct pf_flag *f, void *cfg, const char *val, char *err, size_t errlen)
 {
     char *field = (char *)cfg + f->off;
     char buf[200];
@@ -352,8 +350,7 @@ static int set_value(const struct pf_flag *f, void *cfg, const char *val, char *
             return -EINVAL;
         }
         if (v < f->dmin || v > f->dmax) {
-            seterr(err, errlen, "--%s: %s out of range [%g, %g]", f->name, val, f->dmin,
-                   f->dmax);
+            seterr(err, errlen, "--%s: %s out of range [%g, %g]", f->name, val, f->dmin, f->dmax);
             return -EINVAL;
         }
         *(double *)field = v;
@@ -379,8 +376,8 @@ static bool is_flag_arg(const char *a)
     return a[0] == '-' && a[1] == '-' && a[2] != '\0';
 }
 
-int pf_flags_parse(const struct pf_flag *tab, size_t n, void *cfg, int argc, char **argv,
-                   char *err, size_t errlen)
+int pf_flags_parse(const struct pf_flag *tab, size_t n, void *cfg, int argc, char **argv, char *err,
+                   size_t errlen)
 {
     if (n > MAX_FLAGS) {
         seterr(err, errlen, "internal: too many flags");
@@ -487,6 +484,6 @@ void pf_flags_usage(FILE *out, const char *prog, const char *summary, const stru
             fprintf(out, " (default: %s)", f->defval);
         fputc('\n', out);
     }
-    fprintf(out, "  %-38s %s\n  %-38s %s\n", "--help", "Print this help and exit",
-            "--version", "Print the version (the client_version clients must send) and exit");
+    fprintf(out, "  %-38s %s\n  %-38s %s\n", "--help", "Print this help and exit", "--version",
+            "Print the version (the client_version clients must send) and exit");
 }

@@ -56,10 +56,10 @@ void pf_log_write(enum pf_log_level lvl, const char *mod, const char *fmt, ...)
     struct tm tm;
     clock_gettime(CLOCK_REALTIME, &ts);
     gmtime_r(&ts.tv_sec, &tm);
-    int n = snprintf(buf, sizeof(buf), "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %s %s: ",
-                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
-                     tm.tm_sec, ts.tv_nsec / 1000000, level_tags[lvl <= PF_LOG_OFF ? lvl : 0],
-                     mod);
+    int n = snprintf(buf, sizeof(buf),
+                     "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %s %s: ", tm.tm_year + 1900,
+                     tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                     ts.tv_nsec / 1000000, level_tags[lvl <= PF_LOG_OFF ? lvl : 0], mod);
     if (n < 0)
         return;
     va_list ap;

@@ -27,8 +27,7 @@ static void *trampoline(void *p)
     return c.fn(c.arg);
 }
 
-int pf_thread_start(pthread_t *t_p, const char *name, int numa_node, void *(*fn)(void *),
-                    void *arg)
+int pf_thread_start(pthread_t *t_p, const char *name, int numa_node, void *(*fn)(void *), void *arg)
 {
     struct start_ctx *c = malloc(sizeof(*c));
     if (!c)

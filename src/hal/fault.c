@@ -40,9 +40,8 @@ struct pf_fault_plan {
 };
 
 static const char *const known_ops[] = {
-    "gpu.d2h",  "gpu.h2d",     "gpu.ipc_open", "gpu.host_register", "gpu.sync",
-    "net.read", "net.connect", "net.reg_mem",  "blk.write",         "blk.read",
-    "blk.open",
+    "gpu.d2h",     "gpu.h2d",     "gpu.ipc_open", "gpu.host_register", "gpu.sync", "net.read",
+    "net.connect", "net.reg_mem", "blk.write",    "blk.read",          "blk.open",
 };
 
 static void seterr(char *err, size_t len, const char *fmt, ...) PF_PRINTF(3, 4);
@@ -87,13 +86,14 @@ static int parse_rule(struct rule *r, char *clause, char *err, size_t errlen)
         params = colon + 1;
     }
     if (!op_known(opname, &r->wildcard)) {
-        seterr(err, errlen, "fault spec: unknown op '%s' (known: gpu.d2h gpu.h2d gpu.ipc_open "
+        seterr(err, errlen,
+               "fault spec: unknown op '%s' (known: gpu.d2h gpu.h2d gpu.ipc_open "
                "gpu.host_register gpu.sync net.read net.connect net.reg_mem blk.write blk.read "
-               "blk.open, or gpu.* net.* blk.*)", opname);
+               "blk.open, or gpu.* net.* blk.*)",
+               opname);
         return -EINVAL;
     }
-    snprintf(r->op, sizeof(r->op), "%.*s", (int)(strlen(opname) - (r->wildcard ? 1 : 0)),
-             opname);
+    snprintf(r->op, sizeof(r->op), "%.*s", (int)(strlen(opname) - (r->wildcard ? 1 : 0)), opname);
     r->prob = 1.0;
     r->nth = 1;
     bool has_prob = false, has_nth = false, has_times = false, has_action = false;
@@ -102,8 +102,7 @@ static int parse_rule(struct rule *r, char *clause, char *err, size_t errlen)
          kv = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(kv, '=');
         if (!eq) {
-            seterr(err, errlen, "fault spec: '%s' in %s is not key=value", pf_strtrim(kv),
-                   opname);
+            seterr(err, errlen, "fault spec: '%s' in %s is not key=value", pf_strtrim(kv), opname);
             return -EINVAL;
         }
         *eq = '\0';
@@ -121,8 +120,7 @@ static int parse_rule(struct rule *r, char *clause, char *err, size_t errlen)
             has_prob = true;
         } else if (strcmp(k, "nth") == 0 || strcmp(k, "times") == 0 || strcmp(k, "delay") == 0) {
             if (pf_parse_u64(v, &u) != 0 || (strcmp(k, "delay") != 0 && u == 0)) {
-                seterr(err, errlen, "fault spec: %s %s=%s is not a positive integer", opname, k,
-                       v);
+                seterr(err, errlen, "fault spec: %s %s=%s is not a positive integer", opname, k, v);
                 return -EINVAL;
             }
             if (k[0] == 'n') {
@@ -149,12 +147,10 @@ static int parse_rule(struct rule *r, char *clause, char *err, size_t errlen)
             else if (strcmp(v, "complete") == 0)
                 r->act.at_complete = true;
             else {
-                seterr(err, errlen, "fault spec: %s at=%s (expected post or complete)", opname,
-                       v);
+                seterr(err, errlen, "fault spec: %s at=%s (expected post or complete)", opname, v);
                 return -EINVAL;
             }
-        } else if (strcmp(k, "corrupt") == 0 || strcmp(k, "drop") == 0 ||
-                   strcmp(k, "fatal") == 0) {
+        } else if (strcmp(k, "corrupt") == 0 || strcmp(k, "drop") == 0 || strcmp(k, "fatal") == 0) {
             if (pf_parse_bool(v, &b) != 0) {
                 seterr(err, errlen, "fault spec: %s %s=%s is not 0 or 1", opname, k, v);
                 return -EINVAL;
@@ -174,8 +170,8 @@ static int parse_rule(struct rule *r, char *clause, char *err, size_t errlen)
             return -EINVAL;
         }
     }
-    if (!has_action || (r->act.error == 0 && !r->act.corrupt && !r->act.drop &&
-                        !r->act.fatal && r->act.delay_ms == 0 && r->act.at_complete))
+    if (!has_action || (r->act.error == 0 && !r->act.corrupt && !r->act.drop && !r->act.fatal &&
+                        r->act.delay_ms == 0 && r->act.at_complete))
         r->act.error = -EIO;
     if (r->act.fatal && r->act.error == 0)
         r->act.error = -EIO;
@@ -184,8 +180,7 @@ static int parse_rule(struct rule *r, char *clause, char *err, size_t errlen)
     return 0;
 }
 
-int pf_fault_plan_parse(const char *spec, struct pf_fault_plan **plan_p, char *err,
-                        size_t errlen)
+int pf_fault_plan_parse(const char *spec, struct pf_fault_plan **plan_p, char *err, size_t errlen)
 {
     struct pf_fault_plan *p = calloc(1, sizeof(*p));
     char *copy = strdup(spec ? spec : "");
@@ -294,8 +289,7 @@ bool pf_fault_check(struct pf_fault_plan *p, const char *op, struct pf_fault_hit
     pthread_mutex_lock(&p->mu);
     for (size_t i = 0; i < p->n && !fired; i++) {
         struct rule *r = &p->rules[i];
-        bool match = r->wildcard ? strncmp(op, r->op, strlen(r->op)) == 0
-                                 : strcmp(op, r->op) == 0;
+        bool match = r->wildcard ? strncmp(op, r->op, strlen(r->op)) == 0 : strcmp(op, r->op) == 0;
         if (!match)
             continue;
         r->calls++;
@@ -317,8 +311,8 @@ bool pf_fault_check(struct pf_fault_plan *p, const char *op, struct pf_fault_hit
     if (fired) {
         count_metric(op, hit);
         pf_debug("injected fault on %s: error=%s delay=%llums corrupt=%d drop=%d fatal=%d", op,
-                 hit->error ? pf_errno_name(hit->error) : "-",
-                 (unsigned long long)hit->delay_ms, hit->corrupt, hit->drop, hit->fatal);
+                 hit->error ? pf_errno_name(hit->error) : "-", (unsigned long long)hit->delay_ms,
+                 hit->corrupt, hit->drop, hit->fatal);
     }
     return fired;
 }

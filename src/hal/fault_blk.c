@@ -171,8 +171,7 @@ static int f_submit(struct pf_blk_queue *qp, struct pf_blk_file *fp, enum pf_blk
     return rc;
 }
 
-static int f_poll(struct pf_blk_queue *qp, struct pf_blk_cqe *out, size_t max,
-                  uint64_t timeout_ms)
+static int f_poll(struct pf_blk_queue *qp, struct pf_blk_cqe *out, size_t max, uint64_t timeout_ms)
 {
     struct fqueue *q = pf_container_of(qp, struct fqueue, base);
     struct fblk *f = fb(qp->blk);

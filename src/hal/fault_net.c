@@ -143,8 +143,8 @@ static int f_connect(struct pf_net_qp *qp, const void *ep, size_t len)
     return pf_net_qp_connect(fq(qp)->inner, ep, len);
 }
 
-static int f_read(struct pf_net_qp *qp, const struct pf_net_sge *sge, size_t nsge,
-                  uint64_t raddr, uint32_t rkey, uint64_t wr_id)
+static int f_read(struct pf_net_qp *qp, const struct pf_net_sge *sge, size_t nsge, uint64_t raddr,
+                  uint32_t rkey, uint64_t wr_id)
 {
     struct fqp *q = fq(qp);
     struct fnet *f = fn(qp->net);

@@ -9,17 +9,17 @@
 #include <sys/uio.h>
 
 struct ftrack {
-    uint64_t id;          /* wr_id / tag */
-    bool corrupt;         /* corrupt the local buffers when the op succeeds */
-    uint64_t release_ns;  /* hold the completion until then (0 = no delay) */
-    struct iovec *iov;    /* local buffers (for corruption) */
+    uint64_t id;         /* wr_id / tag */
+    bool corrupt;        /* corrupt the local buffers when the op succeeds */
+    uint64_t release_ns; /* hold the completion until then (0 = no delay) */
+    struct iovec *iov;   /* local buffers (for corruption) */
     size_t niov;
-    void *bounce;         /* decorator-owned buffer to free at completion */
+    void *bounce; /* decorator-owned buffer to free at completion */
 };
 
 struct fdone {
     uint64_t id;
-    int64_t res;          /* bytes or -errno */
+    int64_t res; /* bytes or -errno */
     uint64_t release_ns;
 };
 

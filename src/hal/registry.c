@@ -105,8 +105,7 @@ static void ns_close(struct pf_net *n)
 {
 }
 
-static int bs_open(struct pf_blk *b, const char *p, uint64_t s, unsigned f,
-                   struct pf_blk_file **fp)
+static int bs_open(struct pf_blk *b, const char *p, uint64_t s, unsigned f, struct pf_blk_file **fp)
 {
     return -EOPNOTSUPP;
 }
@@ -120,8 +119,8 @@ static int bs_qcreate(struct pf_blk *b, unsigned d, struct pf_blk_queue **q)
 static void bs_qdestroy(struct pf_blk_queue *q)
 {
 }
-static int bs_submit(struct pf_blk_queue *q, struct pf_blk_file *f, enum pf_blk_op op,
-                     uint64_t off, const struct iovec *iov, int n, uint64_t tag)
+static int bs_submit(struct pf_blk_queue *q, struct pf_blk_file *f, enum pf_blk_op op, uint64_t off,
+                     const struct iovec *iov, int n, uint64_t tag)
 {
     return -EOPNOTSUPP;
 }
@@ -360,20 +359,17 @@ static const char *strip_faulty(const char *name, bool *faulty)
 int pf_hal_gpu_open(const char *name, const struct pf_gpu_config *cfg, struct pf_gpu **out_p,
                     char *chosen, size_t chosenlen, char *err, size_t errlen)
 {
-    HAL_OPEN(gpus, ngpus, "gpu", struct pf_gpu, struct pf_gpu_config, fill_gpu,
-             pf_fault_gpu_wrap)
+    HAL_OPEN(gpus, ngpus, "gpu", struct pf_gpu, struct pf_gpu_config, fill_gpu, pf_fault_gpu_wrap)
 }
 
 int pf_hal_net_open(const char *name, const struct pf_net_config *cfg, struct pf_net **out_p,
                     char *chosen, size_t chosenlen, char *err, size_t errlen)
 {
-    HAL_OPEN(nets, nnets, "net", struct pf_net, struct pf_net_config, fill_net,
-             pf_fault_net_wrap)
+    HAL_OPEN(nets, nnets, "net", struct pf_net, struct pf_net_config, fill_net, pf_fault_net_wrap)
 }
 
 int pf_hal_blk_open(const char *name, const struct pf_blk_config *cfg, struct pf_blk **out_p,
                     char *chosen, size_t chosenlen, char *err, size_t errlen)
 {
-    HAL_OPEN(blks, nblks, "blk", struct pf_blk, struct pf_blk_config, fill_blk,
-             pf_fault_blk_wrap)
+    HAL_OPEN(blks, nblks, "blk", struct pf_blk, struct pf_blk_config, fill_blk, pf_fault_blk_wrap)
 }

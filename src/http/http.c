@@ -58,8 +58,8 @@ static enum MHD_Result send_resp(struct MHD_Connection *conn, struct pf_http_res
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
-                                  const char *method, const char *version,
-                                  const char *upload_data, size_t *upload_size, void **con_cls)
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_size, void **con_cls)
 {
     struct pf_http_server *s = cls;
     /* first call per request: headers only; consume any body, answer on the last call */
@@ -81,14 +81,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             hit = &s->routes[i];
             break;
         }
-        snprintf(allow + strlen(allow), sizeof(allow) - strlen(allow), "%s%s",
-                 allow[0] ? ", " : "", s->routes[i].method);
+        snprintf(allow + strlen(allow), sizeof(allow) - strlen(allow), "%s%s", allow[0] ? ", " : "",
+                 s->routes[i].method);
     }
     if (!hit) {
         char msg[256];
         if (allow[0]) {
-            snprintf(msg, sizeof(msg), "method %s not allowed on %s (allowed: %s)\n", method,
-                     url, allow);
+            snprintf(msg, sizeof(msg), "method %s not allowed on %s (allowed: %s)\n", method, url,
+                     allow);
             pf_http_resp_text(&r, 405, msg);
             return send_resp(conn, &r, allow);
         }
@@ -136,13 +136,13 @@ int pf_http_server_start(const char *addr, const struct pf_http_route *routes, s
     s->routes = routes;
     s->nroutes = nroutes;
     s->ctx = ctx;
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION |
-                     MHD_USE_ERROR_LOG;
+    unsigned flags =
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG;
     if (res->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
-    s->d = MHD_start_daemon(flags, port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
-                            res->ai_addr, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30,
-                            MHD_OPTION_END);
+    s->d =
+        MHD_start_daemon(flags, port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, res->ai_addr,
+                         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30, MHD_OPTION_END);
     freeaddrinfo(res);
     if (!s->d) {
         snprintf(err, errlen, "cannot listen on %s (address in use or not local)", addr);

@@ -52,8 +52,8 @@ static struct pf_metric_child sink;
 const double pf_buckets_rpc_seconds[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
                                          0.05,   0.1,   0.25,   0.5,   1.0,  2.0};
 const size_t pf_buckets_rpc_seconds_n = sizeof(pf_buckets_rpc_seconds) / sizeof(double);
-const double pf_buckets_io_seconds[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-                                        2.5,  5.0,   10.0, 30.0, 60.0};
+const double pf_buckets_io_seconds[] = {0.01, 0.025, 0.05, 0.1,  0.25, 0.5,
+                                        1.0,  2.5,   5.0,  10.0, 30.0, 60.0};
 const size_t pf_buckets_io_seconds_n = sizeof(pf_buckets_io_seconds) / sizeof(double);
 
 static inline double load_d(_Atomic uint64_t *w)

@@ -92,20 +92,22 @@ int pf_rpc_channel_open(const char *target, struct pf_rpc_channel **ch_p)
     }
     pf_rpc_global_init();
     grpc_arg args[] = {
-        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+        {.type = GRPC_ARG_INTEGER,
+         .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
          .value.integer = PF_RPC_MSG_MAX},
-        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
+        {.type = GRPC_ARG_INTEGER,
+         .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
          .value.integer = PF_RPC_MSG_MAX},
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIME_MS, .value.integer = 30000},
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIMEOUT_MS, .value.integer = 20000},
-        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS,
+        {.type = GRPC_ARG_INTEGER,
+         .key = GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS,
          .value.integer = 1},
-        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
+        {.type = GRPC_ARG_INTEGER,
+         .key = GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
          .value.integer = 100},
-        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
-         .value.integer = 100},
-        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
-         .value.integer = 1000},
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, .value.integer = 100},
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, .value.integer = 1000},
         /* distinct channels get distinct connections (peers, sessions) */
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, .value.integer = 1},
     };
@@ -214,8 +216,8 @@ int pf_rpc_unary(struct pf_rpc_channel *ch, const char *path, const ProtobufCMes
         goto out;
     }
     grpc_slice sl = pf_rpc_bb_to_slice(resp);
-    ProtobufCMessage *m = protobuf_c_message_unpack(resp_desc, NULL, GRPC_SLICE_LENGTH(sl),
-                                                    GRPC_SLICE_START_PTR(sl));
+    ProtobufCMessage *m =
+        protobuf_c_message_unpack(resp_desc, NULL, GRPC_SLICE_LENGTH(sl), GRPC_SLICE_START_PTR(sl));
     grpc_slice_unref(sl);
     if (!m) {
         set_status(st, PF_GRPC_INTERNAL, "malformed response", 18);

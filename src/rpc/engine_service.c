@@ -1,20 +1,39 @@
-/* Handlers of service pegaflow.Engine. Each handler validates its request, calls the
- * engine, and maps engine errors (-errno + message) to gRPC status codes. */
+/* Handlers of service pegaflow.Engine. Each handler converts the protobuf request into the
+ * engine's plain structures, calls the engine, and maps engine errors (-errno + message)
+ * to gRPC status codes (pf_grpc_code_from_errno). Requests are validated here for shape
+ * (parallel arrays, descriptor decoding) and in the engine for meaning. */
 #include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define PF_LOG_MOD "service"
 #include "engine.pb-c.h"
+#include "pf/engine.h"
 #include "pf/log.h"
 #include "pf/service.h"
 
+#define ERRLEN 480
+
+static Pegaflow__ResponseStatus ok_status = {
+    PROTOBUF_C_MESSAGE_INIT(&pegaflow__response_status__descriptor), 1, (char *)""};
+
+static int fail_errno(struct pf_rpc_call *call, int rc, const char *msg)
+{
+    return pf_rpc_fail(call, pf_grpc_code_from_errno(rc), "%s", msg);
+}
+
+static int need_engine(struct pf_engine_service *svc, struct pf_rpc_call *call)
+{
+    if (!svc->engine)
+        return pf_rpc_fail(call, PF_GRPC_UNAVAILABLE, "engine is not running");
+    return 0;
+}
+
 static int h_health(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *req)
 {
-    Pegaflow__ResponseStatus st = PEGAFLOW__RESPONSE_STATUS__INIT;
-    st.ok = 1;
-    st.message = "";
     Pegaflow__HealthResponse resp = PEGAFLOW__HEALTH_RESPONSE__INIT;
-    resp.status = &st;
+    resp.status = &ok_status;
     return pf_rpc_respond(call, &resp.base);
 }
 
@@ -24,12 +43,370 @@ static int h_shutdown(void *ctx, struct pf_rpc_call *call, const ProtobufCMessag
     pf_info("Shutdown requested over gRPC by %s", pf_rpc_call_peer(call));
     if (svc->request_shutdown)
         svc->request_shutdown(svc->app);
-    Pegaflow__ResponseStatus st = PEGAFLOW__RESPONSE_STATUS__INIT;
-    st.ok = 1;
-    st.message = "";
     Pegaflow__ShutdownResponse resp = PEGAFLOW__SHUTDOWN_RESPONSE__INIT;
-    resp.status = &st;
+    resp.status = &ok_status;
     return pf_rpc_respond(call, &resp.base);
+}
+
+/* IpcTensor bytes -> pf_ipc_desc. */
+static int decode_ipc(const ProtobufCBinaryData *b, size_t i, struct pf_ipc_desc *d, char *err,
+                      size_t errlen)
+{
+    memset(d, 0, sizeof(*d));
+    if (b->len >= 2 && b->data[0] == 0x80 && b->data[1] >= 2 && b->data[1] <= 5) {
+        snprintf(err, errlen,
+                 "wrapper_bytes[%zu] is a Python pickle (the stock PegaFlow connector); this "
+                 "server needs IpcTensor descriptors from this project's pegaflow.connector",
+                 i);
+        return -EINVAL;
+    }
+    Pegaflow__IpcTensor *t = pegaflow__ipc_tensor__unpack(NULL, b->len, b->data);
+    if (!t) {
+        snprintf(err, errlen, "wrapper_bytes[%zu] is not a serialized IpcTensor", i);
+        return -EINVAL;
+    }
+    int rc = 0;
+    d->offset = t->offset;
+    d->size = t->size;
+    switch (t->kind) {
+    case PEGAFLOW__IPC_TENSOR__KIND__CUDA_IPC:
+        d->kind = PF_IPC_CUDA;
+        if (t->cuda_ipc_handle.len != 64) {
+            snprintf(err, errlen,
+                     "wrapper_bytes[%zu]: cuda_ipc_handle has %zu bytes, expected 64 (expandable "
+                     "segments / VMM handles are not supported)",
+                     i, t->cuda_ipc_handle.len);
+            rc = -EINVAL;
+            break;
+        }
+        memcpy(d->cuda_handle, t->cuda_ipc_handle.data, 64);
+        if (t->device_uuid.len == 16) {
+            memcpy(d->device_uuid, t->device_uuid.data, 16);
+            d->has_uuid = true;
+        } else if (t->device_uuid.len != 0) {
+            snprintf(err, errlen, "wrapper_bytes[%zu]: device_uuid must be 16 bytes", i);
+            rc = -EINVAL;
+        }
+        break;
+    case PEGAFLOW__IPC_TENSOR__KIND__SIM_SHM:
+        d->kind = PF_IPC_SIM_SHM;
+        d->sim_device = t->sim_device;
+        if (!t->shm_name || !*t->shm_name || strlen(t->shm_name) >= sizeof(d->shm_name)) {
+            snprintf(err, errlen, "wrapper_bytes[%zu]: shm_name is empty or too long", i);
+            rc = -EINVAL;
+            break;
+        }
+        snprintf(d->shm_name, sizeof(d->shm_name), "%s", t->shm_name);
+        break;
+    default:
+        snprintf(err, errlen, "wrapper_bytes[%zu]: IpcTensor kind %d is not supported", i,
+                 (int)t->kind);
+        rc = -EINVAL;
+    }
+    if (rc == 0 && d->size == 0) {
+        snprintf(err, errlen, "wrapper_bytes[%zu]: size must be > 0", i);
+        rc = -EINVAL;
+    }
+    pegaflow__ipc_tensor__free_unpacked(t, NULL);
+    return rc;
+}
+
+static int h_register(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *m)
+{
+    struct pf_engine_service *svc = ctx;
+    const Pegaflow__RegisterContextRequest *r = (const void *)m;
+    char err[ERRLEN] = "";
+    if (need_engine(svc, call))
+        return PF_GRPC_UNAVAILABLE;
+    size_t n = r->n_layer_names;
+    if (n == 0)
+        return pf_rpc_fail(call, PF_GRPC_INVALID_ARGUMENT, "layer_names must not be empty");
+    if (r->n_wrapper_bytes != n || r->n_num_blocks != n || r->n_bytes_per_block != n ||
+        r->n_kv_stride_bytes != n || r->n_segments != n ||
+        (r->n_layer_group_ids != 0 && r->n_layer_group_ids != n))
+        return pf_rpc_fail(call, PF_GRPC_INVALID_ARGUMENT,
+                           "per-layer arrays must have the same length: layer_names=%zu "
+                           "wrapper_bytes=%zu num_blocks=%zu bytes_per_block=%zu "
+                           "kv_stride_bytes=%zu segments=%zu layer_group_ids=%zu",
+                           n, r->n_wrapper_bytes, r->n_num_blocks, r->n_bytes_per_block,
+                           r->n_kv_stride_bytes, r->n_segments, r->n_layer_group_ids);
+    struct pf_engine_layer *layers = calloc(n, sizeof(*layers));
+    if (!layers)
+        return pf_rpc_fail(call, PF_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        layers[i].name = r->layer_names[i];
+        layers[i].num_blocks = r->num_blocks[i];
+        layers[i].bytes_per_block = r->bytes_per_block[i];
+        layers[i].kv_stride_bytes = r->kv_stride_bytes[i];
+        layers[i].segments = r->segments[i];
+        layers[i].group_id = r->n_layer_group_ids ? r->layer_group_ids[i] : 0;
+        rc = decode_ipc(&r->wrapper_bytes[i], i, &layers[i].ipc, err, sizeof(err));
+    }
+    if (rc == 0) {
+        struct pf_engine_register reg = {
+            .instance_id = r->instance_id,
+            .namespace_ = r->namespace_,
+            .client_version = r->client_version,
+            .tp_rank = r->tp_rank,
+            .tp_size = r->tp_size,
+            .world_size = r->world_size,
+            .pp_rank = r->pp_rank,
+            .device_id = r->device_id,
+            .transfer_mode = (int)r->transfer_mode,
+            .page_first = r->page_first,
+            .layers = layers,
+            .nlayers = n,
+        };
+        /* version mismatch is checked first, even before descriptors make sense */
+        rc = pf_engine_register(svc->engine, &reg, err, sizeof(err));
+    } else if (!r->client_version || strcmp(r->client_version, PF_VERSION) != 0) {
+        snprintf(err, sizeof(err), "PegaFlow version mismatch: client=%s server=%s",
+                 r->client_version && *r->client_version ? r->client_version : "<missing>",
+                 PF_VERSION);
+        rc = -EPERM;
+    }
+    free(layers);
+    if (rc)
+        return fail_errno(call, rc, err);
+    Pegaflow__RegisterContextResponse resp = PEGAFLOW__REGISTER_CONTEXT_RESPONSE__INIT;
+    resp.status = &ok_status;
+    return pf_rpc_respond(call, &resp.base);
+}
+
+static struct pf_bytes *to_bytes(const ProtobufCBinaryData *b, size_t n)
+{
+    struct pf_bytes *o = malloc((n ? n : 1) * sizeof(*o));
+    for (size_t i = 0; o && i < n; i++)
+        o[i] = (struct pf_bytes){b[i].data, b[i].len};
+    return o;
+}
+
+static int h_save(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *m)
+{
+    struct pf_engine_service *svc = ctx;
+    const Pegaflow__SaveRequest *r = (const void *)m;
+    char err[ERRLEN] = "";
+    if (need_engine(svc, call))
+        return PF_GRPC_UNAVAILABLE;
+    struct pf_engine_save_layer *layers = calloc(r->n_saves ? r->n_saves : 1, sizeof(*layers));
+    if (!layers)
+        return pf_rpc_fail(call, PF_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+    int rc = 0;
+    for (size_t i = 0; i < r->n_saves; i++) {
+        const Pegaflow__SaveLayer *s = r->saves[i];
+        layers[i].name = s->layer_name;
+        layers[i].block_ids = s->block_ids;
+        layers[i].nids = s->n_block_ids;
+        layers[i].nhashes = s->n_block_hashes;
+        layers[i].hashes = to_bytes(s->block_hashes, s->n_block_hashes);
+        if (!layers[i].hashes)
+            rc = -ENOMEM;
+    }
+    if (rc == 0)
+        rc = pf_engine_save(svc->engine, r->instance_id, r->tp_rank, r->pp_rank, r->device_id,
+                            layers, r->n_saves, err, sizeof(err));
+    for (size_t i = 0; i < r->n_saves; i++)
+        free((void *)layers[i].hashes);
+    free(layers);
+    if (rc)
+        return fail_errno(call, rc, err[0] ? err : strerror(-rc));
+    Pegaflow__SaveResponse resp = PEGAFLOW__SAVE_RESPONSE__INIT;
+    resp.status = &ok_status;
+    return pf_rpc_respond(call, &resp.base);
+}
+
+static int h_query(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *m)
+{
+    struct pf_engine_service *svc = ctx;
+    const Pegaflow__QueryRequest *r = (const void *)m;
+    char err[ERRLEN] = "";
+    if (need_engine(svc, call))
+        return PF_GRPC_UNAVAILABLE;
+    struct pf_bytes *hashes = to_bytes(r->block_hashes, r->n_block_hashes);
+    if (!hashes)
+        return pf_rpc_fail(call, PF_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+    struct pf_engine_query q = {
+        .instance_id = r->instance_id,
+        .req_id = r->req_id,
+        .hashes = hashes,
+        .n = r->n_block_hashes,
+        .wait_for_full_prefix = r->wait_for_full_prefix,
+        .group_id = r->group_id,
+    };
+    struct pf_engine_query_result res;
+    int rc = pf_engine_query(svc->engine, &q, &res, err, sizeof(err));
+    free(hashes);
+    if (rc)
+        return fail_errno(call, rc, err);
+    Pegaflow__QueryResponse resp = PEGAFLOW__QUERY_RESPONSE__INIT;
+    Pegaflow__QueryLoading loading = PEGAFLOW__QUERY_LOADING__INIT;
+    Pegaflow__QueryReady ready = PEGAFLOW__QUERY_READY__INIT;
+    if (res.loading) {
+        resp.result_case = PEGAFLOW__QUERY_RESPONSE__RESULT_LOADING;
+        resp.loading = &loading;
+    } else {
+        resp.result_case = PEGAFLOW__QUERY_RESPONSE__RESULT_READY;
+        resp.ready = &ready;
+        ready.num_hit_blocks = res.num_hit_blocks;
+        if (res.has_lease) {
+            ready.lease.data = res.lease;
+            ready.lease.len = sizeof(res.lease);
+        }
+        ready.hit_positions = res.hit_positions;
+        ready.n_hit_positions = res.nhit_positions;
+    }
+    pf_rpc_respond(call, &resp.base);
+    free(res.hit_positions);
+    return 0;
+}
+
+static int h_release(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *m)
+{
+    struct pf_engine_service *svc = ctx;
+    const Pegaflow__ReleaseRequest *r = (const void *)m;
+    char err[ERRLEN] = "";
+    if (need_engine(svc, call))
+        return PF_GRPC_UNAVAILABLE;
+    struct pf_bytes lease = {r->lease.data, r->lease.len};
+    int rc = pf_engine_release(svc->engine, &lease, err, sizeof(err));
+    if (rc)
+        return fail_errno(call, rc, err);
+    Pegaflow__ReleaseResponse resp = PEGAFLOW__RELEASE_RESPONSE__INIT;
+    return pf_rpc_respond(call, &resp.base);
+}
+
+static int h_load(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *m)
+{
+    struct pf_engine_service *svc = ctx;
+    const Pegaflow__LoadRequest *r = (const void *)m;
+    char err[ERRLEN] = "";
+    if (need_engine(svc, call))
+        return PF_GRPC_UNAVAILABLE;
+    int rc = 0;
+    struct pf_engine_load_group *groups = calloc(r->n_groups ? r->n_groups : 1, sizeof(*groups));
+    struct pf_engine_load_lease *loads = calloc(r->n_loads ? r->n_loads : 1, sizeof(*loads));
+    if (!groups || !loads) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    for (size_t g = 0; g < r->n_groups; g++) {
+        groups[g].layer_names = (const char *const *)r->groups[g]->layer_names;
+        groups[g].n = r->groups[g]->n_layer_names;
+    }
+    for (size_t i = 0; i < r->n_loads; i++) {
+        const Pegaflow__LeaseLoad *ll = r->loads[i];
+        loads[i].lease = (struct pf_bytes){ll->lease.data, ll->lease.len};
+        loads[i].ngroups = ll->n_block_ids_by_group;
+        struct pf_engine_load_targets *t =
+            calloc(ll->n_block_ids_by_group ? ll->n_block_ids_by_group : 1, sizeof(*t));
+        loads[i].by_group = t;
+        if (!t) {
+            rc = -ENOMEM;
+            goto out;
+        }
+        for (size_t g = 0; g < ll->n_block_ids_by_group; g++) {
+            const Pegaflow__LoadBlockIds *ids = ll->block_ids_by_group[g];
+            int64_t *v = malloc((ids->n_targets ? ids->n_targets : 1) * sizeof(*v));
+            if (!v) {
+                rc = -ENOMEM;
+                goto out;
+            }
+            for (size_t k = 0; k < ids->n_targets; k++)
+                v[k] = ids->targets[k]->target_case == PEGAFLOW__LOAD_BLOCK_TARGET__TARGET_BLOCK_ID
+                           ? (int64_t)ids->targets[k]->block_id
+                           : -1;
+            t[g].block_ids = v;
+            t[g].n = ids->n_targets;
+        }
+    }
+    struct pf_engine_load l = {
+        .instance_id = r->instance_id,
+        .tp_rank = r->tp_rank,
+        .device_id = r->device_id,
+        .load_state_shm = r->load_state_shm,
+        .groups = groups,
+        .ngroups = r->n_groups,
+        .loads = loads,
+        .nloads = r->n_loads,
+    };
+    rc = pf_engine_load(svc->engine, &l, err, sizeof(err));
+out:
+    for (size_t i = 0; loads && i < r->n_loads; i++) {
+        for (size_t g = 0; loads[i].by_group && g < loads[i].ngroups; g++)
+            free((void *)loads[i].by_group[g].block_ids);
+        free((void *)loads[i].by_group);
+    }
+    free(loads);
+    free(groups);
+    if (rc)
+        return fail_errno(call, rc, err[0] ? err : strerror(-rc));
+    Pegaflow__LoadResponse resp = PEGAFLOW__LOAD_RESPONSE__INIT;
+    resp.status = &ok_status;
+    return pf_rpc_respond(call, &resp.base);
+}
+
+static int h_unregister(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *m)
+{
+    struct pf_engine_service *svc = ctx;
+    const Pegaflow__UnregisterRequest *r = (const void *)m;
+    char err[ERRLEN] = "";
+    if (need_engine(svc, call))
+        return PF_GRPC_UNAVAILABLE;
+    int rc = pf_engine_unregister(svc->engine, r->instance_id, err, sizeof(err));
+    if (rc)
+        return fail_errno(call, rc, err);
+    Pegaflow__UnregisterResponse resp = PEGAFLOW__UNREGISTER_RESPONSE__INIT;
+    resp.status = &ok_status;
+    return pf_rpc_respond(call, &resp.base);
+}
+
+struct session_ctx {
+    char *instance;
+    uint64_t token;
+};
+
+static int s_session_open(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *m,
+                          void **stream_ctx_p)
+{
+    struct pf_engine_service *svc = ctx;
+    const Pegaflow__SessionRequest *r = (const void *)m;
+    if (need_engine(svc, call))
+        return PF_GRPC_UNAVAILABLE;
+    if (!r->instance_id || !*r->instance_id)
+        return pf_rpc_fail(call, PF_GRPC_INVALID_ARGUMENT, "instance_id must not be empty");
+    struct session_ctx *s = calloc(1, sizeof(*s));
+    if (!s || !(s->instance = strdup(r->instance_id))) {
+        free(s);
+        return pf_rpc_fail(call, PF_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    int rc = pf_engine_session_open(svc->engine, r->instance_id, &s->token);
+    if (rc) {
+        free(s->instance);
+        free(s);
+        return pf_rpc_fail(call, PF_GRPC_RESOURCE_EXHAUSTED, "cannot open session");
+    }
+    pf_info("session opened for instance %s (token %llu) from %s", r->instance_id,
+            (unsigned long long)s->token, pf_rpc_call_peer(call));
+    *stream_ctx_p = s;
+    return 0;
+}
+
+static void s_session_closed(void *ctx, void *stream_ctx, bool cancelled)
+{
+    struct pf_engine_service *svc = ctx;
+    struct session_ctx *s = stream_ctx;
+    if (svc->engine && !svc->stopping)
+        pf_engine_session_close(svc->engine, s->instance, s->token);
+    free(s->instance);
+    free(s);
+}
+
+static int h_p2p_unconfigured(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *m)
+{
+    return pf_rpc_fail(call, PF_GRPC_FAILED_PRECONDITION,
+                       "RDMA transfer engine is not configured on this node (start it with "
+                       "--nics and --metaserver-addr)");
 }
 
 const struct pf_rpc_method pf_engine_methods[] = {
@@ -41,20 +418,49 @@ const struct pf_rpc_method pf_engine_methods[] = {
      .metric_name = "shutdown",
      .req_desc = &pegaflow__shutdown_request__descriptor,
      .unary = h_shutdown},
+    {.path = "/pegaflow.Engine/RegisterContextBatch",
+     .metric_name = "register_context_batch",
+     .req_desc = &pegaflow__register_context_request__descriptor,
+     .unary = h_register},
+    {.path = "/pegaflow.Engine/Save",
+     .metric_name = "save",
+     .req_desc = &pegaflow__save_request__descriptor,
+     .unary = h_save},
+    {.path = "/pegaflow.Engine/Load",
+     .metric_name = "load",
+     .req_desc = &pegaflow__load_request__descriptor,
+     .unary = h_load},
+    {.path = "/pegaflow.Engine/QueryPrefetch",
+     .metric_name = "query_prefetch",
+     .req_desc = &pegaflow__query_request__descriptor,
+     .unary = h_query},
+    {.path = "/pegaflow.Engine/Release",
+     .metric_name = "release",
+     .req_desc = &pegaflow__release_request__descriptor,
+     .unary = h_release},
+    {.path = "/pegaflow.Engine/UnregisterContext",
+     .metric_name = "unregister_context",
+     .req_desc = &pegaflow__unregister_request__descriptor,
+     .unary = h_unregister},
+    {.path = "/pegaflow.Engine/Session",
+     .metric_name = "session",
+     .req_desc = &pegaflow__session_request__descriptor,
+     .stream_open = s_session_open,
+     .stream_closed = s_session_closed},
+    {.path = "/pegaflow.Engine/QueryBlocksForTransfer",
+     .metric_name = "query_blocks_for_transfer",
+     .req_desc = &pegaflow__query_blocks_for_transfer_request__descriptor,
+     .unary = h_p2p_unconfigured},
+    {.path = "/pegaflow.Engine/ReleaseTransferLock",
+     .metric_name = "release_transfer_lock",
+     .req_desc = &pegaflow__release_transfer_lock_request__descriptor,
+     .unary = h_p2p_unconfigured},
+    {.path = "/pegaflow.Engine/RdmaHandshake",
+     .metric_name = "rdma_handshake",
+     .req_desc = &pegaflow__rdma_handshake_request__descriptor,
+     .unary = h_p2p_unconfigured},
 };
 const size_t pf_engine_nmethods = sizeof(pf_engine_methods) / sizeof(pf_engine_methods[0]);
 
-const char *const pf_engine_unimplemented[] = {
-    "/pegaflow.Engine/RegisterContextBatch",
-    "/pegaflow.Engine/Save",
-    "/pegaflow.Engine/Load",
-    "/pegaflow.Engine/QueryPrefetch",
-    "/pegaflow.Engine/Release",
-    "/pegaflow.Engine/UnregisterContext",
-    "/pegaflow.Engine/QueryBlocksForTransfer",
-    "/pegaflow.Engine/ReleaseTransferLock",
-    "/pegaflow.Engine/RdmaHandshake",
-    "/pegaflow.Engine/Session",
-};
-const size_t pf_engine_nunimplemented =
-    sizeof(pf_engine_unimplemented) / sizeof(pf_engine_unimplemented[0]);
+const char *const pf_engine_unimplemented[] = {""};
+const size_t pf_engine_nunimplemented = 0;

@@ -196,9 +196,7 @@ static void on_new_call(struct pf_rpc_call *c)
             if (strcmp(path, s->cfg.unimplemented[i]) == 0)
                 known = true;
         pf_rpc_fail(c, PF_GRPC_UNIMPLEMENTED,
-                    known ? "%s is not implemented by this server yet"
-                          : "unknown method %s",
-                    path);
+                    known ? "%s is not implemented by this server yet" : "unknown method %s", path);
         finish(c, true);
         return;
     }
@@ -302,8 +300,8 @@ static void *worker(void *arg)
 {
     struct pf_rpc_server *s = arg;
     for (;;) {
-        grpc_event ev = grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC),
-                                                   NULL);
+        grpc_event ev =
+            grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
         if (ev.type == GRPC_QUEUE_SHUTDOWN)
             break;
         if (ev.type != GRPC_OP_COMPLETE || !ev.tag)
@@ -420,21 +418,24 @@ int pf_rpc_server_start(const struct pf_rpc_server_config *cfg, struct pf_rpc_se
     snprintf(name, sizeof(name), "%s_rpc_requests", prefix);
     s->m_req = pf_metric_counter(name, "RPC requests by method and status", "method,status");
     snprintf(name, sizeof(name), "%s_rpc_duration_seconds", prefix);
-    s->m_dur = pf_metric_histogram(name, "RPC handling time by method and status",
-                                   "method,status", pf_buckets_rpc_seconds,
-                                   pf_buckets_rpc_seconds_n);
+    s->m_dur = pf_metric_histogram(name, "RPC handling time by method and status", "method,status",
+                                   pf_buckets_rpc_seconds, pf_buckets_rpc_seconds_n);
 
     grpc_arg args[] = {
-        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+        {.type = GRPC_ARG_INTEGER,
+         .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
          .value.integer = PF_RPC_MSG_MAX},
-        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
+        {.type = GRPC_ARG_INTEGER,
+         .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
          .value.integer = PF_RPC_MSG_MAX},
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_ALLOW_REUSEPORT, .value.integer = 0},
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIME_MS, .value.integer = 30000},
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIMEOUT_MS, .value.integer = 20000},
-        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS,
+        {.type = GRPC_ARG_INTEGER,
+         .key = GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS,
          .value.integer = 1},
-        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+        {.type = GRPC_ARG_INTEGER,
+         .key = GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
          .value.integer = 10000},
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_HTTP2_MAX_PING_STRIKES, .value.integer = 0},
     };
@@ -500,8 +501,8 @@ void pf_rpc_server_stop(struct pf_rpc_server *s)
     if (s->nthreads == 0) {
         /* no workers: drain here */
         for (;;) {
-            grpc_event ev = grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC),
-                                                       NULL);
+            grpc_event ev =
+                grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
             if (ev.type == GRPC_OP_COMPLETE && ev.tag == &s->shutdown_tag)
                 break;
             if (ev.type != GRPC_OP_COMPLETE || !ev.tag)

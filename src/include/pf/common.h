@@ -9,7 +9,7 @@
 
 #define PF_VERSION "0.23.12"
 
-#define pf_container_of(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
+#define pf_container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
 #define PF_ARRAY_SIZE(a)                   (sizeof(a) / sizeof((a)[0]))
 #define pf_likely(x)                       __builtin_expect(!!(x), 1)
 #define pf_unlikely(x)                     __builtin_expect(!!(x), 0)

@@ -46,8 +46,8 @@ struct pf_flag {
 
 /* Parses argv[1..] into cfg. Defaults are applied first. Returns 0, 1 when --help or
  * --version was requested (the caller prints and exits 0), or -EINVAL with err filled. */
-int pf_flags_parse(const struct pf_flag *tab, size_t n, void *cfg, int argc, char **argv,
-                   char *err, size_t errlen);
+int pf_flags_parse(const struct pf_flag *tab, size_t n, void *cfg, int argc, char **argv, char *err,
+                   size_t errlen);
 /* Was the flag given on the command line (after the last pf_flags_parse)? */
 bool pf_flags_given(const struct pf_flag *tab, size_t n, const char *name);
 /* Frees strings and lists the parser allocated in cfg. */

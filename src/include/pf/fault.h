@@ -28,8 +28,8 @@
 struct pf_fault_plan;
 
 struct pf_fault_hit {
-    int error;         /* -errno to return, 0 = none */
-    bool at_complete;  /* report error at completion instead of submission */
+    int error;        /* -errno to return, 0 = none */
+    bool at_complete; /* report error at completion instead of submission */
     uint64_t delay_ms;
     bool corrupt;
     bool drop;
@@ -37,8 +37,7 @@ struct pf_fault_hit {
 };
 
 /* Parses spec. Returns 0 or -EINVAL with a one-line message in err. */
-int pf_fault_plan_parse(const char *spec, struct pf_fault_plan **plan_p, char *err,
-                        size_t errlen);
+int pf_fault_plan_parse(const char *spec, struct pf_fault_plan **plan_p, char *err, size_t errlen);
 void pf_fault_plan_free(struct pf_fault_plan *p);
 uint64_t pf_fault_plan_seed(const struct pf_fault_plan *p);
 const char *pf_fault_plan_spec(const struct pf_fault_plan *p);

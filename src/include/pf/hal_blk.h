@@ -54,11 +54,10 @@ struct pf_blk_ops {
     /* Queues one vectored read or write at offset. -EAGAIN when depth requests are
      * outstanding, -EINVAL for misaligned requests. The iovec array is copied; the
      * buffers must stay valid until the completion is polled. */
-    int (*submit)(struct pf_blk_queue *q, struct pf_blk_file *f, enum pf_blk_op op,
-                  uint64_t offset, const struct iovec *iov, int iovcnt, uint64_t tag);
+    int (*submit)(struct pf_blk_queue *q, struct pf_blk_file *f, enum pf_blk_op op, uint64_t offset,
+                  const struct iovec *iov, int iovcnt, uint64_t tag);
     /* Returns up to max completions, waiting up to timeout_ms for the first. */
-    int (*poll)(struct pf_blk_queue *q, struct pf_blk_cqe *out, size_t max,
-                uint64_t timeout_ms);
+    int (*poll)(struct pf_blk_queue *q, struct pf_blk_cqe *out, size_t max, uint64_t timeout_ms);
     void (*close)(struct pf_blk *b);
 };
 
@@ -90,8 +89,7 @@ static inline void pf_blk_queue_destroy(struct pf_blk_queue *q)
         q->blk->ops->queue_destroy(q);
 }
 static inline int pf_blk_submit(struct pf_blk_queue *q, struct pf_blk_file *f, enum pf_blk_op op,
-                                uint64_t offset, const struct iovec *iov, int iovcnt,
-                                uint64_t tag)
+                                uint64_t offset, const struct iovec *iov, int iovcnt, uint64_t tag)
 {
     return q->blk->ops->submit(q, f, op, offset, iov, iovcnt, tag);
 }

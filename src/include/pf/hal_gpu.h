@@ -137,8 +137,8 @@ struct pf_gpu {
 struct pf_gpu_config {
     const int *devices; /* --devices; NULL = all the backend finds */
     size_t ndevices;
-    uint64_t sim_bandwidth; /* sim: bytes/s per device copy engine, 0 = unlimited */
-    int sim_default_devices; /* sim: devices when --devices is not given */
+    uint64_t sim_bandwidth;       /* sim: bytes/s per device copy engine, 0 = unlimited */
+    int sim_default_devices;      /* sim: devices when --devices is not given */
     struct pf_fault_plan *faults; /* faulty: decorator's plan */
 };
 

@@ -39,8 +39,8 @@ struct pf_net;
 
 struct pf_net_nic_info {
     char name[64];
-    int numa_node;  /* -1 when unknown */
-    char addr[64];  /* printable address (IP for tcp, GID for verbs) */
+    int numa_node; /* -1 when unknown */
+    char addr[64]; /* printable address (IP for tcp, GID for verbs) */
     bool active;
 };
 
@@ -135,8 +135,8 @@ static inline int pf_net_qp_connect(struct pf_net_qp *qp, const void *ep, size_t
 {
     return qp->net->ops->qp_connect(qp, ep, len);
 }
-static inline int pf_net_post_read(struct pf_net_qp *qp, const struct pf_net_sge *sge,
-                                   size_t nsge, uint64_t raddr, uint32_t rkey, uint64_t wr_id)
+static inline int pf_net_post_read(struct pf_net_qp *qp, const struct pf_net_sge *sge, size_t nsge,
+                                   uint64_t raddr, uint32_t rkey, uint64_t wr_id)
 {
     return qp->net->ops->post_read(qp, sge, nsge, raddr, rkey, wr_id);
 }

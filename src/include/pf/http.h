@@ -14,9 +14,9 @@ struct pf_http_req {
 };
 
 struct pf_http_resp {
-    int status;             /* default 200 */
+    int status;               /* default 200 */
     const char *content_type; /* default "text/plain; charset=utf-8" (static string) */
-    char *body;             /* malloc'ed by the handler; the server frees it */
+    char *body;               /* malloc'ed by the handler; the server frees it */
     size_t len;
 };
 
@@ -45,9 +45,12 @@ const char *pf_http_query(const struct pf_http_req *req, const char *key);
 /* Sets body to a malloc'ed copy of text. */
 int pf_http_resp_text(struct pf_http_resp *resp, int status, const char *text);
 
-
-
 /* Shared handlers: GET /health -> "ok", GET /metrics -> Prometheus text. */
 int pf_http_health(void *ctx, const struct pf_http_req *req, struct pf_http_resp *resp);
 int pf_http_metrics(void *ctx, const struct pf_http_req *req, struct pf_http_resp *resp);
+
+/* pegaflow-server admin handlers; ctx points to a `struct pf_engine *` variable. */
+int pf_http_instances(void *ctx, const struct pf_http_req *req, struct pf_http_resp *resp);
+int pf_http_instances_cleanup(void *ctx, const struct pf_http_req *req, struct pf_http_resp *resp);
+int pf_http_memory_cleanup(void *ctx, const struct pf_http_req *req, struct pf_http_resp *resp);
 #endif

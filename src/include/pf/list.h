@@ -10,7 +10,10 @@ struct pf_list {
     struct pf_list *next, *prev;
 };
 
-#define PF_LIST_INIT(name) {&(name), &(name)}
+#define PF_LIST_INIT(name)                                                                         \
+    {                                                                                              \
+        &(name), &(name)                                                                           \
+    }
 
 static inline void pf_list_init(struct pf_list *h)
 {
@@ -59,8 +62,10 @@ static inline void pf_list_move_tail(struct pf_list *h, struct pf_list *n)
 }
 
 #define pf_list_entry(ptr, type, member) pf_container_of(ptr, type, member)
-#define pf_list_first(h, type, member)   (pf_list_empty(h) ? NULL : pf_list_entry((h)->next, type, member))
-#define pf_list_last(h, type, member)    (pf_list_empty(h) ? NULL : pf_list_entry((h)->prev, type, member))
+#define pf_list_first(h, type, member)                                                             \
+    (pf_list_empty(h) ? NULL : pf_list_entry((h)->next, type, member))
+#define pf_list_last(h, type, member)                                                              \
+    (pf_list_empty(h) ? NULL : pf_list_entry((h)->prev, type, member))
 #define pf_list_for_each_safe(pos, tmp, h)                                                         \
     for (pos = (h)->next, tmp = pos->next; pos != (h); pos = tmp, tmp = pos->next)
 

@@ -41,10 +41,10 @@ struct pf_metric_child *pf_metric_child(struct pf_metric *m, const char *const *
 struct pf_metric_child *pf_metric_child1(struct pf_metric *m, const char *v0);
 struct pf_metric_child *pf_metric_child2(struct pf_metric *m, const char *v0, const char *v1);
 
-void pf_child_add(struct pf_metric_child *c, double v);  /* counter/gauge */
-void pf_child_set(struct pf_metric_child *c, double v);  /* gauge */
+void pf_child_add(struct pf_metric_child *c, double v);     /* counter/gauge */
+void pf_child_set(struct pf_metric_child *c, double v);     /* gauge */
 void pf_child_observe(struct pf_metric_child *c, double v); /* histogram */
-double pf_child_value(struct pf_metric_child *c);        /* counter/gauge value, hist count */
+double pf_child_value(struct pf_metric_child *c);           /* counter/gauge value, hist count */
 
 /* Unlabelled shorthands (family with no labels). */
 void pf_metric_add(struct pf_metric *m, double v);
@@ -58,9 +58,9 @@ double pf_metric_value_of(const char *name, const char *const *values);
 int pf_metrics_render(char **out, size_t *len);
 
 /* Standard bucket sets. */
-extern const double pf_buckets_rpc_seconds[];      /* 0.5 ms .. 2 s */
+extern const double pf_buckets_rpc_seconds[]; /* 0.5 ms .. 2 s */
 extern const size_t pf_buckets_rpc_seconds_n;
-extern const double pf_buckets_io_seconds[];       /* 0.01 .. 60 s */
+extern const double pf_buckets_io_seconds[]; /* 0.01 .. 60 s */
 extern const size_t pf_buckets_io_seconds_n;
 
 #endif

@@ -3,6 +3,8 @@
 #ifndef PF_SERVICE_H
 #define PF_SERVICE_H
 
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "pf/rpc.h"
@@ -14,6 +16,8 @@ struct pf_engine_service {
     /* Called by the Shutdown RPC (from an RPC thread); must only signal the main thread. */
     void (*request_shutdown)(void *app);
     void *app;
+    /* set while the server stops: closing Session streams then does not unregister */
+    _Atomic bool stopping;
 };
 
 /* Method table and the paths of Engine RPCs this build does not serve. */

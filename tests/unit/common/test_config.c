@@ -41,8 +41,8 @@ static void test_sizes_good(void **st)
 
 static void test_sizes_bad(void **st)
 {
-    const char *bad[] = {"", "12xb", "gb", "-1gb", "1.5", "1e400gb", "abc", "1gb2", "0x10",
-                         "99999999999tb", NULL};
+    const char *bad[] = {"",    "12xb", "gb",   "-1gb",          "1.5", "1e400gb",
+                         "abc", "1gb2", "0x10", "99999999999tb", NULL};
     for (size_t i = 0; bad[i]; i++) {
         uint64_t v = 42;
         assert_int_not_equal(pf_parse_size(bad[i], &v), 0);
@@ -144,10 +144,10 @@ static void test_server_values(void **st)
 {
     struct pf_server_config c;
     char err[256];
-    assert_int_equal(parse(&c, err, sizeof(err), "--pool-size", "1.5GB", "--devices", "0,2",
-                           "3", "--use-hugepages", "--enable-prometheus=false", "--log-level",
-                           "DEBUG", "--ssd-cache-path", "/a", "--ssd-cache-path", "/b", "/c",
-                           "--integrity", "off", "--hint-value-size", "64kb", NULL),
+    assert_int_equal(parse(&c, err, sizeof(err), "--pool-size", "1.5GB", "--devices", "0,2", "3",
+                           "--use-hugepages", "--enable-prometheus=false", "--log-level", "DEBUG",
+                           "--ssd-cache-path", "/a", "--ssd-cache-path", "/b", "/c", "--integrity",
+                           "off", "--hint-value-size", "64kb", NULL),
                      0);
     assert_int_equal(c.pool_size, 3ull << 29);
     assert_int_equal(c.ndevice_ids, 3);
@@ -201,12 +201,11 @@ static void test_server_errors(void **st)
     expect_error("--gpu-backend", "--gpu-backend", "opencl", NULL);
     expect_error("--nics", "--nics", "eth0", NULL);
     expect_error("--metaserver-addr", "--metaserver-addr", "http://10.0.0.1:1", NULL);
-    expect_error("not routable", "--nics", "eth0", "--metaserver-addr", "http://127.0.0.1:1",
-                 NULL);
+    expect_error("not routable", "--nics", "eth0", "--metaserver-addr", "http://127.0.0.1:1", NULL);
     expect_error("not routable", "--nics", "eth0", "--metaserver-addr", "http://127.0.0.1:1",
                  "--addr", "0.0.0.0:50055", NULL);
-    expect_error("--metaserver-addr", "--nics", "eth0", "--metaserver-addr", "ftp://x:1",
-                 "--addr", "127.0.0.2:1", NULL);
+    expect_error("--metaserver-addr", "--nics", "eth0", "--metaserver-addr", "ftp://x:1", "--addr",
+                 "127.0.0.2:1", NULL);
     expect_error("--enable-debug", "--fault-spec", "gpu.d2h:error=EIO", NULL);
     expect_error("unknown op", "--enable-debug", "--fault-spec", "gpu.nope:error=EIO", NULL);
     setenv("PEGAFLOW_FAULTS", "gpu.d2h:error=EIO", 1);
@@ -266,11 +265,11 @@ static void test_help_version(void **st)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_sizes_good),      cmocka_unit_test(test_sizes_bad),
-        cmocka_unit_test(test_format_size),     cmocka_unit_test(test_addr),
-        cmocka_unit_test(test_url),             cmocka_unit_test(test_server_defaults),
-        cmocka_unit_test(test_server_values),   cmocka_unit_test(test_server_errors),
-        cmocka_unit_test(test_p2p_ok),          cmocka_unit_test(test_meta_flags),
+        cmocka_unit_test(test_sizes_good),    cmocka_unit_test(test_sizes_bad),
+        cmocka_unit_test(test_format_size),   cmocka_unit_test(test_addr),
+        cmocka_unit_test(test_url),           cmocka_unit_test(test_server_defaults),
+        cmocka_unit_test(test_server_values), cmocka_unit_test(test_server_errors),
+        cmocka_unit_test(test_p2p_ok),        cmocka_unit_test(test_meta_flags),
         cmocka_unit_test(test_help_version),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,296 @@
+/* RAM cache: hash index + per-class recency lists under one mutex (see pf/cache.h). */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+
+#define PF_LOG_MOD "cache"
+#include "pf/cache.h"
+#include "pf/clock.h"
+#include "pf/log.h"
+#include "pf/metrics.h"
+
+struct pf_cache {
+    pthread_mutex_t mu;
+    struct pf_htable index;
+    struct pf_list cls[2];
+    uint64_t nblocks[2], nbytes[2];
+    struct pf_tinylfu *lfu;
+    struct pf_metric_child *m_blocks[2];
+    struct pf_metric *m_bytes, *m_inserts, *m_rejects;
+};
+
+static const char *const class_names[2] = {"retained", "reclaimable"};
+
+int pf_cache_create(const struct pf_cache_config *cfg, struct pf_cache **c_p)
+{
+    struct pf_cache *c = calloc(1, sizeof(*c));
+    if (!c)
+        return -ENOMEM;
+    int rc = pf_htable_init(&c->index, 1024);
+    if (rc)
+        goto err_free;
+    if (cfg && cfg->lfu_items) {
+        rc = pf_tinylfu_create(cfg->lfu_items, &c->lfu);
+        if (rc)
+            goto err_index;
+    }
+    pthread_mutex_init(&c->mu, NULL);
+    pf_list_init(&c->cls[0]);
+    pf_list_init(&c->cls[1]);
+    struct pf_metric *mb = pf_metric_gauge("pegaflow_cache_resident_blocks",
+                                           "Blocks resident in the RAM cache", "class");
+    for (int i = 0; i < 2; i++) {
+        c->m_blocks[i] = pf_metric_child1(mb, class_names[i]);
+        pf_child_set(c->m_blocks[i], 0);
+    }
+    c->m_bytes = pf_metric_gauge("pegaflow_cache_resident_bytes",
+                                 "Bytes of blocks resident in the RAM cache", NULL);
+    pf_metric_set(c->m_bytes, 0);
+    c->m_inserts = pf_metric_counter("pegaflow_cache_block_insertions",
+                                     "Blocks inserted into the RAM cache", NULL);
+    c->m_rejects = pf_metric_counter("pegaflow_cache_block_admission_rejections",
+                                     "Blocks refused by TinyLFU admission", NULL);
+    *c_p = c;
+    return 0;
+err_index:
+    pf_htable_destroy(&c->index);
+err_free:
+    free(c);
+    return rc;
+}
+
+static void publish(struct pf_cache *c)
+{
+    pf_child_set(c->m_blocks[0], (double)c->nblocks[0]);
+    pf_child_set(c->m_blocks[1], (double)c->nblocks[1]);
+    pf_metric_set(c->m_bytes, (double)(c->nbytes[0] + c->nbytes[1]));
+}
+
+static struct pf_block *find(struct pf_cache *c, const struct pf_block_key *k, uint64_t h)
+{
+    struct pf_hnode *n;
+    pf_htable_for_each_hash(&c->index, n, h)
+    {
+        struct pf_block *b = pf_container_of(n, struct pf_block, hnode);
+        if (pf_key_eq(&b->key, k))
+            return b;
+    }
+    return NULL;
+}
+
+static void unlink_block(struct pf_cache *c, struct pf_block *b)
+{
+    pf_htable_remove(&c->index, &b->hnode);
+    pf_list_del(&b->lru);
+    c->nblocks[b->cls]--;
+    c->nbytes[b->cls] -= b->footprint;
+    b->resident = 0;
+}
+
+static void hit(struct pf_cache *c, struct pf_block *b, uint64_t h)
+{
+    pf_list_move(&c->cls[b->cls], &b->lru);
+    if (c->lfu)
+        pf_tinylfu_touch(c->lfu, h);
+}
+
+void pf_cache_destroy(struct pf_cache *c)
+{
+    if (!c)
+        return;
+    struct pf_block **all = NULL;
+    size_t n = pf_cache_remove_all(c, &all);
+    for (size_t i = 0; i < n; i++)
+        pf_block_put(all[i]);
+    free(all);
+    pf_htable_destroy(&c->index);
+    pf_tinylfu_destroy(c->lfu);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+size_t pf_cache_prefix(struct pf_cache *c, const struct pf_block_key *keys, size_t n,
+                       struct pf_block **out)
+{
+    size_t i = 0;
+    pthread_mutex_lock(&c->mu);
+    for (; i < n; i++) {
+        uint64_t h = pf_key_hash(&keys[i]);
+        struct pf_block *b = find(c, &keys[i], h);
+        if (!b)
+            break;
+        hit(c, b, h);
+        if (out) {
+            pf_block_get(b);
+            out[i] = b;
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    return i;
+}
+
+size_t pf_cache_lookup_each(struct pf_cache *c, const struct pf_block_key *keys, size_t n,
+                            struct pf_block **out)
+{
+    size_t hits = 0;
+    pthread_mutex_lock(&c->mu);
+    for (size_t i = 0; i < n; i++) {
+        uint64_t h = pf_key_hash(&keys[i]);
+        struct pf_block *b = find(c, &keys[i], h);
+        if (b) {
+            hit(c, b, h);
+            pf_block_get(b);
+            hits++;
+        }
+        out[i] = b;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return hits;
+}
+
+bool pf_cache_contains(struct pf_cache *c, const struct pf_block_key *key)
+{
+    uint64_t h = pf_key_hash(key);
+    pthread_mutex_lock(&c->mu);
+    bool r = find(c, key, h) != NULL;
+    pthread_mutex_unlock(&c->mu);
+    return r;
+}
+
+/* The block eviction would pick next (reclaimable tail, else retained tail). */
+static struct pf_block *victim(struct pf_cache *c)
+{
+    struct pf_block *v = pf_list_last(&c->cls[PF_CLASS_RECLAIMABLE], struct pf_block, lru);
+    return v ? v : pf_list_last(&c->cls[PF_CLASS_RETAINED], struct pf_block, lru);
+}
+
+int pf_cache_insert(struct pf_cache *c, struct pf_block *b, enum pf_block_class cls)
+{
+    uint64_t h = pf_key_hash(&b->key);
+    int rc;
+    pthread_mutex_lock(&c->mu);
+    struct pf_block *old = find(c, &b->key, h);
+    if (old) {
+        hit(c, old, h);
+        rc = 0;
+        goto out;
+    }
+    if (c->lfu) {
+        pf_tinylfu_touch(c->lfu, h);
+        struct pf_block *v = victim(c);
+        if (v &&
+            pf_tinylfu_estimate(c->lfu, h) < pf_tinylfu_estimate(c->lfu, pf_key_hash(&v->key))) {
+            pf_metric_add(c->m_rejects, 1);
+            rc = -EACCES;
+            goto out;
+        }
+    }
+    pf_block_get(b);
+    b->cls = (uint8_t)cls;
+    b->resident = 1;
+    b->inserted_ns = pf_now_ns();
+    pf_htable_insert(&c->index, &b->hnode, h);
+    pf_list_add(&c->cls[cls], &b->lru);
+    c->nblocks[cls]++;
+    c->nbytes[cls] += b->footprint;
+    pf_metric_add(c->m_inserts, 1);
+    publish(c);
+    rc = 1;
+out:
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+size_t pf_cache_evict(struct pf_cache *c, size_t max, struct pf_block **out, size_t *skipped_p)
+{
+    size_t n = 0, skipped = 0;
+    pthread_mutex_lock(&c->mu);
+    static const int order[2] = {PF_CLASS_RECLAIMABLE, PF_CLASS_RETAINED};
+    for (int oi = 0; oi < 2 && n < max; oi++) {
+        struct pf_list *l = &c->cls[order[oi]];
+        /* examine each block of this class at most once */
+        uint64_t budget = c->nblocks[order[oi]];
+        while (n < max && budget-- > 0 && !pf_list_empty(l)) {
+            struct pf_block *b = pf_list_last(l, struct pf_block, lru);
+            if (pf_block_strong(b) > 1) {
+                pf_list_move(l, &b->lru); /* referenced: keep it, look further */
+                skipped++;
+                continue;
+            }
+            unlink_block(c, b);
+            out[n++] = b;
+        }
+    }
+    if (n)
+        publish(c);
+    pthread_mutex_unlock(&c->mu);
+    if (skipped_p)
+        *skipped_p = skipped;
+    return n;
+}
+
+size_t pf_cache_remove_all(struct pf_cache *c, struct pf_block ***out_p)
+{
+    pthread_mutex_lock(&c->mu);
+    size_t total = c->nblocks[0] + c->nblocks[1];
+    struct pf_block **arr = total ? malloc(total * sizeof(*arr)) : NULL;
+    size_t n = 0;
+    if (arr) {
+        for (int k = 0; k < 2; k++) {
+            while (!pf_list_empty(&c->cls[k])) {
+                struct pf_block *b = pf_list_last(&c->cls[k], struct pf_block, lru);
+                unlink_block(c, b);
+                arr[n++] = b;
+            }
+        }
+        publish(c);
+    }
+    pthread_mutex_unlock(&c->mu);
+    *out_p = arr;
+    return n;
+}
+
+size_t pf_cache_mark_reclaimable(struct pf_cache *c, const struct pf_block_key *keys, size_t n)
+{
+    size_t moved = 0;
+    pthread_mutex_lock(&c->mu);
+    for (size_t i = 0; i < n; i++) {
+        struct pf_block *b = find(c, &keys[i], pf_key_hash(&keys[i]));
+        if (!b || b->cls == PF_CLASS_RECLAIMABLE)
+            continue;
+        pf_list_del(&b->lru);
+        c->nblocks[b->cls]--;
+        c->nbytes[b->cls] -= b->footprint;
+        b->cls = PF_CLASS_RECLAIMABLE;
+        pf_list_add(&c->cls[b->cls], &b->lru);
+        c->nblocks[b->cls]++;
+        c->nbytes[b->cls] += b->footprint;
+        moved++;
+    }
+    if (moved)
+        publish(c);
+    pthread_mutex_unlock(&c->mu);
+    return moved;
+}
+
+void pf_cache_stats(struct pf_cache *c, struct pf_cache_stats *s)
+{
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < 2; i++) {
+        s->blocks[i] = c->nblocks[i];
+        s->bytes[i] = c->nbytes[i];
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+void pf_cache_for_each(struct pf_cache *c, void (*fn)(void *ctx, const struct pf_block *b),
+                       void *ctx)
+{
+    pthread_mutex_lock(&c->mu);
+    for (int k = 0; k < 2; k++) {
+        struct pf_list *pos, *tmp;
+        pf_list_for_each_safe(pos, tmp, &c->cls[k])
+            fn(ctx, pf_list_entry(pos, struct pf_block, lru));
+    }
+    pthread_mutex_unlock(&c->mu);
+}

@@ -1,0 +1,273 @@
+/* Lease table: hash map id -> lease under one mutex, plus an expiry sweep. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PF_LOG_MOD "lease"
+#include "pf/lease.h"
+#include "pf/log.h"
+#include "pf/metrics.h"
+#include "pf/util.h"
+
+struct lease {
+    struct pf_hnode hnode;
+    uint8_t id[PF_LEASE_ID_LEN];
+    char *instance;
+    struct pf_block **blocks;
+    size_t n;
+    uint32_t shares;
+    uint64_t expires_ns;
+};
+
+struct pf_lease_table {
+    pthread_mutex_t mu;
+    struct pf_htable map;
+    const struct pf_clock *clk;
+    uint64_t ttl_ns;
+    struct pf_metric *m_active;
+};
+
+static void lease_free(struct lease *l)
+{
+    for (size_t i = 0; i < l->n; i++)
+        pf_block_put(l->blocks[i]);
+    free(l->blocks);
+    free(l->instance);
+    free(l);
+}
+
+int pf_lease_table_create(const struct pf_clock *clk, uint64_t ttl_ns, struct pf_lease_table **t_p)
+{
+    struct pf_lease_table *t = calloc(1, sizeof(*t));
+    if (!t)
+        return -ENOMEM;
+    int rc = pf_htable_init(&t->map, 256);
+    if (rc) {
+        free(t);
+        return rc;
+    }
+    pthread_mutex_init(&t->mu, NULL);
+    t->clk = clk;
+    t->ttl_ns = ttl_ns;
+    t->m_active = pf_metric_gauge("pegaflow_leases_active", "Query leases alive", NULL);
+    *t_p = t;
+    return 0;
+}
+
+/* Collects every lease matching pred into a private list (lock held), to free outside. */
+static struct lease *unlink_where(struct pf_lease_table *t, bool (*pred)(struct lease *, void *),
+                                  void *arg)
+{
+    struct lease *out = NULL;
+    for (size_t b = 0; t->map.buckets && b <= t->map.mask; b++) {
+        struct pf_hnode *n = t->map.buckets[b];
+        while (n) {
+            struct pf_hnode *next = n->next;
+            struct lease *l = pf_container_of(n, struct lease, hnode);
+            if (pred(l, arg)) {
+                pf_htable_remove(&t->map, n);
+                l->hnode.next = out ? &out->hnode : NULL;
+                out = l;
+            }
+            n = next;
+        }
+    }
+    pf_metric_set(t->m_active, (double)t->map.count);
+    return out;
+}
+
+static size_t free_list(struct lease *l)
+{
+    size_t n = 0;
+    while (l) {
+        struct lease *next =
+            l->hnode.next ? pf_container_of(l->hnode.next, struct lease, hnode) : NULL;
+        lease_free(l);
+        l = next;
+        n++;
+    }
+    return n;
+}
+
+static bool pred_all(struct lease *l, void *arg)
+{
+    return true;
+}
+
+void pf_lease_table_destroy(struct pf_lease_table *t)
+{
+    if (!t)
+        return;
+    pthread_mutex_lock(&t->mu);
+    struct lease *l = unlink_where(t, pred_all, NULL);
+    pthread_mutex_unlock(&t->mu);
+    free_list(l);
+    pf_htable_destroy(&t->map);
+    pthread_mutex_destroy(&t->mu);
+    free(t);
+}
+
+static uint64_t id_hash(const uint8_t *id)
+{
+    return pf_hash64(id, PF_LEASE_ID_LEN);
+}
+
+static struct lease *find(struct pf_lease_table *t, const uint8_t *id)
+{
+    uint64_t h = id_hash(id);
+    struct pf_hnode *n;
+    pf_htable_for_each_hash(&t->map, n, h)
+    {
+        struct lease *l = pf_container_of(n, struct lease, hnode);
+        if (memcmp(l->id, id, PF_LEASE_ID_LEN) == 0)
+            return l;
+    }
+    return NULL;
+}
+
+static bool pred_expired(struct lease *l, void *arg)
+{
+    return l->expires_ns <= *(uint64_t *)arg;
+}
+
+size_t pf_lease_sweep(struct pf_lease_table *t)
+{
+    uint64_t now = pf_clock_now(t->clk);
+    pthread_mutex_lock(&t->mu);
+    struct lease *l = unlink_where(t, pred_expired, &now);
+    pthread_mutex_unlock(&t->mu);
+    size_t n = free_list(l);
+    if (n)
+        pf_debug("expired %zu lease(s)", n);
+    return n;
+}
+
+int pf_lease_create(struct pf_lease_table *t, const char *instance_id, struct pf_block **blocks,
+                    size_t n, uint32_t shares, uint8_t id_out[PF_LEASE_ID_LEN])
+{
+    struct lease *l = calloc(1, sizeof(*l));
+    int rc = -ENOMEM;
+    if (!l)
+        goto err_put;
+    l->instance = strdup(instance_id);
+    l->blocks = malloc((n ? n : 1) * sizeof(*l->blocks));
+    if (!l->instance || !l->blocks)
+        goto err_free;
+    memcpy(l->blocks, blocks, n * sizeof(*blocks));
+    l->n = n;
+    l->shares = shares ? shares : 1;
+    rc = pf_uuid_v4(l->id);
+    if (rc) {
+        l->n = 0;
+        goto err_free;
+    }
+    l->expires_ns = pf_clock_now(t->clk) + t->ttl_ns;
+    pf_lease_sweep(t);
+    pthread_mutex_lock(&t->mu);
+    pf_htable_insert(&t->map, &l->hnode, id_hash(l->id));
+    pf_metric_set(t->m_active, (double)t->map.count);
+    pthread_mutex_unlock(&t->mu);
+    memcpy(id_out, l->id, PF_LEASE_ID_LEN);
+    return 0;
+err_free:
+    if (l) {
+        free(l->blocks);
+        free(l->instance);
+        free(l);
+    }
+err_put:
+    for (size_t i = 0; i < n; i++)
+        pf_block_put(blocks[i]);
+    return rc;
+}
+
+int pf_lease_consume(struct pf_lease_table *t, const uint8_t *id, size_t idlen,
+                     const char *instance_id, struct pf_block ***blocks_p, size_t *n_p, char *msg,
+                     size_t msglen)
+{
+    if (idlen != PF_LEASE_ID_LEN) {
+        if (msg)
+            snprintf(msg, msglen, "query lease must be %d bytes, got %zu", PF_LEASE_ID_LEN, idlen);
+        return -EINVAL;
+    }
+    pf_lease_sweep(t);
+    uint64_t now = pf_clock_now(t->clk);
+    struct lease *gone = NULL;
+    int rc = 0;
+    pthread_mutex_lock(&t->mu);
+    struct lease *l = find(t, id);
+    if (!l || l->expires_ns <= now) {
+        if (msg)
+            snprintf(msg, msglen, "query lease is unknown or expired");
+        rc = -ESTALE;
+        goto out;
+    }
+    if (strcmp(l->instance, instance_id) != 0) {
+        if (msg)
+            snprintf(msg, msglen, "query lease belongs to instance %s", l->instance);
+        rc = -EPERM;
+        goto out;
+    }
+    struct pf_block **copy = malloc((l->n ? l->n : 1) * sizeof(*copy));
+    if (!copy) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    for (size_t i = 0; i < l->n; i++) {
+        pf_block_get(l->blocks[i]);
+        copy[i] = l->blocks[i];
+    }
+    *blocks_p = copy;
+    *n_p = l->n;
+    if (--l->shares == 0) {
+        pf_htable_remove(&t->map, &l->hnode);
+        gone = l;
+        pf_metric_set(t->m_active, (double)t->map.count);
+    }
+out:
+    pthread_mutex_unlock(&t->mu);
+    if (gone)
+        lease_free(gone);
+    return rc;
+}
+
+int pf_lease_release(struct pf_lease_table *t, const uint8_t *id, size_t idlen)
+{
+    if (idlen != PF_LEASE_ID_LEN)
+        return -EINVAL;
+    uint64_t now = pf_clock_now(t->clk);
+    pthread_mutex_lock(&t->mu);
+    struct lease *l = find(t, id);
+    bool expired = l && l->expires_ns <= now;
+    if (l) {
+        pf_htable_remove(&t->map, &l->hnode);
+        pf_metric_set(t->m_active, (double)t->map.count);
+    }
+    pthread_mutex_unlock(&t->mu);
+    if (l)
+        lease_free(l);
+    return !l || expired ? -ESTALE : 0;
+}
+
+static bool pred_instance(struct lease *l, void *arg)
+{
+    return strcmp(l->instance, (const char *)arg) == 0;
+}
+
+size_t pf_lease_drop_instance(struct pf_lease_table *t, const char *instance_id)
+{
+    pthread_mutex_lock(&t->mu);
+    struct lease *l = unlink_where(t, pred_instance, (void *)instance_id);
+    pthread_mutex_unlock(&t->mu);
+    return free_list(l);
+}
+
+size_t pf_lease_count(struct pf_lease_table *t)
+{
+    pthread_mutex_lock(&t->mu);
+    size_t n = t->map.count;
+    pthread_mutex_unlock(&t->mu);
+    return n;
+}

@@ -1,0 +1,206 @@
+/* Private structures of the engine module. */
+#ifndef PF_ENGINE_INTERNAL_H
+#define PF_ENGINE_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "pf/block.h"
+#include "pf/cache.h"
+#include "pf/engine.h"
+#include "pf/hal_gpu.h"
+#include "pf/lease.h"
+#include "pf/metrics.h"
+#include "pf/pool.h"
+#include "pf/thread.h"
+
+/* ---- layout (layout.c) ---- */
+
+/* One registered layer's addressing: segment s of block i lives at
+ * base + i * block_stride + s * kv_stride. A copy moves copy_len bytes per segment copy:
+ * contiguous layouts copy the whole block (K and V adjacent) once, split layouts copy K
+ * and V separately (nseg = 2). */
+struct pf_layout {
+    pf_devptr_t base;
+    uint64_t size;
+    uint64_t num_blocks;
+    uint64_t seg_bytes;
+    uint64_t kv_stride;
+    uint32_t segments;
+    uint64_t block_stride;
+    uint32_t nseg;        /* segment copies per block: 1 contiguous, 2 split */
+    uint64_t copy_len;    /* bytes per segment copy */
+    uint64_t host_stride; /* host bytes reserved per segment copy (512-padded with SSD) */
+};
+
+int pf_layout_init(struct pf_layout *l, pf_devptr_t base, uint64_t size, uint64_t num_blocks,
+                   uint64_t seg_bytes, uint64_t kv_stride, uint32_t segments, bool pad512,
+                   char *err, size_t errlen);
+
+static inline pf_devptr_t pf_layout_addr(const struct pf_layout *l, uint64_t block, uint32_t seg)
+{
+    return l->base + block * l->block_stride + (seg ? l->kv_stride : 0);
+}
+
+/* ---- per-(instance, GPU) copy threads (gpu_worker.c) ---- */
+
+struct pf_xfer;
+typedef void (*pf_xfer_done_fn)(struct pf_xfer *x);
+
+/* One batch of copies. Refcounted: the submitter and the worker each hold a reference.
+ * `done_fn` runs on the worker thread once the copies finished (result in x->result). */
+struct pf_xfer {
+    _Atomic int refs;
+    enum pf_copy_dir dir;
+    enum pf_copy_mode mode;
+    struct pf_copy_desc *descs;
+    size_t n;
+    uint64_t bytes;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+    int result;
+    pf_xfer_done_fn done_fn;
+    void (*free_fn)(struct pf_xfer *x); /* releases what the task owns, then frees */
+    void *ctx;
+};
+
+struct pf_gpu_worker;
+
+int pf_gpu_worker_create(struct pf_gpu *gpu, int hal_dev, int numa, int32_t device_id,
+                         struct pf_gpu_worker **w_p);
+/* Finishes queued work, joins the threads. Accepts NULL. */
+void pf_gpu_worker_destroy(struct pf_gpu_worker *w);
+/* Queues x on the save (D2H) or load (H2D) thread; takes a reference. */
+int pf_gpu_worker_submit(struct pf_gpu_worker *w, struct pf_xfer *x);
+
+struct pf_xfer *pf_xfer_new(enum pf_copy_dir dir, enum pf_copy_mode mode, size_t ndescs);
+void pf_xfer_put(struct pf_xfer *x);
+/* Waits until the copies finished; returns x->result or -ETIMEDOUT. */
+int pf_xfer_wait(struct pf_xfer *x, uint64_t timeout_ms);
+
+/* ---- instances (instance.c) ---- */
+
+struct pf_layer_reg {
+    char *name;
+    struct pf_gpu_mapping *map;
+    struct pf_layout lay;
+    uint32_t group;
+    int layer_id; /* rank in the sorted layer names, after sealing */
+};
+
+struct pf_worker {
+    int32_t device_id;
+    int hal_dev;
+    int numa;
+    uint32_t tp_rank, pp_rank;
+    enum pf_copy_mode mode;
+    struct pf_layer_reg *layers;
+    size_t nlayers;
+    struct pf_gpu_worker *gw;
+};
+
+struct pf_instance {
+    char *id;
+    char *ns;
+    uint32_t ns_id;
+    uint32_t tp_size, world_size;
+    bool page_first;
+    struct pf_worker **workers;
+    size_t nworkers;
+    bool sealed;
+    char **layer_names; /* sorted, after sealing */
+    size_t nlayer_names;
+    uint32_t total_slots;
+    _Atomic int refs;
+};
+
+/* ---- insert thread (insert.c) ---- */
+
+struct pf_insert_item {
+    struct pf_block_key key;
+    uint16_t slot;
+    struct pf_slot s; /* holds allocation references */
+};
+
+struct pf_insert_barrier {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+    _Atomic int refs;
+};
+
+struct pf_insert_batch {
+    uint32_t total_slots;
+    size_t n;
+    int kind; /* 0 items, 1 barrier */
+    struct pf_engine *e;
+    struct pf_insert_barrier *barrier;
+    struct pf_insert_item items[];
+};
+
+/* ---- the engine ---- */
+
+struct pf_inflight;
+
+struct pf_session_ent {
+    char *instance;
+    uint64_t token;
+};
+
+struct pf_engine {
+    struct pf_engine_config cfg;
+    struct pf_gpu *gpu;
+    struct pf_pool *pool;
+    struct pf_cache *cache;
+    struct pf_lease_table *leases;
+
+    pthread_rwlock_t inst_lock;
+    struct pf_instance **insts;
+    size_t ninsts, capinsts;
+
+    pthread_mutex_t sess_mu;
+    struct pf_session_ent *sessions;
+    size_t nsessions, capsessions;
+    uint64_t next_token;
+
+    /* insert thread */
+    struct pf_queue insert_q;
+    pthread_t insert_thr;
+    struct pf_htable inflight; /* insert thread only */
+    uint64_t inflight_bytes;
+
+    /* background GC */
+    pthread_t gc_thr;
+    pthread_mutex_t gc_mu;
+    pthread_cond_t gc_cv;
+    bool stopping;
+
+    pthread_mutex_t evict_mu; /* one evictor at a time */
+
+    /* metrics */
+    struct pf_metric *m_alloc_fail, *m_inflight_bytes, *m_inflight_gc, *m_hits, *m_misses, *m_tier,
+        *m_evictions, *m_evict_class, *m_evict_still_ref, *m_reclaimed, *m_residence, *m_save_bytes,
+        *m_load_bytes, *m_save_dur, *m_load_dur, *m_load_fail;
+};
+
+/* instance.c */
+struct pf_instance *pf_engine_instance_get(struct pf_engine *e, const char *id);
+void pf_instance_put(struct pf_instance *in);
+struct pf_worker *pf_instance_worker(struct pf_instance *in, int32_t device_id);
+/* Slot of (layer name, tp_rank) in a sealed instance, or -1. */
+int pf_instance_slot(const struct pf_instance *in, const char *layer, uint32_t tp_rank);
+struct pf_layer_reg *pf_worker_layer(struct pf_worker *w, const char *name);
+int pf_engine_remove_instance(struct pf_engine *e, const char *id, size_t *ntensors_p);
+
+/* insert.c */
+int pf_insert_start(struct pf_engine *e);
+void pf_insert_stop(struct pf_engine *e);
+int pf_insert_post(struct pf_engine *e, struct pf_insert_batch *b);
+
+/* engine.c */
+void pf_engine_evicted(struct pf_engine *e, struct pf_block **blocks, size_t n, const char *reason);
+
+#endif

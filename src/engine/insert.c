@@ -1,0 +1,261 @@
+/* The insert thread: assembles saved slots into blocks and publishes sealed blocks.
+ *
+ * Save handlers post one batch per Save call (key, slot index, slot memory). This single
+ * thread owns the in-flight map (key -> partially filled block). A block becomes visible
+ * only when every slot of it has arrived; it is then checksummed (xxh3 per slot, off the
+ * Save RPC's critical path), inserted into the RAM cache as retained and handed to the
+ * sealed-block hooks (MetaServer advertisement, SSD write). Slots for keys already resident
+ * and slots already filled (late duplicates, replicas) are dropped. In-flight blocks older
+ * than the in-flight TTL (5 min) are garbage-collected. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PF_LOG_MOD "insert"
+#include "engine/engine_internal.h"
+#include "pf/clock.h"
+#include "pf/log.h"
+
+struct pf_inflight {
+    struct pf_hnode hnode;
+    uint64_t created_ns;
+    uint32_t remaining;
+    uint64_t bytes;
+    struct pf_block *b; /* slots filled as they arrive */
+};
+
+static void slot_release(struct pf_slot *s)
+{
+    pf_alloc_put(s->ka);
+    pf_alloc_put(s->va);
+    s->ka = s->va = NULL;
+}
+
+static struct pf_inflight *inflight_find(struct pf_engine *e, const struct pf_block_key *k,
+                                         uint64_t h)
+{
+    struct pf_hnode *n;
+    pf_htable_for_each_hash(&e->inflight, n, h)
+    {
+        struct pf_inflight *f = pf_container_of(n, struct pf_inflight, hnode);
+        if (pf_key_eq(&f->b->key, k))
+            return f;
+    }
+    return NULL;
+}
+
+static void inflight_drop(struct pf_engine *e, struct pf_inflight *f)
+{
+    pf_htable_remove(&e->inflight, &f->hnode);
+    e->inflight_bytes -= f->bytes;
+    pf_block_put(f->b); /* releases the filled slots' allocations */
+    free(f);
+}
+
+/* Publishes a completed block; consumes the caller's reference. */
+static void seal(struct pf_engine *e, struct pf_block *b)
+{
+    if (e->cfg.integrity)
+        pf_block_checksum(b);
+    pf_block_finish(b);
+    int rc = pf_cache_insert(e->cache, b, PF_CLASS_RETAINED);
+    if (rc < 0)
+        pf_debug("sealed block rejected by admission");
+    pf_block_put(b);
+}
+
+static void handle_items(struct pf_engine *e, struct pf_insert_batch *bt)
+{
+    uint64_t now = pf_now_ns();
+    for (size_t i = 0; i < bt->n; i++) {
+        struct pf_insert_item *it = &bt->items[i];
+        if (pf_cache_contains(e->cache, &it->key)) {
+            slot_release(&it->s); /* late duplicate of a resident block */
+            continue;
+        }
+        uint64_t h = pf_key_hash(&it->key);
+        struct pf_inflight *f = inflight_find(e, &it->key, h);
+        if (!f) {
+            f = calloc(1, sizeof(*f));
+            struct pf_block *b = f ? pf_block_new(&it->key, (uint16_t)bt->total_slots) : NULL;
+            if (!b) {
+                free(f);
+                slot_release(&it->s);
+                pf_log_ratelimited(PF_LOG_ERROR, 10000, "out of memory assembling a block");
+                continue;
+            }
+            f->b = b;
+            f->created_ns = now;
+            f->remaining = bt->total_slots;
+            pf_htable_insert(&e->inflight, &f->hnode, h);
+        } else if (f->b->nslots != bt->total_slots) {
+            pf_log_ratelimited(PF_LOG_WARN, 10000,
+                               "slot count mismatch for an in-flight block (%u vs %u): the "
+                               "namespace is shared by incompatible KV layouts; dropping",
+                               f->b->nslots, bt->total_slots);
+            slot_release(&it->s);
+            continue;
+        }
+        struct pf_slot *dst = &f->b->slots[it->slot];
+        if (dst->ka) {
+            slot_release(&it->s); /* already filled (replica or duplicate save) */
+            continue;
+        }
+        *dst = it->s;
+        uint64_t bytes = (uint64_t)it->s.seg_stride * it->s.nseg;
+        f->bytes += bytes;
+        e->inflight_bytes += bytes;
+        if (--f->remaining == 0) {
+            struct pf_block *b = f->b;
+            e->inflight_bytes -= f->bytes;
+            pf_htable_remove(&e->inflight, &f->hnode);
+            free(f);
+            seal(e, b);
+        }
+    }
+    pf_metric_set(e->m_inflight_bytes, (double)e->inflight_bytes);
+}
+
+static void gc(struct pf_engine *e)
+{
+    uint64_t now = pf_now_ns(), ttl = e->cfg.inflight_ttl_ns;
+    size_t dropped = 0;
+    for (size_t b = 0; e->inflight.buckets && b <= e->inflight.mask; b++) {
+        struct pf_hnode *n = e->inflight.buckets[b];
+        while (n) {
+            struct pf_hnode *next = n->next;
+            struct pf_inflight *f = pf_container_of(n, struct pf_inflight, hnode);
+            if (now - f->created_ns >= ttl) {
+                inflight_drop(e, f);
+                dropped++;
+            }
+            n = next;
+        }
+    }
+    if (dropped) {
+        pf_metric_add(e->m_inflight_gc, (double)dropped);
+        pf_metric_set(e->m_inflight_bytes, (double)e->inflight_bytes);
+        pf_info("dropped %zu unsealed block(s) older than %llu s", dropped,
+                (unsigned long long)(ttl / PF_NS_PER_SEC));
+    }
+}
+
+static void barrier_put(struct pf_insert_barrier *br)
+{
+    if (atomic_fetch_sub(&br->refs, 1) == 1) {
+        pthread_mutex_destroy(&br->mu);
+        pthread_cond_destroy(&br->cv);
+        free(br);
+    }
+}
+
+static void *insert_main(void *arg)
+{
+    struct pf_engine *e = arg;
+    uint64_t last_gc = pf_now_ns();
+    for (;;) {
+        void *item;
+        int rc = pf_queue_pop(&e->insert_q, &item, 1000);
+        if (rc == -ESHUTDOWN)
+            break;
+        if (rc == 0) {
+            struct pf_insert_batch *b = item;
+            if (b->kind == 1) {
+                struct pf_insert_barrier *br = b->barrier;
+                pthread_mutex_lock(&br->mu);
+                br->done = true;
+                pthread_cond_broadcast(&br->cv);
+                pthread_mutex_unlock(&br->mu);
+                barrier_put(br);
+            } else {
+                handle_items(e, b);
+            }
+            free(b);
+        }
+        uint64_t now = pf_now_ns();
+        if (now - last_gc >= PF_MIN_OF(e->cfg.inflight_ttl_ns / 4, 10 * PF_NS_PER_SEC)) {
+            gc(e);
+            last_gc = now;
+        }
+    }
+    /* shutdown: drop everything still in flight */
+    for (size_t b = 0; e->inflight.buckets && b <= e->inflight.mask; b++) {
+        struct pf_hnode *n = e->inflight.buckets[b];
+        while (n) {
+            struct pf_hnode *next = n->next;
+            inflight_drop(e, pf_container_of(n, struct pf_inflight, hnode));
+            n = next;
+        }
+    }
+    return NULL;
+}
+
+int pf_insert_start(struct pf_engine *e)
+{
+    int rc = pf_queue_init(&e->insert_q, 0);
+    if (rc)
+        return rc;
+    rc = pf_htable_init(&e->inflight, 1024);
+    if (rc)
+        goto err_q;
+    rc = pf_thread_start(&e->insert_thr, "pegaflow-insert", -1, insert_main, e);
+    if (rc)
+        goto err_ht;
+    return 0;
+err_ht:
+    pf_htable_destroy(&e->inflight);
+err_q:
+    pf_queue_destroy(&e->insert_q);
+    return rc;
+}
+
+void pf_insert_stop(struct pf_engine *e)
+{
+    pf_queue_close(&e->insert_q);
+    pthread_join(e->insert_thr, NULL);
+    /* batches left in the queue after close were drained by the thread before exit */
+    pf_htable_destroy(&e->inflight);
+    pf_queue_destroy(&e->insert_q);
+}
+
+int pf_insert_post(struct pf_engine *e, struct pf_insert_batch *b)
+{
+    int rc = pf_queue_push(&e->insert_q, b);
+    if (rc) {
+        for (size_t i = 0; i < b->n; i++)
+            slot_release(&b->items[i].s);
+        free(b);
+    }
+    return rc;
+}
+
+int pf_engine_flush(struct pf_engine *e, uint64_t timeout_ms)
+{
+    struct pf_insert_barrier *br = calloc(1, sizeof(*br));
+    struct pf_insert_batch *b = calloc(1, sizeof(*b));
+    if (!br || !b) {
+        free(br);
+        free(b);
+        return -ENOMEM;
+    }
+    pthread_mutex_init(&br->mu, NULL);
+    pf_cond_init(&br->cv);
+    atomic_init(&br->refs, 2);
+    b->kind = 1;
+    b->barrier = br;
+    int rc = pf_queue_push(&e->insert_q, b);
+    if (rc) {
+        free(b);
+        atomic_fetch_sub(&br->refs, 1);
+        barrier_put(br);
+        return rc;
+    }
+    struct timespec dl = pf_deadline_ms(timeout_ms);
+    pthread_mutex_lock(&br->mu);
+    while (!br->done && rc == 0)
+        if (pthread_cond_timedwait(&br->cv, &br->mu, &dl) == ETIMEDOUT && !br->done)
+            rc = -ETIMEDOUT;
+    pthread_mutex_unlock(&br->mu);
+    barrier_put(br);
+    return rc;
+}

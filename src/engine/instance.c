@@ -1,0 +1,580 @@
+/* Instances: registration (IPC import, layout validation, rollback), the registering ->
+ * sealed lifecycle, topology and slots (reference §2.1, §3.2), lookup and removal.
+ *
+ * The instance table is guarded by an rwlock; lookups take a reference that RPC handlers
+ * drop when done, so an instance removed while a request uses it is destroyed by the last
+ * user. Destroying an instance drains its copy threads before closing its GPU mappings, so
+ * no queued copy can touch an unmapped tensor. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PF_LOG_MOD "engine"
+#include "engine/engine_internal.h"
+#include "pf/log.h"
+
+static void layer_reg_free(struct pf_layer_reg *l)
+{
+    pf_gpu_ipc_close(l->map);
+    free(l->name);
+}
+
+static size_t worker_free(struct pf_worker *w)
+{
+    if (!w)
+        return 0;
+    pf_gpu_worker_destroy(w->gw);
+    size_t n = 0;
+    for (size_t i = 0; i < w->nlayers; i++) {
+        if (w->layers[i].map)
+            n++;
+        layer_reg_free(&w->layers[i]);
+    }
+    free(w->layers);
+    free(w);
+    return n;
+}
+
+static size_t instance_free(struct pf_instance *in)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < in->nworkers; i++)
+        n += worker_free(in->workers[i]);
+    for (size_t i = 0; i < in->nlayer_names; i++)
+        free(in->layer_names[i]);
+    free(in->layer_names);
+    free(in->workers);
+    free(in->id);
+    free(in->ns);
+    free(in);
+    return n;
+}
+
+void pf_instance_put(struct pf_instance *in)
+{
+    if (in && atomic_fetch_sub(&in->refs, 1) == 1) {
+        size_t n = instance_free(in);
+        if (n)
+            pf_debug("closed %zu GPU mapping(s)", n);
+    }
+}
+
+static struct pf_instance *find_locked(struct pf_engine *e, const char *id, size_t *idx_p)
+{
+    for (size_t i = 0; i < e->ninsts; i++)
+        if (strcmp(e->insts[i]->id, id) == 0) {
+            if (idx_p)
+                *idx_p = i;
+            return e->insts[i];
+        }
+    return NULL;
+}
+
+struct pf_instance *pf_engine_instance_get(struct pf_engine *e, const char *id)
+{
+    pthread_rwlock_rdlock(&e->inst_lock);
+    struct pf_instance *in = find_locked(e, id, NULL);
+    if (in)
+        atomic_fetch_add(&in->refs, 1);
+    pthread_rwlock_unlock(&e->inst_lock);
+    return in;
+}
+
+struct pf_worker *pf_instance_worker(struct pf_instance *in, int32_t device_id)
+{
+    for (size_t i = 0; i < in->nworkers; i++)
+        if (in->workers[i]->device_id == device_id)
+            return in->workers[i];
+    return NULL;
+}
+
+struct pf_layer_reg *pf_worker_layer(struct pf_worker *w, const char *name)
+{
+    for (size_t i = 0; i < w->nlayers; i++)
+        if (strcmp(w->layers[i].name, name) == 0)
+            return &w->layers[i];
+    return NULL;
+}
+
+static int layer_index(const struct pf_instance *in, const char *name)
+{
+    size_t lo = 0, hi = in->nlayer_names;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        int c = strcmp(in->layer_names[mid], name);
+        if (c == 0)
+            return (int)mid;
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return -1;
+}
+
+int pf_instance_slot(const struct pf_instance *in, const char *layer, uint32_t tp_rank)
+{
+    int li = layer_index(in, layer);
+    if (li < 0 || tp_rank >= in->tp_size)
+        return -1;
+    return li * (int)in->tp_size + (int)tp_rank;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Seals the topology: sorted layer names, consistency across workers, slot coverage. */
+static int seal(struct pf_instance *in, char *err, size_t errlen)
+{
+    size_t cap = 0;
+    for (size_t i = 0; i < in->nworkers; i++)
+        cap += in->workers[i]->nlayers;
+    char **names = calloc(cap ? cap : 1, sizeof(*names));
+    if (!names)
+        return -ENOMEM;
+    size_t n = 0;
+    for (size_t i = 0; i < in->nworkers; i++)
+        for (size_t j = 0; j < in->workers[i]->nlayers; j++)
+            names[n++] = in->workers[i]->layers[j].name;
+    qsort(names, n, sizeof(*names), cmp_str);
+    size_t u = 0;
+    for (size_t i = 0; i < n; i++)
+        if (u == 0 || strcmp(names[u - 1], names[i]) != 0)
+            names[u++] = names[i];
+    int rc = 0;
+    /* per layer: consistent geometry, every tp_rank covered, replicas agree on pp_rank */
+    for (size_t li = 0; li < u && rc == 0; li++) {
+        const struct pf_layer_reg *first = NULL;
+        uint32_t first_pp[256];
+        bool covered[256] = {false};
+        for (size_t i = 0; i < in->nworkers && rc == 0; i++) {
+            struct pf_worker *w = in->workers[i];
+            struct pf_layer_reg *l = pf_worker_layer(w, names[li]);
+            if (!l)
+                continue;
+            if (!first) {
+                first = l;
+            } else if (l->lay.copy_len != first->lay.copy_len || l->lay.nseg != first->lay.nseg ||
+                       l->lay.host_stride != first->lay.host_stride) {
+                snprintf(err, errlen,
+                         "layer %s is registered with different block geometry on different "
+                         "devices",
+                         names[li]);
+                rc = -EINVAL;
+                break;
+            }
+            if (covered[w->tp_rank] && first_pp[w->tp_rank] != w->pp_rank) {
+                snprintf(err, errlen,
+                         "layer %s tp_rank %u is registered by devices with different pp_rank",
+                         names[li], w->tp_rank);
+                rc = -EINVAL;
+                break;
+            }
+            covered[w->tp_rank] = true;
+            first_pp[w->tp_rank] = w->pp_rank;
+        }
+        for (uint32_t r = 0; r < in->tp_size && rc == 0; r++)
+            if (!covered[r]) {
+                snprintf(err, errlen, "layer %s has no registration for tp_rank %u", names[li], r);
+                rc = -EINVAL;
+            }
+    }
+    if (rc == 0 && (uint64_t)u * in->tp_size > UINT16_MAX) {
+        snprintf(err, errlen, "%zu layers x tp_size %u exceed %u slots per block", u, in->tp_size,
+                 UINT16_MAX);
+        rc = -EINVAL;
+    }
+    if (rc) {
+        free(names);
+        return rc;
+    }
+    char **owned = calloc(u ? u : 1, sizeof(*owned));
+    if (!owned) {
+        free(names);
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < u; i++) {
+        owned[i] = strdup(names[i]);
+        if (!owned[i]) {
+            while (i--)
+                free(owned[i]);
+            free(owned);
+            free(names);
+            return -ENOMEM;
+        }
+    }
+    free(names);
+    in->layer_names = owned;
+    in->nlayer_names = u;
+    for (size_t i = 0; i < in->nworkers; i++)
+        for (size_t j = 0; j < in->workers[i]->nlayers; j++)
+            in->workers[i]->layers[j].layer_id = layer_index(in, in->workers[i]->layers[j].name);
+    in->total_slots = (uint32_t)(u * in->tp_size);
+    in->sealed = true;
+    return 0;
+}
+
+static int find_device(struct pf_engine *e, int32_t device_id, int *hal_p, int *numa_p)
+{
+    int n = pf_gpu_device_count(e->gpu);
+    for (int i = 0; i < n; i++) {
+        struct pf_gpu_dev_info info;
+        if (pf_gpu_device_info(e->gpu, i, &info) == 0 && info.index == device_id) {
+            *hal_p = i;
+            *numa_p = info.numa_node;
+            return 0;
+        }
+    }
+    return -ENODEV;
+}
+
+static int import_layers(struct pf_engine *e, const struct pf_engine_register *r,
+                         struct pf_worker *w, char *err, size_t errlen)
+{
+    w->layers = calloc(r->nlayers, sizeof(*w->layers));
+    if (!w->layers)
+        return -ENOMEM;
+    for (size_t i = 0; i < r->nlayers; i++) {
+        const struct pf_engine_layer *L = &r->layers[i];
+        struct pf_layer_reg *l = &w->layers[i];
+        char why[256];
+        l->name = strdup(L->name);
+        if (!l->name)
+            return -ENOMEM;
+        w->nlayers = i + 1;
+        l->group = L->group_id;
+        int rc = pf_gpu_ipc_open(e->gpu, &L->ipc, &l->map);
+        if (rc) {
+            snprintf(err, errlen, "register tensor failed for layer %s: %s%s", L->name,
+                     strerror(-rc),
+                     rc == -EINVAL ? " (descriptor does not match this server's GPU backend)" : "");
+            return rc == -ENOMEM || rc == -EIO ? rc : -EINVAL;
+        }
+        if (l->map->device != w->hal_dev) {
+            snprintf(err, errlen, "layer %s: tensor lives on another GPU than device_id %d",
+                     L->name, r->device_id);
+            return -EINVAL;
+        }
+        rc = pf_layout_init(&l->lay, l->map->base, l->map->size, L->num_blocks, L->bytes_per_block,
+                            L->kv_stride_bytes, L->segments, e->cfg.pad_512, why, sizeof(why));
+        if (rc) {
+            snprintf(err, errlen, "layer %s: %s", L->name, why);
+            return rc;
+        }
+    }
+    return 0;
+}
+
+static int check_request(struct pf_engine *e, const struct pf_engine_register *r, char *err,
+                         size_t errlen)
+{
+    const char *cv = r->client_version && *r->client_version ? r->client_version : "<missing>";
+    if (!r->client_version || strcmp(r->client_version, e->cfg.version) != 0) {
+        snprintf(err, errlen, "PegaFlow version mismatch: client=%s server=%s", cv, e->cfg.version);
+        return -EPERM;
+    }
+    if (!r->instance_id || !*r->instance_id) {
+        snprintf(err, errlen, "instance_id must not be empty");
+        return -EINVAL;
+    }
+    if (!r->namespace_ || !*r->namespace_) {
+        snprintf(err, errlen, "namespace must not be empty");
+        return -EINVAL;
+    }
+    if (r->device_id < 0 || r->tp_size == 0 || r->world_size == 0 || r->tp_rank >= r->tp_size) {
+        snprintf(err, errlen,
+                 "invalid topology: device_id=%d tp_rank=%u tp_size=%u world_size=%u (need "
+                 "device_id >= 0, tp_size > 0, world_size > 0, tp_rank < tp_size)",
+                 r->device_id, r->tp_rank, r->tp_size, r->world_size);
+        return -EINVAL;
+    }
+    if (r->tp_size > 256 || r->world_size > 4096) {
+        snprintf(err, errlen, "tp_size %u / world_size %u too large", r->tp_size, r->world_size);
+        return -EINVAL;
+    }
+    if (r->page_first) {
+        snprintf(err, errlen, "page_first layouts are not supported yet");
+        return -EINVAL;
+    }
+    if (r->transfer_mode != PF_COPY_MODE_DIRECT && r->transfer_mode != PF_COPY_MODE_KERNEL) {
+        snprintf(err, errlen, "unknown transfer_mode %d", r->transfer_mode);
+        return -EINVAL;
+    }
+    if (r->nlayers == 0) {
+        snprintf(err, errlen, "no layers to register");
+        return -EINVAL;
+    }
+    for (size_t i = 0; i < r->nlayers; i++) {
+        if (!r->layers[i].name || !*r->layers[i].name) {
+            snprintf(err, errlen, "layer %zu has an empty name", i);
+            return -EINVAL;
+        }
+        if (r->layers[i].group_id != 0) {
+            snprintf(err, errlen,
+                     "layer_group_ids other than 0 (hybrid cache groups) are not supported yet "
+                     "(layer %s has group %u)",
+                     r->layers[i].name, r->layers[i].group_id);
+            return -EINVAL;
+        }
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(r->layers[i].name, r->layers[j].name) == 0) {
+                snprintf(err, errlen, "duplicate layer name %s", r->layers[i].name);
+                return -EINVAL;
+            }
+    }
+    return 0;
+}
+
+int pf_engine_register(struct pf_engine *e, const struct pf_engine_register *r, char *err,
+                       size_t errlen)
+{
+    int rc = check_request(e, r, err, errlen);
+    if (rc)
+        return rc;
+    struct pf_worker *w = calloc(1, sizeof(*w));
+    if (!w)
+        return -ENOMEM;
+    w->device_id = r->device_id;
+    w->tp_rank = r->tp_rank;
+    w->pp_rank = r->pp_rank;
+    w->mode = (enum pf_copy_mode)r->transfer_mode;
+    if (find_device(e, r->device_id, &w->hal_dev, &w->numa) != 0) {
+        snprintf(err, errlen, "device %d is not managed by this server (see --devices)",
+                 r->device_id);
+        rc = -EINVAL;
+        goto err_worker;
+    }
+    rc = import_layers(e, r, w, err, errlen);
+    if (rc)
+        goto err_worker;
+    rc = pf_gpu_worker_create(e->gpu, w->hal_dev, w->numa, w->device_id, &w->gw);
+    if (rc) {
+        snprintf(err, errlen, "cannot start copy threads for device %d: %s", r->device_id,
+                 strerror(-rc));
+        goto err_worker;
+    }
+
+    pthread_rwlock_wrlock(&e->inst_lock);
+    size_t idx;
+    struct pf_instance *in = find_locked(e, r->instance_id, &idx);
+    bool created = false;
+    if (in) {
+        if (in->tp_size != r->tp_size || in->world_size != r->world_size ||
+            in->page_first != r->page_first) {
+            snprintf(err, errlen,
+                     "topology mismatch for instance %s: registered tp_size=%u world_size=%u, "
+                     "request tp_size=%u world_size=%u",
+                     in->id, in->tp_size, in->world_size, r->tp_size, r->world_size);
+            rc = -EPERM;
+            goto err_unlock;
+        }
+        if (pf_instance_worker(in, r->device_id)) {
+            snprintf(err, errlen, "GPU context for device %d already exists in instance %s",
+                     r->device_id, in->id);
+            rc = -EINVAL;
+            goto err_unlock;
+        }
+        if (in->sealed) {
+            snprintf(err, errlen, "instance %s is already fully registered (%u workers)", in->id,
+                     in->world_size);
+            rc = -EINVAL;
+            goto err_unlock;
+        }
+    } else {
+        if (e->ninsts == e->capinsts) {
+            size_t nc = e->capinsts ? e->capinsts * 2 : 8;
+            struct pf_instance **ni = realloc(e->insts, nc * sizeof(*ni));
+            if (!ni) {
+                rc = -ENOMEM;
+                goto err_unlock;
+            }
+            e->insts = ni;
+            e->capinsts = nc;
+        }
+        in = calloc(1, sizeof(*in));
+        if (!in) {
+            rc = -ENOMEM;
+            goto err_unlock;
+        }
+        atomic_init(&in->refs, 1);
+        in->id = strdup(r->instance_id);
+        in->ns = strdup(r->namespace_);
+        in->tp_size = r->tp_size;
+        in->world_size = r->world_size;
+        in->page_first = r->page_first;
+        in->workers = calloc(r->world_size, sizeof(*in->workers));
+        if (!in->id || !in->ns || !in->workers || pf_ns_intern(r->namespace_, &in->ns_id) != 0) {
+            instance_free(in);
+            rc = -ENOMEM;
+            goto err_unlock;
+        }
+        e->insts[e->ninsts++] = in;
+        idx = e->ninsts - 1;
+        created = true;
+    }
+    in->workers[in->nworkers++] = w;
+    if (in->nworkers == in->world_size) {
+        rc = seal(in, err, errlen);
+        if (rc) {
+            in->workers[--in->nworkers] = NULL;
+            if (created) {
+                e->insts[idx] = e->insts[--e->ninsts];
+                pthread_rwlock_unlock(&e->inst_lock);
+                pf_instance_put(in);
+                goto err_worker;
+            }
+            goto err_unlock;
+        }
+        pf_info("instance %s sealed: namespace %s, %zu layer(s) x tp %u = %u slot(s) per "
+                "block, %u worker(s)",
+                in->id, in->ns, in->nlayer_names, in->tp_size, in->total_slots, in->world_size);
+    }
+    pthread_rwlock_unlock(&e->inst_lock);
+    pf_info("registered instance %s device %d (tp_rank %u pp_rank %u): %zu layer(s), %zu/%u "
+            "workers",
+            r->instance_id, r->device_id, r->tp_rank, r->pp_rank, r->nlayers, in->nworkers,
+            in->world_size);
+    return 0;
+err_unlock:
+    pthread_rwlock_unlock(&e->inst_lock);
+err_worker:
+    worker_free(w);
+    pf_debug("register %s device %d rejected: %s", r->instance_id, r->device_id, err);
+    return rc;
+}
+
+int pf_engine_remove_instance(struct pf_engine *e, const char *id, size_t *ntensors_p)
+{
+    pthread_rwlock_wrlock(&e->inst_lock);
+    size_t idx;
+    struct pf_instance *in = find_locked(e, id, &idx);
+    if (in)
+        e->insts[idx] = e->insts[--e->ninsts];
+    pthread_rwlock_unlock(&e->inst_lock);
+    if (!in)
+        return -ENOENT;
+    size_t nleases = pf_lease_drop_instance(e->leases, id);
+    size_t nt = 0;
+    for (size_t i = 0; i < in->nworkers; i++)
+        nt += in->workers[i]->nlayers;
+    pf_info("unregistered instance %s: dropped %zu CUDA tensors and %zu lease(s)", id, nt, nleases);
+    if (ntensors_p)
+        *ntensors_p = nt;
+    pf_instance_put(in);
+    return 0;
+}
+
+int pf_engine_unregister(struct pf_engine *e, const char *instance_id, char *err, size_t errlen)
+{
+    if (!instance_id || !*instance_id) {
+        snprintf(err, errlen, "instance_id must not be empty");
+        return -EINVAL;
+    }
+    int rc = pf_engine_remove_instance(e, instance_id, NULL);
+    if (rc)
+        snprintf(err, errlen, "instance %s not found", instance_id);
+    return rc;
+}
+
+size_t pf_engine_list_instances(struct pf_engine *e, char ***ids_p)
+{
+    pthread_rwlock_rdlock(&e->inst_lock);
+    size_t n = e->ninsts;
+    char **ids = calloc(n ? n : 1, sizeof(*ids));
+    for (size_t i = 0; ids && i < n; i++)
+        ids[i] = strdup(e->insts[i]->id);
+    pthread_rwlock_unlock(&e->inst_lock);
+    *ids_p = ids;
+    return ids ? n : 0;
+}
+
+int pf_engine_cleanup_instances(struct pf_engine *e, const char *id, char ***removed_p,
+                                size_t *nremoved_p, size_t *ntensors_p)
+{
+    char **ids = NULL;
+    size_t n;
+    if (id) {
+        ids = calloc(1, sizeof(*ids));
+        if (!ids)
+            return -ENOMEM;
+        ids[0] = strdup(id);
+        n = 1;
+    } else {
+        n = pf_engine_list_instances(e, &ids);
+    }
+    size_t removed = 0, tensors = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t nt = 0;
+        if (ids[i] && pf_engine_remove_instance(e, ids[i], &nt) == 0) {
+            ids[removed++] = ids[i];
+            tensors += nt;
+        } else {
+            free(ids[i]);
+        }
+    }
+    *removed_p = ids;
+    *nremoved_p = removed;
+    *ntensors_p = tensors;
+    return id && removed == 0 ? -ENOENT : 0;
+}
+
+/* ---- sessions ---- */
+
+int pf_engine_session_open(struct pf_engine *e, const char *instance_id, uint64_t *token_p)
+{
+    pthread_mutex_lock(&e->sess_mu);
+    uint64_t tok = ++e->next_token;
+    for (size_t i = 0; i < e->nsessions; i++)
+        if (strcmp(e->sessions[i].instance, instance_id) == 0) {
+            e->sessions[i].token = tok;
+            goto out;
+        }
+    if (e->nsessions == e->capsessions) {
+        size_t nc = e->capsessions ? e->capsessions * 2 : 8;
+        struct pf_session_ent *ns = realloc(e->sessions, nc * sizeof(*ns));
+        if (!ns) {
+            pthread_mutex_unlock(&e->sess_mu);
+            return -ENOMEM;
+        }
+        e->sessions = ns;
+        e->capsessions = nc;
+    }
+    e->sessions[e->nsessions].instance = strdup(instance_id);
+    if (!e->sessions[e->nsessions].instance) {
+        pthread_mutex_unlock(&e->sess_mu);
+        return -ENOMEM;
+    }
+    e->sessions[e->nsessions++].token = tok;
+out:
+    pthread_mutex_unlock(&e->sess_mu);
+    *token_p = tok;
+    return 0;
+}
+
+void pf_engine_session_close(struct pf_engine *e, const char *instance_id, uint64_t token)
+{
+    bool current = false;
+    pthread_mutex_lock(&e->sess_mu);
+    for (size_t i = 0; i < e->nsessions; i++)
+        if (strcmp(e->sessions[i].instance, instance_id) == 0) {
+            current = e->sessions[i].token == token;
+            if (current) {
+                free(e->sessions[i].instance);
+                e->sessions[i] = e->sessions[--e->nsessions];
+            }
+            break;
+        }
+    pthread_mutex_unlock(&e->sess_mu);
+    if (!current) {
+        pf_debug("session of instance %s ended but was superseded: no cleanup", instance_id);
+        return;
+    }
+    size_t nt = 0;
+    if (pf_engine_remove_instance(e, instance_id, &nt) == 0)
+        pf_info("session of instance %s ended: instance cleaned up (%zu tensors)", instance_id, nt);
+    else
+        pf_info("session of instance %s ended (instance not registered)", instance_id);
+}

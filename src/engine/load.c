@@ -1,0 +1,275 @@
+/* Load (reference §2.5): attach the caller's load_state_shm, consume one share of each
+ * lease, check counts and slot shapes, build the H2D copy list and hand it to the device's
+ * load thread, then return at once. The load thread sets the shared state to 1 (success)
+ * or -1 (failure) after the copies; an error before submission sets -1 and returns the
+ * error. The task holds its own block references until the copies completed. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PF_LOG_MOD "load"
+#include "engine/engine_internal.h"
+#include "engine/loadstate.h"
+#include "pf/clock.h"
+#include "pf/log.h"
+
+struct load_ctx {
+    struct pf_engine *e;
+    struct pf_loadstate_map shm;
+    struct pf_block **blocks;
+    size_t nblocks, capblocks;
+    uint64_t t0;
+};
+
+static void load_free(struct pf_xfer *x)
+{
+    struct load_ctx *c = x->ctx;
+    for (size_t i = 0; i < c->nblocks; i++)
+        pf_block_put(c->blocks[i]);
+    free(c->blocks);
+    pf_loadstate_detach(&c->shm);
+    free(c);
+}
+
+static void load_done(struct pf_xfer *x)
+{
+    struct load_ctx *c = x->ctx;
+    struct pf_engine *e = c->e;
+    if (x->result == 0) {
+        pf_metric_add(e->m_load_bytes, (double)x->bytes);
+        pf_metric_observe(e->m_load_dur, (double)(pf_now_ns() - c->t0) / 1e9);
+    } else {
+        pf_metric_add(e->m_load_fail, 1);
+    }
+    pf_loadstate_set(&c->shm, x->result == 0 ? 1 : -1);
+}
+
+static int keep_blocks(struct load_ctx *c, struct pf_block **b, size_t n)
+{
+    if (c->nblocks + n > c->capblocks) {
+        size_t nc = (c->nblocks + n) * 2;
+        struct pf_block **nb = realloc(c->blocks, nc * sizeof(*nb));
+        if (!nb)
+            return -ENOMEM;
+        c->blocks = nb;
+        c->capblocks = nc;
+    }
+    memcpy(c->blocks + c->nblocks, b, n * sizeof(*b));
+    c->nblocks += n;
+    return 0;
+}
+
+/* Counts copy descriptors (and validates the plan) for one lease's blocks. */
+static int plan_lease(struct pf_instance *in, struct pf_worker *w, uint32_t tp_rank,
+                      const struct pf_engine_load *l, const struct pf_engine_load_lease *ll,
+                      struct pf_block **blocks, size_t nb, struct pf_xfer *x, bool emit,
+                      size_t *ndesc_p, char *err, size_t errlen)
+{
+    if (ll->ngroups != l->ngroups) {
+        snprintf(err, errlen,
+                 "lease load has %zu block id groups but the request has %zu "
+                 "layer groups",
+                 ll->ngroups, l->ngroups);
+        return -EINVAL;
+    }
+    for (size_t g = 0; g < l->ngroups; g++) {
+        const struct pf_engine_load_targets *t = &ll->by_group[g];
+        if (t->n != nb) {
+            snprintf(err, errlen,
+                     "query lease block count %zu does not match destination block count %zu", nb,
+                     t->n);
+            return -EINVAL;
+        }
+        for (size_t j = 0; j < nb; j++) {
+            if (blocks[j]->nslots != in->total_slots) {
+                snprintf(err, errlen,
+                         "leased block has %u slots but instance %s has %u: the namespace is "
+                         "shared by incompatible KV layouts",
+                         blocks[j]->nslots, in->id, in->total_slots);
+                return -EINVAL;
+            }
+            int64_t target = t->block_ids[j];
+            if (target < 0)
+                continue;
+            for (size_t k = 0; k < l->groups[g].n; k++) {
+                const char *name = l->groups[g].layer_names[k];
+                struct pf_layer_reg *lr = pf_worker_layer(w, name);
+                int slot = pf_instance_slot(in, name, tp_rank);
+                const struct pf_slot *s = &blocks[j]->slots[slot];
+                if ((uint64_t)target >= lr->lay.num_blocks) {
+                    snprintf(err, errlen,
+                             "layer %s: destination block id %lld out of range "
+                             "(num_blocks %llu)",
+                             name, (long long)target, (unsigned long long)lr->lay.num_blocks);
+                    return -EINVAL;
+                }
+                if (s->seg_len != lr->lay.copy_len || s->nseg != lr->lay.nseg || !s->k) {
+                    snprintf(err, errlen,
+                             "layer %s: stored slot (%u x %u bytes) does not match the "
+                             "registered layout (%u x %llu bytes)",
+                             name, s->nseg, s->seg_len, lr->lay.nseg,
+                             (unsigned long long)lr->lay.copy_len);
+                    return -EINVAL;
+                }
+                for (uint32_t seg = 0; seg < lr->lay.nseg; seg++) {
+                    if (emit) {
+                        x->descs[x->n++] = (struct pf_copy_desc){
+                            .dev = pf_layout_addr(&lr->lay, (uint64_t)target, seg),
+                            .host = seg ? s->v : s->k,
+                            .len = lr->lay.copy_len};
+                        x->bytes += lr->lay.copy_len;
+                    }
+                    (*ndesc_p)++;
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+int pf_engine_load(struct pf_engine *e, const struct pf_engine_load *l, char *err, size_t errlen)
+{
+    struct load_ctx *c = calloc(1, sizeof(*c));
+    if (!c)
+        return -ENOMEM;
+    c->e = e;
+    c->t0 = pf_now_ns();
+    int rc = pf_loadstate_attach(l->load_state_shm, &c->shm, err, errlen);
+    if (rc) {
+        free(c);
+        pf_metric_add(e->m_load_fail, 1);
+        return rc == -EINVAL ? -EINVAL : -EIO;
+    }
+    struct pf_instance *in = NULL;
+    struct pf_xfer *x = NULL;
+    struct {
+        struct pf_block **b;
+        size_t n;
+    } *leased = NULL;
+    size_t nleased = 0;
+    if (!l->instance_id || !*l->instance_id) {
+        snprintf(err, errlen, "instance_id must not be empty");
+        rc = -EINVAL;
+        goto fail;
+    }
+    in = pf_engine_instance_get(e, l->instance_id);
+    if (!in) {
+        snprintf(err, errlen, "instance %s not found", l->instance_id);
+        rc = -ENOENT;
+        goto fail;
+    }
+    if (!in->sealed) {
+        snprintf(err, errlen, "registration incomplete: %zu/%u workers registered", in->nworkers,
+                 in->world_size);
+        rc = -EINVAL;
+        goto fail;
+    }
+    struct pf_worker *w = pf_instance_worker(in, l->device_id);
+    if (!w) {
+        snprintf(err, errlen, "device %d is not registered for instance %s", l->device_id,
+                 l->instance_id);
+        rc = -ENOENT;
+        goto fail;
+    }
+    if (w->tp_rank != l->tp_rank) {
+        snprintf(err, errlen, "device %d of instance %s is registered as tp_rank %u, not %u",
+                 l->device_id, l->instance_id, w->tp_rank, l->tp_rank);
+        rc = -EPERM;
+        goto fail;
+    }
+    if (l->ngroups == 0) {
+        snprintf(err, errlen, "load needs at least one layer group");
+        rc = -EINVAL;
+        goto fail;
+    }
+    for (size_t g = 0; g < l->ngroups; g++)
+        for (size_t k = 0; k < l->groups[g].n; k++) {
+            const char *name = l->groups[g].layer_names[k];
+            if (!name || !pf_worker_layer(w, name)) {
+                snprintf(err, errlen, "layer %s is not registered on device %d",
+                         name ? name : "<null>", l->device_id);
+                rc = -EINVAL;
+                goto fail;
+            }
+            for (size_t g2 = 0; g2 <= g; g2++)
+                for (size_t k2 = 0; k2 < (g2 == g ? k : l->groups[g2].n); k2++)
+                    if (strcmp(l->groups[g2].layer_names[k2], name) == 0) {
+                        snprintf(err, errlen, "layer %s appears twice in the load groups", name);
+                        rc = -EINVAL;
+                        goto fail;
+                    }
+        }
+    leased = calloc(l->nloads ? l->nloads : 1, sizeof(*leased));
+    if (!leased) {
+        rc = -ENOMEM;
+        goto fail;
+    }
+    size_t ndesc = 0;
+    for (size_t i = 0; i < l->nloads; i++) {
+        rc = pf_lease_consume(e->leases, l->loads[i].lease.data, l->loads[i].lease.len, in->id,
+                              &leased[i].b, &leased[i].n, err, errlen);
+        if (rc)
+            goto fail;
+        nleased = i + 1;
+        rc = plan_lease(in, w, l->tp_rank, l, &l->loads[i], leased[i].b, leased[i].n, NULL, false,
+                        &ndesc, err, errlen);
+        if (rc)
+            goto fail;
+    }
+    if (ndesc == 0) {
+        pf_loadstate_set(&c->shm, 1);
+        rc = 0;
+        goto fail; /* nothing to copy: success, release everything */
+    }
+    x = pf_xfer_new(PF_COPY_H2D, w->mode, ndesc);
+    if (!x) {
+        rc = -ENOMEM;
+        goto fail;
+    }
+    size_t dummy = 0;
+    for (size_t i = 0; i < l->nloads; i++) {
+        plan_lease(in, w, l->tp_rank, l, &l->loads[i], leased[i].b, leased[i].n, x, true, &dummy,
+                   err, errlen);
+        rc = keep_blocks(c, leased[i].b, leased[i].n);
+        if (rc)
+            goto fail;
+        free(leased[i].b);
+        leased[i].b = NULL;
+        leased[i].n = 0;
+    }
+    x->ctx = c;
+    x->done_fn = load_done;
+    x->free_fn = load_free;
+    c = NULL; /* owned by the task now */
+    rc = pf_gpu_worker_submit(w->gw, x);
+    if (rc) {
+        snprintf(err, errlen, "cannot queue the H2D copy: %s", strerror(-rc));
+        pf_loadstate_set(&((struct load_ctx *)x->ctx)->shm, -1);
+    }
+    pf_xfer_put(x);
+    free(leased);
+    pf_instance_put(in);
+    return rc;
+fail:
+    if (rc)
+        pf_metric_add(e->m_load_fail, 1);
+    if (c) {
+        if (rc)
+            pf_loadstate_set(&c->shm, -1);
+        for (size_t i = 0; i < c->nblocks; i++)
+            pf_block_put(c->blocks[i]);
+        free(c->blocks);
+        pf_loadstate_detach(&c->shm);
+        free(c);
+    }
+    for (size_t i = 0; leased && i < nleased; i++) {
+        for (size_t j = 0; j < leased[i].n; j++)
+            pf_block_put(leased[i].b[j]);
+        free(leased[i].b);
+    }
+    free(leased);
+    pf_xfer_put(x);
+    pf_instance_put(in);
+    return rc;
+}

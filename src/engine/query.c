@@ -1,0 +1,87 @@
+/* QueryPrefetch and Release (reference §2.3, §2.4). Group 0 is a prefix query: the longest
+ * run of resident blocks from the first hash. A Ready answer with hits pins those blocks
+ * with a lease (one share per worker of the instance). A RAM miss leaves no state behind,
+ * so the same req_id can hit later. Backing tiers (SSD, peers) start a per-req_id
+ * background task and answer Loading; without them the answer is Ready at once. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PF_LOG_MOD "query"
+#include "engine/engine_internal.h"
+#include "pf/log.h"
+
+int pf_engine_query(struct pf_engine *e, const struct pf_engine_query *q,
+                    struct pf_engine_query_result *res, char *err, size_t errlen)
+{
+    memset(res, 0, sizeof(*res));
+    if (!q->req_id || !*q->req_id) {
+        snprintf(err, errlen, "req_id must not be empty");
+        return -EINVAL;
+    }
+    if (!q->instance_id || !*q->instance_id) {
+        snprintf(err, errlen, "instance_id must not be empty");
+        return -EINVAL;
+    }
+    struct pf_instance *in = pf_engine_instance_get(e, q->instance_id);
+    if (!in) {
+        snprintf(err, errlen, "instance %s not found", q->instance_id);
+        return -ENOENT;
+    }
+    int rc = 0;
+    struct pf_block_key *keys = NULL;
+    struct pf_block **blocks = NULL;
+    if (q->group_id != 0) {
+        snprintf(err, errlen, "group_id %u: hybrid cache groups are not supported yet",
+                 q->group_id);
+        rc = -EINVAL;
+        goto out;
+    }
+    if (q->n == 0)
+        goto out; /* Ready, 0 hits, no lease */
+    keys = malloc(q->n * sizeof(*keys));
+    blocks = malloc(q->n * sizeof(*blocks));
+    if (!keys || !blocks) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    for (size_t i = 0; i < q->n; i++) {
+        if (pf_key_make(in->ns_id, q->hashes[i].data, q->hashes[i].len, &keys[i]) != 0) {
+            snprintf(err, errlen, "block hash %zu has %zu bytes (1..%d allowed)", i,
+                     q->hashes[i].len, PF_HASH_MAX);
+            rc = -EINVAL;
+            goto out;
+        }
+    }
+    size_t hits = pf_cache_prefix(e->cache, keys, q->n, blocks);
+    pf_metric_add(e->m_hits, (double)hits);
+    pf_metric_add(e->m_misses, (double)(q->n - hits));
+    pf_child_add(pf_metric_child1(e->m_tier, "ram"), (double)hits);
+    pf_child_add(pf_metric_child1(e->m_tier, "miss"), (double)(q->n - hits));
+    res->num_hit_blocks = (uint32_t)hits;
+    if (hits > 0) {
+        rc = pf_lease_create(e->leases, in->id, blocks, hits, in->world_size, res->lease);
+        if (rc) {
+            snprintf(err, errlen, "cannot create a lease: %s", strerror(-rc));
+            goto out;
+        }
+        res->has_lease = true;
+    }
+    pf_trace("query %s/%s: %zu of %zu blocks resident", q->instance_id, q->req_id, hits, q->n);
+out:
+    free(keys);
+    free(blocks);
+    pf_instance_put(in);
+    return rc;
+}
+
+int pf_engine_release(struct pf_engine *e, const struct pf_bytes *lease, char *err, size_t errlen)
+{
+    int rc = pf_lease_release(e->leases, lease->data, lease->len);
+    if (rc == -EINVAL)
+        snprintf(err, errlen, "query lease must be %d bytes, got %zu", PF_LEASE_ID_LEN, lease->len);
+    else if (rc)
+        snprintf(err, errlen, "query lease is unknown or expired");
+    return rc;
+}

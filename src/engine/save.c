@@ -1,0 +1,303 @@
+/* Save (reference §2.2, §3.5): validate, drop blocks already resident, allocate pinned
+ * memory (one allocation per layer per segment for the whole call, or one per block with
+ * --blockwise-alloc), run one D2H batch on the device's save thread and wait for it, then
+ * hand the slots to the insert thread, which seals blocks when all their slots arrived. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PF_LOG_MOD "save"
+#include "engine/engine_internal.h"
+#include "pf/clock.h"
+#include "pf/config.h"
+#include "pf/log.h"
+
+struct save_ctx {
+    struct pf_alloc **allocs;
+    size_t nallocs;
+};
+
+static void save_free(struct pf_xfer *x)
+{
+    struct save_ctx *c = x->ctx;
+    if (!c)
+        return;
+    for (size_t i = 0; i < c->nallocs; i++)
+        pf_alloc_put(c->allocs[i]);
+    free(c->allocs);
+    free(c);
+}
+
+/* One layer's share of the save after dedup. */
+struct plan {
+    struct pf_layer_reg *l;
+    int slot;
+    size_t n;
+    uint32_t *ids;
+    struct pf_block_key *keys;
+};
+
+static void plans_free(struct plan *p, size_t n)
+{
+    for (size_t i = 0; p && i < n; i++) {
+        free(p[i].ids);
+        free(p[i].keys);
+    }
+    free(p);
+}
+
+static int validate(struct pf_engine *e, struct pf_instance *in, struct pf_worker *w,
+                    uint32_t tp_rank, const struct pf_engine_save_layer *layers, size_t nlayers,
+                    struct plan *plans, size_t *total_p, char *err, size_t errlen)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < nlayers; i++) {
+        const struct pf_engine_save_layer *L = &layers[i];
+        if (!L->name || !*L->name) {
+            snprintf(err, errlen, "save layer %zu has an empty name", i);
+            return -EINVAL;
+        }
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(layers[j].name, L->name) == 0) {
+                snprintf(err, errlen, "layer %s appears twice in one save", L->name);
+                return -EINVAL;
+            }
+        if (L->nids != L->nhashes) {
+            snprintf(err, errlen, "layer %s: %zu block_ids but %zu block_hashes", L->name, L->nids,
+                     L->nhashes);
+            return -EINVAL;
+        }
+        struct pf_layer_reg *l = pf_worker_layer(w, L->name);
+        if (!l) {
+            snprintf(err, errlen, "layer %s is not registered on device %d of instance %s", L->name,
+                     w->device_id, in->id);
+            return -EINVAL;
+        }
+        plans[i].l = l;
+        plans[i].slot = pf_instance_slot(in, L->name, tp_rank);
+        plans[i].ids = malloc((L->nids ? L->nids : 1) * sizeof(uint32_t));
+        plans[i].keys = malloc((L->nids ? L->nids : 1) * sizeof(struct pf_block_key));
+        if (!plans[i].ids || !plans[i].keys)
+            return -ENOMEM;
+        for (size_t j = 0; j < L->nids; j++) {
+            if (L->block_ids[j] >= l->lay.num_blocks) {
+                snprintf(err, errlen, "layer %s: block id %u out of range (num_blocks %llu)",
+                         L->name, L->block_ids[j], (unsigned long long)l->lay.num_blocks);
+                return -EINVAL;
+            }
+            if (pf_key_make(in->ns_id, L->hashes[j].data, L->hashes[j].len, &plans[i].keys[j]) !=
+                0) {
+                snprintf(err, errlen, "layer %s: block hash %zu has %zu bytes (1..%d allowed)",
+                         L->name, j, L->hashes[j].len, PF_HASH_MAX);
+                return -EINVAL;
+            }
+            plans[i].ids[j] = L->block_ids[j];
+        }
+        plans[i].n = L->nids;
+        total += L->nids;
+    }
+    *total_p = total;
+    return 0;
+}
+
+/* Drops blocks whose key is already resident in the RAM cache. */
+static size_t dedup(struct pf_engine *e, struct plan *plans, size_t nplans)
+{
+    size_t left = 0;
+    for (size_t i = 0; i < nplans; i++) {
+        size_t k = 0;
+        for (size_t j = 0; j < plans[i].n; j++) {
+            if (pf_cache_contains(e->cache, &plans[i].keys[j]))
+                continue;
+            plans[i].ids[k] = plans[i].ids[j];
+            plans[i].keys[k] = plans[i].keys[j];
+            k++;
+        }
+        plans[i].n = k;
+        left += k;
+    }
+    return left;
+}
+
+static int add_alloc(struct save_ctx *c, struct pf_alloc *a, size_t cap)
+{
+    if (c->nallocs == cap)
+        return -ENOSPC;
+    c->allocs[c->nallocs++] = a;
+    return 0;
+}
+
+int pf_engine_save(struct pf_engine *e, const char *instance_id, uint32_t tp_rank, uint32_t pp_rank,
+                   int32_t device_id, const struct pf_engine_save_layer *layers, size_t nlayers,
+                   char *err, size_t errlen)
+{
+    uint64_t t0 = pf_now_ns();
+    if (!instance_id || !*instance_id) {
+        snprintf(err, errlen, "instance_id must not be empty");
+        return -EINVAL;
+    }
+    struct pf_instance *in = pf_engine_instance_get(e, instance_id);
+    if (!in) {
+        snprintf(err, errlen, "instance %s not found", instance_id);
+        return -ENOENT;
+    }
+    int rc = 0;
+    struct plan *plans = NULL;
+    struct pf_xfer *x = NULL;
+    struct pf_insert_batch *batch = NULL;
+    if (!in->sealed) {
+        snprintf(err, errlen, "registration incomplete: %zu/%u workers registered", in->nworkers,
+                 in->world_size);
+        rc = -EINVAL;
+        goto out;
+    }
+    struct pf_worker *w = pf_instance_worker(in, device_id);
+    if (!w) {
+        snprintf(err, errlen, "device %d is not registered for instance %s", device_id,
+                 instance_id);
+        rc = -ENOENT;
+        goto out;
+    }
+    if (w->tp_rank != tp_rank || w->pp_rank != pp_rank) {
+        snprintf(err, errlen,
+                 "device %d of instance %s is registered as tp_rank %u pp_rank %u, not tp_rank "
+                 "%u pp_rank %u",
+                 device_id, instance_id, w->tp_rank, w->pp_rank, tp_rank, pp_rank);
+        rc = -EPERM;
+        goto out;
+    }
+    pf_lease_sweep(e->leases);
+    plans = calloc(nlayers ? nlayers : 1, sizeof(*plans));
+    if (!plans) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    size_t total;
+    rc = validate(e, in, w, tp_rank, layers, nlayers, plans, &total, err, errlen);
+    if (rc)
+        goto out;
+    size_t left = dedup(e, plans, nlayers);
+    if (left == 0)
+        goto out; /* everything already resident (or empty save) */
+
+    /* allocations and copy descriptors */
+    size_t ndesc = 0;
+    for (size_t i = 0; i < nlayers; i++)
+        ndesc += plans[i].n * plans[i].l->lay.nseg;
+    x = pf_xfer_new(PF_COPY_D2H, w->mode, ndesc);
+    struct save_ctx *sc = calloc(1, sizeof(*sc));
+    size_t cap = e->cfg.blockwise_alloc ? ndesc : nlayers * 2;
+    if (sc)
+        sc->allocs = calloc(cap ? cap : 1, sizeof(*sc->allocs));
+    if (!x || !sc || !sc->allocs) {
+        if (sc)
+            free(sc->allocs);
+        free(sc);
+        rc = -ENOMEM;
+        goto out;
+    }
+    x->ctx = sc;
+    x->free_fn = save_free;
+    batch = calloc(1, sizeof(*batch) + left * sizeof(struct pf_insert_item));
+    if (!batch) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    batch->total_slots = in->total_slots;
+    int numa = pf_pool_region_index(e->pool, w->numa) >= 0 ? w->numa : -1;
+    for (size_t i = 0; i < nlayers; i++) {
+        struct plan *p = &plans[i];
+        const struct pf_layout *lay = &p->l->lay;
+        if (p->n == 0)
+            continue;
+        struct pf_alloc *seg_alloc[2] = {NULL, NULL};
+        if (!e->cfg.blockwise_alloc) {
+            for (uint32_t s = 0; s < lay->nseg; s++) {
+                rc = pf_engine_alloc(e, p->n * lay->host_stride, numa, &seg_alloc[s]);
+                if (rc == 0)
+                    rc = add_alloc(sc, seg_alloc[s], cap);
+                if (rc)
+                    goto alloc_fail;
+            }
+        }
+        for (size_t j = 0; j < p->n; j++) {
+            struct pf_insert_item *it = &batch->items[batch->n++];
+            it->key = p->keys[j];
+            it->slot = (uint16_t)p->slot;
+            it->s.seg_len = (uint32_t)lay->copy_len;
+            it->s.seg_stride = (uint32_t)lay->host_stride;
+            it->s.nseg = (uint8_t)lay->nseg;
+            it->s.numa = (int16_t)w->numa;
+            for (uint32_t s = 0; s < lay->nseg; s++) {
+                struct pf_alloc *a;
+                char *host;
+                if (e->cfg.blockwise_alloc) {
+                    rc = pf_engine_alloc(e, lay->host_stride, numa, &a);
+                    if (rc == 0)
+                        rc = add_alloc(sc, a, cap);
+                    if (rc)
+                        goto alloc_fail;
+                    host = a->ptr;
+                } else {
+                    a = seg_alloc[s];
+                    host = (char *)a->ptr + j * lay->host_stride;
+                }
+                pf_alloc_get(a); /* the slot's reference */
+                if (s == 0) {
+                    it->s.k = host;
+                    it->s.ka = a;
+                } else {
+                    it->s.v = host;
+                    it->s.va = a;
+                }
+                x->descs[x->n++] = (struct pf_copy_desc){
+                    .dev = pf_layout_addr(lay, p->ids[j], s), .host = host, .len = lay->copy_len};
+                x->bytes += lay->copy_len;
+            }
+        }
+    }
+    rc = pf_gpu_worker_submit(w->gw, x);
+    if (rc) {
+        snprintf(err, errlen, "cannot queue the D2H copy: %s", strerror(-rc));
+        goto out;
+    }
+    rc = pf_xfer_wait(x, e->cfg.copy_timeout_ms);
+    if (rc) {
+        snprintf(err, errlen, "D2H copy on device %d %s: %s", device_id,
+                 rc == -ETIMEDOUT ? "timed out" : "failed", strerror(-rc));
+        if (rc != -ETIMEDOUT)
+            rc = -EIO;
+        goto out;
+    }
+    pf_metric_add(e->m_save_bytes, (double)x->bytes);
+    rc = pf_insert_post(e, batch);
+    batch = NULL;
+    if (rc) {
+        snprintf(err, errlen, "insert thread unavailable: %s", strerror(-rc));
+        goto out;
+    }
+    pf_metric_observe(e->m_save_dur, (double)(pf_now_ns() - t0) / 1e9);
+    goto out;
+alloc_fail:
+    if (rc == -ENOMEM) {
+        char sz[32], cp[32];
+        pf_format_size(pf_pool_used(e->pool), sz, sizeof(sz));
+        pf_format_size(pf_pool_capacity(e->pool), cp, sizeof(cp));
+        snprintf(err, errlen, "pinned pool exhausted (%s of %s in use, the rest is referenced)", sz,
+                 cp);
+        rc = -ENOMEM;
+    }
+out:
+    if (batch) {
+        for (size_t i = 0; i < batch->n; i++) {
+            pf_alloc_put(batch->items[i].s.ka);
+            pf_alloc_put(batch->items[i].s.va);
+        }
+        free(batch);
+    }
+    pf_xfer_put(x);
+    plans_free(plans, nlayers);
+    pf_instance_put(in);
+    return rc;
+}

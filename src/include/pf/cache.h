@@ -1,0 +1,78 @@
+/* RAM cache: the index of resident sealed blocks.
+ *
+ * One mutex guards a hash index (key -> block) and two recency lists, one per class
+ * (retained, reclaimable); the list head is the most recent end. The cache holds one strong
+ * reference per resident block. Capacity is not a byte budget: eviction is driven by
+ * allocation failure (pf_cache_evict), reclaimable blocks first, and skips blocks that
+ * somebody else references (a lease, a transfer lock, an SSD write, an in-flight load):
+ * those move to the recent end and stay indexed and hittable.
+ *
+ * Optional TinyLFU admission (count-min sketch of 8-bit counters, halved after 8n
+ * increments): a new key is rejected when its estimated frequency is below that of the
+ * block eviction would pick next.
+ *
+ * Thread-safe. No function calls back into other modules while holding the lock. */
+#ifndef PF_CACHE_H
+#define PF_CACHE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pf/block.h"
+
+struct pf_cache;
+
+struct pf_cache_config {
+    uint64_t lfu_items; /* TinyLFU sized for this many items; 0 = plain LRU */
+};
+
+struct pf_cache_stats {
+    uint64_t blocks[2]; /* per class */
+    uint64_t bytes[2];
+};
+
+int pf_cache_create(const struct pf_cache_config *cfg, struct pf_cache **c_p);
+/* Drops every resident block. Accepts NULL. */
+void pf_cache_destroy(struct pf_cache *c);
+
+/* Longest run of resident keys from keys[0]. Hits refresh recency and TinyLFU. When out is
+ * not NULL each hit's strong reference is taken into out[i] (caller puts). */
+size_t pf_cache_prefix(struct pf_cache *c, const struct pf_block_key *keys, size_t n,
+                       struct pf_block **out);
+/* Looks up every key independently (membership); hits refresh recency. out[i] gets a
+ * strong reference or NULL. Returns the number of hits. */
+size_t pf_cache_lookup_each(struct pf_cache *c, const struct pf_block_key *keys, size_t n,
+                            struct pf_block **out);
+/* Membership only: no refresh, no reference. */
+bool pf_cache_contains(struct pf_cache *c, const struct pf_block_key *key);
+
+/* Inserts b with class cls, taking the cache's own strong reference. Returns 1 when
+ * inserted, 0 when the key was already resident (recency refreshed, class unchanged, b not
+ * taken), -EACCES when TinyLFU rejected it. */
+int pf_cache_insert(struct pf_cache *c, struct pf_block *b, enum pf_block_class cls);
+
+/* Removes up to max evictable blocks, oldest first, reclaimable class first. The removed
+ * blocks are stored in out with the cache's reference transferred to the caller. Returns
+ * how many; *skipped_p (may be NULL) counts referenced blocks passed over. */
+size_t pf_cache_evict(struct pf_cache *c, size_t max, struct pf_block **out, size_t *skipped_p);
+/* Removes every resident block regardless of references; *out_p is a malloc'ed array the
+ * caller frees after putting each block. Returns the count (0 and *out_p NULL if empty). */
+size_t pf_cache_remove_all(struct pf_cache *c, struct pf_block ***out_p);
+/* Moves resident keys to the reclaimable class (MetaServer redundancy hint). */
+size_t pf_cache_mark_reclaimable(struct pf_cache *c, const struct pf_block_key *keys, size_t n);
+
+void pf_cache_stats(struct pf_cache *c, struct pf_cache_stats *s);
+/* Calls fn for every resident block under the lock; fn must not call into the cache. */
+void pf_cache_for_each(struct pf_cache *c, void (*fn)(void *ctx, const struct pf_block *b),
+                       void *ctx);
+
+/* ---- TinyLFU sketch (exposed for unit tests) ---- */
+struct pf_tinylfu;
+int pf_tinylfu_create(uint64_t items, struct pf_tinylfu **t_p);
+void pf_tinylfu_destroy(struct pf_tinylfu *t);
+void pf_tinylfu_touch(struct pf_tinylfu *t, uint64_t hash);
+uint32_t pf_tinylfu_estimate(const struct pf_tinylfu *t, uint64_t hash);
+uint64_t pf_tinylfu_resets(const struct pf_tinylfu *t);
+
+#endif

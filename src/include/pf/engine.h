@@ -1,0 +1,184 @@
+/* The engine: instances (registered GPU KV caches), save, query/prefetch, load, leases,
+ * the RAM cache and the pinned pool, plus the hooks later tiers (SSD, MetaServer, peers)
+ * attach to.
+ *
+ * Every request function validates its input and returns 0 or -errno with a one-line
+ * message in `err` that names the problem. Error classes (mapped to gRPC codes by the
+ * service, pf_grpc_code_from_errno):
+ *   -EINVAL            bad argument                           -> INVALID_ARGUMENT
+ *   -ENOENT / -EPERM / -ESTALE  unknown instance or worker, version or topology
+ *                      mismatch, unknown lease                -> FAILED_PRECONDITION
+ *   others (-ENOMEM, -EIO, -ETIMEDOUT)  internal failures     -> INTERNAL / DEADLINE
+ * Functions are thread-safe and may be called concurrently from the RPC threads. */
+#ifndef PF_ENGINE_H
+#define PF_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pf/clock.h"
+#include "pf/hal_gpu.h"
+
+struct pf_engine;
+struct pf_pool;
+struct pf_cache;
+struct pf_block;
+
+struct pf_bytes {
+    const uint8_t *data;
+    size_t len;
+};
+
+struct pf_engine_config {
+    struct pf_gpu *gpu;
+    /* pool */
+    uint64_t pool_size;
+    uint64_t hint_value_size;
+    bool use_hugepages;
+    bool numa_affinity;
+    uint32_t pool_shards;
+    bool skip_memcheck; /* tests */
+    /* cache */
+    bool lfu_admission;
+    /* save */
+    bool blockwise_alloc;
+    bool integrity; /* checksum sealed blocks (verification happens in SSD/P2P tiers) */
+    bool pad_512;   /* host segment strides rounded to 512 bytes (SSD enabled) */
+    /* timing (0 = defaults) */
+    uint64_t lease_ttl_ns;        /* 600 s */
+    uint64_t inflight_ttl_ns;     /* 300 s */
+    uint64_t copy_timeout_ms;     /* save waits at most this for its D2H copy: 60 s */
+    const struct pf_clock *clock; /* NULL = monotonic */
+    const char *version;          /* required client_version (PF_VERSION) */
+};
+
+int pf_engine_create(const struct pf_engine_config *cfg, struct pf_engine **e_p, char *err,
+                     size_t errlen);
+/* Stops every background thread, unregisters every instance, frees. Accepts NULL. */
+void pf_engine_destroy(struct pf_engine *e);
+
+struct pf_engine_layer {
+    const char *name;
+    struct pf_ipc_desc ipc;
+    uint64_t num_blocks;
+    uint64_t bytes_per_block;
+    uint64_t kv_stride_bytes;
+    uint32_t segments;
+    uint32_t group_id;
+};
+
+struct pf_engine_register {
+    const char *instance_id;
+    const char *namespace_;
+    const char *client_version;
+    uint32_t tp_rank, tp_size, world_size, pp_rank;
+    int32_t device_id;
+    int transfer_mode;
+    bool page_first;
+    const struct pf_engine_layer *layers;
+    size_t nlayers;
+};
+
+int pf_engine_register(struct pf_engine *e, const struct pf_engine_register *r, char *err,
+                       size_t errlen);
+
+struct pf_engine_save_layer {
+    const char *name;
+    const uint32_t *block_ids;
+    size_t nids;
+    const struct pf_bytes *hashes;
+    size_t nhashes;
+};
+
+int pf_engine_save(struct pf_engine *e, const char *instance_id, uint32_t tp_rank, uint32_t pp_rank,
+                   int32_t device_id, const struct pf_engine_save_layer *layers, size_t nlayers,
+                   char *err, size_t errlen);
+
+struct pf_engine_query {
+    const char *instance_id;
+    const char *req_id;
+    const struct pf_bytes *hashes;
+    size_t n;
+    bool wait_for_full_prefix;
+    uint32_t group_id;
+};
+
+struct pf_engine_query_result {
+    bool loading;
+    uint32_t num_hit_blocks;
+    bool has_lease;
+    uint8_t lease[16];
+    uint32_t *hit_positions; /* malloc'ed (caller frees), may be NULL */
+    size_t nhit_positions;
+};
+
+int pf_engine_query(struct pf_engine *e, const struct pf_engine_query *q,
+                    struct pf_engine_query_result *res, char *err, size_t errlen);
+int pf_engine_release(struct pf_engine *e, const struct pf_bytes *lease, char *err, size_t errlen);
+
+struct pf_engine_load_group {
+    const char *const *layer_names;
+    size_t n;
+};
+
+struct pf_engine_load_targets {
+    const int64_t *block_ids; /* -1 = no destination */
+    size_t n;
+};
+
+struct pf_engine_load_lease {
+    struct pf_bytes lease;
+    const struct pf_engine_load_targets *by_group;
+    size_t ngroups;
+};
+
+struct pf_engine_load {
+    const char *instance_id;
+    uint32_t tp_rank;
+    int32_t device_id;
+    const char *load_state_shm;
+    const struct pf_engine_load_group *groups;
+    size_t ngroups;
+    const struct pf_engine_load_lease *loads;
+    size_t nloads;
+};
+
+/* Submits the H2D copies and returns; the load thread sets the shm state to 1 or -1.
+ * Any error before submission sets the state to -1 (when the record could be attached). */
+int pf_engine_load(struct pf_engine *e, const struct pf_engine_load *l, char *err, size_t errlen);
+
+int pf_engine_unregister(struct pf_engine *e, const char *instance_id, char *err, size_t errlen);
+
+/* Session streams: open returns a token; close(token) cleans the instance up only when the
+ * token is still the instance's current one (a newer session supersedes older ones). */
+int pf_engine_session_open(struct pf_engine *e, const char *instance_id, uint64_t *token_p);
+void pf_engine_session_close(struct pf_engine *e, const char *instance_id, uint64_t token);
+
+/* Admin (HTTP). */
+/* Malloc'ed array of malloc'ed ids; returns count. */
+size_t pf_engine_list_instances(struct pf_engine *e, char ***ids_p);
+/* Unregisters one instance (id != NULL) or all; fills the removed ids (malloc'ed array of
+ * malloc'ed strings) and the number of GPU mappings closed. -ENOENT when id is unknown. */
+int pf_engine_cleanup_instances(struct pf_engine *e, const char *id, char ***removed_p,
+                                size_t *nremoved_p, size_t *ntensors_p);
+
+struct pf_engine_cleanup_result {
+    uint64_t evicted_blocks;
+    uint64_t evicted_bytes;
+    uint64_t reclaimed_bytes;
+    uint64_t still_referenced_blocks;
+};
+void pf_engine_cleanup_memory(struct pf_engine *e, struct pf_engine_cleanup_result *r);
+
+/* Waits until every save handed to the insert thread so far is sealed (tests, P/D). */
+int pf_engine_flush(struct pf_engine *e, uint64_t timeout_ms);
+
+/* Accessors for tiers and tests. */
+struct pf_pool *pf_engine_pool(struct pf_engine *e);
+struct pf_cache *pf_engine_cache(struct pf_engine *e);
+/* The evicting allocator: pool allocation, evicting RAM blocks under pressure. */
+struct pf_alloc;
+int pf_engine_alloc(struct pf_engine *e, uint64_t size, int numa, struct pf_alloc **a_p);
+
+#endif

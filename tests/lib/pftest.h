@@ -1,0 +1,59 @@
+/* Helpers for integration tests written in C: start/stop server processes, a minimal HTTP
+ * client, seeded random data, deadlines and check macros that name what failed. */
+#ifndef PFTEST_H
+#define PFTEST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/types.h>
+
+#define PFT_CHECK(cond, ...)                                                                       \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                        \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+            pft_fail_cleanup();                                                                    \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+struct pft_proc {
+    pid_t pid;
+    char log[256];
+    int grpc_port;
+    int http_port;
+    char addr[64];      /* host:grpc_port */
+    char http_host[64]; /* host for HTTP */
+};
+
+/* Registers a process to be killed if the test fails. */
+void pft_fail_cleanup(void);
+
+/* Starts $PF_BIN/<bin> with args (NULL-terminated) plus --addr/--http-addr on port 0 of
+ * host (unless args already contain --addr), waits (deadline) for both "listening" lines.
+ * Returns 0 or -1 (the log is printed). */
+int pft_start(struct pft_proc *p, const char *bin, const char *host, const char *const *args);
+/* Sends sig, waits up to timeout_ms; returns the exit status (or 128+signal), -1 on timeout
+ * (then SIGKILLs). */
+int pft_stop(struct pft_proc *p, int sig, uint64_t timeout_ms);
+/* Waits for exit without signalling. */
+int pft_wait_exit(struct pft_proc *p, uint64_t timeout_ms);
+/* Whether the log contains s. */
+bool pft_log_contains(const struct pft_proc *p, const char *s);
+/* Waits until the log contains s. */
+bool pft_wait_log(const struct pft_proc *p, const char *s, uint64_t timeout_ms);
+
+/* HTTP/1.0 request; *body_p malloc'ed. Returns the status code or -1. */
+int pft_http(const char *host, int port, const char *method, const char *path, char **body_p);
+
+/* Deterministic bytes: fills buf from (seed, stream). */
+void pft_fill(void *buf, size_t len, uint64_t seed, uint64_t stream);
+uint64_t pft_seed(void); /* PF_TEST_SEED or time; printed */
+
+uint64_t pft_now_ms(void);
+
+#endif
