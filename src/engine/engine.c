@@ -56,8 +56,40 @@ static void init_metrics(struct pf_engine *e)
     pf_child_add(pf_metric_child1(e->m_tier, "miss"), 0);
 }
 
+int pf_engine_add_tier(struct pf_engine *e, const struct pf_tier *t)
+{
+    if (e->ntiers == PF_MAX_TIERS)
+        return -ENOSPC;
+    e->tiers[e->ntiers++] = *t;
+    pf_child_add(pf_metric_child1(e->m_tier, t->name), 0);
+    return 0;
+}
+
+int pf_engine_add_hooks(struct pf_engine *e, const struct pf_engine_hooks *h)
+{
+    if (e->nhooks == PF_MAX_HOOKS)
+        return -ENOSPC;
+    e->hooks[e->nhooks++] = *h;
+    return 0;
+}
+
+void pf_engine_run_sealed_hooks(struct pf_engine *e, struct pf_block *const *b, size_t n)
+{
+    for (size_t i = 0; i < e->nhooks && n; i++)
+        if (e->hooks[i].sealed)
+            e->hooks[i].sealed(e->hooks[i].ctx, b, n);
+}
+
+static void run_evicted_hooks(struct pf_engine *e, struct pf_block *const *b, size_t n)
+{
+    for (size_t i = 0; i < e->nhooks && n; i++)
+        if (e->hooks[i].evicted)
+            e->hooks[i].evicted(e->hooks[i].ctx, b, n);
+}
+
 void pf_engine_evicted(struct pf_engine *e, struct pf_block **blocks, size_t n, const char *reason)
 {
+    run_evicted_hooks(e, blocks, n);
     uint64_t now = pf_now_ns();
     static const char *const cls[2] = {"retained", "reclaimable"};
     struct pf_metric_child *res = pf_metric_child1(e->m_residence, reason);
@@ -120,6 +152,7 @@ void pf_engine_cleanup_memory(struct pf_engine *e, struct pf_engine_cleanup_resu
     struct pf_block **all = NULL;
     uint64_t before = pf_pool_used(e->pool);
     size_t n = pf_cache_remove_all(e->cache, &all);
+    run_evicted_hooks(e, all, n);
     uint64_t now = pf_now_ns();
     struct pf_metric_child *res = pf_metric_child1(e->m_residence, "cleanup");
     for (size_t i = 0; i < n; i++) {
@@ -140,9 +173,11 @@ void pf_engine_cleanup_memory(struct pf_engine *e, struct pf_engine_cleanup_resu
             (unsigned long long)r->reclaimed_bytes, (unsigned long long)r->still_referenced_blocks);
 }
 
+/* Background GC: leases every 30 s; prefetch tasks older than 5 min every 60 s. */
 static void *gc_main(void *arg)
 {
     struct pf_engine *e = arg;
+    unsigned tick = 0;
     pthread_mutex_lock(&e->gc_mu);
     while (!e->stopping) {
         struct timespec dl = pf_deadline_ms(30000);
@@ -151,6 +186,8 @@ static void *gc_main(void *arg)
             break;
         pthread_mutex_unlock(&e->gc_mu);
         pf_lease_sweep(e->leases);
+        if (++tick % 2 == 0)
+            pf_prefetch_gc(e, 300 * PF_NS_PER_SEC);
         pthread_mutex_lock(&e->gc_mu);
     }
     pthread_mutex_unlock(&e->gc_mu);
@@ -233,13 +270,20 @@ int pf_engine_create(const struct pf_engine_config *cfg, struct pf_engine **e_p,
         snprintf(err, errlen, "cannot start the insert thread: %s", strerror(-rc));
         goto err_leases;
     }
+    rc = pf_prefetch_start(e);
+    if (rc) {
+        snprintf(err, errlen, "cannot start the prefetch threads: %s", strerror(-rc));
+        goto err_insert;
+    }
     rc = pf_thread_start(&e->gc_thr, "pegaflow-gc", -1, gc_main, e);
     if (rc) {
         snprintf(err, errlen, "cannot start the GC thread: %s", strerror(-rc));
-        goto err_insert;
+        goto err_prefetch;
     }
     *e_p = e;
     return 0;
+err_prefetch:
+    pf_prefetch_stop(e);
 err_insert:
     pf_insert_stop(e);
 err_leases:
@@ -270,6 +314,7 @@ void pf_engine_destroy(struct pf_engine *e)
         free(ids[i]);
     }
     free(ids);
+    pf_prefetch_stop(e);
     pf_insert_stop(e);
     pf_lease_table_destroy(e->leases);
     pf_cache_destroy(e->cache);

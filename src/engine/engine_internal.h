@@ -141,6 +141,30 @@ struct pf_insert_batch {
     struct pf_insert_item items[];
 };
 
+/* ---- prefetch tasks (prefetch.c) ---- */
+
+#define PF_MAX_TIERS        4
+#define PF_MAX_HOOKS        4
+#define PF_PREFETCH_THREADS 4
+
+struct pf_prefetch_task {
+    struct pf_hnode hnode;
+    _Atomic int refs;
+    char *req_id;
+    uint64_t created_ns;
+    struct pf_block_key *keys; /* the suffix after the RAM prefix */
+    size_t n;
+    struct pf_block **prefix; /* RAM prefix at task start (strong references) */
+    size_t nprefix;
+    bool wait_full;
+    bool attached; /* still in the registry */
+    /* result, under the registry lock */
+    bool done;
+    struct pf_block **fetched;
+    size_t nfetched;
+    int tier;
+};
+
 /* ---- the engine ---- */
 
 struct pf_inflight;
@@ -180,6 +204,18 @@ struct pf_engine {
 
     pthread_mutex_t evict_mu; /* one evictor at a time */
 
+    /* tiers, hooks, prefetch */
+    struct pf_tier tiers[PF_MAX_TIERS];
+    size_t ntiers;
+    struct pf_engine_hooks hooks[PF_MAX_HOOKS];
+    size_t nhooks;
+    pthread_mutex_t pf_mu;
+    struct pf_htable pf_tasks;
+    struct pf_queue pf_q;
+    pthread_t pf_thr[PF_PREFETCH_THREADS];
+    size_t pf_nthr;
+    struct pf_metric *m_stale_gc;
+
     /* metrics */
     struct pf_metric *m_alloc_fail, *m_inflight_bytes, *m_inflight_gc, *m_hits, *m_misses, *m_tier,
         *m_evictions, *m_evict_class, *m_evict_still_ref, *m_reclaimed, *m_residence, *m_save_bytes,
@@ -200,7 +236,24 @@ int pf_insert_start(struct pf_engine *e);
 void pf_insert_stop(struct pf_engine *e);
 int pf_insert_post(struct pf_engine *e, struct pf_insert_batch *b);
 
+/* prefetch.c */
+int pf_prefetch_start(struct pf_engine *e);
+void pf_prefetch_stop(struct pf_engine *e);
+/* Looks the req_id up: 0 no task, 1 running (answer Loading), 2 done (*task_p detached and
+ * returned with a reference). */
+int pf_prefetch_take(struct pf_engine *e, const char *req_id, struct pf_prefetch_task **task_p);
+/* Starts a task owning prefix[0..nprefix) references; returns 0 or -errno (then the
+ * references are still the caller's). */
+int pf_prefetch_begin(struct pf_engine *e, const char *req_id, const struct pf_block_key *keys,
+                      size_t n, struct pf_block **prefix, size_t nprefix, bool wait_full);
+void pf_prefetch_task_put(struct pf_prefetch_task *t);
+size_t pf_prefetch_gc(struct pf_engine *e, uint64_t max_age_ns);
+/* Which tier would serve keys (index, count) or -1. */
+int pf_prefetch_probe(struct pf_engine *e, const char *req_id, const struct pf_block_key *keys,
+                      size_t n, bool wait_full, size_t *count_p);
+
 /* engine.c */
+void pf_engine_run_sealed_hooks(struct pf_engine *e, struct pf_block *const *b, size_t n);
 void pf_engine_evicted(struct pf_engine *e, struct pf_block **blocks, size_t n, const char *reason);
 
 #endif

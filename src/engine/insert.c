@@ -52,13 +52,18 @@ static void inflight_drop(struct pf_engine *e, struct pf_inflight *f)
     free(f);
 }
 
-/* Publishes a completed block; consumes the caller's reference. */
-static void seal(struct pf_engine *e, struct pf_block *b)
+/* Publishes a completed block; consumes the caller's reference. Newly resident blocks are
+ * collected (with a reference) for the sealed hooks. */
+static void seal(struct pf_engine *e, struct pf_block *b, struct pf_block **pub, size_t *npub)
 {
     if (e->cfg.integrity)
         pf_block_checksum(b);
     pf_block_finish(b);
     int rc = pf_cache_insert(e->cache, b, PF_CLASS_RETAINED);
+    if (rc == 1 && pub) {
+        pub[(*npub)++] = b; /* keep our reference for the hooks */
+        return;
+    }
     if (rc < 0)
         pf_debug("sealed block rejected by admission");
     pf_block_put(b);
@@ -67,6 +72,8 @@ static void seal(struct pf_engine *e, struct pf_block *b)
 static void handle_items(struct pf_engine *e, struct pf_insert_batch *bt)
 {
     uint64_t now = pf_now_ns();
+    struct pf_block **pub = e->nhooks ? malloc(bt->n * sizeof(*pub)) : NULL;
+    size_t npub = 0;
     for (size_t i = 0; i < bt->n; i++) {
         struct pf_insert_item *it = &bt->items[i];
         if (pf_cache_contains(e->cache, &it->key)) {
@@ -110,10 +117,16 @@ static void handle_items(struct pf_engine *e, struct pf_insert_batch *bt)
             e->inflight_bytes -= f->bytes;
             pf_htable_remove(&e->inflight, &f->hnode);
             free(f);
-            seal(e, b);
+            seal(e, b, pub, &npub);
         }
     }
     pf_metric_set(e->m_inflight_bytes, (double)e->inflight_bytes);
+    if (npub) {
+        pf_engine_run_sealed_hooks(e, pub, npub);
+        for (size_t i = 0; i < npub; i++)
+            pf_block_put(pub[i]);
+    }
+    free(pub);
 }
 
 static void gc(struct pf_engine *e)

@@ -12,6 +12,38 @@
 #include "engine/engine_internal.h"
 #include "pf/log.h"
 
+/* Promotes a finished task's blocks into RAM and answers Ready with a lease over the RAM
+ * prefix at task start plus the fetched run. */
+static int finish_task(struct pf_engine *e, struct pf_instance *in, struct pf_prefetch_task *t,
+                       struct pf_engine_query_result *res, char *err, size_t errlen)
+{
+    size_t total = t->nprefix + t->nfetched;
+    if (t->nfetched && t->tier >= 0) {
+        const struct pf_tier *tier = &e->tiers[t->tier];
+        for (size_t i = 0; i < t->nfetched; i++)
+            pf_cache_insert(e->cache, t->fetched[i], (enum pf_block_class)tier->cls);
+        if (tier->promoted)
+            tier->promoted(tier->ctx, t->fetched, t->nfetched);
+    }
+    res->num_hit_blocks = (uint32_t)total;
+    if (total == 0)
+        return 0;
+    struct pf_block **all = malloc(total * sizeof(*all));
+    if (!all)
+        return -ENOMEM;
+    memcpy(all, t->prefix, t->nprefix * sizeof(*all));
+    memcpy(all + t->nprefix, t->fetched, t->nfetched * sizeof(*all));
+    t->nprefix = t->nfetched = 0; /* the lease takes the references */
+    int rc = pf_lease_create(e->leases, in->id, all, total, in->world_size, res->lease);
+    free(all);
+    if (rc) {
+        snprintf(err, errlen, "cannot create a lease: %s", strerror(-rc));
+        return rc;
+    }
+    res->has_lease = true;
+    return 0;
+}
+
 int pf_engine_query(struct pf_engine *e, const struct pf_engine_query *q,
                     struct pf_engine_query_result *res, char *err, size_t errlen)
 {
@@ -54,10 +86,35 @@ int pf_engine_query(struct pf_engine *e, const struct pf_engine_query *q,
             goto out;
         }
     }
+    /* a finished background fetch for this req_id answers first (with its original
+     * hashes, as the reference does); a running one answers Loading */
+    struct pf_prefetch_task *t = NULL;
+    int st = e->ntiers ? pf_prefetch_take(e, q->req_id, &t) : 0;
+    if (st == 1) {
+        res->loading = true;
+        goto out;
+    }
+    if (st == 2) {
+        rc = finish_task(e, in, t, res, err, errlen);
+        pf_prefetch_task_put(t);
+        goto out;
+    }
     size_t hits = pf_cache_prefix(e->cache, keys, q->n, blocks);
     pf_metric_add(e->m_hits, (double)hits);
     pf_metric_add(e->m_misses, (double)(q->n - hits));
     pf_child_add(pf_metric_child1(e->m_tier, "ram"), (double)hits);
+    if (hits < q->n && e->ntiers) {
+        size_t cnt = 0;
+        int tier = pf_prefetch_probe(e, q->req_id, keys + hits, q->n - hits,
+                                     q->wait_for_full_prefix, &cnt);
+        if (tier >= 0 && pf_prefetch_begin(e, q->req_id, keys + hits, q->n - hits, blocks, hits,
+                                           q->wait_for_full_prefix) == 0) {
+            pf_child_add(pf_metric_child1(e->m_tier, e->tiers[tier].name), (double)cnt);
+            pf_child_add(pf_metric_child1(e->m_tier, "miss"), (double)(q->n - hits - cnt));
+            res->loading = true;
+            goto out; /* the task owns the prefix references now */
+        }
+    }
     pf_child_add(pf_metric_child1(e->m_tier, "miss"), (double)(q->n - hits));
     res->num_hit_blocks = (uint32_t)hits;
     if (hits > 0) {

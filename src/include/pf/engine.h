@@ -174,6 +174,46 @@ void pf_engine_cleanup_memory(struct pf_engine *e, struct pf_engine_cleanup_resu
 /* Waits until every save handed to the insert thread so far is sealed (tests, P/D). */
 int pf_engine_flush(struct pf_engine *e, uint64_t timeout_ms);
 
+/* ---- backing tiers and hooks ----
+ *
+ * A tier is a place the query path can fetch a missing suffix from (SSD, a peer node).
+ * When a group-0 query misses in RAM and a tier's probe says it may have the next blocks,
+ * the engine starts a background task for that req_id and answers Loading; the task calls
+ * the tiers' fetch in registration order (peers before SSD, as the reference does) until
+ * one returns blocks. The next query for the req_id inserts the fetched blocks into the
+ * RAM cache with the tier's class and answers Ready with a lease over RAM prefix + fetched
+ * run. Tasks older than 5 minutes are dropped (pegaflow_prefetch_stale_gc_total). */
+struct pf_block_key;
+struct pf_tier {
+    const char *name; /* "ssd", "rdma": also the tier label of pegaflow_cache_tier_block_requests */
+    int cls;          /* enum pf_block_class the fetched blocks get when promoted */
+    /* Called on the query thread, must not block: how many consecutive keys from keys[0]
+     * the tier can probably provide (0 = skip this tier). req_id lets a tier blacklist
+     * requests (e.g. after a failed peer). */
+    size_t (*probe)(void *ctx, const char *req_id, const struct pf_block_key *keys, size_t n,
+                    bool wait_for_full_prefix);
+    /* Runs on a prefetch thread. Fetches up to n consecutive blocks from keys[0] into out[]
+     * (strong references, sealed, checksums verified) and returns how many. Must bound every
+     * wait. all_or_nothing: return n or 0. */
+    size_t (*fetch)(void *ctx, const char *req_id, const struct pf_block_key *keys, size_t n,
+                    bool all_or_nothing, struct pf_block **out);
+    /* Optional: blocks of this tier were promoted into RAM (e.g. to re-advertise them). */
+    void (*promoted)(void *ctx, struct pf_block *const *blocks, size_t n);
+    void *ctx;
+};
+/* Registers a tier (before serving traffic). 0 or -ENOSPC. */
+int pf_engine_add_tier(struct pf_engine *e, const struct pf_tier *t);
+
+/* Hooks; called without engine locks held; must not block. */
+struct pf_engine_hooks {
+    /* on the insert thread: newly sealed blocks that became resident */
+    void (*sealed)(void *ctx, struct pf_block *const *blocks, size_t n);
+    /* blocks removed from RAM residency (pressure eviction or memory cleanup) */
+    void (*evicted)(void *ctx, struct pf_block *const *blocks, size_t n);
+    void *ctx;
+};
+int pf_engine_add_hooks(struct pf_engine *e, const struct pf_engine_hooks *h);
+
 /* Accessors for tiers and tests. */
 struct pf_pool *pf_engine_pool(struct pf_engine *e);
 struct pf_cache *pf_engine_cache(struct pf_engine *e);
