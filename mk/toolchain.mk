@@ -2,6 +2,7 @@
 #   SAN=address,undefined | SAN=thread  -> build/san-<list>/
 #   COVERAGE=1                           -> build/cov/
 #   default                              -> build/rel/
+comma := ,
 CC ?= cc
 ifeq ($(origin CC),default)
 CC := cc
@@ -26,8 +27,6 @@ VARIANT := rel
 OPT := -O2 -g
 SANFLAGS :=
 endif
-comma := ,
-
 O := build/$(VARIANT)
 GEN := build/gen
 

@@ -254,6 +254,7 @@ static int s_host_register(struct pf_gpu *g, void *addr, size_t len, struct pf_g
     r->next = s->regs;
     s->regs = r;
     pthread_rwlock_unlock(&s->lock);
+    *r_p = &r->base;
     return 0;
 }
 

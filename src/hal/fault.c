@@ -287,13 +287,14 @@ bool pf_fault_check(struct pf_fault_plan *p, const char *op, struct pf_fault_hit
         return false;
     bool fired = false;
     pthread_mutex_lock(&p->mu);
-    for (size_t i = 0; i < p->n && !fired; i++) {
+    /* every matching rule counts the call; the first one that fires decides */
+    for (size_t i = 0; i < p->n; i++) {
         struct rule *r = &p->rules[i];
         bool match = r->wildcard ? strncmp(op, r->op, strlen(r->op)) == 0 : strcmp(op, r->op) == 0;
         if (!match)
             continue;
         r->calls++;
-        if (r->calls < r->nth)
+        if (fired || r->calls < r->nth)
             continue;
         if (r->times && r->fired >= r->times)
             continue;
