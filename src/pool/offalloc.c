@@ -3,7 +3,8 @@
  * Free ranges are binned by a tiny floating-point encoding of their size (3 mantissa bits,
  * 5 exponent bits: 248 bins, at most 12.5 % apart). A free range is filed under the bin of
  * its size rounded down; a request searches from the bin of its size rounded up, so any
- * range found fits. Two bitmaps (32 top bins x 8 leaf bins) find the first non-empty bin
+ * range found fits; when none does, the request's own bin is scanned for a range that is
+ * still large enough (exact fit). Two bitmaps (32 top bins x 8 leaf bins) find the first non-empty bin
  * with a couple of bit scans. Ranges keep physical neighbour links so a freed range
  * coalesces with free neighbours immediately. Nodes live in a preallocated table whose
  * size bounds the number of live allocations. */
@@ -167,15 +168,27 @@ int pf_offalloc_alloc(struct pf_offalloc *a, uint32_t units, uint32_t *node_p, u
     int l = -1;
     if (top < 32 && (a->top_mask & (1u << top)))
         l = lowest_bit_from(a->leaf_mask[top], leaf);
+    uint32_t id = NONE;
     if (l < 0) {
         int t = lowest_bit_from(a->top_mask, top + 1);
-        if (t < 0)
-            return -ENOMEM;
-        top = (uint32_t)t;
-        l = __builtin_ctz(a->leaf_mask[top]);
+        if (t >= 0) {
+            top = (uint32_t)t;
+            l = __builtin_ctz(a->leaf_mask[top]);
+        }
     }
-    uint32_t bin = (top << MANT_BITS) | (uint32_t)l;
-    uint32_t id = a->bins[bin];
+    if (l >= 0) {
+        id = a->bins[(top << MANT_BITS) | (uint32_t)l];
+    } else {
+        /* exact-fit fallback: a range in the request's own (rounded-down) bin may still be
+         * large enough; scanning that one list keeps a nearly full pool usable */
+        for (uint32_t c = a->bins[bin_round_down(units)]; c != NONE; c = a->nodes[c].bin_next)
+            if (a->nodes[c].size >= units) {
+                id = c;
+                break;
+            }
+        if (id == NONE)
+            return -ENOMEM;
+    }
     bin_remove(a, id);
     struct node *n = &a->nodes[id];
     uint32_t rest = n->size - units;

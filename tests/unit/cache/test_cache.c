@@ -1,0 +1,288 @@
+/* RAM cache (prefix, membership, classes, eviction order and skipping referenced blocks,
+ * cleanup, reclaimable hints), TinyLFU sketch and admission, leases with a fake clock, and
+ * block strong/weak reference semantics. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "pf/block.h"
+#include "pf/cache.h"
+#include "pf/lease.h"
+#include "pf/pool.h"
+
+static struct pf_block_key key(uint32_t ns, uint32_t i)
+{
+    struct pf_block_key k;
+    uint8_t h[32];
+    memset(h, 0, sizeof(h));
+    memcpy(h, &i, sizeof(i));
+    pf_key_make(ns, h, sizeof(h), &k);
+    return k;
+}
+
+static struct pf_block *blk(uint32_t ns, uint32_t i)
+{
+    struct pf_block_key k = key(ns, i);
+    struct pf_block *b = pf_block_new(&k, 1);
+    b->slots[0].seg_len = b->slots[0].seg_stride = 100;
+    b->slots[0].nseg = 1;
+    pf_block_finish(b);
+    return b;
+}
+
+static void test_prefix_and_classes(void **st)
+{
+    struct pf_cache *c;
+    assert_int_equal(pf_cache_create(NULL, &c), 0);
+    for (uint32_t i = 0; i < 10; i++) {
+        struct pf_block *b = blk(1, i);
+        assert_int_equal(pf_cache_insert(c, b, i < 5 ? PF_CLASS_RETAINED : PF_CLASS_RECLAIMABLE),
+                         1);
+        assert_int_equal(pf_cache_insert(c, b, PF_CLASS_RETAINED), 0); /* already resident */
+        pf_block_put(b);
+    }
+    struct pf_cache_stats s;
+    pf_cache_stats(c, &s);
+    assert_int_equal(s.blocks[PF_CLASS_RETAINED], 5);
+    assert_int_equal(s.blocks[PF_CLASS_RECLAIMABLE], 5);
+    assert_int_equal(s.bytes[0], 500);
+    struct pf_block_key keys[12];
+    for (uint32_t i = 0; i < 12; i++)
+        keys[i] = key(1, i);
+    struct pf_block *out[12];
+    assert_int_equal(pf_cache_prefix(c, keys, 12, out), 10);
+    for (int i = 0; i < 10; i++) {
+        assert_true(pf_key_eq(&out[i]->key, &keys[i]));
+        assert_int_equal(pf_block_strong(out[i]), 2);
+        pf_block_put(out[i]);
+    }
+    struct pf_block_key gap[3] = {keys[0], key(1, 99), keys[2]};
+    assert_int_equal(pf_cache_prefix(c, gap, 3, NULL), 1);
+    assert_int_equal(pf_cache_lookup_each(c, gap, 3, out), 2);
+    assert_null(out[1]);
+    pf_block_put(out[0]);
+    pf_block_put(out[2]);
+    /* namespaces isolate keys */
+    struct pf_block_key other = key(2, 0);
+    assert_false(pf_cache_contains(c, &other));
+    assert_true(pf_cache_contains(c, &keys[3]));
+    pf_cache_destroy(c);
+}
+
+static void test_eviction_order(void **st)
+{
+    struct pf_cache *c;
+    assert_int_equal(pf_cache_create(NULL, &c), 0);
+    for (uint32_t i = 0; i < 6; i++) {
+        struct pf_block *b = blk(1, i);
+        pf_cache_insert(c, b, i % 2 ? PF_CLASS_RECLAIMABLE : PF_CLASS_RETAINED);
+        pf_block_put(b);
+    }
+    /* touch 0: it becomes the most recent retained block */
+    struct pf_block_key k0 = key(1, 0);
+    assert_int_equal(pf_cache_prefix(c, &k0, 1, NULL), 1);
+    /* pin 1 (reclaimable) with an extra reference: eviction must skip it */
+    struct pf_block_key k1 = key(1, 1);
+    struct pf_block *pin;
+    assert_int_equal(pf_cache_prefix(c, &k1, 1, &pin), 1);
+    struct pf_block *ev[10];
+    size_t skipped;
+    size_t n = pf_cache_evict(c, 3, ev, &skipped);
+    assert_int_equal(n, 3);
+    assert_int_equal(skipped, 1);
+    /* reclaimable first (3, 5; 1 is pinned), then the oldest retained (2) */
+    uint32_t got[3];
+    for (size_t i = 0; i < n; i++) {
+        memcpy(&got[i], ev[i]->key.hash, 4);
+        pf_block_put(ev[i]);
+    }
+    assert_int_equal(got[0], 3);
+    assert_int_equal(got[1], 5);
+    assert_int_equal(got[2], 2);
+    assert_true(pf_cache_contains(c, &k1)); /* referenced block stays hittable */
+    n = pf_cache_evict(c, 10, ev, &skipped);
+    assert_int_equal(n, 2); /* 4 and 0; 1 still pinned */
+    for (size_t i = 0; i < n; i++)
+        pf_block_put(ev[i]);
+    pf_block_put(pin);
+    n = pf_cache_evict(c, 10, ev, &skipped);
+    assert_int_equal(n, 1);
+    pf_block_put(ev[0]);
+    pf_cache_destroy(c);
+}
+
+static void test_cleanup_and_hints(void **st)
+{
+    struct pf_cache *c;
+    assert_int_equal(pf_cache_create(NULL, &c), 0);
+    struct pf_block_key keys[4];
+    for (uint32_t i = 0; i < 4; i++) {
+        struct pf_block *b = blk(1, i);
+        keys[i] = b->key;
+        pf_cache_insert(c, b, PF_CLASS_RETAINED);
+        pf_block_put(b);
+    }
+    assert_int_equal(pf_cache_mark_reclaimable(c, keys, 2), 2);
+    assert_int_equal(pf_cache_mark_reclaimable(c, keys, 2), 0);
+    struct pf_cache_stats s;
+    pf_cache_stats(c, &s);
+    assert_int_equal(s.blocks[PF_CLASS_RECLAIMABLE], 2);
+    struct pf_block *held;
+    assert_int_equal(pf_cache_prefix(c, keys + 3, 1, &held), 1);
+    struct pf_block **all;
+    size_t n = pf_cache_remove_all(c, &all);
+    assert_int_equal(n, 4); /* referenced or not */
+    for (size_t i = 0; i < n; i++)
+        pf_block_put(all[i]);
+    free(all);
+    assert_false(pf_cache_contains(c, &keys[3]));
+    assert_int_equal(pf_block_strong(held), 1); /* still alive for its holder */
+    pf_block_put(held);
+    pf_cache_destroy(c);
+}
+
+static void test_tinylfu(void **st)
+{
+    struct pf_tinylfu *t;
+    assert_int_equal(pf_tinylfu_create(100, &t), 0);
+    for (int i = 0; i < 50; i++)
+        pf_tinylfu_touch(t, 42);
+    uint32_t before = pf_tinylfu_estimate(t, 42);
+    assert_true(before >= 50);
+    assert_true(pf_tinylfu_estimate(t, 43) <= 1);
+    /* 8 * n touches halve everything */
+    for (int i = 0; i < 750; i++)
+        pf_tinylfu_touch(t, 1000 + (uint64_t)i * 7919);
+    assert_int_equal(pf_tinylfu_resets(t), 1);
+    uint32_t after = pf_tinylfu_estimate(t, 42);
+    assert_true(after <= before / 2 + 8 && after >= before / 2 - 1);
+    pf_tinylfu_destroy(t);
+
+    /* admission: a one-hit wonder is refused in favour of a popular victim */
+    struct pf_cache *c;
+    struct pf_cache_config cfg = {.lfu_items = 64};
+    assert_int_equal(pf_cache_create(&cfg, &c), 0);
+    struct pf_block *hot = blk(1, 1);
+    assert_int_equal(pf_cache_insert(c, hot, PF_CLASS_RETAINED), 1);
+    struct pf_block_key hk = hot->key;
+    for (int i = 0; i < 10; i++)
+        pf_cache_prefix(c, &hk, 1, NULL);
+    struct pf_block *cold = blk(1, 2);
+    assert_int_equal(pf_cache_insert(c, cold, PF_CLASS_RETAINED), -EACCES);
+    struct pf_block_key ck = cold->key;
+    assert_false(pf_cache_contains(c, &ck));
+    pf_block_put(hot);
+    pf_block_put(cold);
+    pf_cache_destroy(c);
+}
+
+static void test_block_refs(void **st)
+{
+    struct pf_pool *p;
+    char err[128];
+    struct pf_pool_config pc = {.size = 1 << 20};
+    assert_int_equal(pf_pool_create(&pc, &p, err, sizeof(err)), 0);
+    struct pf_alloc *a;
+    assert_int_equal(pf_pool_alloc(p, 4096, -1, &a), 0);
+    struct pf_block_key k = key(1, 1);
+    struct pf_block *b = pf_block_new(&k, 1);
+    b->slots[0] = (struct pf_slot){.k = a->ptr, .ka = a, .seg_len = 4096, .seg_stride = 4096,
+                                   .nseg = 1};
+    memset(a->ptr, 7, 4096);
+    pf_block_checksum(b);
+    assert_true(pf_slot_verify(&b->slots[0], b->slots[0].checksum));
+    ((char *)a->ptr)[100] ^= 1;
+    assert_false(pf_slot_verify(&b->slots[0], b->slots[0].checksum));
+    pf_block_weak_get(b);
+    assert_true(pf_block_upgrade(b));
+    pf_block_put(b);
+    pf_block_put(b); /* last strong: memory back to the pool, struct kept for the weak ref */
+    assert_int_equal(pf_pool_used(p), 0);
+    assert_false(pf_block_upgrade(b));
+    pf_block_weak_put(b);
+    pf_pool_destroy(p);
+    uint8_t big[41];
+    struct pf_block_key kk;
+    assert_int_equal(pf_key_make(1, big, 41, &kk), -EINVAL);
+    assert_int_equal(pf_key_make(1, big, 0, &kk), -EINVAL);
+    uint32_t id1, id2, id3;
+    assert_int_equal(pf_ns_intern("alpha", &id1), 0);
+    assert_int_equal(pf_ns_intern("beta", &id2), 0);
+    assert_int_equal(pf_ns_intern("alpha", &id3), 0);
+    assert_int_equal(id1, id3);
+    assert_int_not_equal(id1, id2);
+    assert_string_equal(pf_ns_name(id2), "beta");
+    assert_int_equal(pf_ns_lookup("gamma", &id3), -ENOENT);
+}
+
+static void test_leases(void **st)
+{
+    struct pf_fake_clock clk;
+    pf_fake_clock_init(&clk, 1000);
+    struct pf_lease_table *t;
+    assert_int_equal(pf_lease_table_create(&clk.base, 600 * PF_NS_PER_SEC, &t), 0);
+    struct pf_block *b[2] = {blk(1, 1), blk(1, 2)};
+    pf_block_get(b[0]);
+    pf_block_get(b[1]);
+    uint8_t id[16];
+    assert_int_equal(pf_lease_create(t, "inst", b, 2, 2, id), 0);
+    assert_int_equal(pf_block_strong(b[0]), 2);
+    struct pf_block **got;
+    size_t n;
+    char msg[128];
+    /* wrong instance: refused, share not consumed */
+    assert_int_equal(pf_lease_consume(t, id, 16, "other", &got, &n, msg, sizeof(msg)), -EPERM);
+    assert_non_null(strstr(msg, "belongs to instance inst"));
+    assert_int_equal(pf_lease_consume(t, id, 15, "inst", &got, &n, msg, sizeof(msg)), -EINVAL);
+    for (int share = 0; share < 2; share++) {
+        assert_int_equal(pf_lease_consume(t, id, 16, "inst", &got, &n, msg, sizeof(msg)), 0);
+        assert_int_equal(n, 2);
+        for (size_t i = 0; i < n; i++)
+            pf_block_put(got[i]);
+        free(got);
+    }
+    assert_int_equal(pf_lease_consume(t, id, 16, "inst", &got, &n, msg, sizeof(msg)), -ESTALE);
+    assert_non_null(strstr(msg, "unknown or expired"));
+    assert_int_equal(pf_block_strong(b[0]), 1); /* the lease's references are gone */
+    /* expiry */
+    pf_block_get(b[0]);
+    assert_int_equal(pf_lease_create(t, "inst", b, 1, 1, id), 0);
+    pf_fake_clock_advance(&clk, 599 * PF_NS_PER_SEC);
+    assert_int_equal(pf_lease_sweep(t), 0);
+    pf_fake_clock_advance(&clk, 1 * PF_NS_PER_SEC);
+    assert_int_equal(pf_lease_consume(t, id, 16, "inst", &got, &n, msg, sizeof(msg)), -ESTALE);
+    assert_int_equal(pf_lease_count(t), 0);
+    assert_int_equal(pf_block_strong(b[0]), 1);
+    /* release and instance drop */
+    pf_block_get(b[0]);
+    assert_int_equal(pf_lease_create(t, "inst", b, 1, 4, id), 0);
+    assert_int_equal(pf_lease_release(t, id, 16), 0);
+    assert_int_equal(pf_lease_release(t, id, 16), -ESTALE);
+    assert_int_equal(pf_lease_release(t, id, 3), -EINVAL);
+    pf_block_get(b[0]);
+    pf_block_get(b[1]);
+    assert_int_equal(pf_lease_create(t, "x", b, 1, 1, id), 0);
+    assert_int_equal(pf_lease_create(t, "y", b + 1, 1, 1, id), 0);
+    assert_int_equal(pf_lease_drop_instance(t, "x"), 1);
+    assert_int_equal(pf_lease_count(t), 1);
+    pf_lease_table_destroy(t);
+    assert_int_equal(pf_block_strong(b[0]), 1);
+    assert_int_equal(pf_block_strong(b[1]), 1);
+    pf_block_put(b[0]);
+    pf_block_put(b[1]);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_prefix_and_classes), cmocka_unit_test(test_eviction_order),
+        cmocka_unit_test(test_cleanup_and_hints),  cmocka_unit_test(test_tinylfu),
+        cmocka_unit_test(test_block_refs),         cmocka_unit_test(test_leases),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
