@@ -3,6 +3,8 @@ ifeq ($(HAVE_CUDA)$(wildcard hw/cuda/cuda.c),1hw/cuda/cuda.c)
 CORE_SRCS += $(filter-out hw/cuda/cuda_absent.c,$(wildcard hw/cuda/*.c))
 CU_SRCS += $(wildcard hw/cuda/*.cu)
 CUDA_CPPFLAGS_hw_cuda_ := $(CUDA_CPPFLAGS)
+# tests/unit/cuda: the backend's pure helpers (cuda_internal.h); without CUDA they skip.
+CUDA_CPPFLAGS_tests_unit_cuda_ := $(CUDA_CPPFLAGS) -Ihw/cuda -DPF_TEST_HAVE_CUDA=1
 else
 CORE_SRCS += hw/cuda/cuda_absent.c
 endif
