@@ -68,6 +68,7 @@ struct ctx {
     struct pf_gpu_host_reg *reg;
     struct pf_gpu_stream *s;
     uint8_t *host;
+    int cuda_dev; /* CUDA ordinal (this process) of the mappings' device */
     int failures;
 };
 
@@ -313,6 +314,7 @@ static void check_mode(struct ctx *c, enum pf_copy_mode mode)
 static void bandwidth(struct ctx *c)
 {
     double base_d2h, base_h2d;
+    GC_CUDA(cudaSetDevice(c->cuda_dev));
     gc_memcpy_baseline(c->total, c->o->reps, &base_d2h, &base_h2d);
     printf("\n%-28s %10s %10s %8s %8s\n", "HAL copies (GB/s)", "D2H", "H2D", "D2H/cpy", "H2D/cpy");
     printf("%-28s %10.2f %10.2f %8s %8s\n", "cudaMemcpy pinned", base_d2h, base_h2d, "1.00",
@@ -443,6 +445,7 @@ static int parent_main(int fd, const struct opts *o, uint8_t *shm)
     CHECK(&c, c.ma2->base == c.ma1->base + o->size_a / 2, "views of one allocation disagree");
     struct pf_gpu_dev_info info;
     pf_gpu_device_info(c.g, c.ma1->device, &info);
+    c.cuda_dev = info.index;
     printf("server side: HAL device %d = CUDA %d (%s), NUMA node %d, PCI %s\n", c.ma1->device,
            info.index, info.name, info.numa_node, info.pci_bus_id);
     c.host = mmap(NULL, c.total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
