@@ -28,8 +28,8 @@
  * returning -ETIMEDOUT with the work still in flight.
  *
  * Errors: every CUDA call goes through CUDA_CALL, which translates the code to -errno
- * (pf_cuda_errno) and logs the CUDA error string at the call site (the first failure of a
- * site, then at most once per second). */
+ * (pf_cuda_errno) and logs the CUDA error string once per call site: the first failure of
+ * a site at warn level, later ones at debug (callers report their own failures upward). */
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -123,18 +123,19 @@ struct cuda_stream {
 
 static const struct pf_gpu_ops cuda_ops;
 
-static int cuda_fail(cudaError_t e, const char *what, _Atomic uint64_t *site)
+static int cuda_fail(cudaError_t e, const char *what, _Atomic bool *site_logged)
 {
-    if (pf_log_enabled(PF_LOG_WARN) && pf_log_ratelimit_ok(site, 1000))
-        pf_log_write(PF_LOG_WARN, PF_LOG_MOD, "%s: %s (CUDA error %d)", what, cudaGetErrorString(e),
-                     (int)e);
+    enum pf_log_level lvl = atomic_exchange(site_logged, true) ? PF_LOG_DEBUG : PF_LOG_WARN;
+    if (pf_log_enabled(lvl))
+        pf_log_write(lvl, PF_LOG_MOD, "%.*s: %s (CUDA error %d)", (int)strcspn(what, "("), what,
+                     cudaGetErrorString(e), (int)e);
     return pf_cuda_errno(e);
 }
 
 /* rc_ = 0 or -errno of the CUDA call expr_, logged at this call site on failure. */
 #define CUDA_CALL(rc_, expr_)                                                                      \
     do {                                                                                           \
-        static _Atomic uint64_t cuda_site_;                                                        \
+        static _Atomic bool cuda_site_;                                                            \
         cudaError_t cuda_e_ = (expr_);                                                             \
         (rc_) = cuda_e_ == cudaSuccess ? 0 : cuda_fail(cuda_e_, #expr_, &cuda_site_);              \
     } while (0)
@@ -226,7 +227,7 @@ static int cuda_alloc_get(struct cuda_gpu *g, int dev, const uint8_t handle[64],
         goto err_free;
     cudaIpcMemHandle_t h;
     memcpy(&h, handle, sizeof(h));
-    static _Atomic uint64_t open_site;
+    static _Atomic bool open_site;
     cudaError_t e = cudaIpcOpenMemHandle(&a->base, h, cudaIpcMemLazyEnablePeerAccess);
     if (e != cudaSuccess) {
         rc = cuda_fail(e, "cudaIpcOpenMemHandle", &open_site);
@@ -431,8 +432,8 @@ static int cuda_event_wait(struct cuda_stream *s, uint64_t timeout_ms)
         if (e == cudaSuccess)
             return 0;
         if (e != cudaErrorNotReady) {
-            static _Atomic uint64_t site;
-            return cuda_fail(e, "cudaEventQuery (copy failed on the GPU)", &site);
+            static _Atomic bool site;
+            return cuda_fail(e, "cudaEventQuery", &site); /* a copy failed on the GPU */
         }
         uint64_t now = pf_now_ns();
         if (now >= deadline)
