@@ -756,16 +756,15 @@ static int cuda_open(const struct pf_gpu_config *cfg, struct pf_gpu **g_p)
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count <= 0) {
-        if (e == cudaSuccess || pf_cuda_no_gpu(e)) {
-            if (e == cudaSuccess)
-                pf_info("no usable CUDA GPU: 0 devices");
-            else
-                pf_info("no usable CUDA GPU: %s (CUDA error %d)", cudaGetErrorString(e), (int)e);
-            return -ENODEV;
-        }
-        pf_warn("cudaGetDeviceCount: %s (CUDA error %d)", cudaGetErrorString(e), (int)e);
-        int rc = pf_cuda_errno(e);
-        return rc == -ENOMEM || rc == -EOPNOTSUPP ? rc : -ENODEV;
+        /* whatever the cause, there is no usable GPU: -ENODEV lets "auto" fall back */
+        if (e == cudaSuccess)
+            pf_info("no usable CUDA GPU: 0 devices");
+        else if (pf_cuda_no_gpu(e))
+            pf_info("no usable CUDA GPU: %s (CUDA error %d)", cudaGetErrorString(e), (int)e);
+        else
+            pf_warn("no usable CUDA GPU: cudaGetDeviceCount: %s (CUDA error %d)",
+                    cudaGetErrorString(e), (int)e);
+        return -ENODEV;
     }
     size_t n = cfg && cfg->devices ? cfg->ndevices : (size_t)count;
     if (n == 0 || n > CUDA_MAX_DEVS) {

@@ -685,6 +685,8 @@ static void test_fake_discovery(void **st)
     assert_int_equal(pf_hal_gpu_open("cuda", NULL, &g, NULL, 0, NULL, 0), -ENODEV);
     fk.count_err = cudaErrorInitializationError;
     assert_int_equal(pf_hal_gpu_open("cuda", NULL, &g, NULL, 0, NULL, 0), -ENODEV);
+    fk.count_err = cudaErrorMemoryAllocation; /* any failure to count devices: no GPU */
+    assert_int_equal(pf_hal_gpu_open("cuda", NULL, &g, NULL, 0, NULL, 0), -ENODEV);
     char chosen[32];
     assert_int_equal(pf_hal_gpu_open("auto", NULL, &g, chosen, sizeof(chosen), NULL, 0), 0);
     assert_string_equal(chosen, "sim");
