@@ -26,7 +26,7 @@ $(O)/tests/gpu/gpu_kv_check: $(O)/obj/tests/gpu/gpu_kv_check.o $(LIBPFCLIENT) $(
 .PHONY: gpu-check-progs
 gpu-check-progs: $(GPU_CHECK_BINS)
 
-test-build: $(O)/tests/gpu/gpu_probe $(O)/tests/gpu/gpu_hal_check $(O)/obj/tests/gpu/gpu_kv_check.o
+test-build: $(GPU_CHECK_BINS)
 endif
 
 # The build directory of this variant (run.sh asks, so SAN=... finds its own objects).
