@@ -1,0 +1,321 @@
+/* The engine in-process with the sim GPU: sealing (a block is visible only when every slot
+ * of every rank arrived), duplicate and late saves, in-flight GC, backing tiers and prefetch
+ * tasks (Loading -> Ready, promotion class, promoted callback, misses), hooks, and
+ * unregister dropping leases. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "client/pegaflow.h"
+#include "engine/engine_internal.h"
+#include "pf/hal.h"
+#include "pf/metrics.h"
+
+#define SEG 4096
+#define NB  32
+
+struct fx {
+    struct pf_gpu *g;
+    struct pf_engine *e;
+    struct pf_simkv *kv[2];
+    uint32_t ns;
+};
+
+static struct fx F;
+
+static int setup(void **st)
+{
+    char chosen[32], err[256];
+    struct pf_gpu_config gc = {.sim_default_devices = 2};
+    pf_hal_init();
+    assert_int_equal(pf_hal_gpu_open("sim", &gc, &F.g, chosen, sizeof(chosen), err, sizeof(err)),
+                     0);
+    struct pf_engine_config ec = {.gpu = F.g, .pool_size = 16 << 20, .integrity = true,
+                                  .skip_memcheck = true, .inflight_ttl_ns = 300 * PF_NS_PER_MS};
+    assert_int_equal(pf_engine_create(&ec, &F.e, err, sizeof(err)), 0);
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(pf_simkv_create(NB * SEG, r, &F.kv[r]), 0);
+        uint8_t *p = pf_simkv_ptr(F.kv[r]);
+        for (size_t i = 0; i < NB * SEG; i++)
+            p[i] = (uint8_t)(i * 13 + r);
+    }
+    return 0;
+}
+
+static int teardown(void **st)
+{
+    pf_engine_destroy(F.e);
+    pf_gpu_close(F.g);
+    pf_simkv_destroy(F.kv[0]);
+    pf_simkv_destroy(F.kv[1]);
+    return 0;
+}
+
+static int reg(const char *inst, const char *ns, int rank, int world, const char *version)
+{
+    struct pf_engine_layer l = {.name = "ALL_LAYERS", .num_blocks = NB, .bytes_per_block = SEG,
+                                .segments = 1};
+    l.ipc.kind = PF_IPC_SIM_SHM;
+    l.ipc.size = NB * SEG;
+    l.ipc.sim_device = rank;
+    snprintf(l.ipc.shm_name, sizeof(l.ipc.shm_name), "%s", pf_simkv_name(F.kv[rank]));
+    struct pf_engine_register r = {.instance_id = inst, .namespace_ = ns,
+                                   .client_version = version ? version : PF_VERSION,
+                                   .tp_rank = (uint32_t)rank, .tp_size = (uint32_t)world,
+                                   .world_size = (uint32_t)world, .device_id = rank,
+                                   .layers = &l, .nlayers = 1};
+    char err[256];
+    return pf_engine_register(F.e, &r, err, sizeof(err));
+}
+
+static uint8_t H[64][32];
+
+static int save(const char *inst, int rank, uint32_t first, size_t n)
+{
+    uint32_t ids[64];
+    struct pf_bytes hs[64];
+    for (size_t i = 0; i < n; i++) {
+        ids[i] = (uint32_t)(first + i);
+        hs[i] = (struct pf_bytes){H[first + i], 32};
+    }
+    struct pf_engine_save_layer sl = {.name = "ALL_LAYERS", .block_ids = ids, .nids = n,
+                                      .hashes = hs, .nhashes = n};
+    char err[256];
+    return pf_engine_save(F.e, inst, (uint32_t)rank, 0, rank, &sl, 1, err, sizeof(err));
+}
+
+static int query(const char *inst, const char *req, uint32_t first, size_t n,
+                 struct pf_engine_query_result *res)
+{
+    struct pf_bytes hs[64];
+    for (size_t i = 0; i < n; i++)
+        hs[i] = (struct pf_bytes){H[first + i], 32};
+    struct pf_engine_query q = {.instance_id = inst, .req_id = req, .hashes = hs, .n = n};
+    char err[256];
+    return pf_engine_query(F.e, &q, res, err, sizeof(err));
+}
+
+static void release(struct pf_engine_query_result *res)
+{
+    if (res->has_lease) {
+        struct pf_bytes l = {res->lease, 16};
+        char err[64];
+        pf_engine_release(F.e, &l, err, sizeof(err));
+    }
+}
+
+static void test_sealing(void **st)
+{
+    for (int i = 0; i < 64; i++)
+        for (int j = 0; j < 32; j++)
+            H[i][j] = (uint8_t)(i * 7 + j + 1);
+    assert_int_equal(reg("i1", "ns", 0, 2, "9.9.9"), -EPERM);
+    assert_int_equal(reg("i1", "ns", 0, 2, NULL), 0);
+    assert_int_equal(save("i1", 0, 0, 4), -EINVAL); /* not sealed yet */
+    assert_int_equal(reg("i1", "ns", 1, 2, NULL), 0);
+    assert_int_equal(save("i1", 0, 0, 4), 0);
+    assert_int_equal(pf_engine_flush(F.e, 5000), 0);
+    struct pf_engine_query_result res;
+    assert_int_equal(query("i1", "r", 0, 4, &res), 0);
+    assert_int_equal(res.num_hit_blocks, 0); /* rank 1's slots missing: not visible */
+    assert_true(pf_metric_value_of("pegaflow_inflight_bytes", NULL) >= 4 * SEG);
+    assert_int_equal(save("i1", 1, 0, 2), 0);
+    assert_int_equal(pf_engine_flush(F.e, 5000), 0);
+    assert_int_equal(query("i1", "r", 0, 4, &res), 0);
+    assert_int_equal(res.num_hit_blocks, 2);
+    release(&res);
+    /* late duplicate of a resident block and a replica slot are dropped */
+    assert_int_equal(save("i1", 1, 0, 4), 0);
+    assert_int_equal(save("i1", 0, 0, 4), 0);
+    assert_int_equal(pf_engine_flush(F.e, 5000), 0);
+    assert_int_equal(query("i1", "r", 0, 4, &res), 0);
+    assert_int_equal(res.num_hit_blocks, 4);
+    struct pf_block *b[4];
+    struct pf_block_key k;
+    uint32_t ns;
+    assert_int_equal(pf_ns_lookup("ns", &ns), 0);
+    pf_key_make(ns, H[0], 32, &k);
+    assert_int_equal(pf_cache_prefix(pf_engine_cache(F.e), &k, 1, b), 1);
+    assert_int_equal(b[0]->nslots, 2);
+    for (int s = 0; s < 2; s++) {
+        assert_true(b[0]->slots[s].has_checksum);
+        assert_true(pf_slot_verify(&b[0]->slots[s], b[0]->slots[s].checksum));
+        assert_memory_equal(b[0]->slots[s].k, pf_simkv_ptr(F.kv[s]), SEG); /* slot = tp_rank */
+    }
+    pf_block_put(b[0]);
+    release(&res);
+}
+
+static void test_inflight_gc(void **st)
+{
+    double before = pf_metric_value_of("pegaflow_inflight_gc_cleaned", NULL);
+    assert_int_equal(save("i1", 0, 10, 3), 0); /* rank 1 never saves these */
+    for (int i = 0; i < 200; i++) {
+        if (pf_metric_value_of("pegaflow_inflight_gc_cleaned", NULL) >= before + 3)
+            break;
+        usleep(10000);
+    }
+    assert_true(pf_metric_value_of("pegaflow_inflight_gc_cleaned", NULL) >= before + 3);
+    assert_int_equal(save("i1", 1, 10, 3), 0);
+    assert_int_equal(pf_engine_flush(F.e, 5000), 0);
+    struct pf_engine_query_result res;
+    assert_int_equal(query("i1", "gc", 10, 3, &res), 0);
+    assert_int_equal(res.num_hit_blocks, 0); /* the halves never meet */
+}
+
+/* ---- a fake tier serving hashes 40..49 ---- */
+static int promoted_calls;
+static size_t tier_probe(void *ctx, const char *req, const struct pf_block_key *k, size_t n,
+                         bool full)
+{
+    size_t c = 0;
+    for (; c < n; c++) {
+        bool known = false;
+        for (int i = 40; i < 50; i++)
+            known |= memcmp(k[c].hash, H[i], 32) == 0;
+        if (!known)
+            break;
+    }
+    return strcmp(req, "tier-miss") == 0 ? n : c;
+}
+static size_t tier_fetch(void *ctx, const char *req, const struct pf_block_key *k, size_t n,
+                         bool all, struct pf_block **out)
+{
+    if (strcmp(req, "tier-miss") == 0)
+        return 0;
+    size_t c = tier_probe(ctx, req, k, n, all);
+    for (size_t i = 0; i < c; i++) {
+        struct pf_alloc *a;
+        assert_int_equal(pf_engine_alloc(F.e, SEG, -1, &a), 0);
+        struct pf_block *b = pf_block_new(&k[i], 2);
+        for (int s = 0; s < 2; s++) {
+            if (s)
+                pf_alloc_get(a);
+            b->slots[s] = (struct pf_slot){.k = a->ptr, .ka = a, .seg_len = SEG,
+                                           .seg_stride = SEG, .nseg = 1};
+        }
+        memset(a->ptr, 0x40 + (int)i, SEG);
+        pf_block_checksum(b);
+        pf_block_finish(b);
+        out[i] = b;
+    }
+    return c;
+}
+static void tier_promoted(void *ctx, struct pf_block *const *b, size_t n)
+{
+    promoted_calls += (int)n;
+}
+
+static void test_tier(void **st)
+{
+    struct pf_tier t = {.name = "fake", .cls = PF_CLASS_RECLAIMABLE, .probe = tier_probe,
+                        .fetch = tier_fetch, .promoted = tier_promoted};
+    assert_int_equal(pf_engine_add_tier(F.e, &t), 0);
+    /* RAM has 0..3; the tier has 40..49. Ask for [0, 1, 40, 41, 42] */
+    struct pf_bytes hs[5] = {{H[0], 32}, {H[1], 32}, {H[40], 32}, {H[41], 32}, {H[42], 32}};
+    struct pf_engine_query q = {.instance_id = "i1", .req_id = "req-t", .hashes = hs, .n = 5};
+    struct pf_engine_query_result res;
+    char err[200];
+    assert_int_equal(pf_engine_query(F.e, &q, &res, err, sizeof(err)), 0);
+    assert_true(res.loading);
+    int polls = 0;
+    do {
+        usleep(2000);
+        assert_int_equal(pf_engine_query(F.e, &q, &res, err, sizeof(err)), 0);
+    } while (res.loading && ++polls < 2000);
+    assert_false(res.loading);
+    assert_int_equal(res.num_hit_blocks, 5);
+    assert_true(res.has_lease);
+    assert_int_equal(promoted_calls, 3);
+    release(&res);
+    /* promoted blocks are resident now (reclaimable): a new req_id hits in RAM */
+    q.req_id = "req-t2";
+    assert_int_equal(pf_engine_query(F.e, &q, &res, err, sizeof(err)), 0);
+    assert_false(res.loading);
+    assert_int_equal(res.num_hit_blocks, 5);
+    release(&res);
+    struct pf_cache_stats cs;
+    pf_cache_stats(pf_engine_cache(F.e), &cs);
+    assert_int_equal(cs.blocks[PF_CLASS_RECLAIMABLE], 3);
+    /* a tier that finds nothing: Loading, then Ready with the RAM prefix only; the task
+     * answers with its original hashes even when the caller's changed (reference quirk) */
+    struct pf_bytes miss[3] = {{H[0], 32}, {H[60], 32}, {H[61], 32}};
+    q.req_id = "tier-miss";
+    q.hashes = miss;
+    q.n = 3;
+    assert_int_equal(pf_engine_query(F.e, &q, &res, err, sizeof(err)), 0);
+    assert_true(res.loading);
+    struct pf_bytes drift[3] = {{H[0], 32}, {H[1], 32}, {H[60], 32}};
+    q.hashes = drift;
+    polls = 0;
+    do {
+        usleep(2000);
+        assert_int_equal(pf_engine_query(F.e, &q, &res, err, sizeof(err)), 0);
+    } while (res.loading && ++polls < 2000);
+    assert_int_equal(res.num_hit_blocks, 1);
+    release(&res);
+    /* a RAM-only miss leaves no state: the same req_id later answers from RAM */
+    q.req_id = "plain";
+    assert_int_equal(pf_engine_query(F.e, &q, &res, err, sizeof(err)), 0);
+    assert_false(res.loading);
+    assert_int_equal(res.num_hit_blocks, 2);
+    release(&res);
+}
+
+static int sealed_seen, evicted_seen;
+static void on_sealed(void *ctx, struct pf_block *const *b, size_t n)
+{
+    sealed_seen += (int)n;
+}
+static void on_evicted(void *ctx, struct pf_block *const *b, size_t n)
+{
+    evicted_seen += (int)n;
+}
+
+static void test_hooks_and_unregister(void **st)
+{
+    struct pf_engine_hooks h = {.sealed = on_sealed, .evicted = on_evicted};
+    assert_int_equal(pf_engine_add_hooks(F.e, &h), 0);
+    assert_int_equal(save("i1", 0, 20, 5), 0);
+    assert_int_equal(save("i1", 1, 20, 5), 0);
+    assert_int_equal(pf_engine_flush(F.e, 5000), 0);
+    assert_int_equal(sealed_seen, 5);
+    struct pf_engine_query_result res;
+    assert_int_equal(query("i1", "held", 20, 5, &res), 0);
+    assert_int_equal(res.num_hit_blocks, 5);
+    char err[200];
+    assert_int_equal(pf_engine_unregister(F.e, "i1", err, sizeof(err)), 0);
+    /* the lease died with the instance */
+    struct pf_bytes l = {res.lease, 16};
+    assert_int_equal(pf_engine_release(F.e, &l, err, sizeof(err)), -ESTALE);
+    assert_int_equal(pf_engine_unregister(F.e, "i1", err, sizeof(err)), -ENOENT);
+    struct pf_engine_cleanup_result cr;
+    pf_engine_cleanup_memory(F.e, &cr);
+    assert_true(cr.evicted_blocks >= 12);
+    assert_int_equal(evicted_seen, (int)cr.evicted_blocks);
+    assert_int_equal(cr.still_referenced_blocks, 0);
+    /* the fake tier's blocks share one allocation between their two slots */
+    assert_true(cr.reclaimed_bytes > 0 && cr.reclaimed_bytes <= cr.evicted_bytes);
+    /* what is left are the unsealed halves of test_inflight_gc until their TTL */
+    for (int i = 0; i < 300 && pf_pool_used(pf_engine_pool(F.e)) != 0; i++)
+        usleep(10000);
+    assert_int_equal(pf_pool_used(pf_engine_pool(F.e)), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sealing),
+        cmocka_unit_test(test_inflight_gc),
+        cmocka_unit_test(test_tier),
+        cmocka_unit_test(test_hooks_and_unregister),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
