@@ -77,12 +77,18 @@ struct pf_rpc_server {
     pthread_mutex_t sd_mu;
     pthread_cond_t sd_cv;
     bool sd_done;
+    size_t live; /* call contexts not yet freed (under sd_mu) */
 };
 
 static void request_new(struct pf_rpc_server *s);
 
 static void call_free(struct pf_rpc_call *c)
 {
+    struct pf_rpc_server *s = c->srv;
+    pthread_mutex_lock(&s->sd_mu);
+    if (--s->live == 0)
+        pthread_cond_broadcast(&s->sd_cv);
+    pthread_mutex_unlock(&s->sd_mu);
     if (c->recv)
         grpc_byte_buffer_destroy(c->recv);
     if (c->send)
@@ -355,6 +361,9 @@ static void request_new(struct pf_rpc_server *s)
     }
     c->srv = s;
     c->st = ST_NEW;
+    pthread_mutex_lock(&s->sd_mu);
+    s->live++;
+    pthread_mutex_unlock(&s->sd_mu);
     grpc_call_details_init(&c->details);
     grpc_metadata_array_init(&c->md);
     grpc_call_error e =
@@ -525,11 +534,14 @@ void pf_rpc_server_stop(struct pf_rpc_server *s)
         /* The workers keep serving the queue (finishing cancelled calls, freeing pending
          * requests) until the shutdown tag arrives; only then may the server be destroyed
          * and the queue shut down, which makes the workers exit. */
+        /* wait for the shutdown tag and for every call context to be freed: a worker that
+         * is still finishing a cancelled call starts batches on the queue */
         pthread_mutex_lock(&s->sd_mu);
-        while (!s->sd_done) {
+        while (!s->sd_done || s->live) {
             struct timespec dl = pf_deadline_ms(5000);
-            if (pthread_cond_timedwait(&s->sd_cv, &s->sd_mu, &dl) == ETIMEDOUT && !s->sd_done)
-                pf_warn("RPC shutdown still waiting for in-flight handlers");
+            if (pthread_cond_timedwait(&s->sd_cv, &s->sd_mu, &dl) == ETIMEDOUT &&
+                (!s->sd_done || s->live))
+                pf_warn("RPC shutdown still waiting for %zu in-flight call(s)", s->live);
         }
         pthread_mutex_unlock(&s->sd_mu);
         grpc_server_destroy(s->srv);

@@ -1,0 +1,264 @@
+/* gRPC plumbing: unary calls, status codes and messages, malformed requests, unknown and
+ * not-yet-built methods, deadlines, parked streams (stream_closed fires exactly once when the
+ * client goes away), busy ports, and the errno <-> status mappings. Also the metric
+ * registry's Prometheus rendering. */
+#include <errno.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "engine.pb-c.h"
+#include "pf/clock.h"
+#include "pf/metrics.h"
+#include "pf/rpc.h"
+
+static int h_echo(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *m)
+{
+    const Pegaflow__UnregisterRequest *r = (const void *)m;
+    if (strcmp(r->instance_id, "bad") == 0)
+        return pf_rpc_fail(call, PF_GRPC_INVALID_ARGUMENT, "instance %s is bad", r->instance_id);
+    if (strcmp(r->instance_id, "slow") == 0)
+        pf_sleep_ms(500);
+    if (strcmp(r->instance_id, "silent") == 0)
+        return 0; /* forgot to respond */
+    Pegaflow__ResponseStatus st = PEGAFLOW__RESPONSE_STATUS__INIT;
+    st.ok = 1;
+    st.message = r->instance_id;
+    Pegaflow__UnregisterResponse resp = PEGAFLOW__UNREGISTER_RESPONSE__INIT;
+    resp.status = &st;
+    return pf_rpc_respond(call, &resp.base);
+}
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static int opened, closed, closed_cancelled;
+
+static int s_open(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *m, void **sc)
+{
+    const Pegaflow__SessionRequest *r = (const void *)m;
+    if (strcmp(r->instance_id, "") == 0)
+        return pf_rpc_fail(call, PF_GRPC_INVALID_ARGUMENT, "instance_id must not be empty");
+    pthread_mutex_lock(&mu);
+    opened++;
+    pthread_mutex_unlock(&mu);
+    *sc = (void *)0x1234;
+    return 0;
+}
+
+static void s_closed(void *ctx, void *sc, bool cancelled)
+{
+    assert_ptr_equal(sc, (void *)0x1234);
+    pthread_mutex_lock(&mu);
+    closed++;
+    closed_cancelled += cancelled;
+    pthread_mutex_unlock(&mu);
+}
+
+static const struct pf_rpc_method methods[] = {
+    {.path = "/pegaflow.Engine/UnregisterContext", .metric_name = "echo",
+     .req_desc = &pegaflow__unregister_request__descriptor, .unary = h_echo},
+    {.path = "/pegaflow.Engine/Session", .metric_name = "session",
+     .req_desc = &pegaflow__session_request__descriptor, .stream_open = s_open,
+     .stream_closed = s_closed},
+};
+static const char *const unbuilt[] = {"/pegaflow.Engine/Save"};
+
+static struct pf_rpc_server *srv;
+static struct pf_rpc_channel *ch;
+static char target[64];
+
+static int setup(void **st)
+{
+    struct pf_rpc_server_config c = {.addr = "127.0.0.1:0", .threads = 3, .methods = methods,
+                                     .nmethods = 2, .metric_prefix = "pftest",
+                                     .unimplemented = unbuilt, .nunimplemented = 1};
+    char err[200];
+    int port;
+    assert_int_equal(pf_rpc_server_start(&c, &srv, &port, err, sizeof(err)), 0);
+    snprintf(target, sizeof(target), "127.0.0.1:%d", port);
+    assert_int_equal(pf_rpc_channel_open(target, &ch), 0);
+    return 0;
+}
+
+static int teardown(void **st)
+{
+    pf_rpc_channel_close(ch);
+    pf_rpc_server_stop(srv);
+    return 0;
+}
+
+static int call_echo(const char *id, uint64_t tmo, struct pf_rpc_status *s, char *out, size_t n)
+{
+    Pegaflow__UnregisterRequest req = PEGAFLOW__UNREGISTER_REQUEST__INIT;
+    req.instance_id = (char *)id;
+    ProtobufCMessage *resp = NULL;
+    int rc = pf_rpc_unary(ch, "/pegaflow.Engine/UnregisterContext", &req.base,
+                          &pegaflow__unregister_response__descriptor, tmo, &resp, s);
+    if (rc == 0) {
+        snprintf(out, n, "%s", ((Pegaflow__UnregisterResponse *)resp)->status->message);
+        protobuf_c_message_free_unpacked(resp, NULL);
+    }
+    return rc;
+}
+
+static void test_unary(void **st)
+{
+    struct pf_rpc_status s;
+    char out[64];
+    assert_int_equal(call_echo("hello", 5000, &s, out, sizeof(out)), 0);
+    assert_string_equal(out, "hello");
+    assert_int_equal(s.code, 0);
+    assert_int_equal(call_echo("bad", 5000, &s, out, sizeof(out)), -EINVAL);
+    assert_int_equal(s.code, PF_GRPC_INVALID_ARGUMENT);
+    assert_string_equal(s.msg, "instance bad is bad");
+    assert_int_equal(call_echo("silent", 5000, &s, out, sizeof(out)), -EIO);
+    assert_int_equal(s.code, PF_GRPC_INTERNAL);
+    assert_int_equal(call_echo("slow", 100, &s, out, sizeof(out)), -ETIMEDOUT);
+    assert_int_equal(s.code, PF_GRPC_DEADLINE_EXCEEDED);
+    /* concurrent requests still served after a deadline */
+    assert_int_equal(call_echo("again", 5000, &s, out, sizeof(out)), 0);
+    const char *v[2] = {"echo", "INVALID_ARGUMENT"};
+    assert_int_equal(pf_metric_value_of("pftest_rpc_requests", v), 1);
+}
+
+static void test_malformed_and_unknown(void **st)
+{
+    struct pf_rpc_status s;
+    /* an IpcTensor's field 1 is a varint: not a string, so UnregisterRequest fails to decode */
+    Pegaflow__IpcTensor bad = PEGAFLOW__IPC_TENSOR__INIT;
+    bad.kind = PEGAFLOW__IPC_TENSOR__KIND__SIM_SHM;
+    ProtobufCMessage *resp = NULL;
+    assert_int_equal(pf_rpc_unary(ch, "/pegaflow.Engine/UnregisterContext", &bad.base,
+                                  &pegaflow__unregister_response__descriptor, 5000, &resp, &s),
+                     -EINVAL);
+    assert_non_null(strstr(s.msg, "malformed UnregisterRequest"));
+    Pegaflow__HealthRequest h = PEGAFLOW__HEALTH_REQUEST__INIT;
+    assert_int_equal(pf_rpc_unary(ch, "/pegaflow.Engine/Save", &h.base,
+                                  &pegaflow__save_response__descriptor, 5000, &resp, &s),
+                     -EOPNOTSUPP);
+    assert_non_null(strstr(s.msg, "not implemented by this server yet"));
+    assert_int_equal(pf_rpc_unary(ch, "/pegaflow.Engine/Nope", &h.base,
+                                  &pegaflow__save_response__descriptor, 5000, &resp, &s),
+                     -EOPNOTSUPP);
+    assert_non_null(strstr(s.msg, "unknown method /pegaflow.Engine/Nope"));
+}
+
+static void test_parked_stream(void **st)
+{
+    Pegaflow__SessionRequest r = PEGAFLOW__SESSION_REQUEST__INIT;
+    r.instance_id = "";
+    struct pf_rpc_stream *s;
+    struct pf_rpc_status stt;
+    assert_int_equal(pf_rpc_stream_open(ch, "/pegaflow.Engine/Session", &r.base, 5000, &s, &stt),
+                     -EINVAL);
+    assert_string_equal(stt.msg, "instance_id must not be empty");
+    r.instance_id = "i";
+    for (int round = 0; round < 3; round++) {
+        assert_int_equal(
+            pf_rpc_stream_open(ch, "/pegaflow.Engine/Session", &r.base, 5000, &s, &stt), 0);
+        assert_true(pf_rpc_stream_alive(s));
+        pf_rpc_stream_close(s);
+        uint64_t dl = pf_now_ns() + 5 * PF_NS_PER_SEC;
+        for (;;) {
+            pthread_mutex_lock(&mu);
+            int c = closed;
+            pthread_mutex_unlock(&mu);
+            if (c == round + 1 || pf_now_ns() > dl)
+                break;
+            pf_sleep_ms(5);
+        }
+        pthread_mutex_lock(&mu);
+        assert_int_equal(opened, round + 1);
+        assert_int_equal(closed, round + 1);
+        assert_int_equal(closed_cancelled, round + 1);
+        pthread_mutex_unlock(&mu);
+    }
+    /* a stream still open when the server stops is closed (cancelled) exactly once */
+    assert_int_equal(pf_rpc_stream_open(ch, "/pegaflow.Engine/Session", &r.base, 5000, &s, &stt),
+                     0);
+    pf_rpc_server_stop(srv);
+    srv = NULL;
+    pthread_mutex_lock(&mu);
+    assert_int_equal(closed, 4);
+    pthread_mutex_unlock(&mu);
+    uint64_t dl = pf_now_ns() + 5 * PF_NS_PER_SEC;
+    while (pf_rpc_stream_alive(s) && pf_now_ns() < dl)
+        pf_sleep_ms(5);
+    assert_false(pf_rpc_stream_alive(s));
+    pf_rpc_stream_close(s);
+    setup(NULL); /* restart for later tests */
+}
+
+static void test_busy_port(void **st)
+{
+    struct pf_rpc_server_config c = {.addr = target, .threads = 1, .methods = methods,
+                                     .nmethods = 1};
+    struct pf_rpc_server *s2;
+    char err[200];
+    assert_int_equal(pf_rpc_server_start(&c, &s2, NULL, err, sizeof(err)), -EADDRINUSE);
+    assert_non_null(strstr(err, "cannot bind"));
+    c.addr = "nohost";
+    assert_int_equal(pf_rpc_server_start(&c, &s2, NULL, err, sizeof(err)), -EINVAL);
+}
+
+static void test_mappings(void **st)
+{
+    assert_int_equal(pf_grpc_code_from_errno(-EINVAL), PF_GRPC_INVALID_ARGUMENT);
+    assert_int_equal(pf_grpc_code_from_errno(-ENOENT), PF_GRPC_FAILED_PRECONDITION);
+    assert_int_equal(pf_grpc_code_from_errno(-EPERM), PF_GRPC_FAILED_PRECONDITION);
+    assert_int_equal(pf_grpc_code_from_errno(-ESTALE), PF_GRPC_FAILED_PRECONDITION);
+    assert_int_equal(pf_grpc_code_from_errno(-ENOMEM), PF_GRPC_INTERNAL);
+    assert_int_equal(pf_grpc_code_from_errno(-ETIMEDOUT), PF_GRPC_DEADLINE_EXCEEDED);
+    assert_int_equal(pf_grpc_code_from_errno(0), PF_GRPC_OK);
+    for (int c = 0; c <= 16; c++) {
+        int e = pf_errno_from_grpc_code(c);
+        assert_true(c == 0 ? e == 0 : e < 0);
+    }
+    assert_int_equal(pf_errno_from_grpc_code(PF_GRPC_UNAVAILABLE), -ECONNREFUSED);
+    assert_int_equal(pf_errno_from_grpc_code(PF_GRPC_FAILED_PRECONDITION), -EPERM);
+    assert_string_equal(pf_grpc_code_name(9), "FAILED_PRECONDITION");
+    assert_string_equal(pf_grpc_code_name(99), "UNKNOWN");
+}
+
+static void test_metrics_render(void **st)
+{
+    struct pf_metric *c = pf_metric_counter("t_things", "Things\nseen", "kind");
+    pf_child_add(pf_metric_child1(c, "a\"b"), 3);
+    struct pf_metric *t = pf_metric_counter("t_done_total", "Done", NULL);
+    pf_metric_add(t, 1);
+    const double b[] = {1, 10};
+    struct pf_metric *h = pf_metric_histogram("t_lat_seconds", "Latency", NULL, b, 2);
+    pf_metric_observe(h, 0.5);
+    pf_metric_observe(h, 5);
+    pf_metric_observe(h, 50);
+    assert_ptr_equal(pf_metric_counter("t_things", "x", "kind"), c); /* idempotent */
+    assert_null(pf_metric_gauge("t_things", "x", NULL));             /* kind conflict */
+    char *out;
+    size_t len;
+    assert_int_equal(pf_metrics_render(&out, &len), 0);
+    assert_non_null(strstr(out, "# TYPE t_things_total counter\n"));
+    assert_non_null(strstr(out, "t_things_total{kind=\"a\\\"b\"} 3\n"));
+    assert_non_null(strstr(out, "\nt_done_total 1\n")); /* no double _total */
+    assert_non_null(strstr(out, "t_lat_seconds_bucket{le=\"1\"} 1\n"));
+    assert_non_null(strstr(out, "t_lat_seconds_bucket{le=\"10\"} 2\n"));
+    assert_non_null(strstr(out, "t_lat_seconds_bucket{le=\"+Inf\"} 3\n"));
+    assert_non_null(strstr(out, "t_lat_seconds_sum 55.5\n"));
+    assert_non_null(strstr(out, "t_lat_seconds_count 3\n"));
+    free(out);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_unary),       cmocka_unit_test(test_malformed_and_unknown),
+        cmocka_unit_test(test_parked_stream), cmocka_unit_test(test_busy_port),
+        cmocka_unit_test(test_mappings),    cmocka_unit_test(test_metrics_render),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
