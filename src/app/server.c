@@ -112,6 +112,8 @@ static int start_engine(struct server_app *a)
         .integrity = a->cfg.integrity,
         .pad_512 = a->cfg.ssd_cache_path.n > 0,
         .version = PF_VERSION,
+        .hll_windows = a->cfg.metric_hll_windows,
+        .hll_bits = (unsigned)a->cfg.metric_hll_bucket_bits,
     };
     int rc = pf_engine_create(&ec, &a->svc.engine, err, sizeof(err));
     if (rc)

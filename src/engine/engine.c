@@ -260,6 +260,13 @@ int pf_engine_create(const struct pf_engine_config *cfg, struct pf_engine **e_p,
         snprintf(err, errlen, "cannot create the RAM cache: %s", strerror(-rc));
         goto err_pool;
     }
+    rc = pf_hll_set_create(cfg->hll_windows ? cfg->hll_windows : "15m,1h,1d",
+                           cfg->hll_bits ? cfg->hll_bits : 16, cfg->clock, &e->hll);
+    if (rc) {
+        snprintf(err, errlen, "--metric-hll-windows/--metric-hll-bucket-bits: %s",
+                 strerror(-rc));
+        goto err_cache;
+    }
     rc = pf_lease_table_create(e->cfg.clock, e->cfg.lease_ttl_ns, &e->leases);
     if (rc) {
         snprintf(err, errlen, "cannot create the lease table: %s", strerror(-rc));
@@ -289,6 +296,7 @@ err_insert:
 err_leases:
     pf_lease_table_destroy(e->leases);
 err_cache:
+    pf_hll_set_destroy(e->hll);
     pf_cache_destroy(e->cache);
 err_pool:
     pf_pool_destroy(e->pool);
@@ -318,6 +326,7 @@ void pf_engine_destroy(struct pf_engine *e)
     pf_insert_stop(e);
     pf_lease_table_destroy(e->leases);
     pf_cache_destroy(e->cache);
+    pf_hll_set_destroy(e->hll);
     for (size_t i = 0; i < e->nsessions; i++)
         free(e->sessions[i].instance);
     free(e->sessions);

@@ -10,6 +10,7 @@
 #include "pf/block.h"
 #include "pf/cache.h"
 #include "pf/engine.h"
+#include "pf/hll.h"
 #include "pf/hal_gpu.h"
 #include "pf/lease.h"
 #include "pf/metrics.h"
@@ -215,6 +216,7 @@ struct pf_engine {
     pthread_t pf_thr[PF_PREFETCH_THREADS];
     size_t pf_nthr;
     struct pf_metric *m_stale_gc;
+    struct pf_hll_set *hll;
 
     /* metrics */
     struct pf_metric *m_alloc_fail, *m_inflight_bytes, *m_inflight_gc, *m_hits, *m_misses, *m_tier,

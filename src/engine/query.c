@@ -12,6 +12,24 @@
 #include "engine/engine_internal.h"
 #include "pf/log.h"
 
+/* Reuse estimator: total asked for, identities of the misses. */
+static void record_hll(struct pf_engine *e, struct pf_instance *in, const struct pf_block_key *miss,
+                       size_t nmiss, uint64_t total)
+{
+    const uint8_t *h[256];
+    size_t l[256];
+    size_t done = 0;
+    do {
+        size_t k = nmiss - done < 256 ? nmiss - done : 256;
+        for (size_t i = 0; i < k; i++) {
+            h[i] = miss[done + i].hash;
+            l[i] = miss[done + i].len;
+        }
+        pf_hll_record(e->hll, in->ns, h, l, k, done == 0 ? total : 0);
+        done += k;
+    } while (done < nmiss);
+}
+
 /* Promotes a finished task's blocks into RAM and answers Ready with a lease over the RAM
  * prefix at task start plus the fetched run. */
 static int finish_task(struct pf_engine *e, struct pf_instance *in, struct pf_prefetch_task *t,
@@ -26,6 +44,7 @@ static int finish_task(struct pf_engine *e, struct pf_instance *in, struct pf_pr
             tier->promoted(tier->ctx, t->fetched, t->nfetched);
     }
     res->num_hit_blocks = (uint32_t)total;
+    record_hll(e, in, t->keys + t->nfetched, t->n - t->nfetched, t->nprefix + t->n);
     if (total == 0)
         return 0;
     struct pf_block **all = malloc(total * sizeof(*all));
@@ -116,6 +135,7 @@ int pf_engine_query(struct pf_engine *e, const struct pf_engine_query *q,
         }
     }
     pf_child_add(pf_metric_child1(e->m_tier, "miss"), (double)(q->n - hits));
+    record_hll(e, in, keys + hits, q->n - hits, q->n);
     res->num_hit_blocks = (uint32_t)hits;
     if (hits > 0) {
         rc = pf_lease_create(e->leases, in->id, blocks, hits, in->world_size, res->lease);

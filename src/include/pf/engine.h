@@ -51,6 +51,8 @@ struct pf_engine_config {
     uint64_t copy_timeout_ms;     /* save waits at most this for its D2H copy: 60 s */
     const struct pf_clock *clock; /* NULL = monotonic */
     const char *version;          /* required client_version (PF_VERSION) */
+    const char *hll_windows;      /* reuse estimator windows, NULL = "15m,1h,1d" */
+    unsigned hll_bits;            /* 0 = 16 */
 };
 
 int pf_engine_create(const struct pf_engine_config *cfg, struct pf_engine **e_p, char *err,

@@ -1,0 +1,324 @@
+/* HyperLogLog with linear-counting small-range correction (no large-range correction), and
+ * sliding windows built from slots of clamp(window / 24, 1 min, 1 h): each slot has its own
+ * registers and request count; a window's estimate merges (max) the registers of the slots
+ * it covers. Slot boundaries are aligned to the set's start time. */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pf/hll.h"
+#include "pf/metrics.h"
+
+struct pf_hll {
+    unsigned bits;
+    uint8_t *reg;
+};
+
+struct pf_hll *pf_hll_new(unsigned bits)
+{
+    struct pf_hll *h = calloc(1, sizeof(*h));
+    if (!h)
+        return NULL;
+    h->bits = bits;
+    h->reg = calloc((size_t)1 << bits, 1);
+    if (!h->reg) {
+        free(h);
+        return NULL;
+    }
+    return h;
+}
+
+void pf_hll_free(struct pf_hll *h)
+{
+    if (h) {
+        free(h->reg);
+        free(h);
+    }
+}
+
+static void reg_add(uint8_t *reg, unsigned bits, uint64_t x)
+{
+    size_t idx = (size_t)(x >> (64 - bits));
+    uint64_t rest = x << bits;
+    uint8_t rank = rest ? (uint8_t)(__builtin_clzll(rest) + 1) : (uint8_t)(64 - bits + 1);
+    if (rank > reg[idx])
+        reg[idx] = rank;
+}
+
+static double reg_estimate(const uint8_t *reg, unsigned bits)
+{
+    size_t m = (size_t)1 << bits;
+    double sum = 0;
+    size_t zeros = 0;
+    for (size_t i = 0; i < m; i++) {
+        sum += ldexp(1.0, -reg[i]);
+        zeros += reg[i] == 0;
+    }
+    double alpha = m == 16 ? 0.673 : m == 32 ? 0.697 : m == 64 ? 0.709 : 0.7213 / (1 + 1.079 / (double)m);
+    double e = alpha * (double)m * (double)m / sum;
+    if (e <= 2.5 * (double)m && zeros)
+        e = (double)m * log((double)m / (double)zeros);
+    return e;
+}
+
+void pf_hll_add(struct pf_hll *h, uint64_t x)
+{
+    reg_add(h->reg, h->bits, x);
+}
+
+double pf_hll_estimate(const struct pf_hll *h)
+{
+    return reg_estimate(h->reg, h->bits);
+}
+
+static uint64_t splitmix64(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+uint64_t pf_hll_identity(const char *ns, const uint8_t *hash, size_t len)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    uint64_t nl = strlen(ns);
+    for (int i = 0; i < 8; i++) {
+        h ^= (uint8_t)(nl >> (8 * i));
+        h *= 0x100000001b3ull;
+    }
+    for (const char *p = ns; *p; p++) {
+        h ^= (uint8_t)*p;
+        h *= 0x100000001b3ull;
+    }
+    for (size_t i = 0; i < len; i++) {
+        h ^= hash[i];
+        h *= 0x100000001b3ull;
+    }
+    return splitmix64(h); /* the reference sends it big-endian; as a number it is this */
+}
+
+struct window {
+    uint64_t len_ns, slot_ns;
+    size_t nslots;
+    uint8_t *regs;     /* nslots x m */
+    uint64_t *totals;  /* per slot */
+    uint64_t *slot_id; /* absolute slot index each ring position holds */
+    char label[32];
+};
+
+struct pf_hll_set {
+    pthread_mutex_t mu;
+    unsigned bits;
+    const struct pf_clock *clk;
+    uint64_t start_ns;
+    struct window w[8];
+    size_t nw;
+    struct pf_metric *m_card, *m_total, *m_rate;
+};
+
+static void label_of(uint64_t secs, char *out, size_t n)
+{
+    if (secs % 86400 == 0)
+        snprintf(out, n, "%llud", (unsigned long long)(secs / 86400));
+    else if (secs % 3600 == 0)
+        snprintf(out, n, "%lluh", (unsigned long long)(secs / 3600));
+    else if (secs % 60 == 0)
+        snprintf(out, n, "%llum", (unsigned long long)(secs / 60));
+    else
+        snprintf(out, n, "%llus", (unsigned long long)secs);
+}
+
+/* Moves the ring forward to now, clearing slots that fell out of the window. */
+static void advance(struct pf_hll_set *s, struct window *w, uint64_t now)
+{
+    uint64_t cur = (now - s->start_ns) / w->slot_ns;
+    size_t m = (size_t)1 << s->bits;
+    size_t pos = (size_t)(cur % w->nslots);
+    if (w->slot_id[pos] != cur) {
+        memset(w->regs + pos * m, 0, m);
+        w->totals[pos] = 0;
+        w->slot_id[pos] = cur;
+    }
+}
+
+static bool slot_live(const struct window *w, size_t pos, uint64_t cur)
+{
+    return w->slot_id[pos] != UINT64_MAX && w->slot_id[pos] + w->nslots > cur &&
+           w->slot_id[pos] <= cur;
+}
+
+void pf_hll_record(struct pf_hll_set *s, const char *ns, const uint8_t *const *hashes,
+                   const size_t *lens, size_t nmiss, uint64_t total)
+{
+    if (!s)
+        return;
+    uint64_t now = pf_clock_now(s->clk);
+    size_t m = (size_t)1 << s->bits;
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < s->nw; i++) {
+        struct window *w = &s->w[i];
+        advance(s, w, now);
+        uint64_t cur = (now - s->start_ns) / w->slot_ns;
+        size_t pos = (size_t)(cur % w->nslots);
+        w->totals[pos] += total;
+        for (size_t k = 0; k < nmiss; k++)
+            reg_add(w->regs + pos * m, s->bits, pf_hll_identity(ns, hashes[k], lens[k]));
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void window_estimate(struct pf_hll_set *s, size_t i, double *card_p, uint64_t *total_p)
+{
+    struct window *w = &s->w[i];
+    size_t m = (size_t)1 << s->bits;
+    uint64_t now = pf_clock_now(s->clk);
+    uint64_t cur = (now - s->start_ns) / w->slot_ns;
+    uint8_t *merged = calloc(m, 1);
+    uint64_t total = 0;
+    for (size_t p = 0; p < w->nslots; p++) {
+        if (!slot_live(w, p, cur))
+            continue;
+        total += w->totals[p];
+        const uint8_t *r = w->regs + p * m;
+        for (size_t j = 0; merged && j < m; j++)
+            if (r[j] > merged[j])
+                merged[j] = r[j];
+    }
+    *card_p = merged ? reg_estimate(merged, s->bits) : 0;
+    *total_p = total;
+    free(merged);
+}
+
+double pf_hll_cardinality(struct pf_hll_set *s, size_t window)
+{
+    double c;
+    uint64_t t;
+    pthread_mutex_lock(&s->mu);
+    window_estimate(s, window, &c, &t);
+    pthread_mutex_unlock(&s->mu);
+    return c;
+}
+
+uint64_t pf_hll_total(struct pf_hll_set *s, size_t window)
+{
+    double c;
+    uint64_t t;
+    pthread_mutex_lock(&s->mu);
+    window_estimate(s, window, &c, &t);
+    pthread_mutex_unlock(&s->mu);
+    return t;
+}
+
+enum { G_CARD, G_TOTAL, G_RATE };
+
+static void collect(struct pf_hll_set *s, int which, pf_metric_emit_fn emit, void *ectx)
+{
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < s->nw; i++) {
+        double c;
+        uint64_t t;
+        window_estimate(s, i, &c, &t);
+        double v = which == G_CARD ? c : which == G_TOTAL ? (double)t : t ? 1.0 - c / (double)t : 0;
+        if (which == G_RATE)
+            v = v < 0 ? 0 : v > 1 ? 1 : v;
+        const char *lv[1] = {s->w[i].label};
+        emit(ectx, lv, v);
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void collect_card(void *ctx, pf_metric_emit_fn emit, void *ectx)
+{
+    collect(ctx, G_CARD, emit, ectx);
+}
+static void collect_total(void *ctx, pf_metric_emit_fn emit, void *ectx)
+{
+    collect(ctx, G_TOTAL, emit, ectx);
+}
+static void collect_rate(void *ctx, pf_metric_emit_fn emit, void *ectx)
+{
+    collect(ctx, G_RATE, emit, ectx);
+}
+
+int pf_hll_set_create(const char *windows, unsigned bits, const struct pf_clock *clk,
+                      struct pf_hll_set **s_p)
+{
+    if (bits < 4 || bits > 18)
+        return -EINVAL;
+    struct pf_hll_set *s = calloc(1, sizeof(*s));
+    if (!s)
+        return -ENOMEM;
+    s->bits = bits;
+    s->clk = clk;
+    s->start_ns = pf_clock_now(clk);
+    pthread_mutex_init(&s->mu, NULL);
+    const char *p = windows;
+    size_t m = (size_t)1 << bits;
+    int rc = 0;
+    while (*p && s->nw < 8) {
+        char *end;
+        unsigned long long v = strtoull(p, &end, 10);
+        uint64_t mult = *end == 's' ? 1 : *end == 'm' ? 60 : *end == 'h' ? 3600 : *end == 'd' ? 86400 : 0;
+        if (end == p || !mult || v * mult < 60) {
+            rc = -EINVAL;
+            goto err;
+        }
+        uint64_t secs = v * mult;
+        struct window *w = &s->w[s->nw];
+        uint64_t slot = secs / 24;
+        slot = slot < 60 ? 60 : slot > 3600 ? 3600 : slot;
+        w->len_ns = secs * PF_NS_PER_SEC;
+        w->slot_ns = slot * PF_NS_PER_SEC;
+        w->nslots = (size_t)((secs + slot - 1) / slot);
+        w->regs = calloc(w->nslots * m, 1);
+        w->totals = calloc(w->nslots, sizeof(*w->totals));
+        w->slot_id = malloc(w->nslots * sizeof(*w->slot_id));
+        if (!w->regs || !w->totals || !w->slot_id) {
+            s->nw++;
+            rc = -ENOMEM;
+            goto err;
+        }
+        for (size_t i = 0; i < w->nslots; i++)
+            w->slot_id[i] = UINT64_MAX;
+        label_of(secs, w->label, sizeof(w->label));
+        s->nw++;
+        p = end + 1;
+        if (*p == ',')
+            p++;
+    }
+    s->m_card = pf_metric_gauge_fn("pegaflow_hll_cardinality",
+                                   "Distinct missed blocks in the window (HyperLogLog)", "window",
+                                   collect_card, s);
+    s->m_total = pf_metric_gauge_fn("pegaflow_hll_total_requests",
+                                    "Blocks asked for by prefix queries in the window", "window",
+                                    collect_total, s);
+    s->m_rate = pf_metric_gauge_fn("pegaflow_hll_estimated_hit_rate",
+                                   "Hit rate an unbounded cache would have had in the window",
+                                   "window", collect_rate, s);
+    *s_p = s;
+    return 0;
+err:
+    pf_hll_set_destroy(s);
+    return rc;
+}
+
+void pf_hll_set_destroy(struct pf_hll_set *s)
+{
+    if (!s)
+        return;
+    pf_metric_gauge_fn_clear(s->m_card, s);
+    pf_metric_gauge_fn_clear(s->m_total, s);
+    pf_metric_gauge_fn_clear(s->m_rate, s);
+    for (size_t i = 0; i < s->nw; i++) {
+        free(s->w[i].regs);
+        free(s->w[i].totals);
+        free(s->w[i].slot_id);
+    }
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
