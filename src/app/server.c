@@ -19,6 +19,7 @@
 #include "pf/hal.h"
 #include "pf/http.h"
 #include "pf/log.h"
+#include "pf/metrics.h"
 #include "pf/rpc.h"
 #include "pf/service.h"
 
@@ -30,6 +31,7 @@ struct server_app {
     struct pf_http_server *http;
     struct pf_rpc_server *rpc;
     struct pf_engine_service svc;
+    struct pf_otlp_exporter *otlp;
     int efd;
     int sfd;
 };
@@ -224,6 +226,14 @@ int pf_server_main(int argc, char **argv)
         goto out;
     if (start_engine(a) != 0)
         goto out;
+    if (a->cfg.metrics_otel_endpoint) {
+        char err2[256];
+        if (pf_otlp_start(a->cfg.metrics_otel_endpoint, a->cfg.metrics_period_secs,
+                          "pegaflow-server", &a->otlp, err2, sizeof(err2)) != 0) {
+            pf_error("%s", err2);
+            goto out;
+        }
+    }
     if (start_services(a) != 0)
         goto out;
     pf_info("ready");
@@ -233,6 +243,7 @@ out:
     a->svc.stopping = true;
     pf_rpc_server_stop(a->rpc);
     pf_http_server_stop(a->http);
+    pf_otlp_stop(a->otlp);
     pf_engine_destroy(a->svc.engine);
     pf_gpu_close(a->gpu);
     if (a->sfd >= 0)

@@ -263,8 +263,7 @@ int pf_engine_create(const struct pf_engine_config *cfg, struct pf_engine **e_p,
     rc = pf_hll_set_create(cfg->hll_windows ? cfg->hll_windows : "15m,1h,1d",
                            cfg->hll_bits ? cfg->hll_bits : 16, cfg->clock, &e->hll);
     if (rc) {
-        snprintf(err, errlen, "--metric-hll-windows/--metric-hll-bucket-bits: %s",
-                 strerror(-rc));
+        snprintf(err, errlen, "--metric-hll-windows/--metric-hll-bucket-bits: %s", strerror(-rc));
         goto err_cache;
     }
     rc = pf_lease_table_create(e->cfg.clock, e->cfg.lease_ttl_ns, &e->leases);

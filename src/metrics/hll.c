@@ -58,7 +58,10 @@ static double reg_estimate(const uint8_t *reg, unsigned bits)
         sum += ldexp(1.0, -reg[i]);
         zeros += reg[i] == 0;
     }
-    double alpha = m == 16 ? 0.673 : m == 32 ? 0.697 : m == 64 ? 0.709 : 0.7213 / (1 + 1.079 / (double)m);
+    double alpha = m == 16   ? 0.673
+                   : m == 32 ? 0.697
+                   : m == 64 ? 0.709
+                             : 0.7213 / (1 + 1.079 / (double)m);
     double e = alpha * (double)m * (double)m / sum;
     if (e <= 2.5 * (double)m && zeros)
         e = (double)m * log((double)m / (double)zeros);
@@ -263,7 +266,11 @@ int pf_hll_set_create(const char *windows, unsigned bits, const struct pf_clock 
     while (*p && s->nw < 8) {
         char *end;
         unsigned long long v = strtoull(p, &end, 10);
-        uint64_t mult = *end == 's' ? 1 : *end == 'm' ? 60 : *end == 'h' ? 3600 : *end == 'd' ? 86400 : 0;
+        uint64_t mult = *end == 's'   ? 1
+                        : *end == 'm' ? 60
+                        : *end == 'h' ? 3600
+                        : *end == 'd' ? 86400
+                                      : 0;
         if (end == p || !mult || v * mult < 60) {
             rc = -EINVAL;
             goto err;

@@ -10,6 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+#include <cjson/cJSON.h>
 
 #include "pf/metrics.h"
 
@@ -504,5 +507,136 @@ int pf_metrics_render(char **out, size_t *len)
     }
     *out = b.p;
     *len = b.len;
+    return 0;
+}
+
+/* ---- OTLP/JSON rendering ---- */
+
+struct otlp_emit {
+    cJSON *points;
+    struct pf_metric *m;
+    char ts[32];
+};
+
+static cJSON *otlp_attrs(struct pf_metric *m, char *const *values)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; i < m->nlabels; i++) {
+        cJSON *kv = cJSON_CreateObject();
+        cJSON_AddStringToObject(kv, "key", m->labels[i]);
+        cJSON *v = cJSON_AddObjectToObject(kv, "value");
+        cJSON_AddStringToObject(v, "stringValue", values[i] ? values[i] : "");
+        cJSON_AddItemToArray(a, kv);
+    }
+    return a;
+}
+
+static void otlp_point(cJSON *points, struct pf_metric *m, struct pf_metric_child *c,
+                       const char *start, const char *now)
+{
+    cJSON *p = cJSON_CreateObject();
+    cJSON_AddItemToObject(p, "attributes", otlp_attrs(m, c->values));
+    cJSON_AddStringToObject(p, "startTimeUnixNano", start);
+    cJSON_AddStringToObject(p, "timeUnixNano", now);
+    if (m->kind == K_HIST) {
+        char buf[32];
+        snprintf(buf, sizeof(buf), "%llu", (unsigned long long)atomic_load(&c->count));
+        cJSON_AddStringToObject(p, "count", buf);
+        cJSON_AddNumberToObject(p, "sum", load_d(&c->val));
+        cJSON *bc = cJSON_AddArrayToObject(p, "bucketCounts");
+        uint64_t total = 0;
+        for (size_t i = 0; i < m->nbuckets; i++) {
+            uint64_t v = atomic_load(&c->bucket_counts[i]);
+            total += v;
+            snprintf(buf, sizeof(buf), "%llu", (unsigned long long)v);
+            cJSON_AddItemToArray(bc, cJSON_CreateString(buf));
+        }
+        snprintf(buf, sizeof(buf), "%llu", (unsigned long long)(atomic_load(&c->count) - total));
+        cJSON_AddItemToArray(bc, cJSON_CreateString(buf));
+        cJSON *eb = cJSON_AddArrayToObject(p, "explicitBounds");
+        for (size_t i = 0; i < m->nbuckets; i++)
+            cJSON_AddItemToArray(eb, cJSON_CreateNumber(m->buckets[i]));
+    } else {
+        cJSON_AddNumberToObject(p, "asDouble", load_d(&c->val));
+    }
+    cJSON_AddItemToArray(points, p);
+}
+
+static void otlp_emit_fn(void *ctx, const char *const *label_values, double v)
+{
+    struct otlp_emit *e = ctx;
+    struct pf_metric_child tmp = {0};
+    for (size_t i = 0; i < e->m->nlabels; i++)
+        tmp.values[i] = (char *)(label_values && label_values[i] ? label_values[i] : "");
+    cJSON *p = cJSON_CreateObject();
+    cJSON_AddItemToObject(p, "attributes", otlp_attrs(e->m, tmp.values));
+    cJSON_AddStringToObject(p, "timeUnixNano", e->ts);
+    cJSON_AddNumberToObject(p, "asDouble", v);
+    cJSON_AddItemToArray(e->points, p);
+}
+
+int pf_metrics_render_otlp(const char *service, uint64_t start_ns, char **out, size_t *len)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    char now[32], start[32];
+    snprintf(now, sizeof(now), "%llu",
+             (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec);
+    snprintf(start, sizeof(start), "%llu", (unsigned long long)start_ns);
+    cJSON *root = cJSON_CreateObject();
+    cJSON *rms = cJSON_AddArrayToObject(root, "resourceMetrics");
+    cJSON *rm = cJSON_CreateObject();
+    cJSON_AddItemToArray(rms, rm);
+    cJSON *res = cJSON_AddObjectToObject(rm, "resource");
+    cJSON *ra = cJSON_AddArrayToObject(res, "attributes");
+    cJSON *kv = cJSON_CreateObject();
+    cJSON_AddStringToObject(kv, "key", "service.name");
+    cJSON_AddStringToObject(cJSON_AddObjectToObject(kv, "value"), "stringValue", service);
+    cJSON_AddItemToArray(ra, kv);
+    cJSON *sms = cJSON_AddArrayToObject(rm, "scopeMetrics");
+    cJSON *sm = cJSON_CreateObject();
+    cJSON_AddItemToArray(sms, sm);
+    cJSON_AddStringToObject(cJSON_AddObjectToObject(sm, "scope"), "name", "pegaflow");
+    cJSON *metrics = cJSON_AddArrayToObject(sm, "metrics");
+    pthread_mutex_lock(&reg_mu);
+    for (struct pf_metric *m = families; m; m = m->next) {
+        char nbuf[256];
+        cJSON *jm = cJSON_CreateObject();
+        cJSON_AddStringToObject(jm, "name", sample_name(m, nbuf, sizeof(nbuf)));
+        cJSON_AddStringToObject(jm, "description", m->help);
+        cJSON *data;
+        if (m->kind == K_COUNTER) {
+            data = cJSON_AddObjectToObject(jm, "sum");
+            cJSON_AddNumberToObject(data, "aggregationTemporality", 2);
+            cJSON_AddTrueToObject(data, "isMonotonic");
+        } else if (m->kind == K_HIST) {
+            data = cJSON_AddObjectToObject(jm, "histogram");
+            cJSON_AddNumberToObject(data, "aggregationTemporality", 2);
+        } else {
+            data = cJSON_AddObjectToObject(jm, "gauge");
+        }
+        cJSON *points = cJSON_AddArrayToObject(data, "dataPoints");
+        pthread_mutex_lock(&m->mu);
+        if (m->kind == K_GAUGE_FN) {
+            struct otlp_emit e = {.points = points, .m = m};
+            snprintf(e.ts, sizeof(e.ts), "%s", now);
+            for (struct fn_entry *f = m->fns; f; f = f->next)
+                f->fn(f->ctx, otlp_emit_fn, &e);
+        } else if (m->plain) {
+            otlp_point(points, m, m->plain, start, now);
+        } else {
+            for (struct pf_metric_child *c = m->children; c; c = c->next)
+                otlp_point(points, m, c, start, now);
+        }
+        pthread_mutex_unlock(&m->mu);
+        cJSON_AddItemToArray(metrics, jm);
+    }
+    pthread_mutex_unlock(&reg_mu);
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    if (!s)
+        return -ENOMEM;
+    *out = s;
+    *len = strlen(s);
     return 0;
 }

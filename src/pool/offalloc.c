@@ -4,10 +4,10 @@
  * 5 exponent bits: 248 bins, at most 12.5 % apart). A free range is filed under the bin of
  * its size rounded down; a request searches from the bin of its size rounded up, so any
  * range found fits; when none does, the request's own bin is scanned for a range that is
- * still large enough (exact fit). Two bitmaps (32 top bins x 8 leaf bins) find the first non-empty bin
- * with a couple of bit scans. Ranges keep physical neighbour links so a freed range
- * coalesces with free neighbours immediately. Nodes live in a preallocated table whose
- * size bounds the number of live allocations. */
+ * still large enough (exact fit). Two bitmaps (32 top bins x 8 leaf bins) find the first non-empty
+ * bin with a couple of bit scans. Ranges keep physical neighbour links so a freed range coalesces
+ * with free neighbours immediately. Nodes live in a preallocated table whose size bounds the number
+ * of live allocations. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>

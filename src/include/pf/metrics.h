@@ -57,6 +57,22 @@ double pf_metric_value_of(const char *name, const char *const *values);
 /* Renders every family. *out is malloc'ed text (caller frees). 0 or -ENOMEM. */
 int pf_metrics_render(char **out, size_t *len);
 
+/* Renders every family as an OTLP/JSON ExportMetricsServiceRequest (counters as monotonic
+ * cumulative sums, gauges as gauges, histograms as cumulative explicit-bucket histograms).
+ * start_ns is the process start (wall clock). *out is malloc'ed. */
+int pf_metrics_render_otlp(const char *service, uint64_t start_ns, char **out, size_t *len);
+
+/* OTLP/HTTP exporter: a thread that POSTs the registry as JSON to <endpoint>/v1/metrics every
+ * period (endpoint "http://host:port[/base]"). Failures are logged (rate-limited) and counted
+ * in pegaflow_otlp_export_failures_total; they never affect serving. */
+struct pf_otlp_exporter;
+int pf_otlp_start(const char *endpoint, uint64_t period_secs, const char *service,
+                  struct pf_otlp_exporter **x_p, char *err, size_t errlen);
+/* One export now (also used by tests); 0 or -errno. */
+int pf_otlp_export_once(struct pf_otlp_exporter *x);
+/* Exports a last time (bounded by the 5 s timeouts), stops the thread. Accepts NULL. */
+void pf_otlp_stop(struct pf_otlp_exporter *x);
+
 /* Standard bucket sets. */
 extern const double pf_buckets_rpc_seconds[]; /* 0.5 ms .. 2 s */
 extern const size_t pf_buckets_rpc_seconds_n;

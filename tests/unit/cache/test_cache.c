@@ -191,8 +191,8 @@ static void test_block_refs(void **st)
     assert_int_equal(pf_pool_alloc(p, 4096, -1, &a), 0);
     struct pf_block_key k = key(1, 1);
     struct pf_block *b = pf_block_new(&k, 1);
-    b->slots[0] = (struct pf_slot){.k = a->ptr, .ka = a, .seg_len = 4096, .seg_stride = 4096,
-                                   .nseg = 1};
+    b->slots[0] =
+        (struct pf_slot){.k = a->ptr, .ka = a, .seg_len = 4096, .seg_stride = 4096, .nseg = 1};
     memset(a->ptr, 7, 4096);
     pf_block_checksum(b);
     assert_true(pf_slot_verify(&b->slots[0], b->slots[0].checksum));

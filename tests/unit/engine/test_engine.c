@@ -37,8 +37,11 @@ static int setup(void **st)
     pf_hal_init();
     assert_int_equal(pf_hal_gpu_open("sim", &gc, &F.g, chosen, sizeof(chosen), err, sizeof(err)),
                      0);
-    struct pf_engine_config ec = {.gpu = F.g, .pool_size = 16 << 20, .integrity = true,
-                                  .skip_memcheck = true, .inflight_ttl_ns = 300 * PF_NS_PER_MS};
+    struct pf_engine_config ec = {.gpu = F.g,
+                                  .pool_size = 16 << 20,
+                                  .integrity = true,
+                                  .skip_memcheck = true,
+                                  .inflight_ttl_ns = 300 * PF_NS_PER_MS};
     assert_int_equal(pf_engine_create(&ec, &F.e, err, sizeof(err)), 0);
     for (int r = 0; r < 2; r++) {
         assert_int_equal(pf_simkv_create(NB * SEG, r, &F.kv[r]), 0);
@@ -60,17 +63,21 @@ static int teardown(void **st)
 
 static int reg(const char *inst, const char *ns, int rank, int world, const char *version)
 {
-    struct pf_engine_layer l = {.name = "ALL_LAYERS", .num_blocks = NB, .bytes_per_block = SEG,
-                                .segments = 1};
+    struct pf_engine_layer l = {
+        .name = "ALL_LAYERS", .num_blocks = NB, .bytes_per_block = SEG, .segments = 1};
     l.ipc.kind = PF_IPC_SIM_SHM;
     l.ipc.size = NB * SEG;
     l.ipc.sim_device = rank;
     snprintf(l.ipc.shm_name, sizeof(l.ipc.shm_name), "%s", pf_simkv_name(F.kv[rank]));
-    struct pf_engine_register r = {.instance_id = inst, .namespace_ = ns,
+    struct pf_engine_register r = {.instance_id = inst,
+                                   .namespace_ = ns,
                                    .client_version = version ? version : PF_VERSION,
-                                   .tp_rank = (uint32_t)rank, .tp_size = (uint32_t)world,
-                                   .world_size = (uint32_t)world, .device_id = rank,
-                                   .layers = &l, .nlayers = 1};
+                                   .tp_rank = (uint32_t)rank,
+                                   .tp_size = (uint32_t)world,
+                                   .world_size = (uint32_t)world,
+                                   .device_id = rank,
+                                   .layers = &l,
+                                   .nlayers = 1};
     char err[256];
     return pf_engine_register(F.e, &r, err, sizeof(err));
 }
@@ -85,8 +92,8 @@ static int save(const char *inst, int rank, uint32_t first, size_t n)
         ids[i] = (uint32_t)(first + i);
         hs[i] = (struct pf_bytes){H[first + i], 32};
     }
-    struct pf_engine_save_layer sl = {.name = "ALL_LAYERS", .block_ids = ids, .nids = n,
-                                      .hashes = hs, .nhashes = n};
+    struct pf_engine_save_layer sl = {
+        .name = "ALL_LAYERS", .block_ids = ids, .nids = n, .hashes = hs, .nhashes = n};
     char err[256];
     return pf_engine_save(F.e, inst, (uint32_t)rank, 0, rank, &sl, 1, err, sizeof(err));
 }
@@ -198,8 +205,8 @@ static size_t tier_fetch(void *ctx, const char *req, const struct pf_block_key *
         for (int s = 0; s < 2; s++) {
             if (s)
                 pf_alloc_get(a);
-            b->slots[s] = (struct pf_slot){.k = a->ptr, .ka = a, .seg_len = SEG,
-                                           .seg_stride = SEG, .nseg = 1};
+            b->slots[s] = (struct pf_slot){
+                .k = a->ptr, .ka = a, .seg_len = SEG, .seg_stride = SEG, .nseg = 1};
         }
         memset(a->ptr, 0x40 + (int)i, SEG);
         pf_block_checksum(b);
@@ -215,8 +222,11 @@ static void tier_promoted(void *ctx, struct pf_block *const *b, size_t n)
 
 static void test_tier(void **st)
 {
-    struct pf_tier t = {.name = "fake", .cls = PF_CLASS_RECLAIMABLE, .probe = tier_probe,
-                        .fetch = tier_fetch, .promoted = tier_promoted};
+    struct pf_tier t = {.name = "fake",
+                        .cls = PF_CLASS_RECLAIMABLE,
+                        .probe = tier_probe,
+                        .fetch = tier_fetch,
+                        .promoted = tier_promoted};
     assert_int_equal(pf_engine_add_tier(F.e, &t), 0);
     /* RAM has 0..3; the tier has 40..49. Ask for [0, 1, 40, 41, 42] */
     struct pf_bytes hs[5] = {{H[0], 32}, {H[1], 32}, {H[40], 32}, {H[41], 32}, {H[42], 32}};

@@ -39,9 +39,8 @@ static void test_contiguous(void **st)
     assert_int_equal(l.host_stride, 1024);
     assert_int_equal(l.copy_len, 1000);
     /* K and V adjacent: one copy of both */
-    assert_int_equal(pf_layout_init(&l, BASE, 2 * 64 * 1000, 64, 1000, 1000, 2, false, err,
-                                    sizeof(err)),
-                     0);
+    assert_int_equal(
+        pf_layout_init(&l, BASE, 2 * 64 * 1000, 64, 1000, 1000, 2, false, err, sizeof(err)), 0);
     assert_int_equal(l.nseg, 1);
     assert_int_equal(l.copy_len, 2000);
     assert_int_equal(pf_layout_addr(&l, 3, 0), BASE + 6000);
@@ -52,17 +51,16 @@ static void test_split(void **st)
     struct pf_layout l;
     char err[200];
     /* KV-first: all K blocks, then all V blocks */
-    assert_int_equal(pf_layout_init(&l, BASE, 2 * 64 * 1000, 64, 1000, 64 * 1000, 2, false, err,
-                                    sizeof(err)),
-                     0);
+    assert_int_equal(
+        pf_layout_init(&l, BASE, 2 * 64 * 1000, 64, 1000, 64 * 1000, 2, false, err, sizeof(err)),
+        0);
     assert_int_equal(l.nseg, 2);
     assert_int_equal(l.copy_len, 1000);
     assert_int_equal(pf_layout_addr(&l, 7, 0), BASE + 7000);
     assert_int_equal(pf_layout_addr(&l, 7, 1), BASE + 64000 + 7000);
     /* a larger storage than needed is fine */
-    assert_int_equal(pf_layout_init(&l, BASE, 1 << 20, 64, 1000, 64 * 1000, 2, false, err,
-                                    sizeof(err)),
-                     0);
+    assert_int_equal(
+        pf_layout_init(&l, BASE, 1 << 20, 64, 1000, 64 * 1000, 2, false, err, sizeof(err)), 0);
 }
 
 static void test_rejections(void **st)

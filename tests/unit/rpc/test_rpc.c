@@ -61,10 +61,14 @@ static void s_closed(void *ctx, void *sc, bool cancelled)
 }
 
 static const struct pf_rpc_method methods[] = {
-    {.path = "/pegaflow.Engine/UnregisterContext", .metric_name = "echo",
-     .req_desc = &pegaflow__unregister_request__descriptor, .unary = h_echo},
-    {.path = "/pegaflow.Engine/Session", .metric_name = "session",
-     .req_desc = &pegaflow__session_request__descriptor, .stream_open = s_open,
+    {.path = "/pegaflow.Engine/UnregisterContext",
+     .metric_name = "echo",
+     .req_desc = &pegaflow__unregister_request__descriptor,
+     .unary = h_echo},
+    {.path = "/pegaflow.Engine/Session",
+     .metric_name = "session",
+     .req_desc = &pegaflow__session_request__descriptor,
+     .stream_open = s_open,
      .stream_closed = s_closed},
 };
 static const char *const unbuilt[] = {"/pegaflow.Engine/Save"};
@@ -75,9 +79,13 @@ static char target[64];
 
 static int setup(void **st)
 {
-    struct pf_rpc_server_config c = {.addr = "127.0.0.1:0", .threads = 3, .methods = methods,
-                                     .nmethods = 2, .metric_prefix = "pftest",
-                                     .unimplemented = unbuilt, .nunimplemented = 1};
+    struct pf_rpc_server_config c = {.addr = "127.0.0.1:0",
+                                     .threads = 3,
+                                     .methods = methods,
+                                     .nmethods = 2,
+                                     .metric_prefix = "pftest",
+                                     .unimplemented = unbuilt,
+                                     .nunimplemented = 1};
     char err[200];
     int port;
     assert_int_equal(pf_rpc_server_start(&c, &srv, &port, err, sizeof(err)), 0);
@@ -197,8 +205,8 @@ static void test_parked_stream(void **st)
 
 static void test_busy_port(void **st)
 {
-    struct pf_rpc_server_config c = {.addr = target, .threads = 1, .methods = methods,
-                                     .nmethods = 1};
+    struct pf_rpc_server_config c = {
+        .addr = target, .threads = 1, .methods = methods, .nmethods = 1};
     struct pf_rpc_server *s2;
     char err[200];
     assert_int_equal(pf_rpc_server_start(&c, &s2, NULL, err, sizeof(err)), -EADDRINUSE);
@@ -256,9 +264,9 @@ static void test_metrics_render(void **st)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_unary),       cmocka_unit_test(test_malformed_and_unknown),
+        cmocka_unit_test(test_unary),         cmocka_unit_test(test_malformed_and_unknown),
         cmocka_unit_test(test_parked_stream), cmocka_unit_test(test_busy_port),
-        cmocka_unit_test(test_mappings),    cmocka_unit_test(test_metrics_render),
+        cmocka_unit_test(test_mappings),      cmocka_unit_test(test_metrics_render),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,0 +1,216 @@
+/* OTLP/HTTP metrics exporter: every period, render the registry as OTLP JSON and POST it to
+ * <endpoint>/v1/metrics over a short-lived HTTP/1.1 connection (connect, send and receive
+ * bounded by 5 s). A collector that is down only costs a rate-limited warning and a counter. */
+#include <errno.h>
+#include <netdb.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define PF_LOG_MOD "otlp"
+#include "pf/clock.h"
+#include "pf/config.h"
+#include "pf/log.h"
+#include "pf/metrics.h"
+#include "pf/thread.h"
+
+#define IO_TIMEOUT_MS 5000
+
+struct pf_otlp_exporter {
+    char host[256];
+    uint16_t port;
+    char path[256];
+    uint64_t period_ms;
+    char *service;
+    uint64_t start_ns;
+    pthread_t thr;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool stop;
+    struct pf_metric *m_fail, *m_ok;
+};
+
+static int connect_timeout(const char *host, uint16_t port)
+{
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res;
+    char ps[8];
+    snprintf(ps, sizeof(ps), "%u", port);
+    if (getaddrinfo(host, ps, &hints, &res) != 0)
+        return -EHOSTUNREACH;
+    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int rc = fd < 0 ? -errno : 0;
+    if (!rc && connect(fd, res->ai_addr, res->ai_addrlen) != 0) {
+        if (errno != EINPROGRESS) {
+            rc = -errno;
+        } else {
+            struct pollfd p = {.fd = fd, .events = POLLOUT};
+            int n = poll(&p, 1, IO_TIMEOUT_MS);
+            int soerr = 0;
+            socklen_t sl = sizeof(soerr);
+            if (n <= 0)
+                rc = -ETIMEDOUT;
+            else if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) != 0 || soerr)
+                rc = -(soerr ? soerr : errno);
+        }
+    }
+    freeaddrinfo(res);
+    if (rc) {
+        if (fd >= 0)
+            close(fd);
+        return rc;
+    }
+    return fd;
+}
+
+static int io_all(int fd, char *buf, size_t len, bool writing)
+{
+    size_t done = 0;
+    uint64_t deadline = pf_now_ns() + IO_TIMEOUT_MS * PF_NS_PER_MS;
+    while (done < len) {
+        uint64_t now = pf_now_ns();
+        if (now >= deadline)
+            return -ETIMEDOUT;
+        struct pollfd p = {.fd = fd, .events = writing ? POLLOUT : POLLIN};
+        if (poll(&p, 1, (int)((deadline - now) / PF_NS_PER_MS) + 1) <= 0)
+            continue;
+        ssize_t n = writing ? send(fd, buf + done, len - done, MSG_NOSIGNAL)
+                            : recv(fd, buf + done, len - done, 0);
+        if (n < 0 && (errno == EAGAIN || errno == EINTR))
+            continue;
+        if (n < 0)
+            return -errno;
+        if (n == 0)
+            return (int)done; /* peer closed */
+        done += (size_t)n;
+        if (!writing)
+            return (int)done; /* a status line is enough */
+    }
+    return (int)done;
+}
+
+int pf_otlp_export_once(struct pf_otlp_exporter *x)
+{
+    char *body;
+    size_t blen;
+    int rc = pf_metrics_render_otlp(x->service, x->start_ns, &body, &blen);
+    if (rc)
+        return rc;
+    char hdr[768];
+    int hl = snprintf(hdr, sizeof(hdr),
+                      "POST %s HTTP/1.1\r\nHost: %s:%u\r\nContent-Type: application/json\r\n"
+                      "Content-Length: %zu\r\nConnection: close\r\n\r\n",
+                      x->path, x->host, x->port, blen);
+    int fd = connect_timeout(x->host, x->port);
+    if (fd < 0) {
+        rc = fd;
+        goto out;
+    }
+    rc = io_all(fd, hdr, (size_t)hl, true);
+    if (rc >= 0)
+        rc = io_all(fd, body, blen, true);
+    char resp[64] = "";
+    if (rc >= 0)
+        rc = io_all(fd, resp, sizeof(resp) - 1, false);
+    close(fd);
+    if (rc < 0)
+        goto out;
+    int status = 0;
+    if (sscanf(resp, "HTTP/%*s %d", &status) != 1 || status < 200 || status >= 300) {
+        pf_log_ratelimited(PF_LOG_WARN, 60000, "OTLP collector %s:%u answered '%.40s'", x->host,
+                           x->port, resp);
+        rc = -EPROTO;
+        goto out;
+    }
+    rc = 0;
+out:
+    free(body);
+    if (rc) {
+        pf_metric_add(x->m_fail, 1);
+        pf_log_ratelimited(PF_LOG_WARN, 60000, "OTLP export to %s:%u%s failed: %s", x->host,
+                           x->port, x->path, strerror(-rc));
+    } else {
+        pf_metric_add(x->m_ok, 1);
+    }
+    return rc;
+}
+
+static void *otlp_main(void *arg)
+{
+    struct pf_otlp_exporter *x = arg;
+    pthread_mutex_lock(&x->mu);
+    while (!x->stop) {
+        struct timespec dl = pf_deadline_ms(x->period_ms);
+        pthread_cond_timedwait(&x->cv, &x->mu, &dl);
+        if (x->stop)
+            break;
+        pthread_mutex_unlock(&x->mu);
+        pf_otlp_export_once(x);
+        pthread_mutex_lock(&x->mu);
+    }
+    pthread_mutex_unlock(&x->mu);
+    return NULL;
+}
+
+int pf_otlp_start(const char *endpoint, uint64_t period_secs, const char *service,
+                  struct pf_otlp_exporter **x_p, char *err, size_t errlen)
+{
+    struct pf_otlp_exporter *x = calloc(1, sizeof(*x));
+    if (!x)
+        return -ENOMEM;
+    const char *p = endpoint;
+    if (strncmp(p, "http://", 7) == 0)
+        p += 7;
+    const char *slash = strchr(p, '/');
+    char hp[300];
+    snprintf(hp, sizeof(hp), "%.*s", (int)(slash ? (size_t)(slash - p) : strlen(p)), p);
+    if (pf_addr_split(hp, x->host, sizeof(x->host), &x->port) != 0 || x->port == 0) {
+        snprintf(err, errlen, "--metrics-otel-endpoint: '%s' is not http://host:port[/path]",
+                 endpoint);
+        free(x);
+        return -EINVAL;
+    }
+    const char *base = slash ? slash : "";
+    size_t bl = strlen(base);
+    while (bl > 0 && base[bl - 1] == '/')
+        bl--;
+    snprintf(x->path, sizeof(x->path), "%.*s/v1/metrics", (int)bl, base);
+    x->period_ms = (period_secs ? period_secs : 10) * 1000;
+    x->service = strdup(service);
+    x->start_ns = pf_wall_ns();
+    x->m_fail =
+        pf_metric_counter("pegaflow_otlp_export_failures", "OTLP metric exports that failed", NULL);
+    x->m_ok = pf_metric_counter("pegaflow_otlp_exports", "OTLP metric exports delivered", NULL);
+    pthread_mutex_init(&x->mu, NULL);
+    pf_cond_init(&x->cv);
+    int rc = pf_thread_start(&x->thr, "pegaflow-otlp", -1, otlp_main, x);
+    if (rc) {
+        snprintf(err, errlen, "cannot start the OTLP exporter: %s", strerror(-rc));
+        free(x->service);
+        free(x);
+        return rc;
+    }
+    pf_info("exporting metrics to http://%s:%u%s every %llu s", x->host, x->port, x->path,
+            (unsigned long long)(x->period_ms / 1000));
+    *x_p = x;
+    return 0;
+}
+
+void pf_otlp_stop(struct pf_otlp_exporter *x)
+{
+    if (!x)
+        return;
+    pthread_mutex_lock(&x->mu);
+    x->stop = true;
+    pthread_cond_broadcast(&x->cv);
+    pthread_mutex_unlock(&x->mu);
+    pthread_join(x->thr, NULL);
+    pf_otlp_export_once(x); /* flush the final values */
+    pthread_mutex_destroy(&x->mu);
+    pthread_cond_destroy(&x->cv);
+    free(x->service);
+    free(x);
+}
