@@ -21,6 +21,10 @@ out=$("$PF_BIN/pegaflow-server" --gpu-backend sim --pool-size 16mb --addr "127.0
   --http-addr 127.0.0.1:0 2>&1); rc=$?
 [ $rc -ne 0 ] && echo "$out" | grep -q -- "--addr: cannot bind 127.0.0.1:$srv_GRPC" ||
   fail "busy gRPC port: rc=$rc out=$out"
+# every metric family the server exposes is documented in docs/metrics.md
+for m in $(curl -fsS "http://127.0.0.1:$srv_HTTP/metrics" | awk '/^# TYPE/ {print $3}'); do
+  grep -q -- "\`$m\`" "$PF_TOP/docs/metrics.md" || fail "metric $m is not documented in docs/metrics.md"
+done
 "$PF_BIN/pegaflow-cli" --addr "127.0.0.1:$srv_GRPC" shutdown >/dev/null || fail "Shutdown RPC"
 wait_exit "$srv_PID" 15
 rc=$EXIT_RC
@@ -70,6 +74,10 @@ out=$("$PF_BIN/pegaflow-server" --gpu-backend sim --pool-size 64tb --addr 127.0.
 
 # --help documents every flag of seeds/server.md; --version prints the client version
 help=$("$PF_BIN/pegaflow-server" --help) || fail "--help exit code"
+for f in $(echo "$help" | grep -o -- '^  --[a-z0-9-]*' | tr -d ' '); do
+  [ "$f" = --help ] || [ "$f" = --version ] || grep -q -- "\`$f\`" "$PF_TOP/docs/server.md" ||
+    fail "flag $f is not documented in docs/server.md"
+done
 for f in addr devices pool-size hint-value-size use-hugepages enable-lfu-admission \
   disable-numa-affinity blockwise-alloc log-level http-addr enable-prometheus \
   metrics-otel-endpoint metrics-period-secs ssd-cache-path ssd-cache-capacity \
