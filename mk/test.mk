@@ -8,16 +8,14 @@ UNIT_BINS := $(patsubst tests/unit/%.c,$(O)/tests/unit/%,$(UNIT_SRCS))
 INTEG_C := $(sort $(wildcard tests/integration/*.c))
 INTEG_BINS := $(patsubst tests/integration/%.c,$(O)/tests/integration/%,$(INTEG_C))
 INTEG_SCRIPTS := $(sort $(wildcard tests/integration/test_*.sh))
-TESTLIB_SRCS := $(wildcard tests/lib/*.c)
-TESTLIB_OBJS := $(call obj,$(TESTLIB_SRCS))
 
-$(O)/tests/unit/%: $(O)/obj/tests/unit/%.o $(TESTLIB_OBJS) $(LIBPFCLIENT) $(LIBPFCORE)
+$(O)/tests/unit/%: $(O)/obj/tests/unit/%.o $(call obj,$(TESTLIB_SRCS)) $(LIBPFCLIENT) $(LIBPFCORE)
 	@mkdir -p $(@D)
 	@echo "  LD      $@"
 	@$(CC) $(LDFLAGS_ALL) $(UNIT_LDFLAGS_$(subst /,_,$*)) -o $@ $< $(TESTLIB_OBJS) $(LIBPFCLIENT) \
 		$(LIBPFCORE) -lcmocka $(LIBS_ALL) $(CUDA_LIBS) $(if $(CU_SRCS),-lstdc++)
 
-$(O)/tests/integration/%: $(O)/obj/tests/integration/%.o $(TESTLIB_OBJS) $(LIBPFCLIENT) $(LIBPFCORE)
+$(O)/tests/integration/%: $(O)/obj/tests/integration/%.o $(call obj,$(TESTLIB_SRCS)) $(LIBPFCLIENT) $(LIBPFCORE)
 	@mkdir -p $(@D)
 	@echo "  LD      $@"
 	@$(CC) $(LDFLAGS_ALL) -o $@ $< $(TESTLIB_OBJS) $(LIBPFCLIENT) $(LIBPFCORE) $(LIBS_ALL) \

@@ -71,3 +71,5 @@ $(O)/obj/%.cu.o: %.cu
 LIBPFCORE := $(O)/lib/libpfcore.a
 LIBPFCLIENT := $(O)/lib/libpfclient.a
 LIBPEGAFLOW := $(O)/lib/libpegaflow.so
+TESTLIB_SRCS := $(wildcard tests/lib/*.c)
+TESTLIB_OBJS = $(call obj,$(TESTLIB_SRCS))
