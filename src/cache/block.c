@@ -12,9 +12,11 @@
 
 struct pf_block *pf_block_new(const struct pf_block_key *key, uint16_t nslots)
 {
-    struct pf_block *b = calloc(1, sizeof(*b) + (size_t)nslots * sizeof(struct pf_slot));
+    size_t sz = pf_round_up(sizeof(struct pf_block) + (size_t)nslots * sizeof(struct pf_slot), 64);
+    struct pf_block *b = aligned_alloc(64, sz);
     if (!b)
         return NULL;
+    memset(b, 0, sz);
     atomic_init(&b->strong, 1);
     atomic_init(&b->weak, 1);
     pf_list_init(&b->lru);

@@ -10,7 +10,7 @@
  * Sealed blocks are immutable and refcounted like Rust's Arc: `strong` references keep the
  * data alive; `weak` references (the SSD write queue) keep only the struct alive and can be
  * upgraded while strong > 0. The cache owns one strong reference while the block is
- * resident. The struct is ~96 bytes + 40 bytes per slot. */
+ * resident. The struct is 112 bytes + 56 bytes per slot, 64-byte aligned. */
 #ifndef PF_BLOCK_H
 #define PF_BLOCK_H
 
@@ -50,17 +50,23 @@ enum pf_block_class {
     PF_CLASS_RECLAIMABLE = 1, /* fetched from a peer or redundant in the cluster */
 };
 
+/* Layout: everything a cache lookup touches (index node, reference count, access mark, key
+ * up to a 32-byte hash) sits in the first 64 bytes, and blocks are 64-byte aligned, so a hit
+ * costs one cache line of the block. */
 struct pf_block {
     struct pf_hnode hnode; /* cache index (owned by the cache) */
-    struct pf_list lru;    /* class recency list (owned by the cache) */
     _Atomic uint32_t strong;
-    _Atomic uint32_t weak;
+    uint8_t accessed; /* hit since it was last examined by eviction (cache lock) */
     uint8_t cls;
     uint8_t resident; /* in the cache index (cache lock) */
+    uint8_t pad0;
+    struct pf_block_key key;
+    /* -- second cache line -- */
+    _Atomic uint32_t weak;
     uint16_t nslots;
+    struct pf_list lru; /* class recency list (owned by the cache) */
     uint64_t inserted_ns;
     uint64_t footprint; /* sum of seg_stride over segments */
-    struct pf_block_key key;
     struct pf_slot slots[];
 };
 
