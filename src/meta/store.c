@@ -1253,8 +1253,11 @@ void pf_meta_store_sweep(struct pf_meta_store *st, struct pf_meta_sweep_stats *s
     bool gc = sn.sess_flags && sn.sess_refs && sn.ns_keys;
     for (uint32_t i = 0; i < sn.nsess && sn.sess_flags; i++) {
         struct msess *s = st->sessions.v[i];
-        if (!s)
+        if (!s) {
+            /* a free id may be reused by a session created during the scan: keep its owners */
+            sn.sess_flags[i] = SF_KEPT | SF_VISIBLE;
             continue;
+        }
         struct maddr *a = addr_at(st, s->addr);
         uint8_t f = 0;
         if (a->cur != NO_ID)
