@@ -437,7 +437,7 @@ static void test_model_random(void **state)
     srand(seed);
     static uint8_t model[NK];
     memset(model, 0, sizeof(model));
-    char names[NN][16];
+    char names[NN][24];
     uint8_t ids[NN][16];
     for (int n = 0; n < NN; n++) {
         snprintf(names[n], sizeof(names[n]), "node%d:1", n);
