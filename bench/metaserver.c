@@ -44,12 +44,19 @@ static long nkeys = 1000000, nnodes = 8, nowners = 2, qlen = 64;
 static double qsecs = 3.0;
 static const char *ms_path, *json_path;
 
+static uint8_t *keybytes; /* nkeys x HLEN, generated once before timing */
+
 static void key_of(long k, uint8_t out[HLEN])
 {
     for (unsigned i = 0; i < HLEN / 8; i++) {
         uint64_t v = XXH3_64bits_withSeed(&k, sizeof(k), i + 1);
         memcpy(out + 8 * i, &v, 8);
     }
+}
+
+static const uint8_t *key_at(long k)
+{
+    return keybytes + (size_t)k * HLEN;
 }
 
 static bool owns(long node, long key)
@@ -59,6 +66,21 @@ static bool owns(long node, long key)
         if ((run + o) % nnodes == node)
             return true;
     return false;
+}
+
+/* The keys node owns, in order (ProtobufCBinaryData and pf_meta_hash share a layout). */
+static ProtobufCBinaryData *owned_keys(long node, size_t *n_p)
+{
+    size_t n = 0;
+    for (long key = 0; key < nkeys; key++)
+        n += owns(node, key);
+    ProtobufCBinaryData *h = malloc((n ? n : 1) * sizeof(*h));
+    size_t j = 0;
+    for (long key = 0; key < nkeys; key++)
+        if (owns(node, key))
+            h[j++] = (ProtobufCBinaryData){HLEN, (uint8_t *)key_at(key)};
+    *n_p = n;
+    return h;
 }
 
 static void node_name(long i, char *buf, size_t n)
@@ -103,6 +125,7 @@ struct rpc_node {
     struct pf_rpc_channel *ch;
     long registered;
     int err;
+    pthread_barrier_t *start;
 };
 
 static void *rpc_register(void *arg)
@@ -111,26 +134,17 @@ static void *rpc_register(void *arg)
     char name[64], uuid[PF_UUID_STR_LEN];
     node_name(n->id, name, sizeof(name));
     node_uuid(n->id, uuid);
-    uint8_t *bytes = malloc((size_t)CHUNK * HLEN);
-    ProtobufCBinaryData *h = malloc(CHUNK * sizeof(*h));
-    size_t k = 0;
-    for (long key = 0; key <= nkeys; key++) {
-        bool flush = key == nkeys ? k > 0 : false;
-        if (key < nkeys && owns(n->id, key)) {
-            key_of(key, bytes + k * HLEN);
-            h[k].data = bytes + k * HLEN;
-            h[k].len = HLEN;
-            k++;
-            flush = k == CHUNK;
-        }
-        if (!flush)
-            continue;
+    size_t total;
+    ProtobufCBinaryData *h = owned_keys(n->id, &total);
+    pthread_barrier_wait(n->start);
+    for (size_t off = 0; off < total; off += CHUNK) {
+        size_t k = total - off < CHUNK ? total - off : CHUNK;
         Pegaflow__InsertBlockHashesRequest req = PEGAFLOW__INSERT_BLOCK_HASHES_REQUEST__INIT;
         req.namespace_ = "bench";
         req.node = name;
         req.node_id = uuid;
         req.n_block_hashes = k;
-        req.block_hashes = h;
+        req.block_hashes = h + off;
         ProtobufCMessage *resp = NULL;
         struct pf_rpc_status st;
         int rc =
@@ -143,10 +157,8 @@ static void *rpc_register(void *arg)
         }
         protobuf_c_message_free_unpacked(resp, NULL);
         n->registered += (long)k;
-        k = 0;
     }
     free(h);
-    free(bytes);
     return NULL;
 }
 
@@ -161,7 +173,6 @@ struct q_thread {
 static void *rpc_query(void *arg)
 {
     struct q_thread *q = arg;
-    uint8_t *bytes = malloc((size_t)qlen * HLEN);
     ProtobufCBinaryData *h = malloc((size_t)qlen * sizeof(*h));
     while (pf_now_ns() < q->deadline) {
         long runs = nkeys / RUN;
@@ -169,8 +180,7 @@ static void *rpc_query(void *arg)
         long start = run * RUN + (long)(rand_r(&q->seed) % (RUN - (unsigned)qlen + 1));
         long n = q->ping ? 1 : qlen;
         for (long i = 0; i < n; i++) {
-            key_of(start + i, bytes + i * HLEN);
-            h[i].data = bytes + i * HLEN;
+            h[i].data = (uint8_t *)key_at(start + i);
             h[i].len = HLEN;
         }
         Pegaflow__QueryPrefixBlocksRequest req = PEGAFLOW__QUERY_PREFIX_BLOCKS_REQUEST__INIT;
@@ -194,7 +204,6 @@ static void *rpc_query(void *arg)
         q->hashes += n;
     }
     free(h);
-    free(bytes);
     return NULL;
 }
 
@@ -299,9 +308,14 @@ static int rpc_part(struct results *r)
     pf_sleep_ms(200);
     r->rss0_kb = rss_kb(pid);
     pthread_t *th = calloc((size_t)nnodes, sizeof(*th));
-    uint64_t t0 = pf_now_ns();
-    for (long i = 0; i < nnodes; i++)
+    pthread_barrier_t start;
+    pthread_barrier_init(&start, NULL, (unsigned)nnodes + 1);
+    for (long i = 0; i < nnodes; i++) {
+        nodes[i].start = &start;
         pthread_create(&th[i], NULL, rpc_register, &nodes[i]);
+    }
+    pthread_barrier_wait(&start); /* every node has its keys ready */
+    uint64_t t0 = pf_now_ns();
     long total = 0;
     for (long i = 0; i < nnodes; i++) {
         pthread_join(th[i], NULL);
@@ -310,6 +324,7 @@ static int rpc_part(struct results *r)
             rc = nodes[i].err;
     }
     free(th);
+    pthread_barrier_destroy(&start);
     r->rpc_insert_s = secs_since(t0);
     r->rpc_insert_per_s = (double)total / r->rpc_insert_s;
     pf_sleep_ms(200);
@@ -360,6 +375,7 @@ struct st_thread {
     long id;
     uint64_t deadline;
     long n;
+    pthread_barrier_t *start;
 };
 
 static void *st_register(void *arg)
@@ -369,42 +385,30 @@ static void *st_register(void *arg)
     uint8_t id[16] = {0};
     id[0] = (uint8_t)(t->id + 1);
     node_name(t->id, name, sizeof(name));
-    uint8_t *bytes = malloc((size_t)CHUNK * HLEN);
-    struct pf_meta_hash *h = malloc(CHUNK * sizeof(*h));
-    size_t k = 0;
-    for (long key = 0; key <= nkeys; key++) {
-        bool flush = key == nkeys ? k > 0 : false;
-        if (key < nkeys && owns(t->id, key)) {
-            key_of(key, bytes + k * HLEN);
-            h[k] = (struct pf_meta_hash){HLEN, bytes + k * HLEN};
-            k++;
-            flush = k == CHUNK;
-        }
-        if (flush) {
-            pf_meta_store_insert(t->st, "bench", h, k, name, id, NULL);
-            t->n += (long)k;
-            k = 0;
-        }
+    size_t total;
+    ProtobufCBinaryData *h = owned_keys(t->id, &total);
+    pthread_barrier_wait(t->start);
+    for (size_t off = 0; off < total; off += CHUNK) {
+        size_t k = total - off < CHUNK ? total - off : CHUNK;
+        pf_meta_store_insert(t->st, "bench", (const struct pf_meta_hash *)(h + off), k, name, id,
+                             NULL);
+        t->n += (long)k;
     }
     free(h);
-    free(bytes);
     return NULL;
 }
 
 static void *st_query(void *arg)
 {
     struct st_thread *t = arg;
-    uint8_t *bytes = malloc((size_t)qlen * HLEN);
     struct pf_meta_hash *h = malloc((size_t)qlen * sizeof(*h));
     unsigned seed = (unsigned)t->id;
     while (pf_now_ns() < t->deadline) {
         long runs = nkeys / RUN;
         long start = (long)(rand_r(&seed) % (unsigned)(runs ? runs : 1)) * RUN +
                      (long)(rand_r(&seed) % (RUN - (unsigned)qlen + 1));
-        for (long i = 0; i < qlen; i++) {
-            key_of(start + i, bytes + i * HLEN);
-            h[i] = (struct pf_meta_hash){HLEN, bytes + i * HLEN};
-        }
+        for (long i = 0; i < qlen; i++)
+            h[i] = (struct pf_meta_hash){HLEN, key_at(start + i)};
         struct pf_meta_prefix *res;
         size_t nres;
         if (pf_meta_store_query_prefix(t->st, "bench", h, (size_t)qlen, &res, &nres) == 0)
@@ -412,7 +416,6 @@ static void *st_query(void *arg)
         t->n++;
     }
     free(h);
-    free(bytes);
     return NULL;
 }
 
@@ -420,7 +423,6 @@ static void store_part(struct results *r)
 {
     struct pf_meta_store *st;
     struct pf_meta_store_config cfg = {.node_stale_secs = 30, .ttl_secs = 7200};
-    long rss0 = rss_kb(getpid());
     pf_meta_store_create(&cfg, &st);
     for (long i = 0; i < nnodes; i++) {
         char name[64];
@@ -431,19 +433,25 @@ static void store_part(struct results *r)
     }
     struct st_thread *t = calloc((size_t)nnodes, sizeof(*t));
     pthread_t *th = calloc((size_t)nnodes, sizeof(*th));
-    uint64_t t0 = pf_now_ns();
+    pthread_barrier_t start;
+    pthread_barrier_init(&start, NULL, (unsigned)nnodes + 1);
     for (long i = 0; i < nnodes; i++) {
-        t[i] = (struct st_thread){.st = st, .id = i};
+        t[i] = (struct st_thread){.st = st, .id = i, .start = &start};
         pthread_create(&th[i], NULL, st_register, &t[i]);
     }
+    pthread_barrier_wait(&start);
+    uint64_t t0 = pf_now_ns();
     long total = 0;
     for (long i = 0; i < nnodes; i++) {
         pthread_join(th[i], NULL);
         total += t[i].n;
     }
+    pthread_barrier_destroy(&start);
     r->st_insert_s = secs_since(t0);
     r->st_insert_per_s = (double)total / r->st_insert_s;
-    r->st_bytes_per_key = (double)(rss_kb(getpid()) - rss0) * 1024.0 / (double)nkeys;
+    struct pf_meta_store_stats ss;
+    pf_meta_store_get_stats(st, &ss);
+    r->st_bytes_per_key = (double)ss.bytes / (double)nkeys;
     t0 = pf_now_ns();
     uint64_t dl = t0 + (uint64_t)(qsecs * 1e9);
     long nq = 0;
@@ -503,6 +511,9 @@ int main(int argc, char **argv)
         return 2;
     }
     pf_rpc_global_init();
+    keybytes = malloc((size_t)nkeys * HLEN);
+    for (long k = 0; k < nkeys; k++)
+        key_of(k, keybytes + (size_t)k * HLEN);
     struct results r = {0};
     printf("MetaServer benchmark: %ld keys (32-byte hashes), %ld nodes, %ld owners per key, "
            "queries of %ld blocks, %ld CPUs\n",
@@ -527,7 +538,9 @@ int main(int argc, char **argv)
            r.rpc_ping_per_s / (r.rpc_q_per_s ? r.rpc_q_per_s : 1), "-");
     printf("%-44s %14.1f %14.1f\n", "UnregisterNode at 10^6 keys (ms)", r.rpc_unregister_ms,
            r.st_unregister_ms);
-    printf("%-44s %14.1f %14.1f\n", "memory per key (RSS delta / keys, bytes)", r.rss_bytes_per_key,
+    printf("%-44s %14.1f %14s\n", "memory per key: server RSS delta / keys (B)",
+           r.rss_bytes_per_key, "-");
+    printf("%-44s %14s %14.1f\n", "memory per key: store tables+entries (B)", "-",
            r.st_bytes_per_key);
     printf("%-44s %14.1f %14s\n", "  per owner entry (bytes)",
            r.rss_bytes_per_key * (double)nkeys / regs, "-");
@@ -543,7 +556,7 @@ int main(int argc, char **argv)
              "\"unregister_ms\":%.2f,\"removed_owners\":%ld,\"rss_bytes_per_key\":%.1f,"
              "\"rss_after_kb\":%ld,\"wrong_answers\":%ld},"
              "\"store\":{\"insert_registrations_per_s\":%.0f,\"query_per_s\":%.0f,"
-             "\"unregister_ms\":%.2f,\"rss_bytes_per_key\":%.1f}}\n",
+             "\"unregister_ms\":%.2f,\"store_bytes_per_key\":%.1f}}\n",
              nkeys, nnodes, nowners, qlen, sysconf(_SC_NPROCESSORS_ONLN), r.rpc_insert_per_s,
              r.rpc_insert_s, r.rpc_q_per_s, r.rpc_qh_per_s, r.rpc_ping_per_s, r.rpc_unregister_ms,
              r.removed_owners, r.rss_bytes_per_key, r.rss1_kb, r.q_bad, r.st_insert_per_s,

@@ -10,10 +10,11 @@
  *     probing table of 8-byte slots: the entry pointer with 16 hash bits in its unused top
  *     bits, so a probe dereferences an entry only on a 1/65536 false match. Deletion is by
  *     backward shift (no tombstones).
- *   - An entry is one allocation sized exactly: {u32 key hash, u32 namespace id, u16 hash
- *     length, u16 owner count, hash bytes, owners}; an owner is {u32 session id, u32
- *     register second}. Entries come from a per-shard slab with 8-byte size classes, so a
- *     32-byte hash with one owner costs 56 bytes, with two owners 64 bytes.
+ *   - An entry is one allocation: {u32 key hash, u32 namespace id, u16 hash length, u16
+ *     owner count, u16 owner capacity, hash bytes, owners}; an owner is {u32 session id, u32
+ *     register second}. Capacity starts at 2 (a block usually gains a second owner: no
+ *     reallocation then) and doubles. Entries come from a per-shard slab with 8-byte size
+ *     classes, so a 32-byte hash with one or two owners costs 64 bytes.
  *   - A session id identifies (address, node_id); the address's node record says which
  *     session is current and when it was last seen, so visibility is two array lookups.
  *
@@ -57,6 +58,7 @@ struct entry {
     uint32_t ns;
     uint16_t hlen;
     uint16_t nown;
+    uint16_t cap;   /* owner slots allocated (>= 2: most keys get a second owner) */
     uint8_t data[]; /* hash bytes, then owners (4-aligned) */
 };
 
@@ -85,6 +87,7 @@ struct slab {
     uint8_t *bump;
     size_t bump_left;
     struct slab_page *pages;
+    size_t bytes; /* pages + large entries */
 };
 
 static inline bool slab_is_big(size_t size)
@@ -95,8 +98,12 @@ static inline bool slab_is_big(size_t size)
 static void *slab_alloc(struct slab *sl, size_t size)
 {
     size = (size + 7) & ~(size_t)7;
-    if (size > SLAB_MAX)
-        return malloc(size);
+    if (size > SLAB_MAX) {
+        void *big = malloc(size);
+        if (big)
+            sl->bytes += size;
+        return big;
+    }
     size_t c = size / 8;
     void *p = sl->free[c];
     if (p) {
@@ -115,6 +122,7 @@ static void *slab_alloc(struct slab *sl, size_t size)
             return NULL;
         pg->next = sl->pages;
         sl->pages = pg;
+        sl->bytes += SLAB_PAGE;
         sl->bump = pg->mem;
         sl->bump_left = SLAB_PAGE - offsetof(struct slab_page, mem);
     }
@@ -129,6 +137,7 @@ static void slab_free(struct slab *sl, void *p, size_t size)
     size = (size + 7) & ~(size_t)7;
     if (size > SLAB_MAX) {
         free(p);
+        sl->bytes -= size;
         return;
     }
     size_t c = size / 8;
@@ -245,7 +254,7 @@ static void shard_maybe_shrink(struct shard *s)
 
 static void entry_free(struct shard *s, struct entry *e)
 {
-    slab_free(&s->slab, e, entry_size(e->hlen, e->nown));
+    slab_free(&s->slab, e, entry_size(e->hlen, e->cap));
 }
 
 /* ------------------------------------------------------------------ registry */
@@ -419,7 +428,7 @@ struct pf_meta_store {
     _Atomic uint64_t red[4];
     _Atomic uint64_t red_copies;
 
-    struct pf_metric *g_entries, *g_owners, *g_nodes, *g_red, *g_red_avg;
+    struct pf_metric *g_entries, *g_owners, *g_bytes, *g_nodes, *g_red, *g_red_avg;
     struct pf_metric *c_sw_owners, *c_sw_keys, *c_sw_nodes, *c_sweeps;
 };
 
@@ -607,12 +616,16 @@ static void collect_simple(void *ctx, pf_metric_emit_fn emit, void *ectx, int wh
 {
     struct pf_meta_store_stats s;
     pf_meta_store_get_stats(ctx, &s);
-    double v = which == 0 ? (double)s.entries : (double)s.owners;
+    double v = which == 0 ? (double)s.entries : which == 1 ? (double)s.owners : (double)s.bytes;
     emit(ectx, NULL, v);
 }
 static void collect_entries(void *ctx, pf_metric_emit_fn emit, void *ectx)
 {
     collect_simple(ctx, emit, ectx, 0);
+}
+static void collect_bytes(void *ctx, pf_metric_emit_fn emit, void *ectx)
+{
+    collect_simple(ctx, emit, ectx, 2);
 }
 static void collect_owners(void *ctx, pf_metric_emit_fn emit, void *ectx)
 {
@@ -649,6 +662,9 @@ static void metrics_register(struct pf_meta_store *st)
     st->g_entries = pf_metric_gauge_fn("pegaflow_metaserver_store_entries",
                                        "Keys (namespace, block hash) in the MetaServer store", "",
                                        collect_entries, st);
+    st->g_bytes = pf_metric_gauge_fn("pegaflow_metaserver_store_bytes",
+                                     "Memory held by the store's key tables and entries", "",
+                                     collect_bytes, st);
     st->g_owners = pf_metric_gauge_fn("pegaflow_metaserver_block_owners",
                                       "Owner entries over all keys", "", collect_owners, st);
     st->g_nodes =
@@ -673,6 +689,7 @@ static void metrics_unregister(struct pf_meta_store *st)
 {
     pf_metric_gauge_fn_clear(st->g_entries, st);
     pf_metric_gauge_fn_clear(st->g_owners, st);
+    pf_metric_gauge_fn_clear(st->g_bytes, st);
     pf_metric_gauge_fn_clear(st->g_nodes, st);
     pf_metric_gauge_fn_clear(st->g_red, st);
     pf_metric_gauge_fn_clear(st->g_red_avg, st);
@@ -729,7 +746,7 @@ void pf_meta_store_destroy(struct pf_meta_store *st)
         struct shard *s = &st->shards[i];
         for (size_t j = 0; j <= s->mask; j++) {
             uint64_t v = s->slots[j];
-            if (v && slab_is_big(entry_size(slot_entry(v)->hlen, slot_entry(v)->nown)))
+            if (v && slab_is_big(entry_size(slot_entry(v)->hlen, slot_entry(v)->cap)))
                 entry_free(s, slot_entry(v)); /* malloc'ed */
         }
         free(s->slots);
@@ -824,36 +841,41 @@ static int session_check(struct pf_meta_store *st, const char *node, size_t len,
     return 0;
 }
 
-/* Drops owner k of the entry in slot i (shard locked). Returns true when the key went away
- * (the slot then holds a shifted entry or is empty). Without memory for the smaller copy
- * the owner is overwritten with NO_ID, which every reader skips and the sweep drops. */
-static bool entry_drop_owner(struct shard *s, size_t i, size_t k)
+/* Moves the entry in slot i to a smaller allocation when it uses a quarter of its owner
+ * slots or less (shard locked; without memory it stays as it is). */
+static void entry_maybe_shrink(struct shard *s, size_t i)
 {
     uint64_t v = s->slots[i];
     struct entry *e = slot_entry(v);
+    size_t cap = e->cap;
+    while (cap > 2 && (size_t)e->nown * 4 <= cap)
+        cap /= 2;
+    if (cap == e->cap)
+        return;
+    struct entry *ne = slab_alloc(&s->slab, entry_size(e->hlen, cap));
+    if (!ne)
+        return;
+    memcpy(ne, e, entry_size(e->hlen, e->nown));
+    ne->cap = (uint16_t)cap;
+    s->slots[i] = (v & ~PTR_MASK) | (uint64_t)(uintptr_t)ne;
+    entry_free(s, e);
+}
+
+/* Drops owner k of the entry in slot i (shard locked). Returns true when the key went away
+ * (the slot then holds a shifted entry or is empty). */
+static bool entry_drop_owner(struct shard *s, size_t i, size_t k)
+{
+    struct entry *e = slot_entry(s->slots[i]);
     struct owner *o = entry_owners(e);
     s->owners--;
-    size_t real = 0;
-    for (size_t j = 0; j < e->nown; j++)
-        real += j != k && o[j].sess != NO_ID;
-    if (real == 0) {
+    if (e->nown == 1) {
         entry_free(s, e);
         shard_del_slot(s, i);
         return true;
     }
-    struct entry *ne = slab_alloc(&s->slab, entry_size(e->hlen, e->nown - 1u));
-    if (!ne) {
-        o[k].sess = NO_ID;
-        return false;
-    }
-    size_t off = owners_off(e->hlen);
-    memcpy(ne, e, off);
-    struct owner *no = (struct owner *)((uint8_t *)ne + off);
-    memcpy(no, o, k * sizeof(*o));
-    memcpy(no + k, o + k + 1, (e->nown - k - 1u) * sizeof(*o));
-    ne->nown = (uint16_t)(e->nown - 1u);
-    s->slots[i] = (v & ~PTR_MASK) | (uint64_t)(uintptr_t)ne;
-    entry_free(s, e);
+    memmove(o + k, o + k + 1, (e->nown - k - 1u) * sizeof(*o));
+    e->nown--;
+    entry_maybe_shrink(s, i);
     return false;
 }
 
@@ -992,7 +1014,7 @@ int pf_meta_store_insert(struct pf_meta_store *st, const char *ns, const struct 
                     goto out;
                 }
             }
-            e = slab_alloc(&s->slab, entry_size(len, 1));
+            e = slab_alloc(&s->slab, entry_size(len, 2));
             if (!e || ((uintptr_t)e >> PTR_BITS) != 0) {
                 pthread_mutex_unlock(&s->mu);
                 rc = -ENOMEM;
@@ -1002,6 +1024,7 @@ int pf_meta_store_insert(struct pf_meta_store *st, const char *ns, const struct 
             e->ns = nsp->id;
             e->hlen = (uint16_t)len;
             e->nown = 1;
+            e->cap = 2;
             memcpy(e->data, key, len);
             struct owner *o = entry_owners(e);
             o[0].sess = sid;
@@ -1015,7 +1038,7 @@ int pf_meta_store_insert(struct pf_meta_store *st, const char *ns, const struct 
             struct owner *o = entry_owners(e);
             size_t k;
             for (k = 0; k < e->nown; k++)
-                if (o[k].sess != NO_ID && sess_at(st, o[k].sess)->addr == aid)
+                if (sess_at(st, o[k].sess)->addr == aid)
                     break;
             if (k < e->nown) {
                 is_new = o[k].sess != sid;
@@ -1026,21 +1049,24 @@ int pf_meta_store_insert(struct pf_meta_store *st, const char *ns, const struct 
                 rc = -ENOSPC;
                 goto out;
             } else {
-                struct entry *ne = slab_alloc(&s->slab, entry_size(len, e->nown + 1u));
-                if (!ne || ((uintptr_t)ne >> PTR_BITS) != 0) {
-                    pthread_mutex_unlock(&s->mu);
-                    rc = -ENOMEM;
-                    goto out;
+                if (e->nown == e->cap) {
+                    size_t cap = e->cap * 2u > UINT16_MAX ? UINT16_MAX : e->cap * 2u;
+                    struct entry *ne = slab_alloc(&s->slab, entry_size(len, cap));
+                    if (!ne || ((uintptr_t)ne >> PTR_BITS) != 0) {
+                        pthread_mutex_unlock(&s->mu);
+                        rc = -ENOMEM;
+                        goto out;
+                    }
+                    memcpy(ne, e, entry_size(len, e->nown));
+                    ne->cap = (uint16_t)cap;
+                    s->slots[at] = slot_make(ne, kh);
+                    entry_free(s, e);
+                    e = ne;
                 }
-                size_t sz = entry_size(len, e->nown);
-                memcpy(ne, e, sz);
-                struct owner *no = entry_owners(ne);
+                struct owner *no = entry_owners(e);
                 no[e->nown].sess = sid;
                 no[e->nown].reg_s = now_s;
-                ne->nown = (uint16_t)(e->nown + 1u);
-                s->slots[at] = slot_make(ne, kh);
-                entry_free(s, e);
-                e = ne;
+                e->nown++;
                 s->owners++;
                 is_new = true;
             }
@@ -1051,7 +1077,7 @@ int pf_meta_store_insert(struct pf_meta_store *st, const char *ns, const struct 
                 struct owner *o = entry_owners(e);
                 unsigned vis = 0;
                 for (size_t k = 0; k < e->nown && vis < 3; k++)
-                    if (o[k].sess != NO_ID && owner_visible(st, o[k].sess, now))
+                    if (owner_visible(st, o[k].sess, now))
                         vis++;
                 r = vis >= 3;
             }
@@ -1137,7 +1163,7 @@ int pf_meta_store_query_prefix(struct pf_meta_store *st, const char *ns,
             struct entry *e = slot_entry(s->slots[at]);
             struct owner *o = entry_owners(e);
             for (size_t k = 0; k < e->nown; k++) {
-                if (o[k].sess == NO_ID || !owner_visible(st, o[k].sess, now))
+                if (!owner_visible(st, o[k].sess, now))
                     continue;
                 any = true;
                 uint32_t aid = sess_at(st, o[k].sess)->addr;
@@ -1289,47 +1315,34 @@ void pf_meta_store_sweep(struct pf_meta_store *st, struct pf_meta_sweep_stats *s
             }
             struct entry *e = slot_entry(v);
             struct owner *o = entry_owners(e);
-            size_t keep = 0, vis = 0, fillers = 0;
+            size_t keep = 0, vis = 0;
             for (size_t k = 0; k < e->nown; k++) {
-                fillers += o[k].sess == NO_ID;
                 uint32_t sid = o[k].sess;
-                bool kept = false;
-                if (sid != NO_ID) {
-                    uint8_t f = sid < sn.nsess ? sn.sess_flags[sid] : SF_KEPT | SF_VISIBLE;
-                    int64_t age = (int64_t)sn.now_s - (int64_t)o[k].reg_s;
-                    kept = (f & SF_KEPT) && age <= (int64_t)ttl_s;
-                    if (kept && (f & SF_VISIBLE))
-                        vis++;
-                }
-                if (kept)
-                    o[keep++] = o[k];
+                uint8_t f = sid < sn.nsess ? sn.sess_flags[sid] : SF_KEPT | SF_VISIBLE;
+                int64_t age = (int64_t)sn.now_s - (int64_t)o[k].reg_s;
+                if (!(f & SF_KEPT) || age > (int64_t)ttl_s)
+                    continue;
+                if (f & SF_VISIBLE)
+                    vis++;
+                o[keep++] = o[k];
             }
             size_t dropped = e->nown - keep;
-            stats.removed_owners += dropped - fillers; /* fillers were counted already */
-            s->owners -= dropped - fillers;
+            stats.removed_owners += dropped;
+            s->owners -= dropped;
             if (keep == 0) {
-                /* owners beyond keep were overwritten by compaction; size by old nown */
                 entry_free(s, e);
                 shard_del_slot(s, i);
                 stats.removed_keys++;
                 continue;
             }
             if (dropped) {
-                struct entry *ne = slab_alloc(&s->slab, entry_size(e->hlen, keep));
-                if (ne) {
-                    memcpy(ne, e, entry_size(e->hlen, keep));
-                    ne->nown = (uint16_t)keep;
-                    s->slots[i] = (v & ~PTR_MASK) | (uint64_t)(uintptr_t)ne;
-                    entry_free(s, e);
-                    e = ne;
-                } else {
-                    for (size_t k = keep; k < e->nown; k++)
-                        o[k].sess = NO_ID;
-                }
+                e->nown = (uint16_t)keep;
+                entry_maybe_shrink(s, i);
+                e = slot_entry(s->slots[i]);
             }
             o = entry_owners(e);
             for (size_t k = 0; k < e->nown; k++)
-                if (o[k].sess != NO_ID && o[k].sess < sn.nsess)
+                if (o[k].sess < sn.nsess)
                     sn.sess_refs[o[k].sess]++;
             if (e->ns < sn.nns)
                 sn.ns_keys[e->ns]++;
@@ -1407,6 +1420,7 @@ void pf_meta_store_get_stats(struct pf_meta_store *st, struct pf_meta_store_stat
         pthread_mutex_lock(&s->mu);
         out->entries += s->count;
         out->owners += s->owners;
+        out->bytes += s->slab.bytes + (s->mask + 1) * sizeof(*s->slots);
         pthread_mutex_unlock(&s->mu);
     }
     pthread_rwlock_rdlock(&st->reg);

@@ -69,6 +69,7 @@ struct pf_meta_store_stats {
     uint64_t redundancy[4];  /* keys with 1, 2, 3, >= 4 visible owners */
     uint64_t visible_copies; /* sum of visible owners over those keys */
     uint64_t sessions;       /* node sessions known (current or still referenced) */
+    uint64_t bytes;          /* memory held by the key tables and entries */
     uint64_t namespaces;
 };
 
