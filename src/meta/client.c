@@ -109,6 +109,13 @@ static uint64_t ms_to_ns(uint64_t ms)
     return ms > UINT64_MAX / PF_NS_PER_MS ? UINT64_MAX : ms * PF_NS_PER_MS;
 }
 
+/* Monotonic time ms from now, saturating. */
+static uint64_t after_ms(uint64_t ms)
+{
+    uint64_t now = pf_now_ns(), d = ms_to_ns(ms);
+    return d > UINT64_MAX - now ? UINT64_MAX : now + d;
+}
+
 static bool stopping(struct pf_meta_client *c)
 {
     pthread_mutex_lock(&c->mu);
@@ -142,7 +149,7 @@ static void session_lost(struct pf_meta_client *c, const struct pf_rpc_status *s
                 c->target, pf_grpc_code_name(st->code), st->msg);
     c->session = false;
     atomic_store(&c->connected, false);
-    c->next_hb_ns = pf_now_ns() + ms_to_ns(c->backoff_ms);
+    c->next_hb_ns = after_ms(c->backoff_ms);
     c->backoff_ms = c->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : c->backoff_ms * 2;
 }
 
@@ -244,11 +251,11 @@ static void heartbeat(struct pf_meta_client *c)
     uint64_t stale = ((Pegaflow__HeartbeatNodeResponse *)resp)->stale_after_secs;
     protobuf_c_message_free_unpacked(resp, NULL);
     if (stale)
-        c->stale_secs = stale;
+        c->stale_secs = stale > 86400 ? 86400 : stale;
     uint64_t period_ms = c->stale_secs * 1000 / 2;
     if (period_ms < HEARTBEAT_MIN_MS)
         period_ms = HEARTBEAT_MIN_MS;
-    c->next_hb_ns = pf_now_ns() + ms_to_ns(period_ms);
+    c->next_hb_ns = after_ms(period_ms);
     c->backoff_ms = BACKOFF_MIN_MS;
     if (!c->session) {
         pf_info("MetaServer session established with %s as %s (node_id %s); heartbeat every "
@@ -448,8 +455,7 @@ static void *client_main(void *arg)
     struct cmd **batch = c->batch;
     c->backoff_ms = BACKOFF_MIN_MS;
     c->next_hb_ns = pf_now_ns();
-    c->next_refresh_ns =
-        c->refresh_ms == UINT64_MAX ? UINT64_MAX : pf_now_ns() + ms_to_ns(c->refresh_ms);
+    c->next_refresh_ns = c->refresh_ms == UINT64_MAX ? UINT64_MAX : after_ms(c->refresh_ms);
     for (;;) {
         pthread_mutex_lock(&c->mu);
         for (;;) {
@@ -481,7 +487,7 @@ static void *client_main(void *arg)
             uint64_t n_ok = reregister_all(c, "resync");
             pf_metric_add(m_resync, (double)n_ok);
             if (c->refresh_ms != UINT64_MAX)
-                c->next_refresh_ns = pf_now_ns() + ms_to_ns(c->refresh_ms);
+                c->next_refresh_ns = after_ms(c->refresh_ms);
         }
         if (n)
             process(c, batch, n);
@@ -492,7 +498,7 @@ static void *client_main(void *arg)
                 uint64_t n_ok = reregister_all(c, "refresh");
                 pf_metric_add(m_refresh, (double)n_ok);
             }
-            c->next_refresh_ns = pf_now_ns() + ms_to_ns(c->refresh_ms);
+            c->next_refresh_ns = after_ms(c->refresh_ms);
         }
 
         pthread_mutex_lock(&c->mu);

@@ -45,7 +45,9 @@ pf_fail() {
 
 pf_start() {
   local name=$1; shift
-  "$@" >"$PF_TMP/$name.log" 2>&1 &
+  # truncate here, not in the background child: a restart must never see the old log
+  : >"$PF_TMP/$name.log"
+  "$@" >>"$PF_TMP/$name.log" 2>&1 &
   eval "PF_PID_$name=$!"
   _pf_names+=("$name")
 }
