@@ -1,5 +1,6 @@
 # Benchmarks: bench/<name>.c -> $(O)/bench/<name>, linked like the integration helpers.
-# `make bench` builds them; each prints a table and writes a JSON result (see bench/README.md).
+# `make bench` builds them; each prints a table and a JSON result (bench/metaserver: see
+# docs/metaserver.md).
 BENCH_SRCS := $(sort $(wildcard bench/*.c))
 BENCH_BINS := $(patsubst bench/%.c,$(O)/bench/%,$(BENCH_SRCS))
 
