@@ -177,6 +177,11 @@ static void test_register_and_remove(void **state)
     struct srv s = {0};
     srv_start(&s, 0);
     struct pf_meta_client *c = client(s.port, NULL, 0, 0, 0);
+    /* commands drained before the first session are dropped (no resident set here) */
+    uint64_t dl = pf_now_ns() + 20 * PF_NS_PER_SEC;
+    while (!pf_meta_client_connected(c) && pf_now_ns() < dl)
+        pf_sleep_ms(10);
+    assert_true(pf_meta_client_connected(c));
     double blocks0 = metric("pegaflow_metaserver_registration_blocks");
     assert_int_equal(insert_range(c, 0, 99, false), 0);
     assert_int_equal(pf_meta_client_flush(c, 10000), 0);
@@ -286,6 +291,11 @@ static void test_reclaimable_hint(void **state)
     }
     struct resident r = {.mu = PTHREAD_MUTEX_INITIALIZER, .lo = 0, .hi = -1};
     struct pf_meta_client *c = client(s.port, &r, 0, 0, 0);
+    uint64_t dl = pf_now_ns() + 20 * PF_NS_PER_SEC;
+    while (!pf_meta_client_connected(c) && pf_now_ns() < dl)
+        pf_sleep_ms(10);
+    for (int i = 0; i < 3; i++) /* keep the three peers fresh */
+        assert_int_equal(pf_meta_store_heartbeat(s.st, nodes[i], ids[i]), 0);
     assert_int_equal(pf_meta_client_insert(c, "ns", &k, 1), 0);
     assert_int_equal(pf_meta_client_flush(c, 10000), 0);
     /* the hint is applied on the client thread before the flush is acknowledged */

@@ -40,6 +40,20 @@ static int setup(void **state)
     assert_int_equal(pf_rpc_server_start(&rc, &f->rpc, &port, err, sizeof(err)), 0);
     snprintf(target, sizeof(target), "127.0.0.1:%d", port);
     assert_int_equal(pf_rpc_channel_open(target, &f->ch), 0);
+    /* the first connection may time out on a slow (sanitized) build: wait until it answers */
+    uint64_t dl = pf_now_ns() + 20 * PF_NS_PER_SEC;
+    for (;;) {
+        Pegaflow__HeartbeatNodeRequest req = PEGAFLOW__HEARTBEAT_NODE_REQUEST__INIT;
+        req.node = "";
+        req.node_id = "";
+        ProtobufCMessage *r = NULL;
+        struct pf_rpc_status st;
+        int urc = pf_rpc_unary(f->ch, "/pegaflow.MetaServer/HeartbeatNode", &req.base,
+                               &pegaflow__heartbeat_node_response__descriptor, 5000, &r, &st);
+        if (urc != -ECONNREFUSED || pf_now_ns() > dl)
+            break;
+        pf_sleep_ms(50);
+    }
     *state = f;
     return 0;
 }
