@@ -60,6 +60,7 @@ struct pf_meta_client {
 
     /* thread-owned */
     bool session;
+    bool had_session; /* a session existed at some point: unregister at stop */
     bool resync_pending;
     uint64_t next_hb_ns, next_refresh_ns, backoff_ms;
 
@@ -262,6 +263,7 @@ static void heartbeat(struct pf_meta_client *c)
                 "%llu ms",
                 c->target, c->advertise, c->node_id, (unsigned long long)period_ms);
         c->session = true;
+        c->had_session = true;
         c->resync_pending = true;
         atomic_store(&c->connected, true);
     }
@@ -518,7 +520,8 @@ static void *client_main(void *arg)
     c->flush_done = c->flush_req;
     pthread_cond_broadcast(&c->flushed);
     pthread_mutex_unlock(&c->mu);
-    if (c->session) {
+    if (c->had_session) {
+        /* also after a lost session: the MetaServer may still hold our entries */
         Pegaflow__UnregisterNodeRequest req = PEGAFLOW__UNREGISTER_NODE_REQUEST__INIT;
         req.node = c->advertise;
         req.node_id = c->node_id;

@@ -105,7 +105,8 @@ ptrdiff_t pf_meta_prefix_best(const struct pf_meta_prefix *res, size_t n, const 
 int pf_meta_client_flush(struct pf_meta_client *c, uint64_t timeout_ms);
 
 /* Stops the thread: queued commands are dropped, then UnregisterNode is sent with a 3 s
- * deadline when a session exists. Bounded by the RPC in flight (rpc_timeout_ms) + 3 s.
+ * deadline when a session was ever established. Bounded by the RPC in flight
+ * (rpc_timeout_ms) + 3 s.
  * Idempotent. */
 void pf_meta_client_stop(struct pf_meta_client *c);
 /* stop + free. Accepts NULL. */
