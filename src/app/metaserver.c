@@ -1,5 +1,6 @@
-/* pegaflow-metaserver process lifecycle: flags -> store -> HTTP -> gRPC, then wait for
- * SIGINT/SIGTERM and stop cleanly. */
+/* pegaflow-metaserver process lifecycle: flags -> store + sweeper -> HTTP -> gRPC, then
+ * wait for SIGINT/SIGTERM and stop in reverse order (gRPC first, so no handler runs when
+ * the store is freed). */
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
@@ -12,17 +13,12 @@
 #include "app/app.h"
 #include "pf/http.h"
 #include "pf/log.h"
+#include "pf/meta.h"
 #include "pf/rpc.h"
 
 static const struct pf_http_route meta_routes[] = {
     {"GET", "/health", pf_http_health},
     {"GET", "/metrics", pf_http_metrics},
-};
-
-static const char *const meta_unimplemented[] = {
-    "/pegaflow.MetaServer/HeartbeatNode",     "/pegaflow.MetaServer/UnregisterNode",
-    "/pegaflow.MetaServer/InsertBlockHashes", "/pegaflow.MetaServer/RemoveBlockHashes",
-    "/pegaflow.MetaServer/QueryPrefixBlocks",
 };
 
 int pf_metaserver_main(int argc, char **argv)
@@ -60,11 +56,30 @@ int pf_metaserver_main(int argc, char **argv)
     int exit_code = 1;
     struct pf_http_server *http = NULL;
     struct pf_rpc_server *rpc = NULL;
+    struct pf_meta_store *store = NULL;
+    struct pf_meta_sweeper *sweeper = NULL;
     int port = 0;
     if (sfd < 0) {
         pf_error("signalfd: %s", strerror(errno));
         goto out;
     }
+    struct pf_meta_store_config scfg = {
+        .node_stale_secs = cfg.node_stale_secs,
+        .ttl_secs = cfg.ttl_minutes * 60,
+    };
+    rc = pf_meta_store_create(&scfg, &store);
+    if (rc) {
+        pf_error("cannot create the store: %s", strerror(-rc));
+        goto out;
+    }
+    rc = pf_meta_sweeper_start(store, cfg.sweep_interval_secs, &sweeper);
+    if (rc) {
+        pf_error("cannot start the sweep thread: %s", strerror(-rc));
+        goto out;
+    }
+    pf_info("node stale after %llu s, ownership TTL %llu min, sweep every %llu s",
+            (unsigned long long)cfg.node_stale_secs, (unsigned long long)cfg.ttl_minutes,
+            (unsigned long long)cfg.sweep_interval_secs);
     rc = pf_http_server_start(cfg.http_addr, meta_routes, PF_ARRAY_SIZE(meta_routes), NULL, &http,
                               &port, err, sizeof(err));
     if (rc) {
@@ -75,9 +90,10 @@ int pf_metaserver_main(int argc, char **argv)
     struct pf_rpc_server_config rcfg = {
         .addr = cfg.addr,
         .threads = (int)cfg.rpc_threads,
+        .methods = pf_meta_methods,
+        .nmethods = pf_meta_nmethods,
+        .ctx = store,
         .metric_prefix = "pegaflow_metaserver",
-        .unimplemented = meta_unimplemented,
-        .nunimplemented = PF_ARRAY_SIZE(meta_unimplemented),
     };
     rc = pf_rpc_server_start(&rcfg, &rpc, &port, err, sizeof(err));
     if (rc) {
@@ -96,6 +112,8 @@ int pf_metaserver_main(int argc, char **argv)
 out:
     pf_rpc_server_stop(rpc);
     pf_http_server_stop(http);
+    pf_meta_sweeper_stop(sweeper);
+    pf_meta_store_destroy(store);
     if (sfd >= 0)
         close(sfd);
     pf_meta_config_free(&cfg);

@@ -1,43 +1,105 @@
-# Shared helpers for integration scenarios (bash). Source it: . "$PF_TOP/tests/integration/lib.sh"
-# Processes started with start_proc are killed when the script exits.
-set -u
-LOGDIR=${PF_TEST_LOGDIR:-$(mktemp -d)}
-declare -a PF_PIDS=()
-cleanup_procs() { for p in "${PF_PIDS[@]:-}"; do [ -n "$p" ] && kill -9 "$p" 2>/dev/null; done; }
-trap cleanup_procs EXIT
+# Shared helpers for integration scenarios (source it). Generic: start a process with its
+# log, wait for a log line or a condition with a deadline, stop processes, clean up.
+#
+#   pf_tmpdir                          -> $PF_TMP (removed at exit)
+#   pf_start NAME CMD...               starts CMD in the background, log $PF_TMP/NAME.log;
+#                                      sets PF_PID_<NAME>
+#   pf_wait_port NAME grpc|http [SECS] prints the port from "gRPC|HTTP listening on ... (port N)"
+#   pf_wait_log NAME REGEX [SECS]      waits until the log has a line matching REGEX
+#   pf_wait_for SECS CMD...            retries CMD (every 0.1 s) until it succeeds
+#   pf_stop NAME [SIG]                 signals (default TERM), waits up to 15 s, then KILLs;
+#                                      returns the exit status
+#   pf_fail MSG                        prints FAIL and the logs' tails, exits 1
+# Every process started with pf_start is killed at exit.
 
-fail() { echo "FAIL: $*" >&2; exit 1; }
+PF_TMP=${PF_TMP:-}
+_pf_names=()
 
-# start_proc NAME BINARY ARGS... : starts it with logs in $LOGDIR/NAME.log, waits (20 s) for
-# the "ready" line and sets NAME_PID, NAME_GRPC, NAME_HTTP.
-start_proc() {
-  local name=$1 bin=$2; shift 2
-  local log="$LOGDIR/$name.log"
-  "$PF_BIN/$bin" "$@" >"$log" 2>&1 &
-  local pid=$!
-  PF_PIDS+=("$pid")
-  local deadline=$((SECONDS + 20))
-  while ! grep -q ': ready$' "$log" 2>/dev/null; do
-    if ! kill -0 "$pid" 2>/dev/null; then cat "$log" >&2; fail "$name exited during start-up"; fi
-    [ $SECONDS -lt $deadline ] || { cat "$log" >&2; fail "$name not ready after 20 s"; }
-    sleep 0.05
-  done
-  printf -v "${name}_PID" '%s' "$pid"
-  printf -v "${name}_GRPC" '%s' "$(grep -o 'gRPC listening on .* (port [0-9]*' "$log" | grep -o '[0-9]*$')"
-  printf -v "${name}_HTTP" '%s' "$(grep -o 'HTTP listening on .* (port [0-9]*' "$log" | grep -o '[0-9]*$')"
+pf_tmpdir() {
+  PF_TMP=$(mktemp -d "${TMPDIR:-/tmp}/pf-it.XXXXXX")
+  trap _pf_cleanup EXIT
 }
 
-# wait_exit PID TIMEOUT_S : sets EXIT_RC to the exit status (or "timeout"). Call it
-# directly, not in $(...): only this shell can reap its children.
-wait_exit() {
-  local pid=$1 deadline=$((SECONDS + $2))
-  EXIT_RC=timeout
-  while [ $SECONDS -lt $deadline ]; do
-    if ! kill -0 "$pid" 2>/dev/null || [ "$(ps -o stat= -p "$pid" 2>/dev/null | cut -c1)" = Z ]; then
-      wait "$pid" 2>/dev/null
-      EXIT_RC=$?
-      return
+_pf_cleanup() {
+  local n pid
+  for n in "${_pf_names[@]}"; do
+    pid=$(eval echo "\${PF_PID_$n:-}")
+    [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
+  done
+  wait 2>/dev/null
+  [ -n "$PF_TMP" ] && [ -z "${PF_KEEP_TMP:-}" ] && rm -rf "$PF_TMP"
+}
+
+pf_log() { echo "[$(date +%H:%M:%S.%N | cut -c1-12)] $*"; }
+
+pf_fail() {
+  echo "FAIL: $*"
+  local f
+  for f in "$PF_TMP"/*.log; do
+    [ -e "$f" ] || continue
+    echo "---- tail of $(basename "$f")"
+    tail -n 25 "$f"
+  done
+  exit 1
+}
+
+pf_start() {
+  local name=$1; shift
+  # truncate here, not in the background child: a restart must never see the old log
+  : >"$PF_TMP/$name.log"
+  "$@" >>"$PF_TMP/$name.log" 2>&1 &
+  eval "PF_PID_$name=$!"
+  _pf_names+=("$name")
+}
+
+pf_wait_log() {
+  local name=$1 re=$2 secs=${3:-20}
+  local end=$((SECONDS + secs))
+  while [ $SECONDS -lt $end ]; do
+    grep -aqE "$re" "$PF_TMP/$name.log" 2>/dev/null && return 0
+    local pid; pid=$(eval echo "\${PF_PID_$name:-}")
+    if [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; then
+      grep -aqE "$re" "$PF_TMP/$name.log" 2>/dev/null && return 0
+      echo "$name exited before logging /$re/" >&2
+      return 1
     fi
     sleep 0.05
   done
+  echo "timed out after ${secs}s waiting for /$re/ in $name.log" >&2
+  return 1
+}
+
+pf_wait_port() {
+  local name=$1 kind=$2 secs=${3:-20} label
+  case $kind in grpc) label=gRPC ;; http) label=HTTP ;; *) label=$kind ;; esac
+  pf_wait_log "$name" "$label listening on .*\(port [0-9]+\)" "$secs" || return 1
+  grep -aoE "$label listening on .*\(port [0-9]+\)" "$PF_TMP/$name.log" | tail -1 |
+    grep -oE 'port [0-9]+' | grep -oE '[0-9]+'
+}
+
+pf_wait_for() {
+  local secs=$1; shift
+  local end=$((SECONDS + secs))
+  while [ $SECONDS -lt $end ]; do
+    "$@" && return 0
+    sleep 0.1
+  done
+  "$@"
+}
+
+pf_stop() {
+  local name=$1 sig=${2:-TERM}
+  local pid; pid=$(eval echo "\${PF_PID_$name:-}")
+  [ -n "$pid" ] || return 0
+  kill -"$sig" "$pid" 2>/dev/null
+  local end=$((SECONDS + 15))
+  while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 0.05; done
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -KILL "$pid" 2>/dev/null
+    echo "$name did not stop within 15 s after SIG$sig" >&2
+  fi
+  local rc=0
+  wait "$pid" 2>/dev/null || rc=$?
+  eval "PF_PID_$name="
+  return $rc
 }

@@ -2,7 +2,7 @@
 # pegaflow-server and pegaflow-metaserver as processes: Health over gRPC (libpegaflow via
 # pegaflow-cli), /health over HTTP, Shutdown/SIGINT/SIGTERM exit 0, every bad flag exits 2
 # with one line naming the flag, --help lists every documented flag, busy ports fail.
-. "$PF_TOP/tests/integration/lib.sh"
+. "$PF_TOP/tests/integration/proc.sh"
 S=(--gpu-backend sim --pool-size 64mb --addr 127.0.0.1:0 --http-addr 127.0.0.1:0)
 
 start_proc srv pegaflow-server "${S[@]}"

@@ -1,0 +1,574 @@
+/* bench/metaserver: MetaServer throughput and memory at 10^6 keys.
+ *
+ * Part 1 (RPC, the real binary): spawns pegaflow-metaserver on port 0, simulates N nodes
+ * (one thread and one channel each) that heartbeat and register their blocks with
+ * InsertBlockHashes in chunks of 16384 (the client's chunk size), then runs concurrent
+ * QueryPrefixBlocks calls over prefixes of L blocks for a fixed time, next to the same
+ * number of one-hash queries on an unknown namespace (an empty round trip: the RPC floor of
+ * this machine), reads the server's RSS before and after registration (memory per key), and
+ * times UnregisterNode of one node (a full scan of the store).
+ * Part 2 (in-process store, no RPC): the same registration, query and unregister work
+ * directly on pf_meta_store, i.e. the store's own ceiling.
+ *
+ * Keys are 32-byte hashes (vLLM's sha256 block hashes). Blocks come in runs of 256
+ * consecutive hashes (one request's prefix); run r is owned by nodes r % N and
+ * (r + 1) % N .. (owners per key = --owners). Prints a table and writes JSON (--json). */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "engine.pb-c.h"
+#include "pf/clock.h"
+#include "pf/meta.h"
+#include "pf/rpc.h"
+#include "pf/util.h"
+
+extern char **environ;
+
+#define RUN   256u
+#define CHUNK 16384u
+#define HLEN  32u
+
+static long nkeys = 1000000, nnodes = 8, nowners = 2, qlen = 64;
+static double qsecs = 3.0;
+static const char *ms_path, *json_path;
+
+static uint8_t *keybytes; /* nkeys x HLEN, generated once before timing */
+
+static void key_of(long k, uint8_t out[HLEN])
+{
+    for (unsigned i = 0; i < HLEN / 8; i++) {
+        uint64_t v = XXH3_64bits_withSeed(&k, sizeof(k), i + 1);
+        memcpy(out + 8 * i, &v, 8);
+    }
+}
+
+static const uint8_t *key_at(long k)
+{
+    return keybytes + (size_t)k * HLEN;
+}
+
+static bool owns(long node, long key)
+{
+    long run = key / RUN;
+    for (long o = 0; o < nowners; o++)
+        if ((run + o) % nnodes == node)
+            return true;
+    return false;
+}
+
+/* The keys node owns, in order (ProtobufCBinaryData and pf_meta_hash share a layout). */
+static ProtobufCBinaryData *owned_keys(long node, size_t *n_p)
+{
+    size_t n = 0;
+    for (long key = 0; key < nkeys; key++)
+        n += owns(node, key);
+    ProtobufCBinaryData *h = malloc((n ? n : 1) * sizeof(*h));
+    size_t j = 0;
+    for (long key = 0; key < nkeys; key++)
+        if (owns(node, key))
+            h[j++] = (ProtobufCBinaryData){HLEN, (uint8_t *)key_at(key)};
+    *n_p = n;
+    return h;
+}
+
+static void node_name(long i, char *buf, size_t n)
+{
+    snprintf(buf, n, "10.0.0.%ld:50055", i + 1);
+}
+
+static void node_uuid(long i, char out[PF_UUID_STR_LEN])
+{
+    uint8_t u[16] = {0};
+    u[0] = (uint8_t)(i + 1);
+    u[6] = 0x40;
+    u[8] = 0x80;
+    pf_uuid_format(u, out);
+}
+
+static double secs_since(uint64_t t0)
+{
+    return (double)(pf_now_ns() - t0) / 1e9;
+}
+
+static long rss_kb(pid_t pid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    long v = -1;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "VmRSS: %ld kB", &v) == 1)
+            break;
+    fclose(f);
+    return v;
+}
+
+/* ------------------------------------------------------------------ RPC part */
+
+struct rpc_node {
+    long id;
+    char target[64];
+    struct pf_rpc_channel *ch;
+    long registered;
+    int err;
+    pthread_barrier_t *start;
+};
+
+static void *rpc_register(void *arg)
+{
+    struct rpc_node *n = arg;
+    char name[64], uuid[PF_UUID_STR_LEN];
+    node_name(n->id, name, sizeof(name));
+    node_uuid(n->id, uuid);
+    size_t total;
+    ProtobufCBinaryData *h = owned_keys(n->id, &total);
+    pthread_barrier_wait(n->start);
+    for (size_t off = 0; off < total; off += CHUNK) {
+        size_t k = total - off < CHUNK ? total - off : CHUNK;
+        Pegaflow__InsertBlockHashesRequest req = PEGAFLOW__INSERT_BLOCK_HASHES_REQUEST__INIT;
+        req.namespace_ = "bench";
+        req.node = name;
+        req.node_id = uuid;
+        req.n_block_hashes = k;
+        req.block_hashes = h + off;
+        ProtobufCMessage *resp = NULL;
+        struct pf_rpc_status st;
+        int rc =
+            pf_rpc_unary(n->ch, "/pegaflow.MetaServer/InsertBlockHashes", &req.base,
+                         &pegaflow__insert_block_hashes_response__descriptor, 60000, &resp, &st);
+        if (rc) {
+            fprintf(stderr, "insert: %s: %s\n", pf_grpc_code_name(st.code), st.msg);
+            n->err = rc;
+            break;
+        }
+        protobuf_c_message_free_unpacked(resp, NULL);
+        n->registered += (long)k;
+    }
+    free(h);
+    return NULL;
+}
+
+struct q_thread {
+    struct pf_rpc_channel *ch;
+    bool ping;
+    uint64_t deadline;
+    unsigned seed;
+    long queries, hashes, bad;
+};
+
+static void *rpc_query(void *arg)
+{
+    struct q_thread *q = arg;
+    ProtobufCBinaryData *h = malloc((size_t)qlen * sizeof(*h));
+    while (pf_now_ns() < q->deadline) {
+        long runs = nkeys / RUN;
+        long run = (long)(rand_r(&q->seed) % (unsigned)(runs ? runs : 1));
+        long start = run * RUN + (long)(rand_r(&q->seed) % (RUN - (unsigned)qlen + 1));
+        long n = q->ping ? 1 : qlen;
+        for (long i = 0; i < n; i++) {
+            h[i].data = (uint8_t *)key_at(start + i);
+            h[i].len = HLEN;
+        }
+        Pegaflow__QueryPrefixBlocksRequest req = PEGAFLOW__QUERY_PREFIX_BLOCKS_REQUEST__INIT;
+        req.namespace_ = q->ping ? "none" : "bench";
+        req.n_block_hashes = (size_t)n;
+        req.block_hashes = h;
+        ProtobufCMessage *m = NULL;
+        struct pf_rpc_status st;
+        int rc = pf_rpc_unary(q->ch, "/pegaflow.MetaServer/QueryPrefixBlocks", &req.base,
+                              &pegaflow__query_prefix_blocks_response__descriptor, 10000, &m, &st);
+        if (rc) {
+            q->bad++;
+            continue;
+        }
+        Pegaflow__QueryPrefixBlocksResponse *r = (void *)m;
+        if (!q->ping &&
+            (r->n_nodes != (size_t)nowners || r->nodes[0]->prefix_len != (uint64_t)qlen))
+            q->bad++;
+        protobuf_c_message_free_unpacked(m, NULL);
+        q->queries++;
+        q->hashes += n;
+    }
+    free(h);
+    return NULL;
+}
+
+static int run_queries(struct pf_rpc_channel **chs, bool ping, double *qps, double *hps, long *bad)
+{
+    struct q_thread *q = calloc((size_t)nnodes, sizeof(*q));
+    pthread_t *th = calloc((size_t)nnodes, sizeof(*th));
+    uint64_t t0 = pf_now_ns(), dl = t0 + (uint64_t)(qsecs * 1e9);
+    for (long i = 0; i < nnodes; i++) {
+        q[i] = (struct q_thread){.ch = chs[i], .ping = ping, .deadline = dl, .seed = (unsigned)i};
+        pthread_create(&th[i], NULL, rpc_query, &q[i]);
+    }
+    long nq = 0, nh = 0;
+    *bad = 0;
+    for (long i = 0; i < nnodes; i++) {
+        pthread_join(th[i], NULL);
+        nq += q[i].queries;
+        nh += q[i].hashes;
+        *bad += q[i].bad;
+    }
+    double s = secs_since(t0);
+    *qps = (double)nq / s;
+    *hps = (double)nh / s;
+    free(q);
+    free(th);
+    return 0;
+}
+
+struct results {
+    double rpc_insert_s, rpc_insert_per_s, rpc_q_per_s, rpc_qh_per_s, rpc_ping_per_s;
+    double rpc_unregister_ms, rss_bytes_per_key;
+    long rss0_kb, rss1_kb, removed_owners, q_bad;
+    double st_insert_s, st_insert_per_s, st_q_per_s, st_unregister_ms, st_bytes_per_key;
+};
+
+static int spawn_metaserver(pid_t *pid_p, int *port_p, char *logpath)
+{
+    snprintf(logpath, 128, "/tmp/pf-bench-metaserver.%d.log", (int)getpid());
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 2, logpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    char *argv[] = {(char *)ms_path, "--addr",        "127.0.0.1:0", "--http-addr",
+                    "127.0.0.1:0",   "--rpc-threads", "8",           NULL};
+    int rc = posix_spawn(pid_p, ms_path, &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc) {
+        fprintf(stderr, "cannot start %s: %s\n", ms_path, strerror(rc));
+        return -rc;
+    }
+    for (int i = 0; i < 200; i++) {
+        FILE *f = fopen(logpath, "r");
+        char line[512];
+        while (f && fgets(line, sizeof(line), f)) {
+            char *p = strstr(line, "gRPC listening on");
+            if (p && (p = strstr(p, "(port ")) && sscanf(p, "(port %d)", port_p) == 1) {
+                fclose(f);
+                return 0;
+            }
+        }
+        if (f)
+            fclose(f);
+        pf_sleep_ms(50);
+    }
+    fprintf(stderr, "metaserver did not report its port (log %s)\n", logpath);
+    kill(*pid_p, SIGKILL);
+    return -ETIMEDOUT;
+}
+
+static int rpc_part(struct results *r)
+{
+    pid_t pid;
+    int port;
+    char logpath[128];
+    int rc = spawn_metaserver(&pid, &port, logpath);
+    if (rc)
+        return rc;
+    char target[64];
+    snprintf(target, sizeof(target), "127.0.0.1:%d", port);
+    struct rpc_node *nodes = calloc((size_t)nnodes, sizeof(*nodes));
+    struct pf_rpc_channel **chs = calloc((size_t)nnodes, sizeof(*chs));
+    for (long i = 0; i < nnodes; i++) {
+        nodes[i].id = i;
+        pf_rpc_channel_open(target, &nodes[i].ch);
+        chs[i] = nodes[i].ch;
+        char name[64], uuid[PF_UUID_STR_LEN];
+        node_name(i, name, sizeof(name));
+        node_uuid(i, uuid);
+        Pegaflow__HeartbeatNodeRequest hb = PEGAFLOW__HEARTBEAT_NODE_REQUEST__INIT;
+        hb.node = name;
+        hb.node_id = uuid;
+        ProtobufCMessage *m = NULL;
+        struct pf_rpc_status st;
+        if (pf_rpc_unary(nodes[i].ch, "/pegaflow.MetaServer/HeartbeatNode", &hb.base,
+                         &pegaflow__heartbeat_node_response__descriptor, 10000, &m, &st)) {
+            fprintf(stderr, "heartbeat: %s\n", st.msg);
+            rc = -EIO;
+            goto out;
+        }
+        protobuf_c_message_free_unpacked(m, NULL);
+    }
+    pf_sleep_ms(200);
+    r->rss0_kb = rss_kb(pid);
+    pthread_t *th = calloc((size_t)nnodes, sizeof(*th));
+    pthread_barrier_t start;
+    pthread_barrier_init(&start, NULL, (unsigned)nnodes + 1);
+    for (long i = 0; i < nnodes; i++) {
+        nodes[i].start = &start;
+        pthread_create(&th[i], NULL, rpc_register, &nodes[i]);
+    }
+    pthread_barrier_wait(&start); /* every node has its keys ready */
+    uint64_t t0 = pf_now_ns();
+    long total = 0;
+    for (long i = 0; i < nnodes; i++) {
+        pthread_join(th[i], NULL);
+        total += nodes[i].registered;
+        if (nodes[i].err)
+            rc = nodes[i].err;
+    }
+    free(th);
+    pthread_barrier_destroy(&start);
+    r->rpc_insert_s = secs_since(t0);
+    r->rpc_insert_per_s = (double)total / r->rpc_insert_s;
+    pf_sleep_ms(200);
+    r->rss1_kb = rss_kb(pid);
+    r->rss_bytes_per_key = (double)(r->rss1_kb - r->rss0_kb) * 1024.0 / (double)nkeys;
+    if (rc)
+        goto out;
+
+    run_queries(chs, false, &r->rpc_q_per_s, &r->rpc_qh_per_s, &r->q_bad);
+    double dummy;
+    long bad2;
+    run_queries(chs, true, &r->rpc_ping_per_s, &dummy, &bad2);
+
+    /* UnregisterNode of node 0: a full scan */
+    char name[64], uuid[PF_UUID_STR_LEN];
+    node_name(0, name, sizeof(name));
+    node_uuid(0, uuid);
+    Pegaflow__UnregisterNodeRequest ur = PEGAFLOW__UNREGISTER_NODE_REQUEST__INIT;
+    ur.node = name;
+    ur.node_id = uuid;
+    ProtobufCMessage *m = NULL;
+    struct pf_rpc_status st;
+    t0 = pf_now_ns();
+    if (pf_rpc_unary(nodes[0].ch, "/pegaflow.MetaServer/UnregisterNode", &ur.base,
+                     &pegaflow__unregister_node_response__descriptor, 60000, &m, &st) == 0) {
+        r->rpc_unregister_ms = secs_since(t0) * 1e3;
+        r->removed_owners = (long)((Pegaflow__UnregisterNodeResponse *)m)->removed_owners;
+        protobuf_c_message_free_unpacked(m, NULL);
+    } else {
+        fprintf(stderr, "unregister: %s\n", st.msg);
+        rc = -EIO;
+    }
+out:
+    for (long i = 0; i < nnodes; i++)
+        pf_rpc_channel_close(nodes[i].ch);
+    free(nodes);
+    free(chs);
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+    unlink(logpath);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ store part */
+
+struct st_thread {
+    struct pf_meta_store *st;
+    long id;
+    uint64_t deadline;
+    long n;
+    pthread_barrier_t *start;
+};
+
+static void *st_register(void *arg)
+{
+    struct st_thread *t = arg;
+    char name[64];
+    uint8_t id[16] = {0};
+    id[0] = (uint8_t)(t->id + 1);
+    node_name(t->id, name, sizeof(name));
+    size_t total;
+    ProtobufCBinaryData *h = owned_keys(t->id, &total);
+    pthread_barrier_wait(t->start);
+    for (size_t off = 0; off < total; off += CHUNK) {
+        size_t k = total - off < CHUNK ? total - off : CHUNK;
+        pf_meta_store_insert(t->st, "bench", (const struct pf_meta_hash *)(h + off), k, name, id,
+                             NULL);
+        t->n += (long)k;
+    }
+    free(h);
+    return NULL;
+}
+
+static void *st_query(void *arg)
+{
+    struct st_thread *t = arg;
+    struct pf_meta_hash *h = malloc((size_t)qlen * sizeof(*h));
+    unsigned seed = (unsigned)t->id;
+    while (pf_now_ns() < t->deadline) {
+        long runs = nkeys / RUN;
+        long start = (long)(rand_r(&seed) % (unsigned)(runs ? runs : 1)) * RUN +
+                     (long)(rand_r(&seed) % (RUN - (unsigned)qlen + 1));
+        for (long i = 0; i < qlen; i++)
+            h[i] = (struct pf_meta_hash){HLEN, key_at(start + i)};
+        struct pf_meta_prefix *res;
+        size_t nres;
+        if (pf_meta_store_query_prefix(t->st, "bench", h, (size_t)qlen, &res, &nres) == 0)
+            free(res);
+        t->n++;
+    }
+    free(h);
+    return NULL;
+}
+
+static void store_part(struct results *r)
+{
+    struct pf_meta_store *st;
+    struct pf_meta_store_config cfg = {.node_stale_secs = 30, .ttl_secs = 7200};
+    pf_meta_store_create(&cfg, &st);
+    for (long i = 0; i < nnodes; i++) {
+        char name[64];
+        uint8_t id[16] = {0};
+        id[0] = (uint8_t)(i + 1);
+        node_name(i, name, sizeof(name));
+        pf_meta_store_heartbeat(st, name, id);
+    }
+    struct st_thread *t = calloc((size_t)nnodes, sizeof(*t));
+    pthread_t *th = calloc((size_t)nnodes, sizeof(*th));
+    pthread_barrier_t start;
+    pthread_barrier_init(&start, NULL, (unsigned)nnodes + 1);
+    for (long i = 0; i < nnodes; i++) {
+        t[i] = (struct st_thread){.st = st, .id = i, .start = &start};
+        pthread_create(&th[i], NULL, st_register, &t[i]);
+    }
+    pthread_barrier_wait(&start);
+    uint64_t t0 = pf_now_ns();
+    long total = 0;
+    for (long i = 0; i < nnodes; i++) {
+        pthread_join(th[i], NULL);
+        total += t[i].n;
+    }
+    pthread_barrier_destroy(&start);
+    r->st_insert_s = secs_since(t0);
+    r->st_insert_per_s = (double)total / r->st_insert_s;
+    struct pf_meta_store_stats ss;
+    pf_meta_store_get_stats(st, &ss);
+    r->st_bytes_per_key = (double)ss.bytes / (double)nkeys;
+    t0 = pf_now_ns();
+    uint64_t dl = t0 + (uint64_t)(qsecs * 1e9);
+    long nq = 0;
+    for (long i = 0; i < nnodes; i++) {
+        t[i] = (struct st_thread){.st = st, .id = i, .deadline = dl};
+        pthread_create(&th[i], NULL, st_query, &t[i]);
+    }
+    for (long i = 0; i < nnodes; i++) {
+        pthread_join(th[i], NULL);
+        nq += t[i].n;
+    }
+    r->st_q_per_s = (double)nq / secs_since(t0);
+    char name[64];
+    uint8_t id[16] = {0};
+    id[0] = 1;
+    node_name(0, name, sizeof(name));
+    uint64_t removed;
+    t0 = pf_now_ns();
+    pf_meta_store_unregister(st, name, id, &removed);
+    r->st_unregister_ms = secs_since(t0) * 1e3;
+    pf_meta_store_destroy(st);
+    free(t);
+    free(th);
+}
+
+int main(int argc, char **argv)
+{
+    static char defpath[4096];
+    const char *bin = getenv("PF_BIN");
+    snprintf(defpath, sizeof(defpath), "%s/pegaflow-metaserver", bin ? bin : "build/rel/bin");
+    ms_path = defpath;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        const char *k = argv[i], *v = argv[i + 1];
+        if (!strcmp(k, "--keys"))
+            nkeys = atol(v);
+        else if (!strcmp(k, "--nodes"))
+            nnodes = atol(v);
+        else if (!strcmp(k, "--owners"))
+            nowners = atol(v);
+        else if (!strcmp(k, "--query-len"))
+            qlen = atol(v);
+        else if (!strcmp(k, "--query-secs"))
+            qsecs = atof(v);
+        else if (!strcmp(k, "--metaserver"))
+            ms_path = v;
+        else if (!strcmp(k, "--json"))
+            json_path = v;
+        else {
+            fprintf(stderr, "usage: metaserver [--keys N] [--nodes N] [--owners N] [--query-len L] "
+                            "[--query-secs S] [--metaserver PATH] [--json FILE]\n");
+            return 2;
+        }
+    }
+    if (nkeys < (long)RUN || nnodes < 1 || nnodes > 200 || nowners < 1 || nowners > nnodes ||
+        qlen < 1 || qlen > (long)RUN) {
+        fprintf(stderr, "bad parameters\n");
+        return 2;
+    }
+    pf_rpc_global_init();
+    keybytes = malloc((size_t)nkeys * HLEN);
+    for (long k = 0; k < nkeys; k++)
+        key_of(k, keybytes + (size_t)k * HLEN);
+    struct results r = {0};
+    printf("MetaServer benchmark: %ld keys (32-byte hashes), %ld nodes, %ld owners per key, "
+           "queries of %ld blocks, %ld CPUs\n",
+           nkeys, nnodes, nowners, qlen, sysconf(_SC_NPROCESSORS_ONLN));
+    int rc = rpc_part(&r);
+    if (rc) {
+        fprintf(stderr, "RPC part failed: %d\n", rc);
+        return 1;
+    }
+    store_part(&r);
+    double regs = (double)nkeys * (double)nowners;
+    printf("\n%-44s %14s %14s\n", "", "gRPC", "store only");
+    printf("%-44s %14.0f %14.0f\n", "InsertBlockHashes registrations/s", r.rpc_insert_per_s,
+           r.st_insert_per_s);
+    printf("%-44s %14.2f %14.2f\n", "  time to register all (s)", r.rpc_insert_s, r.st_insert_s);
+    printf("%-44s %14.0f %14.0f\n", "QueryPrefixBlocks queries/s", r.rpc_q_per_s, r.st_q_per_s);
+    printf("%-44s %14.0f %14.0f\n", "  hashes looked up/s", r.rpc_qh_per_s,
+           r.st_q_per_s * (double)qlen);
+    printf("%-44s %14.0f %14s\n", "  empty round trip (1-hash miss) queries/s", r.rpc_ping_per_s,
+           "-");
+    printf("%-44s %14.2f %14s\n", "  query cost vs empty round trip",
+           r.rpc_ping_per_s / (r.rpc_q_per_s ? r.rpc_q_per_s : 1), "-");
+    printf("%-44s %14.1f %14.1f\n", "UnregisterNode at 10^6 keys (ms)", r.rpc_unregister_ms,
+           r.st_unregister_ms);
+    printf("%-44s %14.1f %14s\n", "memory per key: server RSS delta / keys (B)",
+           r.rss_bytes_per_key, "-");
+    printf("%-44s %14s %14.1f\n", "memory per key: store tables+entries (B)", "-",
+           r.st_bytes_per_key);
+    printf("%-44s %14.1f %14s\n", "  per owner entry (bytes)",
+           r.rss_bytes_per_key * (double)nkeys / regs, "-");
+    printf("%-44s %14ld %14s\n", "  server RSS after registration (MiB)", r.rss1_kb / 1024, "-");
+    printf("%-44s %14ld %14s\n", "UnregisterNode removed owner entries", r.removed_owners, "-");
+    printf("%-44s %14ld %14s\n", "wrong query answers", r.q_bad, "-");
+    char json[2048];
+    snprintf(json, sizeof(json),
+             "{\"bench\":\"metaserver\",\"keys\":%ld,\"nodes\":%ld,\"owners_per_key\":%ld,"
+             "\"query_len\":%ld,\"cpus\":%ld,"
+             "\"rpc\":{\"insert_registrations_per_s\":%.0f,\"insert_seconds\":%.3f,"
+             "\"query_per_s\":%.0f,\"query_hashes_per_s\":%.0f,\"empty_rtt_per_s\":%.0f,"
+             "\"unregister_ms\":%.2f,\"removed_owners\":%ld,\"rss_bytes_per_key\":%.1f,"
+             "\"rss_after_kb\":%ld,\"wrong_answers\":%ld},"
+             "\"store\":{\"insert_registrations_per_s\":%.0f,\"query_per_s\":%.0f,"
+             "\"unregister_ms\":%.2f,\"store_bytes_per_key\":%.1f}}\n",
+             nkeys, nnodes, nowners, qlen, sysconf(_SC_NPROCESSORS_ONLN), r.rpc_insert_per_s,
+             r.rpc_insert_s, r.rpc_q_per_s, r.rpc_qh_per_s, r.rpc_ping_per_s, r.rpc_unregister_ms,
+             r.removed_owners, r.rss_bytes_per_key, r.rss1_kb, r.q_bad, r.st_insert_per_s,
+             r.st_q_per_s, r.st_unregister_ms, r.st_bytes_per_key);
+    printf("\n%s", json);
+    if (json_path) {
+        FILE *f = fopen(json_path, "w");
+        if (f) {
+            fputs(json, f);
+            fclose(f);
+        }
+    }
+    pf_rpc_global_shutdown();
+    return r.q_bad ? 1 : 0;
+}

@@ -1,0 +1,2 @@
+# MetaServer: store + gRPC service (pegaflow-metaserver) and the server-side client.
+CORE_SRCS += $(wildcard src/meta/*.c)
