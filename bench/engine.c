@@ -69,16 +69,24 @@ static void hash_of(uint64_t tag, uint64_t i, uint8_t *h)
     pft_fill(h, 32, tag, i);
 }
 
-static int reg(struct pf_client *c, const char *inst, struct pf_simkv *kv, uint64_t nb,
-               uint64_t bs)
+static int reg(struct pf_client *c, const char *inst, struct pf_simkv *kv, uint64_t nb, uint64_t bs)
 {
     uint8_t ipc[512];
     size_t ipclen;
     pf_simkv_ipc(kv, 0, nb * bs, ipc, sizeof(ipc), &ipclen);
-    struct pf_layer_desc d = {.name = "ALL_LAYERS", .ipc = ipc, .ipc_len = ipclen,
-                              .num_blocks = nb, .bytes_per_block = bs, .segments = 1};
-    struct pf_register_args a = {.instance_id = inst, .namespace_ = "bench", .tp_size = 1,
-                                 .world_size = 1, .device_id = 0, .layers = &d, .nlayers = 1};
+    struct pf_layer_desc d = {.name = "ALL_LAYERS",
+                              .ipc = ipc,
+                              .ipc_len = ipclen,
+                              .num_blocks = nb,
+                              .bytes_per_block = bs,
+                              .segments = 1};
+    struct pf_register_args a = {.instance_id = inst,
+                                 .namespace_ = "bench",
+                                 .tp_size = 1,
+                                 .world_size = 1,
+                                 .device_id = 0,
+                                 .layers = &d,
+                                 .nlayers = 1};
     return pf_client_register(c, &a, TMO);
 }
 
@@ -95,8 +103,8 @@ static double save_range(struct pf_client *c, const char *inst, uint64_t tag, ui
             ids[i] = (uint32_t)((first + b + i) % id_mod);
             hash_of(tag, first + b + i, hs + i * 32);
         }
-        struct pf_save_layer sl = {.name = "ALL_LAYERS", .block_ids = ids, .hashes = hs,
-                                   .hash_len = 32, .n = k};
+        struct pf_save_layer sl = {
+            .name = "ALL_LAYERS", .block_ids = ids, .hashes = hs, .hash_len = 32, .n = k};
         double t0 = now_s();
         if (pf_client_save(c, inst, 0, 0, 0, &sl, 1, TMO))
             die("save");
@@ -178,8 +186,7 @@ int main(int argc, char **argv)
     /* ---- server ---- */
     char pool[32];
     snprintf(pool, sizeof(pool), "%llumb", (unsigned long long)(TOTAL * 5 / 4 >> 20));
-    const char *args[] = {"--gpu-backend", "sim", "--pool-size", pool, "--log-level", "info",
-                          NULL};
+    const char *args[] = {"--gpu-backend", "sim", "--pool-size", pool, "--log-level", "info", NULL};
     struct pft_proc s;
     if (pft_start(&s, "pegaflow-server", "127.0.0.1", args))
         return 1;
@@ -219,8 +226,8 @@ int main(int argc, char **argv)
                 tg[i] = (int64_t)i;
             const char *nm[1] = {"ALL_LAYERS"};
             size_t g1 = 1, c1 = nb;
-            struct pf_load_item w = {.lease = wl, .lease_len = 16, .targets = tg,
-                                     .group_counts = &c1};
+            struct pf_load_item w = {
+                .lease = wl, .lease_len = 16, .targets = tg, .group_counts = &c1};
             struct pf_loadstate *wls;
             pf_loadstate_create(&wls);
             if (pf_client_load(c, dst_id, 0, 0, pf_loadstate_name(wls), nm, &g1, 1, &w, 1, TMO) ||
@@ -240,8 +247,8 @@ int main(int argc, char **argv)
             targets[i] = (int64_t)i;
         const char *names[1] = {"ALL_LAYERS"};
         size_t gsz = 1, cnt = nb;
-        struct pf_load_item it = {.lease = lease, .lease_len = 16, .targets = targets,
-                                  .group_counts = &cnt};
+        struct pf_load_item it = {
+            .lease = lease, .lease_len = 16, .targets = targets, .group_counts = &cnt};
         struct pf_loadstate *ls;
         pf_loadstate_create(&ls);
         t0 = now_s();

@@ -14,6 +14,7 @@
 
 #define PF_LOG_MOD "server"
 #include "app/app.h"
+#include "app/server_meta.h"
 #include "pf/engine.h"
 #include "pf/fault.h"
 #include "pf/hal.h"
@@ -32,6 +33,7 @@ struct server_app {
     struct pf_rpc_server *rpc;
     struct pf_engine_service svc;
     struct pf_otlp_exporter *otlp;
+    struct pf_meta_client *meta;
     int efd;
     int sfd;
 };
@@ -226,6 +228,14 @@ int pf_server_main(int argc, char **argv)
         goto out;
     if (start_engine(a) != 0)
         goto out;
+    if (a->cfg.metaserver_addr) {
+        int mrc = pf_server_meta_start(a->svc.engine, a->cfg.metaserver_target, a->cfg.addr,
+                                       a->cfg.metaserver_queue_depth, &a->meta);
+        if (mrc) {
+            pf_error("--metaserver-addr: cannot start the MetaServer client: %s", strerror(-mrc));
+            goto out;
+        }
+    }
     if (a->cfg.metrics_otel_endpoint) {
         char err2[256];
         if (pf_otlp_start(a->cfg.metrics_otel_endpoint, a->cfg.metrics_period_secs,
@@ -244,6 +254,7 @@ out:
     pf_rpc_server_stop(a->rpc);
     pf_http_server_stop(a->http);
     pf_otlp_stop(a->otlp);
+    pf_meta_client_destroy(a->meta); /* UnregisterNode, bounded by 3 s */
     pf_engine_destroy(a->svc.engine);
     pf_gpu_close(a->gpu);
     if (a->sfd >= 0)

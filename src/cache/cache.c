@@ -249,7 +249,7 @@ size_t pf_cache_evict(struct pf_cache *c, size_t max, struct pf_block **out, siz
             if (b->accessed) {
                 b->accessed = 0; /* recently hit: second chance */
                 pf_list_move(l, &b->lru);
-                budget++;      /* examined again after its mark is gone */
+                budget++; /* examined again after its mark is gone */
                 continue;
             }
             if (pf_block_strong(b) > 1) {

@@ -38,8 +38,16 @@ static int finish_task(struct pf_engine *e, struct pf_instance *in, struct pf_pr
     size_t total = t->nprefix + t->nfetched;
     if (t->nfetched && t->tier >= 0) {
         const struct pf_tier *tier = &e->tiers[t->tier];
+        struct pf_block **fresh = malloc(t->nfetched * sizeof(*fresh));
+        size_t nfresh = 0;
         for (size_t i = 0; i < t->nfetched; i++)
-            pf_cache_insert(e->cache, t->fetched[i], (enum pf_block_class)tier->cls);
+            if (pf_cache_insert(e->cache, t->fetched[i], (enum pf_block_class)tier->cls) == 1 &&
+                fresh)
+                fresh[nfresh++] = t->fetched[i];
+        /* newly resident blocks are advertised like sealed ones (the reference forgets
+         * promoted blocks, so peers could not discover them) */
+        pf_engine_run_sealed_hooks(e, fresh, nfresh);
+        free(fresh);
         if (tier->promoted)
             tier->promoted(tier->ctx, t->fetched, t->nfetched);
     }

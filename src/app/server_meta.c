@@ -1,0 +1,120 @@
+/* Glue between the engine and the server-side MetaServer client: sealed (and promoted)
+ * blocks are advertised, evicted ones withdrawn, reclaimable hints applied to the RAM cache,
+ * and resync/refresh enumerate the resident blocks. Runs of blocks of one namespace become
+ * one command each; the client copies what it queues, so nothing here blocks. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PF_LOG_MOD "server"
+#include "app/server_meta.h"
+#include "pf/block.h"
+#include "pf/cache.h"
+#include "pf/log.h"
+
+static void send_runs(struct pf_meta_client *mc, struct pf_block *const *b, size_t n, bool insert)
+{
+    struct pf_meta_hash hs[512];
+    size_t i = 0;
+    while (i < n) {
+        uint32_t ns = b[i]->key.ns;
+        size_t k = 0;
+        while (i < n && b[i]->key.ns == ns && k < PF_ARRAY_SIZE(hs)) {
+            hs[k].data = b[i]->key.hash;
+            hs[k].len = b[i]->key.len;
+            k++;
+            i++;
+        }
+        const char *name = pf_ns_name(ns);
+        int rc = insert ? pf_meta_client_insert(mc, name, hs, k)
+                        : pf_meta_client_remove(mc, name, hs, k);
+        if (rc && rc != -EAGAIN)
+            pf_log_ratelimited(PF_LOG_WARN, 60000, "MetaServer %s of %zu block(s) not queued: %s",
+                               insert ? "registration" : "removal", k, strerror(-rc));
+    }
+}
+
+static void on_sealed(void *ctx, struct pf_block *const *b, size_t n)
+{
+    send_runs(ctx, b, n, true);
+}
+
+static void on_evicted(void *ctx, struct pf_block *const *b, size_t n)
+{
+    send_runs(ctx, b, n, false);
+}
+
+struct glue {
+    struct pf_engine *e;
+};
+
+static void apply_reclaimable(void *ctx, const char *ns, const struct pf_meta_hash *hashes,
+                              size_t n)
+{
+    struct glue *g = ctx;
+    uint32_t id;
+    if (pf_ns_lookup(ns, &id) != 0)
+        return;
+    struct pf_block_key *keys = malloc((n ? n : 1) * sizeof(*keys));
+    if (!keys)
+        return;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (pf_key_make(id, hashes[i].data, hashes[i].len, &keys[k]) == 0)
+            k++;
+    size_t moved = pf_cache_mark_reclaimable(pf_engine_cache(g->e), keys, k);
+    free(keys);
+    if (moved)
+        pf_debug("%zu block(s) of %s are redundant in the cluster: now reclaimable", moved, ns);
+}
+
+struct enum_ctx {
+    pf_meta_emit_fn emit;
+    void *emit_ctx;
+    int rc;
+};
+
+static void emit_block(void *ctx, const struct pf_block *b)
+{
+    struct enum_ctx *ec = ctx;
+    if (ec->rc == 0)
+        ec->rc = ec->emit(ec->emit_ctx, pf_ns_name(b->key.ns), b->key.hash, b->key.len);
+}
+
+static int enumerate_resident(void *ctx, pf_meta_emit_fn emit, void *emit_ctx)
+{
+    struct glue *g = ctx;
+    struct enum_ctx ec = {emit, emit_ctx, 0};
+    pf_cache_for_each(pf_engine_cache(g->e), emit_block, &ec);
+    return ec.rc;
+}
+
+int pf_server_meta_start(struct pf_engine *e, const char *target, const char *advertise,
+                         size_t queue_depth, struct pf_meta_client **mc_p)
+{
+    static struct glue the_glue; /* one engine per server process */
+    struct glue *g = &the_glue;
+    g->e = e;
+    struct pf_meta_client_config cfg = {
+        .target = target,
+        .advertise_addr = advertise,
+        .queue_depth = queue_depth,
+        .apply_reclaimable = apply_reclaimable,
+        .enumerate_resident = enumerate_resident,
+        .cb_ctx = g,
+    };
+    struct pf_meta_client *mc;
+    int rc = pf_meta_client_create(&cfg, &mc);
+    if (rc)
+        return rc;
+    struct pf_engine_hooks h = {.sealed = on_sealed, .evicted = on_evicted, .ctx = mc};
+    rc = pf_engine_add_hooks(e, &h);
+    if (rc) {
+        pf_meta_client_destroy(mc);
+        return rc;
+    }
+    pf_info("MetaServer client: %s, advertising %s as node %s", target, advertise,
+            pf_meta_client_node_id(mc));
+    *mc_p = mc;
+    return 0;
+}
