@@ -106,7 +106,9 @@ int pf_rpc_channel_open(const char *target, struct pf_rpc_channel **ch_p)
         {.type = GRPC_ARG_INTEGER,
          .key = GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
          .value.integer = 100},
-        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, .value.integer = 100},
+        /* in gRPC core this is also the connect timeout: 5 s like the reference; a short
+         * value fails slow handshakes (sanitizer builds, loaded hosts) */
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, .value.integer = 5000},
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, .value.integer = 1000},
         /* distinct channels get distinct connections (peers, sessions) */
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, .value.integer = 1},
