@@ -44,17 +44,24 @@ int pf_thread_start(pthread_t *t_p, const char *name, int numa_node, void *(*fn)
     return 0;
 }
 
+/* libnuma caches node CPU masks lazily without locking: serialize our calls into it. */
+static pthread_mutex_t numa_mu = PTHREAD_MUTEX_INITIALIZER;
+
 int pf_thread_bind_numa(int node)
 {
     if (numa_available() < 0 || node < 0 || node > numa_max_node())
         return -EINVAL;
-    if (numa_run_on_node(node) != 0) {
-        int e = errno;
+    pthread_mutex_lock(&numa_mu);
+    int rc = numa_run_on_node(node);
+    int e = errno;
+    if (rc == 0)
+        numa_set_preferred(node);
+    pthread_mutex_unlock(&numa_mu);
+    if (rc != 0) {
         pf_log_ratelimited(PF_LOG_WARN, 60000, "cannot bind thread to NUMA node %d: %s", node,
                            strerror(e));
         return -e;
     }
-    numa_set_preferred(node);
     return 0;
 }
 

@@ -18,6 +18,18 @@
 #define PF_PRINTF(f, a)                    __attribute__((format(printf, f, a)))
 #define PF_UNUSED                          __attribute__((unused))
 
+/* Happens-before annotations for hand-offs through uninstrumented libraries (the gRPC
+ * completion queue): ThreadSanitizer cannot see their synchronisation. No-ops otherwise. */
+#if defined(__SANITIZE_THREAD__)
+void __tsan_acquire(void *addr);
+void __tsan_release(void *addr);
+#define pf_hb_release(p) __tsan_release((void *)(p))
+#define pf_hb_acquire(p) __tsan_acquire((void *)(p))
+#else
+#define pf_hb_release(p) ((void)(p))
+#define pf_hb_acquire(p) ((void)(p))
+#endif
+
 /* Round x up/down to a multiple of a (a > 0, any value). */
 static inline uint64_t pf_round_up(uint64_t x, uint64_t a)
 {
