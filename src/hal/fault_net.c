@@ -4,7 +4,8 @@
  * completes: the requester's deadline must fire); delay (submitted, completion held back);
  * corrupt (submitted, local bytes flipped when the READ completes successfully); fatal.
  * qp_invalidate forwards to the inner backend (its guarantee is what protects local
- * memory) and turns held completions into -ECANCELED. */
+ * memory) and turns held completions into -ECANCELED; a READ polled after it is never
+ * corrupted (its buffer may already be freed). */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -224,7 +225,8 @@ static int f_poll(struct pf_net_qp *qp, struct pf_net_cqe *out, size_t max, uint
                 out[got++] = buf[i];
                 continue;
             }
-            if (t.corrupt && buf[i].status == 0)
+            /* after qp_invalidate the caller may have freed the buffer: never touch it */
+            if (t.corrupt && buf[i].status == 0 && !q->invalidated)
                 for (size_t k = 0; k < t.niov; k++)
                     pf_fault_corrupt(f->plan, t.iov[k].iov_base, t.iov[k].iov_len);
             free(t.iov);
