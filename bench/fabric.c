@@ -10,9 +10,11 @@
  * fetches all of it with one-sided READs of each block size (default 256 KiB, 1 MiB, 4 MiB),
  * keeping the send queue full, then receives the same number of bytes over a plain TCP
  * connection (one blocking sender, one receiver writing straight into the same destination
- * buffer). Rounds alternate fabric and raw, --reps times; the table reports the median and
- * the ratio of medians, and the JSON file holds every sample. The fetched bytes are checked
- * against the holder's checksum once per block size (outside the timing).
+ * buffer) twice: written and read in block-size calls, and in single calls; the faster is
+ * the raw sample of that round. Rounds alternate fabric and raw, --reps times; the table
+ * reports medians and the ratio of medians, and the JSON file holds every sample. The
+ * fetched bytes are checked against the holder's checksum once per block size (outside the
+ * timing).
  *
  * Usage: fabric [--size BYTES] [--blocks 256k,1m,4m] [--reps N] [--qps N] [--loopback]
  *               [--json PATH]      (default PATH: fabric.json) */
@@ -406,6 +408,18 @@ static double raw_round(struct reader *r, uint64_t chunk)
     return s;
 }
 
+/* The raw baseline of one round: the faster of a stream written and read in block-size
+ * calls and one written and read in a single call (the kernel's best case), so the ratio
+ * is never flattered by a weak baseline. */
+static double raw_best(struct reader *r, uint64_t blk, double *chunked_p, double *whole_p)
+{
+    *chunked_p = raw_round(r, blk);
+    *whole_p = raw_round(r, r->o->size);
+    if (*chunked_p <= 0 || *whole_p <= 0)
+        return -1;
+    return *chunked_p < *whole_p ? *chunked_p : *whole_p;
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -546,6 +560,7 @@ int main(int argc, char **argv)
             goto out;
 
     double fab[MAX_BLOCKS][MAX_REPS], raw[MAX_BLOCKS][MAX_REPS];
+    double rawc[MAX_BLOCKS][MAX_REPS], raww[MAX_BLOCKS][MAX_REPS];
     bool ok[MAX_BLOCKS];
     for (int b = 0; b < o.nblocks; b++) {
         for (int k = 0; k < o.reps; k++) {
@@ -555,9 +570,9 @@ int main(int argc, char **argv)
                 fab[b][k] = fabric_round(&r, o.blocks[b]);
                 if (k == 0) /* the fetched bytes, checked once per block size */
                     ok[b] = fab[b][k] > 0 && pf_hash64(r.dst, o.size) == r.h.checksum;
-                raw[b][k] = raw_round(&r, o.blocks[b]);
+                raw[b][k] = raw_best(&r, o.blocks[b], &rawc[b][k], &raww[b][k]);
             } else {
-                raw[b][k] = raw_round(&r, o.blocks[b]);
+                raw[b][k] = raw_best(&r, o.blocks[b], &rawc[b][k], &raww[b][k]);
                 fab[b][k] = fabric_round(&r, o.blocks[b]);
             }
             if (fab[b][k] <= 0 || raw[b][k] <= 0)
@@ -567,8 +582,9 @@ int main(int argc, char **argv)
 
     printf("\n%-10s %14s %14s %14s %8s %8s  %s\n", "block", "fabric GB/s", "raw TCP GB/s",
            "fabric best", "ratio", "paired", "bytes");
-    printf("(GB/s = 1e9 bytes/s, medians of %d runs; ratio = fabric/raw of the medians; "
-           "paired = median of per-run fabric/raw)\n",
+    printf("(GB/s = 1e9 bytes/s, medians of %d runs; raw = the faster of block-size and "
+           "single-call writes/reads in each run;\n ratio = fabric/raw of the medians; paired = "
+           "median of per-run fabric/raw)\n",
            o.reps);
     FILE *j = fopen(o.json, "w");
     if (j)
@@ -603,6 +619,12 @@ int main(int argc, char **argv)
             fprintf(j, "], \"raw_s\": [");
             for (int k = 0; k < o.reps; k++)
                 fprintf(j, "%s%.6f", k ? ", " : "", raw[b][k]);
+            fprintf(j, "], \"raw_block_writes_s\": [");
+            for (int k = 0; k < o.reps; k++)
+                fprintf(j, "%s%.6f", k ? ", " : "", rawc[b][k]);
+            fprintf(j, "], \"raw_single_write_s\": [");
+            for (int k = 0; k < o.reps; k++)
+                fprintf(j, "%s%.6f", k ? ", " : "", raww[b][k]);
             fprintf(j, "]}%s\n", b + 1 < o.nblocks ? "," : "");
         }
     }
