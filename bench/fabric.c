@@ -308,6 +308,7 @@ static int holder(const struct opts *o, int ctl, const char *nic, const char *ip
 /* ---- reader (parent) ---- */
 
 struct reader {
+    pid_t holder;
     const struct opts *o;
     struct pf_net *net;
     struct pf_net_qp *qp[MAX_QPS];
@@ -380,6 +381,37 @@ static double fabric_round(struct reader *r, uint64_t blk)
     return (double)(pf_now_ns() - t0) / 1e9;
 }
 
+/* CPU seconds (user + system, all threads) used so far by this process and the holder. */
+static double cpu_s(pid_t holder)
+{
+    double ticks = 0;
+    pid_t pids[2] = {getpid(), holder};
+    for (int i = 0; i < 2; i++) {
+        char path[64], buf[1024];
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int)pids[i]);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[n] = '\0';
+        const char *p = strrchr(buf, ')'); /* the command name may hold spaces */
+        unsigned long ut = 0, st = 0;
+        if (p &&
+            sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) == 2)
+            ticks += (double)(ut + st);
+    }
+    return ticks / (double)sysconf(_SC_CLK_TCK);
+}
+
+static double fabric_round_cpu(struct reader *r, uint64_t blk, double *cpu_p)
+{
+    double c0 = cpu_s(r->holder);
+    double s = fabric_round(r, blk);
+    *cpu_p = cpu_s(r->holder) - c0;
+    return s;
+}
+
 static double raw_round(struct reader *r, uint64_t chunk)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -411,9 +443,12 @@ static double raw_round(struct reader *r, uint64_t chunk)
 /* The raw baseline of one round: the faster of a stream written and read in block-size
  * calls and one written and read in a single call (the kernel's best case), so the ratio
  * is never flattered by a weak baseline. */
-static double raw_best(struct reader *r, uint64_t blk, double *chunked_p, double *whole_p)
+static double raw_best(struct reader *r, uint64_t blk, double *chunked_p, double *whole_p,
+                       double *cpu_p)
 {
+    double c0 = cpu_s(r->holder);
     *chunked_p = raw_round(r, blk);
+    *cpu_p = cpu_s(r->holder) - c0;
     *whole_p = raw_round(r, r->o->size);
     if (*chunked_p <= 0 || *whole_p <= 0)
         return -1;
@@ -528,7 +563,7 @@ int main(int argc, char **argv)
     }
     close(sv[1]);
     int rc = 1;
-    struct reader r = {.o = &o, .holder_ip = hip};
+    struct reader r = {.o = &o, .holder_ip = hip, .holder = pid};
     if (ns_made && ns_enter(ns_b)) {
         fprintf(stderr, "reader: cannot enter %s\n", ns_b);
         goto out;
@@ -561,30 +596,32 @@ int main(int argc, char **argv)
 
     double fab[MAX_BLOCKS][MAX_REPS], raw[MAX_BLOCKS][MAX_REPS];
     double rawc[MAX_BLOCKS][MAX_REPS], raww[MAX_BLOCKS][MAX_REPS];
+    double fabcpu[MAX_BLOCKS][MAX_REPS], rawcpu[MAX_BLOCKS][MAX_REPS];
     bool ok[MAX_BLOCKS];
     for (int b = 0; b < o.nblocks; b++) {
         for (int k = 0; k < o.reps; k++) {
             /* alternate the order so drift hurts both equally */
             if (k % 2 == 0) {
                 memset(r.dst, 0, o.size);
-                fab[b][k] = fabric_round(&r, o.blocks[b]);
+                fab[b][k] = fabric_round_cpu(&r, o.blocks[b], &fabcpu[b][k]);
                 if (k == 0) /* the fetched bytes, checked once per block size */
                     ok[b] = fab[b][k] > 0 && pf_hash64(r.dst, o.size) == r.h.checksum;
-                raw[b][k] = raw_best(&r, o.blocks[b], &rawc[b][k], &raww[b][k]);
+                raw[b][k] = raw_best(&r, o.blocks[b], &rawc[b][k], &raww[b][k], &rawcpu[b][k]);
             } else {
-                raw[b][k] = raw_best(&r, o.blocks[b], &rawc[b][k], &raww[b][k]);
-                fab[b][k] = fabric_round(&r, o.blocks[b]);
+                raw[b][k] = raw_best(&r, o.blocks[b], &rawc[b][k], &raww[b][k], &rawcpu[b][k]);
+                fab[b][k] = fabric_round_cpu(&r, o.blocks[b], &fabcpu[b][k]);
             }
             if (fab[b][k] <= 0 || raw[b][k] <= 0)
                 goto out;
         }
     }
 
-    printf("\n%-10s %14s %14s %14s %8s %8s  %s\n", "block", "fabric GB/s", "raw TCP GB/s",
-           "fabric best", "ratio", "paired", "bytes");
+    printf("\n%-10s %14s %14s %14s %8s %8s %9s %9s  %s\n", "block", "fabric GB/s", "raw TCP GB/s",
+           "fabric best", "ratio", "paired", "fab CPU", "raw CPU", "bytes");
     printf("(GB/s = 1e9 bytes/s, medians of %d runs; raw = the faster of block-size and "
            "single-call writes/reads in each run;\n ratio = fabric/raw of the medians; paired = "
-           "median of per-run fabric/raw)\n",
+           "median of per-run fabric/raw;\n CPU = user+system seconds per GiB of both "
+           "processes, block-size raw stream)\n",
            o.reps);
     FILE *j = fopen(o.json, "w");
     if (j)
@@ -606,14 +643,17 @@ int main(int argc, char **argv)
         worst = ratio < worst ? ratio : worst;
         char bl[32];
         snprintf(bl, sizeof(bl), "%" PRIu64 " KiB", o.blocks[b] >> 10);
-        printf("%-10s %14.3f %14.3f %14.3f %8.3f %8.3f  %s\n", bl, fgb, rgb,
-               (double)o.size / fbest / 1e9, ratio, pratio, ok[b] ? "verified" : "MISMATCH");
+        double gib = (double)o.size / (double)(1ull << 30);
+        double fcpu = median(fabcpu[b], o.reps) / gib, rcpu = median(rawcpu[b], o.reps) / gib;
+        printf("%-10s %14.3f %14.3f %14.3f %8.3f %8.3f %9.2f %9.2f  %s\n", bl, fgb, rgb,
+               (double)o.size / fbest / 1e9, ratio, pratio, fcpu, rcpu,
+               ok[b] ? "verified" : "MISMATCH");
         if (j) {
             fprintf(j,
                     "    {\"block\": %" PRIu64 ", \"fabric_gbps\": %.4f, \"raw_gbps\": %.4f, "
-                    "\"ratio\": %.4f, \"paired_ratio\": %.4f, \"verified\": %s, "
-                    "\"fabric_s\": [",
-                    o.blocks[b], fgb, rgb, ratio, pratio, ok[b] ? "true" : "false");
+                    "\"ratio\": %.4f, \"paired_ratio\": %.4f, \"fabric_cpu_s_per_gib\": "
+                    "%.3f, \"raw_cpu_s_per_gib\": %.3f, \"verified\": %s, \"fabric_s\": [",
+                    o.blocks[b], fgb, rgb, ratio, pratio, fcpu, rcpu, ok[b] ? "true" : "false");
             for (int k = 0; k < o.reps; k++)
                 fprintf(j, "%s%.6f", k ? ", " : "", fab[b][k]);
             fprintf(j, "], \"raw_s\": [");
