@@ -578,6 +578,8 @@ static int verbs_qp_local_endpoint(struct pf_net_qp *qpb, void *buf, size_t cap,
     struct verbsqp *q = verbs_qp(qpb);
     if (!buf || cap < PF_VERBS_EP_LEN)
         return -ENOSPC;
+    if (!q->qp) /* destroyed by an invalidate whose flushes never came */
+        return -ENOTCONN;
     uint8_t *p = buf;
     memset(p, 0, PF_VERBS_EP_LEN);
     uint32_t magic = VERBS_EP_MAGIC, qpn = q->qp->qp_num, psn = q->psn;
