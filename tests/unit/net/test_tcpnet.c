@@ -618,6 +618,38 @@ static void test_faulty_error_at_post(void **st)
     pf_fault_plan_free(plan);
 }
 
+static void test_faulty_delay_then_invalidate(void **st)
+{
+    struct pf_fault_plan *plan = plan_of("seed=6;net.read:delay=60000,times=1");
+    struct nc_pair p;
+    faulty_pair_open(&p, plan);
+    assert_int_equal(nc_read1(&p, 0, nc_raddr(&p, 0), p.src_mr->rkey, 65536, 1), 0);
+    struct pf_net_cqe c;
+    /* the READ is done underneath but its completion is held back */
+    assert_int_equal(pf_net_poll(p.qb, &c, 1, 100), 0);
+    pf_net_qp_invalidate(p.qb);
+    nc_wait(p.qb, &c, 1);
+    assert_int_equal(c.wr_id, 1);
+    assert_int_equal(c.status, -ECANCELED);
+    nc_pair_close(&p);
+    pf_fault_plan_free(plan);
+}
+
+static void test_faulty_fatal(void **st)
+{
+    struct pf_fault_plan *plan = plan_of("seed=7;net.read:fatal=1,nth=2");
+    struct nc_pair p;
+    faulty_pair_open(&p, plan);
+    assert_int_equal(nc_read1(&p, 0, nc_raddr(&p, 0), p.src_mr->rkey, 4096, 1), 0);
+    struct pf_net_cqe c;
+    nc_wait(p.qb, &c, 1);
+    assert_int_equal(c.status, 0);
+    assert_int_equal(nc_read1(&p, 0, nc_raddr(&p, 0), p.src_mr->rkey, 4096, 2), -EIO);
+    assert_int_equal(nc_read1(&p, 0, nc_raddr(&p, 0), p.src_mr->rkey, 4096, 3), -EIO);
+    nc_pair_close(&p);
+    pf_fault_plan_free(plan);
+}
+
 /* The decorator stacked by name, as the server does with --fault-spec. */
 static void test_faulty_by_name(void **st)
 {
@@ -665,6 +697,8 @@ int main(void)
         cmocka_unit_test(test_faulty_corrupt),
         cmocka_unit_test(test_faulty_error_at_completion),
         cmocka_unit_test(test_faulty_error_at_post),
+        cmocka_unit_test(test_faulty_delay_then_invalidate),
+        cmocka_unit_test(test_faulty_fatal),
         cmocka_unit_test(test_faulty_by_name),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
