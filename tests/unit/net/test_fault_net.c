@@ -159,11 +159,42 @@ static void test_no_corruption_after_invalidate(void **st)
     pf_fault_plan_free(plan);
 }
 
+/* Regression: a dropped READ never completes by itself, but qp_invalidate flushes it with
+ * -ECANCELED like every outstanding READ (the HAL contract), so a caller draining after its
+ * deadline accounts for every wr_id. */
+static void test_dropped_read_flushed_by_invalidate(void **st)
+{
+    struct pf_fault_plan *plan;
+    struct pf_net *n = faulty_over_script("seed=13;net.read:drop=1,times=1", &plan);
+    uint8_t src[64] = {1}, dst[64] = {0};
+    struct pf_net_qp *qp;
+    struct pf_net_mr *mr;
+    assert_int_equal(pf_net_qp_create(n, 0, &qp), 0);
+    assert_int_equal(pf_net_reg_mem(n, 0, dst, sizeof(dst), PF_NET_ACCESS_LOCAL_WRITE, &mr), 0);
+    struct pf_net_sge s = {dst, sizeof(dst), mr->lkey};
+    assert_int_equal(pf_net_post_read(qp, &s, 1, (uint64_t)(uintptr_t)src, 2, 7), 0);
+    assert_int_equal(pf_net_post_read(qp, &s, 1, (uint64_t)(uintptr_t)src, 2, 8), 0);
+    struct pf_net_cqe c[2];
+    assert_int_equal(pf_net_poll(qp, c, 2, 5), 1); /* only the second: the first is dropped */
+    assert_int_equal(c[0].wr_id, 8);
+    assert_int_equal(pf_net_poll(qp, c, 2, 5), 0);
+    pf_net_qp_invalidate(qp);
+    assert_int_equal(pf_net_poll(qp, c, 2, 5), 1);
+    assert_int_equal(c[0].wr_id, 7);
+    assert_int_equal(c[0].status, -ECANCELED);
+    assert_int_equal(pf_net_poll(qp, c, 2, 0), 0);
+    pf_net_dereg_mem(mr);
+    pf_net_qp_destroy(qp);
+    pf_net_close(n);
+    pf_fault_plan_free(plan);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_corrupt_applies_on_success),
         cmocka_unit_test(test_no_corruption_after_invalidate),
+        cmocka_unit_test(test_dropped_read_flushed_by_invalidate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
