@@ -446,6 +446,7 @@ static void fake_reset(void)
     for (int i = 0; i < F.nqps; i++)
         free(F.qps[i]);
     F.nqps = 0;
+    F.mrs_live = F.pds_live = F.ctx_live = F.cq_live = F.ch_live = 0; /* no cascades */
     F.no_list = false;
     F.flush_polls = 0;
     memset(F.devs, 0, sizeof(F.devs));
@@ -817,7 +818,8 @@ static void test_blocking_poll(void **st)
     assert_int_equal(pf_net_poll(p.qb, &c, 1, 30000), 1);
     assert_int_equal(c.wr_id, 5);
     pthread_join(t, NULL);
-    assert_true(F.acked_events >= 1);
+    /* (whether the wake-up came through the channel or the re-poll after arming depends on
+     * timing; both are correct, so acked events are not asserted) */
     /* idle: returns 0 at the timeout */
     assert_int_equal(pf_net_poll(p.qb, &c, 1, 5), 0);
     vpair_close(&p);
