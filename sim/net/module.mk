@@ -1,5 +1,2 @@
-ifeq ($(wildcard sim/net/tcpnet.c),)
-CORE_SRCS += sim/net/tcpnet_absent.c
-else
-CORE_SRCS += $(filter-out sim/net/tcpnet_absent.c,$(wildcard sim/net/*.c))
-endif
+# sim/net: the TCP fabric ("tcp" NET backend), always compiled.
+CORE_SRCS += $(wildcard sim/net/*.c)

@@ -1,10 +1,12 @@
 /* faulty:<inner> NET decorator. Ops: net.reg_mem, net.connect (qp_connect) and net.read
  * (post_read). READ faults: error at post; error at completion (not submitted: a
  * synthetic error completion is returned, so no byte lands); drop (not submitted, never
- * completes: the requester's deadline must fire); delay (submitted, completion held back);
+ * completes: the requester's deadline must fire; qp_invalidate flushes it with -ECANCELED
+ * like any outstanding READ); delay (submitted, completion held back);
  * corrupt (submitted, local bytes flipped when the READ completes successfully); fatal.
  * qp_invalidate forwards to the inner backend (its guarantee is what protects local
- * memory) and turns held completions into -ECANCELED. */
+ * memory) and turns held completions into -ECANCELED; a READ polled after it is never
+ * corrupted (its buffer may already be freed). */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -153,8 +155,10 @@ static int f_read(struct pf_net_qp *qp, const struct pf_net_sge *sge, size_t nsg
     if (rc)
         return rc;
     pthread_mutex_lock(&q->mu);
-    if (h.drop)
+    if (h.drop) { /* completes only when qp_invalidate flushes it (-ECANCELED) */
+        rc = fdone_add(&q->ts, wr_id, -ECANCELED, q->invalidated ? 0 : UINT64_MAX);
         goto out;
+    }
     if (h.error && h.at_complete) {
         rc = fdone_add(&q->ts, wr_id, h.error, 0);
         goto out;
@@ -224,7 +228,8 @@ static int f_poll(struct pf_net_qp *qp, struct pf_net_cqe *out, size_t max, uint
                 out[got++] = buf[i];
                 continue;
             }
-            if (t.corrupt && buf[i].status == 0)
+            /* after qp_invalidate the caller may have freed the buffer: never touch it */
+            if (t.corrupt && buf[i].status == 0 && !q->invalidated)
                 for (size_t k = 0; k < t.niov; k++)
                     pf_fault_corrupt(f->plan, t.iov[k].iov_base, t.iov[k].iov_len);
             free(t.iov);

@@ -1,0 +1,77 @@
+/* Private interface of the verbs NET backend, for its unit tests.
+ *
+ * verbs.c reaches rdma-core only through struct pf_verbs_api (the production table wraps the
+ * real ibv_* functions, including the static inline ones such as ibv_post_send), so tests
+ * can run the backend against a fake HCA: GID and port selection, QP state transitions,
+ * invalidate draining and error translation, on machines without an RDMA device. */
+#ifndef PF_HW_VERBS_INTERNAL_H
+#define PF_HW_VERBS_INTERNAL_H
+
+#include <stdint.h>
+
+#include <infiniband/verbs.h>
+
+#include "pf/hal_net.h"
+
+#define PF_VERBS_SQ_DEPTH  128 /* send queue WRs per QP (reference §7.3) */
+#define PF_VERBS_MAX_SGE   16
+#define PF_VERBS_RD_ATOMIC 16
+#define PF_VERBS_TIMEOUT   14
+#define PF_VERBS_RETRY     7
+#define PF_VERBS_RNR_RETRY 7
+#define PF_VERBS_MIN_RNR   12
+#define PF_VERBS_HOP_LIMIT 64
+#define PF_VERBS_EP_LEN    36
+#define PF_VERBS_DRAIN_MS  5000 /* invalidate: wait this long for flushes, then destroy */
+
+struct pf_verbs_api {
+    struct ibv_device **(*get_device_list)(int *num_devices);
+    void (*free_device_list)(struct ibv_device **list);
+    const char *(*get_device_name)(struct ibv_device *dev);
+    struct ibv_context *(*open_device)(struct ibv_device *dev);
+    int (*close_device)(struct ibv_context *ctx);
+    int (*query_device)(struct ibv_context *ctx, struct ibv_device_attr *attr);
+    int (*query_port)(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr);
+    /* 0, or an errno (ENODATA: empty entry) */
+    int (*query_gid_ex)(struct ibv_context *ctx, uint32_t port, uint32_t index,
+                        struct ibv_gid_entry *entry);
+    struct ibv_pd *(*alloc_pd)(struct ibv_context *ctx);
+    int (*dealloc_pd)(struct ibv_pd *pd);
+    struct ibv_mr *(*reg_mr)(struct ibv_pd *pd, void *addr, size_t len, int access);
+    int (*dereg_mr)(struct ibv_mr *mr);
+    struct ibv_comp_channel *(*create_comp_channel)(struct ibv_context *ctx);
+    int (*destroy_comp_channel)(struct ibv_comp_channel *ch);
+    struct ibv_cq *(*create_cq)(struct ibv_context *ctx, int cqe, void *cq_ctx,
+                                struct ibv_comp_channel *ch, int vector);
+    int (*destroy_cq)(struct ibv_cq *cq);
+    int (*req_notify_cq)(struct ibv_cq *cq, int solicited_only);
+    int (*get_cq_event)(struct ibv_comp_channel *ch, struct ibv_cq **cq, void **cq_ctx);
+    void (*ack_cq_events)(struct ibv_cq *cq, unsigned int nevents);
+    struct ibv_qp *(*create_qp)(struct ibv_pd *pd, struct ibv_qp_init_attr *attr);
+    int (*destroy_qp)(struct ibv_qp *qp);
+    int (*modify_qp)(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask);
+    int (*post_send)(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
+    int (*poll_cq)(struct ibv_cq *cq, int n, struct ibv_wc *wc);
+    const char *sysfs_root; /* "/sys" */
+    uint64_t drain_ms;      /* invalidate's flush deadline (PF_VERBS_DRAIN_MS) */
+};
+
+/* The rdma-core table used by the registered "verbs" backend. */
+extern const struct pf_verbs_api pf_verbs_real_api;
+
+/* Opens the backend on an explicit API table. Same contract as the backend's open:
+ * -ENODEV when there is no RDMA device or a named one is missing, -ENETDOWN when a device
+ * has no ACTIVE port, -EINVAL without NICs. */
+int pf_verbs_open_api(const struct pf_verbs_api *api, const struct pf_net_config *cfg,
+                      struct pf_net **n_p);
+
+/* GID choice over one port's table (entries with an all-zero GID are empty): the first
+ * RoCEv2 GID that is not link-local, else the first IB-type GID, else the first GID that is
+ * not link-local, else index 0. Returns the table index. */
+int pf_verbs_pick_gid(const struct ibv_gid_entry *ents, int n);
+
+/* Work-completion status -> -errno (0 for success, -ECANCELED for flushed WRs,
+ * -EREMOTEIO for remote access/operation errors, -ETIMEDOUT for retry exhaustion). */
+int pf_verbs_wc_errno(enum ibv_wc_status st);
+
+#endif
