@@ -25,7 +25,7 @@ INTEG_PROGS :=
 BENCH_PROGS :=
 
 include $(sort $(wildcard src/*/module.mk sim/*/module.mk hw/*/module.mk))
-include $(sort $(wildcard tests/*/module.mk bench/module.mk))
+include $(sort $(wildcard tests/*/module.mk tests/unit/*/module.mk bench/module.mk))
 
 include mk/link.mk
 include mk/test.mk
