@@ -9,14 +9,13 @@
 
 #include "pf/block.h"
 #include "pf/pool.h"
+#include "pf/slab.h"
 
 struct pf_block *pf_block_new(const struct pf_block_key *key, uint16_t nslots)
 {
-    size_t sz = pf_round_up(sizeof(struct pf_block) + (size_t)nslots * sizeof(struct pf_slot), 64);
-    struct pf_block *b = aligned_alloc(64, sz);
+    struct pf_block *b = pf_slab_alloc(sizeof(*b) + (size_t)nslots * sizeof(struct pf_slot));
     if (!b)
         return NULL;
-    memset(b, 0, sz);
     atomic_init(&b->strong, 1);
     atomic_init(&b->weak, 1);
     pf_list_init(&b->lru);
@@ -37,7 +36,7 @@ static void release_data(struct pf_block *b)
 void pf_block_weak_put(struct pf_block *b)
 {
     if (b && atomic_fetch_sub_explicit(&b->weak, 1, memory_order_acq_rel) == 1)
-        free(b);
+        pf_slab_free(b, sizeof(*b) + (size_t)b->nslots * sizeof(struct pf_slot));
 }
 
 void pf_block_put(struct pf_block *b)

@@ -3,13 +3,14 @@
 #include <stdlib.h>
 
 #include "pf/htable.h"
+#include "pf/slab.h"
 
 int pf_htable_init(struct pf_htable *t, size_t initial)
 {
     size_t n = 16;
     while (n < initial)
         n <<= 1;
-    t->buckets = calloc(n, sizeof(*t->buckets));
+    t->buckets = pf_big_calloc(n, sizeof(*t->buckets));
     if (!t->buckets)
         return -ENOMEM;
     t->mask = n - 1;
@@ -21,7 +22,8 @@ void pf_htable_destroy(struct pf_htable *t)
 {
     if (!t)
         return;
-    free(t->buckets);
+    if (t->buckets)
+        pf_big_free(t->buckets, t->mask + 1, sizeof(*t->buckets));
     t->buckets = NULL;
     t->mask = 0;
     t->count = 0;
@@ -30,7 +32,7 @@ void pf_htable_destroy(struct pf_htable *t)
 static void grow(struct pf_htable *t)
 {
     size_t n = (t->mask + 1) * 2;
-    struct pf_hnode **nb = calloc(n, sizeof(*nb));
+    struct pf_hnode **nb = pf_big_calloc(n, sizeof(*nb));
     if (!nb)
         return;
     for (size_t i = 0; i <= t->mask; i++) {
@@ -43,7 +45,7 @@ static void grow(struct pf_htable *t)
             e = next;
         }
     }
-    free(t->buckets);
+    pf_big_free(t->buckets, t->mask + 1, sizeof(*t->buckets));
     t->buckets = nb;
     t->mask = n - 1;
 }
