@@ -91,11 +91,11 @@ def pf_bin() -> str | None:
 class ServerProc:
     """A pegaflow-server on loopback with ports chosen by the kernel."""
 
-    def __init__(self, log_path: str, extra_args: tuple[str, ...] = ()):
+    def __init__(self, log_path: str, extra_args: tuple[str, ...] = (), port: int = 0):
         b = pf_bin()
         self.log_path = log_path
         self.args = [os.path.join(b, "pegaflow-server"), "--gpu-backend", "sim",
-                     "--pool-size", "256mb", "--addr", "127.0.0.1:0",
+                     "--pool-size", "256mb", "--addr", f"127.0.0.1:{port}",
                      "--http-addr", "127.0.0.1:0", *extra_args]
         self.proc = None
         self.port = None
@@ -151,8 +151,8 @@ def server_factory(tmp_path, engine_lib):
         pytest.skip("SKIP: PF_BIN is unset (run through `make test`): no pegaflow-server")
     started: list[ServerProc] = []
 
-    def start(name: str = "server") -> ServerProc:
-        s = ServerProc(str(tmp_path / f"{name}.log"))
+    def start(name: str = "server", port: int = 0) -> ServerProc:
+        s = ServerProc(str(tmp_path / f"{name}.log"), port=port)
         started.append(s)
         return s.start()
 
