@@ -79,8 +79,9 @@ def engine_lib(lib):
     """The library, only if it has every engine function (else skip naming them)."""
     miss = missing_engine_fns(lib)
     if miss:
-        pytest.skip("SKIP: libpegaflow lacks the engine client functions "
-                    f"({', '.join(miss)}): pending the engine merge")
+        more = f" and {len(miss) - 3} more" if len(miss) > 3 else ""
+        pytest.skip(f"SKIP: libpegaflow lacks {len(miss)} engine client functions "
+                    f"({', '.join(miss[:3])}{more}): pending the engine merge")
     return lib
 
 
@@ -146,7 +147,17 @@ class ServerProc:
 
 @pytest.fixture
 def server_factory(tmp_path, engine_lib):
-    """Starts real servers; skips when PF_BIN is unset or the server lacks the engine."""
+    """Starts real servers; skips when PF_BIN is unset or the library lacks the engine."""
+    yield from _servers(tmp_path)
+
+
+@pytest.fixture
+def plain_server_factory(tmp_path, lib):
+    """Starts real servers for tests that need only connect/health/shutdown."""
+    yield from _servers(tmp_path)
+
+
+def _servers(tmp_path):
     if not pf_bin():
         pytest.skip("SKIP: PF_BIN is unset (run through `make test`): no pegaflow-server")
     started: list[ServerProc] = []

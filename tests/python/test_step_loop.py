@@ -215,7 +215,8 @@ def test_abort_before_commit_releases_the_lease(world, engines, monkeypatch):
     assert probe.hit_blocks == 5 and probe.lease
     e2.step()  # vLLM asks again: the memoised probe answers, no second lease
     assert e2.sched._scheduler._probes["B"] is probe
-    assert not world.lease_released(probe.lease) if world.name == "fake" else True
+    if world.name == "fake":  # (checking it on the real server would release it)
+        assert probe.lease in world.server.leases and len(world.server.leases) == 1
     e2.abort("B")
     assert "B" not in e2.sched._scheduler._probes
     assert world.lease_released(probe.lease)
