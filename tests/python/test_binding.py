@@ -145,7 +145,18 @@ def test_missing_function_is_a_clear_error(lib):
 def test_error_mapping(rc, code, cls):
     e = errors.error_for("pf_client_x", rc, code, "boom")
     assert type(e) is cls
-    assert "pf_client_x" in str(e) and "boom" in str(e)
+    assert "pf_client_x" in str(e)
+    # with no status recorded on the thread, the message comes from the errno
+    assert ("boom" in str(e)) == (code != 0)
+
+
+def test_a_stale_status_is_not_attributed_to_a_local_failure():
+    # -ENOMEM decided locally while the thread still records an old UNAVAILABLE
+    e = errors.error_for("pf_client_connect", -12, errors.UNAVAILABLE, "old failure")
+    assert type(e) is errors.PegaflowError and "old failure" not in str(e)
+    assert "ENOMEM" in str(e)
+    e = errors.error_for("pf_client_x", -71, errors.DATA_LOSS, "data loss")  # -EPROTO
+    assert e.code == errors.DATA_LOSS and "data loss" in str(e)
 
 
 def test_version_mismatch_is_recognised():

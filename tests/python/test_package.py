@@ -74,10 +74,18 @@ def test_missing_attribute_is_an_attribute_error():
         pc.NoSuchThing  # noqa: B018
 
 
+def _need_pip_and_setuptools():
+    import importlib.util
+
+    if importlib.util.find_spec("pip") is None or importlib.util.find_spec("setuptools") is None:
+        pytest.skip("SKIP: needs pip and setuptools (Debian python3-pip, python3-setuptools)")
+
+
 def test_pip_installs_the_package(tmp_path):
     """`pip install ./python` (offline here: the build backend comes from Debian's
     python3-setuptools, hence --no-build-isolation; with network the plain command
     works). The installed copy imports and exposes the connector and the entry point."""
+    _need_pip_and_setuptools()
     target = tmp_path / "site"
     src = _copy_source(tmp_path)  # setuptools builds in-tree: keep the checkout clean
     r = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
@@ -104,6 +112,7 @@ def test_pip_installs_the_package(tmp_path):
 def test_wheel_bundles_a_library_copied_into_the_package(tmp_path):
     """A libpegaflow.so placed in pegaflow/lib/ is shipped in the wheel and found
     "next to the package" first after PEGAFLOW_LIB."""
+    _need_pip_and_setuptools()
     src = _copy_source(tmp_path)
     (src / "pegaflow" / "lib" / "libpegaflow.so").write_bytes(b"\x7fELF-not-really")
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",

@@ -65,6 +65,20 @@ _ERRNO_TO_CODE = {
 }
 
 
+# rpc.h pf_errno_from_grpc_code: the -errno a call returns for each recorded status.
+_CODE_TO_ERRNO = {
+    INVALID_ARGUMENT: _errno.EINVAL,
+    FAILED_PRECONDITION: _errno.EPERM,
+    DEADLINE_EXCEEDED: _errno.ETIMEDOUT,
+    UNAVAILABLE: _errno.ECONNREFUSED,
+    UNIMPLEMENTED: _errno.EOPNOTSUPP,
+    INTERNAL: _errno.EIO,
+    NOT_FOUND: _errno.ENOENT,
+    RESOURCE_EXHAUSTED: _errno.ENOBUFS,
+    CANCELLED: _errno.ECANCELED,
+}
+
+
 class PegaflowError(RuntimeError):
     """A libpegaflow call failed.
 
@@ -131,10 +145,22 @@ def code_from_errno(rc: int) -> int:
     return _ERRNO_TO_CODE.get(-rc, UNKNOWN)
 
 
-def error_for(method: str, rc: int, code: int, message: str) -> PegaflowError:
-    """Exception for a failed call: the gRPC code decides; 0 falls back to the errno."""
+def status_belongs_to(rc: int, code: int) -> bool:
+    """Whether the thread's recorded status (code) can be the one of a call that returned
+    rc. A failure decided before the wire (e.g. -ENOMEM) may leave an older call's status
+    in place; that stale status must not be reported as this call's."""
     if code == OK:
+        return False
+    return -rc == _CODE_TO_ERRNO.get(code, _errno.EPROTO)
+
+
+def error_for(method: str, rc: int, code: int, message: str) -> PegaflowError:
+    """Exception for a failed call: the recorded gRPC status when it belongs to this call
+    (status_belongs_to), else the status implied by the errno alone."""
+    if not status_belongs_to(rc, code):
         code = code_from_errno(rc)
+        message = f"{_errno.errorcode.get(-rc, rc)}: {__import__('os').strerror(-rc)}" \
+            if rc < 0 else f"return code {rc}"
     cls = _CODE_TO_CLASS.get(code, PegaflowError)
     if cls is FailedPrecondition and "version mismatch" in message.lower():
         cls = VersionMismatch
