@@ -268,11 +268,22 @@ def test_server_killed_mid_run(world, engines, monkeypatch):
     e2.add_request("D", PROMPT_A, max_tokens=1)
     e2.run()
     assert e2.logs["D"].loaded_blocks == 0
-    # the server comes back (empty): the connector keeps working (misses)
+    # the server comes back (empty): the connector keeps working (misses) ...
     world.restart_server()
     e2.add_request("E", PROMPT_A, max_tokens=1)
     e2.run()
     assert e2.logs["E"].finished_status.name == "FINISHED_LENGTH_CAPPED"
+    assert e2.logs["E"].loaded_blocks == 0
+    # ... and E's failed Save ("instance not found") made the workers register again,
+    # so caching resumes without restarting vLLM
+    prompt_g = [9000 + i for i in range(64)]
+    g = e2.add_request("G", prompt_g, max_tokens=1)
+    e2.run()
+    assert all(w._worker.stats.get("reregistrations") == 1 for w in e2.workers)
+    wait_visible(world, e2, g)
+    e2.add_request("H", prompt_g, max_tokens=1)
+    e2.run()
+    assert_loaded_equal(e2, "H", e2.logs["G"].snapshot, 4)
 
 
 def test_load_failure_with_policy_fail(world, engines, monkeypatch):

@@ -25,7 +25,10 @@ def h(i: int) -> bytes:
 
 
 class W:
-    def __init__(self, rank=0, tp=1, server=None, clock=None, thread=False, **ctx_kw):
+    def __init__(self, rank=0, tp=1, server=None, clock=None, thread=False,
+                 reregister_interval_s=None, **ctx_kw):
+        wkw = {} if reregister_interval_s is None else \
+            {"reregister_interval_s": reregister_interval_s}
         self.clock = clock or FakeClock()
         self.server = server or FakeServer(self.clock)
         self.client = FakeEngineClient(self.server)
@@ -34,7 +37,7 @@ class W:
         kw.update(ctx_kw)
         self.ctx = ConnectorContext("inst", "ns", BS, **kw)
         self.w = WorkerConnector(self.ctx, self.client, self.dev, clock=self.clock,
-                                 save_thread=thread)
+                                 save_thread=thread, **wkw)
         self.kv = {n: HostTensor(np.zeros((2, N, BS, H, D), np.uint16), rank) for n in LAYERS}
 
     def register(self):
@@ -281,3 +284,30 @@ def test_shutdown_unregisters_from_rank_zero_only():
     assert srv.count("unregister") == 0
     ws[0].w.shutdown()
     assert srv.count("unregister") == 1 and "inst" not in srv.instances
+
+
+def test_reregisters_after_the_server_lost_the_instance():
+    x = W(reregister_interval_s=10).register()
+    x.server.drop_instance("inst")  # e.g. pegaflow-server restarted
+    _save(x, {"a": ([1], [h(1)])})
+    assert x.w.stats["save_failures"] == 1
+    assert x.w.get_finished({"a"}) == ({"a"}, None)  # the lifecycle still completes
+    x.w.start_load_kv(StepPlan())  # vLLM calls it every step: the retry point
+    assert x.server.count("register") == 2 and x.server.instances["inst"].sealed
+    assert x.w.stats["reregistrations"] == 1
+    _save(x, {"b": ([2], [h(2)])})
+    assert x.server.stored("ns", h(2))
+
+
+def test_reregistration_is_rate_limited_while_the_server_is_away():
+    x = W(reregister_interval_s=10).register()
+    x.server.drop_instance("inst")
+    _save(x, {"a": ([1], [h(1)])})
+    x.server.down = True
+    x.w.start_load_kv(StepPlan())
+    x.w.start_load_kv(StepPlan())
+    assert x.server.count("register") == 2  # one attempt, then wait
+    x.server.down = False
+    x.clock.advance(10)
+    x.w.start_load_kv(StepPlan())
+    assert x.server.count("register") == 3 and x.w.stats["reregistrations"] == 1

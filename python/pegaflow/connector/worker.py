@@ -20,6 +20,10 @@ neither vLLM nor torch.
   registered layer. Save failures are logged; the request lifecycle still completes.
 * handle_preemptions: waits until saves reading preempted requests' blocks completed,
   before vLLM reuses the blocks.
+* Recovery: when Save or Load fails because the server does not know the instance (it
+  restarted), the worker registers its KV caches again (same IPC handles; at most every
+  ``reregister_interval_s``), so a running vLLM resumes caching once every worker of the
+  instance has re-registered.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from pegaflow.client.engine import LayerRegistration, LeaseLoad, RegisterArgs, SaveLayer
-from pegaflow.client.errors import VersionMismatch
+from pegaflow.client.errors import FailedPrecondition, VersionMismatch
 from pegaflow.client.loadstate import create_load_state, state_is_success
 from pegaflow.connector.config import ConnectorContext
 from pegaflow.connector.layout import infer_layout
@@ -57,12 +61,18 @@ class _SaveTask:
 
 
 _STOP = object()
+REREGISTER_INTERVAL_S = 10.0
+
+
+def _instance_unknown(e: BaseException) -> bool:
+    return isinstance(e, FailedPrecondition) and "not found" in getattr(e, "message", str(e))
 
 
 class WorkerConnector:
     def __init__(self, ctx: ConnectorContext, client: Any, device: Any, *,
                  clock=time.monotonic, load_state_factory=None, save_thread: bool = True,
-                 expected_num_blocks: int | None = None):
+                 expected_num_blocks: int | None = None,
+                 reregister_interval_s: float = REREGISTER_INTERVAL_S):
         self.ctx = ctx
         self.client = client
         self.device = device
@@ -72,6 +82,10 @@ class WorkerConnector:
         self._expected_blocks = expected_num_blocks
         self.layers: list[str] = []
         self.registered = False
+        self._reg_args: RegisterArgs | None = None
+        self._reg_lock = threading.Lock()
+        self._reregister_due: float | None = None  # set when the server lost the instance
+        self._reregister_interval = reregister_interval_s
         self._device_id: int | None = None
         self._rl = RateLimitedLog(log, clock=clock)
         # loads
@@ -140,11 +154,42 @@ class WorkerConnector:
                 f"{self.device_id} layers [{', '.join(r.name for r in regs)}]: {e}") from e
         self.layers = [r.name for r in regs]
         self.registered = True
+        self._reg_args = args
         log.info("registered %d KV layer(s) of instance %s (namespace %s, tp %d/%d, pp %d, "
                  "device %d, %d blocks of %d bytes x %d segment(s))", len(regs),
                  self.ctx.instance_id, self.ctx.namespace, self.ctx.tp_rank, self.ctx.tp_size,
                  self.ctx.pp_rank, self.device_id, regs[0].num_blocks, regs[0].bytes_per_block,
                  regs[0].segments)
+
+    def _note_failure(self, e: BaseException) -> None:
+        if _instance_unknown(e) and self._reg_args is not None:
+            with self._reg_lock:
+                if self._reregister_due is None:
+                    self._reregister_due = self._clock()
+                    log.warning("pegaflow-server does not know instance %s (restarted?): "
+                                "registering the KV caches again", self.ctx.instance_id)
+
+    def maybe_reregister(self) -> bool:
+        """Register again after the server lost the instance; True when (re)registered."""
+        with self._reg_lock:
+            due = self._reregister_due
+            if due is None or self._clock() < due:
+                return False
+            self._reregister_due = self._clock() + self._reregister_interval
+            try:
+                self.client.register(self._reg_args, timeout_ms=self.ctx.rpc_timeout_ms)
+            except Exception as e:
+                if "already" in str(e):  # our device is registered (e.g. by a retry)
+                    self._reregister_due = None
+                    return True
+                self._rl(logging.WARNING, "reregister", "re-registration failed (will retry "
+                         "in %.0f s): %s", self._reregister_interval, e)
+                return False
+            self._reregister_due = None
+            self.stats["reregistrations"] = self.stats.get("reregistrations", 0) + 1
+            log.info("re-registered instance %s device %d with pegaflow-server",
+                     self.ctx.instance_id, self.device_id)
+            return True
 
     # ---------------------------------------------------------------- loads
 
@@ -158,6 +203,8 @@ class WorkerConnector:
 
     def start_load_kv(self, metadata: Any) -> None:
         plan = plan_of(metadata)
+        if self._reregister_due is not None:
+            self.maybe_reregister()
         if not plan.loads:
             return
         failed: dict[str, tuple[int, ...]] = {}
@@ -191,6 +238,7 @@ class WorkerConnector:
             state.close()
             self._release_all(items)
             self._fail_load(req_blocks, str(e))
+            self._note_failure(e)
             return
         self._pending.append(_PendingLoad(state, req_blocks, self._clock()))
 
@@ -302,6 +350,7 @@ class WorkerConnector:
             self.stats["save_failures"] += 1
             self._rl(logging.WARNING, "save", "Save of %d block(s) failed (they stay "
                      "uncached): %s", len(ids), e)
+            self._note_failure(e)
         finally:
             with self._cv:
                 for t in batch:
