@@ -9,7 +9,6 @@ import os
 import re
 import shutil
 import subprocess
-import threading
 import time
 
 import pytest
@@ -206,40 +205,6 @@ def test_health_on_a_closed_port_is_unavailable_within_the_deadline(lib):
 def test_bad_target_is_invalid_argument(lib):
     with pytest.raises(errors.InvalidArgument, match="host:port"):
         EngineClient("not a target", lib=lib)
-
-
-def test_calls_release_the_gil(lib):
-    """While one thread waits in the library, another keeps running Python."""
-    import socket
-
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(8)
-    port = srv.getsockname()[1]
-    held = []
-
-    def accept():
-        while True:
-            try:
-                held.append(srv.accept()[0])
-            except OSError:
-                return
-
-    threading.Thread(target=accept, daemon=True).start()
-    c = EngineClient(f"127.0.0.1:{port}", lib=lib, timeout_ms=1000)
-    t = threading.Thread(target=lambda: pytest.raises(errors.PegaflowError, c.health))
-    t0 = time.monotonic()
-    t.start()
-    spins = 0
-    while t.is_alive():
-        spins += 1
-    elapsed = time.monotonic() - t0
-    srv.close()
-    for h in held:
-        h.close()
-    c.close()
-    assert elapsed > 0.01, "the call returned too fast to observe"
-    assert spins > 1000, f"main thread made only {spins} iterations during {elapsed:.3f}s"
 
 
 def test_query_against_no_server_is_a_miss(lib):

@@ -42,6 +42,7 @@ def rec(tmp_path_factory):
         pass
 
     R.lib = lib
+    R.delay = staticmethod(lambda ms: lib._cdll.rec_delay(ms))
     R.take = staticmethod(lambda: take().decode())
     R.fail = staticmethod(lambda rc=0, code=0, msg=b"": fail(rc, code, msg))
     return R
@@ -236,3 +237,23 @@ def test_worker_and_scheduler_over_the_binding(rec, cl):
     assert rec.take() == f"release t=55 lease={bytes(range(0xA0, 0xB0)).hex()}\n"
     s.shutdown()
     assert rec.take() == "session_close\n"
+
+
+def test_calls_release_the_gil(rec, cl):
+    """While one thread is inside the library (a 300 ms call), another runs Python."""
+    import threading
+    import time
+
+    rec.delay(300)
+    try:
+        t = threading.Thread(target=cl.health)
+        t0 = time.monotonic()
+        t.start()
+        spins = 0
+        while t.is_alive():
+            spins += 1
+        elapsed = time.monotonic() - t0
+    finally:
+        rec.delay(0)
+    assert elapsed >= 0.25
+    assert spins > 10000, f"main thread made only {spins} iterations in {elapsed:.3f}s"

@@ -323,8 +323,6 @@ def test_preemption_under_block_pressure_keeps_saved_bytes_right(world, engines,
 
 def test_loading_server_answers_are_retried(engines, monkeypatch):
     """Fake only: the C server answers Loading only with an SSD/P2P tier."""
-    from fakes import FakeServer
-
     monkeypatch.setenv("PYTHONHASHSEED", "0")
     w = FakeWorld()
     e1 = Engine(w.backend, monkeypatch.setattr, instance_id="l1")

@@ -5,7 +5,6 @@ complete the lifecycle), get_finished semantics, handle_preemptions, shutdown.""
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import pytest

@@ -40,7 +40,7 @@ from pegaflow.client.errors import FailedPrecondition, VersionMismatch
 from pegaflow.client.loadstate import create_load_state, state_is_success
 from pegaflow.connector.config import ConnectorContext
 from pegaflow.connector.layout import infer_layout
-from pegaflow.connector.plan import StepPlan, plan_of
+from pegaflow.connector.plan import plan_of
 from pegaflow.connector.util import RateLimitedLog
 
 log = logging.getLogger("pegaflow.connector.worker")

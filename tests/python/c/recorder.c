@@ -20,7 +20,7 @@
 
 static char logbuf[1 << 16];
 static size_t loglen;
-static int fail_rc, fail_code;
+static int fail_rc, fail_code, delay_ms;
 static char fail_msg[256];
 static __thread int last_code;
 static __thread char last_msg[256];
@@ -49,6 +49,9 @@ const char *rec_take(void)
     logbuf[0] = 0;
     return out;
 }
+
+/* Every later pf_client_health blocks this long (GIL-release test). */
+void rec_delay(int ms) { delay_ms = ms; }
 
 void rec_fail(int rc, int code, const char *msg)
 {
@@ -89,6 +92,8 @@ void pf_client_close(struct pf_client *c) { free(c); }
 int pf_client_health(struct pf_client *c, uint64_t t)
 {
     say("health %s t=%llu\n", c->target, (unsigned long long)t);
+    if (delay_ms)
+        usleep((useconds_t)delay_ms * 1000);
     return answer();
 }
 
