@@ -101,6 +101,9 @@ def test_client_recovers_after_a_server_restart(plain_server_factory, lib):
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
-    c.shutdown_server()  # Shutdown RPC: the server exits by itself
+    try:
+        c.shutdown_server()  # Shutdown RPC: the server exits by itself
+    except errors.Unavailable:
+        pass  # the server may cancel the in-flight Shutdown call while stopping
     assert s2.proc.wait(10) == 0
     c.close()

@@ -20,8 +20,8 @@ neither vLLM nor torch.
   registered layer. Save failures are logged; the request lifecycle still completes.
 * handle_preemptions: waits until saves reading preempted requests' blocks completed,
   before vLLM reuses the blocks.
-* Recovery: when Save or Load fails because the server does not know the instance (it
-  restarted), the worker registers its KV caches again (same IPC handles; at most every
+* Recovery: when Save or Load fails because the server does not have this worker
+  registered (it restarted), the worker registers its KV caches again (same IPC handles; at most every
   ``reregister_interval_s``), so a running vLLM resumes caching once every worker of the
   instance has re-registered.
 """
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from pegaflow.client.engine import LayerRegistration, LeaseLoad, RegisterArgs, SaveLayer
-from pegaflow.client.errors import FailedPrecondition, VersionMismatch
+from pegaflow.client.errors import FailedPrecondition, InvalidArgument, VersionMismatch
 from pegaflow.client.loadstate import create_load_state, state_is_success
 from pegaflow.connector.config import ConnectorContext
 from pegaflow.connector.layout import infer_layout
@@ -64,8 +64,15 @@ _STOP = object()
 REREGISTER_INTERVAL_S = 10.0
 
 
-def _instance_unknown(e: BaseException) -> bool:
-    return isinstance(e, FailedPrecondition) and "not found" in getattr(e, "message", str(e))
+def _registration_lost(e: BaseException) -> bool:
+    """A Save/Load failure that means "the server does not have this worker registered":
+    unknown instance or device (FAILED_PRECONDITION, except lease errors), or an instance
+    that another worker re-created and that waits for the rest (INVALID_ARGUMENT
+    "registration incomplete"). A needless re-registration is answered "already ..."."""
+    msg = getattr(e, "message", str(e)).lower()
+    if isinstance(e, FailedPrecondition):
+        return "lease" not in msg and "version" not in msg
+    return isinstance(e, InvalidArgument) and "registration incomplete" in msg
 
 
 class WorkerConnector:
@@ -162,7 +169,7 @@ class WorkerConnector:
                  regs[0].segments)
 
     def _note_failure(self, e: BaseException) -> None:
-        if _instance_unknown(e) and self._reg_args is not None:
+        if _registration_lost(e) and self._reg_args is not None:
             with self._reg_lock:
                 if self._reregister_due is None:
                     self._reregister_due = self._clock()
