@@ -315,16 +315,16 @@ class Engine:
             for t in self.kv[w].values():
                 t.numpy()[...] = 0
 
-    def forward(self, so: SchedulerOutput, pre: dict[str, int]) -> None:
+    def forward(self, w: int, so: SchedulerOutput, pre: dict[str, int],
+                blocks: dict[str, list[int]]) -> None:
+        """Worker w's forward pass: writes the KV of every scheduled token."""
         for rid, n in so.num_scheduled_tokens.items():
             req = self.requests[rid]
             start = pre[rid]
             hs = self._prefix_hashes(req, start + n)
-            blocks = self.req_blocks[rid]
             for pos in range(start, start + n):
-                b = blocks[pos // self.bs].block_id
-                for w in range(self.tp):
-                    self._write_token(w, b, pos % self.bs, self._kv_values(w, hs[pos]))
+                b = blocks[rid][pos // self.bs]
+                self._write_token(w, b, pos % self.bs, self._kv_values(w, hs[pos]))
 
     # ---------------------------------------------------------------- API
 
@@ -484,14 +484,17 @@ class Engine:
         wire = pickle.dumps(so.kv_connector_metadata)
         outs = []
         forward = so.total_num_scheduled_tokens > 0
-        if forward:
-            self.forward(so, pre)
-        for w in self.workers:
+        # block tables as the workers know them for this step
+        tables = {rid: [b.block_id for b in self.req_blocks[rid]] for rid in so.num_scheduled_tokens}
+        for i, w in enumerate(self.workers):
+            # vLLM's order per worker: pre_forward (handle_preemptions, bind, start_load_kv)
+            # -> forward -> post_forward (wait_for_save, get_finished, errors, clear)
             meta = pickle.loads(wire)
             w.bind_connector_metadata(meta)
             w.handle_preemptions(meta)
             w.start_load_kv(ForwardContext())
             if forward:
+                self.forward(i, so, pre, tables)
                 w.wait_for_save()
             fs, fr = w.get_finished(set(so.finished_req_ids))
             errs = w.get_block_ids_with_load_errors()
