@@ -213,6 +213,7 @@ class FakeServer:
         self.leases: dict[bytes, _Lease] = {}
         self.down = False
         self.slow = False  # every call exceeds its deadline
+        self.save_delay_s = 0.0  # a Save waits this long before it reads the GPU blocks
         self.fail_next: dict[str, Any] = {}  # method -> exception (one shot)
         self.loading: dict[str, int] = {}  # req_id -> Loading answers still to give
         self.load_mode = "complete"  # complete | error | never
@@ -297,6 +298,10 @@ class FakeServer:
         m = "pf_client_save"
         self._gate("save", instance_id=instance_id, device_id=device_id,
                    layers=[(l.name, list(l.block_ids), list(l.block_hashes)) for l in layers])
+        if self.save_delay_s:
+            import time
+
+            time.sleep(self.save_delay_s)
         self._sweep()
         inst = self._inst(m, instance_id)
         if not inst.sealed:

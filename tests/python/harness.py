@@ -189,7 +189,8 @@ class Engine:
     def __init__(self, backend, patch: Callable, *, instance_id: str, tp: int = 2,
                  layers: int = 2, num_blocks: int = 48, block_size: int = 16, heads: int = 2,
                  head_dim: int = 8, token_budget: int = 64, policy: str = "recompute",
-                 extra_config: dict | None = None, seed: int = 1234):
+                 extra_config: dict | None = None, seed: int = 1234,
+                 report_preempted: bool = True):
         self.backend = backend
         self.tp = tp
         self.L = layers
@@ -199,6 +200,7 @@ class Engine:
         self.budget = token_budget
         self.policy = policy
         self.seed = seed
+        self.report_preempted = report_preempted  # False: SchedulerOutput without them
         self.layer_names = [f"model.layers.{i}.self_attn.attn" for i in range(layers)]
         kv_cache_utils.init_none_hash(sha256)
         self.hasher = get_request_block_hasher(block_size, sha256)
@@ -471,7 +473,8 @@ class Engine:
             num_scheduled_tokens=nsched, total_num_scheduled_tokens=sum(nsched.values()),
             scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={},
             num_common_prefix_blocks=[0], finished_req_ids=self.finished_ids,
-            free_encoder_mm_hashes=[], preempted_req_ids=preempted or None)
+            free_encoder_mm_hashes=[],
+            preempted_req_ids=(preempted or None) if self.report_preempted else None)
         self.finished_ids = set()
         so.kv_connector_metadata = self.sched.build_connector_meta(so)
         for rid, n in nsched.items():  # vLLM's _update_after_schedule

@@ -353,6 +353,19 @@ def test_preemption_resumes_with_a_new_table_and_cursor():
     assert p.saves["a"].block_ids == (9, 10, 11, 12)
 
 
+def test_preemption_is_detected_without_preempted_req_ids():
+    from vllm.v1.request import RequestStatus
+
+    w = World()
+    r = w.request("a", range(16))
+    w.s.update_state_after_alloc(r, blocks([1, 2, 3, 4]), 0)
+    w.s.build_connector_meta(sched_out(new=[(r, [1, 2, 3, 4], 0, 8)]))
+    r.status = RequestStatus.PREEMPTED  # vLLM preempted it; the output does not say so
+    assert w.s.build_connector_meta(sched_out(preempted=None)).preempted == {"a"}
+    r.status = RequestStatus.RUNNING
+    assert w.s.build_connector_meta(sched_out()).preempted == frozenset()
+
+
 @pytest.mark.parametrize("legacy", [False, True])
 def test_resumed_shapes(legacy):
     w = World()

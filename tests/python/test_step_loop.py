@@ -296,9 +296,16 @@ def test_load_failure_with_policy_fail(world, engines, monkeypatch):
     assert e2.idle()
 
 
-def test_preemption_under_block_pressure_keeps_saved_bytes_right(world, engines, monkeypatch):
+@pytest.mark.parametrize("report", [True, False], ids=["preempted-listed", "status-only"])
+def test_preemption_under_block_pressure_keeps_saved_bytes_right(world, engines, monkeypatch,
+                                                                 report):
+    """Saves still reading a preempted request's blocks finish before the blocks are
+    reused (handle_preemptions), whether or not vLLM lists the preemption."""
     monkeypatch.setenv("PEGAFLOW_CROSS_LAYER_BLOCKS", "0")
-    e1 = engines(num_blocks=12, token_budget=48)  # 11 usable blocks for 3 x (4..6) blocks
+    if world.name == "fake":
+        world.server.save_delay_s = 0.005  # saves lag behind the forward: races show
+    e1 = engines(num_blocks=12, token_budget=48,  # 11 usable blocks for 3 x (4..6) blocks
+                 report_preempted=report)
     prompts = {f"P{i}": [500 * (i + 1) + j for j in range(64)] for i in range(3)}
     for rid, p in prompts.items():
         e1.add_request(rid, p, max_tokens=24)
@@ -307,6 +314,8 @@ def test_preemption_under_block_pressure_keeps_saved_bytes_right(world, engines,
     assert all(lg.finished_status.name == "FINISHED_LENGTH_CAPPED" for lg in e1.logs.values())
     assert e1.free_block_count() == e1.num_blocks - 1
     # what the server holds is what the requests computed
+    if world.name == "fake":
+        world.server.save_delay_s = 0.0
     e2 = engines()
     for rid, p in prompts.items():
         req = e1.requests[rid]

@@ -88,6 +88,11 @@ def _hashed_prefix(blocks: Any) -> int | None:
     return n
 
 
+def _is_preempted(request: Any) -> bool:
+    status = getattr(request, "status", None)
+    return getattr(status, "name", None) == "PREEMPTED"
+
+
 def _group0_ids(blocks: Any) -> list[int]:
     if blocks is None:
         return []
@@ -286,7 +291,13 @@ class SchedulerConnector:
     def build_connector_meta(self, scheduler_output: Any) -> StepPlan:
         plan = StepPlan(loads=self._pending_loads)
         self._pending_loads = {}
-        preempted = frozenset(getattr(scheduler_output, "preempted_req_ids", None) or ())
+        # vLLM lists this step's preemptions in preempted_req_ids (documented for its v2
+        # model runner); a request of ours whose status is PREEMPTED counts too, so the
+        # workers always wait for saves still reading its blocks before they are reused.
+        preempted = set(getattr(scheduler_output, "preempted_req_ids", None) or ())
+        preempted.update(rid for rid, st in self._reqs.items()
+                         if st.save_planned and not st.finished and _is_preempted(st.request))
+        preempted = frozenset(preempted)
         for rid in preempted:
             st = self._reqs.get(rid)
             if st is not None:
