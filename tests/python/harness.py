@@ -7,7 +7,7 @@ vLLM; it replays the call order the connector sees:
                _update_waiting_for_remote_kv, incl. the "-1" full-hit rule and the
                truncation of failed loads); running requests first (chunked prefill /
                decode, preemption of the last running request when blocks run out);
-               then waiting requests: get_num_new_matched_tokens (None -> retry next
+               then, unless this step preempted, waiting requests: get_num_new_matched_tokens (None -> retry next
                step) -> allocate -> update_state_after_alloc; async loads park the
                request in WAITING_FOR_REMOTE_KVS; build_connector_meta.
   workers:     per TP worker, the metadata pickled (vLLM ships it across processes) ->
@@ -416,7 +416,8 @@ class Engine:
             budget -= n
 
         skipped = deque()
-        while self.waiting and budget > 0:
+        # vLLM schedules no waiting request in a step that preempted one
+        while self.waiting and budget > 0 and not preempted:
             req = self.waiting.popleft()
             rid = req.request_id
             if req.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
