@@ -268,18 +268,26 @@ def test_server_killed_mid_run(world, engines, monkeypatch):
     e2.add_request("D", PROMPT_A, max_tokens=1)
     e2.run()
     assert e2.logs["D"].loaded_blocks == 0
-    # the server comes back (empty): the connector keeps working (misses) ...
+    # the server comes back (empty): the connector keeps working (misses), and the first
+    # Save that reaches it fails with "instance ... not found", which makes the workers
+    # register again: caching resumes without restarting vLLM. (The clients reconnect
+    # with gRPC's backoff, so this takes a few requests / seconds.)
     world.restart_server()
-    e2.add_request("E", PROMPT_A, max_tokens=1)
-    e2.run()
-    assert e2.logs["E"].finished_status.name == "FINISHED_LENGTH_CAPPED"
-    assert e2.logs["E"].loaded_blocks == 0
-    # ... and E's failed Save ("instance not found") made the workers register again,
-    # so caching resumes without restarting vLLM
+    deadline = time.monotonic() + 30
+    i = 0
+    while not all(w._worker.stats.get("reregistrations") for w in e2.workers):
+        assert time.monotonic() < deadline, "the workers did not register again within 30 s"
+        rid = f"E{i}"
+        e2.add_request(rid, PROMPT_A, max_tokens=1)
+        e2.run()
+        assert e2.logs[rid].finished_status.name == "FINISHED_LENGTH_CAPPED"
+        assert e2.logs[rid].loaded_blocks == 0
+        i += 1
+        time.sleep(0.1)
+    assert all(w._worker.stats["reregistrations"] == 1 for w in e2.workers)
     prompt_g = [9000 + i for i in range(64)]
     g = e2.add_request("G", prompt_g, max_tokens=1)
     e2.run()
-    assert all(w._worker.stats.get("reregistrations") == 1 for w in e2.workers)
     wait_visible(world, e2, g)
     e2.add_request("H", prompt_g, max_tokens=1)
     e2.run()
