@@ -1,0 +1,256 @@
+"""PegaKVConnector: the vLLM-facing class (the only module of the connector that imports
+vLLM). It builds the per-process context and forwards every vLLM hook to
+SchedulerConnector (EngineCore process) or WorkerConnector (each GPU worker).
+
+Channels, shared memory and threads are created here, in __init__, i.e. after vLLM
+forked or spawned the process; importing the module creates nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Iterable
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+from pegaflow.connector.config import ConnectorContext, build_context, parse_options
+from pegaflow.connector.plan import StepPlan, plan_of
+from pegaflow.connector.scheduler import SchedulerConnector
+from pegaflow.connector.worker import WorkerConnector
+
+log = logging.getLogger("pegaflow.connector")
+
+
+class PegaConnectorMetadata(KVConnectorMetadata):
+    """Scheduler -> worker payload of one step: a StepPlan (plain data)."""
+
+    def __init__(self, plan: StepPlan | None = None):
+        super().__init__()
+        self.plan = plan if plan is not None else StepPlan()
+
+    @property
+    def preempted_req_ids(self) -> frozenset[str]:
+        return self.plan.preempted
+
+    def __repr__(self) -> str:
+        p = self.plan
+        return (f"PegaConnectorMetadata(loads={len(p.loads)}, saves={len(p.saves)}, "
+                f"preempted={len(p.preempted)})")
+
+
+def _make_client(ctx: ConnectorContext, endpoint: str):
+    """EngineClient factory (tests replace it)."""
+    from pegaflow.client.engine import EngineClient
+
+    return EngineClient(endpoint, timeout_ms=ctx.rpc_timeout_ms,
+                        query_timeout_ms=ctx.query_timeout_ms)
+
+
+def _worker_ranks(vllm_config: Any) -> tuple[int, int, int]:
+    from vllm.distributed.parallel_state import get_pp_group, get_tensor_model_parallel_rank
+
+    tp_rank = get_tensor_model_parallel_rank()
+    pp_rank = get_pp_group().rank_in_group
+    dcp_rank = 0
+    pc = vllm_config.parallel_config
+    if (getattr(pc, "decode_context_parallel_size", 1) or 1) > 1:
+        from vllm.distributed.parallel_state import get_decode_context_model_parallel_rank
+
+        dcp_rank = get_decode_context_model_parallel_rank()
+    return tp_rank, pp_rank, dcp_rank
+
+
+def _device_adapter_for(tensor: Any, client: Any):
+    """Sim tensors get the sim adapter; anything else is a torch CUDA tensor."""
+    from pegaflow.device.sim import SimDeviceAdapter, SimTensor
+
+    if isinstance(tensor, SimTensor):
+        return SimDeviceAdapter(tensor.sim_device)
+    from pegaflow.device.cuda import CudaDeviceAdapter
+
+    return CudaDeviceAdapter(getattr(client, "lib", None), tensor.device.index)
+
+
+class _LazyDevice:
+    """Chooses the device adapter from the first registered tensor."""
+
+    def __init__(self, client: Any):
+        self._client = client
+        self._dev = None
+        self.kind = "unbound"
+
+    def bind(self, tensor: Any) -> None:
+        if self._dev is None:
+            self._dev = _device_adapter_for(tensor, self._client)
+            self.kind = self._dev.kind
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        dev = self.__dict__.get("_dev")
+        if dev is None:
+            raise RuntimeError("no KV cache registered yet: the device is unknown")
+        return getattr(dev, name)
+
+
+class PegaKVConnector(KVConnectorBase_V1):
+    """vLLM v1 KV connector for pegaflow-server (module path ``pegaflow.connector``).
+
+    Not SupportsHMA: only single-group (full attention / MLA) models are handled; vLLM
+    disables its hybrid KV cache manager for connectors that do not declare it.
+    """
+
+    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None):
+        super().__init__(vllm_config, role, kv_cache_config)
+        options = parse_options(vllm_config.kv_transfer_config)
+        groups = tuple(getattr(kv_cache_config, "kv_cache_groups", None) or ())
+        if len(groups) > 1:
+            raise ValueError(f"PegaKVConnector supports one KV cache group; this model has "
+                             f"{len(groups)} (hybrid models are not supported yet)")
+        if not os.environ.get("PYTHONHASHSEED"):
+            log.warning("PYTHONHASHSEED is not set: vLLM seeds its block hashes randomly per "
+                        "launch, so nothing saved by this vLLM can be hit by another launch. "
+                        "Set PYTHONHASHSEED (same value everywhere) to share KV through "
+                        "PegaFlow.")
+        if role == KVConnectorRole.WORKER:
+            tp_rank, pp_rank, dcp_rank = _worker_ranks(vllm_config)
+        else:
+            tp_rank = pp_rank = dcp_rank = 0
+        ctx = build_context(vllm_config, options, num_cache_groups=max(1, len(groups)),
+                            tp_rank=tp_rank, pp_rank=pp_rank, dcp_rank=dcp_rank)
+        self._ctx = ctx
+        self._prefer_cross_layer = options.cross_layer_blocks and not ctx.is_mla
+        self._client = _make_client(ctx, options.endpoint)
+        self._scheduler: SchedulerConnector | None = None
+        self._worker: WorkerConnector | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            self._scheduler = SchedulerConnector(ctx, self._client)
+        else:
+            self._device = _LazyDevice(self._client)
+            self._worker = WorkerConnector(
+                ctx, self._client, self._device,
+                expected_num_blocks=getattr(kv_cache_config, "num_blocks", None))
+        log.info("PegaKVConnector %s: server %s, instance %s, namespace %s, mode %s",
+                 role.name, options.endpoint, ctx.instance_id, ctx.namespace, ctx.mode)
+
+    # ---------------------------------------------------------------- properties
+
+    @property
+    def prefer_cross_layer_blocks(self) -> bool:
+        return self._prefer_cross_layer
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False  # best-effort cache: a dropped save is a future miss
+
+    # ---------------------------------------------------------------- worker side
+
+    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        if self._worker is None:
+            return
+        if kv_caches:
+            self._device.bind(next(iter(kv_caches.values())))
+        self._worker.register_kv_caches(kv_caches)
+
+    def register_cross_layers_kv_cache(self, kv_cache: Any, attn_backend: Any = None) -> None:
+        if self._worker is None:
+            return
+        self._device.bind(kv_cache)
+        self._worker.register_cross_layers_kv_cache(kv_cache, attn_backend)
+
+    def set_host_xfer_buffer_ops(self, copy_operation: Any) -> None:
+        return None
+
+    def handle_preemptions(self, kv_connector_metadata: Any) -> None:
+        if self._worker is None or kv_connector_metadata is None:
+            return
+        # vLLM <= ~0.18 passes set[str]; later versions the step's metadata.
+        if isinstance(kv_connector_metadata, (set, frozenset, list, tuple)):
+            ids = set(kv_connector_metadata)
+        else:
+            ids = set(plan_of(kv_connector_metadata).preempted)
+        self._worker.handle_preemptions(ids)
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        if self._worker is None:
+            return
+        self._worker.start_load_kv(self._get_connector_metadata())
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return None
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any,
+                      **kwargs: Any) -> None:
+        # Saves are planned by the scheduler and submitted from wait_for_save, so CUDA
+        # graph replay (which skips layer hooks) cannot suppress them.
+        return None
+
+    def wait_for_save(self) -> None:
+        if self._worker is None:
+            return
+        self._worker.wait_for_save(self._get_connector_metadata())
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        if self._worker is None:
+            return None, None
+        return self._worker.get_finished(finished_req_ids)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        if self._worker is None:
+            return set()
+        return self._worker.get_block_ids_with_load_errors()
+
+    # ---------------------------------------------------------------- scheduler side
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int
+                                   ) -> tuple[int | None, bool]:
+        if self._scheduler is None:
+            return 0, False
+        return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int):
+        if self._scheduler is not None:
+            self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        if self._scheduler is None:
+            return PegaConnectorMetadata()
+        return PegaConnectorMetadata(self._scheduler.build_connector_meta(scheduler_output))
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        if self._scheduler is not None:
+            self._scheduler.update_connector_output(connector_output)
+
+    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict | None]:
+        if self._scheduler is None:
+            return False, None
+        return self._scheduler.request_finished(request, block_ids)
+
+    def take_events(self) -> Iterable[Any]:
+        return ()
+
+    def has_pending_push_work(self) -> bool:
+        return self._scheduler is not None and self._scheduler.has_pending_push_work()
+
+    def get_finished_count(self) -> int | None:
+        return None
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:
+        return None
+
+    # ---------------------------------------------------------------- shutdown
+
+    def shutdown(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.shutdown()
+        if self._worker is not None:
+            self._worker.shutdown()
+        client, self._client = getattr(self, "_client", None), None
+        if client is not None and hasattr(client, "close"):
+            client.close()

@@ -1,0 +1,428 @@
+"""Worker side of the connector (runs in every vLLM GPU worker process).
+
+Talks to the server through an injected client (EngineClient's surface: register, save,
+load, release, unregister) and to the GPU through a DeviceAdapter (cuda or sim); imports
+neither vLLM nor torch.
+
+* register_kv_caches / register_cross_layers_kv_cache: one RegisterContextBatch per
+  device, layouts inferred from shape/stride (layout.py). Any failure raises: vLLM must
+  not start with a connector that cannot work (a version mismatch says so).
+* start_load_kv: all load intents of the step in one Load RPC with a fresh
+  load_state_shm; the RPC returns after submission. A failed RPC (or an intent without a
+  lease) turns into load errors for its blocks and "finished receiving" for its requests,
+  never an exception.
+* get_finished: polls every pending load state (1 success, anything else non-zero
+  failure, still 0 after load_timeout_s failure); reports each request exactly once.
+  Requests with planned saves are reported in finished_sending once they are in
+  ``finished_req_ids`` (this or an earlier call) and all their saves completed.
+* wait_for_save: hands the step's saves to a background thread, which synchronises the
+  device (attention kernels are asynchronous) and sends one Save covering every
+  registered layer. Save failures are logged; the request lifecycle still completes.
+* handle_preemptions: waits until saves reading preempted requests' blocks completed,
+  before vLLM reuses the blocks.
+* Recovery: when Save or Load fails because the server does not have this worker
+  registered (it restarted), the worker registers its KV caches again (same IPC handles; at most every
+  ``reregister_interval_s``), so a running vLLM resumes caching once every worker of the
+  instance has re-registered.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from pegaflow.client.engine import LayerRegistration, LeaseLoad, RegisterArgs, SaveLayer
+from pegaflow.client.errors import FailedPrecondition, InvalidArgument, VersionMismatch
+from pegaflow.client.loadstate import create_load_state, state_is_success
+from pegaflow.connector.config import ConnectorContext
+from pegaflow.connector.layout import infer_layout
+from pegaflow.connector.plan import plan_of
+from pegaflow.connector.util import RateLimitedLog
+
+log = logging.getLogger("pegaflow.connector.worker")
+
+
+@dataclass
+class _PendingLoad:
+    state: Any
+    req_blocks: dict[str, tuple[int, ...]]
+    started: float
+
+
+@dataclass
+class _SaveTask:
+    req_ids: tuple[str, ...]
+    block_ids: list[int]
+    hashes: list[bytes]
+
+
+_STOP = object()
+REREGISTER_INTERVAL_S = 10.0
+
+
+def _registration_lost(e: BaseException) -> bool:
+    """A Save/Load failure that means "the server does not have this worker registered":
+    unknown instance or device (FAILED_PRECONDITION, except lease errors), or an instance
+    that another worker re-created and that waits for the rest (INVALID_ARGUMENT
+    "registration incomplete"). A needless re-registration is answered "already ..."."""
+    msg = getattr(e, "message", str(e)).lower()
+    if isinstance(e, FailedPrecondition):
+        return "lease" not in msg and "version" not in msg
+    return isinstance(e, InvalidArgument) and "registration incomplete" in msg
+
+
+class WorkerConnector:
+    def __init__(self, ctx: ConnectorContext, client: Any, device: Any, *,
+                 clock=time.monotonic, load_state_factory=None, save_thread: bool = True,
+                 expected_num_blocks: int | None = None,
+                 reregister_interval_s: float = REREGISTER_INTERVAL_S):
+        self.ctx = ctx
+        self.client = client
+        self.device = device
+        self._clock = clock
+        self._new_load_state = load_state_factory or (
+            lambda: create_load_state(getattr(client, "lib", None)))
+        self._expected_blocks = expected_num_blocks
+        self.layers: list[str] = []
+        self.registered = False
+        self._reg_args: RegisterArgs | None = None
+        self._reg_lock = threading.Lock()
+        self._reregister_due: float | None = None  # set when the server lost the instance
+        self._reregister_interval = reregister_interval_s
+        self._device_id: int | None = None
+        self._rl = RateLimitedLog(log, clock=clock)
+        # loads
+        self._pending: list[_PendingLoad] = []
+        self._recving: set[str] = set()
+        self._load_errors: set[int] = set()
+        # saves
+        self._cv = threading.Condition()
+        self._outstanding: dict[str, int] = {}  # req -> save tasks not yet done
+        self._save_reqs: set[str] = set()  # requests with planned saves, not yet reported
+        self._finished: set[str] = set()  # finished_req_ids seen, not yet reported
+        self.stats = {"loads": 0, "load_failures": 0, "load_timeouts": 0, "saves": 0,
+                      "save_failures": 0, "saved_blocks": 0, "loaded_blocks": 0}
+        self._q: queue.Queue | None = None
+        self._thread: threading.Thread | None = None
+        if save_thread:
+            self._q = queue.Queue()
+            self._thread = threading.Thread(target=self._save_loop, daemon=True,
+                                            name="pegaflow-save")
+            self._thread.start()
+
+    # ---------------------------------------------------------------- registration
+
+    @property
+    def device_id(self) -> int:
+        if self._device_id is None:
+            self._device_id = int(self.device.device_id())
+        return self._device_id
+
+    def register_kv_caches(self, kv_caches: Mapping[str, Any]) -> None:
+        self._register([(name, t, False) for name, t in kv_caches.items()])
+
+    def register_cross_layers_kv_cache(self, kv_cache: Any, attn_backend: Any = None) -> None:
+        self._register([(self.ctx.cross_layer_name, kv_cache, True)])
+
+    def _register(self, tensors: list[tuple[str, Any, bool]]) -> None:
+        if self.registered:
+            raise RuntimeError("KV caches are already registered")
+        if not tensors:
+            raise ValueError("no KV cache tensors to register")
+        regs = []
+        for name, t, cross in tensors:
+            info = self.device.tensor_info(t)
+            lay = infer_layout(info, is_mla=self.ctx.is_mla, cross_layer=cross,
+                               logical_block_size=self.ctx.block_size,
+                               expected_num_blocks=self._expected_blocks, name=name)
+            regs.append(LayerRegistration(
+                name=name, ipc=self.device.export_ipc(t), num_blocks=lay.num_blocks,
+                bytes_per_block=lay.bytes_per_block, kv_stride_bytes=lay.kv_stride_bytes,
+                segments=lay.segments))
+        args = RegisterArgs(
+            instance_id=self.ctx.instance_id, namespace=self.ctx.namespace,
+            tp_rank=self.ctx.tp_rank, tp_size=self.ctx.tp_size,
+            world_size=self.ctx.world_size, pp_rank=self.ctx.pp_rank,
+            device_id=self.device_id, layers=regs, transfer_mode=self.ctx.transfer_mode,
+            page_first=False, client_version=self.ctx.client_version)
+        try:
+            self.client.register(args, timeout_ms=self.ctx.rpc_timeout_ms)
+        except VersionMismatch as e:
+            raise RuntimeError(
+                f"pegaflow-server rejected this connector's version: {e.message}. Install "
+                f"the libpegaflow built with the running server (same `--version`)") from e
+        except Exception as e:
+            raise RuntimeError(
+                f"RegisterContextBatch failed for instance {self.ctx.instance_id} device "
+                f"{self.device_id} layers [{', '.join(r.name for r in regs)}]: {e}") from e
+        self.layers = [r.name for r in regs]
+        self.registered = True
+        self._reg_args = args
+        log.info("registered %d KV layer(s) of instance %s (namespace %s, tp %d/%d, pp %d, "
+                 "device %d, %d blocks of %d bytes x %d segment(s))", len(regs),
+                 self.ctx.instance_id, self.ctx.namespace, self.ctx.tp_rank, self.ctx.tp_size,
+                 self.ctx.pp_rank, self.device_id, regs[0].num_blocks, regs[0].bytes_per_block,
+                 regs[0].segments)
+
+    def _note_failure(self, e: BaseException) -> None:
+        if _registration_lost(e) and self._reg_args is not None:
+            with self._reg_lock:
+                if self._reregister_due is None:
+                    self._reregister_due = self._clock()
+                    log.warning("pegaflow-server does not know instance %s (restarted?): "
+                                "registering the KV caches again", self.ctx.instance_id)
+
+    def maybe_reregister(self) -> bool:
+        """Register again after the server lost the instance; True when (re)registered."""
+        with self._reg_lock:
+            due = self._reregister_due
+            if due is None or self._clock() < due:
+                return False
+            self._reregister_due = self._clock() + self._reregister_interval
+            try:
+                self.client.register(self._reg_args, timeout_ms=self.ctx.rpc_timeout_ms)
+            except Exception as e:
+                if "already" in str(e):  # our device is registered (e.g. by a retry)
+                    self._reregister_due = None
+                    return True
+                self._rl(logging.WARNING, "reregister", "re-registration failed (will retry "
+                         "in %.0f s): %s", self._reregister_interval, e)
+                return False
+            self._reregister_due = None
+            self.stats["reregistrations"] = self.stats.get("reregistrations", 0) + 1
+            log.info("re-registered instance %s device %d with pegaflow-server",
+                     self.ctx.instance_id, self.device_id)
+            return True
+
+    # ---------------------------------------------------------------- loads
+
+    def _fail_load(self, req_blocks: Mapping[str, tuple[int, ...]], why: str) -> None:
+        self.stats["load_failures"] += 1
+        for rid, blocks in req_blocks.items():
+            self._load_errors.update(blocks)
+            self._recving.add(rid)
+        self._rl(logging.WARNING, "load", "KV load of %d request(s) failed, vLLM recomputes "
+                 "their blocks: %s", len(req_blocks), why)
+
+    def start_load_kv(self, metadata: Any) -> None:
+        plan = plan_of(metadata)
+        if self._reregister_due is not None:
+            self.maybe_reregister()
+        if not plan.loads:
+            return
+        failed: dict[str, tuple[int, ...]] = {}
+        items: list[LeaseLoad] = []
+        req_blocks: dict[str, tuple[int, ...]] = {}
+        for rid, it in plan.loads.items():
+            if it.lease is None or not it.block_ids:
+                failed[rid] = it.block_ids
+                continue
+            items.append(LeaseLoad(it.lease, [list(it.block_ids)]))
+            req_blocks[rid] = it.block_ids
+        if failed:
+            self._fail_load(failed, "the scheduler could not commit the load")
+        if not items:
+            return
+        if not self.registered:
+            self._fail_load(req_blocks, "KV caches are not registered")
+            return
+        self.stats["loads"] += 1
+        try:
+            state = self._new_load_state()
+        except Exception as e:
+            self._fail_load(req_blocks, f"cannot create load_state_shm: {e}")
+            self._release_all(items)
+            return
+        try:
+            self.client.load(self.ctx.instance_id, self.ctx.tp_rank, self.device_id,
+                             state.name, [self.layers], items,
+                             timeout_ms=self.ctx.rpc_timeout_ms)
+        except Exception as e:
+            state.close()
+            self._release_all(items)
+            self._fail_load(req_blocks, str(e))
+            self._note_failure(e)
+            return
+        self._pending.append(_PendingLoad(state, req_blocks, self._clock()))
+
+    def _release_all(self, items: list[LeaseLoad]) -> None:
+        for it in items:
+            try:
+                self.client.release(it.lease, timeout_ms=self.ctx.query_timeout_ms)
+            except Exception:
+                pass  # expired, consumed by another worker, or server down
+
+    def _poll_loads(self) -> None:
+        still = []
+        now = self._clock()
+        for p in self._pending:
+            try:
+                st = p.state.get()
+            except Exception as e:  # pragma: no cover
+                st = -1
+                log.warning("reading load state %s: %s", p.state.name, e)
+            if st == 0 and now - p.started <= self.ctx.load_timeout_s:
+                still.append(p)
+                continue
+            p.state.close()
+            if st == 0:
+                self.stats["load_timeouts"] += 1
+                self._fail_load(p.req_blocks, f"not complete after {self.ctx.load_timeout_s:.0f} s")
+            elif state_is_success(st):
+                self._recving.update(p.req_blocks)
+                self.stats["loaded_blocks"] += sum(len(b) for b in p.req_blocks.values())
+            else:
+                self._fail_load(p.req_blocks, f"server reported state {st}")
+        self._pending = still
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        errs, self._load_errors = self._load_errors, set()
+        return errs
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return None  # loads are asynchronous (WAITING_FOR_REMOTE_KVS)
+
+    # ---------------------------------------------------------------- saves
+
+    def wait_for_save(self, metadata: Any) -> None:
+        plan = plan_of(metadata)
+        if not plan.saves:
+            return
+        ids: list[int] = []
+        hashes: list[bytes] = []
+        seen: set[bytes] = set()
+        for it in plan.saves.values():
+            for b, h in zip(it.block_ids, it.block_hashes):
+                if b == 0 or h in seen:  # null block; same block twice in one batch
+                    continue
+                seen.add(h)
+                ids.append(b)
+                hashes.append(h)
+        task = _SaveTask(tuple(plan.saves), ids, hashes)
+        with self._cv:
+            for rid in task.req_ids:
+                self._outstanding[rid] = self._outstanding.get(rid, 0) + 1
+                self._save_reqs.add(rid)
+        if self._q is not None:
+            self._q.put(task)
+        else:
+            self._run_saves([task])
+
+    def _save_loop(self) -> None:
+        while True:
+            task = self._q.get()
+            if task is _STOP:
+                return
+            batch = [task]
+            stop = False
+            while True:
+                try:
+                    t = self._q.get_nowait()
+                except queue.Empty:
+                    break
+                if t is _STOP:
+                    stop = True
+                    break
+                batch.append(t)
+            try:
+                self._run_saves(batch)
+            except Exception:  # pragma: no cover - _run_saves never raises
+                log.exception("save thread")
+            if stop:
+                return
+
+    def _run_saves(self, batch: list[_SaveTask]) -> None:
+        ids: list[int] = []
+        hashes: list[bytes] = []
+        seen: set[bytes] = set()
+        for t in batch:
+            for b, h in zip(t.block_ids, t.hashes):
+                if h not in seen:
+                    seen.add(h)
+                    ids.append(b)
+                    hashes.append(h)
+        try:
+            if ids and self.registered and not self.ctx.skip_save:
+                self.device.synchronize()
+                layers = [SaveLayer(name, ids, hashes) for name in self.layers]
+                self.client.save(self.ctx.instance_id, self.ctx.tp_rank, self.ctx.pp_rank,
+                                 self.device_id, layers, timeout_ms=self.ctx.rpc_timeout_ms)
+                self.stats["saves"] += 1
+                self.stats["saved_blocks"] += len(ids)
+        except Exception as e:
+            self.stats["save_failures"] += 1
+            self._rl(logging.WARNING, "save", "Save of %d block(s) failed (they stay "
+                     "uncached): %s", len(ids), e)
+            self._note_failure(e)
+        finally:
+            with self._cv:
+                for t in batch:
+                    for rid in t.req_ids:
+                        n = self._outstanding.get(rid, 0) - 1
+                        if n > 0:
+                            self._outstanding[rid] = n
+                        else:
+                            self._outstanding.pop(rid, None)
+                self._cv.notify_all()
+
+    def handle_preemptions(self, preempted_req_ids, timeout_s: float | None = None) -> None:
+        ids = set(preempted_req_ids or ())
+        if not ids:
+            return
+        limit = timeout_s if timeout_s is not None else self.ctx.rpc_timeout_ms / 1000 + 5
+        deadline = time.monotonic() + limit
+        with self._cv:
+            while any(self._outstanding.get(r, 0) for r in ids):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    log.error("saves of preempted requests still running after %.0f s", limit)
+                    return
+                self._cv.wait(left)
+
+    def wait_saves_idle(self, timeout_s: float = 30.0) -> bool:
+        """Block until no save is queued or running (tests, shutdown)."""
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            while self._outstanding:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(left)
+        return True
+
+    # ---------------------------------------------------------------- completion
+
+    def get_finished(self, finished_req_ids) -> tuple[set[str] | None, set[str] | None]:
+        self._poll_loads()
+        recving, self._recving = self._recving, set()
+        sending: set[str] = set()
+        with self._cv:
+            self._finished.update(r for r in (finished_req_ids or ()) if r in self._save_reqs)
+            for rid in list(self._finished):
+                if self._outstanding.get(rid, 0) == 0:
+                    sending.add(rid)
+                    self._finished.discard(rid)
+                    self._save_reqs.discard(rid)
+        return (sending or None), (recving or None)
+
+    # ---------------------------------------------------------------- shutdown
+
+    def shutdown(self, unregister: bool = True) -> None:
+        if self._thread is not None:
+            self._q.put(_STOP)
+            self._thread.join(timeout=self.ctx.rpc_timeout_ms / 1000 + 5)
+            self._thread = None
+        for p in self._pending:
+            p.state.close()
+        self._pending = []
+        if (unregister and self.registered and self.ctx.physical_tp_rank == 0
+                and self.ctx.pp_rank == 0):
+            try:
+                self.client.unregister(self.ctx.instance_id, timeout_ms=self.ctx.query_timeout_ms)
+            except Exception as e:
+                log.info("UnregisterContext: %s", e)
+        self.registered = False

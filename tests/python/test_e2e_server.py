@@ -1,0 +1,110 @@
+"""Against the real pegaflow-server only: version handshake, liveness Session cleanup
+after kill -9 of the vLLM process, and recovery of the client after a server restart.
+(The step-loop scenarios against the server are in test_step_loop.py[real].)"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import HERE, pf_bin, require_engine_server
+from pegaflow.client import errors
+from pegaflow.client.engine import EngineClient
+from pegaflow.connector.config import ConnectorContext
+from pegaflow.connector.worker import WorkerConnector
+
+
+@pytest.fixture
+def server(server_factory, engine_lib):
+    s = server_factory()
+    c = EngineClient(s.target, lib=engine_lib, timeout_ms=5000)
+    require_engine_server(c)
+    yield s, c
+    c.close()
+
+
+def test_library_version_is_the_servers(server, engine_lib):
+    out = subprocess.run([os.path.join(pf_bin(), "pegaflow-server"), "--version"],
+                         capture_output=True, text=True, timeout=30).stdout.strip()
+    assert engine_lib.version() == out
+
+
+def test_version_mismatch_is_rejected_at_registration(server, engine_lib):
+    from pegaflow.device.sim import SimDeviceAdapter, allocate_kv_caches
+
+    s, c = server
+    kv, ts = allocate_kv_caches(["l0"], (2, 8, 16, 2, 8), np.uint16, lib=engine_lib)
+    try:
+        ctx = ConnectorContext("vm-inst", "ns", 16, client_version="0.0.0-bogus")
+        w = WorkerConnector(ctx, c, SimDeviceAdapter(0), save_thread=False)
+        with pytest.raises(RuntimeError, match="(?i)version mismatch.*0.0.0-bogus"):
+            w.register_kv_caches(ts)
+        # the same registration with the library's own version is accepted
+        ok = WorkerConnector(ConnectorContext("vm-inst", "ns", 16), c, SimDeviceAdapter(0),
+                             save_thread=False)
+        ok.register_kv_caches(ts)
+        ok.shutdown()
+    finally:
+        kv.close()
+
+
+def test_kill_9_of_the_vllm_process_drops_the_instance(server, engine_lib, tmp_path):
+    s, c = server
+    inst = "killed-" + str(os.getpid())
+    log = open(tmp_path / "child.log", "w+")
+    child = subprocess.Popen([sys.executable, os.path.join(HERE, "helpers", "session_child.py"),
+                              s.target, engine_lib.path, inst], stdout=subprocess.PIPE,
+                             stderr=log, text=True)
+    try:
+        line = child.stdout.readline()
+        assert line.strip() == "READY", open(tmp_path / "child.log").read()
+        assert c.query_raw(inst, "probe", [b"\1" * 32]).num_hit_blocks == 0  # instance known
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                c.query_raw(inst, "probe", [b"\1" * 32])
+            except errors.FailedPrecondition:
+                return  # the server dropped the instance when the Session broke
+            time.sleep(0.05)
+        pytest.fail(f"instance {inst} still known 10 s after kill -9; server log:\n{s.log()}")
+    finally:
+        if child.poll() is None:
+            child.kill()
+        log.close()
+
+
+def test_client_recovers_after_a_server_restart(plain_server_factory, lib):
+    """Needs only connect/health: runs before the engine merge too."""
+    s = plain_server_factory()
+    c = EngineClient(s.target, lib=lib, timeout_ms=2000)
+    c.health()
+    s.kill()
+    with pytest.raises(errors.Unavailable):
+        c.health()
+    if lib.has("pf_client_query"):
+        assert c.query("any", "r", [b"\1" * 32]).num_hit_blocks == 0  # a miss, no raise
+    s2 = plain_server_factory("restarted", port=s.port)
+    t0 = time.monotonic()
+    while True:  # the channel reconnects with gRPC's backoff (seconds)
+        try:
+            c.health(timeout_ms=1000)
+            break
+        except (errors.Unavailable, errors.DeadlineExceeded):
+            if time.monotonic() - t0 > 30:
+                raise
+            time.sleep(0.1)
+    print(f"health recovered {time.monotonic() - t0:.1f}s after the restart")
+    try:
+        c.shutdown_server()  # Shutdown RPC: the server exits by itself
+    except errors.Unavailable:
+        pass  # the server may cancel the in-flight Shutdown call while stopping
+    assert s2.proc.wait(10) == 0
+    c.close()

@@ -1,0 +1,355 @@
+"""End-to-end step loop: scheduler + N TP workers driven in vLLM's call order (harness.py,
+a model of vLLM main @003df29) with KV caches in "GPU" memory, against
+
+  * fake: the in-memory FakeServer (always runs; checks the connector and the harness),
+  * real: pegaflow-server (--gpu-backend sim) through libpegaflow, KV caches as numpy
+          arrays over sim-GPU shared memory (skips, saying why, while PF_BIN is unset or
+          the library/server lack the engine).
+
+Every loaded block is compared byte for byte with what the saving request wrote.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from conftest import REAL_VLLM, require_engine_server
+from harness import Engine, FakeBackend, RealBackend
+
+pytestmark = pytest.mark.skipif(REAL_VLLM, reason="SKIP: the harness drives the vLLM stub; "
+                                "a real vLLM is installed")
+
+PROMPT_A = [1000 + (i * 37) % 5000 for i in range(80)]  # 5 blocks of 16
+
+
+class FakeWorld:
+    name = "fake"
+
+    def __init__(self):
+        from fakes import FakeServer
+
+        self.server = FakeServer(clock=time.monotonic)
+        self.backend = FakeBackend(self.server)
+
+    def kill_server(self):
+        self.server.down = True
+
+    def restart_server(self):
+        from fakes import FakeServer
+
+        fresh = FakeServer(clock=time.monotonic)
+        self.server.__dict__.update(fresh.__dict__)
+
+    def lease_released(self, lease: bytes) -> bool:
+        return lease not in self.server.leases
+
+    def visible(self, instance_id: str, hashes) -> int:
+        q = self.server.query(instance_id, "probe-" + uuid.uuid4().hex, list(hashes))
+        if q.lease:
+            self.server.release(q.lease)
+        return q.num_hit_blocks
+
+    def close(self):
+        pass
+
+
+class RealWorld:
+    name = "real"
+
+    def __init__(self, server_factory, lib):
+        from pegaflow.client.engine import EngineClient
+
+        self.factory = server_factory
+        self.lib = lib
+        self.srv = server_factory("server")
+        self.client = EngineClient(self.srv.target, lib=lib, timeout_ms=5000)
+        require_engine_server(self.client)
+        self.backend = RealBackend(self.srv.target, lib)
+        self.restarts = 0
+
+    def kill_server(self):
+        self.srv.kill()
+
+    def restart_server(self):
+        self.restarts += 1
+        self.srv = self.factory(f"server{self.restarts}", port=self.srv.port)
+
+    def lease_released(self, lease: bytes) -> bool:
+        from pegaflow.client.errors import FailedPrecondition
+
+        try:
+            self.client.release(lease)
+        except FailedPrecondition:
+            return True
+        return False
+
+    def visible(self, instance_id: str, hashes) -> int:
+        q = self.client.query_raw(instance_id, "probe-" + uuid.uuid4().hex, list(hashes))
+        if q.lease:
+            self.client.release(q.lease)
+        return 0 if q.loading else q.num_hit_blocks
+
+    def close(self):
+        self.client.close()
+
+
+@pytest.fixture(params=["fake", "real"])
+def world(request, monkeypatch):
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    if request.param == "fake":
+        w = FakeWorld()
+    else:
+        w = RealWorld(request.getfixturevalue("server_factory"),
+                      request.getfixturevalue("engine_lib"))
+    yield w
+    w.close()
+
+
+@pytest.fixture
+def engines(world, monkeypatch):
+    made = []
+
+    def make(instance_id=None, **kw):
+        e = Engine(world.backend, monkeypatch.setattr,
+                   instance_id=instance_id or "inst-" + uuid.uuid4().hex[:8], **kw)
+        made.append(e)
+        return e
+
+    yield make
+    for e in made:
+        try:
+            e.shutdown()
+        except Exception:
+            pass
+
+
+def wait_visible(world, engine, req, n=None, timeout=10.0):
+    n = len(req.block_hashes) if n is None else n
+    deadline = time.monotonic() + timeout
+    got = 0
+    while time.monotonic() < deadline:
+        got = world.visible(engine.vllm_config.kv_transfer_config.engine_id,
+                            req.block_hashes[:n])
+        if got >= n:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"only {got}/{n} blocks of {req.request_id} visible after {timeout}s")
+
+
+def run_a(world, engines, cross: bool, monkeypatch, **kw):
+    """Request A misses, computes, saves; returns (engine, request)."""
+    monkeypatch.setenv("PEGAFLOW_CROSS_LAYER_BLOCKS", "1" if cross else "0")
+    e1 = engines(**kw)
+    assert e1.cross is cross
+    a = e1.add_request("A", PROMPT_A, max_tokens=4)
+    e1.run()
+    la = e1.logs["A"]
+    assert la.loaded_blocks == 0 and la.waited_remote_steps == 0
+    assert la.finished_status.name == "FINISHED_LENGTH_CAPPED"
+    assert la.delayed_free and la.freed, "blocks must be held until the saves completed"
+    assert e1.free_block_count() == e1.num_blocks - 1
+    assert len(la.snapshot) == 5
+    wait_visible(world, e1, a)
+    return e1, a
+
+
+def assert_loaded_equal(eng, rid, ref_snapshot, nblocks):
+    lg = eng.logs[rid]
+    assert lg.loaded_blocks == nblocks and len(lg.loaded) == nblocks
+    for hsh, per_worker in lg.loaded.items():
+        assert per_worker == ref_snapshot[hsh], f"{rid}: block {hsh.hex()[:8]} differs"
+        assert any(any(b) for b in per_worker), "loaded block is all zeros"
+
+
+@pytest.mark.parametrize("cross", [False, True], ids=["per-layer", "cross-layer"])
+def test_miss_save_then_hit_load(world, engines, monkeypatch, cross):
+    e1, a = run_a(world, engines, cross, monkeypatch)
+    snap = e1.logs["A"].snapshot
+    e1.shutdown()
+
+    e2 = engines()  # another "vLLM launch": new instance, zeroed caches, same namespace
+    assert e2.sched._ctx.namespace == e1.sched._ctx.namespace
+    assert all(not t.numpy().any() for kv in e2.kv for t in kv.values())
+    e2.add_request("B", PROMPT_A, max_tokens=4)
+    e2.run()
+    assert_loaded_equal(e2, "B", snap, 5)
+    assert not e2.logs["B"].load_failed
+    assert e2.sched._scheduler.stats["hit_tokens"] == 79  # the last prompt token recomputed
+    assert e2.requests["B"].output_token_ids == e1.requests["A"].output_token_ids
+    assert e2.free_block_count() == e2.num_blocks - 1
+
+
+def test_tp1(world, engines, monkeypatch):
+    e1, a = run_a(world, engines, False, monkeypatch, tp=1)
+    e2 = engines(tp=1)
+    e2.add_request("B", PROMPT_A, max_tokens=2)
+    e2.run()
+    assert_loaded_equal(e2, "B", e1.logs["A"].snapshot, 5)
+
+
+def test_partial_prefix_hit(world, engines, monkeypatch):
+    e1, a = run_a(world, engines, False, monkeypatch)
+    e2 = engines()
+    prompt_c = PROMPT_A[:48] + [7 + i for i in range(40)]
+    c = e2.add_request("C", prompt_c, max_tokens=3)
+    e2.run()
+    assert_loaded_equal(e2, "C", e1.logs["A"].snapshot, 3)
+    assert e2.sched._scheduler.stats["hit_tokens"] == 48
+    # C's own new blocks were saved: a third engine hits all 5 of C's blocks
+    wait_visible(world, e2, c)
+    e3 = engines()
+    e3.add_request("C2", prompt_c, max_tokens=1)
+    e3.run()
+    assert_loaded_equal(e3, "C2", e2.logs["C"].snapshot, 5)
+
+
+def test_abort_before_commit_releases_the_lease(world, engines, monkeypatch):
+    e1, a = run_a(world, engines, False, monkeypatch)
+    e2 = engines(num_blocks=4)  # 3 usable blocks: the 5-block load cannot be allocated
+    e2.add_request("B", PROMPT_A, max_tokens=2)
+    e2.step()
+    probe = e2.sched._scheduler._probes["B"]
+    assert probe.hit_blocks == 5 and probe.lease
+    e2.step()  # vLLM asks again: the memoised probe answers, no second lease
+    assert e2.sched._scheduler._probes["B"] is probe
+    if world.name == "fake":  # (checking it on the real server would release it)
+        assert probe.lease in world.server.leases and len(world.server.leases) == 1
+    e2.abort("B")
+    assert "B" not in e2.sched._scheduler._probes
+    assert world.lease_released(probe.lease)
+    e2.run()
+    assert e2.idle()
+
+
+def test_abort_while_loading_frees_after_the_load(world, engines, monkeypatch):
+    e1, a = run_a(world, engines, False, monkeypatch)
+    e2 = engines()
+    e2.add_request("B", PROMPT_A, max_tokens=2)
+    seen = []
+
+    def abort_during_load(so):  # after the commit, before the workers start the load
+        if so.kv_connector_metadata.plan.loads:
+            assert e2.requests["B"].status.name == "WAITING_FOR_REMOTE_KVS"
+            e2.abort("B")
+            seen.append("B" in e2.delayed)  # vLLM keeps the blocks until the load reports
+
+    e2.before_workers = abort_during_load
+    e2.run()
+    assert seen == [True]
+    assert e2.idle() and e2.free_block_count() == e2.num_blocks - 1
+
+
+def test_server_killed_mid_run(world, engines, monkeypatch):
+    e1, a = run_a(world, engines, False, monkeypatch)
+    e2 = engines()
+    e2.add_request("B", PROMPT_A, max_tokens=3)
+    killed = []
+
+    def kill_before_load(so):
+        if so.kv_connector_metadata.plan.loads and not killed:
+            world.kill_server()
+            killed.append(True)
+
+    e2.before_workers = kill_before_load
+    e2.add_request("C", [3] * 40, max_tokens=3)  # misses; its saves fail silently
+    e2.run()
+    assert killed
+    lb = e2.logs["B"]
+    assert lb.load_failed and lb.loaded_blocks == 0
+    assert lb.finished_status.name == "FINISHED_LENGTH_CAPPED"
+    # recomputed locally: greedy output identical to A's
+    assert e2.requests["B"].output_token_ids == e1.requests["A"].output_token_ids[:3]
+    assert e2.logs["C"].finished_status.name == "FINISHED_LENGTH_CAPPED"
+    assert e2.idle() and e2.free_block_count() == e2.num_blocks - 1
+    # queries against the dead server are misses, never errors
+    e2.add_request("D", PROMPT_A, max_tokens=1)
+    e2.run()
+    assert e2.logs["D"].loaded_blocks == 0
+    # the server comes back (empty): the connector keeps working (misses), and the first
+    # Save that reaches it fails with "instance ... not found", which makes the workers
+    # register again: caching resumes without restarting vLLM. (The clients reconnect
+    # with gRPC's backoff, so this takes a few requests / seconds.)
+    world.restart_server()
+    deadline = time.monotonic() + 30
+    i = 0
+    while not all(w._worker.stats.get("reregistrations") for w in e2.workers):
+        assert time.monotonic() < deadline, "the workers did not register again within 30 s"
+        rid = f"E{i}"
+        e2.add_request(rid, PROMPT_A, max_tokens=1)
+        e2.run()
+        assert e2.logs[rid].finished_status.name == "FINISHED_LENGTH_CAPPED"
+        assert e2.logs[rid].loaded_blocks == 0
+        i += 1
+        time.sleep(0.1)
+    assert all(w._worker.stats["reregistrations"] == 1 for w in e2.workers)
+    prompt_g = [9000 + i for i in range(64)]
+    g = e2.add_request("G", prompt_g, max_tokens=1)
+    e2.run()
+    wait_visible(world, e2, g)
+    e2.add_request("H", prompt_g, max_tokens=1)
+    e2.run()
+    assert_loaded_equal(e2, "H", e2.logs["G"].snapshot, 4)
+
+
+def test_load_failure_with_policy_fail(world, engines, monkeypatch):
+    e1, a = run_a(world, engines, False, monkeypatch)
+    e2 = engines(policy="fail")
+    e2.add_request("B", PROMPT_A, max_tokens=3)
+    e2.before_workers = lambda so: so.kv_connector_metadata.plan.loads and world.kill_server()
+    e2.run()
+    assert e2.logs["B"].finished_status.name == "FINISHED_ERROR"
+    assert e2.idle()
+
+
+@pytest.mark.parametrize("report", [True, False], ids=["preempted-listed", "status-only"])
+def test_preemption_under_block_pressure_keeps_saved_bytes_right(world, engines, monkeypatch,
+                                                                 report):
+    """Saves still reading a preempted request's blocks finish before the blocks are
+    reused (handle_preemptions), whether or not vLLM lists the preemption."""
+    monkeypatch.setenv("PEGAFLOW_CROSS_LAYER_BLOCKS", "0")
+    if world.name == "fake":
+        world.server.save_delay_s = 0.005  # saves lag behind the forward: races show
+    e1 = engines(num_blocks=12, token_budget=48,  # 11 usable blocks for 3 x (4..6) blocks
+                 report_preempted=report)
+    prompts = {f"P{i}": [500 * (i + 1) + j for j in range(64)] for i in range(3)}
+    for rid, p in prompts.items():
+        e1.add_request(rid, p, max_tokens=24)
+    e1.run(max_steps=600)
+    assert sum(lg.preemptions for lg in e1.logs.values()) > 0, "no preemption happened"
+    assert all(lg.finished_status.name == "FINISHED_LENGTH_CAPPED" for lg in e1.logs.values())
+    assert e1.free_block_count() == e1.num_blocks - 1
+    # what the server holds is what the requests computed
+    if world.name == "fake":
+        world.server.save_delay_s = 0.0
+    e2 = engines()
+    for rid, p in prompts.items():
+        req = e1.requests[rid]
+        wait_visible(world, e1, req, n=4)
+        e2.add_request(rid + "b", p, max_tokens=1)
+    e2.run()
+    for rid in prompts:
+        snap = e1.logs[rid].snapshot
+        lg = e2.logs[rid + "b"]
+        assert lg.loaded_blocks == 4
+        for hsh, blocks in lg.loaded.items():
+            assert blocks == snap[hsh]
+
+
+def test_loading_server_answers_are_retried(engines, monkeypatch):
+    """Fake only: the C server answers Loading only with an SSD/P2P tier."""
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    w = FakeWorld()
+    e1 = Engine(w.backend, monkeypatch.setattr, instance_id="l1")
+    e1.add_request("A", PROMPT_A, max_tokens=1)
+    e1.run()
+    e2 = Engine(w.backend, monkeypatch.setattr, instance_id="l2")
+    w.server.loading["B"] = 3
+    e2.add_request("B", PROMPT_A, max_tokens=1)
+    e2.run()
+    assert e2.logs["B"].loaded_blocks == 5
+    assert sum(1 for m, kw in w.server.calls if m == "query" and kw["req_id"] == "B") == 4
+    e1.shutdown()
+    e2.shutdown()
