@@ -32,6 +32,22 @@ static void set_err(int code, const char *msg)
     snprintf(last_err.msg, sizeof(last_err.msg), "%s", msg);
 }
 
+void pf_clientlib_local_error(int rc, const char *what);
+
+/* A failure decided in this process (no RPC): the status says so, so the thread's previous
+ * status never looks like this call's. Returns rc. */
+static int local_err(int rc, const char *what)
+{
+    last_err.code = PF_GRPC_UNKNOWN;
+    snprintf(last_err.msg, sizeof(last_err.msg), "%s: %s", what, strerror(rc < 0 ? -rc : rc));
+    return rc;
+}
+
+void pf_clientlib_local_error(int rc, const char *what)
+{
+    local_err(rc, what);
+}
+
 const char *pf_client_version(void)
 {
     return PF_VERSION;
@@ -47,13 +63,13 @@ int pf_client_connect(const char *target, struct pf_client **c_p)
     }
     struct pf_client *c = calloc(1, sizeof(*c));
     if (!c)
-        return -ENOMEM;
+        return local_err(-ENOMEM, "pf_client_connect");
     rc = pf_rpc_channel_open(t, &c->ch);
     if (rc) {
         free(c);
-        set_err(PF_GRPC_INTERNAL, "cannot create channel");
-        return rc;
+        return local_err(rc, "cannot create a gRPC channel");
     }
+    set_err(PF_GRPC_OK, "");
     *c_p = c;
     return 0;
 }
@@ -142,7 +158,7 @@ int pf_client_register(struct pf_client *c, const struct pf_register_args *a, ui
              *kvs = calloc(n ? n : 1, sizeof(*kvs));
     uint32_t *seg = calloc(n ? n : 1, sizeof(*seg)), *grp = calloc(n ? n : 1, sizeof(*grp));
     if (!names || !wr || !nb || !bpb || !kvs || !seg || !grp) {
-        set_err(PF_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+        local_err(-ENOMEM, "pf_client_register");
         goto out;
     }
     bool any_group = false;
@@ -207,8 +223,10 @@ int pf_client_save(struct pf_client *c, const char *instance_id, uint32_t tp_ran
     Pegaflow__SaveLayer *sl = calloc(nlayers ? nlayers : 1, sizeof(*sl));
     Pegaflow__SaveLayer **slp = calloc(nlayers ? nlayers : 1, sizeof(*slp));
     int rc = -ENOMEM;
-    if (!sl || !slp)
+    if (!sl || !slp) {
+        local_err(-ENOMEM, "pf_client_save");
         goto out;
+    }
     for (size_t i = 0; i < nlayers; i++) {
         pegaflow__save_layer__init(&sl[i]);
         sl[i].layer_name = (char *)layers[i].name;
@@ -234,8 +252,8 @@ int pf_client_save(struct pf_client *c, const char *instance_id, uint32_t tp_ran
         protobuf_c_message_free_unpacked(resp, NULL);
     }
 out:
-    if (rc == -ENOMEM && sl)
-        set_err(PF_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+    if (rc == -ENOMEM)
+        local_err(rc, "pf_client_save");
     for (size_t i = 0; sl && i < nlayers; i++)
         free(sl[i].block_hashes);
     free(sl);
@@ -256,10 +274,8 @@ int pf_client_query(struct pf_client *c, const char *instance_id, const char *re
     req.group_id = group_id;
     req.n_block_hashes = n;
     req.block_hashes = hash_list(hashes, hash_lens, hash_len, n);
-    if (!req.block_hashes) {
-        set_err(PF_GRPC_RESOURCE_EXHAUSTED, "out of memory");
-        return -ENOMEM;
-    }
+    if (!req.block_hashes)
+        return local_err(-ENOMEM, "pf_client_query");
     ProtobufCMessage *resp = NULL;
     int rc = call(c, "QueryPrefetch", &req.base, &pegaflow__query_response__descriptor, timeout_ms,
                   &resp);
@@ -325,7 +341,7 @@ int pf_client_load(struct pf_client *c, const char *instance_id, uint32_t tp_ran
     Pegaflow__LoadBlockTarget *tg = calloc(ntargets + 1, sizeof(*tg));
     Pegaflow__LoadBlockTarget **tgp = calloc(ntargets + 1, sizeof(*tgp));
     if (!groups || !gp || !loads || !lp || !ids || !idp || !tg || !tgp) {
-        set_err(PF_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+        local_err(-ENOMEM, "pf_client_load");
         goto out;
     }
     size_t off = 0;
@@ -419,7 +435,7 @@ int pf_client_session_open(struct pf_client *c, const char *instance_id, const c
     req.world_size = world_size;
     struct pf_session *s = calloc(1, sizeof(*s));
     if (!s)
-        return -ENOMEM;
+        return local_err(-ENOMEM, "pf_client_session_open");
     int rc = pf_rpc_stream_open(c->ch, "/pegaflow.Engine/Session", &req.base, timeout_ms, &s->s,
                                 &last_err);
     if (rc) {
@@ -450,8 +466,9 @@ static int pack_ipc(Pegaflow__IpcTensor *t, uint8_t *buf, size_t cap, size_t *le
     size_t n = protobuf_c_message_get_packed_size(&t->base);
     *len_p = n;
     if (n > cap)
-        return -ENOSPC;
+        return local_err(-ENOSPC, "IpcTensor buffer too small");
     protobuf_c_message_pack(&t->base, buf);
+    set_err(PF_GRPC_OK, "");
     return 0;
 }
 

@@ -23,6 +23,9 @@ struct pf_loadstate {
     _Atomic int64_t *state;
 };
 
+/* libpegaflow's per-thread status (client.c) */
+void pf_clientlib_local_error(int rc, const char *what);
+
 int pf_loadstate_create(struct pf_loadstate **ls_p)
 {
     struct pf_loadstate *ls = calloc(1, sizeof(*ls));
@@ -65,6 +68,7 @@ err_unlink:
     shm_unlink(path);
 err_free:
     free(ls);
+    pf_clientlib_local_error(rc, "cannot create the load_state_shm record");
     return rc;
 }
 
@@ -147,6 +151,7 @@ err_unlink:
     shm_unlink(kv->name);
 err_free:
     free(kv);
+    pf_clientlib_local_error(rc, "cannot create sim KV memory");
     return rc;
 }
 

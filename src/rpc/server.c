@@ -77,7 +77,8 @@ struct pf_rpc_server {
     pthread_mutex_t sd_mu;
     pthread_cond_t sd_cv;
     bool sd_done;
-    size_t live; /* call contexts not yet freed (under sd_mu) */
+    size_t live;   /* call contexts not yet freed (under sd_mu) */
+    size_t parked; /* of which parked streams (under sd_mu) */
 };
 
 static void request_new(struct pf_rpc_server *s);
@@ -95,7 +96,8 @@ static void call_free(struct pf_rpc_call *c)
 {
     struct pf_rpc_server *s = c->srv;
     pthread_mutex_lock(&s->sd_mu);
-    if (--s->live == 0)
+    s->live--;
+    if (atomic_load(&s->stopping))
         pthread_cond_broadcast(&s->sd_cv);
     pthread_mutex_unlock(&s->sd_mu);
     if (c->recv)
@@ -281,6 +283,9 @@ static void on_request(struct pf_rpc_call *c)
         call_unref(c);
         return;
     }
+    pthread_mutex_lock(&s->sd_mu);
+    s->parked++;
+    pthread_mutex_unlock(&s->sd_mu);
     /* park: announce acceptance; from now on only the watcher ends the call */
     c->park_md.key = grpc_slice_from_static_string("pf-stream");
     c->park_md.value = grpc_slice_from_static_string("open");
@@ -302,6 +307,9 @@ static void on_closed(struct pf_rpc_call *c)
     if (old == PS_OPENING)
         return; /* the opening thread sees PS_CLOSED_EARLY and finishes the call */
     if (old == PS_PARKED) {
+        pthread_mutex_lock(&s->sd_mu);
+        s->parked--;
+        pthread_mutex_unlock(&s->sd_mu);
         c->m->stream_closed(s->cfg.ctx, c->stream_ctx, c->cancelled != 0);
         /* finish the parked call; its batch takes over this reference */
         pf_rpc_fail(c, PF_GRPC_CANCELLED, "stream closed");
@@ -518,6 +526,16 @@ void pf_rpc_server_stop(struct pf_rpc_server *s)
         return;
     atomic_store(&s->stopping, true);
     grpc_server_shutdown_and_notify(s->srv, s->cq, &s->shutdown_tag);
+    if (s->nthreads > 0) {
+        /* let calls in flight (e.g. the reply to a Shutdown RPC) finish for up to 2 s; parked
+         * streams only end when cancelled */
+        struct timespec dl = pf_deadline_ms(2000);
+        pthread_mutex_lock(&s->sd_mu);
+        while (s->live > s->parked)
+            if (pthread_cond_timedwait(&s->sd_cv, &s->sd_mu, &dl) == ETIMEDOUT)
+                break;
+        pthread_mutex_unlock(&s->sd_mu);
+    }
     grpc_server_cancel_all_calls(s->srv);
     if (s->nthreads == 0) {
         /* no workers: drain here */

@@ -51,7 +51,10 @@ const char *rec_take(void)
 }
 
 /* Every later pf_client_health blocks this long (GIL-release test). */
-void rec_delay(int ms) { delay_ms = ms; }
+void rec_delay(int ms)
+{
+    delay_ms = ms;
+}
 
 void rec_fail(int rc, int code, const char *msg)
 {
@@ -74,9 +77,18 @@ struct pf_client {
     char target[128];
 };
 
-const char *pf_client_version(void) { return "0.23.12"; }
-int pf_last_error_code(void) { return last_code; }
-const char *pf_last_error_message(void) { return last_msg; }
+const char *pf_client_version(void)
+{
+    return "0.23.12";
+}
+int pf_last_error_code(void)
+{
+    return last_code;
+}
+const char *pf_last_error_message(void)
+{
+    return last_msg;
+}
 
 int pf_client_connect(const char *target, struct pf_client **c_p)
 {
@@ -87,7 +99,10 @@ int pf_client_connect(const char *target, struct pf_client **c_p)
     return 0;
 }
 
-void pf_client_close(struct pf_client *c) { free(c); }
+void pf_client_close(struct pf_client *c)
+{
+    free(c);
+}
 
 int pf_client_health(struct pf_client *c, uint64_t t)
 {
@@ -188,8 +203,8 @@ int pf_client_release(struct pf_client *c, const uint8_t *lease, uint32_t len, u
     return answer();
 }
 
-int pf_client_load(struct pf_client *c, const char *inst, uint32_t tp, int32_t dev,
-                   const char *shm, const char *const *names, const size_t *gsizes, size_t ng,
+int pf_client_load(struct pf_client *c, const char *inst, uint32_t tp, int32_t dev, const char *shm,
+                   const char *const *names, const size_t *gsizes, size_t ng,
                    const struct pf_load_item *items, size_t ni, uint64_t t)
 {
     (void)c;
@@ -242,7 +257,10 @@ int pf_client_session_open(struct pf_client *c, const char *inst, const char *ns
     return 0;
 }
 
-int pf_client_session_alive(struct pf_session *s) { return s->alive; }
+int pf_client_session_alive(struct pf_session *s)
+{
+    return s->alive;
+}
 void pf_client_session_close(struct pf_session *s)
 {
     say("session_close\n");
@@ -257,10 +275,26 @@ int pf_loadstate_create(struct pf_loadstate **ls_p)
     snprintf(last_msg, sizeof(last_msg), "recorder has no load state");
     return -ENOSYS;
 }
-const char *pf_loadstate_name(const struct pf_loadstate *ls) { (void)ls; return ""; }
-int64_t pf_loadstate_get(const struct pf_loadstate *ls) { (void)ls; return 0; }
-int64_t pf_loadstate_wait(const struct pf_loadstate *ls, uint64_t t) { (void)ls; (void)t; return 0; }
-void pf_loadstate_destroy(struct pf_loadstate *ls) { (void)ls; }
+const char *pf_loadstate_name(const struct pf_loadstate *ls)
+{
+    (void)ls;
+    return "";
+}
+int64_t pf_loadstate_get(const struct pf_loadstate *ls)
+{
+    (void)ls;
+    return 0;
+}
+int64_t pf_loadstate_wait(const struct pf_loadstate *ls, uint64_t t)
+{
+    (void)ls;
+    (void)t;
+    return 0;
+}
+void pf_loadstate_destroy(struct pf_loadstate *ls)
+{
+    (void)ls;
+}
 
 static int text(const char *s, uint8_t *buf, size_t cap, size_t *len_p)
 {
@@ -320,12 +354,21 @@ int pf_simkv_create(uint64_t bytes, int dev, struct pf_simkv **kv_p)
     return 0;
 }
 
-void *pf_simkv_ptr(const struct pf_simkv *kv) { return kv->p; }
-uint64_t pf_simkv_size(const struct pf_simkv *kv) { return kv->size; }
-const char *pf_simkv_name(const struct pf_simkv *kv) { return kv->name; }
+void *pf_simkv_ptr(const struct pf_simkv *kv)
+{
+    return kv->p;
+}
+uint64_t pf_simkv_size(const struct pf_simkv *kv)
+{
+    return kv->size;
+}
+const char *pf_simkv_name(const struct pf_simkv *kv)
+{
+    return kv->name;
+}
 
-int pf_simkv_ipc(const struct pf_simkv *kv, uint64_t off, uint64_t size, uint8_t *buf,
-                 size_t cap, size_t *len_p)
+int pf_simkv_ipc(const struct pf_simkv *kv, uint64_t off, uint64_t size, uint8_t *buf, size_t cap,
+                 size_t *len_p)
 {
     if (off + size > kv->size)
         return -EINVAL;

@@ -1,0 +1,118 @@
+/* bench/query_cpu: server-side CPU cost of one QueryPrefetch of 1 and 4096 hashes with 10^6
+ * resident blocks, split into protobuf decoding and the engine's work (lookup, lease,
+ * reuse estimator), in-process (no network, no scheduler wake-ups). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "client/pegaflow.h"
+#include "engine.pb-c.h"
+#include "pf/block.h"
+#include "pf/cache.h"
+#include "pf/engine.h"
+#include "pf/hal.h"
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+int main(int argc, char **argv)
+{
+    size_t n = argc > 1 ? strtoull(argv[1], NULL, 10) : 1000000;
+    char chosen[32], err[256];
+    struct pf_gpu *g;
+    struct pf_gpu_config gc = {.sim_default_devices = 1};
+    pf_hal_init();
+    if (pf_hal_gpu_open("sim", &gc, &g, chosen, sizeof(chosen), err, sizeof(err)))
+        return 1;
+    struct pf_engine_config ec = {.gpu = g, .pool_size = 64 << 20, .skip_memcheck = true};
+    struct pf_engine *e;
+    if (pf_engine_create(&ec, &e, err, sizeof(err))) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    struct pf_simkv *kv;
+    pf_simkv_create(1 << 20, 0, &kv);
+    struct pf_engine_layer l = {
+        .name = "ALL_LAYERS", .num_blocks = 256, .bytes_per_block = 4096, .segments = 1};
+    l.ipc.kind = PF_IPC_SIM_SHM;
+    l.ipc.size = 1 << 20;
+    snprintf(l.ipc.shm_name, sizeof(l.ipc.shm_name), "%s", pf_simkv_name(kv));
+    struct pf_engine_register r = {.instance_id = "q",
+                                   .namespace_ = "nsq",
+                                   .client_version = PF_VERSION,
+                                   .tp_size = 1,
+                                   .world_size = 1,
+                                   .layers = &l,
+                                   .nlayers = 1};
+    if (pf_engine_register(e, &r, err, sizeof(err))) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    uint32_t ns;
+    pf_ns_lookup("nsq", &ns);
+    uint8_t(*hs)[32] = malloc(n * 32);
+    for (size_t i = 0; i < n; i++) {
+        for (int j = 0; j < 32; j++)
+            hs[i][j] = (uint8_t)(i * 131 + (size_t)j * 7 + (i >> 8));
+        memcpy(hs[i], &i, sizeof(i));
+        struct pf_block_key k;
+        pf_key_make(ns, hs[i], 32, &k);
+        struct pf_block *b = pf_block_new(&k, 1);
+        pf_cache_insert(pf_engine_cache(e), b, PF_CLASS_RETAINED);
+        pf_block_put(b);
+    }
+    const size_t qn[2] = {1, 4096};
+    for (int qi = 0; qi < 2; qi++) {
+        int iters = qi ? 300 : 20000;
+        double t_dec = 0, t_eng = 0;
+        ProtobufCBinaryData *bd = malloc(qn[qi] * sizeof(*bd));
+        struct pf_bytes *pb = malloc(qn[qi] * sizeof(*pb));
+        for (int it = 0; it < iters; it++) {
+            size_t first = ((size_t)it * 7919) % (n - qn[qi]);
+            Pegaflow__QueryRequest q = PEGAFLOW__QUERY_REQUEST__INIT;
+            q.instance_id = "q";
+            q.req_id = "r";
+            q.n_block_hashes = qn[qi];
+            for (size_t i = 0; i < qn[qi]; i++)
+                bd[i] = (ProtobufCBinaryData){32, hs[first + i]};
+            q.block_hashes = bd;
+            size_t len = protobuf_c_message_get_packed_size(&q.base);
+            uint8_t *buf = malloc(len);
+            protobuf_c_message_pack(&q.base, buf);
+            double t0 = now_s();
+            Pegaflow__QueryRequest *u = pegaflow__query_request__unpack(NULL, len, buf);
+            double t1 = now_s();
+            for (size_t i = 0; i < qn[qi]; i++)
+                pb[i] = (struct pf_bytes){u->block_hashes[i].data, u->block_hashes[i].len};
+            struct pf_engine_query eq = {
+                .instance_id = "q", .req_id = "r", .hashes = pb, .n = qn[qi]};
+            struct pf_engine_query_result res;
+            pf_engine_query(e, &eq, &res, err, sizeof(err));
+            double t2 = now_s();
+            struct pf_bytes lease = {res.lease, 16};
+            pf_engine_release(e, &lease, err, sizeof(err));
+            pegaflow__query_request__free_unpacked(u, NULL);
+            free(buf);
+            if (res.num_hit_blocks != qn[qi]) {
+                fprintf(stderr, "miss?\n");
+                return 1;
+            }
+            t_dec += t1 - t0;
+            t_eng += t2 - t1;
+        }
+        printf("%4zu hashes: protobuf decode %.1f us, engine query %.1f us (%.0f ns/hash)\n",
+               qn[qi], t_dec / iters * 1e6, t_eng / iters * 1e6,
+               t_eng / iters * 1e9 / (double)qn[qi]);
+        free(bd);
+        free(pb);
+    }
+    pf_engine_destroy(e);
+    pf_gpu_close(g);
+    pf_simkv_destroy(kv);
+    return 0;
+}
