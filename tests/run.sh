@@ -75,7 +75,14 @@ if [ "$mode" = python ] || [ "$mode" = all ]; then
   if ls "$top"/tests/python/test_*.py >/dev/null 2>&1; then
     log="$logs/python/pytest.log"
     mkdir -p "$(dirname "$log")"
-    (cd "$top" && timeout --kill-after=10 "$INTEG_TIMEOUT" /usr/bin/python3 -m pytest -q -p no:cacheprovider \
+    # a sanitizer build of libpegaflow inside an uninstrumented python needs its runtime first
+    san_env=()
+    case "${PF_SAN:-}" in
+      *address*) san_env=(LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)"
+                          ASAN_OPTIONS=detect_leaks=0:verify_asan_link_order=0:abort_on_error=1) ;;
+      *thread*) san_env=(LD_PRELOAD="$(gcc -print-file-name=libtsan.so)") ;;
+    esac
+    (cd "$top" && env "${san_env[@]}" timeout --kill-after=10 "$INTEG_TIMEOUT" /usr/bin/python3 -m pytest -q -p no:cacheprovider \
        -rs tests/python) >"$log" 2>&1
     rc=$?
     line=$(grep -aE '[0-9]+ (passed|failed|skipped|error)' "$log" | tail -1)

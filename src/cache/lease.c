@@ -26,6 +26,7 @@ struct pf_lease_table {
     struct pf_htable map;
     const struct pf_clock *clk;
     uint64_t ttl_ns;
+    _Atomic uint64_t next_sweep_ns; /* opportunistic sweeps at most once a second */
     struct pf_metric *m_active;
 };
 
@@ -132,6 +133,18 @@ static bool pred_expired(struct lease *l, void *arg)
     return l->expires_ns <= *(uint64_t *)arg;
 }
 
+/* Opportunistic sweep on the request paths: a full scan at most once a second, so a table
+ * with many live leases does not cost O(leases) per query. */
+static void sweep_maybe(struct pf_lease_table *t)
+{
+    uint64_t now = pf_clock_now(t->clk);
+    uint64_t next = atomic_load_explicit(&t->next_sweep_ns, memory_order_relaxed);
+    if (now < next)
+        return;
+    if (atomic_compare_exchange_strong(&t->next_sweep_ns, &next, now + PF_NS_PER_SEC))
+        pf_lease_sweep(t);
+}
+
 size_t pf_lease_sweep(struct pf_lease_table *t)
 {
     uint64_t now = pf_clock_now(t->clk);
@@ -164,7 +177,7 @@ int pf_lease_create(struct pf_lease_table *t, const char *instance_id, struct pf
         goto err_free;
     }
     l->expires_ns = pf_clock_now(t->clk) + t->ttl_ns;
-    pf_lease_sweep(t);
+    sweep_maybe(t);
     pthread_mutex_lock(&t->mu);
     pf_htable_insert(&t->map, &l->hnode, id_hash(l->id));
     pf_metric_set(t->m_active, (double)t->map.count);
@@ -192,7 +205,7 @@ int pf_lease_consume(struct pf_lease_table *t, const uint8_t *id, size_t idlen,
             snprintf(msg, msglen, "query lease must be %d bytes, got %zu", PF_LEASE_ID_LEN, idlen);
         return -EINVAL;
     }
-    pf_lease_sweep(t);
+    sweep_maybe(t);
     uint64_t now = pf_clock_now(t->clk);
     struct lease *gone = NULL;
     int rc = 0;

@@ -167,7 +167,6 @@ int pf_engine_save(struct pf_engine *e, const char *instance_id, uint32_t tp_ran
         rc = -EPERM;
         goto out;
     }
-    pf_lease_sweep(e->leases);
     plans = calloc(nlayers ? nlayers : 1, sizeof(*plans));
     if (!plans) {
         rc = -ENOMEM;

@@ -12,6 +12,7 @@
 #include "pf/engine.h"
 #include "pf/log.h"
 #include "pf/service.h"
+#include "rpc/wire.h"
 
 #define ERRLEN 480
 
@@ -216,24 +217,71 @@ static int h_save(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *m
     return pf_rpc_respond(call, &resp.base);
 }
 
-static int h_query(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *m)
+/* QueryRequest decoded in place: the hashes point into the request buffer (a prefix query
+ * may carry thousands; protobuf-c would allocate each). */
+static int copy_str(const struct pf_wire_field *f, char *out, size_t cap)
+{
+    if (f->type != 2 || f->len >= cap)
+        return -1;
+    memcpy(out, f->data, f->len);
+    out[f->len] = '\0';
+    return memchr(out, '\0', f->len) ? -1 : 0;
+}
+
+static int h_query(void *ctx, struct pf_rpc_call *call, const uint8_t *data, size_t len)
 {
     struct pf_engine_service *svc = ctx;
-    const Pegaflow__QueryRequest *r = (const void *)m;
     char err[ERRLEN] = "";
     if (need_engine(svc, call))
         return PF_GRPC_UNAVAILABLE;
-    struct pf_bytes *hashes = to_bytes(r->block_hashes, r->n_block_hashes);
+    char inst[1024] = "", req[1024] = "";
+    struct pf_engine_query q = {.instance_id = inst, .req_id = req};
+    struct pf_wire w = {data, data + len};
+    struct pf_wire_field f;
+    size_t nh = 0;
+    int r;
+    while ((r = pf_wire_next(&w, &f)) == 1) {
+        bool ok = true;
+        switch (f.number) {
+        case 1:
+            ok = copy_str(&f, inst, sizeof(inst)) == 0;
+            break;
+        case 2:
+            ok = f.type == 2;
+            nh++;
+            break;
+        case 3:
+            ok = copy_str(&f, req, sizeof(req)) == 0;
+            break;
+        case 4:
+            ok = f.type == 0;
+            q.wait_for_full_prefix = f.varint != 0;
+            break;
+        case 5:
+            ok = f.type == 0 && f.varint <= UINT32_MAX;
+            q.group_id = (uint32_t)f.varint;
+            break;
+        default:
+            break; /* unknown fields are skipped, as protobuf does */
+        }
+        if (!ok) {
+            r = -1;
+            break;
+        }
+    }
+    if (r < 0)
+        return pf_rpc_fail(call, PF_GRPC_INVALID_ARGUMENT,
+                           "malformed QueryRequest (protobuf decoding failed)");
+    struct pf_bytes *hashes = malloc((nh ? nh : 1) * sizeof(*hashes));
     if (!hashes)
         return pf_rpc_fail(call, PF_GRPC_RESOURCE_EXHAUSTED, "out of memory");
-    struct pf_engine_query q = {
-        .instance_id = r->instance_id,
-        .req_id = r->req_id,
-        .hashes = hashes,
-        .n = r->n_block_hashes,
-        .wait_for_full_prefix = r->wait_for_full_prefix,
-        .group_id = r->group_id,
-    };
+    w = (struct pf_wire){data, data + len};
+    size_t k = 0;
+    while (pf_wire_next(&w, &f) == 1)
+        if (f.number == 2)
+            hashes[k++] = (struct pf_bytes){f.data, f.len};
+    q.hashes = hashes;
+    q.n = nh;
     struct pf_engine_query_result res;
     int rc = pf_engine_query(svc->engine, &q, &res, err, sizeof(err));
     free(hashes);
@@ -433,7 +481,7 @@ const struct pf_rpc_method pf_engine_methods[] = {
     {.path = "/pegaflow.Engine/QueryPrefetch",
      .metric_name = "query_prefetch",
      .req_desc = &pegaflow__query_request__descriptor,
-     .unary = h_query},
+     .raw = h_query},
     {.path = "/pegaflow.Engine/Release",
      .metric_name = "release",
      .req_desc = &pegaflow__release_request__descriptor,

@@ -243,6 +243,16 @@ static void on_request(struct pf_rpc_call *c)
     grpc_slice sl = pf_rpc_bb_to_slice(c->recv);
     grpc_byte_buffer_destroy(c->recv);
     c->recv = NULL;
+    if (m->raw) {
+        int rc = m->raw(s->cfg.ctx, c, GRPC_SLICE_START_PTR(sl), GRPC_SLICE_LENGTH(sl));
+        grpc_slice_unref(sl);
+        if (rc == 0 && !c->send)
+            pf_rpc_fail(c, PF_GRPC_INTERNAL, "handler produced no response");
+        else if (rc != 0 && c->code == 0)
+            pf_rpc_fail(c, PF_GRPC_INTERNAL, "handler failed");
+        finish(c, false);
+        return;
+    }
     ProtobufCMessage *req = protobuf_c_message_unpack(m->req_desc, NULL, GRPC_SLICE_LENGTH(sl),
                                                       GRPC_SLICE_START_PTR(sl));
     grpc_slice_unref(sl);

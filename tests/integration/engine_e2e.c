@@ -20,7 +20,9 @@
 #include <unistd.h>
 
 #include "client/pegaflow.h"
+#include "engine.pb-c.h"
 #include "kvsim.h"
+#include "pf/rpc.h"
 #include "pftest.h"
 
 #define TMO  10000
@@ -543,7 +545,24 @@ static void sc_errors(void)
     compare(&W, 1, &W, 9, 2);
     PFT_CHECK(pf_client_release(c, res.lease, 16, TMO) != 0, "lease gone after last share");
 
-    /* malformed protobuf and an unknown method are answered, the server keeps serving */
+    /* malformed protobuf is answered with INVALID_ARGUMENT naming the message; an IpcTensor's
+     * field 1 is a varint where these requests have a string */
+    struct pf_rpc_channel *ch;
+    PFT_CHECK(pf_rpc_channel_open(s.addr, &ch) == 0, "channel");
+    Pegaflow__IpcTensor junkmsg = PEGAFLOW__IPC_TENSOR__INIT;
+    junkmsg.kind = PEGAFLOW__IPC_TENSOR__KIND__SIM_SHM;
+    const char *paths[3] = {"/pegaflow.Engine/QueryPrefetch", "/pegaflow.Engine/Save",
+                            "/pegaflow.Engine/RegisterContextBatch"};
+    const char *names_[3] = {"QueryRequest", "SaveRequest", "RegisterContextRequest"};
+    for (int i = 0; i < 3; i++) {
+        struct pf_rpc_status rs;
+        ProtobufCMessage *resp = NULL;
+        int rc = pf_rpc_unary(ch, paths[i], &junkmsg.base, &pegaflow__health_response__descriptor,
+                              TMO, &resp, &rs);
+        PFT_CHECK(rc == -EINVAL && strstr(rs.msg, names_[i]) && strstr(rs.msg, "malformed"),
+                  "%s with garbage: rc=%d '%s'", paths[i], rc, rs.msg);
+    }
+    pf_rpc_channel_close(ch);
     PFT_CHECK(pf_client_health(c, TMO) == 0, "health after errors: %s", pf_last_error_message());
     world_free(&W);
     world_free(&V);

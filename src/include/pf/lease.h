@@ -4,7 +4,8 @@
  * pressure eviction until every worker of the instance has loaded them. It has a 16-byte
  * random id, the owning instance, a share count (the instance's world_size: each worker's
  * Load consumes one, the last deletes the lease) and an expiry (600 s by default). Expired
- * leases are removed by pf_lease_sweep (called periodically and opportunistically).
+ * leases are removed by pf_lease_sweep (called periodically) and by opportunistic sweeps on
+ * create/consume (at most once a second); an expired lease is never honoured either way.
  * Thread-safe; block references are dropped outside the table lock. */
 #ifndef PF_LEASE_H
 #define PF_LEASE_H

@@ -78,11 +78,16 @@ typedef int (*pf_rpc_stream_open_fn)(void *ctx, struct pf_rpc_call *call,
 /* The parked stream ended: cancelled = the client went away (or the server stops). */
 typedef void (*pf_rpc_stream_closed_fn)(void *ctx, void *stream_ctx, bool cancelled);
 
+/* Handler of a unary method that decodes its own request bytes (hot paths avoiding
+ * protobuf-c's per-field allocations). data is valid during the call. */
+typedef int (*pf_rpc_raw_fn)(void *ctx, struct pf_rpc_call *call, const uint8_t *data, size_t len);
+
 struct pf_rpc_method {
     const char *path;        /* "/pegaflow.Engine/Save" */
     const char *metric_name; /* "save" */
     const ProtobufCMessageDescriptor *req_desc;
     pf_rpc_unary_fn unary;
+    pf_rpc_raw_fn raw; /* instead of unary: the request is not unpacked */
     pf_rpc_stream_open_fn stream_open;
     pf_rpc_stream_closed_fn stream_closed;
 };

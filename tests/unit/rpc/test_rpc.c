@@ -200,6 +200,7 @@ static void test_parked_stream(void **st)
         pf_sleep_ms(5);
     assert_false(pf_rpc_stream_alive(s));
     pf_rpc_stream_close(s);
+    pf_rpc_channel_close(ch);
     setup(NULL); /* restart for later tests */
 }
 
