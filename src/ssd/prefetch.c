@@ -11,9 +11,10 @@
  * engine's evicting allocator; any failure fails the batch), rebuilds each block over its
  * staging bytes and reads it with one vectored read, at most prefetch_inflight reads in
  * flight over all batches. A read is accepted when it transferred the entry's length and
- * the entry's ring range is still intact afterwards. The fetcher then verifies every slot
- * checksum in its own thread (spreading the hashing over the prefetch threads), drops the
- * entry of a block that does not verify, and returns the accepted run from the first key.
+ * the entry's ring range is still intact afterwards; after a rejected read the batch's
+ * later blocks are not read (only the run from the first key is returned). The fetcher then
+ * verifies every slot checksum in its own thread (spreading the hashing over the prefetch threads),
+ * drops the entry of a block that does not verify, and returns the accepted run from the first key.
  *
  * A read outliving io_timeout_ms fails its block, whose staging memory stays referenced
  * until the device completes the read. */
@@ -280,7 +281,16 @@ static void retire(struct reader *r, size_t k, bool timed_out)
     }
     pf_metric_add(s->m.p_inflight, -1);
     r->ios[k] = r->ios[--r->nios];
-    if (--rb->remaining == 0 && rb->next_submit == rb->planned) {
+    if (!ok && rb->next_submit < rb->planned) {
+        /* only the run from the first key is useful: do not read past a failure */
+        for (size_t i = rb->next_submit; i < rb->planned; i++) {
+            pf_block_put(rb->out[i]);
+            rb->out[i] = NULL;
+        }
+        rb->remaining -= rb->planned - rb->next_submit;
+        rb->planned = rb->next_submit;
+    }
+    if (--rb->remaining == 0) {
         for (size_t i = 0; i < r->nactive; i++)
             if (r->active[i] == rb) {
                 memmove(&r->active[i], &r->active[i + 1],

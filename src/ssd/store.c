@@ -403,7 +403,7 @@ int pf_ssd_flush(struct pf_ssd *s, uint64_t timeout_ms)
             rc = -ETIMEDOUT;
             break;
         }
-    if (rc == 0 && s->seq_done < target)
+    if (s->w_stop)
         rc = -ESHUTDOWN;
     pthread_mutex_unlock(&s->wq_mu);
     return rc;

@@ -81,7 +81,7 @@ void pf_ssd_destroy(struct pf_ssd *s);
  * references. 0, -EAGAIN (queue full: dropped and counted), -ESHUTDOWN, -ENOMEM. */
 int pf_ssd_offer(struct pf_ssd *s, struct pf_block *const *blocks, size_t n);
 /* Waits until every batch offered before the call is committed or dropped. 0, -ETIMEDOUT
- * or -ESHUTDOWN. Any thread. */
+ * or -ESHUTDOWN (the store is stopping or stopped). Any thread. */
 int pf_ssd_flush(struct pf_ssd *s, uint64_t timeout_ms);
 
 /* Tier operations (also usable directly by tests); see struct pf_tier in pf/engine.h. */
