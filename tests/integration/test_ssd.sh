@@ -27,6 +27,24 @@ expect_startup_error() {
   echo "  start-up error as expected: $(grep ERROR "$log" | tail -1 | cut -c26-)"
 }
 
+# io_uring may be disabled on the host (kernel.io_uring_disabled, seccomp): skip, never pass
+timeout 60 "$server" "${base[@]}" --ssd-cache-path "$dir/probe.dat" --ssd-cache-capacity 1mb \
+  >"$dir/probe.log" 2>&1 &
+ppid=$!
+for _ in $(seq 1 500); do
+  grep -q ": ready" "$dir/probe.log" && break
+  kill -0 $ppid 2>/dev/null || break
+  sleep 0.02
+done
+if grep -q "io_uring is not usable" "$dir/probe.log"; then
+  wait $ppid || true
+  echo "SKIP: io_uring is not usable on this host: $(grep -o 'io_uring is not usable.*' "$dir/probe.log")"
+  exit 77
+fi
+grep -q ": ready" "$dir/probe.log" || { echo "FAIL: server with an SSD cache did not start"; cat "$dir/probe.log"; kill -9 $ppid 2>/dev/null; exit 1; }
+kill -INT $ppid
+wait $ppid
+
 echo "scenario startup-errors"
 # capacity larger than the free space of the file system (default capacity is 512gb; ask more)
 expect_startup_error "$dir/big.dat" "free space" -- --ssd-cache-path "$dir/big.dat" --ssd-cache-capacity 64tb
