@@ -6,8 +6,9 @@
  *                   --ssd-prefetch-inflight), no copies, no checks, buffers in the same
  *                   pinned pool as the tier's. Raw writes go to a file of their own; raw
  *                   reads read the tier's file (the bytes the tier reads in that round)
- *                   into as much rotating memory as the tier stages at once. Raw reads
- *                   into a small malloc'ed hot buffer are printed for reference
+ *                   into a pool allocation as large as the tier's staging, made and freed
+ *                   around each run so it lands where the staging lands. Raw reads into
+ *                   a small malloc'ed hot buffer are printed for reference
  *   tier write      pf_ssd_offer of sealed blocks (slots x K/V segments in pool memory,
  *                   one vectored write per block) until pf_ssd_flush: queueing, placement,
  *                   index, commit
@@ -112,6 +113,9 @@ static double raw_run(const char *path, bool wr, uint64_t total, uint64_t bs, un
 }
 
 /* ---- the tier ---- */
+
+struct tier;
+static double raw_read_staged(struct tier *t, const char *path, uint64_t nbuf);
 
 struct tier {
     struct opts *o;
@@ -234,6 +238,18 @@ static double tier_read(struct tier *t, uint64_t first_id, uint64_t n)
     for (int i = 0; i < nf; i++)
         pthread_join(thr[i], NULL);
     return (double)(n * t->o->block) / secs(pf_now_ns() - t0);
+}
+
+/* Raw reads into a pool allocation made like the tier's staging (freed right after), so
+ * both land in the same part of the pool. */
+static double raw_read_staged(struct tier *t, const char *path, uint64_t nbuf)
+{
+    struct pf_alloc *a;
+    if (pf_pool_alloc(t->pool, nbuf * t->o->block, -1, &a) != 0)
+        die("raw read buffer in the pool", ENOMEM);
+    double r = raw_run(path, false, t->o->total, t->o->block, t->o->rinflight, a->ptr, nbuf);
+    pf_alloc_put(a);
+    return r;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -388,11 +404,10 @@ int main(int argc, char **argv)
      * blocks (usually physically contiguous, so requests split less and merge more). */
     uint64_t wbufs = o.winflight, rbufs = (uint64_t)o.fetchers * o.fetch_blocks,
              hbufs = o.rinflight;
-    struct pf_alloc *wa, *ra;
-    if (pf_pool_alloc(t.pool, wbufs * o.block, -1, &wa) != 0 ||
-        pf_pool_alloc(t.pool, rbufs * o.block, -1, &ra) != 0)
+    struct pf_alloc *wa;
+    if (pf_pool_alloc(t.pool, wbufs * o.block, -1, &wa) != 0)
         die("raw buffers in the pool", ENOMEM);
-    uint8_t *wbuf = wa->ptr, *rbuf = ra->ptr, *hbuf;
+    uint8_t *wbuf = wa->ptr, *hbuf;
     if (posix_memalign((void **)&hbuf, 4096, hbufs * o.block) != 0)
         die("raw buffers", ENOMEM);
     for (uint64_t i = 0; i < wbufs * o.block; i++)
@@ -405,13 +420,13 @@ int main(int argc, char **argv)
         if (r % 2 == 0) {
             rw[r] = raw_run(raw_path, true, o.total, o.block, o.winflight, wbuf, wbufs);
             tw[r] = tier_write(&t, (uint64_t)r * n, n, sums);
-            rr[r] = raw_run(tier_path, false, o.total, o.block, o.rinflight, rbuf, rbufs);
+            rr[r] = raw_read_staged(&t, tier_path, rbufs);
             tr[r] = tier_read(&t, (uint64_t)r * n, n);
         } else {
             tw[r] = tier_write(&t, (uint64_t)r * n, n, sums);
             rw[r] = raw_run(raw_path, true, o.total, o.block, o.winflight, wbuf, wbufs);
             tr[r] = tier_read(&t, (uint64_t)r * n, n);
-            rr[r] = raw_run(tier_path, false, o.total, o.block, o.rinflight, rbuf, rbufs);
+            rr[r] = raw_read_staged(&t, tier_path, rbufs);
         }
         rh[r] = raw_run(tier_path, false, o.total, o.block, o.rinflight, hbuf, hbufs);
         fprintf(stderr,
@@ -449,7 +464,6 @@ int main(int argc, char **argv)
     for (uint32_t i = 0; i < o.slots; i++)
         pf_alloc_put(t.src[i]);
     pf_alloc_put(wa);
-    pf_alloc_put(ra);
     pf_pool_destroy(t.pool);
     free(t.src);
     free(sums);
