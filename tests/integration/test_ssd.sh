@@ -73,4 +73,7 @@ for f in p0/shard-000000.dat p0/shard-000001.dat p1/shard-000002.dat p1/shard-00
 done
 echo "  shard files: 2 paths x 2 shards of 2 MiB"
 
-exec "$PF_TESTBIN/ssd_e2e" "$dir" "$@"
+# not exec: the EXIT trap removes the SSD files
+rc=0
+"$PF_TESTBIN/ssd_e2e" "$dir" "$@" || rc=$?
+exit $rc
