@@ -23,12 +23,15 @@
 #include "pf/metrics.h"
 #include "pf/rpc.h"
 #include "pf/service.h"
+#include "pf/ssd.h"
 
 struct server_app {
     struct pf_server_config cfg;
     struct pf_fault_plan *faults;
     struct pf_gpu *gpu;
     char gpu_backend[64];
+    struct pf_blk *blk;
+    struct pf_ssd *ssd;
     struct pf_http_server *http;
     struct pf_rpc_server *rpc;
     struct pf_engine_service svc;
@@ -120,6 +123,39 @@ static int start_engine(struct server_app *a)
         .hll_bits = (unsigned)a->cfg.metric_hll_bucket_bits,
     };
     int rc = pf_engine_create(&ec, &a->svc.engine, err, sizeof(err));
+    if (rc)
+        pf_error("%s", err);
+    return rc;
+}
+
+/* SSD tier (--ssd-cache-path): the uring BLK backend (wrapped by faulty: when the fault
+ * plan names blk.*) and the store, opened before the pool is pre-touched so a bad path
+ * fails fast; attached to the engine (tier + sealed hook) once the engine exists. */
+static int start_ssd(struct server_app *a)
+{
+    if (a->cfg.ssd_cache_path.n == 0)
+        return 0;
+    char err[512], chosen[64];
+    struct pf_blk_config bc = {.faults = a->faults};
+    int rc = pf_hal_blk_open("uring", &bc, &a->blk, chosen, sizeof(chosen), err, sizeof(err));
+    if (rc) {
+        pf_error("--ssd-cache-path: %s", err);
+        return rc;
+    }
+    struct pf_ssd_config sc = {
+        .paths = (const char *const *)a->cfg.ssd_cache_path.v,
+        .npaths = a->cfg.ssd_cache_path.n,
+        .capacity = a->cfg.ssd_cache_capacity,
+        .shards_per_path = (uint32_t)a->cfg.ssd_cache_shards,
+        .write_queue_depth = (uint32_t)a->cfg.ssd_write_queue_depth,
+        .prefetch_queue_depth = (uint32_t)a->cfg.ssd_prefetch_queue_depth,
+        .write_inflight = (uint32_t)a->cfg.ssd_write_inflight,
+        .prefetch_inflight = (uint32_t)a->cfg.ssd_prefetch_inflight,
+        .max_prefetch_blocks = (uint32_t)a->cfg.max_prefetch_blocks,
+        .integrity = a->cfg.integrity,
+        .blk = a->blk,
+    };
+    rc = pf_ssd_create(&sc, &a->ssd, err, sizeof(err));
     if (rc)
         pf_error("%s", err);
     return rc;
@@ -226,7 +262,11 @@ int pf_server_main(int argc, char **argv)
     }
     if (open_hal(a) != 0)
         goto out;
+    if (start_ssd(a) != 0)
+        goto out;
     if (start_engine(a) != 0)
+        goto out;
+    if (a->ssd && pf_ssd_attach(a->ssd, a->svc.engine) != 0)
         goto out;
     if (a->cfg.metaserver_addr) {
         int mrc = pf_server_meta_start(a->svc.engine, a->cfg.metaserver_target, a->cfg.addr,
@@ -254,8 +294,14 @@ out:
     pf_rpc_server_stop(a->rpc);
     pf_http_server_stop(a->http);
     pf_otlp_stop(a->otlp);
-    pf_meta_client_destroy(a->meta); /* UnregisterNode, bounded by 3 s */
+    /* stop the clients before the engine (their threads call into it), free them after (the
+     * engine's hooks and tier may still call them; stopped, they refuse) */
+    pf_meta_client_stop(a->meta); /* UnregisterNode, bounded by 3 s */
+    pf_ssd_stop(a->ssd);          /* releases its blocks; the engine may still call the tier */
     pf_engine_destroy(a->svc.engine);
+    pf_meta_client_destroy(a->meta);
+    pf_ssd_destroy(a->ssd);
+    pf_blk_close(a->blk);
     pf_gpu_close(a->gpu);
     if (a->sfd >= 0)
         close(a->sfd);

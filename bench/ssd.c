@@ -1,0 +1,474 @@
+/* bench/ssd: SSD tier throughput against raw O_DIRECT I/O on the same file system, same
+ * block size, same run (DESIGN §8).
+ *
+ *   raw write/read  io_uring on an O_DIRECT file: one block-size write/read per request,
+ *                   as many requests in flight as the tier allows (--ssd-write-inflight,
+ *                   --ssd-prefetch-inflight), no copies, no checks, buffers in the same
+ *                   pinned pool as the tier's. Raw writes go to a file of their own; raw
+ *                   reads read the tier's file (the bytes the tier reads in that round)
+ *                   into a pool allocation as large as the tier's staging, made and freed
+ *                   around each run so it lands where the staging lands. Raw reads into
+ *                   a small malloc'ed hot buffer are printed for reference
+ *   tier write      pf_ssd_offer of sealed blocks (slots x K/V segments in pool memory,
+ *                   one vectored write per block) until pf_ssd_flush: queueing, placement,
+ *                   index, commit
+ *   tier read       pf_ssd_fetch of the committed blocks from several threads (like the
+ *                   engine's prefetch threads): budget, staging allocation, vectored reads,
+ *                   ring check and per-slot xxh3 verification
+ * Phases alternate raw/tier for --rounds rounds (ABBA order: even rounds raw first, odd
+ * rounds tier first, each read two phases after its write); the table shows the median of
+ * each and the tier/raw ratio (target >= 0.85). A JSON result goes to --json (default stdout after
+ * the table).
+ *
+ * Usage: ssd [--dir DIR] [--block-size SIZE] [--slots N] [--total SIZE] [--rounds N]
+ *            [--write-inflight N] [--prefetch-inflight N] [--fetchers N] [--fetch-blocks N]
+ *            [--integrity on|off] [--json FILE] */
+#include <errno.h>
+#include <fcntl.h>
+#include <liburing.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "pf/block.h"
+#include "pf/clock.h"
+#include "pf/config.h"
+#include "pf/hal.h"
+#include "pf/log.h"
+#include "pf/pool.h"
+#include "pf/ssd.h"
+
+struct opts {
+    const char *dir;
+    uint64_t block;
+    uint32_t slots;
+    uint64_t total;
+    int rounds;
+    uint32_t winflight, rinflight;
+    int fetchers;
+    uint32_t fetch_blocks;
+    bool integrity;
+    const char *json;
+};
+
+static void die(const char *what, int err)
+{
+    fprintf(stderr, "bench/ssd: %s: %s\n", what, strerror(err < 0 ? -err : err));
+    exit(1);
+}
+
+static double secs(uint64_t ns)
+{
+    return (double)ns / 1e9;
+}
+
+/* ---- raw O_DIRECT through io_uring ---- */
+
+/* Transfers total bytes of path in bs requests, qd in flight, from/into nbuf rotating
+ * block-size buffers of buf. */
+static double raw_run(const char *path, bool wr, uint64_t total, uint64_t bs, unsigned qd,
+                      uint8_t *buf, uint64_t nbuf)
+{
+    int fd = open(path, (wr ? O_RDWR | O_CREAT : O_RDONLY) | O_DIRECT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        die(path, errno);
+    if (wr && fallocate(fd, 0, 0, (off_t)total) != 0 && ftruncate(fd, (off_t)total) != 0)
+        die("size raw file", errno);
+    struct io_uring ring;
+    int rc = io_uring_queue_init(qd, &ring, 0);
+    if (rc < 0)
+        die("io_uring_queue_init", rc);
+    uint64_t n = total / bs, sub = 0, done = 0;
+    unsigned inflight = 0;
+    uint64_t t0 = pf_now_ns();
+    while (done < n) {
+        while (inflight < qd && sub < n) {
+            struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
+            void *p = buf + (sub % nbuf) * bs;
+            if (wr)
+                io_uring_prep_write(sqe, fd, p, (unsigned)bs, sub * bs);
+            else
+                io_uring_prep_read(sqe, fd, p, (unsigned)bs, sub * bs);
+            sub++;
+            inflight++;
+        }
+        rc = io_uring_submit_and_wait(&ring, 1);
+        if (rc < 0 && rc != -EINTR)
+            die("io_uring_submit_and_wait", rc);
+        struct io_uring_cqe *cqe;
+        while (io_uring_peek_cqe(&ring, &cqe) == 0) {
+            if (cqe->res != (int)bs)
+                die("raw I/O", cqe->res < 0 ? cqe->res : EIO);
+            io_uring_cqe_seen(&ring, cqe);
+            inflight--;
+            done++;
+        }
+    }
+    uint64_t t1 = pf_now_ns();
+    io_uring_queue_exit(&ring);
+    close(fd);
+    return (double)(n * bs) / secs(t1 - t0);
+}
+
+/* ---- the tier ---- */
+
+struct tier;
+static double raw_read_staged(struct tier *t, const char *path, uint64_t nbuf);
+
+struct tier {
+    struct opts *o;
+    struct pf_pool *pool;
+    struct pf_blk *blk;
+    struct pf_ssd *ssd;
+    struct pf_alloc **src; /* one allocation per slot (K and V), shared by all blocks */
+    uint64_t stride;
+};
+
+static struct pf_block_key key_of(uint64_t id)
+{
+    struct pf_block_key k;
+    pf_key_make(1, &id, sizeof(id), &k);
+    return k;
+}
+
+/* A sealed block over the shared source memory (distinct key, same bytes). */
+static struct pf_block *make_block(struct tier *t, uint64_t id, const uint64_t *sums)
+{
+    struct pf_block_key k = key_of(id);
+    struct pf_block *b = pf_block_new(&k, (uint16_t)t->o->slots);
+    if (!b)
+        die("block", ENOMEM);
+    for (uint32_t i = 0; i < t->o->slots; i++) {
+        struct pf_slot *s = &b->slots[i];
+        s->k = t->src[i]->ptr;
+        s->v = (uint8_t *)t->src[i]->ptr + t->stride;
+        s->ka = s->va = t->src[i];
+        pf_alloc_get(t->src[i]);
+        pf_alloc_get(t->src[i]);
+        s->seg_len = s->seg_stride = (uint32_t)t->stride;
+        s->nseg = 2;
+        s->numa = -1;
+        s->checksum = sums[i];
+        s->has_checksum = 1;
+    }
+    pf_block_finish(b);
+    return b;
+}
+
+static double tier_write(struct tier *t, uint64_t first_id, uint64_t n, const uint64_t *sums)
+{
+    enum { BATCH = 8 };
+    /* the cache keeps sealed blocks resident (strong references) while the writer works */
+    struct pf_block **blocks = calloc(n, sizeof(*blocks));
+    if (!blocks)
+        die("blocks", ENOMEM);
+    for (uint64_t i = 0; i < n; i++)
+        blocks[i] = make_block(t, first_id + i, sums);
+    uint64_t t0 = pf_now_ns();
+    for (uint64_t i = 0; i < n; i += BATCH) {
+        size_t m = n - i < BATCH ? (size_t)(n - i) : BATCH;
+        /* the engine would drop a batch on a full queue; the bench waits for room */
+        while (pf_ssd_offer(t->ssd, blocks + i, m) == -EAGAIN)
+            usleep(50);
+    }
+    int rc = pf_ssd_flush(t->ssd, 600000);
+    if (rc)
+        die("pf_ssd_flush", rc);
+    double rate = (double)(n * t->o->block) / secs(pf_now_ns() - t0);
+    struct pf_ssd_stats st;
+    pf_ssd_stats(t->ssd, &st);
+    if (st.committed < n) {
+        fprintf(stderr, "bench/ssd: only %llu of %llu blocks committed\n",
+                (unsigned long long)st.committed, (unsigned long long)n);
+        exit(1);
+    }
+    for (uint64_t i = 0; i < n; i++)
+        pf_block_put(blocks[i]);
+    free(blocks);
+    return rate;
+}
+
+struct fetch_job {
+    struct tier *t;
+    uint64_t first_id, n;
+    _Atomic uint64_t *next; /* next block index to fetch */
+    uint64_t got;
+};
+
+static void *fetch_main(void *arg)
+{
+    struct fetch_job *j = arg;
+    uint32_t fb = j->t->o->fetch_blocks;
+    struct pf_block_key *keys = calloc(fb, sizeof(*keys));
+    struct pf_block **out = calloc(fb, sizeof(*out));
+    for (;;) {
+        uint64_t i = atomic_fetch_add(j->next, fb);
+        if (i >= j->n)
+            break;
+        size_t m = j->n - i < fb ? (size_t)(j->n - i) : fb;
+        for (size_t k = 0; k < m; k++)
+            keys[k] = key_of(j->first_id + i + k);
+        size_t got = pf_ssd_fetch(j->t->ssd, keys, m, false, out);
+        if (got != m) {
+            fprintf(stderr, "bench/ssd: fetch got %zu of %zu blocks\n", got, m);
+            exit(1);
+        }
+        for (size_t k = 0; k < got; k++)
+            pf_block_put(out[k]);
+        j->got += got;
+    }
+    free(keys);
+    free(out);
+    return NULL;
+}
+
+static double tier_read(struct tier *t, uint64_t first_id, uint64_t n)
+{
+    _Atomic uint64_t next = 0;
+    struct fetch_job jobs[16];
+    pthread_t thr[16];
+    int nf = t->o->fetchers;
+    uint64_t t0 = pf_now_ns();
+    for (int i = 0; i < nf; i++) {
+        jobs[i] = (struct fetch_job){.t = t, .first_id = first_id, .n = n, .next = &next};
+        pthread_create(&thr[i], NULL, fetch_main, &jobs[i]);
+    }
+    for (int i = 0; i < nf; i++)
+        pthread_join(thr[i], NULL);
+    return (double)(n * t->o->block) / secs(pf_now_ns() - t0);
+}
+
+/* Raw reads into a pool allocation made like the tier's staging (freed right after), so
+ * both land in the same part of the pool. */
+static double raw_read_staged(struct tier *t, const char *path, uint64_t nbuf)
+{
+    struct pf_alloc *a;
+    if (pf_pool_alloc(t->pool, nbuf * t->o->block, -1, &a) != 0)
+        die("raw read buffer in the pool", ENOMEM);
+    double r = raw_run(path, false, t->o->total, t->o->block, t->o->rinflight, a->ptr, nbuf);
+    pf_alloc_put(a);
+    return r;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(*v), cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: ssd [--dir DIR] [--block-size SIZE] [--slots N] [--total SIZE] "
+                    "[--rounds N] [--write-inflight N] [--prefetch-inflight N] [--fetchers N] "
+                    "[--fetch-blocks N] [--integrity on|off] [--json FILE]\n");
+    exit(2);
+}
+
+static uint64_t arg_size(const char *s)
+{
+    uint64_t v;
+    if (pf_parse_size(s, &v) != 0 || v == 0)
+        usage();
+    return v;
+}
+
+int main(int argc, char **argv)
+{
+    const char *tmp = getenv("TMPDIR");
+    struct opts o = {
+        .dir = tmp ? tmp : "/tmp",
+        .block = 1 << 20,
+        .slots = 32,
+        .total = 1ull << 30,
+        .rounds = 4,
+        .winflight = 2,
+        .rinflight = 16,
+        .fetchers = 4,
+        .fetch_blocks = 32,
+        .integrity = true,
+    };
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v)
+            usage();
+        if (strcmp(a, "--dir") == 0)
+            o.dir = v;
+        else if (strcmp(a, "--block-size") == 0)
+            o.block = arg_size(v);
+        else if (strcmp(a, "--slots") == 0)
+            o.slots = (uint32_t)atoi(v);
+        else if (strcmp(a, "--total") == 0)
+            o.total = arg_size(v);
+        else if (strcmp(a, "--rounds") == 0)
+            o.rounds = atoi(v);
+        else if (strcmp(a, "--write-inflight") == 0)
+            o.winflight = (uint32_t)atoi(v);
+        else if (strcmp(a, "--prefetch-inflight") == 0)
+            o.rinflight = (uint32_t)atoi(v);
+        else if (strcmp(a, "--fetchers") == 0)
+            o.fetchers = atoi(v);
+        else if (strcmp(a, "--fetch-blocks") == 0)
+            o.fetch_blocks = (uint32_t)atoi(v);
+        else if (strcmp(a, "--integrity") == 0)
+            o.integrity = strcmp(v, "off") != 0;
+        else if (strcmp(a, "--json") == 0)
+            o.json = v;
+        else
+            usage();
+        i++;
+    }
+    if (o.slots == 0 || o.block % (1024ull * o.slots) != 0 || o.rounds < 1 || o.rounds > 99 ||
+        o.fetchers < 1 || o.fetchers > 16 || o.fetch_blocks == 0 || o.winflight == 0 ||
+        o.rinflight == 0 || o.total < o.block) {
+        fprintf(stderr, "bench/ssd: the block size must be a multiple of 1 KiB x slots; "
+                        "rounds 1..99, fetchers 1..16\n");
+        return 2;
+    }
+    pf_log_set_level(PF_LOG_WARN);
+    uint64_t n = o.total / o.block;
+    o.total = n * o.block;
+
+    struct tier t = {.o = &o, .stride = o.block / o.slots / 2};
+    /* pool: source slots, staging for every fetcher's batch, the raw buffers */
+    uint64_t pool_size = o.block + 2ull * o.fetchers * o.fetch_blocks * o.block +
+                         (uint64_t)o.winflight * o.block + (64 << 20);
+    struct pf_pool_config pc = {.size = pool_size, .shards = 1, .skip_memcheck = true};
+    char err[512];
+    int rc = pf_pool_create(&pc, &t.pool, err, sizeof(err));
+    if (rc) {
+        fprintf(stderr, "bench/ssd: pool: %s\n", err);
+        return 1;
+    }
+    t.src = calloc(o.slots, sizeof(*t.src));
+    uint64_t *sums = calloc(o.slots, sizeof(*sums));
+    for (uint32_t i = 0; i < o.slots; i++) {
+        if (pf_pool_alloc(t.pool, 2 * t.stride, -1, &t.src[i]) != 0)
+            die("source slot", ENOMEM);
+        uint8_t *p = t.src[i]->ptr;
+        for (uint64_t j = 0; j < 2 * t.stride; j++)
+            p[j] = (uint8_t)(j * 29 + i * 7 + 1);
+        struct pf_slot s = {.k = p, .v = p + t.stride, .seg_len = (uint32_t)t.stride, .nseg = 2};
+        sums[i] = pf_slot_compute_checksum(&s);
+    }
+    pf_hal_init();
+    char chosen[64];
+    rc = pf_hal_blk_open("uring", NULL, &t.blk, chosen, sizeof(chosen), err, sizeof(err));
+    if (rc) {
+        fprintf(stderr, "bench/ssd: %s\n", err);
+        return 1;
+    }
+    char tier_path[1024], raw_path[1024];
+    snprintf(tier_path, sizeof(tier_path), "%s/pf-bench-ssd-tier.dat", o.dir);
+    snprintf(raw_path, sizeof(raw_path), "%s/pf-bench-ssd-raw.dat", o.dir);
+    const char *paths[1] = {tier_path};
+    struct pf_ssd_config sc = {
+        .paths = paths,
+        .npaths = 1,
+        .capacity = o.total,
+        .write_queue_depth = 8,
+        .prefetch_queue_depth = (uint32_t)o.fetchers,
+        .write_inflight = o.winflight,
+        .prefetch_inflight = o.rinflight,
+        .max_prefetch_blocks = (uint32_t)o.fetchers * o.fetch_blocks,
+        .integrity = o.integrity,
+        .io_timeout_ms = 60000,
+        .blk = t.blk,
+        .pool = t.pool,
+    };
+    rc = pf_ssd_create(&sc, &t.ssd, err, sizeof(err));
+    if (rc) {
+        fprintf(stderr, "bench/ssd: %s\n", err);
+        return 1;
+    }
+    fprintf(stderr,
+            "bench/ssd: %s, block %llu KiB (%u slots x K/V of %llu KiB), %llu MiB per phase, "
+            "%d round(s), write inflight %u, read inflight %u, %d fetcher(s) x %u blocks, "
+            "integrity %s\n",
+            o.dir, (unsigned long long)(o.block >> 10), o.slots,
+            (unsigned long long)(t.stride >> 10), (unsigned long long)(o.total >> 20), o.rounds,
+            o.winflight, o.rinflight, o.fetchers, o.fetch_blocks, o.integrity ? "on" : "off");
+    /* raw buffers in the same pinned pool the tier uses (the physical layout of the
+     * memory decides how many segments an O_DIRECT request has, hence how the block layer
+     * splits and merges it): writes from write-inflight blocks (the tier writes from a
+     * few hot source slots too); reads into as much rotating memory as the tier stages at
+     * once (fetchers x fetch-blocks blocks: a cache lands every block in distinct memory).
+     * For reference only, raw reads into a freshly malloc'ed hot buffer of read-inflight
+     * blocks (usually physically contiguous, so requests split less and merge more). */
+    uint64_t wbufs = o.winflight, rbufs = (uint64_t)o.fetchers * o.fetch_blocks,
+             hbufs = o.rinflight;
+    struct pf_alloc *wa;
+    if (pf_pool_alloc(t.pool, wbufs * o.block, -1, &wa) != 0)
+        die("raw buffers in the pool", ENOMEM);
+    uint8_t *wbuf = wa->ptr, *hbuf;
+    if (posix_memalign((void **)&hbuf, 4096, hbufs * o.block) != 0)
+        die("raw buffers", ENOMEM);
+    for (uint64_t i = 0; i < wbufs * o.block; i++)
+        wbuf[i] = (uint8_t)(i * 131 + 7);
+    memset(hbuf, 0, hbufs * o.block);
+    double rw[99], tw[99], rr[99], tr[99], rh[99];
+    for (int r = 0; r < o.rounds; r++) {
+        /* ABBA: who goes first alternates, and each read is two phases after its write,
+         * so device caching and drift favour neither side */
+        if (r % 2 == 0) {
+            rw[r] = raw_run(raw_path, true, o.total, o.block, o.winflight, wbuf, wbufs);
+            tw[r] = tier_write(&t, (uint64_t)r * n, n, sums);
+            rr[r] = raw_read_staged(&t, tier_path, rbufs);
+            tr[r] = tier_read(&t, (uint64_t)r * n, n);
+        } else {
+            tw[r] = tier_write(&t, (uint64_t)r * n, n, sums);
+            rw[r] = raw_run(raw_path, true, o.total, o.block, o.winflight, wbuf, wbufs);
+            tr[r] = tier_read(&t, (uint64_t)r * n, n);
+            rr[r] = raw_read_staged(&t, tier_path, rbufs);
+        }
+        rh[r] = raw_run(tier_path, false, o.total, o.block, o.rinflight, hbuf, hbufs);
+        fprintf(stderr,
+                "  round %d: write raw %.2f tier %.2f GB/s, read raw %.2f tier %.2f GB/s "
+                "(raw into a hot %llu MiB buffer %.2f)\n",
+                r + 1, rw[r] / 1e9, tw[r] / 1e9, rr[r] / 1e9, tr[r] / 1e9,
+                (unsigned long long)(hbufs * o.block >> 20), rh[r] / 1e9);
+    }
+    double mrw = median(rw, o.rounds), mtw = median(tw, o.rounds);
+    double mrr = median(rr, o.rounds), mtr = median(tr, o.rounds), mrh = median(rh, o.rounds);
+    printf("%-10s %14s %14s %8s\n", "phase", "raw GB/s", "tier GB/s", "ratio");
+    printf("%-10s %14.3f %14.3f %8.3f\n", "write", mrw / 1e9, mtw / 1e9, mtw / mrw);
+    printf("%-10s %14.3f %14.3f %8.3f\n", "read", mrr / 1e9, mtr / 1e9, mtr / mrr);
+    printf("%-10s %14.3f %14.3f %8.3f   (raw into a hot %llu MiB buffer, reference only)\n",
+           "read-hot", mrh / 1e9, mtr / 1e9, mtr / mrh,
+           (unsigned long long)(hbufs * o.block >> 20));
+    FILE *js = o.json ? fopen(o.json, "w") : stdout;
+    if (!js)
+        die(o.json, errno);
+    fprintf(js,
+            "{\"bench\":\"ssd\",\"dir\":\"%s\",\"block_bytes\":%llu,\"slots\":%u,"
+            "\"bytes_per_phase\":%llu,\"rounds\":%d,\"write_inflight\":%u,"
+            "\"prefetch_inflight\":%u,\"fetchers\":%d,\"fetch_blocks\":%u,\"integrity\":%s,"
+            "\"write\":{\"raw_bytes_per_s\":%.0f,\"tier_bytes_per_s\":%.0f,\"ratio\":%.4f},"
+            "\"read\":{\"raw_bytes_per_s\":%.0f,\"tier_bytes_per_s\":%.0f,\"ratio\":%.4f},"
+            "\"read_hot_buffer\":{\"raw_bytes_per_s\":%.0f,\"ratio\":%.4f},"
+            "\"target_ratio\":0.85}\n",
+            o.dir, (unsigned long long)o.block, o.slots, (unsigned long long)o.total, o.rounds,
+            o.winflight, o.rinflight, o.fetchers, o.fetch_blocks, o.integrity ? "true" : "false",
+            mrw, mtw, mtw / mrw, mrr, mtr, mtr / mrr, mrh, mtr / mrh);
+    if (js != stdout)
+        fclose(js);
+    pf_ssd_destroy(t.ssd);
+    pf_blk_close(t.blk);
+    for (uint32_t i = 0; i < o.slots; i++)
+        pf_alloc_put(t.src[i]);
+    pf_alloc_put(wa);
+    pf_pool_destroy(t.pool);
+    free(t.src);
+    free(sums);
+    free(hbuf);
+    unlink(tier_path);
+    unlink(raw_path);
+    return 0;
+}

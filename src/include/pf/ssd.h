@@ -1,0 +1,105 @@
+/* SSD tier: sealed KV blocks spilled to O_DIRECT files through the BLK HAL, and fetched back
+ * into RAM on a prefix miss (reference §5; docs/ssd.md).
+ *
+ * Files: with one path and one shard the path is the cache file; otherwise each path is a
+ * directory holding shard-NNNNNN.dat files (global id = path index x shards + local index).
+ * Files are created (with their parent directories), truncated and sized to
+ * capacity / shards rounded down to 512 bytes. The index lives in memory only: a restart
+ * starts with an empty SSD cache.
+ *
+ * Write pipeline: the engine's `sealed` hook offers newly resident blocks as weak
+ * references into a bounded queue of write_queue_depth batches (never blocks; a full queue
+ * drops the batch and counts pegaflow_ssd_write_queue_full). One writer thread upgrades
+ * each weak reference when it takes the block (blocks freed meanwhile are skipped), places
+ * it in the next shard's ring (round-robin) as a WRITING index entry, keeps at most
+ * write_inflight block writes in flight and commits them in order.
+ *
+ * Prefetch: a struct pf_tier ("ssd", promoted as retained). probe counts the consecutive
+ * COMMITTED keys (query thread, no I/O). fetch (a prefetch thread) reserves
+ * min(found, available) blocks of the global max_prefetch_blocks budget (all or nothing
+ * when asked), submits one batch to a bounded queue of prefetch_queue_depth batches (full
+ * -> nothing fetched), and waits (bounded) for the reader thread, which stages the blocks
+ * in one pool allocation per NUMA node (the engine's evicting allocator) and keeps at most
+ * prefetch_inflight reads in flight. A block is returned only when the read length
+ * matches, its ring range was not overwritten meanwhile and every slot checksum verifies;
+ * a mismatch counts pegaflow_integrity_failures_total{tier="ssd"}, is logged, and drops the
+ * entry.
+ *
+ * Every wait is bounded (io_timeout_ms). Memory handed to the device is kept referenced
+ * until its completion is reaped, even after a timeout. */
+#ifndef PF_SSD_H
+#define PF_SSD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct pf_blk;
+struct pf_block;
+struct pf_block_key;
+struct pf_engine;
+struct pf_pool;
+struct pf_ssd;
+
+struct pf_ssd_config {
+    const char *const *paths; /* --ssd-cache-path (>= 1) */
+    size_t npaths;
+    uint64_t capacity;             /* --ssd-cache-capacity, all shards together */
+    uint32_t shards_per_path;      /* --ssd-cache-shards (0 = 1) */
+    uint32_t write_queue_depth;    /* batches (0 = 8) */
+    uint32_t prefetch_queue_depth; /* batches (0 = 2) */
+    uint32_t write_inflight;       /* block writes (0 = 2) */
+    uint32_t prefetch_inflight;    /* block reads (0 = 16) */
+    uint32_t max_prefetch_blocks;  /* global budget (0 = 800) */
+    bool integrity;                /* verify slot checksums after reads */
+    uint64_t io_timeout_ms;        /* bound on one block I/O and on a fetch (0 = 30 s) */
+    struct pf_blk *blk;            /* opened BLK backend, not owned */
+    /* Staging memory before (or without) pf_ssd_attach: plain allocations from pool
+     * (tests). After attach: the engine's evicting allocator. */
+    struct pf_pool *pool;
+};
+
+/* Opens (creates, truncates, sizes) every shard file and starts the writer and reader
+ * threads. Logs the configuration. Errors (-EINVAL bad configuration, -ENOSPC capacity
+ * larger than the free space, -ENOENT/-EACCES/-ENOTDIR unopenable path, -EINVAL a file
+ * system without O_DIRECT, others) come with a one-line message naming the path in err. */
+int pf_ssd_create(const struct pf_ssd_config *cfg, struct pf_ssd **s_p, char *err, size_t errlen);
+/* Registers the tier and the sealed hook with the engine (before it serves traffic) and
+ * stages prefetches through pf_engine_alloc from then on. Once per store. 0, -EBUSY
+ * (already attached) or the engine's error. */
+int pf_ssd_attach(struct pf_ssd *s, struct pf_engine *e);
+/* Stops the threads: queued writes are dropped, writes and reads in flight are waited for
+ * (bounded), waiting fetches return empty. Afterwards offers are ignored, probe answers 0
+ * and fetch returns 0, so the engine may still call the tier until it is destroyed.
+ * Call before pf_engine_destroy (the store holds block references). Idempotent. */
+void pf_ssd_stop(struct pf_ssd *s);
+/* Stops (if needed) and frees; closes the files. Call after pf_engine_destroy when the
+ * store was attached. Accepts NULL. */
+void pf_ssd_destroy(struct pf_ssd *s);
+
+/* The sealed hook: offers blocks for writing without blocking. The caller keeps its strong
+ * references. 0, -EAGAIN (queue full: dropped and counted), -ESHUTDOWN, -ENOMEM. */
+int pf_ssd_offer(struct pf_ssd *s, struct pf_block *const *blocks, size_t n);
+/* Waits until every batch offered before the call is committed or dropped. 0, -ETIMEDOUT
+ * or -ESHUTDOWN (the store is stopping or stopped). Any thread. */
+int pf_ssd_flush(struct pf_ssd *s, uint64_t timeout_ms);
+
+/* Tier operations (also usable directly by tests); see struct pf_tier in pf/engine.h. */
+size_t pf_ssd_probe(struct pf_ssd *s, const struct pf_block_key *keys, size_t n);
+size_t pf_ssd_fetch(struct pf_ssd *s, const struct pf_block_key *keys, size_t n,
+                    bool all_or_nothing, struct pf_block **out);
+
+/* Called (on the query thread, must not block) with blocks promoted from SSD into RAM, so
+ * a MetaServer client can re-advertise them. Set before serving traffic; fn may be NULL. */
+typedef void (*pf_ssd_promoted_fn)(void *ctx, struct pf_block *const *blocks, size_t n);
+void pf_ssd_set_promoted(struct pf_ssd *s, pf_ssd_promoted_fn fn, void *ctx);
+
+struct pf_ssd_stats {
+    uint32_t shards;
+    uint64_t shard_capacity;
+    uint64_t writing, committed; /* index entries */
+    uint64_t prefetch_reserved;  /* budget in use */
+};
+void pf_ssd_stats(struct pf_ssd *s, struct pf_ssd_stats *st);
+
+#endif

@@ -1,0 +1,184 @@
+/* SSD index: key -> entry with a two-phase state (WRITING -> COMMITTED), one ring and one
+ * FIFO of entries (by logical start) per shard. Allocating ring space prunes, from the FIFO
+ * front, every entry the new tail overtook, so the index never claims a block whose bytes
+ * were overwritten. Entries carry the per-slot geometry, NUMA node and checksum needed to
+ * rebuild the block. Callers hold the store lock. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ssd/ssd_internal.h"
+
+int ssd_index_init(struct ssd_index *x, uint32_t nshards, uint64_t shard_cap)
+{
+    memset(x, 0, sizeof(*x));
+    if (nshards == 0)
+        return -EINVAL;
+    x->shards = calloc(nshards, sizeof(*x->shards));
+    if (!x->shards)
+        return -ENOMEM;
+    int rc = pf_htable_init(&x->table, 1024);
+    if (rc) {
+        free(x->shards);
+        x->shards = NULL;
+        return rc;
+    }
+    for (uint32_t i = 0; i < nshards; i++) {
+        ssd_ring_init(&x->shards[i].ring, shard_cap);
+        pf_list_init(&x->shards[i].fifo);
+    }
+    x->nshards = nshards;
+    return 0;
+}
+
+static void entry_free(struct ssd_index *x, struct ssd_entry *e)
+{
+    pf_htable_remove(&x->table, &e->hnode);
+    pf_list_del(&e->fifo);
+    if (e->state == SSD_WRITING)
+        x->nwriting--;
+    else
+        x->ncommitted--;
+    free(e);
+}
+
+void ssd_index_destroy(struct ssd_index *x)
+{
+    for (uint32_t i = 0; x->shards && i < x->nshards; i++) {
+        struct pf_list *pos, *tmp;
+        pf_list_for_each_safe(pos, tmp, &x->shards[i].fifo)
+        {
+            entry_free(x, pf_list_entry(pos, struct ssd_entry, fifo));
+        }
+    }
+    pf_htable_destroy(&x->table);
+    free(x->shards);
+    x->shards = NULL;
+    x->nshards = 0;
+}
+
+struct ssd_entry *ssd_index_find(struct ssd_index *x, const struct pf_block_key *k)
+{
+    uint64_t h = pf_key_hash(k);
+    struct pf_hnode *n;
+    pf_htable_for_each_hash(&x->table, n, h)
+    {
+        struct ssd_entry *e = pf_container_of(n, struct ssd_entry, hnode);
+        if (pf_key_eq(&e->key, k))
+            return e;
+    }
+    return NULL;
+}
+
+int ssd_index_peek(const struct ssd_index *x, uint64_t len, uint32_t *shard_p, uint64_t *start_p,
+                   uint64_t *tail_p)
+{
+    uint32_t sh = x->next_shard % x->nshards;
+    int rc = ssd_ring_plan(&x->shards[sh].ring, len, start_p, tail_p);
+    if (rc)
+        return rc;
+    *shard_p = sh;
+    return 0;
+}
+
+/* Drops every entry of shard sh that starts below its ring's tail. */
+static void prune(struct ssd_index *x, uint32_t sh)
+{
+    struct ssd_index_shard *s = &x->shards[sh];
+    uint64_t tail = ssd_ring_tail(&s->ring);
+    while (!pf_list_empty(&s->fifo)) {
+        struct ssd_entry *e = pf_list_first(&s->fifo, struct ssd_entry, fifo);
+        if (e->start >= tail)
+            break;
+        if (e->state == SSD_WRITING)
+            x->overtaken++;
+        entry_free(x, e);
+    }
+}
+
+int ssd_index_begin(struct ssd_index *x, const struct pf_block *b, uint64_t len,
+                    struct ssd_place *p_p)
+{
+    if (ssd_index_find(x, &b->key))
+        return -EEXIST;
+    uint32_t sh = x->next_shard % x->nshards;
+    uint64_t start, tail;
+    int rc = ssd_ring_plan(&x->shards[sh].ring, len, &start, &tail);
+    if (rc)
+        return rc;
+    struct ssd_entry *e = calloc(1, sizeof(*e) + (size_t)b->nslots * sizeof(e->slots[0]));
+    if (!e)
+        return -ENOMEM;
+    uint64_t off;
+    ssd_ring_alloc(&x->shards[sh].ring, len, &start, &off);
+    x->next_shard = (sh + 1) % x->nshards;
+    prune(x, sh);
+    e->key = b->key;
+    e->shard = sh;
+    e->state = SSD_WRITING;
+    e->nslots = b->nslots;
+    e->start = start;
+    e->off = off;
+    e->len = len;
+    for (uint16_t i = 0; i < b->nslots; i++) {
+        const struct pf_slot *s = &b->slots[i];
+        e->slots[i] = (struct ssd_slot_meta){
+            .checksum = s->checksum,
+            .seg_len = s->seg_len,
+            .seg_stride = s->seg_stride,
+            .numa = s->numa,
+            .nseg = s->nseg,
+            .has_checksum = s->has_checksum,
+        };
+    }
+    pf_htable_insert(&x->table, &e->hnode, pf_key_hash(&e->key));
+    pf_list_add_tail(&x->shards[sh].fifo, &e->fifo);
+    x->nwriting++;
+    *p_p = (struct ssd_place){.shard = sh, .start = start, .off = off, .len = len};
+    return 0;
+}
+
+static struct ssd_entry *find_at(struct ssd_index *x, const struct pf_block_key *k,
+                                 const struct ssd_place *p)
+{
+    struct ssd_entry *e = ssd_index_find(x, k);
+    if (!e || e->shard != p->shard || e->start != p->start)
+        return NULL;
+    return e;
+}
+
+int ssd_index_commit(struct ssd_index *x, const struct pf_block_key *k, const struct ssd_place *p)
+{
+    struct ssd_entry *e = find_at(x, k, p);
+    if (!e || e->state != SSD_WRITING)
+        return -ENOENT;
+    e->state = SSD_COMMITTED;
+    x->nwriting--;
+    x->ncommitted++;
+    return 0;
+}
+
+bool ssd_index_remove(struct ssd_index *x, const struct pf_block_key *k, const struct ssd_place *p)
+{
+    struct ssd_entry *e = find_at(x, k, p);
+    if (!e)
+        return false;
+    entry_free(x, e);
+    return true;
+}
+
+size_t ssd_index_prefix(struct ssd_index *x, const struct pf_block_key *keys, size_t n)
+{
+    size_t i = 0;
+    for (; i < n; i++) {
+        struct ssd_entry *e = ssd_index_find(x, &keys[i]);
+        if (!e || e->state != SSD_COMMITTED || !ssd_ring_valid(&x->shards[e->shard].ring, e->start))
+            break;
+    }
+    return i;
+}
+
+bool ssd_index_intact(const struct ssd_index *x, const struct ssd_place *p)
+{
+    return p->shard < x->nshards && ssd_ring_valid(&x->shards[p->shard].ring, p->start);
+}

@@ -1,0 +1,630 @@
+/* SSD prefetch: the global budget, the reader thread and the fetch call of the tier.
+ *
+ * fetch (an engine prefetch thread) counts the committed prefix, reserves up to that many
+ * blocks of the max_prefetch_blocks budget (the rest is backpressure), pushes one batch
+ * into the bounded prefetch queue and waits, bounded, for the reader.
+ *
+ * The reader thread takes a batch from the queue only when every batch it holds has all
+ * its reads submitted (so a busy reader lets the queue fill and further requests miss).
+ * It looks the keys up again (the committed prefix may have shrunk), copies each entry's
+ * geometry, makes one staging allocation per NUMA node for the whole batch (through the
+ * engine's evicting allocator; any failure fails the batch), rebuilds each block over its
+ * staging bytes and reads it with one vectored read, at most prefetch_inflight reads in
+ * flight over all batches. A read is accepted when it transferred the entry's length and
+ * the entry's ring range is still intact afterwards; after a rejected read the batch's
+ * later blocks are not read (only the run from the first key is returned). The fetcher then
+ * verifies every slot checksum in its own thread (spreading the hashing over the prefetch threads),
+ * drops the entry of a block that does not verify, and returns the accepted run from the first key.
+ *
+ * A read outliving io_timeout_ms fails its block, whose staging memory stays referenced
+ * until the device completes the read. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PF_LOG_MOD "ssd"
+#include "pf/clock.h"
+#include "pf/engine.h"
+#include "pf/log.h"
+#include "pf/pool.h"
+#include "pf/util.h"
+#include "ssd/ssd_internal.h"
+
+#define R_STOP_GRACE_MS 5000
+
+/* ---- budget ---- */
+
+uint64_t ssd_budget_reserve(struct ssd_budget *b, uint64_t found, bool strict)
+{
+    uint64_t avail = b->max > b->used ? b->max - b->used : 0;
+    uint64_t r = found <= avail ? found : strict ? 0 : avail;
+    b->used += r;
+    return r;
+}
+
+void ssd_budget_release(struct ssd_budget *b, uint64_t n)
+{
+    b->used = n <= b->used ? b->used - n : 0;
+}
+
+/* ---- batches ---- */
+
+void ssd_rbatch_put(struct ssd_rbatch *rb)
+{
+    if (!rb || atomic_fetch_sub(&rb->refs, 1) != 1)
+        return;
+    for (size_t i = 0; i < rb->n; i++)
+        pf_block_put(rb->out[i]);
+    free(rb->out);
+    free(rb->place);
+    free(rb->keys);
+    free(rb);
+}
+
+static struct ssd_rbatch *rbatch_new(const struct pf_block_key *keys, size_t n)
+{
+    struct ssd_rbatch *rb = calloc(1, sizeof(*rb));
+    if (!rb)
+        return NULL;
+    rb->keys = malloc(n * sizeof(*keys));
+    rb->out = calloc(n, sizeof(*rb->out));
+    rb->place = calloc(n, sizeof(*rb->place));
+    if (!rb->keys || !rb->out || !rb->place) {
+        free(rb->keys);
+        free(rb->out);
+        free(rb->place);
+        free(rb);
+        return NULL;
+    }
+    memcpy(rb->keys, keys, n * sizeof(*keys));
+    rb->n = n;
+    atomic_init(&rb->refs, 2);
+    return rb;
+}
+
+int ssd_stage_alloc(struct pf_ssd *s, uint64_t size, int numa, struct pf_alloc **a_p)
+{
+    if (s->engine)
+        return pf_engine_alloc(s->engine, size, numa, a_p);
+    if (!s->cfg.pool)
+        return -ENOMEM;
+    return pf_pool_alloc(s->cfg.pool, size, numa, a_p);
+}
+
+/* NUMA node a staging allocation for `numa` is made on: its own region, else anywhere. */
+static int stage_numa(struct pf_ssd *s, int numa)
+{
+    struct pf_pool *p = s->engine ? pf_engine_pool(s->engine) : s->cfg.pool;
+    if (numa < 0 || !p || pf_pool_region_index(p, numa) < 0)
+        return -1;
+    return numa;
+}
+
+/* ---- the reader ---- */
+
+struct rio {
+    struct ssd_io io;
+    struct ssd_rbatch *rb; /* the reader's reference is shared by all its rios */
+    size_t idx;
+    struct pf_block *b; /* strong reference while the device owns the staging bytes */
+};
+
+struct reader {
+    struct pf_ssd *s;
+    struct ssd_rbatch **active; /* dispatched batches, FIFO */
+    size_t nactive, capactive;
+    struct rio *ios; /* reads in flight */
+    size_t nios, cap;
+    struct rio *lost; /* timed out, still owned by the device */
+    size_t nlost, caplost;
+};
+
+#define STAGE_GROUPS 16
+
+struct stage_group {
+    int numa;
+    uint64_t size, cursor;
+    struct pf_alloc *a;
+};
+
+/* The group of numa, added when new; beyond STAGE_GROUPS - 1 nodes the rest share the
+ * "any node" group. */
+static size_t group_of(struct stage_group *g, size_t *n, int numa)
+{
+    for (size_t i = 0; i < *n; i++)
+        if (g[i].numa == numa)
+            return i;
+    if (*n >= STAGE_GROUPS - 1 && numa != -1)
+        return group_of(g, n, -1);
+    g[*n] = (struct stage_group){.numa = numa};
+    return (*n)++;
+}
+
+/* Looks the batch's keys up, stages and rebuilds the committed prefix. Sets rb->planned. */
+static void plan(struct reader *r, struct ssd_rbatch *rb)
+{
+    struct pf_ssd *s = r->s;
+    struct ssd_entry **meta = calloc(rb->n, sizeof(*meta));
+    if (!meta)
+        return;
+    size_t planned = 0;
+    pthread_mutex_lock(&s->mu);
+    for (; planned < rb->n; planned++) {
+        struct ssd_entry *e = ssd_index_find(&s->idx, &rb->keys[planned]);
+        if (!e || e->state != SSD_COMMITTED ||
+            !ssd_ring_valid(&s->idx.shards[e->shard].ring, e->start))
+            break;
+        size_t sz = sizeof(*e) + (size_t)e->nslots * sizeof(e->slots[0]);
+        meta[planned] = malloc(sz);
+        if (!meta[planned])
+            break;
+        memcpy(meta[planned], e, sz);
+        rb->place[planned] =
+            (struct ssd_place){.shard = e->shard, .start = e->start, .off = e->off, .len = e->len};
+    }
+    pthread_mutex_unlock(&s->mu);
+
+    /* one staging allocation per NUMA node */
+    struct stage_group groups[STAGE_GROUPS];
+    size_t ngroups = 0;
+    size_t maxslots = 0;
+    for (size_t i = 0; i < planned; i++) {
+        maxslots = PF_MAX_OF(maxslots, meta[i]->nslots);
+        for (uint16_t j = 0; j < meta[i]->nslots; j++) {
+            size_t g = group_of(groups, &ngroups, stage_numa(s, meta[i]->slots[j].numa));
+            groups[g].size += ssd_slot_disk_len(&meta[i]->slots[j]);
+        }
+    }
+    bool ok = planned > 0;
+    for (size_t g = 0; g < ngroups && ok; g++) {
+        int rc = ssd_stage_alloc(s, groups[g].size, groups[g].numa, &groups[g].a);
+        if (rc) {
+            pf_log_ratelimited(PF_LOG_WARN, 5000,
+                               "cannot stage %llu bytes for an SSD prefetch: %s (batch of %zu "
+                               "block(s) missed)",
+                               (unsigned long long)groups[g].size, strerror(-rc), planned);
+            ok = false;
+        }
+    }
+    uint8_t **base = ok ? malloc(maxslots * sizeof(*base)) : NULL;
+    struct pf_alloc **allocs = ok ? malloc(maxslots * sizeof(*allocs)) : NULL;
+    size_t built = 0;
+    if (base && allocs) {
+        for (; built < planned; built++) {
+            struct ssd_entry *e = meta[built];
+            for (uint16_t j = 0; j < e->nslots; j++) {
+                size_t g = group_of(groups, &ngroups, stage_numa(s, e->slots[j].numa));
+                base[j] = (uint8_t *)groups[g].a->ptr + groups[g].cursor;
+                allocs[j] = groups[g].a;
+                groups[g].cursor += ssd_slot_disk_len(&e->slots[j]);
+            }
+            rb->out[built] = ssd_block_rebuild(&e->key, e->slots, e->nslots, base, allocs);
+            if (!rb->out[built])
+                break;
+        }
+    }
+    free(base);
+    free(allocs);
+    for (size_t g = 0; g < ngroups; g++)
+        pf_alloc_put(groups[g].a); /* the blocks hold their own references */
+    for (size_t i = 0; i < planned; i++)
+        free(meta[i]);
+    free(meta);
+    rb->planned = built;
+    rb->remaining = built;
+}
+
+/* Marks the batch finished and hands it to its fetcher (or cleans up an abandoned one). */
+static void finish_batch(struct pf_ssd *s, struct ssd_rbatch *rb)
+{
+    pthread_mutex_lock(&s->rq_mu);
+    rb->done = true;
+    bool abandoned = rb->abandoned;
+    pthread_cond_broadcast(&s->rdone_cv);
+    pthread_mutex_unlock(&s->rq_mu);
+    if (abandoned)
+        for (size_t i = 0; i < rb->n; i++) {
+            pf_block_put(rb->out[i]);
+            rb->out[i] = NULL;
+        }
+    ssd_rbatch_put(rb);
+}
+
+static void lost_add(struct reader *r, struct rio *io)
+{
+    if (r->nlost == r->caplost) {
+        size_t nc = r->caplost ? r->caplost * 2 : 8;
+        struct rio *nl = realloc(r->lost, nc * sizeof(*nl));
+        if (!nl) {
+            pf_error("out of memory tracking a timed-out SSD read; its staging memory is "
+                     "leaked");
+            return;
+        }
+        r->lost = nl;
+        r->caplost = nc;
+    }
+    r->lost[r->nlost++] = *io;
+}
+
+/* A read finished (or timed out): accept or reject its block, retire the rio. */
+static void retire(struct reader *r, size_t k, bool timed_out)
+{
+    struct pf_ssd *s = r->s;
+    struct rio *io = &r->ios[k];
+    struct ssd_rbatch *rb = io->rb;
+    bool ok = !timed_out && ssd_io_ok(&io->io);
+    if (ok) {
+        pthread_mutex_lock(&s->mu);
+        ok = ssd_index_intact(&s->idx, &rb->place[io->idx]);
+        pthread_mutex_unlock(&s->mu);
+        if (!ok)
+            pf_debug("SSD read of a block overwritten by the ring meanwhile: rejected");
+    } else {
+        const char *why = timed_out    ? "no completion within the I/O timeout"
+                          : io->io.err ? strerror(-io->io.err)
+                                       : "short read";
+        pf_log_ratelimited(PF_LOG_WARN, 5000,
+                           "SSD read of %llu bytes from %s at offset %llu failed: %s (a miss)",
+                           (unsigned long long)io->io.len, s->paths[rb->place[io->idx].shard],
+                           (unsigned long long)io->io.off, why);
+    }
+    if (ok) {
+        pf_metric_observe(s->m.p_tput, ssd_rate(io->io.len, pf_now_ns() - io->io.t0_ns));
+        rb->out[io->idx] = io->b;
+        io->b = NULL;
+    }
+    if (ssd_io_outstanding(&io->io) > 0) {
+        lost_add(r, io); /* keeps the block (staging memory) */
+    } else {
+        pf_block_put(io->b);
+        free(io->io.iov);
+    }
+    pf_metric_add(s->m.p_inflight, -1);
+    r->ios[k] = r->ios[--r->nios];
+    if (!ok && rb->next_submit < rb->planned) {
+        /* only the run from the first key is useful: do not read past a failure */
+        for (size_t i = rb->next_submit; i < rb->planned; i++) {
+            pf_block_put(rb->out[i]);
+            rb->out[i] = NULL;
+        }
+        rb->remaining -= rb->planned - rb->next_submit;
+        rb->planned = rb->next_submit;
+    }
+    if (--rb->remaining == 0) {
+        for (size_t i = 0; i < r->nactive; i++)
+            if (r->active[i] == rb) {
+                memmove(&r->active[i], &r->active[i + 1],
+                        (r->nactive - i - 1) * sizeof(*r->active));
+                r->nactive--;
+                break;
+            }
+        finish_batch(s, rb);
+    }
+}
+
+static void lost_release(struct rio *io)
+{
+    pf_block_put(io->b);
+    free(io->io.iov);
+}
+
+static void dispatch(struct reader *r, const struct pf_blk_cqe *c)
+{
+    uint64_t id = c->tag >> SSD_TAG_SHIFT;
+    for (size_t i = 0; i < r->nios; i++) {
+        if (r->ios[i].io.id != id)
+            continue;
+        ssd_io_complete(&r->ios[i].io, c->res);
+        if (ssd_io_done(&r->ios[i].io))
+            retire(r, i, false);
+        return;
+    }
+    for (size_t i = 0; i < r->nlost; i++) {
+        if (r->lost[i].io.id != id)
+            continue;
+        ssd_io_complete(&r->lost[i].io, c->res);
+        if (ssd_io_outstanding(&r->lost[i].io) == 0) {
+            lost_release(&r->lost[i]);
+            r->lost[i] = r->lost[--r->nlost];
+        }
+        return;
+    }
+}
+
+/* Starts the next planned read of the oldest batch that has one. */
+static bool submit_next(struct reader *r)
+{
+    struct pf_ssd *s = r->s;
+    for (size_t a = 0; a < r->nactive; a++) {
+        struct ssd_rbatch *rb = r->active[a];
+        if (rb->next_submit == rb->planned)
+            continue;
+        size_t i = rb->next_submit++;
+        struct rio *io = &r->ios[r->nios++];
+        memset(io, 0, sizeof(*io));
+        io->rb = rb;
+        io->idx = i;
+        io->b = rb->out[i]; /* the rio owns it until the read is accepted */
+        rb->out[i] = NULL;
+        io->io.id = atomic_fetch_add(&s->next_io_id, 1);
+        io->io.op = PF_BLK_READ;
+        io->io.file = s->files[rb->place[i].shard];
+        io->io.off = io->io.next_off = rb->place[i].off;
+        io->io.len = rb->place[i].len;
+        io->io.t0_ns = pf_now_ns();
+        io->io.iov = malloc((size_t)io->b->nslots * 2 * sizeof(struct iovec));
+        if (!io->io.iov) {
+            io->io.err = -ENOMEM;
+        } else {
+            io->io.niov = ssd_block_iov(io->b, io->io.iov);
+            io->io.nparts = ssd_io_parts(io->io.niov);
+            if (io->io.nparts > SSD_PARTS_MAX || ssd_block_disk_len(io->b) != io->io.len)
+                io->io.err = -EINVAL;
+        }
+        pf_metric_add(s->m.p_inflight, 1);
+        if (!io->io.err)
+            ssd_io_submit(s->rqueue, &io->io);
+        if (ssd_io_done(&io->io))
+            retire(r, r->nios - 1, false);
+        return true;
+    }
+    return false;
+}
+
+static bool has_unsubmitted(const struct reader *r)
+{
+    for (size_t a = 0; a < r->nactive; a++)
+        if (r->active[a]->next_submit < r->active[a]->planned)
+            return true;
+    return false;
+}
+
+static int activate(struct reader *r, struct ssd_rbatch *rb)
+{
+    if (r->nactive == r->capactive) {
+        size_t nc = r->capactive ? r->capactive * 2 : 4;
+        struct ssd_rbatch **na = realloc(r->active, nc * sizeof(*na));
+        if (!na)
+            return -ENOMEM;
+        r->active = na;
+        r->capactive = nc;
+    }
+    r->active[r->nactive++] = rb;
+    return 0;
+}
+
+static void poll_device(struct reader *r, uint64_t timeout_ms)
+{
+    struct pf_blk_cqe cq[SSD_POLL_BATCH];
+    int n = pf_blk_poll(r->s->rqueue, cq, SSD_POLL_BATCH, timeout_ms);
+    for (int i = 0; i < n; i++)
+        dispatch(r, &cq[i]);
+}
+
+static void expire(struct reader *r, bool all)
+{
+    uint64_t now = pf_now_ns();
+    for (size_t i = 0; i < r->nios;) {
+        struct rio *io = &r->ios[i];
+        if (all || now - io->io.t0_ns >= r->s->io_timeout_ms * PF_NS_PER_MS)
+            retire(r, i, true); /* moves the last rio into slot i */
+        else
+            i++;
+    }
+}
+
+/* Takes one queued batch (waiting up to wait_ms). False when the reader must stop. */
+static bool take_batch(struct reader *r, uint64_t wait_ms)
+{
+    struct pf_ssd *s = r->s;
+    struct ssd_rbatch *rb = NULL;
+    pthread_mutex_lock(&s->rq_mu);
+    if (s->rq_count == 0 && !s->r_stop && wait_ms) {
+        struct timespec dl = pf_deadline_ms(wait_ms);
+        pthread_cond_timedwait(&s->rq_cv, &s->rq_mu, &dl);
+    }
+    bool stop = s->r_stop;
+    if (!stop && s->rq_count > 0) {
+        rb = s->rq[s->rq_head];
+        s->rq_head = (s->rq_head + 1) % s->rq_cap;
+        s->rq_count--;
+    }
+    pthread_mutex_unlock(&s->rq_mu);
+    if (!rb)
+        return !stop;
+    plan(r, rb);
+    if (rb->planned == 0 || activate(r, rb) != 0) {
+        for (size_t i = 0; i < rb->planned; i++) {
+            pf_block_put(rb->out[i]);
+            rb->out[i] = NULL;
+        }
+        rb->planned = 0;
+        finish_batch(s, rb);
+    }
+    return true;
+}
+
+static void shutdown_reader(struct reader *r)
+{
+    struct pf_ssd *s = r->s;
+    /* queued batches resolve empty */
+    for (;;) {
+        pthread_mutex_lock(&s->rq_mu);
+        struct ssd_rbatch *rb = NULL;
+        if (s->rq_count > 0) {
+            rb = s->rq[s->rq_head];
+            s->rq_head = (s->rq_head + 1) % s->rq_cap;
+            s->rq_count--;
+        }
+        pthread_mutex_unlock(&s->rq_mu);
+        if (!rb)
+            break;
+        finish_batch(s, rb);
+    }
+    /* unsubmitted reads are dropped; in-flight ones get a grace period */
+    for (size_t a = 0; a < r->nactive; a++) {
+        struct ssd_rbatch *rb = r->active[a];
+        for (size_t i = rb->next_submit; i < rb->planned; i++) {
+            pf_block_put(rb->out[i]);
+            rb->out[i] = NULL;
+            rb->remaining--;
+        }
+        rb->planned = rb->next_submit;
+    }
+    uint64_t grace = PF_MIN_OF(s->io_timeout_ms, R_STOP_GRACE_MS);
+    uint64_t deadline = pf_now_ns() + grace * PF_NS_PER_MS;
+    while (r->nios > 0 && pf_now_ns() < deadline)
+        poll_device(r, 20);
+    expire(r, true);
+    /* batches whose reads all finished before (remaining already 0) */
+    while (r->nactive > 0) {
+        struct ssd_rbatch *rb = r->active[--r->nactive];
+        finish_batch(s, rb);
+    }
+    pf_blk_queue_destroy(s->rqueue);
+    s->rqueue = NULL;
+    for (size_t i = 0; i < r->nlost; i++)
+        lost_release(&r->lost[i]);
+    r->nlost = 0;
+}
+
+void *ssd_reader_main(void *arg)
+{
+    struct reader r = {.s = arg};
+    struct pf_ssd *s = r.s;
+    r.cap = s->cfg.prefetch_inflight;
+    r.ios = calloc(r.cap, sizeof(*r.ios));
+    if (!r.ios) {
+        pf_error("SSD reader: out of memory; SSD prefetch disabled");
+        pthread_mutex_lock(&s->rq_mu);
+        while (!s->r_stop)
+            pthread_cond_wait(&s->rq_cv, &s->rq_mu);
+        pthread_mutex_unlock(&s->rq_mu);
+        shutdown_reader(&r);
+        return NULL;
+    }
+    for (;;) {
+        if (atomic_load(&s->stopped))
+            break;
+        if (!has_unsubmitted(&r)) {
+            bool idle = r.nios == 0 && r.nlost == 0;
+            if (!take_batch(&r, idle ? 200 : 0))
+                break;
+        }
+        while (r.nios < r.cap && submit_next(&r))
+            ;
+        for (size_t i = 0; i < r.nios; i++)
+            if (!r.ios[i].io.err && r.ios[i].io.submitted < r.ios[i].io.nparts)
+                ssd_io_submit(s->rqueue, &r.ios[i].io);
+        if (r.nios > 0 || r.nlost > 0) {
+            poll_device(&r, has_unsubmitted(&r) ? 100 : 10);
+            expire(&r, false);
+        }
+    }
+    shutdown_reader(&r);
+    free(r.ios);
+    free(r.lost);
+    free(r.active);
+    return NULL;
+}
+
+/* ---- fetch (engine prefetch thread) ---- */
+
+static void log_integrity(struct pf_ssd *s, const struct pf_block *b, int slot,
+                          const struct ssd_place *p)
+{
+    char hex[2 * PF_HASH_MAX + 1];
+    pf_hex_encode(b->key.hash, b->key.len < 8 ? b->key.len : 8, hex);
+    pf_log_ratelimited(PF_LOG_WARN, 1000,
+                       "integrity: block %s... (namespace %s) read from %s at offset %llu fails "
+                       "its checksum in slot %d: treated as a miss, SSD entry dropped",
+                       hex, pf_ns_name(b->key.ns), s->paths[p->shard], (unsigned long long)p->off,
+                       slot);
+}
+
+size_t pf_ssd_fetch(struct pf_ssd *s, const struct pf_block_key *keys, size_t n,
+                    bool all_or_nothing, struct pf_block **out)
+{
+    if (atomic_load(&s->stopped) || n == 0)
+        return 0;
+    pthread_mutex_lock(&s->mu);
+    size_t found = ssd_index_prefix(&s->idx, keys, n);
+    pthread_mutex_unlock(&s->mu);
+    if (found == 0 || (all_or_nothing && found < n))
+        return 0;
+    pthread_mutex_lock(&s->budget_mu);
+    uint64_t reserved = ssd_budget_reserve(&s->budget, found, all_or_nothing);
+    pthread_mutex_unlock(&s->budget_mu);
+    if (reserved < found)
+        pf_metric_add(s->m.p_backpressure, (double)(found - reserved));
+    if (reserved == 0)
+        return 0;
+    size_t got = 0;
+    uint64_t bytes = 0;
+    struct ssd_rbatch *rb = rbatch_new(keys, reserved);
+    if (!rb)
+        goto out;
+    pthread_mutex_lock(&s->rq_mu);
+    bool queued = !s->r_stop && s->rq_count < s->rq_cap;
+    if (queued) {
+        s->rq[(s->rq_head + s->rq_count) % s->rq_cap] = rb;
+        s->rq_count++;
+        pthread_cond_signal(&s->rq_cv);
+    }
+    pthread_mutex_unlock(&s->rq_mu);
+    if (!queued) {
+        pf_metric_add(s->m.p_qfull, 1);
+        pf_log_ratelimited(PF_LOG_DEBUG, 5000, "SSD prefetch queue full: %llu block(s) missed",
+                           (unsigned long long)reserved);
+        atomic_store(&rb->refs, 1);
+        ssd_rbatch_put(rb);
+        goto out;
+    }
+    /* bounded: reads time out individually; twice that covers a batch waiting its turn */
+    struct timespec dl = pf_deadline_ms(2 * s->io_timeout_ms);
+    pthread_mutex_lock(&s->rq_mu);
+    while (!rb->done)
+        if (pthread_cond_timedwait(&s->rdone_cv, &s->rq_mu, &dl) == ETIMEDOUT && !rb->done) {
+            rb->abandoned = true;
+            break;
+        }
+    bool done = rb->done;
+    pthread_mutex_unlock(&s->rq_mu);
+    if (!done) {
+        pf_log_ratelimited(
+            PF_LOG_WARN, 5000, "SSD prefetch of %llu block(s) did not finish in %llu ms: missed",
+            (unsigned long long)reserved, (unsigned long long)(2 * s->io_timeout_ms));
+        ssd_rbatch_put(rb);
+        goto out;
+    }
+    for (size_t i = 0; i < rb->n && rb->out[i]; i++) {
+        struct pf_block *b = rb->out[i];
+        int bad = s->cfg.integrity ? ssd_block_verify(b) : -1;
+        if (bad >= 0) {
+            pf_child_add(s->m.integrity, 1);
+            log_integrity(s, b, bad, &rb->place[i]);
+            pthread_mutex_lock(&s->mu);
+            ssd_index_remove(&s->idx, &b->key, &rb->place[i]);
+            pthread_mutex_unlock(&s->mu);
+            break;
+        }
+        out[got++] = b;
+        bytes += rb->place[i].len;
+        rb->out[i] = NULL;
+    }
+    ssd_rbatch_put(rb); /* puts the blocks after a gap or a mismatch */
+out:
+    pthread_mutex_lock(&s->budget_mu);
+    ssd_budget_release(&s->budget, reserved);
+    pthread_mutex_unlock(&s->budget_mu);
+    if (all_or_nothing && got < n) {
+        for (size_t i = 0; i < got; i++)
+            pf_block_put(out[i]);
+        got = 0;
+        bytes = 0;
+    }
+    pf_metric_add(s->m.p_success, (double)got);
+    pf_metric_add(s->m.p_bytes, (double)bytes);
+    pf_metric_add(s->m.p_fail, (double)(reserved - got));
+    return got;
+}

@@ -1,0 +1,389 @@
+/* The SSD writer thread.
+ *
+ * It takes one offered batch (weak references) only when the previous one is fully
+ * handed out, and upgrades each weak reference right before placing that block, so a
+ * block evicted and freed while it waited is skipped and never pinned by the queue.
+ * Placement: duplicates (key already WRITING or COMMITTED), blocks larger than a shard and
+ * blocks not laid out for O_DIRECT are skipped; otherwise the next shard (round-robin)
+ * reserves ring space and a WRITING entry. At most write_inflight block writes are in
+ * flight (FIFO); results are committed in submission order (COMMITTED on a full-length
+ * write, entry removed otherwise). A placement whose new ring tail would overtake a write
+ * still owned by the device waits until that write completes, so two writes never race
+ * for the same bytes. A write outliving io_timeout_ms fails (entry removed) but its block
+ * stays referenced until the device completes it. Flushes wait on seq_done: the sequence
+ * number of the last batch whose every block is committed or dropped. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PF_LOG_MOD "ssd"
+#include "pf/clock.h"
+#include "pf/log.h"
+#include "ssd/ssd_internal.h"
+
+#define W_STOP_GRACE_MS 5000
+
+struct wslot {
+    struct ssd_io io;
+    struct pf_block *b; /* strong reference for the duration of the write */
+    struct ssd_place place;
+    uint64_t seq;
+};
+
+struct writer {
+    struct pf_ssd *s;
+    struct ssd_wbatch *cur; /* batch being handed out */
+    size_t ipend;
+    struct wslot *fifo; /* in-flight writes, submission order */
+    size_t cap, head, count;
+    struct wslot *lost; /* timed out, still owned by the device */
+    size_t nlost, caplost;
+    uint64_t last_taken;
+};
+
+enum { W_STARTED, W_SKIPPED, W_BLOCKED };
+
+static struct wslot *fifo_at(struct writer *w, size_t i)
+{
+    return &w->fifo[(w->head + i) % w->cap];
+}
+
+static void slot_release(struct wslot *sl)
+{
+    pf_block_put(sl->b);
+    free(sl->io.iov);
+    sl->b = NULL;
+    sl->io.iov = NULL;
+}
+
+/* Would placing len bytes on shard sh overtake a write the device still owns? */
+static bool overtakes(struct writer *w, uint32_t sh, uint64_t new_tail)
+{
+    for (size_t i = 0; i < w->count; i++) {
+        struct wslot *sl = fifo_at(w, i);
+        if (sl->place.shard == sh && sl->place.start < new_tail)
+            return true;
+    }
+    for (size_t i = 0; i < w->nlost; i++)
+        if (w->lost[i].place.shard == sh && w->lost[i].place.start < new_tail) {
+            pf_log_ratelimited(PF_LOG_WARN, 10000,
+                               "SSD shard %u: waiting for a timed-out write to complete before "
+                               "reusing its space",
+                               sh);
+            return true;
+        }
+    return false;
+}
+
+static int start_write(struct writer *w, struct pf_block *b)
+{
+    struct pf_ssd *s = w->s;
+    if (!pf_block_upgrade(b)) {
+        pf_block_weak_put(b); /* freed while queued */
+        return W_SKIPPED;
+    }
+    uint64_t len = ssd_block_disk_len(b);
+    if (len == 0) {
+        pf_log_ratelimited(PF_LOG_WARN, 10000,
+                           "block not laid out for O_DIRECT (512-byte strides and addresses): not "
+                           "written to SSD");
+        goto skip;
+    }
+    pthread_mutex_lock(&s->mu);
+    if (ssd_index_find(&s->idx, &b->key)) {
+        pthread_mutex_unlock(&s->mu);
+        goto skip; /* duplicates are not rewritten */
+    }
+    uint32_t sh;
+    uint64_t start, tail;
+    int rc = ssd_index_peek(&s->idx, len, &sh, &start, &tail);
+    if (rc) {
+        pthread_mutex_unlock(&s->mu);
+        pf_log_ratelimited(PF_LOG_WARN, 10000,
+                           "block of %llu bytes is larger than an SSD shard (%llu bytes): not "
+                           "written to SSD",
+                           (unsigned long long)len, (unsigned long long)s->shard_cap);
+        goto skip;
+    }
+    if (overtakes(w, sh, tail)) {
+        pthread_mutex_unlock(&s->mu);
+        pf_block_put(b); /* keep the weak reference: retried after completions */
+        return W_BLOCKED;
+    }
+    struct ssd_place place;
+    rc = ssd_index_begin(&s->idx, b, len, &place);
+    pthread_mutex_unlock(&s->mu);
+    if (rc) {
+        pf_log_ratelimited(PF_LOG_WARN, 10000, "cannot index an SSD write: %s", strerror(-rc));
+        pf_metric_add(s->m.w_fail, 1);
+        goto skip;
+    }
+    struct wslot *sl = fifo_at(w, w->count);
+    memset(sl, 0, sizeof(*sl));
+    sl->b = b;
+    sl->place = place;
+    sl->seq = w->cur->seq;
+    sl->io.iov = malloc((size_t)b->nslots * 2 * sizeof(struct iovec));
+    sl->io.id = atomic_fetch_add(&s->next_io_id, 1);
+    sl->io.op = PF_BLK_WRITE;
+    sl->io.file = s->files[place.shard];
+    sl->io.off = sl->io.next_off = place.off;
+    sl->io.len = len;
+    sl->io.t0_ns = pf_now_ns();
+    if (!sl->io.iov) {
+        sl->io.err = -ENOMEM;
+    } else {
+        sl->io.niov = ssd_block_iov(b, sl->io.iov);
+        sl->io.nparts = ssd_io_parts(sl->io.niov);
+        if (sl->io.nparts > SSD_PARTS_MAX)
+            sl->io.err = -E2BIG;
+    }
+    w->count++;
+    pf_metric_add(s->m.w_inflight, 1);
+    pf_block_weak_put(b);
+    if (!sl->io.err)
+        ssd_io_submit(s->wqueue, &sl->io);
+    return W_STARTED;
+skip:
+    pf_block_put(b);
+    pf_block_weak_put(b);
+    return W_SKIPPED;
+}
+
+static void lost_add(struct writer *w, struct wslot *sl)
+{
+    if (w->nlost == w->caplost) {
+        size_t nc = w->caplost ? w->caplost * 2 : 8;
+        struct wslot *nl = realloc(w->lost, nc * sizeof(*nl));
+        if (!nl) {
+            /* cannot track it: leak the reference rather than free memory the device owns */
+            pf_error("out of memory tracking a timed-out SSD write; its block is leaked");
+            return;
+        }
+        w->lost = nl;
+        w->caplost = nc;
+    }
+    w->lost[w->nlost++] = *sl;
+}
+
+/* Commits (or fails) finished writes at the FIFO front, in order. */
+static void commit_front(struct writer *w, bool force)
+{
+    struct pf_ssd *s = w->s;
+    uint64_t now = pf_now_ns();
+    while (w->count > 0) {
+        struct wslot *sl = fifo_at(w, 0);
+        bool timed_out = now - sl->io.t0_ns >= s->io_timeout_ms * PF_NS_PER_MS;
+        if (!ssd_io_done(&sl->io) && !timed_out && !force)
+            break;
+        bool ok = ssd_io_done(&sl->io) && ssd_io_ok(&sl->io);
+        pthread_mutex_lock(&s->mu);
+        int rc = ok ? ssd_index_commit(&s->idx, &sl->b->key, &sl->place) : -EIO;
+        if (rc)
+            ssd_index_remove(&s->idx, &sl->b->key, &sl->place);
+        pthread_mutex_unlock(&s->mu);
+        if (ok && rc == 0) {
+            pf_metric_add(s->m.w_bytes, (double)sl->io.len);
+            pf_metric_observe(s->m.w_tput, ssd_rate(sl->io.len, now - sl->io.t0_ns));
+        } else if (ok) {
+            pf_debug("SSD write on shard %u overtaken by the ring before it committed",
+                     sl->place.shard);
+        } else {
+            pf_metric_add(s->m.w_fail, 1);
+            const char *why = !ssd_io_done(&sl->io) ? "no completion within the I/O timeout"
+                              : sl->io.err          ? strerror(-sl->io.err)
+                                                    : "short write";
+            pf_log_ratelimited(PF_LOG_WARN, 5000,
+                               "SSD write of %llu bytes to %s at offset %llu failed: %s (block "
+                               "stays in RAM only)",
+                               (unsigned long long)sl->io.len, s->paths[sl->place.shard],
+                               (unsigned long long)sl->place.off, why);
+        }
+        if (ssd_io_outstanding(&sl->io) > 0)
+            lost_add(w, sl);
+        else
+            slot_release(sl);
+        pf_metric_add(s->m.w_inflight, -1);
+        w->head = (w->head + 1) % w->cap;
+        w->count--;
+    }
+}
+
+static void dispatch(struct writer *w, const struct pf_blk_cqe *c)
+{
+    uint64_t id = c->tag >> SSD_TAG_SHIFT;
+    for (size_t i = 0; i < w->count; i++) {
+        struct wslot *sl = fifo_at(w, i);
+        if (sl->io.id == id) {
+            ssd_io_complete(&sl->io, c->res);
+            return;
+        }
+    }
+    for (size_t i = 0; i < w->nlost; i++) {
+        if (w->lost[i].io.id != id)
+            continue;
+        ssd_io_complete(&w->lost[i].io, c->res);
+        if (ssd_io_outstanding(&w->lost[i].io) == 0) {
+            slot_release(&w->lost[i]);
+            w->lost[i] = w->lost[--w->nlost];
+        }
+        return;
+    }
+}
+
+static void publish_done(struct writer *w)
+{
+    struct pf_ssd *s = w->s;
+    uint64_t done;
+    if (w->count > 0)
+        done = fifo_at(w, 0)->seq - 1;
+    else if (w->cur)
+        done = w->cur->seq - 1;
+    else
+        done = w->last_taken;
+    pthread_mutex_lock(&s->wq_mu);
+    if (done > s->seq_done) {
+        s->seq_done = done;
+        pthread_cond_broadcast(&s->done_cv);
+    }
+    pthread_mutex_unlock(&s->wq_mu);
+}
+
+static void drop_cur(struct writer *w)
+{
+    if (!w->cur)
+        return;
+    size_t left = w->cur->n - w->ipend;
+    for (size_t i = w->ipend; i < w->cur->n; i++)
+        pf_block_weak_put(w->cur->b[i]);
+    pf_metric_add(w->s->m.w_pending, -(double)left);
+    free(w->cur);
+    w->cur = NULL;
+}
+
+/* Takes the next batch; waits up to wait_ms when there is nothing else to do. Returns false
+ * when the writer must stop. */
+static bool take_batch(struct writer *w, uint64_t wait_ms)
+{
+    struct pf_ssd *s = w->s;
+    pthread_mutex_lock(&s->wq_mu);
+    if (s->wq_count == 0 && !s->w_stop && wait_ms) {
+        struct timespec dl = pf_deadline_ms(wait_ms);
+        pthread_cond_timedwait(&s->wq_cv, &s->wq_mu, &dl);
+    }
+    bool stop = s->w_stop;
+    if (!stop && s->wq_count > 0) {
+        w->cur = s->wq[s->wq_head];
+        s->wq_head = (s->wq_head + 1) % s->wq_cap;
+        s->wq_count--;
+        w->ipend = 0;
+        w->last_taken = w->cur->seq;
+    }
+    pthread_mutex_unlock(&s->wq_mu);
+    return !stop;
+}
+
+static void poll_device(struct writer *w, uint64_t timeout_ms)
+{
+    struct pf_blk_cqe cq[SSD_POLL_BATCH];
+    int n = pf_blk_poll(w->s->wqueue, cq, SSD_POLL_BATCH, timeout_ms);
+    for (int i = 0; i < n; i++)
+        dispatch(w, &cq[i]);
+}
+
+static void shutdown_writer(struct writer *w)
+{
+    struct pf_ssd *s = w->s;
+    drop_cur(w);
+    pthread_mutex_lock(&s->wq_mu);
+    while (s->wq_count > 0) {
+        struct ssd_wbatch *b = s->wq[s->wq_head];
+        s->wq_head = (s->wq_head + 1) % s->wq_cap;
+        s->wq_count--;
+        for (size_t i = 0; i < b->n; i++)
+            pf_block_weak_put(b->b[i]);
+        pf_metric_add(s->m.w_pending, -(double)b->n);
+        free(b);
+    }
+    pthread_mutex_unlock(&s->wq_mu);
+    uint64_t grace = PF_MIN_OF(s->io_timeout_ms, W_STOP_GRACE_MS);
+    uint64_t deadline = pf_now_ns() + grace * PF_NS_PER_MS;
+    while (w->count > 0 && pf_now_ns() < deadline) {
+        poll_device(w, 20);
+        commit_front(w, false);
+    }
+    commit_front(w, true);
+    /* the queue waits for what the device still owns; then the blocks can go */
+    pf_blk_queue_destroy(s->wqueue);
+    s->wqueue = NULL;
+    for (size_t i = 0; i < w->nlost; i++)
+        slot_release(&w->lost[i]);
+    w->nlost = 0;
+    pthread_mutex_lock(&s->wq_mu);
+    s->seq_done = s->seq_enq;
+    pthread_cond_broadcast(&s->done_cv);
+    pthread_mutex_unlock(&s->wq_mu);
+}
+
+void *ssd_writer_main(void *arg)
+{
+    struct writer w = {.s = arg};
+    struct pf_ssd *s = w.s;
+    w.cap = s->cfg.write_inflight;
+    w.fifo = calloc(w.cap, sizeof(*w.fifo));
+    if (!w.fifo) {
+        pf_error("SSD writer: out of memory; SSD writes disabled");
+        pthread_mutex_lock(&s->wq_mu);
+        while (!s->w_stop)
+            pthread_cond_wait(&s->wq_cv, &s->wq_mu);
+        pthread_mutex_unlock(&s->wq_mu);
+        shutdown_writer(&w);
+        return NULL;
+    }
+    for (;;) {
+        if (atomic_load(&s->stopped))
+            break;
+        if (!w.cur) {
+            /* idle: wait for work; busy: just look */
+            bool idle = w.count == 0 && w.nlost == 0;
+            if (!take_batch(&w, idle ? 200 : 0))
+                break;
+        }
+        bool blocked = false;
+        while (w.cur && w.count < w.cap && !blocked) {
+            if (w.ipend == w.cur->n) {
+                free(w.cur);
+                w.cur = NULL;
+                break;
+            }
+            int r = start_write(&w, w.cur->b[w.ipend]);
+            if (r == W_BLOCKED) {
+                blocked = true;
+                break;
+            }
+            w.ipend++;
+            pf_metric_add(s->m.w_pending, -1);
+        }
+        if (w.cur && w.ipend == w.cur->n) {
+            free(w.cur);
+            w.cur = NULL;
+        }
+        /* parts left unsubmitted by a full device queue */
+        for (size_t i = 0; i < w.count; i++) {
+            struct wslot *sl = fifo_at(&w, i);
+            if (!sl->io.err && sl->io.submitted < sl->io.nparts)
+                ssd_io_submit(s->wqueue, &sl->io);
+        }
+        if (w.count > 0 || w.nlost > 0) {
+            /* completions wake the poll early; without pending work also look at the
+             * queue regularly */
+            poll_device(&w, w.cur ? 100 : 10);
+            commit_front(&w, false);
+        }
+        publish_done(&w);
+    }
+    shutdown_writer(&w);
+    free(w.fifo);
+    free(w.lost);
+    return NULL;
+}

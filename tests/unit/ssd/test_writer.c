@@ -1,0 +1,236 @@
+/* The SSD write pipeline (src/ssd/writer.c) through a real store over uring, with write
+ * completions held by a gate where a test needs writes in flight: weak references upgraded
+ * at dequeue (freed blocks skipped, queued blocks not pinned), the bounded batch queue,
+ * in-flight limit, flush barrier, duplicates, oversize blocks, failed and timed-out writes,
+ * no write ever racing another for the same bytes, and a bounded stop. */
+#include "ssdtest.h"
+
+#include "ssd/ssd_internal.h"
+
+static struct pf_block *blk(struct ssdt *t, uint32_t id)
+{
+    return ssdt_block(t, id, 2, 8192, 2, false); /* 32 KiB */
+}
+
+static void test_weak_refs(void **st)
+{
+    struct ssdt t;
+    ssdt_init(&t, 8 << 20, NULL);
+    struct pf_ssd_config c = ssdt_config(&t, 4 << 20);
+    c.write_inflight = 1;
+    ssdt_open(&t, &c);
+    struct pf_block *b[2] = {blk(&t, 1), blk(&t, 2)};
+    uint64_t one = pf_pool_used(t.pool) / 2;
+    gate_hold(t.gate, PF_BLK_WRITE, true);
+    assert_int_equal(pf_ssd_offer(t.ssd, b, 2), 0);
+    /* the writer holds block 1 (write in flight); block 2 waits as a weak reference */
+    SSDT_WAIT(gate_submitted(t.gate, PF_BLK_WRITE) == 1);
+    struct pf_block_key k2 = b[1]->key;
+    pf_block_put(b[1]); /* evicted and freed while queued: its memory returns now */
+    assert_int_equal(pf_pool_used(t.pool), one);
+    gate_hold(t.gate, PF_BLK_WRITE, false);
+    assert_int_equal(pf_ssd_flush(t.ssd, 10000), 0);
+    assert_int_equal(ssdt_stats(&t).committed, 1);
+    assert_int_equal(pf_ssd_probe(t.ssd, &b[0]->key, 1), 1);
+    assert_int_equal(pf_ssd_probe(t.ssd, &k2, 1), 0);
+    /* the writer's strong reference ended with the write */
+    assert_int_equal(pf_block_strong(b[0]), 1);
+    pf_block_put(b[0]);
+    ssdt_fini(&t);
+}
+
+static void test_queue_full_and_inflight(void **st)
+{
+    struct ssdt t;
+    ssdt_init(&t, 16 << 20, NULL);
+    struct pf_ssd_config c = ssdt_config(&t, 4 << 20);
+    c.write_inflight = 2;
+    c.write_queue_depth = 1;
+    ssdt_open(&t, &c);
+    struct pf_block *b[8];
+    for (uint32_t i = 0; i < 8; i++)
+        b[i] = blk(&t, 10 + i);
+    double qf0 = ssdt_metric("pegaflow_ssd_write_queue_full");
+    gate_hold(t.gate, PF_BLK_WRITE, true);
+    assert_int_equal(pf_ssd_offer(t.ssd, b, 4), 0); /* batch 1: two in flight, two pending */
+    SSDT_WAIT(gate_submitted(t.gate, PF_BLK_WRITE) == 2);
+    assert_int_equal(ssdt_metric("pegaflow_ssd_write_inflight"), 2);
+    assert_int_equal(pf_ssd_offer(t.ssd, b + 4, 2), 0);       /* batch 2: queued */
+    assert_int_equal(pf_ssd_offer(t.ssd, b + 6, 2), -EAGAIN); /* batch 3: dropped */
+    assert_int_equal(ssdt_metric("pegaflow_ssd_write_queue_full") - qf0, 1);
+    assert_int_equal(ssdt_metric("pegaflow_ssd_write_queue_pending"), 4);
+    /* never more than write_inflight writes in flight */
+    usleep(20000);
+    assert_int_equal(gate_submitted(t.gate, PF_BLK_WRITE), 2);
+    /* the barrier waits for the writes; bounded */
+    assert_int_equal(pf_ssd_flush(t.ssd, 30), -ETIMEDOUT);
+    gate_hold(t.gate, PF_BLK_WRITE, false);
+    assert_int_equal(pf_ssd_flush(t.ssd, 10000), 0);
+    assert_int_equal(ssdt_stats(&t).committed, 6);
+    assert_int_equal(ssdt_metric("pegaflow_ssd_write_queue_pending"), 0);
+    assert_int_equal(ssdt_metric("pegaflow_ssd_write_inflight"), 0);
+    for (int i = 0; i < 8; i++) {
+        assert_int_equal(pf_ssd_probe(t.ssd, &b[i]->key, 1), i < 6);
+        pf_block_put(b[i]);
+    }
+    ssdt_fini(&t);
+}
+
+static void test_duplicates_and_oversize(void **st)
+{
+    struct ssdt t;
+    ssdt_init(&t, 8 << 20, NULL);
+    struct pf_ssd_config c = ssdt_config(&t, 64 << 10); /* two 32 KiB blocks */
+    ssdt_open(&t, &c);
+    struct pf_block *a = blk(&t, 20);
+    double w0 = ssdt_metric("pegaflow_ssd_write_bytes");
+    ssdt_write(&t, &a, 1);
+    assert_int_equal(ssdt_metric("pegaflow_ssd_write_bytes") - w0, 32768);
+    /* the same block, and another block object with the same key: not rewritten */
+    ssdt_write(&t, &a, 1);
+    struct pf_block *a2 = blk(&t, 20);
+    ssdt_write(&t, &a2, 1);
+    assert_int_equal(ssdt_metric("pegaflow_ssd_write_bytes") - w0, 32768);
+    assert_int_equal(ssdt_stats(&t).committed, 1);
+    /* larger than the shard: dropped, the next one is written */
+    struct pf_block *big = ssdt_block(&t, 21, 4, 8192, 2, false); /* 64 KiB + */
+    big->slots[3].seg_stride = 16384;
+    struct pf_block *b = blk(&t, 22);
+    struct pf_block *two[2] = {big, b};
+    ssdt_write(&t, two, 2);
+    assert_int_equal(pf_ssd_probe(t.ssd, &big->key, 1), 0);
+    assert_int_equal(pf_ssd_probe(t.ssd, &b->key, 1), 1);
+    assert_int_equal(ssdt_stats(&t).committed, 2);
+    big->slots[3].seg_stride = 8192;
+    pf_block_put(a);
+    pf_block_put(a2);
+    pf_block_put(big);
+    pf_block_put(b);
+    ssdt_fini(&t);
+}
+
+static void test_failed_writes(void **st)
+{
+    struct ssdt t;
+    ssdt_init(&t, 8 << 20,
+              "seed=3;blk.write:nth=2,times=1,error=EIO;"
+              "blk.write:nth=3,times=1,error=EIO,at=complete");
+    struct pf_ssd_config c = ssdt_config(&t, 4 << 20);
+    ssdt_open(&t, &c);
+    struct pf_block *b[5];
+    for (uint32_t i = 0; i < 5; i++)
+        b[i] = blk(&t, 30 + i);
+    double f0 = ssdt_metric("pegaflow_ssd_write_failures");
+    ssdt_write(&t, b, 5);
+    /* write 2 failed at submission, write 4 at completion (rule 2 counts from write 3) */
+    assert_int_equal(ssdt_metric("pegaflow_ssd_write_failures") - f0, 2);
+    assert_int_equal(ssdt_stats(&t).committed, 3);
+    assert_int_equal(ssdt_stats(&t).writing, 0);
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(pf_ssd_probe(t.ssd, &b[i]->key, 1), i != 1 && i != 3);
+    /* a failed block is written again when offered again */
+    ssdt_write(&t, &b[1], 1);
+    assert_int_equal(pf_ssd_probe(t.ssd, &b[1]->key, 1), 1);
+    for (int i = 0; i < 5; i++)
+        pf_block_put(b[i]);
+    ssdt_fini(&t);
+}
+
+static void test_no_overtaking_in_flight(void **st)
+{
+    /* a ring of two blocks, four writes allowed in flight: the third placement would
+     * overwrite the first block's bytes while its write is outstanding, so it waits */
+    struct ssdt t;
+    ssdt_init(&t, 16 << 20, NULL);
+    struct pf_ssd_config c = ssdt_config(&t, 64 << 10);
+    c.write_inflight = 4;
+    ssdt_open(&t, &c);
+    struct pf_block *b[4];
+    for (uint32_t i = 0; i < 4; i++)
+        b[i] = blk(&t, 40 + i);
+    gate_hold(t.gate, PF_BLK_WRITE, true);
+    assert_int_equal(pf_ssd_offer(t.ssd, b, 4), 0);
+    SSDT_WAIT(gate_submitted(t.gate, PF_BLK_WRITE) == 2);
+    usleep(20000);
+    assert_int_equal(gate_submitted(t.gate, PF_BLK_WRITE), 2);
+    gate_hold(t.gate, PF_BLK_WRITE, false);
+    assert_int_equal(pf_ssd_flush(t.ssd, 10000), 0);
+    assert_int_equal(gate_submitted(t.gate, PF_BLK_WRITE), 4);
+    /* the last lap is intact and byte-exact */
+    struct pf_block_key keys[4];
+    for (int i = 0; i < 4; i++)
+        keys[i] = b[i]->key;
+    assert_int_equal(pf_ssd_probe(t.ssd, keys, 2), 0);
+    struct pf_block *out[2];
+    assert_int_equal(pf_ssd_fetch(t.ssd, keys + 2, 2, false, out), 2);
+    assert_true(ssdt_same(b[2], out[0]) && ssdt_same(b[3], out[1]));
+    pf_block_put(out[0]);
+    pf_block_put(out[1]);
+    for (int i = 0; i < 4; i++)
+        pf_block_put(b[i]);
+    ssdt_fini(&t);
+}
+
+static void test_write_timeout(void **st)
+{
+    struct ssdt t;
+    ssdt_init(&t, 8 << 20, NULL);
+    struct pf_ssd_config c = ssdt_config(&t, 4 << 20);
+    c.io_timeout_ms = 100;
+    ssdt_open(&t, &c);
+    struct pf_block *b = blk(&t, 50);
+    double f0 = ssdt_metric("pegaflow_ssd_write_failures");
+    gate_hold(t.gate, PF_BLK_WRITE, true);
+    assert_int_equal(pf_ssd_offer(t.ssd, &b, 1), 0);
+    /* the write fails after its timeout; the entry goes */
+    SSDT_WAIT(ssdt_metric("pegaflow_ssd_write_failures") - f0 == 1);
+    assert_int_equal(pf_ssd_flush(t.ssd, 10000), 0);
+    assert_int_equal(pf_ssd_probe(t.ssd, &b->key, 1), 0);
+    assert_int_equal(ssdt_stats(&t).writing, 0);
+    /* the device still owns the block's memory: referenced until the completion */
+    assert_int_equal(pf_block_strong(b), 2);
+    gate_hold(t.gate, PF_BLK_WRITE, false);
+    SSDT_WAIT(pf_block_strong(b) == 1);
+    pf_block_put(b);
+    ssdt_fini(&t);
+}
+
+static void test_stop_is_bounded(void **st)
+{
+    struct ssdt t;
+    ssdt_init(&t, 8 << 20, NULL);
+    struct pf_ssd_config c = ssdt_config(&t, 4 << 20);
+    c.io_timeout_ms = 200;
+    ssdt_open(&t, &c);
+    struct pf_block *b[3] = {blk(&t, 60), blk(&t, 61), blk(&t, 62)};
+    gate_hold(t.gate, PF_BLK_WRITE, true);
+    assert_int_equal(pf_ssd_offer(t.ssd, b, 2), 0);
+    assert_int_equal(pf_ssd_offer(t.ssd, b + 2, 1), 0);
+    SSDT_WAIT(gate_submitted(t.gate, PF_BLK_WRITE) == 2);
+    pf_ssd_stop(t.ssd); /* gives up on the held writes after a grace; drops the queue */
+    assert_int_equal(pf_ssd_flush(t.ssd, 1000), -ESHUTDOWN);
+    assert_int_equal(pf_ssd_offer(t.ssd, b, 1), -ESHUTDOWN);
+    assert_int_equal(pf_ssd_probe(t.ssd, &b[0]->key, 1), 0);
+    struct pf_block *out[1];
+    assert_int_equal(pf_ssd_fetch(t.ssd, &b[0]->key, 1, false, out), 0);
+    pf_ssd_stop(t.ssd); /* idempotent */
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(pf_block_strong(b[i]), 1); /* no reference left behind */
+        pf_block_put(b[i]);
+    }
+    ssdt_fini(&t);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_weak_refs),
+        cmocka_unit_test(test_queue_full_and_inflight),
+        cmocka_unit_test(test_duplicates_and_oversize),
+        cmocka_unit_test(test_failed_writes),
+        cmocka_unit_test(test_no_overtaking_in_flight),
+        cmocka_unit_test(test_write_timeout),
+        cmocka_unit_test(test_stop_is_bounded),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
