@@ -145,6 +145,9 @@ static int map_region(struct mapping *m, uint64_t len, bool huge, int numa, char
             snprintf(err, errlen, "--pool-size: cannot map %s: %s", sz, strerror(e));
         return -e;
     }
+    if (!huge) /* transparent huge pages where the kernel allows them: fewer TLB misses for
+                * copies, fewer scatter segments per SSD request */
+        madvise(p, maplen, MADV_HUGEPAGE);
     if (numa >= 0 && numa_available() >= 0) {
         struct bitmask *bm = numa_allocate_nodemask();
         numa_bitmask_setbit(bm, (unsigned)numa);

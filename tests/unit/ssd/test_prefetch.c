@@ -283,7 +283,7 @@ static void test_read_error(void **st)
 {
     struct setup s;
     setup_store(&s, 3, 16 << 20,
-                "seed=13;blk.read:nth=1,times=1,error=EIO;blk.read:nth=2,times=1,error=EIO,"
+                "seed=13;blk.read:nth=1,times=1,error=EIO;blk.read:nth=3,times=1,error=EIO,"
                 "at=complete",
                 NULL);
     double f0 = ssdt_metric("pegaflow_ssd_prefetch_failures");

@@ -282,13 +282,13 @@ static void test_vectored_roundtrip(void **st)
 
 static void test_faulty_uring(void **st)
 {
-    /* a rule counts only the calls no earlier rule fired on: nth is per rule */
+    /* every matching rule counts every call (docs/simulation.md): nth counts all writes */
     struct pf_fault_plan *plan;
     char err[256];
     assert_int_equal(pf_fault_plan_parse("seed=9;blk.write:nth=1,times=1,error=EIO;"
-                                         "blk.write:nth=2,times=1,error=ENOSPC,at=complete;"
+                                         "blk.write:nth=3,times=1,error=ENOSPC,at=complete;"
                                          "blk.read:nth=1,times=1,corrupt=1;"
-                                         "blk.read:nth=2,times=1,drop=1;"
+                                         "blk.read:nth=3,times=1,drop=1;"
                                          "blk.open:nth=2,times=1,error=EACCES",
                                          &plan, err, sizeof(err)),
                      0);
