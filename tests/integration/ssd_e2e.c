@@ -24,198 +24,14 @@
 
 #include "client/pegaflow.h"
 #include "kvsim.h"
+#include "world.h"
 #include "pf/common.h"
 #include "pftest.h"
 
-#define TMO  20000
-#define MAXR 2
-#define MAXL 4
-#define HLEN 32
+#define TMO 20000
 
 static uint64_t seed;
 static const char *dir;
-
-struct world {
-    const char *id;
-    const char *ns;
-    int tp;
-    int nlayers;
-    struct kvt kv[MAXR][MAXL];
-    char names[MAXL][32];
-};
-
-static void hash_of(uint64_t i, uint8_t *h)
-{
-    pft_fill(h, HLEN, seed, 5000000 + i);
-}
-
-static void world_init(struct world *w, const char *id, const char *ns, int tp, int nlayers,
-                       enum kv_layout lay, uint64_t nblocks, uint64_t seg, bool fill)
-{
-    memset(w, 0, sizeof(*w));
-    w->id = id;
-    w->ns = ns;
-    w->tp = tp;
-    w->nlayers = nlayers;
-    for (int l = 0; l < nlayers; l++)
-        snprintf(w->names[l], sizeof(w->names[l]), "model.layers.%d", l);
-    for (int r = 0; r < tp; r++)
-        for (int l = 0; l < nlayers; l++) {
-            PFT_CHECK(kvt_create(&w->kv[r][l], lay, nblocks, seg, r) == 0, "simkv create");
-            if (fill)
-                for (uint64_t b = 0; b < nblocks; b++)
-                    kvt_fill_block(&w->kv[r][l], b, seed,
-                                   (uint64_t)r << 40 | (uint64_t)l << 32 | b);
-        }
-}
-
-static void world_free(struct world *w)
-{
-    for (int r = 0; r < w->tp; r++)
-        for (int l = 0; l < w->nlayers; l++)
-            kvt_destroy(&w->kv[r][l]);
-}
-
-static void world_register(struct pf_client *c, struct world *w)
-{
-    for (int r = 0; r < w->tp; r++) {
-        struct pf_layer_desc d[MAXL];
-        for (int l = 0; l < w->nlayers; l++)
-            d[l] = kvt_desc(&w->kv[r][l], w->names[l]);
-        struct pf_register_args a = {
-            .instance_id = w->id,
-            .namespace_ = w->ns,
-            .tp_rank = (uint32_t)r,
-            .tp_size = (uint32_t)w->tp,
-            .world_size = (uint32_t)w->tp,
-            .device_id = r,
-            .layers = d,
-            .nlayers = (size_t)w->nlayers,
-        };
-        PFT_CHECK(pf_client_register(c, &a, TMO) == 0, "register %s rank %d: %s", w->id, r,
-                  pf_last_error_message());
-    }
-}
-
-/* Saves hashes [h0, h0+n) from block ids first_id.. on every rank. */
-static void world_save(struct pf_client *c, struct world *w, uint64_t h0, uint32_t first_id,
-                       size_t n)
-{
-    uint32_t *ids = malloc(n * sizeof(*ids));
-    uint8_t *hs = malloc(n * HLEN);
-    for (size_t i = 0; i < n; i++) {
-        ids[i] = first_id + (uint32_t)i;
-        hash_of(h0 + i, hs + i * HLEN);
-    }
-    for (int r = 0; r < w->tp; r++) {
-        struct pf_save_layer sl[MAXL];
-        for (int l = 0; l < w->nlayers; l++)
-            sl[l] = (struct pf_save_layer){
-                .name = w->names[l], .block_ids = ids, .hashes = hs, .hash_len = HLEN, .n = n};
-        PFT_CHECK(pf_client_save(c, w->id, (uint32_t)r, 0, r, sl, (size_t)w->nlayers, TMO) == 0,
-                  "save %zu block(s) from hash %llu: %s", n, (unsigned long long)h0,
-                  pf_last_error_message());
-    }
-    free(ids);
-    free(hs);
-}
-
-static int query(struct pf_client *c, const char *inst, const char *req, uint64_t h0, size_t n,
-                 struct pf_query_result *res)
-{
-    uint8_t *hs = malloc(n * HLEN + 1);
-    for (size_t i = 0; i < n; i++)
-        hash_of(h0 + i, hs + i * HLEN);
-    int rc = pf_client_query(c, inst, req, hs, NULL, HLEN, n, 0, 0, res, NULL, 0, TMO);
-    free(hs);
-    return rc;
-}
-
-/* Queries until Ready (deadline). Returns whether any answer was Loading. */
-static bool query_ready(struct pf_client *c, const char *inst, const char *req, uint64_t h0,
-                        size_t n, struct pf_query_result *res)
-{
-    uint64_t dl = pft_now_ms() + TMO;
-    bool loading = false;
-    for (;;) {
-        PFT_CHECK(query(c, inst, req, h0, n, res) == 0, "query %s: %s", req,
-                  pf_last_error_message());
-        if (!res->loading)
-            return loading;
-        loading = true;
-        PFT_CHECK(pft_now_ms() < dl, "query %s still Loading after %d ms", req, TMO);
-        usleep(2000);
-    }
-}
-
-static void wait_sealed(struct pf_client *c, const char *inst, uint64_t h0, size_t n)
-{
-    uint64_t dl = pft_now_ms() + TMO;
-    struct pf_query_result res;
-    for (;;) {
-        PFT_CHECK(query(c, inst, "probe", h0, n, &res) == 0, "probe: %s", pf_last_error_message());
-        if (res.lease_len)
-            pf_client_release(c, res.lease, res.lease_len, TMO);
-        if (!res.loading && res.num_hit_blocks == n)
-            return;
-        PFT_CHECK(pft_now_ms() < dl, "only %u of %zu blocks sealed after %d ms", res.num_hit_blocks,
-                  n, TMO);
-        usleep(2000);
-    }
-}
-
-/* Loads the lease's n blocks into dst block ids first_dst.. on every rank of w. */
-static void world_load(struct pf_client *c, struct world *w, const uint8_t *lease, size_t n,
-                       uint32_t first_dst)
-{
-    int64_t *targets = malloc(n * sizeof(*targets));
-    for (size_t i = 0; i < n; i++)
-        targets[i] = first_dst + (int64_t)i;
-    const char *names[MAXL];
-    for (int l = 0; l < w->nlayers; l++)
-        names[l] = w->names[l];
-    size_t gsz = (size_t)w->nlayers, cnt = n;
-    struct pf_load_item it = {
-        .lease = lease, .lease_len = PF_LEASE_LEN, .targets = targets, .group_counts = &cnt};
-    for (int r = 0; r < w->tp; r++) {
-        struct pf_loadstate *ls;
-        PFT_CHECK(pf_loadstate_create(&ls) == 0, "loadstate");
-        int rc = pf_client_load(c, w->id, (uint32_t)r, r, pf_loadstate_name(ls), names, &gsz, 1,
-                                &it, 1, TMO);
-        PFT_CHECK(rc == 0, "load rank %d: %s", r, pf_last_error_message());
-        int64_t st = pf_loadstate_wait(ls, TMO);
-        PFT_CHECK(st == 1, "load rank %d finished with state %lld", r, (long long)st);
-        pf_loadstate_destroy(ls);
-    }
-    free(targets);
-}
-
-static void compare(struct world *src, uint32_t src_first, struct world *dst, uint32_t dst_first,
-                    size_t n)
-{
-    for (int r = 0; r < src->tp; r++)
-        for (int l = 0; l < src->nlayers; l++)
-            for (size_t i = 0; i < n; i++)
-                PFT_CHECK(
-                    kvt_block_equal(&src->kv[r][l], src_first + i, &dst->kv[r][l], dst_first + i),
-                    "rank %d layer %d block %zu (source %zu) differs after load", r, l, i,
-                    src_first + i);
-}
-
-static double metric(struct pft_proc *s, const char *name)
-{
-    char *body = NULL;
-    int st = pft_http(s->http_host, s->http_port, "GET", "/metrics", &body);
-    PFT_CHECK(st == 200, "/metrics status %d", st);
-    double v = 0;
-    char key[256];
-    snprintf(key, sizeof(key), "\n%s ", name);
-    char *p = strstr(body, key);
-    if (p)
-        v = strtod(p + strlen(key), NULL);
-    free(body);
-    return v;
-}
 
 #define WBYTES "pegaflow_ssd_write_bytes_total"
 #define WFAIL  "pegaflow_ssd_write_failures_total"
@@ -301,7 +117,7 @@ static void spill_one(enum kv_layout lay, int tp, int nlayers, uint64_t seg, con
      * reaches the SSD before pressure can evict it */
     for (size_t h = 0; h < total; h += chunk) {
         size_t n = PF_MIN_OF(chunk, total - h);
-        world_save(c, &A, h, (uint32_t)h, n);
+        world_save_ok(c, &A, h, (uint32_t)h, n);
         wait_sealed(c, A.id, h, n);
         wait_written(&s, b0, f0, blk, h + n);
     }
@@ -320,7 +136,7 @@ static void spill_one(enum kv_layout lay, int tp, int nlayers, uint64_t seg, con
         bool loading = query_ready(c, B.id, req, h, n, &res);
         PFT_CHECK(res.num_hit_blocks == n && res.lease_len == PF_LEASE_LEN,
                   "window %zu: %u of %zu hit (loading=%d)", h, res.num_hit_blocks, n, loading);
-        world_load(c, &B, res.lease, n, 0);
+        world_load_ok(c, &B, res.lease, n, 0);
         compare(&A, (uint32_t)h, &B, 0, n);
         via_ssd += loading;
     }
@@ -369,7 +185,7 @@ static void sc_wrap(void)
     world_register(c, &B);
     double b0 = metric(&s, WBYTES), f0 = metric(&s, WFAIL);
     for (size_t h = 0; h < total; h += chunk) {
-        world_save(c, &A, h, (uint32_t)h, chunk);
+        world_save_ok(c, &A, h, (uint32_t)h, chunk);
         wait_sealed(c, A.id, h, chunk);
         wait_written(&s, b0, f0, blk, h + chunk);
     }
@@ -391,7 +207,7 @@ static void sc_wrap(void)
         bool loading = query_ready(c, B.id, req, h, 32, &res);
         PFT_CHECK(loading && res.num_hit_blocks == 32, "last lap %zu: loading=%d hits=%u", h,
                   loading, res.num_hit_blocks);
-        world_load(c, &B, res.lease, 32, 0);
+        world_load_ok(c, &B, res.lease, 32, 0);
         compare(&A, (uint32_t)h, &B, 0, 32);
     }
     /* a block whose range was overwritten is never served, even if asked after a live one */
@@ -444,7 +260,7 @@ static void fault_one(const struct fault_case *fc)
     world_register(c, &B);
     /* one block per save: the injected write faults hit known blocks */
     for (size_t h = 0; h < fc->n; h++) {
-        world_save(c, &A, h, (uint32_t)h, 1);
+        world_save_ok(c, &A, h, (uint32_t)h, 1);
         wait_sealed(c, A.id, h, 1);
         wait_written(&s, 0, 0, blk, h + 1);
     }
@@ -459,7 +275,7 @@ static void fault_one(const struct fault_case *fc)
     PFT_CHECK(res.num_hit_blocks == fc->first_hits, "%s: first query hit %u, want %zu (loading=%d)",
               fc->tag, res.num_hit_blocks, fc->first_hits, loading);
     if (res.num_hit_blocks) {
-        world_load(c, &B, res.lease, res.num_hit_blocks, 0);
+        world_load_ok(c, &B, res.lease, res.num_hit_blocks, 0);
         compare(&A, 0, &B, 0, res.num_hit_blocks);
     }
     /* the faulty blocks are misses; the blocks after them are still on SSD */
@@ -469,7 +285,7 @@ static void fault_one(const struct fault_case *fc)
         query_ready(c, B.id, req, after, fc->n - after, &res);
         PFT_CHECK(res.num_hit_blocks == fc->n - after, "%s: blocks after the fault hit %u of %zu",
                   fc->tag, res.num_hit_blocks, fc->n - after);
-        world_load(c, &B, res.lease, res.num_hit_blocks, (uint32_t)after);
+        world_load_ok(c, &B, res.lease, res.num_hit_blocks, (uint32_t)after);
         compare(&A, (uint32_t)after, &B, (uint32_t)after, res.num_hit_blocks);
     }
     snprintf(req, sizeof(req), "%s-2", fc->tag);
@@ -536,7 +352,7 @@ static void sc_queuefull(void)
     world_init(&A, "qf-A", "ns-qf", 1, 2, KV_SPLIT, 16, 8192, true);
     world_register(c, &A);
     for (size_t h = 0; h < 16; h += 2) {
-        world_save(c, &A, h, (uint32_t)h, 2);
+        world_save_ok(c, &A, h, (uint32_t)h, 2);
         wait_sealed(c, A.id, h, 2);
         uint64_t dl = pft_now_ms() + TMO;
         while (h == 0 && metric(&s, "pegaflow_ssd_write_inflight") < 1)
@@ -575,7 +391,7 @@ static void sc_restart(void)
     struct world A;
     world_init(&A, "rs-A", "ns-rs", 1, 2, KV_SPLIT, 16, 8192, true);
     world_register(c, &A);
-    world_save(c, &A, 0, 0, 16);
+    world_save_ok(c, &A, 0, 0, 16);
     wait_sealed(c, A.id, 0, 16);
     wait_written(&s, 0, 0, blk, 16);
     cleanup_ram(&s);
@@ -611,7 +427,9 @@ int main(int argc, char **argv)
         return 2;
     }
     dir = argv[1];
-    seed = pft_seed();
+    seed = world_seed = pft_seed();
+    world_hash_base = 5000000;
+    world_tmo = TMO;
     static const struct {
         const char *name;
         void (*fn)(void);
