@@ -109,9 +109,11 @@ struct pf_instance {
     uint32_t ns_id;
     uint32_t tp_size, world_size;
     bool page_first;
-    struct pf_worker **workers;
+    struct pf_worker **workers; /* fixed capacity world_size; grows under inst_lock */
     size_t nworkers;
-    bool sealed;
+    /* Set (release) once the topology is complete; from then on the instance is immutable,
+     * so request paths read its fields without the lock after an acquire load of it. */
+    _Atomic bool sealed;
     char **layer_names; /* sorted, after sealing */
     size_t nlayer_names;
     uint32_t total_slots;

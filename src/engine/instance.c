@@ -213,7 +213,7 @@ static int seal(struct pf_instance *in, char *err, size_t errlen)
         for (size_t j = 0; j < in->workers[i]->nlayers; j++)
             in->workers[i]->layers[j].layer_id = layer_index(in, in->workers[i]->layers[j].name);
     in->total_slots = (uint32_t)(u * in->tp_size);
-    in->sealed = true;
+    atomic_store_explicit(&in->sealed, true, memory_order_release);
     return 0;
 }
 
@@ -416,6 +416,7 @@ int pf_engine_register(struct pf_engine *e, const struct pf_engine_register *r, 
         created = true;
     }
     in->workers[in->nworkers++] = w;
+    size_t nworkers = in->nworkers; /* for the log line, read under the lock */
     if (in->nworkers == in->world_size) {
         rc = seal(in, err, errlen);
         if (rc) {
@@ -435,8 +436,8 @@ int pf_engine_register(struct pf_engine *e, const struct pf_engine_register *r, 
     pthread_rwlock_unlock(&e->inst_lock);
     pf_info("registered instance %s device %d (tp_rank %u pp_rank %u): %zu layer(s), %zu/%u "
             "workers",
-            r->instance_id, r->device_id, r->tp_rank, r->pp_rank, r->nlayers, in->nworkers,
-            in->world_size);
+            r->instance_id, r->device_id, r->tp_rank, r->pp_rank, r->nlayers, nworkers,
+            r->world_size);
     return 0;
 err_unlock:
     pthread_rwlock_unlock(&e->inst_lock);

@@ -159,8 +159,11 @@ int pf_engine_load(struct pf_engine *e, const struct pf_engine_load *l, char *er
         rc = -ENOENT;
         goto fail;
     }
-    if (!in->sealed) {
-        snprintf(err, errlen, "registration incomplete: %zu/%u workers registered", in->nworkers,
+    if (!atomic_load_explicit(&in->sealed, memory_order_acquire)) {
+        pthread_rwlock_rdlock(&e->inst_lock);
+        size_t nw = in->nworkers;
+        pthread_rwlock_unlock(&e->inst_lock);
+        snprintf(err, errlen, "registration incomplete: %zu/%u workers registered", nw,
                  in->world_size);
         rc = -EINVAL;
         goto fail;
