@@ -28,6 +28,9 @@ static void send_runs(struct pf_meta_client *mc, struct pf_block *const *b, size
         const char *name = pf_ns_name(ns);
         int rc = insert ? pf_meta_client_insert(mc, name, hs, k)
                         : pf_meta_client_remove(mc, name, hs, k);
+        if (rc == 0)
+            pf_debug("MetaServer %s: %zu block(s) of %s queued",
+                     insert ? "registration" : "removal", k, name);
         if (rc && rc != -EAGAIN)
             pf_log_ratelimited(PF_LOG_WARN, 60000, "MetaServer %s of %zu block(s) not queued: %s",
                                insert ? "registration" : "removal", k, strerror(-rc));
