@@ -606,6 +606,34 @@ void p2p_lease_return(struct pf_p2p *p, struct p2p_lease *l)
     l->nqps = 0;
 }
 
+/* Kills c, which the caller pinned with a temporary reference (conn_mu held when taken). */
+static void conn_kill_pinned(struct pf_p2p *p, struct p2p_conn *c, const char *why)
+{
+    conn_kill(p, c, why);
+    pthread_mutex_lock(&p->conn_mu);
+    struct p2p_conn *f = conn_unref_locked(p, c);
+    pthread_mutex_unlock(&p->conn_mu);
+    conn_free(p, f);
+}
+
+void p2p_peer_drop(struct pf_p2p *p, const char *peer)
+{
+    struct p2p_conn *c[2] = {NULL, NULL};
+    pthread_mutex_lock(&p->conn_mu);
+    struct p2p_peer *e = peer_find_locked(p, peer);
+    if (e) {
+        c[0] = e->out;
+        c[1] = e->in;
+    }
+    for (int i = 0; i < 2; i++)
+        if (c[i])
+            c[i]->refs++;
+    pthread_mutex_unlock(&p->conn_mu);
+    for (int i = 0; i < 2; i++)
+        if (c[i])
+            conn_kill_pinned(p, c[i], "stale");
+}
+
 void p2p_lease_fail(struct pf_p2p *p, struct p2p_lease *l)
 {
     if (!l->conn)
@@ -687,10 +715,12 @@ void p2p_conns_drop_all(struct pf_p2p *p)
             if (!c && (e->out || e->in))
                 c = e->out ? e->out : e->in;
         }
+        if (c)
+            c->refs++;
         pthread_mutex_unlock(&p->conn_mu);
         if (!c)
             break;
-        conn_kill(p, c, "shutting down");
+        conn_kill_pinned(p, c, "shutting down");
     }
 }
 

@@ -578,50 +578,62 @@ static int transfer(struct fetch *f)
         tmo = p->cfg.fetch_min_ms;
     uint64_t deadline = pf_now_ns() + tmo * PF_NS_PER_MS;
     for (int attempt = 0;; attempt++) {
+        bool fresh = f->lease.fresh, stale = false;
         int rc = build_reads(f);
-        if (rc)
+        if (rc == -EPROTO && !fresh && attempt == 0) {
+            /* the descriptors lie outside what this connection's handshake registered:
+             * the peer restarted since (new pool addresses) */
+            p2p_lease_return(p, &f->lease);
+            stale = true;
+        } else if (rc) {
             return rc;
-        pf_debug("RDMA fetch req %s: reading %zu block(s), %llu bytes in %zu READ(s) from %s over "
-                 "%zu QP(s), deadline %llu ms",
-                 f->req_id, f->k, (unsigned long long)f->bytes, f->nreads, f->peer, f->lease.nqps,
-                 (unsigned long long)tmo);
-        uint32_t rot = 0;
-        pf_random_bytes(&rot, sizeof(rot));
-        struct p2p_xfer x = {
-            .qps = f->lease.qps,
-            .nqps = f->lease.nqps,
-            .deadline_ns = deadline,
-            .depth = PF_P2P_QP_DEPTH,
-            .rotate = rot,
-            .abort = &p->stopping,
-        };
-        rc = p2p_xfer_run(&x, f->reads, f->nreads);
-        if (rc == 0)
-            return 0;
-        /* the QPs are invalidated: drop the connection before anything else */
-        bool fresh = f->lease.fresh;
-        p2p_lease_fail(p, &f->lease);
-        if (rc == -ETIMEDOUT) {
-            snprintf(f->err, sizeof(f->err),
-                     "transfer timed out after %llu ms (%zu of %zu READ(s) completed)",
-                     (unsigned long long)tmo, x.completed, f->nreads);
-            return rc;
+        } else {
+            pf_debug("RDMA fetch req %s: reading %zu block(s), %llu bytes in %zu READ(s) from "
+                     "%s over %zu QP(s), deadline %llu ms",
+                     f->req_id, f->k, (unsigned long long)f->bytes, f->nreads, f->peer,
+                     f->lease.nqps, (unsigned long long)tmo);
+            uint32_t rot = 0;
+            pf_random_bytes(&rot, sizeof(rot));
+            struct p2p_xfer x = {
+                .qps = f->lease.qps,
+                .nqps = f->lease.nqps,
+                .deadline_ns = deadline,
+                .depth = PF_P2P_QP_DEPTH,
+                .rotate = rot,
+                .abort = &p->stopping,
+            };
+            rc = p2p_xfer_run(&x, f->reads, f->nreads);
+            if (rc == 0)
+                return 0;
+            /* the QPs are invalidated: drop the connection before anything else */
+            p2p_lease_fail(p, &f->lease);
+            if (rc == -ETIMEDOUT) {
+                snprintf(f->err, sizeof(f->err),
+                         "transfer timed out after %llu ms (%zu of %zu READ(s) completed)",
+                         (unsigned long long)tmo, x.completed, f->nreads);
+                return rc;
+            }
+            /* a reused connection failing before anything completed: the peer restarted
+             * or dropped it meanwhile */
+            stale = x.completed == 0 && !fresh && attempt == 0 &&
+                    (rc == -ENOTCONN || rc == -ECONNRESET || rc == -ECANCELED);
+            if (!stale || atomic_load(&p->stopping)) {
+                snprintf(f->err, sizeof(f->err),
+                         "transfer failed: %s (%zu of %zu READ(s) completed)", strerror(-rc),
+                         x.completed, f->nreads);
+                return rc;
+            }
         }
-        bool stale = x.completed == 0 && !fresh && attempt == 0 &&
-                     (rc == -ENOTCONN || rc == -ECONNRESET || rc == -ECANCELED) &&
-                     !atomic_load(&p->stopping);
-        if (!stale) {
-            snprintf(f->err, sizeof(f->err), "transfer failed: %s (%zu of %zu READ(s) completed)",
-                     strerror(-rc), x.completed, f->nreads);
-            return rc;
-        }
-        pf_debug("connection to %s was stale (%s): reconnecting once", f->peer, strerror(-rc));
+        pf_debug("connection to %s was stale (%s): reconnecting once", f->peer,
+                 rc == -EPROTO ? "unknown memory regions" : strerror(-rc));
+        p2p_peer_drop(p, f->peer); /* the other direction's connection is as dead */
         char e2[P2P_ERRLEN];
         rc = p2p_conn_acquire(p, f->peer, deadline, &f->lease, e2, sizeof(e2));
         if (rc) {
             snprintf(f->err, sizeof(f->err), "reconnect failed: %s", e2);
             return rc;
         }
+        f->err[0] = '\0';
     }
 }
 

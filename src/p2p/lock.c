@@ -94,7 +94,8 @@ static size_t take_locked(struct pf_p2p_locks *l, bool all, uint64_t now, struct
 static size_t drop_sessions(struct pf_p2p_locks *l, bool all)
 {
     struct lock_session *batch[64];
-    size_t total = 0, k;
+    size_t total = 0, nblocks = 0, k;
+    char first[PF_UUID_STR_LEN] = "";
     do {
         size_t blocks = 0;
         uint64_t now = pf_clock_now(l->clock);
@@ -103,16 +104,20 @@ static size_t drop_sessions(struct pf_p2p_locks *l, bool all)
         pthread_mutex_unlock(&l->mu);
         if (k)
             pf_metric_add(l->m_active, -(double)blocks);
+        nblocks += blocks;
         for (size_t i = 0; i < k; i++) {
-            if (!all)
-                pf_warn("transfer lock %s expired after %llu s (%zu block(s)); the requester "
-                        "never released it",
-                        batch[i]->id, (unsigned long long)(l->timeout_ns / PF_NS_PER_SEC),
-                        batch[i]->n);
+            if (!first[0])
+                memcpy(first, batch[i]->id, sizeof(first));
+            pf_debug("transfer lock %s %s (%zu block(s))", batch[i]->id,
+                     all ? "dropped" : "expired", batch[i]->n);
             session_free(batch[i]);
         }
         total += k;
     } while (k == PF_ARRAY_SIZE(batch));
+    if (total && !all)
+        pf_warn("%zu transfer lock(s) (%zu block(s), e.g. %s) expired after %llu s: the "
+                "requester never released them",
+                total, nblocks, first, (unsigned long long)(l->timeout_ns / PF_NS_PER_SEC));
     return total;
 }
 

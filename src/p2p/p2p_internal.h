@@ -179,6 +179,8 @@ void p2p_lease_return(struct pf_p2p *p, struct p2p_lease *l);
 /* The connection failed: it leaves the table, every QP is invalidated, the lease is given
  * back. Returns only after the invalidation. */
 void p2p_lease_fail(struct pf_p2p *p, struct p2p_lease *l);
+/* Drops every connection to peer (it restarted or the link broke). */
+void p2p_peer_drop(struct pf_p2p *p, const char *peer);
 /* Finds the rkey of [addr, addr+len) among the peer's regions on nic; false if outside. */
 bool p2p_conn_rkey(const struct p2p_conn *c, int nic, uint64_t addr, uint64_t len,
                    uint32_t *rkey_p);
