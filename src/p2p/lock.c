@@ -148,12 +148,14 @@ int pf_p2p_locks_acquire(struct pf_p2p_locks *l, struct pf_block *const *blocks,
     if (n)
         memcpy(s->blocks, blocks, n * sizeof(s->blocks[0]));
     s->created_ns = pf_clock_now(l->clock);
+    char id[PF_UUID_STR_LEN];
+    memcpy(id, s->id, sizeof(id)); /* once inserted, s may expire and vanish at any time */
+    pf_metric_add(l->m_active, (double)n);
     pthread_mutex_lock(&l->mu);
     pf_htable_insert(&l->t, &s->node, id_hash(s->id));
     l->nblocks += n;
     pthread_mutex_unlock(&l->mu);
-    pf_metric_add(l->m_active, (double)n);
-    memcpy(id_p, s->id, PF_UUID_STR_LEN);
+    memcpy(id_p, id, PF_UUID_STR_LEN);
     return 0;
 }
 

@@ -311,6 +311,15 @@ static const struct pf_net_ops mn_ops = {
     .close = mn_close,
 };
 
+/* Number of posts so far (readable while other threads post). */
+static inline int mn_posts(struct mnet *m)
+{
+    pthread_mutex_lock(&m->mu);
+    int n = m->posts;
+    pthread_mutex_unlock(&m->mu);
+    return n;
+}
+
 static inline void mn_init(struct mnet *m, int nnics)
 {
     memset(m, 0, sizeof(*m));

@@ -294,12 +294,16 @@ struct fx {
 
 static struct fx F;
 
+static pthread_mutex_t inval_mu = PTHREAD_MUTEX_INITIALIZER;
+
 static void on_inval(void *ctx, struct mqp *q)
 {
-    F.invalidates_seen++;
     uint64_t u = pf_pool_used(pf_engine_pool(F.e));
+    pthread_mutex_lock(&inval_mu);
+    F.invalidates_seen++;
     if (u > F.used_at_invalidate)
         F.used_at_invalidate = u;
+    pthread_mutex_unlock(&inval_mu);
 }
 
 static void fx_up(int nnics, uint64_t pool, uint64_t gap)
@@ -662,7 +666,7 @@ static void test_stop_during_transfer(void **st)
     struct bg b = {0};
     pthread_t t;
     pthread_create(&t, NULL, bg_fetch, &b);
-    for (int i = 0; i < 500 && F.m.posts < 3; i++)
+    for (int i = 0; i < 500 && mn_posts(&F.m) < 3; i++)
         usleep(2000);
     pf_p2p_stop(F.p); /* drops the connection: the transfer fails at once */
     pthread_join(t, NULL);

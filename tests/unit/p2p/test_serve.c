@@ -81,7 +81,7 @@ static void up(uint64_t lock_secs, int nnics)
                                        .seg_stride = SEG,
                                        .numa = 0,
                                        .nseg = 2};
-        pf_alloc_get(a);
+        pf_alloc_get(a); /* three segment references: the allocation's own + 2 */
         pf_alloc_get(a);
         b->slots[1] = (struct pf_slot){.k = (uint8_t *)a->ptr + 2 * SEG,
                                        .ka = a,
@@ -89,7 +89,6 @@ static void up(uint64_t lock_secs, int nnics)
                                        .seg_stride = SEG,
                                        .numa = 0,
                                        .nseg = 1};
-        pf_alloc_put(a); /* the block's three segment references hold it */
         pf_block_checksum(b);
         pf_block_finish(b);
         assert_int_equal(pf_cache_insert(pf_engine_cache(F.e), b, PF_CLASS_RETAINED), 1);
