@@ -305,6 +305,10 @@ int pf_server_main(int argc, char **argv)
         goto out;
     if (a->cfg.nics.n && start_p2p(a) != 0)
         goto out;
+    if (a->cfg.metaserver_addr && pf_server_meta_hooks(a->svc.engine) != 0) {
+        pf_error("--metaserver-addr: cannot hook the MetaServer client into the engine");
+        goto out;
+    }
     if (a->cfg.metrics_otel_endpoint) {
         char err2[256];
         if (pf_otlp_start(a->cfg.metrics_otel_endpoint, a->cfg.metrics_period_secs,
@@ -316,8 +320,9 @@ int pf_server_main(int argc, char **argv)
     if (start_services(a) != 0)
         goto out;
     set_advertise(a);
-    /* after the bind, so that --addr HOST:0 advertises the real port; blocks saved before
-     * the session is established are registered by the client's resync */
+    /* after the bind, so that --addr HOST:0 advertises the real port (the hooks were
+     * registered before serving; blocks sealed before the client exists are registered by
+     * its first resync) */
     if (a->cfg.metaserver_addr) {
         int mrc = pf_server_meta_start(a->svc.engine, a->cfg.metaserver_target, a->advertise,
                                        a->cfg.metaserver_queue_depth, &a->meta);
@@ -336,7 +341,9 @@ out:
     pf_rpc_server_stop(a->rpc);
     pf_http_server_stop(a->http);
     pf_otlp_stop(a->otlp);
-    pf_p2p_stop(a->p2p);             /* connections dropped, locks released, pool deregistered */
+    pf_p2p_stop(a->p2p); /* connections dropped, locks released, pool deregistered */
+    if (a->meta)
+        pf_server_meta_detach();
     pf_meta_client_destroy(a->meta); /* UnregisterNode, bounded by 3 s */
     pf_engine_destroy(a->svc.engine);
     pf_p2p_destroy(a->p2p); /* after the prefetch threads (inside the tier until then) */

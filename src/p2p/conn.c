@@ -9,9 +9,10 @@
  * QP pair and neither side's handler touches the other pair.
  *
  *  - Requester: one outgoing handshake per peer at a time (`connecting`; other fetches wait
- *    on the condition variable, bounded). Fresh QPs are created, their endpoints and our
- *    regions sent, the reply validated and our QPs connected; the new connection replaces
- *    the previous outgoing one.
+ *    on the condition variable, bounded). After a failed handshake the peer is skipped for
+ *    5 s (fetches fail at once instead of each waiting for an unreachable peer). Fresh QPs are
+ * created, their endpoints and our regions sent, the reply validated and our QPs connected; the new
+ * connection replaces the previous outgoing one.
  *  - Handler: the requester's metadata is validated, fresh QPs are created and connected to
  *    its endpoints, and the connection replaces the previous incoming one from that address
  *    (a requester re-handshakes when its side broke). Both sides also drop connections made
@@ -562,6 +563,13 @@ int p2p_conn_acquire(struct pf_p2p *p, const char *peer, uint64_t deadline_ns, s
             break;
         }
         if (!e->out && !e->in && !e->connecting) {
+            uint64_t now = pf_now_ns();
+            if (now < e->down_until) {
+                snprintf(err, errlen, "the last handshake failed; next attempt in %llu ms",
+                         (unsigned long long)((e->down_until - now) / PF_NS_PER_MS));
+                rc = -EHOSTDOWN;
+                break;
+            }
             e->connecting = true;
             pthread_mutex_unlock(&p->conn_mu);
             struct p2p_conn *c = NULL;
@@ -570,6 +578,7 @@ int p2p_conn_acquire(struct pf_p2p *p, const char *peer, uint64_t deadline_ns, s
                 conn_install(p, e, c);
             pthread_mutex_lock(&p->conn_mu);
             e->connecting = false;
+            e->down_until = rc ? pf_now_ns() + p->cfg.peer_down_ms * PF_NS_PER_MS : 0;
             pthread_cond_broadcast(&p->conn_cv);
             if (rc)
                 break;

@@ -210,7 +210,12 @@ static int discover(struct fetch *f, size_t n, bool all_or_nothing)
     for (;;) {
         struct pf_meta_prefix *res = NULL;
         size_t nres = 0;
+        if (!p2p_meta_enter(p)) {
+            rc = -ECANCELED;
+            break;
+        }
         int qrc = p->tr->query_prefix(p->tr->ctx, ns, h, n, PF_P2P_META_TIMEOUT_MS, &res, &nres);
+        p2p_meta_exit(p);
         if (qrc) {
             pf_log_ratelimited(PF_LOG_WARN, 10000,
                                "MetaServer query failed (%s): no remote discovery, the request "

@@ -133,6 +133,7 @@ static void *p2p_main(void *arg)
         uint64_t now = pf_now_ns();
         if (now >= next) {
             pthread_mutex_unlock(&p->wk_mu);
+            p2p_hb_regions(p, false);
             pf_p2p_locks_expire(p->locks);
             p2p_blacklist_gc(p);
             pthread_mutex_lock(&p->wk_mu);
@@ -146,6 +147,34 @@ static void *p2p_main(void *arg)
     }
     pthread_mutex_unlock(&p->wk_mu);
     return NULL;
+}
+
+void p2p_hb_regions(struct pf_p2p *p, bool release)
+{
+    for (size_t r = 0; r < p->nregions; r++) {
+        if (release)
+            pf_hb_release(p->rbase[r]);
+        else
+            pf_hb_acquire(p->rbase[r]);
+    }
+}
+
+bool p2p_meta_enter(struct pf_p2p *p)
+{
+    pthread_mutex_lock(&p->wk_mu);
+    bool ok = !p->stopped;
+    if (ok)
+        p->meta_users++;
+    pthread_mutex_unlock(&p->wk_mu);
+    return ok;
+}
+
+void p2p_meta_exit(struct pf_p2p *p)
+{
+    pthread_mutex_lock(&p->wk_mu);
+    if (--p->meta_users == 0)
+        pthread_cond_broadcast(&p->wk_cv);
+    pthread_mutex_unlock(&p->wk_mu);
 }
 
 /* ------------------------------------------------------------------ lifecycle */
@@ -290,6 +319,8 @@ int pf_p2p_create(const struct pf_p2p_config *cfg, struct pf_p2p **p_p, char *er
         c->housekeeping_ms = 1000;
     if (!c->qp_wait_ms)
         c->qp_wait_ms = 30000;
+    if (!c->peer_down_ms)
+        c->peer_down_ms = 5000;
     c->transport = NULL;
     const char *b = cfg->backend ? cfg->backend : "";
     if (strncmp(b, "faulty:", 7) == 0)
@@ -409,9 +440,18 @@ void pf_p2p_stop(struct pf_p2p *p)
     pthread_mutex_lock(&p->wk_mu);
     p->wk_stop = true;
     pthread_cond_broadcast(&p->wk_cv);
+    /* discovery in flight uses the MetaServer client, which the caller destroys next: wait
+     * for it (bounded by the query deadline) */
+    struct timespec dl = pf_deadline_ms(PF_P2P_META_TIMEOUT_MS + 2000);
+    while (p->meta_users > 0)
+        if (pthread_cond_timedwait(&p->wk_cv, &p->wk_mu, &dl) == ETIMEDOUT) {
+            pf_error("MetaServer query still in flight at shutdown");
+            break;
+        }
     pthread_mutex_unlock(&p->wk_mu);
     if (p->thr_started)
         pthread_join(p->thr, NULL);
+    p2p_hb_regions(p, false);
     size_t n = pf_p2p_locks_release_all(p->locks);
     if (n)
         pf_info("released %zu transfer lock(s) held for peers", n);

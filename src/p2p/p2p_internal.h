@@ -53,6 +53,7 @@ struct p2p_peer {
     struct p2p_conn *out; /* connection this node initiated */
     struct p2p_conn *in;  /* connection the peer initiated */
     bool connecting;      /* an outgoing handshake is in flight (single-flight) */
+    uint64_t down_until;  /* a handshake failed: no new attempt before (monotonic ns) */
 };
 
 /* The QPs of one connection a fetch holds exclusively (posting and polling). */
@@ -160,6 +161,7 @@ struct pf_p2p {
     struct pf_list rel_q;
     bool wk_stop;
     uint64_t rel_queued, rel_done; /* under wk_mu */
+    int meta_users;                /* discovery calls in flight (under wk_mu) */
     bool stopped;
 
     /* stats */
@@ -203,6 +205,14 @@ void p2p_blacklist_free(struct pf_p2p *p);
 /* p2p.c */
 /* Queues one ReleaseTransferLock for the p2p thread (sent synchronously after stop). */
 void p2p_release_lock(struct pf_p2p *p, const char *peer, const char *session);
+/* Brackets a MetaServer query: false once stopping (do not query); pf_p2p_stop waits
+ * until every bracketed query returned, so the MetaServer client can be destroyed after. */
+bool p2p_meta_enter(struct pf_p2p *p);
+void p2p_meta_exit(struct pf_p2p *p);
+/* TSan happens-before annotations on every pool region (no-ops otherwise): release after
+ * handing block addresses to a peer, acquire before dropping the references that kept the
+ * memory a peer may have READ (the NET backend's serving side does the opposite). */
+void p2p_hb_regions(struct pf_p2p *p, bool release);
 /* Local region index containing [addr, addr+len), or -1. */
 int p2p_local_region(const struct pf_p2p *p, const void *addr, uint64_t len);
 

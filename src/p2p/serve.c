@@ -140,6 +140,7 @@ static int serve_query(struct pf_p2p *p, const Pegaflow__QueryBlocksForTransferR
         a = NULL;
         goto err_put;
     }
+    p2p_hb_regions(p, true); /* the addresses are about to be published */
     pegaflow__query_blocks_for_transfer_response__init(&a->resp);
     a->resp.status = &ok_status;
     a->resp.n_blocks = k;
@@ -165,6 +166,7 @@ static int serve_release(struct pf_p2p *p, const Pegaflow__ReleaseTransferLockRe
 {
     const char *id = r->transfer_session_id ? r->transfer_session_id : "";
     size_t n = 0;
+    p2p_hb_regions(p, false); /* the peer's READs of these blocks are over */
     if (pf_p2p_locks_release(p->locks, id, &n) != 0) {
         pf_warn("ReleaseTransferLock: unknown session '%.64s' (already released or expired)", id);
         n = 0;

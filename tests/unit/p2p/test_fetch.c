@@ -343,6 +343,7 @@ static void fx_up(int nnics, uint64_t pool, uint64_t gap)
         .full_prefix_wait_ms = 200,
         .housekeeping_ms = 50,
         .qp_wait_ms = 2000,
+        .peer_down_ms = 1,
     };
     assert_int_equal(pf_p2p_create(&pc, &F.p, err, sizeof(err)), 0);
     assert_int_equal(F.m.regs, nnics); /* one pool region per NIC */
@@ -488,6 +489,7 @@ static void test_handshake_and_query_failures(void **st)
     assert_int_equal(P.hs_calls, 1);
     assert_int_equal(F.m.live_qps, 0); /* the aborted handshake's QPs are gone */
     P.hs_rc = 0;
+    usleep(5000); /* past the (1 ms) peer-down window */
     P.q_rc = -ETIMEDOUT;
     assert_int_equal(fetch("q", NBLK, false, out), 0);
     assert_true(pf_p2p_blacklisted(F.p, "q"));
@@ -502,6 +504,20 @@ static void test_handshake_and_query_failures(void **st)
     check_blocks(out, 2);
     put_all(out, 2);
     assert_int_equal(P.hs_calls, 2);
+    fx_down();
+}
+
+static void test_unreachable_peer_skipped(void **st)
+{
+    fx_up(1, 16 << 20, GAP);
+    F.p->cfg.peer_down_ms = 60000; /* test-only: the window is read at each failure */
+    struct pf_block *out[NBLK];
+    P.hs_rc = -ETIMEDOUT; /* a black-holed peer: each attempt would cost the RPC deadline */
+    assert_int_equal(fetch("u1", NBLK, false, out), 0);
+    assert_int_equal(fetch("u2", NBLK, false, out), 0);
+    assert_int_equal(fetch("u3", NBLK, false, out), 0);
+    assert_int_equal(P.hs_calls, 1); /* later fetches fail at once */
+    assert_true(pf_p2p_blacklisted(F.p, "u3"));
     fx_down();
 }
 
@@ -684,6 +700,7 @@ int main(void)
         cmocka_unit_test(test_merged_reads_two_nics),
         cmocka_unit_test(test_metaserver_down_and_no_peer),
         cmocka_unit_test(test_handshake_and_query_failures),
+        cmocka_unit_test(test_unreachable_peer_skipped),
         cmocka_unit_test(test_partial_answers),
         cmocka_unit_test(test_timeout_invalidates_before_free),
         cmocka_unit_test(test_error_completion),
