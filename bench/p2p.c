@@ -21,7 +21,8 @@
  * to B's own fetch time (pegaflow_rdma_fetch_duration_seconds) and an empty Health round trip.
  *
  * Usage: p2p [--size 1g] [--blocks 256k,1m,4m] [--reps 3] [--lat-reps 10] [--qps 2]
- *            [--loopback] [--json p2p.json]        (PF_BIN: the binaries, default build/rel/bin) */
+ *            [--integrity on|off] [--loopback] [--json p2p.json]        (PF_BIN: the binaries,
+ * default build/rel/bin) */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -57,6 +58,7 @@ struct opts {
     int nblocks;
     int reps, lat_reps, qps;
     bool loopback;
+    const char *integrity;
     const char *json;
 };
 
@@ -496,6 +498,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
                        .reps = 3,
                        .lat_reps = 10,
                        .qps = 2,
+                       .integrity = "on",
                        .json = "p2p.json"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -523,6 +526,8 @@ static int parse_opts(int argc, char **argv, struct opts *o)
                 goto usage;
         } else if (!strcmp(a, "--json")) {
             o->json = v;
+        } else if (!strcmp(a, "--integrity")) {
+            o->integrity = v;
         } else if (!strcmp(a, "--blocks")) {
             char buf[256];
             snprintf(buf, sizeof(buf), "%s", v);
@@ -540,14 +545,14 @@ static int parse_opts(int argc, char **argv, struct opts *o)
     return 0;
 usage:
     fprintf(stderr, "usage: p2p [--size BYTES] [--blocks 256k,1m,4m] [--reps N] [--lat-reps N] "
-                    "[--qps N] [--loopback] [--json PATH]\n");
+                    "[--qps N] [--integrity on|off] [--loopback] [--json PATH]\n");
     return -1;
 }
 
 struct result {
     uint64_t block;
-    double p2p[MAX_REPS], raw[MAX_REPS];
-    double p2p_med, raw_med;
+    double p2p[MAX_REPS], raw[MAX_REPS], srv[MAX_REPS];
+    double p2p_med, raw_med, srv_med;
     double lat[200], lat_srv_ms, lat_p50, lat_p99;
 };
 
@@ -574,8 +579,10 @@ int main(int argc, char **argv)
         snprintf(ip_a, sizeof(ip_a), "127.0.0.2");
         snprintf(ip_b, sizeof(ip_b), "127.0.0.3");
     }
+    char szs[32];
+    pf_format_size(o.size, szs, sizeof(szs));
     printf("p2p bench: %s, %s per fetch, blocks", netns ? "two namespaces + veth" : "loopback",
-           netns ? "1 GiB" : "");
+           szs);
     for (int i = 0; i < o.nblocks; i++)
         printf(" %lluk", (unsigned long long)(o.blocks[i] >> 10));
     printf(", %d rounds, %d QP(s) per peer, logs %s\n", o.reps, o.qps, logdir);
@@ -599,13 +606,41 @@ int main(int argc, char **argv)
     const char *ms_args[] = {"--node-stale-secs", "30", NULL};
     spawn(&MS, "pegaflow-metaserver", ip_a, ms_args);
     snprintf(meta, sizeof(meta), "http://%s", MS.addr);
-    const char *a_args[] = {
-        "--gpu-backend", "sim", "--sim-gpus",        "1",  "--pool-size",    pool, "--nics", nic_a,
-        "--net-backend", "tcp", "--metaserver-addr", meta, "--qps-per-peer", qps,  NULL};
+    const char *a_args[] = {"--gpu-backend",
+                            "sim",
+                            "--sim-gpus",
+                            "1",
+                            "--pool-size",
+                            pool,
+                            "--nics",
+                            nic_a,
+                            "--net-backend",
+                            "tcp",
+                            "--metaserver-addr",
+                            meta,
+                            "--qps-per-peer",
+                            qps,
+                            "--integrity",
+                            o.integrity,
+                            NULL};
     spawn(&NA, "pegaflow-server", ip_a, a_args);
-    const char *b_args[] = {
-        "--gpu-backend", "sim", "--sim-gpus",        "1",  "--pool-size",    pool, "--nics", nic_b,
-        "--net-backend", "tcp", "--metaserver-addr", meta, "--qps-per-peer", qps,  NULL};
+    const char *b_args[] = {"--gpu-backend",
+                            "sim",
+                            "--sim-gpus",
+                            "1",
+                            "--pool-size",
+                            pool,
+                            "--nics",
+                            nic_b,
+                            "--net-backend",
+                            "tcp",
+                            "--metaserver-addr",
+                            meta,
+                            "--qps-per-peer",
+                            qps,
+                            "--integrity",
+                            o.integrity,
+                            NULL};
     spawn(&NB, "pegaflow-server", ip_b, b_args);
     if (netns && ns_enter(ns_b))
         die("cannot enter %s", ns_b);
@@ -619,8 +654,8 @@ int main(int argc, char **argv)
 
     struct result res[MAX_BLOCKS];
     memset(res, 0, sizeof(res));
-    printf("\n%-8s %10s %10s %7s   %s\n", "block", "p2p GB/s", "raw GB/s", "ratio",
-           "p2p runs (GB/s)");
+    printf("\n%-8s %10s %10s %7s %10s   %s\n", "block", "p2p GB/s", "raw GB/s", "ratio",
+           "fetch GB/s", "p2p runs (GB/s)");
     for (int bi = 0; bi < o.nblocks; bi++) {
         struct result *r = &res[bi];
         uint64_t bs = r->block = o.blocks[bi], n = o.size / bs;
@@ -636,6 +671,7 @@ int main(int argc, char **argv)
             char req[64];
             snprintf(req, sizeof(req), "tput-%llu-%d", (unsigned long long)bs, k);
             double ok0 = metric(&NB, ip_b, "pegaflow_rdma_fetch_total{status=\"ok\"}");
+            double d0 = metric(&NB, ip_b, "pegaflow_rdma_fetch_duration_seconds_sum");
             uint32_t hits = 0;
             double s = fetch_on_b(ib, req, bs, 0, n, &hits);
             if (hits != n)
@@ -643,13 +679,16 @@ int main(int argc, char **argv)
             if (metric(&NB, ip_b, "pegaflow_rdma_fetch_total{status=\"ok\"}") != ok0 + 1)
                 die("%s: not one successful remote fetch", req);
             r->p2p[k] = (double)o.size / s / 1e9;
+            r->srv[k] = (double)o.size /
+                        (metric(&NB, ip_b, "pegaflow_rdma_fetch_duration_seconds_sum") - d0) / 1e9;
             double c = raw_round(o.size, bs), w = raw_round(o.size, o.size);
             r->raw[k] = (double)o.size / (c < w ? c : w) / 1e9;
         }
         r->p2p_med = pct(r->p2p, o.reps, 0.5);
         r->raw_med = pct(r->raw, o.reps, 0.5);
-        printf("%-6lluk %10.3f %10.3f %7.2f  ", (unsigned long long)(bs >> 10), r->p2p_med,
-               r->raw_med, r->p2p_med / r->raw_med);
+        r->srv_med = pct(r->srv, o.reps, 0.5);
+        printf("%-6lluk %10.3f %10.3f %7.2f %10.3f  ", (unsigned long long)(bs >> 10), r->p2p_med,
+               r->raw_med, r->p2p_med / r->raw_med, r->srv_med);
         for (int k = 0; k < o.reps; k++)
             printf(" %.3f", r->p2p[k]);
         printf("\n");
@@ -705,9 +744,11 @@ int main(int argc, char **argv)
         fprintf(j, "\"health_rtt_p50_ms\":%.4f,\"throughput\":[", hp50);
         for (int bi = 0; bi < o.nblocks; bi++) {
             struct result *r = &res[bi];
-            fprintf(j, "%s{\"block\":%llu,\"p2p_gbps\":%.4f,\"raw_gbps\":%.4f,\"ratio\":%.4f,",
+            fprintf(j,
+                    "%s{\"block\":%llu,\"p2p_gbps\":%.4f,\"raw_gbps\":%.4f,\"ratio\":%.4f,"
+                    "\"fetch_gbps\":%.4f,",
                     bi ? "," : "", (unsigned long long)r->block, r->p2p_med, r->raw_med,
-                    r->p2p_med / r->raw_med);
+                    r->p2p_med / r->raw_med, r->srv_med);
             fprintf(j, "\"p2p_runs\":[");
             for (int k = 0; k < o.reps; k++)
                 fprintf(j, "%s%.4f", k ? "," : "", r->p2p[k]);

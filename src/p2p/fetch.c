@@ -24,7 +24,8 @@
  *   6. on error or timeout the QPs are invalidated inside p2p_xfer_run before it returns,
  *      the connection leaves the table, and only then is the staging memory released; the
  *      timeout is logged as an error ("connection invalidated, transfer lock force-released").
- *   7. every slot is verified against the holder's checksum; the first mismatch ends the
+ *   7. every slot is verified against the holder's checksum, each block as soon as its last
+ *      READ landed (overlapping the rest of the transfer); the first mismatch ends the
  *      fetched run (a miss, never wrong bytes; pegaflow_integrity_failures_total{tier="remote"});
  *      the verified blocks are built as sealed blocks referencing the staging chunks.
  * A fetch that got less than the holder advertised blacklists the req_id for remote fetch
@@ -186,6 +187,11 @@ struct fetch {
     size_t nreads;
     struct p2p_lease lease;
     uint64_t bytes;
+    /* (block, slot, K/V) -> segment: where[spos[sbase[block] + slot] + v] */
+    size_t *where, *sbase, *spos;
+    uint32_t *pending; /* per block: segments not landed yet (this attempt) */
+    int8_t *verdict;   /* per block: 1 verified, -1 checksum mismatch, 0 not checked yet */
+    uint16_t *bad_slot;
     char err[2 * P2P_ERRLEN];
 };
 
@@ -407,7 +413,66 @@ static int plan_staging(struct fetch *f)
             f->bytes += s->len;
         }
     }
+    /* segs are sorted by remote address: map (block, slot, K/V) back to them. spos[] is
+     * the position of each slot's first segment in block-major, slot-major, K-then-V order */
+    size_t nslots = 0;
+    for (size_t j = 0; j < f->k; j++)
+        nslots += r->blocks[j]->n_slots;
+    f->where = malloc((f->nsegs ? f->nsegs : 1) * sizeof(*f->where));
+    f->sbase = malloc((f->k + 1) * sizeof(*f->sbase));
+    f->spos = malloc((nslots ? nslots : 1) * sizeof(*f->spos));
+    f->pending = calloc(f->k, sizeof(*f->pending));
+    f->verdict = calloc(f->k, sizeof(*f->verdict));
+    f->bad_slot = calloc(f->k, sizeof(*f->bad_slot));
+    if (!f->where || !f->sbase || !f->spos || !f->pending || !f->verdict || !f->bad_slot)
+        return -ENOMEM;
+    size_t si = 0, pos = 0;
+    for (size_t j = 0; j < f->k; j++) {
+        f->sbase[j] = si;
+        for (size_t s = 0; s < r->blocks[j]->n_slots; s++) {
+            f->spos[si++] = pos;
+            pos += r->blocks[j]->slots[s]->v_ptr ? 2 : 1;
+        }
+    }
+    for (size_t k = 0; k < f->nsegs; k++) {
+        const struct seg *s = &f->segs[k];
+        f->where[f->spos[f->sbase[s->block] + s->slot] + s->v] = k;
+    }
     return 0;
+}
+
+/* Verifies block j's slots against the holder's checksums (those it sent): 1 or -1. */
+static int8_t verify_block(struct fetch *f, size_t j)
+{
+    const Pegaflow__TransferBlockInfo *bi = f->resp->blocks[j];
+    size_t pos = f->spos[f->sbase[j]];
+    for (size_t s = 0; s < bi->n_slots; s++) {
+        const Pegaflow__TransferSlotInfo *si = bi->slots[s];
+        const struct seg *k = &f->segs[f->where[pos++]];
+        struct pf_slot sl = {.k = k->local, .seg_len = k->len, .nseg = 1};
+        if (si->v_ptr) {
+            sl.v = f->segs[f->where[pos++]].local;
+            sl.nseg = 2;
+        }
+        if (si->has_checksum && !pf_slot_verify(&sl, si->checksum)) {
+            f->bad_slot[j] = (uint16_t)s;
+            return -1;
+        }
+    }
+    return 1;
+}
+
+/* READ i landed: verify the blocks it completed while the other READs are in flight (on
+ * RDMA hardware the transfer costs no CPU, so verification then hides behind it). */
+static void on_read(void *ctx, size_t i)
+{
+    struct fetch *f = ctx;
+    const struct p2p_read *rd = &f->reads[i];
+    for (uint32_t s = rd->seg0; s < rd->seg0 + rd->nseg; s++) {
+        uint32_t b = f->segs[s].block;
+        if (--f->pending[b] == 0 && f->p->cfg.integrity)
+            f->verdict[b] = verify_block(f, b);
+    }
 }
 
 /* 5. READ descriptors for the leased QPs (rebuilt when the connection is replaced). */
@@ -433,6 +498,7 @@ static int build_reads(struct fetch *f)
             (uint8_t *)cur->local + cur->len == s->local && cur->len + s->len <= p->max_read &&
             p2p_conn_rkey(c, cur->nic, cur->raddr, cur->len + s->len, &rkey) && rkey == cur->rkey) {
             cur->len += s->len;
+            cur->nseg++;
             continue;
         }
         /* a new READ: a NIC on the staging memory's NUMA node, else any leased one */
@@ -460,6 +526,8 @@ static int build_reads(struct fetch *f)
             .raddr = s->raddr,
             .rkey = rkey,
             .nic = nic,
+            .seg0 = (uint32_t)i,
+            .nseg = 1,
         };
         cur_chunk = s->chunk;
     }
@@ -471,41 +539,26 @@ static size_t build_blocks(struct fetch *f, struct pf_block **out, size_t *bad_p
 {
     struct pf_p2p *p = f->p;
     const Pegaflow__QueryBlocksForTransferResponse *r = f->resp;
-    /* segs are sorted by remote address: map (block, slot, K/V) back to them. spos[] is
-     * the position of each slot's first segment in block-major, slot-major, K-then-V order */
-    size_t nslots = 0;
-    for (size_t j = 0; j < f->k; j++)
-        nslots += r->blocks[j]->n_slots;
-    size_t *where = malloc((f->nsegs ? f->nsegs : 1) * sizeof(*where));
-    size_t *sbase = malloc((f->k + 1) * sizeof(*sbase));
-    size_t *spos = malloc((nslots ? nslots : 1) * sizeof(*spos));
     size_t got = 0, bad = 0, first_bad = SIZE_MAX;
-    unsigned bad_slot = 0;
-    if (!where || !sbase || !spos)
-        goto out;
-    size_t si_ = 0, pos_ = 0;
     for (size_t j = 0; j < f->k; j++) {
-        sbase[j] = si_;
-        for (size_t s = 0; s < r->blocks[j]->n_slots; s++) {
-            spos[si_++] = pos_;
-            pos_ += r->blocks[j]->slots[s]->v_ptr ? 2 : 1;
+        if (p->cfg.integrity && f->verdict[j] == 0) /* not checked during the transfer */
+            f->verdict[j] = verify_block(f, j);
+        if (f->verdict[j] < 0) {
+            bad++;
+            if (first_bad == SIZE_MAX)
+                first_bad = j;
         }
     }
-    for (size_t i = 0; i < f->nsegs; i++) {
-        const struct seg *s = &f->segs[i];
-        where[spos[sbase[s->block] + s->slot] + s->v] = i;
-    }
-    for (size_t j = 0; j < f->k; j++) {
+    for (size_t j = 0; j < f->k && j < first_bad; j++) {
         const Pegaflow__TransferBlockInfo *bi = r->blocks[j];
         struct pf_block *b = pf_block_new(&f->keys[j], (uint16_t)bi->n_slots);
         if (!b)
             break;
-        size_t pos = spos[sbase[j]];
-        bool ok = true;
+        size_t pos = f->spos[f->sbase[j]];
         for (size_t s = 0; s < bi->n_slots; s++) {
             const Pegaflow__TransferSlotInfo *si = bi->slots[s];
             struct pf_slot *sl = &b->slots[s];
-            const struct seg *k = &f->segs[where[pos++]];
+            const struct seg *k = &f->segs[f->where[pos++]];
             sl->k = k->local;
             sl->ka = f->chunks[k->chunk].a;
             pf_alloc_get(sl->ka);
@@ -514,46 +567,30 @@ static size_t build_blocks(struct fetch *f, struct pf_block **out, size_t *bad_p
             sl->numa = (int16_t)f->chunks[k->chunk].numa;
             sl->nseg = 1;
             if (si->v_ptr) {
-                const struct seg *v = &f->segs[where[pos++]];
+                const struct seg *v = &f->segs[f->where[pos++]];
                 sl->v = v->local;
                 sl->va = f->chunks[v->chunk].a;
                 pf_alloc_get(sl->va);
                 sl->nseg = 2;
             }
-            if (si->has_checksum) {
+            if (si->has_checksum) { /* verified above when integrity is on */
                 sl->checksum = si->checksum;
                 sl->has_checksum = 1;
-                if (ok && p->cfg.integrity && !pf_slot_verify(sl, si->checksum)) {
-                    ok = false;
-                    if (first_bad == SIZE_MAX) {
-                        first_bad = j;
-                        bad_slot = (unsigned)s;
-                    }
-                }
             } else if (p->cfg.integrity) {
                 sl->checksum = pf_slot_compute_checksum(sl); /* for the SSD tier */
                 sl->has_checksum = 1;
             }
         }
         pf_block_finish(b);
-        if (!ok)
-            bad++;
-        if (ok && first_bad == SIZE_MAX)
-            out[got++] = b;
-        else
-            pf_block_put(b);
+        out[got++] = b;
     }
     if (bad) {
         atomic_fetch_add(&p->st_integrity, bad);
         pf_child_add(p->c_integrity, (double)bad);
         pf_error("integrity: %zu of %zu block(s) fetched from %s failed checksum verification "
                  "(first: block %zu, slot %u): treated as misses, %zu block(s) kept",
-                 bad, f->k, f->peer, first_bad, bad_slot, got);
+                 bad, f->k, f->peer, first_bad, (unsigned)f->bad_slot[first_bad], got);
     }
-out:
-    free(where);
-    free(sbase);
-    free(spos);
     *bad_p = bad;
     return got;
 }
@@ -572,6 +609,12 @@ static void fetch_cleanup(struct fetch *f)
     free(f->chunks);
     free(f->segs);
     free(f->reads);
+    free(f->where);
+    free(f->sbase);
+    free(f->spos);
+    free(f->pending);
+    free(f->verdict);
+    free(f->bad_slot);
 }
 
 /* 5./6. The transfer, replacing a stale reused connection once. */
@@ -599,6 +642,10 @@ static int transfer(struct fetch *f)
                      f->lease.nqps, (unsigned long long)tmo);
             uint32_t rot = 0;
             pf_random_bytes(&rot, sizeof(rot));
+            memset(f->pending, 0, f->k * sizeof(*f->pending));
+            memset(f->verdict, 0, f->k * sizeof(*f->verdict));
+            for (size_t i = 0; i < f->nsegs; i++)
+                f->pending[f->segs[i].block]++;
             struct p2p_xfer x = {
                 .qps = f->lease.qps,
                 .nqps = f->lease.nqps,
@@ -606,6 +653,8 @@ static int transfer(struct fetch *f)
                 .depth = PF_P2P_QP_DEPTH,
                 .rotate = rot,
                 .abort = &p->stopping,
+                .on_read = on_read,
+                .ctx = f,
             };
             rc = p2p_xfer_run(&x, f->reads, f->nreads);
             if (rc == 0)

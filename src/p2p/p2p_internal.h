@@ -74,6 +74,7 @@ struct p2p_read {
     uint64_t raddr;
     uint32_t rkey; /* of `nic` */
     int nic;
+    uint32_t seg0, nseg; /* the caller's bookkeeping (segments this READ carries) */
 };
 
 struct p2p_xfer {
@@ -83,6 +84,10 @@ struct p2p_xfer {
     unsigned depth;            /* outstanding READs per QP (<= PF_P2P_QP_DEPTH) */
     unsigned rotate;           /* first QP to post to */
     const _Atomic bool *abort; /* optional: checked between rounds (-ECANCELED) */
+    /* optional: READ i completed successfully (its bytes are in place); runs on the calling
+     * thread between polls, so the caller can work on landed data while the rest flows */
+    void (*on_read)(void *ctx, size_t i);
+    void *ctx;
     /* results */
     size_t posted, completed;
     uint64_t bytes;

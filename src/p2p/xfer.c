@@ -53,6 +53,8 @@ static int handle(struct xstate *s, size_t q, const struct pf_net_cqe *c, int n)
         s->out[q]--;
         s->x->completed++;
         s->x->bytes += s->reads[r].len;
+        if (s->x->on_read)
+            s->x->on_read(s->x->ctx, r);
     }
     return 0;
 }

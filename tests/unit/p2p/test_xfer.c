@@ -51,8 +51,12 @@ static void fx_init(struct fx *f, int nnics, int qps_per_nic, bool connect)
     for (int i = 0; i < NR; i++) {
         uint64_t len = 1 + (uint64_t)(i * 7919) % (MAXL - 1);
         f->off[i] = (uint64_t)i * MAXL;
-        f->reads[i] = (struct p2p_read){
-            f->dst + f->off[i], len, 1, (uint64_t)(uintptr_t)(f->src + f->off[i]), 2, i % nnics};
+        f->reads[i] = (struct p2p_read){.local = f->dst + f->off[i],
+                                        .len = len,
+                                        .lkey = 1,
+                                        .raddr = (uint64_t)(uintptr_t)(f->src + f->off[i]),
+                                        .rkey = 2,
+                                        .nic = i % nnics};
     }
 }
 
@@ -73,12 +77,23 @@ static struct p2p_xfer mkx(struct fx *f, uint64_t tmo_ms, unsigned depth)
                              .rotate = 3};
 }
 
+static void count_read(void *ctx, size_t i)
+{
+    ((int *)ctx)[i]++;
+}
+
 static void test_spread_and_bound(void **st)
 {
     struct fx f;
     fx_init(&f, 2, 2, true);
     struct p2p_xfer x = mkx(&f, 10000, 16);
+    static int seen[NR];
+    memset(seen, 0, sizeof(seen));
+    x.on_read = count_read;
+    x.ctx = seen;
     assert_int_equal(p2p_xfer_run(&x, f.reads, NR), 0);
+    for (int i = 0; i < NR; i++)
+        assert_int_equal(seen[i], 1); /* each completed READ reported once */
     assert_int_equal(x.posted, NR);
     assert_int_equal(x.completed, NR);
     uint64_t bytes = 0;
