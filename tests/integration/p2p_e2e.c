@@ -546,6 +546,30 @@ static void sc_basic(void)
     PFT_CHECK(pft_log_contains(&NA.p, "MetaServer registration"), "A: MetaServer registration");
     PFT_CHECK(pft_log_contains(&NB.p, "topology: 1 NIC(s) on backend tcp"), "B: topology log");
 
+    /* every metric family a P2P node exposes is documented */
+    {
+        char path[512], *body = NULL;
+        const char *top = getenv("PF_TOP");
+        snprintf(path, sizeof(path), "%s/docs/metrics.md", top ? top : ".");
+        char *doc = slurp(path);
+        PFT_CHECK(doc, "cannot read %s", path);
+        PFT_CHECK(pft_http(NB.p.http_host, NB.p.http_port, "GET", "/metrics", &body) == 200,
+                  "metrics");
+        int families = 0;
+        for (char *l = strstr(body, "# TYPE "); l; l = strstr(l + 1, "# TYPE ")) {
+            char name[128], quoted[140];
+            if (sscanf(l, "# TYPE %127s", name) != 1)
+                continue;
+            snprintf(quoted, sizeof(quoted), "`%s`", name);
+            PFT_CHECK(strstr(doc, quoted), "metric %s is not documented in docs/metrics.md",
+                      name);
+            families++;
+        }
+        fprintf(stderr, "    all %d metric families of B are documented\n", families);
+        free(body);
+        free(doc);
+    }
+
     /* now RAM hits on B (promoted, reclaimable), no second fetch */
     fetch_check(cb, &wb, "req-2", 0, N, 0, &wa, 0, 64, (long)N, 10000);
     PFT_CHECK(metric(&NB, "pegaflow_rdma_fetch_total{status=\"ok\"}") == 1, "refetched");

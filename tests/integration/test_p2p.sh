@@ -10,6 +10,7 @@
 set -u
 : "${PF_BIN:?}" "${PF_TESTBIN:?}"
 export PF_BIN
+export PF_TOP=${PF_TOP:-$(cd "$(dirname "$0")/../.." && pwd)}
 export PF_TEST_LOGDIR=${PF_TEST_LOGDIR:-$(mktemp -d "${TMPDIR:-/tmp}/pf-p2p.XXXXXX")}
 echo "logs: $PF_TEST_LOGDIR"
 
