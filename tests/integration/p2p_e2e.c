@@ -1,5 +1,5 @@
 /* P2P end-to-end scenarios with real processes: a MetaServer and pegaflow-server nodes (sim
- * GPU, TCP fabric), each node in its own network namespace when test_p2p.sh could create
+ * GPU, TCP fabric), each node in its own network namespace when p2p_netns.sh could create
  * them (else on 127.0.0.x), driven through libpegaflow as vLLM would. Every scenario starts
  * fresh processes, fills the holder's sim KV caches with seeded random bytes and compares
  * every byte a requester loads.
@@ -24,7 +24,7 @@
  *   evict      A evicts part of the blocks between B's discovery and B's fetch: B gets the
  *              blocks A still has, byte-exact
  *
- * Topology from the environment (test_p2p.sh): PF_P2P_NS_{MS,A,B,C} network namespaces
+ * Topology from the environment (p2p_netns.sh): PF_P2P_NS_{MS,A,B,C} network namespaces
  * (empty: none), PF_P2P_IP_{MS,A,B,C} addresses, PF_P2P_NIC_{A,B,C} --nics values.
  * Usage: p2p_e2e <scenario>... (default: all). Seed: PF_TEST_SEED. */
 #include <errno.h>
@@ -81,7 +81,7 @@ static void env_node(struct node *n, const char *up)
     snprintf(n->ns, sizeof(n->ns), "%s", v ? v : "");
     snprintf(k, sizeof(k), "PF_P2P_IP_%s", up);
     v = getenv(k);
-    PFT_CHECK(v && *v, "%s is not set (run through test_p2p.sh)", k);
+    PFT_CHECK(v && *v, "%s is not set (run through p2p_netns.sh)", k);
     snprintf(n->ip, sizeof(n->ip), "%s", v);
     snprintf(k, sizeof(k), "PF_P2P_NIC_%s", up);
     v = getenv(k);
