@@ -1,7 +1,8 @@
 /* The requester: the "rdma" tier (reference §7.4, §7.6, §7.7).
  *
- * probe (query thread): the whole suffix while fetching is enabled and the req_id is not
- * blacklisted, so the engine starts a task and answers Loading.
+ * probe (query thread): the whole suffix while fetching is enabled, the MetaServer client
+ * has a session and the req_id is not blacklisted, so the engine starts a task and answers
+ * Loading.
  *
  * fetch (prefetch thread), one round:
  *   1. discovery: QueryPrefixBlocks for the suffix, this node excluded, the node with the
@@ -145,6 +146,10 @@ size_t p2p_tier_probe(void *ctx, const char *req_id, const struct pf_block_key *
 {
     struct pf_p2p *p = ctx;
     if (!atomic_load_explicit(&p->fetch_enabled, memory_order_acquire) || atomic_load(&p->stopping))
+        return 0;
+    /* MetaServer known unreachable (its client has no session): no remote discovery, and no
+     * Loading round trip for the client either */
+    if (p->meta && !pf_meta_client_connected(p->meta))
         return 0;
     if (pf_p2p_blacklisted(p, req_id))
         return 0;
@@ -771,7 +776,13 @@ out:
             pf_warn("RDMA fetch req %s from %s aborted after %zu of %zu block(s): %s; the "
                     "request proceeds without them",
                     req_id, f.peer, got, f.want, f.err);
-        if (rc != -ENOMEM && rc != -ESHUTDOWN && rc != -ECANCELED)
+        else
+            pf_debug("RDMA fetch req %s: %s had only %zu of the %zu block(s) it advertised "
+                     "(evicted since)",
+                     req_id, f.peer, got, f.want);
+        /* a failed or short peer: the next query for this request skips remote fetch (not
+         * for local causes: staging memory, shutdown) */
+        if (rc != -ENOMEM && !atomic_load(&p->stopping))
             p2p_blacklist_add(p, req_id);
     }
     if (all_or_nothing && got < n) {

@@ -251,6 +251,16 @@ static void wait_metric(struct node *n, const char *name, double want, bool at_l
     }
 }
 
+static int log_count(struct node *n, const char *s)
+{
+    char *l = slurp(n->p.log);
+    int c = 0;
+    for (char *p = l; p && (p = strstr(p, s)); p++)
+        c++;
+    free(l);
+    return c;
+}
+
 static void wait_log(struct node *n, const char *s, uint64_t timeout_ms)
 {
     PFT_CHECK(pft_wait_log(&n->p, s, timeout_ms), "%s never logged '%s' (log %s)", n->tag, s,
@@ -561,8 +571,7 @@ static void sc_basic(void)
             if (sscanf(l, "# TYPE %127s", name) != 1)
                 continue;
             snprintf(quoted, sizeof(quoted), "`%s`", name);
-            PFT_CHECK(strstr(doc, quoted), "metric %s is not documented in docs/metrics.md",
-                      name);
+            PFT_CHECK(strstr(doc, quoted), "metric %s is not documented in docs/metrics.md", name);
             families++;
         }
         fprintf(stderr, "    all %d metric families of B are documented\n", families);
@@ -744,11 +753,25 @@ static void sc_metaserver(void)
             (unsigned long long)tsave, (unsigned long long)(pft_now_ms() - t0));
     PFT_CHECK(metric(&NB, "pegaflow_rdma_fetch_total{status=\"error\"}") == 0,
               "no fetch should have been attempted without discovery");
+    /* once B's client knows the MetaServer is gone, no discovery is even attempted: Ready at
+     * the first answer, no Loading round trip */
+    wait_log(&NB, "unreachable", 20000);
+    int loading = -1;
+    struct pf_query_result r0 = query_ready(cb, wb.id, "no-meta-2", 700, N, 0, 10000, &loading);
+    PFT_CHECK(r0.num_hit_blocks == 0 && loading == 0, "no-meta-2: %u hits after %d Loading",
+              r0.num_hit_blocks, loading);
+    fprintf(stderr, "    MetaServer known unreachable: Ready at once, no discovery\n");
     /* restarted on the same port: A's blocks discoverable again without a new save */
     start_ms(msport, "2");
     wait_meta(NA.p.addr, 600, N, (long)N, 30000);
     wait_meta(NA.p.addr, 700, N, (long)N, 30000);
     fprintf(stderr, "    MetaServer restarted: A's blocks listed again (resync, no new save)\n");
+    /* B discovers again once its own MetaServer session is back */
+    uint64_t dl = pft_now_ms() + 40000;
+    while (log_count(&NB, "MetaServer session established") < 2) {
+        PFT_CHECK(pft_now_ms() < dl, "B never re-established its MetaServer session");
+        usleep(20000);
+    }
     fetch_check(cb, &wb, "after-restart", 700, N, 0, &wa, 10, 0, (long)N, 30000);
     pf_client_close(ca);
     pf_client_close(cb);
