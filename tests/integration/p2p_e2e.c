@@ -208,6 +208,9 @@ static void start_node(struct node *n, const char *const *extra)
     }
     args[k] = NULL;
     spawn(n, "pegaflow-server", 0, args);
+    /* fetching needs the node's own MetaServer session (no discovery without it) */
+    PFT_CHECK(pft_wait_log(&n->p, "MetaServer session established", 20000),
+              "%s: no MetaServer session", n->tag);
 }
 
 static void stop(struct node *n, int sig)
