@@ -228,6 +228,7 @@ static int discover(struct fetch *f, size_t n, bool all_or_nothing)
         int qrc = p->tr->query_prefix(p->tr->ctx, ns, h, n, PF_P2P_META_TIMEOUT_MS, &res, &nres);
         p2p_meta_exit(p);
         if (qrc) {
+            pf_debug("req %s: MetaServer query failed: %s", f->req_id, strerror(-qrc));
             pf_log_ratelimited(PF_LOG_WARN, 10000,
                                "MetaServer query failed (%s): no remote discovery, the request "
                                "proceeds without remote blocks",
