@@ -14,7 +14,8 @@
  *   Sessions expire after --transfer-lock-timeout-secs (pegaflow_transfer_lock_timeouts_total).
  *
  * Requester side: a tier ("rdma", class reclaimable) registered with the engine. probe
- * answers the whole suffix while fetching is enabled and the req_id is not blacklisted;
+ * answers the whole suffix while fetching is enabled, the MetaServer client has a session
+ * and the req_id is not blacklisted;
  * fetch asks the MetaServer (QueryPrefixBlocks, excluding this node), picks the node with
  * the longest prefix, connects once per peer (single-flight; the connection table is keyed
  * by peer address and used in both directions), queries and locks the blocks, stages them in
@@ -142,10 +143,11 @@ int pf_p2p_create(const struct pf_p2p_config *cfg, struct pf_p2p **p_p, char *er
  * self_addr = this node's advertised "ip:port" (requester_id, excluded from discovery).
  * Call once, before queries that should fetch. */
 void pf_p2p_enable_fetch(struct pf_p2p *p, struct pf_meta_client *meta, const char *self_addr);
-/* Shutdown, step 1 (after the RPC server stopped, before the engine is destroyed): disables
- * the tier, drops every connection (invalidating its QPs: in-flight fetches fail at once),
- * sends queued lock releases (bounded), releases every transfer lock this node holds for
- * peers and deregisters the pool. Idempotent. */
+/* Shutdown, step 1 (after the RPC server stopped, before the MetaServer client and the
+ * engine are destroyed): disables the tier, drops every connection (invalidating its QPs:
+ * in-flight fetches fail at once), waits for MetaServer queries in flight (bounded by their
+ * deadline), sends queued lock releases (3 s at most), releases every transfer lock this node
+ * holds for peers and deregisters the pool. Idempotent. */
 void pf_p2p_stop(struct pf_p2p *p);
 /* Step 2 (after the engine is destroyed: no fetch can run any more): frees. Accepts NULL.
  * Calls pf_p2p_stop when needed. */
