@@ -379,6 +379,12 @@ int pf_p2p_create(const struct pf_p2p_config *cfg, struct pf_p2p **p_p, char *er
     rc = register_pool(p, err, errlen);
     if (rc)
         goto err_free;
+    if (c->lock_timeout_secs * 1000 <= c->fetch_min_ms)
+        pf_warn("--transfer-lock-timeout-secs %llu: peers' transfers may run %llu s, longer "
+                "than this node keeps their blocks locked (expired locks let the memory be "
+                "reused mid-transfer; checksums then turn such blocks into misses)",
+                (unsigned long long)c->lock_timeout_secs,
+                (unsigned long long)(c->fetch_min_ms / 1000));
     if (cfg->transport) {
         p->tr = cfg->transport;
     } else {
