@@ -696,6 +696,7 @@ static int tcpnet_sconn_send_cur(struct sconn *c, uint64_t *sent_p)
     for (;;) {
         struct iovec iov[2];
         int niov = 0;
+        void *sync = NULL; /* TSan: the region's published contents (see pf_hb_acquire) */
         if (c->hdr_off < TCPNET_RESP_LEN)
             iov[niov++] = (struct iovec){c->hdr + c->hdr_off, TCPNET_RESP_LEN - c->hdr_off};
         pthread_rwlock_rdlock(&nic->mr_lock);
@@ -715,6 +716,12 @@ static int tcpnet_sconn_send_cur(struct sconn *c, uint64_t *sent_p)
             }
             size_t chunk = c->len - c->data_off > SSIZE_MAX ? SSIZE_MAX : c->len - c->data_off;
             iov[niov++] = (struct iovec){c->data + c->data_off, chunk};
+            /* like a NIC's DMA, this read is ordered with the owner's writes by the protocol
+             * (handle published, request received from the peer), which TSan cannot see
+             * across processes: the application releases the region after publishing
+             * handles to it and acquires it before reusing memory a peer may have read */
+            sync = m->base.addr;
+            pf_hb_acquire(sync);
         }
         if (niov == 0) {
             pthread_rwlock_unlock(&nic->mr_lock);
@@ -724,6 +731,8 @@ static int tcpnet_sconn_send_cur(struct sconn *c, uint64_t *sent_p)
         struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
         ssize_t n = sendmsg(c->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
         int e = errno;
+        if (sync)
+            pf_hb_release(sync);
         pthread_rwlock_unlock(&nic->mr_lock);
         if (n < 0) {
             if (e == EINTR)

@@ -1,5 +1,6 @@
 /* pegaflow-server process lifecycle: flags -> logging -> fault plan -> HAL -> engine ->
- * HTTP -> gRPC; then wait for SIGINT, SIGTERM or the Shutdown RPC and tear down in
+ * NICs + P2P (--nics) -> HTTP -> gRPC -> MetaServer client (advertising the bound port);
+ * then wait for SIGINT, SIGTERM or the Shutdown RPC and tear down in
  * reverse order. Signals are blocked in every thread and read from a signalfd by the
  * main thread; the Shutdown RPC writes an eventfd. */
 #include <errno.h>
@@ -21,6 +22,7 @@
 #include "pf/http.h"
 #include "pf/log.h"
 #include "pf/metrics.h"
+#include "pf/p2p.h"
 #include "pf/rpc.h"
 #include "pf/service.h"
 #include "pf/ssd.h"
@@ -37,6 +39,11 @@ struct server_app {
     struct pf_engine_service svc;
     struct pf_otlp_exporter *otlp;
     struct pf_meta_client *meta;
+    struct pf_net *net;
+    char net_backend[64];
+    struct pf_p2p *p2p;
+    int grpc_port;
+    char advertise[300]; /* --addr with the bound port: what peers and the MetaServer see */
     int efd;
     int sfd;
 };
@@ -88,6 +95,73 @@ static int open_hal(struct server_app *a)
     }
     log_topology(a);
     return 0;
+}
+
+/* NICs for P2P (--nics): open the NET backend, log which GPU is near which NIC, register
+ * the pool on every NIC and serve the P2P RPCs. */
+static int start_p2p(struct server_app *a)
+{
+    char err[512];
+    struct pf_net_config nc = {
+        .nics = (const char *const *)a->cfg.nics.v,
+        .nnics = a->cfg.nics.n,
+        .faults = a->faults,
+    };
+    int rc = pf_hal_net_open(a->cfg.net_backend, &nc, &a->net, a->net_backend,
+                             sizeof(a->net_backend), err, sizeof(err));
+    if (rc) {
+        pf_error("--net-backend %s / --nics: %s", a->cfg.net_backend, err);
+        return rc;
+    }
+    int nnics = pf_net_nic_count(a->net), ngpus = pf_gpu_device_count(a->gpu);
+    pf_info("topology: %d NIC(s) on backend %s", nnics, a->net_backend);
+    for (int i = 0; i < nnics; i++) {
+        struct pf_net_nic_info ni;
+        if (pf_net_nic_info(a->net, i, &ni) != 0)
+            continue;
+        char near[128] = "";
+        size_t off = 0;
+        for (int g = 0; g < ngpus && off < sizeof(near) - 8; g++) {
+            struct pf_gpu_dev_info gi;
+            if (pf_gpu_device_info(a->gpu, g, &gi) == 0 && ni.numa_node >= 0 &&
+                gi.numa_node == ni.numa_node)
+                off += (size_t)snprintf(near + off, sizeof(near) - off, "%s%d", off ? "," : "",
+                                        gi.index);
+        }
+        pf_info("  NIC %d: %s (%s), NUMA node %d, %s%s%s", i, ni.name, ni.addr, ni.numa_node,
+                ni.numa_node < 0 ? "NUMA node unknown: no GPU affinity"
+                : off            ? "nearest GPU(s): "
+                                 : "no GPU on its NUMA node (cross-NUMA transfers)",
+                near, ni.active ? "" : ", link DOWN");
+    }
+    struct pf_p2p_config pc = {
+        .engine = a->svc.engine,
+        .net = a->net,
+        .backend = a->net_backend,
+        .qps_per_peer = (uint32_t)a->cfg.qps_per_peer,
+        .lock_timeout_secs = a->cfg.transfer_lock_timeout_secs,
+        .integrity = a->cfg.integrity,
+    };
+    rc = pf_p2p_create(&pc, &a->p2p, err, sizeof(err));
+    if (rc) {
+        pf_error("%s", err);
+        return rc;
+    }
+    a->svc.p2p = a->p2p;
+    return 0;
+}
+
+/* The address this node advertises: --addr with the port actually bound (--addr HOST:0). */
+static void set_advertise(struct server_app *a)
+{
+    char host[256];
+    uint16_t port;
+    if (pf_addr_split(a->cfg.addr, host, sizeof(host), &port) != 0 || a->grpc_port <= 0) {
+        snprintf(a->advertise, sizeof(a->advertise), "%s", a->cfg.addr);
+        return;
+    }
+    snprintf(a->advertise, sizeof(a->advertise), strchr(host, ':') ? "[%s]:%d" : "%s:%d", host,
+             a->grpc_port);
 }
 
 static const struct pf_http_route routes_prom[] = {
@@ -193,6 +267,7 @@ static int start_services(struct server_app *a)
     }
     pf_info("gRPC listening on %s (port %d), %llu RPC threads", a->cfg.addr, port,
             (unsigned long long)a->cfg.rpc_threads);
+    a->grpc_port = port;
     return 0;
 }
 
@@ -266,15 +341,14 @@ int pf_server_main(int argc, char **argv)
         goto out;
     if (start_engine(a) != 0)
         goto out;
+    /* tiers are tried in registration order: peers first, then the SSD (as the reference) */
+    if (a->cfg.nics.n && start_p2p(a) != 0)
+        goto out;
     if (a->ssd && pf_ssd_attach(a->ssd, a->svc.engine) != 0)
         goto out;
-    if (a->cfg.metaserver_addr) {
-        int mrc = pf_server_meta_start(a->svc.engine, a->cfg.metaserver_target, a->cfg.addr,
-                                       a->cfg.metaserver_queue_depth, &a->meta);
-        if (mrc) {
-            pf_error("--metaserver-addr: cannot start the MetaServer client: %s", strerror(-mrc));
-            goto out;
-        }
+    if (a->cfg.metaserver_addr && pf_server_meta_hooks(a->svc.engine) != 0) {
+        pf_error("--metaserver-addr: cannot hook the MetaServer client into the engine");
+        goto out;
     }
     if (a->cfg.metrics_otel_endpoint) {
         char err2[256];
@@ -286,6 +360,20 @@ int pf_server_main(int argc, char **argv)
     }
     if (start_services(a) != 0)
         goto out;
+    set_advertise(a);
+    /* after the bind, so that --addr HOST:0 advertises the real port (the hooks were
+     * registered before serving; blocks sealed before the client exists are registered by
+     * its first resync) */
+    if (a->cfg.metaserver_addr) {
+        int mrc = pf_server_meta_start(a->svc.engine, a->cfg.metaserver_target, a->advertise,
+                                       a->cfg.metaserver_queue_depth, &a->meta);
+        if (mrc) {
+            pf_error("--metaserver-addr: cannot start the MetaServer client: %s", strerror(-mrc));
+            goto out;
+        }
+    }
+    if (a->p2p)
+        pf_p2p_enable_fetch(a->p2p, a->meta, a->advertise);
     pf_info("ready");
     if (wait_for_stop(a) == 0)
         exit_code = 0;
@@ -294,14 +382,18 @@ out:
     pf_rpc_server_stop(a->rpc);
     pf_http_server_stop(a->http);
     pf_otlp_stop(a->otlp);
-    /* stop the clients before the engine (their threads call into it), free them after (the
-     * engine's hooks and tier may still call them; stopped, they refuse) */
-    pf_meta_client_stop(a->meta); /* UnregisterNode, bounded by 3 s */
-    pf_ssd_stop(a->ssd);          /* releases its blocks; the engine may still call the tier */
+    /* stop the clients before the engine (their threads call into it); the engine's hooks
+     * and tiers may still call them afterwards: detached or stopped, they refuse */
+    pf_p2p_stop(a->p2p); /* connections dropped, locks released, pool deregistered */
+    if (a->meta)
+        pf_server_meta_detach();
+    pf_meta_client_destroy(a->meta); /* UnregisterNode, bounded by 3 s */
+    pf_ssd_stop(a->ssd);             /* releases its blocks; the engine may still call the tier */
     pf_engine_destroy(a->svc.engine);
-    pf_meta_client_destroy(a->meta);
+    pf_p2p_destroy(a->p2p); /* after the prefetch threads (inside the tier until then) */
     pf_ssd_destroy(a->ssd);
     pf_blk_close(a->blk);
+    pf_net_close(a->net);
     pf_gpu_close(a->gpu);
     if (a->sfd >= 0)
         close(a->sfd);

@@ -3,6 +3,7 @@
  * and resync/refresh enumerate the resident blocks. Runs of blocks of one namespace become
  * one command each; the client copies what it queues, so nothing here blocks. */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,25 +29,39 @@ static void send_runs(struct pf_meta_client *mc, struct pf_block *const *b, size
         const char *name = pf_ns_name(ns);
         int rc = insert ? pf_meta_client_insert(mc, name, hs, k)
                         : pf_meta_client_remove(mc, name, hs, k);
+        if (rc == 0)
+            pf_debug("MetaServer %s: %zu block(s) of %s queued",
+                     insert ? "registration" : "removal", k, name);
         if (rc && rc != -EAGAIN)
             pf_log_ratelimited(PF_LOG_WARN, 60000, "MetaServer %s of %zu block(s) not queued: %s",
                                insert ? "registration" : "removal", k, strerror(-rc));
     }
 }
 
+struct glue {
+    struct pf_engine *e;
+    /* set once the client exists (after the gRPC bind); hooks run before that see NULL and
+     * skip: the client's first session resyncs every resident block anyway */
+    _Atomic(struct pf_meta_client *) mc;
+};
+
 static void on_sealed(void *ctx, struct pf_block *const *b, size_t n)
 {
-    send_runs(ctx, b, n, true);
+    struct glue *g = ctx;
+    struct pf_meta_client *mc = atomic_load_explicit(&g->mc, memory_order_acquire);
+    if (mc)
+        send_runs(mc, b, n, true);
 }
 
 static void on_evicted(void *ctx, struct pf_block *const *b, size_t n)
 {
-    send_runs(ctx, b, n, false);
+    struct glue *g = ctx;
+    struct pf_meta_client *mc = atomic_load_explicit(&g->mc, memory_order_acquire);
+    if (mc)
+        send_runs(mc, b, n, false);
 }
 
-struct glue {
-    struct pf_engine *e;
-};
+static struct glue the_glue; /* one engine per server process */
 
 static void apply_reclaimable(void *ctx, const char *ns, const struct pf_meta_hash *hashes,
                               size_t n)
@@ -89,10 +104,16 @@ static int enumerate_resident(void *ctx, pf_meta_emit_fn emit, void *emit_ctx)
     return ec.rc;
 }
 
+int pf_server_meta_hooks(struct pf_engine *e)
+{
+    the_glue.e = e;
+    struct pf_engine_hooks h = {.sealed = on_sealed, .evicted = on_evicted, .ctx = &the_glue};
+    return pf_engine_add_hooks(e, &h);
+}
+
 int pf_server_meta_start(struct pf_engine *e, const char *target, const char *advertise,
                          size_t queue_depth, struct pf_meta_client **mc_p)
 {
-    static struct glue the_glue; /* one engine per server process */
     struct glue *g = &the_glue;
     g->e = e;
     struct pf_meta_client_config cfg = {
@@ -107,14 +128,14 @@ int pf_server_meta_start(struct pf_engine *e, const char *target, const char *ad
     int rc = pf_meta_client_create(&cfg, &mc);
     if (rc)
         return rc;
-    struct pf_engine_hooks h = {.sealed = on_sealed, .evicted = on_evicted, .ctx = mc};
-    rc = pf_engine_add_hooks(e, &h);
-    if (rc) {
-        pf_meta_client_destroy(mc);
-        return rc;
-    }
+    atomic_store_explicit(&g->mc, mc, memory_order_release);
     pf_info("MetaServer client: %s, advertising %s as node %s", target, advertise,
             pf_meta_client_node_id(mc));
     *mc_p = mc;
     return 0;
+}
+
+void pf_server_meta_detach(void)
+{
+    atomic_store_explicit(&the_glue.mc, NULL, memory_order_release);
 }

@@ -7,10 +7,15 @@
 #include "pf/engine.h"
 #include "pf/meta_client.h"
 
-/* Creates the client and hooks it into the engine (advertise sealed blocks, withdraw
- * evicted ones, apply reclaimable hints, enumerate residents for resync/refresh). The client
- * is stopped and destroyed by the caller (pf_meta_client_destroy) before the engine. */
+/* Registers the engine hooks (advertise sealed blocks, withdraw evicted ones); call before
+ * the engine serves traffic. They do nothing until pf_server_meta_start. */
+int pf_server_meta_hooks(struct pf_engine *e);
+/* Creates the client (reclaimable hints, resident enumeration for resync/refresh) and
+ * attaches it to the hooks; may run while traffic is served. The client is detached
+ * (pf_server_meta_detach) and destroyed by the caller (pf_meta_client_destroy) before the
+ * engine. */
 int pf_server_meta_start(struct pf_engine *e, const char *target, const char *advertise,
                          size_t queue_depth, struct pf_meta_client **mc_p);
+void pf_server_meta_detach(void);
 
 #endif

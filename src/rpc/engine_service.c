@@ -11,6 +11,7 @@
 #include "engine.pb-c.h"
 #include "pf/engine.h"
 #include "pf/log.h"
+#include "pf/p2p.h"
 #include "pf/service.h"
 #include "rpc/wire.h"
 
@@ -457,6 +458,30 @@ static int h_p2p_unconfigured(void *ctx, struct pf_rpc_call *call, const Protobu
                        "--nics and --metaserver-addr)");
 }
 
+static int h_handshake(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *m)
+{
+    struct pf_engine_service *svc = ctx;
+    if (!svc->p2p)
+        return h_p2p_unconfigured(ctx, call, m);
+    return pf_p2p_rpc_handshake(svc->p2p, call, m);
+}
+
+static int h_query_blocks(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *m)
+{
+    struct pf_engine_service *svc = ctx;
+    if (!svc->p2p)
+        return h_p2p_unconfigured(ctx, call, m);
+    return pf_p2p_rpc_query_blocks(svc->p2p, call, m);
+}
+
+static int h_release_lock(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *m)
+{
+    struct pf_engine_service *svc = ctx;
+    if (!svc->p2p)
+        return h_p2p_unconfigured(ctx, call, m);
+    return pf_p2p_rpc_release_lock(svc->p2p, call, m);
+}
+
 const struct pf_rpc_method pf_engine_methods[] = {
     {.path = "/pegaflow.Engine/Health",
      .metric_name = "health",
@@ -498,15 +523,15 @@ const struct pf_rpc_method pf_engine_methods[] = {
     {.path = "/pegaflow.Engine/QueryBlocksForTransfer",
      .metric_name = "query_blocks_for_transfer",
      .req_desc = &pegaflow__query_blocks_for_transfer_request__descriptor,
-     .unary = h_p2p_unconfigured},
+     .unary = h_query_blocks},
     {.path = "/pegaflow.Engine/ReleaseTransferLock",
      .metric_name = "release_transfer_lock",
      .req_desc = &pegaflow__release_transfer_lock_request__descriptor,
-     .unary = h_p2p_unconfigured},
+     .unary = h_release_lock},
     {.path = "/pegaflow.Engine/RdmaHandshake",
      .metric_name = "rdma_handshake",
      .req_desc = &pegaflow__rdma_handshake_request__descriptor,
-     .unary = h_p2p_unconfigured},
+     .unary = h_handshake},
 };
 const size_t pf_engine_nmethods = sizeof(pf_engine_methods) / sizeof(pf_engine_methods[0]);
 

@@ -10,9 +10,13 @@
 #include "pf/rpc.h"
 
 struct pf_engine;
+struct pf_p2p;
 
 struct pf_engine_service {
     struct pf_engine *engine; /* NULL until the engine exists */
+    /* P2P serving side (--nics); NULL: the P2P RPCs answer FAILED_PRECONDITION. Set before
+     * the RPC server starts. */
+    struct pf_p2p *p2p;
     /* Called by the Shutdown RPC (from an RPC thread); must only signal the main thread. */
     void (*request_shutdown)(void *app);
     void *app;

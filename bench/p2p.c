@@ -1,0 +1,782 @@
+/* bench/p2p: remote fetch through the production path (pegaflow-server processes, the
+ * MetaServer, libpegaflow queries) against a plain TCP stream over the same link, in the same
+ * run; and the latency of fetching a 16-block prefix.
+ *
+ * Topology: as root, two network namespaces joined by one veth pair (addresses only inside
+ * them; both deleted at exit): node A (holder) and the MetaServer in one, node B (requester)
+ * and this process (the client) in the other, each node's fabric NIC named by its veth.
+ * Otherwise (or --loopback) A and the MetaServer on 127.0.0.2, B on 127.0.0.3.
+ *
+ * Throughput: for each block size (default 256 KiB, 1 MiB, 4 MiB) A saves --size bytes
+ * (default 1 GiB) of seeded random KV as one layer of that block size; each round drops B's
+ * RAM cache (POST /cache/memory/cleanup), then times B's QueryPrefetch from the first
+ * answer (Loading) to Ready with every block: MetaServer discovery, QueryBlocksForTransfer,
+ * staging allocation, the READs, verification of every slot's xxh3 checksum (a full byte
+ * check) and the sealed blocks. Rounds alternate with the raw baseline: --size bytes sent
+ * from A's namespace to B's over one TCP connection, the faster of block-size calls and a
+ * single call. The table reports medians and their ratio (target >= 0.7).
+ *
+ * Latency: per block size, --lat-reps times: A saves 16 fresh blocks, they are advertised,
+ * then B's QueryPrefetch is repeated back to back from Loading until Ready (client view), next
+ * to B's own fetch time (pegaflow_rdma_fetch_duration_seconds) and an empty Health round trip.
+ *
+ * Usage: p2p [--size 1g] [--blocks 256k,1m,4m] [--reps 3] [--lat-reps 10] [--qps 2]
+ *            [--integrity on|off] [--loopback] [--json p2p.json]        (PF_BIN: the binaries,
+ * default build/rel/bin) */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "client/pegaflow.h"
+#include "engine.pb-c.h"
+#include "pf/clock.h"
+#include "pf/config.h"
+#include "pf/rpc.h"
+#include "pftest.h"
+
+#define MAX_BLOCKS 8
+#define MAX_REPS   32
+#define HLEN       32
+#define TMO        60000
+#define NSTR       "ns-bench-p2p"
+
+struct opts {
+    uint64_t size;
+    uint64_t blocks[MAX_BLOCKS];
+    int nblocks;
+    int reps, lat_reps, qps;
+    bool loopback;
+    const char *integrity;
+    const char *json;
+};
+
+static char ns_a[64], ns_b[64], veth_a[16], veth_b[16], ip_a[32], ip_b[32];
+static bool ns_made;
+static uint64_t seed;
+
+static int sh(const char *fmt, ...) PF_PRINTF(1, 2);
+static int sh(const char *fmt, ...)
+{
+    char cmd[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* ------------------------------------------------------------------ processes */
+
+struct proc {
+    const char *tag;
+    const char *ns;
+    pid_t pid;
+    char log[320], addr[64];
+    int grpc_port, http_port;
+};
+
+static struct proc MS = {.tag = "metaserver"}, NA = {.tag = "node-a"}, NB = {.tag = "node-b"};
+static pid_t raw_pid;
+static char logdir[64];
+
+static void kill_all(void)
+{
+    struct proc *all[] = {&NB, &NA, &MS};
+    for (int i = 0; i < 3; i++)
+        if (all[i]->pid > 0) {
+            kill(all[i]->pid, SIGKILL);
+            waitpid(all[i]->pid, NULL, 0);
+            all[i]->pid = 0;
+        }
+    if (raw_pid > 0) {
+        kill(raw_pid, SIGKILL);
+        waitpid(raw_pid, NULL, 0);
+        raw_pid = 0;
+    }
+    if (ns_made) {
+        ns_made = false;
+        sh("ip netns del %s 2>/dev/null", ns_a);
+        sh("ip netns del %s 2>/dev/null", ns_b);
+    }
+}
+
+static void on_signal(int sig)
+{
+    kill_all();
+    _exit(128 + sig);
+}
+
+static void die(const char *fmt, ...) PF_PRINTF(1, 2);
+static void die(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "p2p bench: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, " (logs in %s)\n", logdir);
+    va_end(ap);
+    kill_all();
+    exit(1);
+}
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    size_t r = b ? fread(b, 1, (size_t)n, f) : 0;
+    if (b)
+        b[r] = '\0';
+    fclose(f);
+    return b;
+}
+
+static int port_after(const char *log, const char *marker)
+{
+    const char *m = strstr(log, marker), *p = m ? strstr(m, "(port ") : NULL;
+    return p ? atoi(p + 6) : 0;
+}
+
+static void spawn(struct proc *p, const char *bin, const char *ip, const char *const *args)
+{
+    const char *dir = getenv("PF_BIN");
+    char path[512], addr[64], haddr[64];
+    snprintf(path, sizeof(path), "%s/%s", dir ? dir : "build/rel/bin", bin);
+    snprintf(addr, sizeof(addr), "%s:0", ip);
+    snprintf(haddr, sizeof(haddr), "%s:0", ip);
+    snprintf(p->log, sizeof(p->log), "%s/%s.log", logdir, p->tag);
+    const char *argv[64];
+    size_t k = 0;
+    if (p->ns) {
+        argv[k++] = "ip";
+        argv[k++] = "netns";
+        argv[k++] = "exec";
+        argv[k++] = p->ns;
+    }
+    argv[k++] = path;
+    argv[k++] = "--addr";
+    argv[k++] = addr;
+    argv[k++] = "--http-addr";
+    argv[k++] = haddr;
+    for (size_t i = 0; args[i] && k < 62; i++)
+        argv[k++] = args[i];
+    argv[k] = NULL;
+    p->pid = fork();
+    if (p->pid < 0)
+        die("fork: %s", strerror(errno));
+    if (p->pid == 0) {
+        int fd = open(p->log, O_CREAT | O_TRUNC | O_WRONLY, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        if (p->ns)
+            execvp("ip", (char *const *)argv);
+        else
+            execv(path, (char *const *)argv);
+        _exit(127);
+    }
+    uint64_t dl = pft_now_ms() + 120000; /* pools of 1 GiB pre-fault slowly on small VMs */
+    for (;;) {
+        char *l = slurp(p->log);
+        bool ready = false;
+        if (l) {
+            p->grpc_port = port_after(l, "gRPC listening on");
+            p->http_port = port_after(l, "HTTP listening on");
+            ready = strstr(l, ": ready\n") != NULL;
+            free(l);
+        }
+        if (ready && p->grpc_port && p->http_port)
+            break;
+        if (waitpid(p->pid, NULL, WNOHANG) == p->pid) {
+            p->pid = 0;
+            die("%s exited during start-up", p->tag);
+        }
+        if (pft_now_ms() > dl)
+            die("%s did not start", p->tag);
+        usleep(20000);
+    }
+    snprintf(p->addr, sizeof(p->addr), "%s:%d", ip, p->grpc_port);
+}
+
+static double metric(struct proc *p, const char *ip, const char *name)
+{
+    char *body = NULL;
+    if (pft_http(ip, p->http_port, "GET", "/metrics", &body) != 200)
+        die("%s /metrics failed", p->tag);
+    char key[256];
+    snprintf(key, sizeof(key), "\n%s ", name);
+    char *s = strstr(body, key);
+    double v = s ? strtod(s + strlen(key), NULL) : 0;
+    free(body);
+    return v;
+}
+
+/* ------------------------------------------------------------------ namespaces */
+
+static int ns_setup(void)
+{
+    int id = (int)(getpid() % 100000);
+    snprintf(ns_a, sizeof(ns_a), "pfp2p-a-%d", id);
+    snprintf(ns_b, sizeof(ns_b), "pfp2p-b-%d", id);
+    snprintf(veth_a, sizeof(veth_a), "pfpa%d", id);
+    snprintf(veth_b, sizeof(veth_b), "pfpb%d", id);
+    snprintf(ip_a, sizeof(ip_a), "10.214.%d.1", id % 250);
+    snprintf(ip_b, sizeof(ip_b), "10.214.%d.2", id % 250);
+    if (sh("ip netns add %s", ns_a))
+        return -1;
+    ns_made = true;
+    if (sh("ip netns add %s", ns_b) ||
+        sh("ip link add %s netns %s type veth peer name %s netns %s", veth_a, ns_a, veth_b, ns_b) ||
+        sh("ip -n %s addr add %s/24 dev %s", ns_a, ip_a, veth_a) ||
+        sh("ip -n %s addr add %s/24 dev %s", ns_b, ip_b, veth_b) ||
+        sh("ip -n %s link set lo up && ip -n %s link set %s up", ns_a, ns_a, veth_a) ||
+        sh("ip -n %s link set lo up && ip -n %s link set %s up", ns_b, ns_b, veth_b)) {
+        kill_all();
+        return -1;
+    }
+    return 0;
+}
+
+static int ns_enter(const char *name)
+{
+    char path[128];
+    snprintf(path, sizeof(path), "/var/run/netns/%s", name);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    int rc = setns(fd, CLONE_NEWNET) ? -errno : 0;
+    close(fd);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ raw TCP baseline */
+
+static int xread(int fd, void *buf, size_t len)
+{
+    uint8_t *p = buf;
+    while (len) {
+        ssize_t n = read(fd, p, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return -1;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+/* Child in A's namespace: streams size bytes per connection in the chunk the reader names. */
+static void raw_sender(int ctl, uint64_t size)
+{
+    if (ns_made && ns_enter(ns_a))
+        _exit(1);
+    uint8_t *src = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (src == MAP_FAILED)
+        _exit(1);
+    pft_fill(src, size, seed, 99);
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    inet_pton(AF_INET, ip_a, &sa.sin_addr);
+    if (bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) || listen(lfd, 4))
+        _exit(1);
+    socklen_t sl = sizeof(sa);
+    getsockname(lfd, (struct sockaddr *)&sa, &sl);
+    uint16_t port = ntohs(sa.sin_port);
+    if (write(ctl, &port, sizeof(port)) != sizeof(port))
+        _exit(1);
+    for (;;) {
+        int fd = accept(lfd, NULL, NULL);
+        if (fd < 0)
+            _exit(0);
+        uint64_t chunk = 0, off = 0;
+        if (recv(fd, &chunk, sizeof(chunk), MSG_WAITALL) == sizeof(chunk) && chunk)
+            while (off < size) {
+                uint64_t want = size - off < chunk ? size - off : chunk;
+                ssize_t n = send(fd, src + off, want, MSG_NOSIGNAL);
+                if (n <= 0)
+                    break;
+                off += (uint64_t)n;
+            }
+        char c;
+        while (recv(fd, &c, 1, 0) > 0)
+            ;
+        close(fd);
+    }
+}
+
+static uint16_t raw_port;
+static uint8_t *raw_dst;
+
+static double raw_round(uint64_t size, uint64_t chunk)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(raw_port)};
+    inet_pton(AF_INET, ip_a, &sa.sin_addr);
+    uint64_t t0 = pf_now_ns();
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) ||
+        send(fd, &chunk, sizeof(chunk), MSG_NOSIGNAL) != sizeof(chunk))
+        die("raw connect: %s", strerror(errno));
+    uint64_t off = 0;
+    while (off < size) {
+        uint64_t want = size - off < chunk ? size - off : chunk;
+        ssize_t n = recv(fd, raw_dst + off, want, MSG_WAITALL);
+        if (n <= 0)
+            die("raw recv: %s", strerror(errno));
+        off += (uint64_t)n;
+    }
+    double s = (double)(pf_now_ns() - t0) / 1e9;
+    close(fd);
+    return s;
+}
+
+/* ------------------------------------------------------------------ the client side */
+
+static struct pf_client *ca, *cb;
+static struct pf_simkv *kv_a, *kv_b;
+
+static void hash_of(uint64_t space, uint64_t i, uint8_t *h)
+{
+    pft_fill(h, HLEN, seed, space << 32 | i);
+}
+
+static void reg(struct pf_client *c, const char *id, struct pf_simkv *kv, uint64_t nblocks,
+                uint64_t bs)
+{
+    uint8_t ipc[512];
+    size_t ipc_len = 0;
+    if (pf_simkv_ipc(kv, 0, nblocks * bs, ipc, sizeof(ipc), &ipc_len))
+        die("simkv ipc");
+    struct pf_layer_desc d = {.name = "ALL_LAYERS",
+                              .ipc = ipc,
+                              .ipc_len = ipc_len,
+                              .num_blocks = nblocks,
+                              .bytes_per_block = bs,
+                              .segments = 1};
+    struct pf_register_args a = {.instance_id = id,
+                                 .namespace_ = NSTR,
+                                 .tp_size = 1,
+                                 .world_size = 1,
+                                 .layers = &d,
+                                 .nlayers = 1};
+    if (pf_client_register(c, &a, TMO))
+        die("register %s: %s", id, pf_last_error_message());
+}
+
+static void save(const char *inst, uint64_t space, uint64_t h0, uint32_t first, size_t n)
+{
+    for (size_t done = 0; done < n;) {
+        size_t k = n - done < 256 ? n - done : 256;
+        uint32_t ids[256];
+        uint8_t hs[256 * HLEN];
+        for (size_t i = 0; i < k; i++) {
+            ids[i] = first + (uint32_t)(done + i);
+            hash_of(space, h0 + done + i, hs + i * HLEN);
+        }
+        struct pf_save_layer sl = {
+            .name = "ALL_LAYERS", .block_ids = ids, .hashes = hs, .hash_len = HLEN, .n = k};
+        if (pf_client_save(ca, inst, 0, 0, 0, &sl, 1, TMO))
+            die("save: %s", pf_last_error_message());
+        done += k;
+    }
+}
+
+/* Prefix the MetaServer lists for A over [h0, h0+n). */
+static long meta_prefix(uint64_t space, uint64_t h0, size_t n)
+{
+    static struct pf_rpc_channel *ch;
+    if (!ch && pf_rpc_channel_open(MS.addr, &ch))
+        die("channel");
+    uint8_t *hs = malloc(n * HLEN);
+    ProtobufCBinaryData *b = malloc(n * sizeof(*b));
+    for (size_t i = 0; i < n; i++) {
+        hash_of(space, h0 + i, hs + i * HLEN);
+        b[i] = (ProtobufCBinaryData){HLEN, hs + i * HLEN};
+    }
+    Pegaflow__QueryPrefixBlocksRequest req = PEGAFLOW__QUERY_PREFIX_BLOCKS_REQUEST__INIT;
+    req.namespace_ = (char *)NSTR;
+    req.n_block_hashes = n;
+    req.block_hashes = b;
+    ProtobufCMessage *resp = NULL;
+    struct pf_rpc_status st;
+    long v = -1;
+    if (pf_rpc_unary(ch, "/pegaflow.MetaServer/QueryPrefixBlocks", &req.base,
+                     &pegaflow__query_prefix_blocks_response__descriptor, 5000, &resp, &st) == 0) {
+        const Pegaflow__QueryPrefixBlocksResponse *r = (const void *)resp;
+        v = 0;
+        for (size_t i = 0; i < r->n_nodes; i++)
+            if (strcmp(r->nodes[i]->node, NA.addr) == 0)
+                v = (long)r->nodes[i]->prefix_len;
+        protobuf_c_message_free_unpacked(resp, NULL);
+    }
+    free(hs);
+    free(b);
+    return v;
+}
+
+static void wait_advertised(uint64_t space, uint64_t h0, size_t n)
+{
+    uint64_t dl = pft_now_ms() + 60000;
+    while (meta_prefix(space, h0, n) != (long)n) {
+        if (pft_now_ms() > dl)
+            die("A's blocks never showed up at the MetaServer");
+        usleep(2000);
+    }
+}
+
+/* QueryPrefetch on B back to back until Ready; returns seconds from the first call. */
+static double fetch_on_b(const char *inst, const char *req, uint64_t space, uint64_t h0, size_t n,
+                         uint32_t *hits_p)
+{
+    uint8_t *hs = malloc(n * HLEN);
+    for (size_t i = 0; i < n; i++)
+        hash_of(space, h0 + i, hs + i * HLEN);
+    struct pf_query_result r;
+    uint64_t t0 = pf_now_ns(), dl = pft_now_ms() + 120000;
+    for (;;) {
+        if (pf_client_query(cb, inst, req, hs, NULL, HLEN, n, 0, 0, &r, NULL, 0, TMO))
+            die("query: %s", pf_last_error_message());
+        if (!r.loading)
+            break;
+        if (pft_now_ms() > dl)
+            die("still Loading after 120 s");
+    }
+    double s = (double)(pf_now_ns() - t0) / 1e9;
+    if (r.lease_len)
+        pf_client_release(cb, r.lease, r.lease_len, TMO);
+    free(hs);
+    *hits_p = r.num_hit_blocks;
+    return s;
+}
+
+static void cleanup_b(void)
+{
+    char *body = NULL;
+    if (pft_http(ip_b, NB.http_port, "POST", "/cache/memory/cleanup", &body) != 200)
+        die("B cleanup failed");
+    free(body);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double pct(const double *v, int n, double q)
+{
+    double s[256];
+    memcpy(s, v, (size_t)n * sizeof(double));
+    qsort(s, (size_t)n, sizeof(double), cmp_double);
+    int i = (int)(q * (n - 1) + 0.5);
+    return s[i];
+}
+
+static int parse_opts(int argc, char **argv, struct opts *o)
+{
+    *o = (struct opts){.size = 1ull << 30,
+                       .blocks = {256u << 10, 1u << 20, 4u << 20},
+                       .nblocks = 3,
+                       .reps = 3,
+                       .lat_reps = 10,
+                       .qps = 2,
+                       .integrity = "on",
+                       .json = "p2p.json"};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--loopback")) {
+            o->loopback = true;
+            continue;
+        }
+        if (!v)
+            goto usage;
+        i++;
+        if (!strcmp(a, "--size")) {
+            if (pf_parse_size(v, &o->size) || o->size == 0)
+                goto usage;
+        } else if (!strcmp(a, "--reps")) {
+            o->reps = atoi(v);
+            if (o->reps < 1 || o->reps > MAX_REPS)
+                goto usage;
+        } else if (!strcmp(a, "--lat-reps")) {
+            o->lat_reps = atoi(v);
+            if (o->lat_reps < 1 || o->lat_reps > 200)
+                goto usage;
+        } else if (!strcmp(a, "--qps")) {
+            o->qps = atoi(v);
+            if (o->qps < 1 || o->qps > 64)
+                goto usage;
+        } else if (!strcmp(a, "--json")) {
+            o->json = v;
+        } else if (!strcmp(a, "--integrity")) {
+            o->integrity = v;
+        } else if (!strcmp(a, "--blocks")) {
+            char buf[256];
+            snprintf(buf, sizeof(buf), "%s", v);
+            o->nblocks = 0;
+            for (char *save, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+                if (o->nblocks == MAX_BLOCKS || pf_parse_size(t, &o->blocks[o->nblocks]) ||
+                    o->blocks[o->nblocks] < 4096 || o->blocks[o->nblocks] % 512)
+                    goto usage;
+                o->nblocks++;
+            }
+        } else {
+            goto usage;
+        }
+    }
+    return 0;
+usage:
+    fprintf(stderr, "usage: p2p [--size BYTES] [--blocks 256k,1m,4m] [--reps N] [--lat-reps N] "
+                    "[--qps N] [--integrity on|off] [--loopback] [--json PATH]\n");
+    return -1;
+}
+
+struct result {
+    uint64_t block;
+    double p2p[MAX_REPS], raw[MAX_REPS], srv[MAX_REPS];
+    double p2p_med, raw_med, srv_med;
+    double lat[200], lat_srv_ms, lat_p50, lat_p99;
+};
+
+int main(int argc, char **argv)
+{
+    struct opts o;
+    if (parse_opts(argc, argv, &o))
+        return 2;
+    seed = pft_seed();
+    snprintf(logdir, sizeof(logdir), "/tmp/pf-bench-p2p.XXXXXX");
+    if (!mkdtemp(logdir))
+        return 1;
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    signal(SIGPIPE, SIG_IGN);
+    bool netns = !o.loopback && geteuid() == 0 && ns_setup() == 0;
+    const char *nic_a = ip_a, *nic_b = ip_b;
+    if (netns) {
+        NA.ns = MS.ns = ns_a;
+        NB.ns = ns_b;
+        nic_a = veth_a;
+        nic_b = veth_b;
+    } else {
+        snprintf(ip_a, sizeof(ip_a), "127.0.0.2");
+        snprintf(ip_b, sizeof(ip_b), "127.0.0.3");
+    }
+    char szs[32];
+    pf_format_size(o.size, szs, sizeof(szs));
+    printf("p2p bench: %s, %s per fetch, blocks", netns ? "two namespaces + veth" : "loopback",
+           szs);
+    for (int i = 0; i < o.nblocks; i++)
+        printf(" %lluk", (unsigned long long)(o.blocks[i] >> 10));
+    printf(", %d rounds, %d QP(s) per peer, logs %s\n", o.reps, o.qps, logdir);
+    fflush(stdout);
+
+    int ctl[2];
+    if (pipe(ctl))
+        return 1;
+    raw_pid = fork();
+    if (raw_pid == 0) {
+        close(ctl[0]);
+        raw_sender(ctl[1], o.size);
+    }
+    close(ctl[1]);
+    if (xread(ctl[0], &raw_port, sizeof(raw_port)))
+        die("raw sender did not start");
+
+    char pool[32], qps[8], meta[96];
+    pf_format_size(o.size + (64ull << 20), pool, sizeof(pool));
+    snprintf(qps, sizeof(qps), "%d", o.qps);
+    const char *ms_args[] = {"--node-stale-secs", "30", NULL};
+    spawn(&MS, "pegaflow-metaserver", ip_a, ms_args);
+    snprintf(meta, sizeof(meta), "http://%s", MS.addr);
+    const char *a_args[] = {"--gpu-backend",
+                            "sim",
+                            "--sim-gpus",
+                            "1",
+                            "--pool-size",
+                            pool,
+                            "--nics",
+                            nic_a,
+                            "--net-backend",
+                            "tcp",
+                            "--metaserver-addr",
+                            meta,
+                            "--qps-per-peer",
+                            qps,
+                            "--integrity",
+                            o.integrity,
+                            NULL};
+    spawn(&NA, "pegaflow-server", ip_a, a_args);
+    const char *b_args[] = {"--gpu-backend",
+                            "sim",
+                            "--sim-gpus",
+                            "1",
+                            "--pool-size",
+                            pool,
+                            "--nics",
+                            nic_b,
+                            "--net-backend",
+                            "tcp",
+                            "--metaserver-addr",
+                            meta,
+                            "--qps-per-peer",
+                            qps,
+                            "--integrity",
+                            o.integrity,
+                            NULL};
+    spawn(&NB, "pegaflow-server", ip_b, b_args);
+    if (netns && ns_enter(ns_b))
+        die("cannot enter %s", ns_b);
+    raw_dst = mmap(NULL, o.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    memset(raw_dst, 0, o.size);
+    if (pf_client_connect(NA.addr, &ca) || pf_client_connect(NB.addr, &cb))
+        die("connect");
+    if (pf_simkv_create(o.size, 0, &kv_a) || pf_simkv_create(16ull << 20, 0, &kv_b))
+        die("simkv");
+    pft_fill(pf_simkv_ptr(kv_a), o.size, seed, 1);
+
+    struct result res[MAX_BLOCKS];
+    memset(res, 0, sizeof(res));
+    printf("\n%-8s %10s %10s %7s %10s   %s\n", "block", "p2p GB/s", "raw GB/s", "ratio",
+           "fetch GB/s", "p2p runs (GB/s)");
+    for (int bi = 0; bi < o.nblocks; bi++) {
+        struct result *r = &res[bi];
+        uint64_t bs = r->block = o.blocks[bi], n = o.size / bs;
+        char ia[64], ib[64];
+        snprintf(ia, sizeof(ia), "a-%llu", (unsigned long long)bs);
+        snprintf(ib, sizeof(ib), "b-%llu", (unsigned long long)bs);
+        reg(ca, ia, kv_a, n, bs);
+        reg(cb, ib, kv_b, (16ull << 20) / bs, bs);
+        save(ia, bs, 0, 0, n);
+        wait_advertised(bs, 0, n);
+        for (int k = 0; k < o.reps; k++) {
+            cleanup_b();
+            char req[64];
+            snprintf(req, sizeof(req), "tput-%llu-%d", (unsigned long long)bs, k);
+            double ok0 = metric(&NB, ip_b, "pegaflow_rdma_fetch_total{status=\"ok\"}");
+            double d0 = metric(&NB, ip_b, "pegaflow_rdma_fetch_duration_seconds_sum");
+            uint32_t hits = 0;
+            double s = fetch_on_b(ib, req, bs, 0, n, &hits);
+            if (hits != n)
+                die("%s: %u of %llu blocks fetched", req, hits, (unsigned long long)n);
+            if (metric(&NB, ip_b, "pegaflow_rdma_fetch_total{status=\"ok\"}") != ok0 + 1)
+                die("%s: not one successful remote fetch", req);
+            r->p2p[k] = (double)o.size / s / 1e9;
+            r->srv[k] = (double)o.size /
+                        (metric(&NB, ip_b, "pegaflow_rdma_fetch_duration_seconds_sum") - d0) / 1e9;
+            double c = raw_round(o.size, bs), w = raw_round(o.size, o.size);
+            r->raw[k] = (double)o.size / (c < w ? c : w) / 1e9;
+        }
+        r->p2p_med = pct(r->p2p, o.reps, 0.5);
+        r->raw_med = pct(r->raw, o.reps, 0.5);
+        r->srv_med = pct(r->srv, o.reps, 0.5);
+        printf("%-6lluk %10.3f %10.3f %7.2f %10.3f  ", (unsigned long long)(bs >> 10), r->p2p_med,
+               r->raw_med, r->p2p_med / r->raw_med, r->srv_med);
+        for (int k = 0; k < o.reps; k++)
+            printf(" %.3f", r->p2p[k]);
+        printf("\n");
+        fflush(stdout);
+    }
+    if (metric(&NB, ip_b, "pegaflow_integrity_failures_total{tier=\"remote\"}") != 0)
+        die("integrity failures during the benchmark");
+
+    /* latency of a 16-block prefix */
+    double health[50];
+    for (int i = 0; i < 50; i++) {
+        uint64_t t0 = pf_now_ns();
+        pf_client_health(cb, TMO);
+        health[i] = (double)(pf_now_ns() - t0) / 1e6;
+    }
+    double hp50 = pct(health, 50, 0.5);
+    printf("\n16-block prefix fetch latency (%d runs each; Health RPC round trip p50 %.3f ms)\n",
+           o.lat_reps, hp50);
+    printf("%-8s %10s %10s %14s\n", "block", "p50 ms", "p99 ms", "server mean ms");
+    for (int bi = 0; bi < o.nblocks; bi++) {
+        struct result *r = &res[bi];
+        uint64_t bs = r->block;
+        char ia[64], ib[64];
+        snprintf(ia, sizeof(ia), "a-%llu", (unsigned long long)bs);
+        snprintf(ib, sizeof(ib), "b-%llu", (unsigned long long)bs);
+        double s0 = metric(&NB, ip_b, "pegaflow_rdma_fetch_duration_seconds_sum");
+        double c0 = metric(&NB, ip_b, "pegaflow_rdma_fetch_duration_seconds_count");
+        for (int k = 0; k < o.lat_reps; k++) {
+            uint64_t h0 = 1000000 + (uint64_t)k * 16;
+            save(ia, bs, h0, 0, 16);
+            wait_advertised(bs, h0, 16);
+            char req[64];
+            snprintf(req, sizeof(req), "lat-%llu-%d", (unsigned long long)bs, k);
+            uint32_t hits = 0;
+            r->lat[k] = fetch_on_b(ib, req, bs, h0, 16, &hits) * 1e3;
+            if (hits != 16)
+                die("%s: %u of 16 blocks", req, hits);
+        }
+        double s1 = metric(&NB, ip_b, "pegaflow_rdma_fetch_duration_seconds_sum");
+        double c1 = metric(&NB, ip_b, "pegaflow_rdma_fetch_duration_seconds_count");
+        r->lat_p50 = pct(r->lat, o.lat_reps, 0.5);
+        r->lat_p99 = pct(r->lat, o.lat_reps, 0.99);
+        r->lat_srv_ms = c1 > c0 ? (s1 - s0) / (c1 - c0) * 1e3 : 0;
+        printf("%-6lluk %10.3f %10.3f %14.3f\n", (unsigned long long)(bs >> 10), r->lat_p50,
+               r->lat_p99, r->lat_srv_ms);
+    }
+
+    FILE *j = fopen(o.json, "w");
+    if (j) {
+        fprintf(j, "{\"topology\":\"%s\",\"size\":%llu,\"qps_per_peer\":%d,\"seed\":%llu,",
+                netns ? "netns-veth" : "loopback", (unsigned long long)o.size, o.qps,
+                (unsigned long long)seed);
+        fprintf(j, "\"health_rtt_p50_ms\":%.4f,\"throughput\":[", hp50);
+        for (int bi = 0; bi < o.nblocks; bi++) {
+            struct result *r = &res[bi];
+            fprintf(j,
+                    "%s{\"block\":%llu,\"p2p_gbps\":%.4f,\"raw_gbps\":%.4f,\"ratio\":%.4f,"
+                    "\"fetch_gbps\":%.4f,",
+                    bi ? "," : "", (unsigned long long)r->block, r->p2p_med, r->raw_med,
+                    r->p2p_med / r->raw_med, r->srv_med);
+            fprintf(j, "\"p2p_runs\":[");
+            for (int k = 0; k < o.reps; k++)
+                fprintf(j, "%s%.4f", k ? "," : "", r->p2p[k]);
+            fprintf(j, "],\"raw_runs\":[");
+            for (int k = 0; k < o.reps; k++)
+                fprintf(j, "%s%.4f", k ? "," : "", r->raw[k]);
+            fprintf(j, "]}");
+        }
+        fprintf(j, "],\"latency_16_blocks\":[");
+        for (int bi = 0; bi < o.nblocks; bi++) {
+            struct result *r = &res[bi];
+            fprintf(j,
+                    "%s{\"block\":%llu,\"p50_ms\":%.4f,\"p99_ms\":%.4f,\"server_mean_ms\":%.4f,"
+                    "\"runs_ms\":[",
+                    bi ? "," : "", (unsigned long long)r->block, r->lat_p50, r->lat_p99,
+                    r->lat_srv_ms);
+            for (int k = 0; k < o.lat_reps; k++)
+                fprintf(j, "%s%.4f", k ? "," : "", r->lat[k]);
+            fprintf(j, "]}");
+        }
+        fprintf(j, "]}\n");
+        fclose(j);
+        printf("\nJSON: %s\n", o.json);
+    }
+    pf_client_close(ca);
+    pf_client_close(cb);
+    pf_simkv_destroy(kv_a);
+    pf_simkv_destroy(kv_b);
+    kill_all();
+    return 0;
+}

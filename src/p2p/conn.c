@@ -1,0 +1,754 @@
+/* Connections to peers and the RdmaHandshake (reference §7.3).
+ *
+ * The table maps a peer's advertised address to at most two live connections: `out`, which
+ * this node initiated (its requester handshook), and `in`, which the peer initiated (our
+ * handler accepted). RC QPs are bidirectional, so a fetch uses either: when A fetched from B,
+ * B later fetches from A over the connection A created. Keeping the two directions in
+ * separate slots is what makes a simultaneous mutual handshake safe (the reference can panic
+ * there, its #402): A's outgoing handshake and B's outgoing handshake each produce their own
+ * QP pair and neither side's handler touches the other pair.
+ *
+ *  - Requester: one outgoing handshake per peer at a time (`connecting`; other fetches wait
+ *    on the condition variable, bounded). After a failed handshake the peer is skipped for
+ *    5 s (fetches fail at once instead of each waiting for an unreachable peer). Fresh QPs are
+ * created, their endpoints and our regions sent, the reply validated and our QPs connected; the new
+ * connection replaces the previous outgoing one.
+ *  - Handler: the requester's metadata is validated, fresh QPs are created and connected to
+ *    its endpoints, and the connection replaces the previous incoming one from that address
+ *    (a requester re-handshakes when its side broke). Both sides also drop connections made
+ *    with an older incarnation (node_id) of the peer: it restarted, those QPs are dead.
+ *  - A fetch leases the free QPs of one connection exclusively (one thread posts to and
+ *    polls a QP at a time, HAL rule); concurrent fetches to one peer share the QPs that are
+ *    free or wait for them. A failed connection leaves the table and its QPs are
+ *    invalidated at once; they are destroyed when the last lease is returned.
+ *
+ * Lock order: conn_mu only; QPs are created, connected, invalidated and destroyed outside
+ * it (the backends block there). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PF_LOG_MOD "p2p"
+#include "p2p/p2p_internal.h"
+#include "pf/clock.h"
+#include "pf/log.h"
+
+static uint64_t addr_hash(const char *a)
+{
+    return pf_hash64(a, strlen(a));
+}
+
+static struct p2p_peer *peer_find_locked(struct pf_p2p *p, const char *addr)
+{
+    uint64_t h = addr_hash(addr);
+    struct pf_hnode *n;
+    pf_htable_for_each_hash(&p->peers, n, h)
+    {
+        struct p2p_peer *e = pf_container_of(n, struct p2p_peer, node);
+        if (strcmp(e->addr, addr) == 0)
+            return e;
+    }
+    return NULL;
+}
+
+static struct p2p_peer *peer_get_locked(struct pf_p2p *p, const char *addr)
+{
+    struct p2p_peer *e = peer_find_locked(p, addr);
+    if (e)
+        return e;
+    e = calloc(1, sizeof(*e));
+    if (!e)
+        return NULL;
+    e->addr = strdup(addr);
+    if (!e->addr) {
+        free(e);
+        return NULL;
+    }
+    pf_htable_insert(&p->peers, &e->node, addr_hash(addr));
+    return e;
+}
+
+/* ------------------------------------------------------------------ connection objects */
+
+static void conn_free(struct pf_p2p *p, struct p2p_conn *c)
+{
+    if (!c)
+        return;
+    size_t live = 0;
+    for (size_t i = 0; i < c->nqps; i++)
+        if (c->qps[i]) {
+            pf_net_qp_destroy(c->qps[i]);
+            live++;
+        }
+    if (live) {
+        pthread_mutex_lock(&p->conn_mu);
+        p->nqps -= live;
+        pthread_mutex_unlock(&p->conn_mu);
+        pf_metric_add(p->m_qps, -(double)live);
+    }
+    for (int k = 0; c->regions && k < p->nnics; k++)
+        free(c->regions[k]);
+    free(c->regions);
+    free(c->nregions);
+    free(c->qps);
+    free(c->busy);
+    free(c);
+}
+
+static int conn_new(struct pf_p2p *p, bool outgoing, struct p2p_conn **c_p)
+{
+    struct p2p_conn *c = calloc(1, sizeof(*c));
+    if (!c)
+        return -ENOMEM;
+    c->outgoing = outgoing;
+    c->nqps = (size_t)p->nnics * p->qpn;
+    c->qps = calloc(c->nqps, sizeof(*c->qps));
+    c->busy = calloc(c->nqps, sizeof(*c->busy));
+    c->regions = calloc((size_t)p->nnics, sizeof(*c->regions));
+    c->nregions = calloc((size_t)p->nnics, sizeof(*c->nregions));
+    int rc = -ENOMEM;
+    if (!c->qps || !c->busy || !c->regions || !c->nregions)
+        goto err_free;
+    size_t made = 0;
+    for (size_t i = 0; i < c->nqps; i++) {
+        rc = pf_net_qp_create(p->net, (int)(i / p->qpn), &c->qps[i]);
+        if (rc) {
+            pf_warn("cannot create a QP on NIC %s: %s", p->nics[i / p->qpn].name, strerror(-rc));
+            break;
+        }
+        made++;
+    }
+    pthread_mutex_lock(&p->conn_mu);
+    c->id = ++p->next_conn_id;
+    p->nqps += made;
+    pthread_mutex_unlock(&p->conn_mu);
+    pf_metric_add(p->m_qps, (double)made);
+    if (made < c->nqps)
+        goto err_free;
+    *c_p = c;
+    return 0;
+err_free:
+    conn_free(p, c);
+    return rc;
+}
+
+/* Drops a reference (conn_mu held); returns the connection to free outside the lock. */
+static struct p2p_conn *conn_unref_locked(struct pf_p2p *p, struct p2p_conn *c)
+{
+    if (--c->refs > 0)
+        return NULL;
+    p->nconns--;
+    return c;
+}
+
+/* Takes c out of the table (conn_mu held). Returns true when it was in it; the caller
+ * invalidates its QPs and drops the table's reference. */
+static bool conn_detach_locked(struct pf_p2p *p, struct p2p_conn *c)
+{
+    if (c->dead)
+        return false;
+    c->dead = true;
+    if (c->peer->out == c)
+        c->peer->out = NULL;
+    if (c->peer->in == c)
+        c->peer->in = NULL;
+    pthread_cond_broadcast(&p->conn_cv);
+    return true;
+}
+
+static void conn_invalidate(struct p2p_conn *c)
+{
+    for (size_t i = 0; i < c->nqps; i++)
+        pf_net_qp_invalidate(c->qps[i]);
+}
+
+/* Detaches c (if still attached), invalidates it and drops the table's reference. */
+static void conn_kill(struct pf_p2p *p, struct p2p_conn *c, const char *why)
+{
+    if (!c)
+        return;
+    pthread_mutex_lock(&p->conn_mu);
+    bool was = conn_detach_locked(p, c);
+    pthread_mutex_unlock(&p->conn_mu);
+    if (!was)
+        return;
+    pf_debug("connection %llu to %s (%s, %zu QPs) dropped: %s", (unsigned long long)c->id,
+             c->peer->addr, c->outgoing ? "outgoing" : "incoming", c->nqps, why);
+    conn_invalidate(c);
+    pthread_mutex_lock(&p->conn_mu);
+    struct p2p_conn *f = conn_unref_locked(p, c);
+    pthread_mutex_unlock(&p->conn_mu);
+    conn_free(p, f);
+}
+
+/* ------------------------------------------------------------------ metadata */
+
+static int region_cmp(const void *a, const void *b)
+{
+    const struct p2p_region *x = a, *y = b;
+    return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
+int pf_p2p_meta_validate(const Pegaflow__HandshakeMetadata *m, const char *backend, size_t nnics,
+                         uint32_t qps, char *err, size_t errlen)
+{
+    const char *b = m->backend ? m->backend : "";
+    if (strncmp(b, "faulty:", 7) == 0)
+        b += 7;
+    if (strcmp(b, backend) != 0) {
+        snprintf(err, errlen, "NET backend mismatch: peer uses '%s', this node '%s'", b, backend);
+        return -EINVAL;
+    }
+    if (m->n_nics != nnics) {
+        snprintf(err, errlen,
+                 "NIC count mismatch: peer has %zu, this node %zu (--nics must list the same "
+                 "number of NICs on every node)",
+                 m->n_nics, nnics);
+        return -EINVAL;
+    }
+    if (m->qps_per_nic != qps) {
+        snprintf(err, errlen,
+                 "QPs per NIC mismatch: peer uses %u, this node %u (--qps-per-peer must match)",
+                 m->qps_per_nic, qps);
+        return -EINVAL;
+    }
+    for (size_t i = 0; i < m->n_nics; i++) {
+        const Pegaflow__HandshakeNic *nic = m->nics[i];
+        if (nic->n_endpoints != qps) {
+            snprintf(err, errlen, "nics[%zu]: %zu endpoints, expected %u", i, nic->n_endpoints,
+                     qps);
+            return -EINVAL;
+        }
+        for (size_t j = 0; j < nic->n_endpoints; j++)
+            if (nic->endpoints[j].len == 0 || nic->endpoints[j].len > PF_NET_EP_MAX) {
+                snprintf(err, errlen, "nics[%zu].endpoints[%zu]: %zu bytes (1..%d allowed)", i, j,
+                         nic->endpoints[j].len, PF_NET_EP_MAX);
+                return -EINVAL;
+            }
+        if (nic->n_regions == 0 || nic->n_regions > P2P_REGIONS_MAX) {
+            snprintf(err, errlen, "nics[%zu]: %zu memory regions (1..%d allowed)", i,
+                     nic->n_regions, P2P_REGIONS_MAX);
+            return -EINVAL;
+        }
+        struct p2p_region *r = malloc(nic->n_regions * sizeof(*r));
+        if (!r) {
+            snprintf(err, errlen, "out of memory");
+            return -ENOMEM;
+        }
+        int rc = 0;
+        for (size_t j = 0; j < nic->n_regions && rc == 0; j++) {
+            const Pegaflow__HandshakeMemRegion *g = nic->regions[j];
+            uint64_t end;
+            if (g->length == 0 || !pf_add_ok(g->addr, g->length, &end)) {
+                snprintf(err, errlen, "nics[%zu].regions[%zu]: %s (addr 0x%llx, %llu bytes)", i, j,
+                         g->length ? "wraps around" : "empty", (unsigned long long)g->addr,
+                         (unsigned long long)g->length);
+                rc = -EINVAL;
+            }
+            r[j] = (struct p2p_region){g->addr, g->length, g->rkey};
+        }
+        if (rc == 0) {
+            qsort(r, nic->n_regions, sizeof(*r), region_cmp);
+            for (size_t j = 1; j < nic->n_regions && rc == 0; j++)
+                if (r[j - 1].addr + r[j - 1].len > r[j].addr) {
+                    snprintf(err, errlen,
+                             "nics[%zu]: memory regions overlap (0x%llx+%llu and 0x%llx+%llu)", i,
+                             (unsigned long long)r[j - 1].addr, (unsigned long long)r[j - 1].len,
+                             (unsigned long long)r[j].addr, (unsigned long long)r[j].len);
+                    rc = -EINVAL;
+                }
+        }
+        free(r);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* Packs this node's metadata for the QPs of c. *buf_p is malloc'ed. */
+static int meta_build(struct pf_p2p *p, const struct p2p_conn *c, uint8_t **buf_p, size_t *len_p)
+{
+    int rc = -ENOMEM;
+    size_t nnics = (size_t)p->nnics;
+    Pegaflow__HandshakeMetadata m = PEGAFLOW__HANDSHAKE_METADATA__INIT;
+    Pegaflow__HandshakeNic *nics = calloc(nnics, sizeof(*nics));
+    Pegaflow__HandshakeNic **nicp = calloc(nnics, sizeof(*nicp));
+    ProtobufCBinaryData *eps = calloc(c->nqps, sizeof(*eps));
+    uint8_t *epbuf = malloc(c->nqps * PF_NET_EP_MAX);
+    Pegaflow__HandshakeMemRegion *regs = calloc(nnics * p->nregions, sizeof(*regs));
+    Pegaflow__HandshakeMemRegion **regp = calloc(nnics * p->nregions, sizeof(*regp));
+    uint8_t *buf = NULL;
+    if (!nics || !nicp || !eps || !epbuf || !regs || !regp)
+        goto out;
+    for (size_t i = 0; i < c->nqps; i++) {
+        size_t l = 0;
+        rc = pf_net_qp_local_endpoint(c->qps[i], epbuf + i * PF_NET_EP_MAX, PF_NET_EP_MAX, &l);
+        if (rc)
+            goto out;
+        eps[i] = (ProtobufCBinaryData){l, epbuf + i * PF_NET_EP_MAX};
+    }
+    for (size_t k = 0; k < nnics; k++) {
+        pegaflow__handshake_nic__init(&nics[k]);
+        nics[k].n_endpoints = p->qpn;
+        nics[k].endpoints = eps + k * p->qpn;
+        nics[k].n_regions = p->nregions;
+        nics[k].regions = regp + k * p->nregions;
+        nics[k].numa_node = p->nics[k].numa_node;
+        nics[k].name = p->nics[k].name;
+        for (size_t r = 0; r < p->nregions; r++) {
+            Pegaflow__HandshakeMemRegion *g = &regs[k * p->nregions + r];
+            pegaflow__handshake_mem_region__init(g);
+            g->addr = (uint64_t)(uintptr_t)p->rbase[r];
+            g->length = p->rlen[r];
+            g->rkey = p->rkey[k * p->nregions + r];
+            regp[k * p->nregions + r] = g;
+        }
+        nicp[k] = &nics[k];
+    }
+    m.backend = p->backend;
+    m.n_nics = nnics;
+    m.nics = nicp;
+    m.qps_per_nic = p->qpn;
+    m.node_id = p->node_id;
+    size_t len = pegaflow__handshake_metadata__get_packed_size(&m);
+    buf = malloc(len ? len : 1);
+    if (!buf) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    pegaflow__handshake_metadata__pack(&m, buf);
+    *buf_p = buf;
+    *len_p = len;
+    rc = 0;
+out:
+    free(nics);
+    free(nicp);
+    free(eps);
+    free(epbuf);
+    free(regs);
+    free(regp);
+    return rc;
+}
+
+/* Unpacks and validates a peer's metadata. */
+static int meta_parse(struct pf_p2p *p, const ProtobufCBinaryData *b,
+                      Pegaflow__HandshakeMetadata **m_p, char *err, size_t errlen)
+{
+    if (b->len == 0) {
+        snprintf(err, errlen, "handshake_metadata is empty");
+        return -EINVAL;
+    }
+    Pegaflow__HandshakeMetadata *m = pegaflow__handshake_metadata__unpack(NULL, b->len, b->data);
+    if (!m) {
+        snprintf(err, errlen, "handshake_metadata is not a serialized HandshakeMetadata");
+        return -EINVAL;
+    }
+    int rc = pf_p2p_meta_validate(m, p->backend, (size_t)p->nnics, p->qpn, err, errlen);
+    if (rc) {
+        pegaflow__handshake_metadata__free_unpacked(m, NULL);
+        return rc;
+    }
+    *m_p = m;
+    return 0;
+}
+
+/* Copies the peer's regions and incarnation into c and connects QP i to the peer's QP i. */
+static int conn_apply(struct pf_p2p *p, struct p2p_conn *c, const Pegaflow__HandshakeMetadata *m,
+                      char *err, size_t errlen)
+{
+    snprintf(c->node_id, sizeof(c->node_id), "%s", m->node_id ? m->node_id : "");
+    for (int k = 0; k < p->nnics; k++) {
+        const Pegaflow__HandshakeNic *nic = m->nics[k];
+        c->regions[k] = malloc(nic->n_regions * sizeof(struct p2p_region));
+        if (!c->regions[k]) {
+            snprintf(err, errlen, "out of memory");
+            return -ENOMEM;
+        }
+        for (size_t j = 0; j < nic->n_regions; j++)
+            c->regions[k][j] = (struct p2p_region){nic->regions[j]->addr, nic->regions[j]->length,
+                                                   nic->regions[j]->rkey};
+        qsort(c->regions[k], nic->n_regions, sizeof(struct p2p_region), region_cmp);
+        c->nregions[k] = nic->n_regions;
+    }
+    for (size_t i = 0; i < c->nqps; i++) {
+        const ProtobufCBinaryData *ep = &m->nics[i / p->qpn]->endpoints[i % p->qpn];
+        int rc = pf_net_qp_connect(c->qps[i], ep->data, ep->len);
+        if (rc) {
+            snprintf(err, errlen, "cannot connect QP %zu on NIC %s: %s", i % p->qpn,
+                     p->nics[i / p->qpn].name, strerror(-rc));
+            return rc;
+        }
+    }
+    return 0;
+}
+
+bool p2p_conn_rkey(const struct p2p_conn *c, int nic, uint64_t addr, uint64_t len, uint32_t *rkey_p)
+{
+    const struct p2p_region *r = c->regions[nic];
+    size_t lo = 0, hi = c->nregions[nic];
+    while (lo < hi) { /* first region with addr > target */
+        size_t mid = (lo + hi) / 2;
+        if (r[mid].addr <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == 0)
+        return false;
+    const struct p2p_region *g = &r[lo - 1];
+    uint64_t end;
+    if (!pf_add_ok(addr, len, &end) || end > g->addr + g->len)
+        return false;
+    *rkey_p = g->rkey;
+    return true;
+}
+
+/* Installs c as the peer's `out` or `in` connection and drops the connections it replaces:
+ * the previous one of the same direction, and any made with another incarnation. While
+ * stopping, c is dropped instead. */
+static void conn_install(struct pf_p2p *p, struct p2p_peer *e, struct p2p_conn *c)
+{
+    struct p2p_conn *old[2] = {NULL, NULL};
+    pthread_mutex_lock(&p->conn_mu);
+    c->peer = e;
+    c->refs = 1;
+    p->nconns++;
+    if (atomic_load(&p->stopping)) {
+        c->dead = true;
+        pthread_mutex_unlock(&p->conn_mu);
+        conn_invalidate(c);
+        pthread_mutex_lock(&p->conn_mu);
+        struct p2p_conn *f = conn_unref_locked(p, c);
+        pthread_mutex_unlock(&p->conn_mu);
+        conn_free(p, f);
+        return;
+    }
+    struct p2p_conn **slot = c->outgoing ? &e->out : &e->in;
+    struct p2p_conn **other = c->outgoing ? &e->in : &e->out;
+    old[0] = *slot;
+    if (*other && strcmp((*other)->node_id, c->node_id) != 0) {
+        old[1] = *other;
+        *other = NULL;
+    }
+    *slot = c;
+    for (int i = 0; i < 2; i++)
+        if (old[i])
+            old[i]->dead = true;
+    pthread_cond_broadcast(&p->conn_cv);
+    pthread_mutex_unlock(&p->conn_mu);
+    for (int i = 0; i < 2; i++) {
+        if (!old[i])
+            continue;
+        pf_debug("connection %llu to %s (%s) replaced by connection %llu%s",
+                 (unsigned long long)old[i]->id, e->addr,
+                 old[i]->outgoing ? "outgoing" : "incoming", (unsigned long long)c->id,
+                 i ? " (the peer restarted)" : "");
+        conn_invalidate(old[i]);
+        pthread_mutex_lock(&p->conn_mu);
+        struct p2p_conn *f = conn_unref_locked(p, old[i]);
+        pthread_mutex_unlock(&p->conn_mu);
+        conn_free(p, f);
+    }
+}
+
+/* ------------------------------------------------------------------ requester */
+
+static int handshake_out(struct pf_p2p *p, struct p2p_peer *e, struct p2p_conn **c_p, char *err,
+                         size_t errlen)
+{
+    struct p2p_conn *c = NULL;
+    uint8_t *meta = NULL;
+    size_t mlen = 0;
+    ProtobufCMessage *resp = NULL;
+    Pegaflow__HandshakeMetadata *pm = NULL;
+    uint64_t t0 = pf_now_ns();
+    int rc = conn_new(p, true, &c);
+    if (rc) {
+        snprintf(err, errlen, "cannot create QPs: %s", strerror(-rc));
+        return rc;
+    }
+    rc = meta_build(p, c, &meta, &mlen);
+    if (rc) {
+        snprintf(err, errlen, "cannot build handshake metadata: %s", strerror(-rc));
+        goto err_conn;
+    }
+    Pegaflow__RdmaHandshakeRequest req = PEGAFLOW__RDMA_HANDSHAKE_REQUEST__INIT;
+    req.requester_id = p->self_addr;
+    req.handshake_metadata = (ProtobufCBinaryData){mlen, meta};
+    pf_debug("RDMA handshake with %s: %zu QP(s) on %d NIC(s), %zu region(s) each", e->addr, c->nqps,
+             p->nnics, p->nregions);
+    char e2[P2P_ERRLEN];
+    rc = p->tr->call(p->tr->ctx, e->addr, PF_P2P_HANDSHAKE, &req.base, PF_P2P_HANDSHAKE_TIMEOUT_MS,
+                     &resp, e2, sizeof(e2));
+    if (rc) {
+        snprintf(err, errlen, "RdmaHandshake RPC failed: %s", e2);
+        goto err_meta;
+    }
+    const Pegaflow__RdmaHandshakeResponse *r = (const void *)resp;
+    if (r->status && !r->status->ok) {
+        snprintf(err, errlen, "RdmaHandshake refused: %s",
+                 r->status->message ? r->status->message : "");
+        rc = -EPERM;
+        goto err_meta;
+    }
+    rc = meta_parse(p, &r->handshake_metadata, &pm, e2, sizeof(e2));
+    if (rc) {
+        snprintf(err, errlen, "peer's handshake metadata rejected: %s", e2);
+        goto err_meta;
+    }
+    rc = conn_apply(p, c, pm, e2, sizeof(e2));
+    if (rc) {
+        snprintf(err, errlen, "%s", e2);
+        goto err_meta;
+    }
+    pegaflow__handshake_metadata__free_unpacked(pm, NULL);
+    protobuf_c_message_free_unpacked(resp, NULL);
+    free(meta);
+    atomic_fetch_add(&p->st_hs_out, 1);
+    pf_debug("RDMA handshake with %s done in %.1f ms: connection %llu, %zu QP(s) connected",
+             e->addr, (double)(pf_now_ns() - t0) / 1e6, (unsigned long long)c->id, c->nqps);
+    *c_p = c;
+    return 0;
+err_meta:
+    if (pm)
+        pegaflow__handshake_metadata__free_unpacked(pm, NULL);
+    if (resp)
+        protobuf_c_message_free_unpacked(resp, NULL);
+    free(meta);
+err_conn:
+    conn_free(p, c);
+    return rc;
+}
+
+/* Leases every free QP of c (conn_mu held); false when none is free. */
+static bool lease_take_locked(struct p2p_conn *c, struct p2p_lease *l)
+{
+    l->nqps = 0;
+    for (size_t i = 0; i < c->nqps && l->nqps < PF_ARRAY_SIZE(l->idx); i++)
+        if (!c->busy[i]) {
+            l->idx[l->nqps] = i;
+            l->qps[l->nqps++] = c->qps[i];
+        }
+    if (l->nqps == 0)
+        return false;
+    for (size_t i = 0; i < l->nqps; i++)
+        c->busy[l->idx[i]] = true;
+    c->refs++;
+    l->conn = c;
+    return true;
+}
+
+int p2p_conn_acquire(struct pf_p2p *p, const char *peer, uint64_t deadline_ns, struct p2p_lease *l,
+                     char *err, size_t errlen)
+{
+    memset(l, 0, sizeof(*l));
+    pthread_mutex_lock(&p->conn_mu);
+    struct p2p_peer *e = peer_get_locked(p, peer);
+    if (!e) {
+        pthread_mutex_unlock(&p->conn_mu);
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    int rc = 0;
+    bool did_hs = false;
+    for (;;) {
+        if (atomic_load(&p->stopping)) {
+            snprintf(err, errlen, "shutting down");
+            rc = -ESHUTDOWN;
+            break;
+        }
+        if ((e->out && lease_take_locked(e->out, l)) || (e->in && lease_take_locked(e->in, l))) {
+            l->fresh = did_hs;
+            break;
+        }
+        if (!e->out && !e->in && !e->connecting) {
+            uint64_t now = pf_now_ns();
+            if (now < e->down_until) {
+                snprintf(err, errlen, "the last handshake failed; next attempt in %llu ms",
+                         (unsigned long long)((e->down_until - now) / PF_NS_PER_MS));
+                rc = -EHOSTDOWN;
+                break;
+            }
+            e->connecting = true;
+            pthread_mutex_unlock(&p->conn_mu);
+            struct p2p_conn *c = NULL;
+            rc = handshake_out(p, e, &c, err, errlen);
+            if (rc == 0)
+                conn_install(p, e, c);
+            pthread_mutex_lock(&p->conn_mu);
+            e->connecting = false;
+            e->down_until = rc ? pf_now_ns() + p->cfg.peer_down_ms * PF_NS_PER_MS : 0;
+            pthread_cond_broadcast(&p->conn_cv);
+            if (rc)
+                break;
+            did_hs = true;
+            continue;
+        }
+        /* a handshake is in flight, or every QP is leased: wait */
+        struct timespec ts = pf_ns_to_timespec(deadline_ns);
+        if (pf_now_ns() >= deadline_ns) {
+            snprintf(err, errlen, "%s",
+                     e->connecting ? "handshake in progress by another fetch"
+                                   : "all QPs to the peer are busy");
+            rc = -ETIMEDOUT;
+            break;
+        }
+        pthread_cond_timedwait(&p->conn_cv, &p->conn_mu, &ts);
+    }
+    pthread_mutex_unlock(&p->conn_mu);
+    return rc;
+}
+
+void p2p_lease_return(struct pf_p2p *p, struct p2p_lease *l)
+{
+    if (!l->conn)
+        return;
+    pthread_mutex_lock(&p->conn_mu);
+    for (size_t i = 0; i < l->nqps; i++)
+        l->conn->busy[l->idx[i]] = false;
+    struct p2p_conn *f = conn_unref_locked(p, l->conn);
+    pthread_cond_broadcast(&p->conn_cv);
+    pthread_mutex_unlock(&p->conn_mu);
+    conn_free(p, f);
+    l->conn = NULL;
+    l->nqps = 0;
+}
+
+/* Kills c, which the caller pinned with a temporary reference (conn_mu held when taken). */
+static void conn_kill_pinned(struct pf_p2p *p, struct p2p_conn *c, const char *why)
+{
+    conn_kill(p, c, why);
+    pthread_mutex_lock(&p->conn_mu);
+    struct p2p_conn *f = conn_unref_locked(p, c);
+    pthread_mutex_unlock(&p->conn_mu);
+    conn_free(p, f);
+}
+
+void p2p_peer_drop(struct pf_p2p *p, const char *peer)
+{
+    struct p2p_conn *c[2] = {NULL, NULL};
+    pthread_mutex_lock(&p->conn_mu);
+    struct p2p_peer *e = peer_find_locked(p, peer);
+    if (e) {
+        c[0] = e->out;
+        c[1] = e->in;
+    }
+    for (int i = 0; i < 2; i++)
+        if (c[i])
+            c[i]->refs++;
+    pthread_mutex_unlock(&p->conn_mu);
+    for (int i = 0; i < 2; i++)
+        if (c[i])
+            conn_kill_pinned(p, c[i], "stale");
+}
+
+void p2p_lease_fail(struct pf_p2p *p, struct p2p_lease *l)
+{
+    if (!l->conn)
+        return;
+    conn_kill(p, l->conn, "transfer failed");
+    /* killed or not (someone else may have replaced it), our QPs must be dead now */
+    for (size_t i = 0; i < l->nqps; i++)
+        pf_net_qp_invalidate(l->qps[i]);
+    p2p_lease_return(p, l);
+}
+
+/* ------------------------------------------------------------------ handler */
+
+int p2p_serve_handshake(struct pf_p2p *p, const Pegaflow__RdmaHandshakeRequest *r, uint8_t **meta_p,
+                        size_t *len_p, char *err, size_t errlen)
+{
+    const char *who = r->requester_id ? r->requester_id : "";
+    size_t wl = strlen(who);
+    if (wl == 0 || wl >= P2P_ADDR_MAX || !strchr(who, ':')) {
+        snprintf(err, errlen, "requester_id: '%.64s' is not the requester's ip:port", who);
+        return -EINVAL;
+    }
+    if (atomic_load(&p->stopping)) {
+        snprintf(err, errlen, "shutting down");
+        return -ESHUTDOWN;
+    }
+    Pegaflow__HandshakeMetadata *pm = NULL;
+    char e2[P2P_ERRLEN];
+    int rc = meta_parse(p, &r->handshake_metadata, &pm, e2, sizeof(e2));
+    if (rc) {
+        snprintf(err, errlen, "handshake from %s rejected: %s", who, e2);
+        pf_warn("%s", err);
+        return rc;
+    }
+    struct p2p_conn *c = NULL;
+    rc = conn_new(p, false, &c);
+    if (rc) {
+        snprintf(err, errlen, "cannot create QPs: %s", strerror(-rc));
+        goto out;
+    }
+    rc = conn_apply(p, c, pm, e2, sizeof(e2));
+    if (rc == 0)
+        rc = meta_build(p, c, meta_p, len_p);
+    if (rc) {
+        snprintf(err, errlen, "handshake from %s failed: %s", who, e2);
+        pf_warn("%s", err);
+        conn_free(p, c);
+        goto out;
+    }
+    pthread_mutex_lock(&p->conn_mu);
+    struct p2p_peer *e = peer_get_locked(p, who);
+    pthread_mutex_unlock(&p->conn_mu);
+    if (!e) {
+        free(*meta_p);
+        conn_free(p, c);
+        snprintf(err, errlen, "out of memory");
+        rc = -ENOMEM;
+        goto out;
+    }
+    conn_install(p, e, c);
+    atomic_fetch_add(&p->st_hs_in, 1);
+    pf_debug("RDMA handshake from %s accepted: connection %llu, %zu QP(s) connected", who,
+             (unsigned long long)c->id, c->nqps);
+out:
+    pegaflow__handshake_metadata__free_unpacked(pm, NULL);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ shutdown */
+
+void p2p_conns_drop_all(struct pf_p2p *p)
+{
+    for (;;) {
+        struct p2p_conn *c = NULL;
+        pthread_mutex_lock(&p->conn_mu);
+        pf_htable_for_each(&p->peers, i, n)
+        {
+            struct p2p_peer *e = pf_container_of(n, struct p2p_peer, node);
+            if (!c && (e->out || e->in))
+                c = e->out ? e->out : e->in;
+        }
+        if (c)
+            c->refs++;
+        pthread_mutex_unlock(&p->conn_mu);
+        if (!c)
+            break;
+        conn_kill_pinned(p, c, "shutting down");
+    }
+}
+
+void p2p_conns_free(struct pf_p2p *p)
+{
+    p2p_conns_drop_all(p);
+    struct p2p_peer *all[64];
+    size_t n;
+    do {
+        n = 0;
+        pf_htable_for_each(&p->peers, i, h)
+        {
+            if (n < PF_ARRAY_SIZE(all))
+                all[n++] = pf_container_of(h, struct p2p_peer, node);
+        }
+        for (size_t i = 0; i < n; i++) {
+            pf_htable_remove(&p->peers, &all[i]->node);
+            free(all[i]->addr);
+            free(all[i]);
+        }
+    } while (n);
+}

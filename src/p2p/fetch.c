@@ -1,0 +1,796 @@
+/* The requester: the "rdma" tier (reference §7.4, §7.6, §7.7).
+ *
+ * probe (query thread): the whole suffix while fetching is enabled, the MetaServer client
+ * has a session and the req_id is not blacklisted, so the engine starts a task and answers
+ * Loading.
+ *
+ * fetch (prefetch thread), one round:
+ *   1. discovery: QueryPrefixBlocks for the suffix, this node excluded, the node with the
+ *      longest prefix wins (wait_for_full_prefix: only a node holding the whole suffix, polled
+ *      every 10 ms for up to 30 s). MetaServer errors mean "no remote" (logged, rate-limited).
+ *   2. lease QPs of a connection to that node (handshake on first use, single-flight);
+ *   3. QueryBlocksForTransfer for the advertised prefix: the holder locks what it still has
+ *      and answers per-slot addresses and checksums; only the run matching our keys from the
+ *      first one is used. From here exactly one ReleaseTransferLock is queued, whatever
+ *      happens (single exit below).
+ *   4. staging: segments are grouped by NUMA node and sorted by remote address, then
+ *      bump-allocated from this node's pool (pf_engine_alloc, chunks of at most 256 MiB
+ *      sized to what remains) with seg_stride = round_up(seg_len, 512); an allocation
+ *      failure aborts the fetch but keeps the connection (the reference drops it: #401).
+ *   5. READs: remote-contiguous segments that are also contiguous in staging merge into one
+ *      READ of at most 4 MiB (PEGAFLOW_P2P_MAX_READ) inside one remote region; each READ goes to a
+ * NIC on the staging memory's NUMA node (else any), round-robin, and then to whichever leased QP of
+ * that NIC has room; deadline max(lock timeout - 60 s, 10 s). A connection that turns out to be
+ * stale (a reused one failing before any READ completed) is replaced once.
+ *   6. on error or timeout the QPs are invalidated inside p2p_xfer_run before it returns,
+ *      the connection leaves the table, and only then is the staging memory released; the
+ *      timeout is logged as an error ("connection invalidated, transfer lock force-released").
+ *   7. every slot is verified against the holder's checksum, each block as soon as its last
+ *      READ landed (overlapping the rest of the transfer); the first mismatch ends the
+ *      fetched run (a miss, never wrong bytes; pegaflow_integrity_failures_total{tier="remote"});
+ *      the verified blocks are built as sealed blocks referencing the staging chunks.
+ * A fetch that got less than the holder advertised blacklists the req_id for remote fetch
+ * for 5 minutes, so the next query for it falls through to SSD (reference "failed remote"). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PF_LOG_MOD "p2p"
+#include "p2p/p2p_internal.h"
+#include "pf/cache.h"
+#include "pf/clock.h"
+#include "pf/engine.h"
+#include "pf/log.h"
+#include "pf/meta_client.h"
+#include "pf/pool.h"
+
+/* ------------------------------------------------------------------ blacklist */
+
+struct bl_ent {
+    struct pf_hnode node;
+    uint64_t until_ns;
+    char id[];
+};
+
+#define BL_MAX (1u << 20)
+
+static struct bl_ent *bl_find_locked(struct pf_p2p *p, const char *id, uint64_t h)
+{
+    struct pf_hnode *n;
+    pf_htable_for_each_hash(&p->bl, n, h)
+    {
+        struct bl_ent *b = pf_container_of(n, struct bl_ent, node);
+        if (strcmp(b->id, id) == 0)
+            return b;
+    }
+    return NULL;
+}
+
+void p2p_blacklist_add(struct pf_p2p *p, const char *req_id)
+{
+    uint64_t h = pf_hash64(req_id, strlen(req_id));
+    uint64_t until = pf_clock_now(p->cfg.clock) + p->cfg.blacklist_ms * PF_NS_PER_MS;
+    pthread_mutex_lock(&p->bl_mu);
+    struct bl_ent *b = bl_find_locked(p, req_id, h);
+    if (!b && p->bl.count < BL_MAX) {
+        size_t l = strlen(req_id);
+        b = malloc(sizeof(*b) + l + 1);
+        if (b) {
+            memcpy(b->id, req_id, l + 1);
+            pf_htable_insert(&p->bl, &b->node, h);
+        }
+    }
+    if (b)
+        b->until_ns = until;
+    pthread_mutex_unlock(&p->bl_mu);
+    if (b)
+        pf_debug("req %s: remote fetch disabled for %llu s (failed peer); later queries fall "
+                 "through to the next tier",
+                 req_id, (unsigned long long)(p->cfg.blacklist_ms / 1000));
+}
+
+bool pf_p2p_blacklisted(struct pf_p2p *p, const char *req_id)
+{
+    uint64_t h = pf_hash64(req_id, strlen(req_id));
+    uint64_t now = pf_clock_now(p->cfg.clock);
+    pthread_mutex_lock(&p->bl_mu);
+    struct bl_ent *b = bl_find_locked(p, req_id, h);
+    bool r = b && now < b->until_ns;
+    pthread_mutex_unlock(&p->bl_mu);
+    return r;
+}
+
+static size_t bl_sweep(struct pf_p2p *p, bool all)
+{
+    uint64_t now = pf_clock_now(p->cfg.clock);
+    struct bl_ent *drop[256];
+    size_t total = 0, k;
+    do {
+        k = 0;
+        pthread_mutex_lock(&p->bl_mu);
+        for (size_t b = 0; p->bl.buckets && b <= p->bl.mask && k < PF_ARRAY_SIZE(drop); b++) {
+            struct pf_hnode *h = p->bl.buckets[b];
+            while (h && k < PF_ARRAY_SIZE(drop)) {
+                struct pf_hnode *next = h->next;
+                struct bl_ent *e = pf_container_of(h, struct bl_ent, node);
+                if (all || now >= e->until_ns) {
+                    pf_htable_remove(&p->bl, h);
+                    drop[k++] = e;
+                }
+                h = next;
+            }
+        }
+        pthread_mutex_unlock(&p->bl_mu);
+        for (size_t i = 0; i < k; i++)
+            free(drop[i]);
+        total += k;
+    } while (k == PF_ARRAY_SIZE(drop));
+    return total;
+}
+
+size_t p2p_blacklist_gc(struct pf_p2p *p)
+{
+    return bl_sweep(p, false);
+}
+
+void p2p_blacklist_free(struct pf_p2p *p)
+{
+    bl_sweep(p, true);
+}
+
+/* ------------------------------------------------------------------ tier */
+
+size_t p2p_tier_probe(void *ctx, const char *req_id, const struct pf_block_key *keys, size_t n,
+                      bool wait_full)
+{
+    struct pf_p2p *p = ctx;
+    if (!atomic_load_explicit(&p->fetch_enabled, memory_order_acquire) || atomic_load(&p->stopping))
+        return 0;
+    /* MetaServer known unreachable (its client has no session): no remote discovery, and no
+     * Loading round trip for the client either */
+    if (p->meta && !pf_meta_client_connected(p->meta))
+        return 0;
+    if (pf_p2p_blacklisted(p, req_id))
+        return 0;
+    return n;
+}
+
+struct seg {
+    uint64_t raddr;
+    uint8_t *local;
+    uint32_t len, stride;
+    uint32_t block;
+    uint16_t slot;
+    uint8_t v; /* 0 = K, 1 = V */
+    int16_t numa;
+    uint32_t chunk;
+};
+
+struct chunk {
+    struct pf_alloc *a;
+    uint64_t used;
+    int region;
+    int numa;
+};
+
+struct fetch {
+    struct pf_p2p *p;
+    const char *req_id;
+    const struct pf_block_key *keys;
+    char peer[P2P_ADDR_MAX];
+    size_t want; /* blocks the peer advertised (and we asked for) */
+    Pegaflow__QueryBlocksForTransferResponse *resp;
+    char session[PF_P2P_SESSION_ID_MAX + 1];
+    uint64_t lock_ms;
+    size_t k; /* blocks of the reply we use: the run matching keys[0..) */
+    struct seg *segs;
+    size_t nsegs;
+    struct chunk *chunks;
+    size_t nchunks, capchunks;
+    struct p2p_read *reads;
+    size_t nreads;
+    struct p2p_lease lease;
+    uint64_t bytes;
+    /* (block, slot, K/V) -> segment: where[spos[sbase[block] + slot] + v] */
+    size_t *where, *sbase, *spos;
+    uint32_t *pending; /* per block: segments not landed yet (this attempt) */
+    int8_t *verdict;   /* per block: 1 verified, -1 checksum mismatch, 0 not checked yet */
+    uint16_t *bad_slot;
+    char err[2 * P2P_ERRLEN];
+};
+
+static const char *ns_of(const struct pf_block_key *k)
+{
+    return pf_ns_name(k->ns);
+}
+
+/* 1. Discovery. 0 with f->peer / f->want set, or -ENOENT (no node), -ECANCELED (stopping). */
+static int discover(struct fetch *f, size_t n, bool all_or_nothing)
+{
+    struct pf_p2p *p = f->p;
+    struct pf_meta_hash *h = malloc(n * sizeof(*h));
+    if (!h)
+        return -ENOMEM;
+    for (size_t i = 0; i < n; i++)
+        h[i] = (struct pf_meta_hash){f->keys[i].len, f->keys[i].hash};
+    const char *ns = ns_of(&f->keys[0]);
+    uint64_t until = pf_now_ns() + p->cfg.full_prefix_wait_ms * PF_NS_PER_MS;
+    int rc = -ENOENT;
+    bool waited = false;
+    for (;;) {
+        struct pf_meta_prefix *res = NULL;
+        size_t nres = 0;
+        if (!p2p_meta_enter(p)) {
+            rc = -ECANCELED;
+            break;
+        }
+        int qrc = p->tr->query_prefix(p->tr->ctx, ns, h, n, PF_P2P_META_TIMEOUT_MS, &res, &nres);
+        p2p_meta_exit(p);
+        if (qrc) {
+            pf_debug("req %s: MetaServer query failed: %s", f->req_id, strerror(-qrc));
+            pf_log_ratelimited(PF_LOG_WARN, 10000,
+                               "MetaServer query failed (%s): no remote discovery, the request "
+                               "proceeds without remote blocks",
+                               strerror(-qrc));
+        } else {
+            ptrdiff_t b = pf_meta_prefix_best(res, nres, p->self_addr);
+            if (b >= 0 && strlen(res[b].node) < sizeof(f->peer) &&
+                (!all_or_nothing || res[b].prefix_len >= n)) {
+                snprintf(f->peer, sizeof(f->peer), "%s", res[b].node);
+                f->want = res[b].prefix_len < n ? (size_t)res[b].prefix_len : n;
+                rc = 0;
+            }
+        }
+        free(res);
+        if (rc == 0 || !all_or_nothing)
+            break;
+        if (atomic_load(&p->stopping)) {
+            rc = -ECANCELED;
+            break;
+        }
+        if (pf_now_ns() >= until) {
+            pf_debug("req %s: no peer advertised all %zu block(s) within %llu ms "
+                     "(wait_for_full_prefix)",
+                     f->req_id, n, (unsigned long long)p->cfg.full_prefix_wait_ms);
+            break;
+        }
+        waited = true;
+        pf_sleep_ms(p->cfg.full_prefix_poll_ms);
+    }
+    if (rc == 0 && waited)
+        pf_debug("req %s: %s advertises the full suffix (wait_for_full_prefix)", f->req_id,
+                 f->peer);
+    free(h);
+    if (f->want > PF_P2P_MAX_HASHES)
+        f->want = PF_P2P_MAX_HASHES;
+    return rc;
+}
+
+static bool slot_ok(const Pegaflow__TransferSlotInfo *s)
+{
+    if (s->k_ptr == 0 || s->k_size == 0 || s->k_size > UINT32_MAX)
+        return false;
+    if (s->v_ptr == 0)
+        return s->v_size == 0;
+    return s->v_size == s->k_size;
+}
+
+/* 3. QueryBlocksForTransfer; sets session, lock_ms and the usable run k. */
+static int query_blocks(struct fetch *f)
+{
+    struct pf_p2p *p = f->p;
+    ProtobufCBinaryData *hs = malloc(f->want * sizeof(*hs));
+    if (!hs)
+        return -ENOMEM;
+    for (size_t i = 0; i < f->want; i++)
+        hs[i] = (ProtobufCBinaryData){f->keys[i].len, (uint8_t *)f->keys[i].hash};
+    Pegaflow__QueryBlocksForTransferRequest req = PEGAFLOW__QUERY_BLOCKS_FOR_TRANSFER_REQUEST__INIT;
+    req.namespace_ = (char *)ns_of(&f->keys[0]);
+    req.n_block_hashes = f->want;
+    req.block_hashes = hs;
+    req.requester_id = p->self_addr;
+    ProtobufCMessage *resp = NULL;
+    char e2[P2P_ERRLEN];
+    int rc = p->tr->call(p->tr->ctx, f->peer, PF_P2P_QUERY_BLOCKS, &req.base, PF_P2P_RPC_TIMEOUT_MS,
+                         &resp, e2, sizeof(e2));
+    free(hs);
+    if (rc) {
+        snprintf(f->err, sizeof(f->err), "QueryBlocksForTransfer failed: %s", e2);
+        return rc;
+    }
+    f->resp = (void *)resp;
+    const Pegaflow__QueryBlocksForTransferResponse *r = f->resp;
+    if (r->transfer_session_id && *r->transfer_session_id &&
+        strlen(r->transfer_session_id) <= PF_P2P_SESSION_ID_MAX)
+        snprintf(f->session, sizeof(f->session), "%s", r->transfer_session_id);
+    if (r->status && !r->status->ok) {
+        snprintf(f->err, sizeof(f->err), "QueryBlocksForTransfer refused: %s",
+                 r->status->message ? r->status->message : "");
+        return -EIO;
+    }
+    f->lock_ms = (r->lock_timeout_secs ? r->lock_timeout_secs : PF_P2P_DEFAULT_LOCK_SECS) * 1000;
+    size_t k = 0;
+    while (k < r->n_blocks && k < f->want) {
+        const Pegaflow__TransferBlockInfo *b = r->blocks[k];
+        if (b->block_hash.len != f->keys[k].len ||
+            memcmp(b->block_hash.data, f->keys[k].hash, b->block_hash.len) != 0)
+            break; /* the holder lost this one: the run ends here */
+        bool ok = b->n_slots > 0 && b->n_slots <= UINT16_MAX;
+        for (size_t s = 0; ok && s < b->n_slots; s++)
+            ok = slot_ok(b->slots[s]);
+        if (!ok) {
+            pf_log_ratelimited(PF_LOG_WARN, 10000,
+                               "%s answered a malformed transfer descriptor for block %zu; "
+                               "fetching only the blocks before it",
+                               f->peer, k);
+            break;
+        }
+        k++;
+    }
+    f->k = k;
+    return 0;
+}
+
+static int seg_cmp(const void *a, const void *b)
+{
+    const struct seg *x = a, *y = b;
+    if (x->numa != y->numa)
+        return x->numa < y->numa ? -1 : 1;
+    return x->raddr < y->raddr ? -1 : x->raddr > y->raddr;
+}
+
+static int add_chunk(struct fetch *f, uint64_t size, int numa)
+{
+    struct pf_p2p *p = f->p;
+    if (f->nchunks == f->capchunks) {
+        size_t nc = f->capchunks ? f->capchunks * 2 : 8;
+        struct chunk *c = realloc(f->chunks, nc * sizeof(*c));
+        if (!c)
+            return -ENOMEM;
+        f->chunks = c;
+        f->capchunks = nc;
+    }
+    struct pf_alloc *a;
+    int rc = pf_engine_alloc(p->engine, size, numa, &a);
+    if (rc)
+        return rc;
+    int r = p2p_local_region(p, a->ptr, a->size);
+    if (r < 0) { /* cannot happen: every pool allocation lies in a region */
+        pf_alloc_put(a);
+        return -EFAULT;
+    }
+    f->chunks[f->nchunks++] = (struct chunk){a, 0, r, p->rnuma[r]};
+    return 0;
+}
+
+/* 4. Staging: every segment of the k blocks gets its place in this node's pool. */
+static int plan_staging(struct fetch *f)
+{
+    struct pf_p2p *p = f->p;
+    const Pegaflow__QueryBlocksForTransferResponse *r = f->resp;
+    size_t n = 0;
+    for (size_t j = 0; j < f->k; j++)
+        for (size_t s = 0; s < r->blocks[j]->n_slots; s++)
+            n += r->blocks[j]->slots[s]->v_ptr ? 2 : 1;
+    f->segs = malloc(n * sizeof(*f->segs));
+    if (!f->segs)
+        return -ENOMEM;
+    for (size_t j = 0; j < f->k; j++)
+        for (size_t s = 0; s < r->blocks[j]->n_slots; s++) {
+            const Pegaflow__TransferSlotInfo *si = r->blocks[j]->slots[s];
+            int numa = si->numa_node;
+            if (numa < 0 || pf_pool_region_index(p->pool, numa) < 0)
+                numa = -1;
+            for (int v = 0; v < (si->v_ptr ? 2 : 1); v++)
+                f->segs[f->nsegs++] = (struct seg){
+                    .raddr = v ? si->v_ptr : si->k_ptr,
+                    .len = (uint32_t)si->k_size,
+                    .stride = (uint32_t)pf_round_up(si->k_size, 512),
+                    .block = (uint32_t)j,
+                    .slot = (uint16_t)s,
+                    .v = (uint8_t)v,
+                    .numa = (int16_t)numa,
+                };
+        }
+    qsort(f->segs, f->nsegs, sizeof(*f->segs), seg_cmp);
+    size_t i = 0;
+    while (i < f->nsegs) {
+        size_t g = i;
+        uint64_t left = 0;
+        while (g < f->nsegs && f->segs[g].numa == f->segs[i].numa)
+            left += f->segs[g++].stride;
+        struct chunk *c = NULL;
+        for (; i < g; i++) {
+            struct seg *s = &f->segs[i];
+            if (!c || c->used + s->stride > c->a->size) {
+                uint64_t want = left < PF_P2P_STAGING_CHUNK ? left : PF_P2P_STAGING_CHUNK;
+                if (want < s->stride)
+                    want = s->stride;
+                int rc = add_chunk(f, want, s->numa);
+                if (rc)
+                    return rc;
+                c = &f->chunks[f->nchunks - 1];
+            }
+            s->local = (uint8_t *)c->a->ptr + c->used;
+            s->chunk = (uint32_t)(f->nchunks - 1);
+            c->used += s->stride;
+            left -= s->stride;
+            f->bytes += s->len;
+        }
+    }
+    /* segs are sorted by remote address: map (block, slot, K/V) back to them. spos[] is
+     * the position of each slot's first segment in block-major, slot-major, K-then-V order */
+    size_t nslots = 0;
+    for (size_t j = 0; j < f->k; j++)
+        nslots += r->blocks[j]->n_slots;
+    f->where = malloc((f->nsegs ? f->nsegs : 1) * sizeof(*f->where));
+    f->sbase = malloc((f->k + 1) * sizeof(*f->sbase));
+    f->spos = malloc((nslots ? nslots : 1) * sizeof(*f->spos));
+    f->pending = calloc(f->k, sizeof(*f->pending));
+    f->verdict = calloc(f->k, sizeof(*f->verdict));
+    f->bad_slot = calloc(f->k, sizeof(*f->bad_slot));
+    if (!f->where || !f->sbase || !f->spos || !f->pending || !f->verdict || !f->bad_slot)
+        return -ENOMEM;
+    size_t si = 0, pos = 0;
+    for (size_t j = 0; j < f->k; j++) {
+        f->sbase[j] = si;
+        for (size_t s = 0; s < r->blocks[j]->n_slots; s++) {
+            f->spos[si++] = pos;
+            pos += r->blocks[j]->slots[s]->v_ptr ? 2 : 1;
+        }
+    }
+    for (size_t k = 0; k < f->nsegs; k++) {
+        const struct seg *s = &f->segs[k];
+        f->where[f->spos[f->sbase[s->block] + s->slot] + s->v] = k;
+    }
+    return 0;
+}
+
+/* Verifies block j's slots against the holder's checksums (those it sent): 1 or -1. */
+static int8_t verify_block(struct fetch *f, size_t j)
+{
+    const Pegaflow__TransferBlockInfo *bi = f->resp->blocks[j];
+    size_t pos = f->spos[f->sbase[j]];
+    for (size_t s = 0; s < bi->n_slots; s++) {
+        const Pegaflow__TransferSlotInfo *si = bi->slots[s];
+        const struct seg *k = &f->segs[f->where[pos++]];
+        struct pf_slot sl = {.k = k->local, .seg_len = k->len, .nseg = 1};
+        if (si->v_ptr) {
+            sl.v = f->segs[f->where[pos++]].local;
+            sl.nseg = 2;
+        }
+        if (si->has_checksum && !pf_slot_verify(&sl, si->checksum)) {
+            f->bad_slot[j] = (uint16_t)s;
+            return -1;
+        }
+    }
+    return 1;
+}
+
+/* READ i landed: verify the blocks it completed while the other READs are in flight (on
+ * RDMA hardware the transfer costs no CPU, so verification then hides behind it). */
+static void on_read(void *ctx, size_t i)
+{
+    struct fetch *f = ctx;
+    const struct p2p_read *rd = &f->reads[i];
+    for (uint32_t s = rd->seg0; s < rd->seg0 + rd->nseg; s++) {
+        uint32_t b = f->segs[s].block;
+        if (--f->pending[b] == 0 && f->p->cfg.integrity)
+            f->verdict[b] = verify_block(f, b);
+    }
+}
+
+/* 5. READ descriptors for the leased QPs (rebuilt when the connection is replaced). */
+static int build_reads(struct fetch *f)
+{
+    struct pf_p2p *p = f->p;
+    const struct p2p_conn *c = f->lease.conn;
+    bool has[P2P_NIC_MAX] = {false};
+    for (size_t i = 0; i < f->lease.nqps; i++)
+        has[f->lease.qps[i]->nic] = true;
+    free(f->reads);
+    f->nreads = 0;
+    f->reads = malloc((f->nsegs ? f->nsegs : 1) * sizeof(*f->reads));
+    if (!f->reads)
+        return -ENOMEM;
+    unsigned rr = 0;
+    struct p2p_read *cur = NULL;
+    uint32_t cur_chunk = 0;
+    for (size_t i = 0; i < f->nsegs; i++) {
+        const struct seg *s = &f->segs[i];
+        uint32_t rkey;
+        if (cur && cur_chunk == s->chunk && cur->raddr + cur->len == s->raddr &&
+            (uint8_t *)cur->local + cur->len == s->local && cur->len + s->len <= p->max_read &&
+            p2p_conn_rkey(c, cur->nic, cur->raddr, cur->len + s->len, &rkey) && rkey == cur->rkey) {
+            cur->len += s->len;
+            cur->nseg++;
+            continue;
+        }
+        /* a new READ: a NIC on the staging memory's NUMA node, else any leased one */
+        const struct chunk *ch = &f->chunks[s->chunk];
+        int cand[P2P_NIC_MAX], nc = 0;
+        for (int k = 0; k < p->nnics; k++)
+            if (has[k] && p->nics[k].numa_node == ch->numa && ch->numa >= 0)
+                cand[nc++] = k;
+        if (nc == 0)
+            for (int k = 0; k < p->nnics; k++)
+                if (has[k])
+                    cand[nc++] = k;
+        int nic = cand[rr++ % (unsigned)nc];
+        if (!p2p_conn_rkey(c, nic, s->raddr, s->len, &rkey)) {
+            snprintf(f->err, sizeof(f->err),
+                     "the holder's descriptor 0x%llx+%u lies outside its registered memory",
+                     (unsigned long long)s->raddr, s->len);
+            return -EPROTO;
+        }
+        cur = &f->reads[f->nreads++];
+        *cur = (struct p2p_read){
+            .local = s->local,
+            .len = s->len,
+            .lkey = p->lkey[(size_t)nic * p->nregions + (size_t)ch->region],
+            .raddr = s->raddr,
+            .rkey = rkey,
+            .nic = nic,
+            .seg0 = (uint32_t)i,
+            .nseg = 1,
+        };
+        cur_chunk = s->chunk;
+    }
+    return 0;
+}
+
+/* 7. Builds the verified run of blocks into out; returns its length. */
+static size_t build_blocks(struct fetch *f, struct pf_block **out, size_t *bad_p)
+{
+    struct pf_p2p *p = f->p;
+    const Pegaflow__QueryBlocksForTransferResponse *r = f->resp;
+    size_t got = 0, bad = 0, first_bad = SIZE_MAX;
+    for (size_t j = 0; j < f->k; j++) {
+        if (p->cfg.integrity && f->verdict[j] == 0) /* not checked during the transfer */
+            f->verdict[j] = verify_block(f, j);
+        if (f->verdict[j] < 0) {
+            bad++;
+            if (first_bad == SIZE_MAX)
+                first_bad = j;
+        }
+    }
+    for (size_t j = 0; j < f->k && j < first_bad; j++) {
+        const Pegaflow__TransferBlockInfo *bi = r->blocks[j];
+        struct pf_block *b = pf_block_new(&f->keys[j], (uint16_t)bi->n_slots);
+        if (!b)
+            break;
+        size_t pos = f->spos[f->sbase[j]];
+        for (size_t s = 0; s < bi->n_slots; s++) {
+            const Pegaflow__TransferSlotInfo *si = bi->slots[s];
+            struct pf_slot *sl = &b->slots[s];
+            const struct seg *k = &f->segs[f->where[pos++]];
+            sl->k = k->local;
+            sl->ka = f->chunks[k->chunk].a;
+            pf_alloc_get(sl->ka);
+            sl->seg_len = k->len;
+            sl->seg_stride = k->stride;
+            sl->numa = (int16_t)f->chunks[k->chunk].numa;
+            sl->nseg = 1;
+            if (si->v_ptr) {
+                const struct seg *v = &f->segs[f->where[pos++]];
+                sl->v = v->local;
+                sl->va = f->chunks[v->chunk].a;
+                pf_alloc_get(sl->va);
+                sl->nseg = 2;
+            }
+            if (si->has_checksum) { /* verified above when integrity is on */
+                sl->checksum = si->checksum;
+                sl->has_checksum = 1;
+            } else if (p->cfg.integrity) {
+                sl->checksum = pf_slot_compute_checksum(sl); /* for the SSD tier */
+                sl->has_checksum = 1;
+            }
+        }
+        pf_block_finish(b);
+        out[got++] = b;
+    }
+    if (bad) {
+        atomic_fetch_add(&p->st_integrity, bad);
+        pf_child_add(p->c_integrity, (double)bad);
+        pf_error("integrity: %zu of %zu block(s) fetched from %s failed checksum verification "
+                 "(first: block %zu, slot %u): treated as misses, %zu block(s) kept",
+                 bad, f->k, f->peer, first_bad, (unsigned)f->bad_slot[first_bad], got);
+    }
+    *bad_p = bad;
+    return got;
+}
+
+static void fetch_cleanup(struct fetch *f)
+{
+    /* the lease first: after an error its QPs were invalidated already (p2p_xfer_run), so
+     * nothing can land in the chunks released below */
+    p2p_lease_return(f->p, &f->lease);
+    for (size_t i = 0; i < f->nchunks; i++)
+        pf_alloc_put(f->chunks[i].a);
+    if (f->session[0])
+        p2p_release_lock(f->p, f->peer, f->session);
+    if (f->resp)
+        protobuf_c_message_free_unpacked(&f->resp->base, NULL);
+    free(f->chunks);
+    free(f->segs);
+    free(f->reads);
+    free(f->where);
+    free(f->sbase);
+    free(f->spos);
+    free(f->pending);
+    free(f->verdict);
+    free(f->bad_slot);
+}
+
+/* 5./6. The transfer, replacing a stale reused connection once. */
+static int transfer(struct fetch *f)
+{
+    struct pf_p2p *p = f->p;
+    uint64_t tmo = f->lock_ms > p->cfg.fetch_margin_ms ? f->lock_ms - p->cfg.fetch_margin_ms : 0;
+    if (tmo < p->cfg.fetch_min_ms)
+        tmo = p->cfg.fetch_min_ms;
+    uint64_t deadline = pf_now_ns() + tmo * PF_NS_PER_MS;
+    for (int attempt = 0;; attempt++) {
+        bool fresh = f->lease.fresh, stale = false;
+        int rc = build_reads(f);
+        if (rc == -EPROTO && !fresh && attempt == 0) {
+            /* the descriptors lie outside what this connection's handshake registered:
+             * the peer restarted since (new pool addresses) */
+            p2p_lease_return(p, &f->lease);
+            stale = true;
+        } else if (rc) {
+            return rc;
+        } else {
+            pf_debug("RDMA fetch req %s: reading %zu block(s), %llu bytes in %zu READ(s) from "
+                     "%s over %zu QP(s), deadline %llu ms",
+                     f->req_id, f->k, (unsigned long long)f->bytes, f->nreads, f->peer,
+                     f->lease.nqps, (unsigned long long)tmo);
+            uint32_t rot = 0;
+            pf_random_bytes(&rot, sizeof(rot));
+            memset(f->pending, 0, f->k * sizeof(*f->pending));
+            memset(f->verdict, 0, f->k * sizeof(*f->verdict));
+            for (size_t i = 0; i < f->nsegs; i++)
+                f->pending[f->segs[i].block]++;
+            struct p2p_xfer x = {
+                .qps = f->lease.qps,
+                .nqps = f->lease.nqps,
+                .deadline_ns = deadline,
+                .depth = PF_P2P_QP_DEPTH,
+                .rotate = rot,
+                .abort = &p->stopping,
+                .on_read = on_read,
+                .ctx = f,
+            };
+            rc = p2p_xfer_run(&x, f->reads, f->nreads);
+            if (rc == 0)
+                return 0;
+            /* the QPs are invalidated: drop the connection before anything else */
+            p2p_lease_fail(p, &f->lease);
+            if (rc == -ETIMEDOUT) {
+                snprintf(f->err, sizeof(f->err),
+                         "transfer timed out after %llu ms (%zu of %zu READ(s) completed)",
+                         (unsigned long long)tmo, x.completed, f->nreads);
+                return rc;
+            }
+            /* a reused connection failing before anything completed: the peer restarted
+             * or dropped it meanwhile */
+            stale = x.completed == 0 && !fresh && attempt == 0 &&
+                    (rc == -ENOTCONN || rc == -ECONNRESET || rc == -ECANCELED);
+            if (!stale || atomic_load(&p->stopping)) {
+                snprintf(f->err, sizeof(f->err),
+                         "transfer failed: %s (%zu of %zu READ(s) completed)", strerror(-rc),
+                         x.completed, f->nreads);
+                return rc;
+            }
+        }
+        pf_debug("connection to %s was stale (%s): reconnecting once", f->peer,
+                 rc == -EPROTO ? "unknown memory regions" : strerror(-rc));
+        p2p_peer_drop(p, f->peer); /* the other direction's connection is as dead */
+        char e2[P2P_ERRLEN];
+        rc = p2p_conn_acquire(p, f->peer, deadline, &f->lease, e2, sizeof(e2));
+        if (rc) {
+            snprintf(f->err, sizeof(f->err), "reconnect failed: %s", e2);
+            return rc;
+        }
+        f->err[0] = '\0';
+    }
+}
+
+size_t p2p_tier_fetch(void *ctx, const char *req_id, const struct pf_block_key *keys, size_t n,
+                      bool all_or_nothing, struct pf_block **out)
+{
+    struct pf_p2p *p = ctx;
+    if (n == 0 || !atomic_load_explicit(&p->fetch_enabled, memory_order_acquire) ||
+        atomic_load(&p->stopping))
+        return 0;
+    struct fetch f = {.p = p, .req_id = req_id, .keys = keys};
+    int rc = discover(&f, n, all_or_nothing);
+    if (rc) {
+        if (rc == -ENOENT)
+            pf_debug("req %s: no peer holds the %zu missing block(s)", req_id, n);
+        return 0;
+    }
+    atomic_fetch_add(&p->fetches_inflight, 1);
+    uint64_t t0 = pf_now_ns();
+    pf_debug("RDMA fetch req %s: %s advertises %zu of %zu block(s)", req_id, f.peer, f.want, n);
+    size_t got = 0, bad = 0;
+    struct pf_metric_child *status = p->c_error;
+    char e2[P2P_ERRLEN];
+    rc = p2p_conn_acquire(p, f.peer, pf_now_ns() + p->cfg.qp_wait_ms * PF_NS_PER_MS, &f.lease, e2,
+                          sizeof(e2));
+    if (rc) {
+        snprintf(f.err, sizeof(f.err), "cannot connect: %s", e2);
+        goto out;
+    }
+    rc = query_blocks(&f);
+    if (rc)
+        goto out;
+    if (f.k == 0) {
+        status = p->c_partial;
+        snprintf(f.err, sizeof(f.err), "the holder no longer has block 0 (evicted)");
+        goto out;
+    }
+    rc = plan_staging(&f);
+    if (rc) {
+        snprintf(f.err, sizeof(f.err), "cannot allocate %llu bytes of staging memory: %s",
+                 (unsigned long long)f.bytes, strerror(-rc));
+        goto out;
+    }
+    rc = transfer(&f);
+    if (rc) {
+        if (rc == -ETIMEDOUT)
+            status = p->c_timeout;
+        goto out;
+    }
+    p2p_lease_return(p, &f.lease); /* all READs completed: the QPs are free again */
+    got = build_blocks(&f, out, &bad);
+    status = got == f.want ? p->c_ok : p->c_partial;
+    if (bad && got == 0)
+        status = p->c_error;
+out:
+    fetch_cleanup(&f);
+    double secs = (double)(pf_now_ns() - t0) / 1e9;
+    pf_child_add(status, 1);
+    pf_metric_observe(p->m_dur, secs);
+    atomic_fetch_add(&p->st_fetches, 1);
+    if (got) {
+        uint64_t bytes = 0;
+        for (size_t i = 0; i < got; i++)
+            for (uint16_t s = 0; s < out[i]->nslots; s++)
+                bytes += (uint64_t)out[i]->slots[s].seg_len * out[i]->slots[s].nseg;
+        pf_metric_add(p->m_bytes, (double)bytes);
+        atomic_fetch_add(&p->st_blocks, got);
+        atomic_fetch_add(&p->st_bytes, bytes);
+        pf_debug("RDMA fetch req %s: %zu of %zu block(s), %llu bytes from %s in %.2f ms "
+                 "(%.2f GB/s)",
+                 req_id, got, n, (unsigned long long)bytes, f.peer, secs * 1e3,
+                 secs > 0 ? (double)bytes / secs / 1e9 : 0.0);
+    }
+    if (got < f.want) {
+        atomic_fetch_add(&p->st_fail, 1);
+        if (status == p->c_timeout)
+            pf_error("RDMA fetch req %s from %s: %s: connection invalidated, transfer lock %s "
+                     "force-released; the request proceeds without remote blocks",
+                     req_id, f.peer, f.err, f.session[0] ? f.session : "(none)");
+        else if (f.err[0])
+            pf_warn("RDMA fetch req %s from %s aborted after %zu of %zu block(s): %s; the "
+                    "request proceeds without them",
+                    req_id, f.peer, got, f.want, f.err);
+        else
+            pf_debug("RDMA fetch req %s: %s had only %zu of the %zu block(s) it advertised "
+                     "(evicted since)",
+                     req_id, f.peer, got, f.want);
+        /* a failed or short peer: the next query for this request skips remote fetch (not
+         * for local causes: staging memory, shutdown) */
+        if (rc != -ENOMEM && !atomic_load(&p->stopping))
+            p2p_blacklist_add(p, req_id);
+    }
+    if (all_or_nothing && got < n) {
+        for (size_t i = 0; i < got; i++)
+            pf_block_put(out[i]);
+        got = 0;
+    }
+    atomic_fetch_sub(&p->fetches_inflight, 1);
+    return got;
+}

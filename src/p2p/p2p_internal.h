@@ -1,0 +1,231 @@
+/* Private structures of the p2p module. */
+#ifndef PF_P2P_INTERNAL_H
+#define PF_P2P_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine.pb-c.h"
+#include "pf/block.h"
+#include "pf/hal_net.h"
+#include "pf/htable.h"
+#include "pf/list.h"
+#include "pf/metrics.h"
+#include "pf/p2p.h"
+
+#define P2P_ADDR_MAX    256
+#define P2P_REGIONS_MAX 1024
+#define P2P_NIC_MAX     16
+#define P2P_ERRLEN      320
+
+/* ---- connections (conn.c) ---- */
+
+/* A peer's registered region on one NIC (from its handshake metadata). */
+struct p2p_region {
+    uint64_t addr, len;
+    uint32_t rkey;
+};
+
+/* One RC connection to a peer: qps_per_peer QPs per NIC (index nic * qpn + j), paired with
+ * the peer's QP of the same index. Fields below `busy` are immutable after connect. */
+struct p2p_conn {
+    struct p2p_peer *peer;
+    uint64_t id;   /* for logs */
+    bool outgoing; /* we initiated the handshake */
+    /* under p2p.conn_mu */
+    bool dead; /* no longer in the table: never handed out again */
+    int refs;  /* the table's (while !dead) + one per lease */
+    bool *busy;
+    /* immutable */
+    size_t nqps;
+    struct pf_net_qp **qps;
+    char node_id[PF_UUID_STR_LEN]; /* the peer's incarnation ("" when it sent none) */
+    struct p2p_region **regions;   /* per NIC, sorted by addr */
+    size_t *nregions;
+};
+
+/* Connection state of one peer address. Entries live until the module is destroyed. */
+struct p2p_peer {
+    struct pf_hnode node;
+    char *addr;
+    struct p2p_conn *out; /* connection this node initiated */
+    struct p2p_conn *in;  /* connection the peer initiated */
+    bool connecting;      /* an outgoing handshake is in flight (single-flight) */
+    uint64_t down_until;  /* a handshake failed: no new attempt before (monotonic ns) */
+};
+
+/* The QPs of one connection a fetch holds exclusively (posting and polling). */
+struct p2p_lease {
+    struct p2p_conn *conn;
+    bool fresh; /* the acquiring fetch made the handshake itself */
+    size_t nqps;
+    size_t idx[64];            /* indices into conn->qps */
+    struct pf_net_qp *qps[64]; /* the same QPs */
+};
+
+/* ---- READ engine (xfer.c) ---- */
+
+struct p2p_read {
+    void *local;
+    uint64_t len;
+    uint32_t lkey; /* of `nic` */
+    uint64_t raddr;
+    uint32_t rkey; /* of `nic` */
+    int nic;
+    uint32_t seg0, nseg; /* the caller's bookkeeping (segments this READ carries) */
+};
+
+struct p2p_xfer {
+    struct pf_net_qp *const *qps; /* qps[i]->nic is its NIC */
+    size_t nqps;
+    uint64_t deadline_ns;      /* CLOCK_MONOTONIC */
+    unsigned depth;            /* outstanding READs per QP (<= PF_P2P_QP_DEPTH) */
+    unsigned rotate;           /* first QP to post to */
+    const _Atomic bool *abort; /* optional: checked between rounds (-ECANCELED) */
+    /* optional: READ i completed successfully (its bytes are in place); runs on the calling
+     * thread between polls, so the caller can work on landed data while the rest flows */
+    void (*on_read)(void *ctx, size_t i);
+    void *ctx;
+    /* results */
+    size_t posted, completed;
+    uint64_t bytes;
+};
+
+/* Runs every READ to completion. READ i of NIC k goes to whichever QP of NIC k has room
+ * (at most depth outstanding each). Returns 0 when every READ completed successfully;
+ * otherwise -ETIMEDOUT (deadline), -ECANCELED (abort flag), the first failed completion's
+ * status, a post error, -EPROTO (a completion nobody posted) or -EINVAL (a READ of a NIC
+ * without QP; nothing is posted then). On every error return, pf_net_qp_invalidate has
+ * returned for every QP of the set: no READ can write its local buffer any more. */
+int p2p_xfer_run(struct p2p_xfer *x, const struct p2p_read *reads, size_t n);
+
+/* ---- the module ---- */
+
+struct p2p_release {
+    struct pf_list link;
+    char peer[P2P_ADDR_MAX];
+    char session[PF_P2P_SESSION_ID_MAX + 1];
+};
+
+struct p2p_chan; /* default transport: cached gRPC channel per peer */
+
+struct pf_p2p {
+    struct pf_p2p_config cfg;
+    char backend[32];
+    struct pf_engine *engine;
+    struct pf_pool *pool;
+    struct pf_cache *cache;
+    struct pf_net *net;
+    int nnics;
+    uint32_t qpn;
+    struct pf_net_nic_info nics[P2P_NIC_MAX];
+    char node_id[PF_UUID_STR_LEN];
+
+    /* local pool regions, registered on every NIC: mrs[nic * nregions + r] */
+    size_t nregions;
+    void **rbase;
+    uint64_t *rlen;
+    int *rnuma;
+    struct pf_net_mr **mrs;
+    uint32_t *lkey, *rkey; /* copies of the keys, valid until destroy */
+
+    struct pf_p2p_locks *locks;
+    uint64_t lock_timeout_ms;
+    uint64_t max_read; /* merged READs stay below this (PEGAFLOW_P2P_MAX_READ) */
+
+    const struct pf_p2p_transport *tr;
+    struct pf_p2p_transport grpc_tr;
+    pthread_mutex_t chan_mu;
+    struct p2p_chan *chans;
+
+    /* requester */
+    struct pf_meta_client *meta;
+    char self_addr[P2P_ADDR_MAX];
+    _Atomic bool fetch_enabled;
+    _Atomic bool stopping;
+    _Atomic int fetches_inflight;
+
+    /* connection table */
+    pthread_mutex_t conn_mu;
+    pthread_cond_t conn_cv;
+    struct pf_htable peers;
+    uint64_t next_conn_id;
+    uint64_t nconns, nqps; /* live, under conn_mu */
+
+    /* req_id blacklist */
+    pthread_mutex_t bl_mu;
+    struct pf_htable bl;
+
+    /* the p2p thread: lock releases, expiry */
+    pthread_t thr;
+    bool thr_started;
+    pthread_mutex_t wk_mu;
+    pthread_cond_t wk_cv;
+    struct pf_list rel_q;
+    bool wk_stop;
+    uint64_t rel_queued, rel_done; /* under wk_mu */
+    int meta_users;                /* discovery calls in flight (under wk_mu) */
+    bool stopped;
+
+    /* stats */
+    _Atomic uint64_t st_hs_out, st_hs_in, st_rel_sent, st_rel_failed, st_fetches, st_blocks,
+        st_bytes, st_fail, st_integrity;
+
+    /* metrics */
+    struct pf_metric *m_fetch, *m_dur, *m_bytes, *m_qps, *m_integrity;
+    struct pf_metric_child *c_ok, *c_partial, *c_error, *c_timeout, *c_integrity;
+};
+
+/* conn.c */
+int p2p_conn_acquire(struct pf_p2p *p, const char *peer, uint64_t deadline_ns, struct p2p_lease *l,
+                     char *err, size_t errlen);
+/* Gives the lease's QPs back (the connection stays usable). */
+void p2p_lease_return(struct pf_p2p *p, struct p2p_lease *l);
+/* The connection failed: it leaves the table, every QP is invalidated, the lease is given
+ * back. Returns only after the invalidation. */
+void p2p_lease_fail(struct pf_p2p *p, struct p2p_lease *l);
+/* Drops every connection to peer (it restarted or the link broke). */
+void p2p_peer_drop(struct pf_p2p *p, const char *peer);
+/* Finds the rkey of [addr, addr+len) among the peer's regions on nic; false if outside. */
+bool p2p_conn_rkey(const struct p2p_conn *c, int nic, uint64_t addr, uint64_t len,
+                   uint32_t *rkey_p);
+/* Serves RdmaHandshake: *meta_p (malloc'ed, *len_p bytes) is this node's metadata. */
+int p2p_serve_handshake(struct pf_p2p *p, const Pegaflow__RdmaHandshakeRequest *r, uint8_t **meta_p,
+                        size_t *len_p, char *err, size_t errlen);
+/* Drops every connection (shutdown). */
+void p2p_conns_drop_all(struct pf_p2p *p);
+void p2p_conns_free(struct pf_p2p *p);
+
+/* fetch.c: the tier */
+size_t p2p_tier_probe(void *ctx, const char *req_id, const struct pf_block_key *keys, size_t n,
+                      bool wait_full);
+size_t p2p_tier_fetch(void *ctx, const char *req_id, const struct pf_block_key *keys, size_t n,
+                      bool all_or_nothing, struct pf_block **out);
+void p2p_blacklist_add(struct pf_p2p *p, const char *req_id);
+size_t p2p_blacklist_gc(struct pf_p2p *p);
+void p2p_blacklist_free(struct pf_p2p *p);
+
+/* p2p.c */
+/* Queues one ReleaseTransferLock for the p2p thread (sent synchronously after stop). */
+void p2p_release_lock(struct pf_p2p *p, const char *peer, const char *session);
+/* Brackets a MetaServer query: false once stopping (do not query); pf_p2p_stop waits
+ * until every bracketed query returned, so the MetaServer client can be destroyed after. */
+bool p2p_meta_enter(struct pf_p2p *p);
+void p2p_meta_exit(struct pf_p2p *p);
+/* TSan happens-before annotations on every pool region (no-ops otherwise): release after
+ * handing block addresses to a peer, acquire before dropping the references that kept the
+ * memory a peer may have READ (the NET backend's serving side does the opposite). */
+void p2p_hb_regions(struct pf_p2p *p, bool release);
+/* Local region index containing [addr, addr+len), or -1. */
+int p2p_local_region(const struct pf_p2p *p, const void *addr, uint64_t len);
+
+/* serve.c: the gRPC transport */
+int p2p_grpc_call(void *ctx, const char *peer, enum pf_p2p_method m, const ProtobufCMessage *req,
+                  uint64_t timeout_ms, ProtobufCMessage **resp_p, char *err, size_t errlen);
+int p2p_grpc_query_prefix(void *ctx, const char *ns, const struct pf_meta_hash *hashes, size_t n,
+                          uint64_t timeout_ms, struct pf_meta_prefix **res_p, size_t *nres_p);
+void p2p_grpc_free(struct pf_p2p *p);
+
+#endif

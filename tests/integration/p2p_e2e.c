@@ -1,0 +1,1014 @@
+/* P2P end-to-end scenarios with real processes: a MetaServer and pegaflow-server nodes (sim
+ * GPU, TCP fabric), each node in its own network namespace when p2p_netns.sh could create
+ * them (else on 127.0.0.x), driven through libpegaflow as vLLM would. Every scenario starts
+ * fresh processes, fills the holder's sim KV caches with seeded random bytes and compares
+ * every byte a requester loads.
+ *
+ *   basic      A saves; B: QueryPrefetch -> Loading -> Ready, load, byte-exact; metrics and
+ *              debug logs (registration, handshake, fetch); the blocks are then RAM hits on
+ *              B; a suffix nobody has ends Ready with the prefix; the reverse direction
+ *              reuses the connection (no second handshake); wait_for_full_prefix waits for
+ *              blocks A saves later
+ *   mutual     A and B fetch from each other at the same moment (simultaneous handshakes)
+ *   three      B and C fetch the same blocks from A at once
+ *   metaserver issue 4 with real servers: A's blocks listed with A's address; A silent
+ *              (SIGSTOP) -> hidden after the stale period, back after SIGCONT; MetaServer
+ *              killed: saves and queries still answer, no remote discovery, no error;
+ *              restarted: A's blocks discoverable again without a new save, B fetches them
+ *   kill       A killed (SIGKILL) while B's fetch is in flight: a full miss on B, no hang
+ *   timeout    READs delayed beyond the deadline: B times out, invalidates, force-releases
+ *              the lock (A's lock count back to 0), logs an error, full miss
+ *   expire     B killed mid-transfer: A's transfer lock expires (timeouts_total)
+ *   corrupt    a READ corrupted in flight: the checksum catches it, the run before it loads
+ *              byte-exact, integrity_failures_total{tier="remote"} counts it
+ *   evict      A evicts part of the blocks between B's discovery and B's fetch: B gets the
+ *              blocks A still has, byte-exact
+ *
+ * Topology from the environment (p2p_netns.sh): PF_P2P_NS_{MS,A,B,C} network namespaces
+ * (empty: none), PF_P2P_IP_{MS,A,B,C} addresses, PF_P2P_NIC_{A,B,C} --nics values.
+ * Usage: p2p_e2e <scenario>... (default: all). Seed: PF_TEST_SEED. */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "client/pegaflow.h"
+#include "engine.pb-c.h"
+#include "kvsim.h"
+#include "pf/rpc.h"
+#include "pftest.h"
+
+#define TMO   10000
+#define HLEN  32
+#define MAXR  2
+#define MAXL  2
+#define NSTR  "ns-p2p"
+#define LAYER KV_SPLIT
+
+static uint64_t seed;
+
+/* ------------------------------------------------------------------ processes */
+
+struct node {
+    const char *tag;
+    char ns[64], ip[40], nic[64];
+    struct pft_proc p;
+};
+
+static struct node MS = {.tag = "ms"}, NA = {.tag = "a"}, NB = {.tag = "b"}, NC = {.tag = "c"};
+static struct node *all_nodes[] = {&MS, &NA, &NB, &NC};
+
+static void kill_all(void)
+{
+    for (size_t i = 0; i < PF_ARRAY_SIZE(all_nodes); i++)
+        if (all_nodes[i]->p.pid > 0) {
+            kill(all_nodes[i]->p.pid, SIGKILL);
+            waitpid(all_nodes[i]->p.pid, NULL, 0);
+            all_nodes[i]->p.pid = 0;
+        }
+}
+
+static void env_node(struct node *n, const char *up)
+{
+    char k[64];
+    const char *v;
+    snprintf(k, sizeof(k), "PF_P2P_NS_%s", up);
+    v = getenv(k);
+    snprintf(n->ns, sizeof(n->ns), "%s", v ? v : "");
+    snprintf(k, sizeof(k), "PF_P2P_IP_%s", up);
+    v = getenv(k);
+    PFT_CHECK(v && *v, "%s is not set (run through p2p_netns.sh)", k);
+    snprintf(n->ip, sizeof(n->ip), "%s", v);
+    snprintf(k, sizeof(k), "PF_P2P_NIC_%s", up);
+    v = getenv(k);
+    snprintf(n->nic, sizeof(n->nic), "%s", v ? v : n->ip);
+}
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)len + 1);
+    size_t r = b ? fread(b, 1, (size_t)len, f) : 0;
+    if (b)
+        b[r] = '\0';
+    fclose(f);
+    return b;
+}
+
+static int port_after(const char *log, const char *marker)
+{
+    const char *m = strstr(log, marker);
+    const char *p = m ? strstr(m, "(port ") : NULL;
+    return p ? atoi(p + 6) : 0;
+}
+
+/* Starts bin in the node's namespace with args (NULL-terminated, --addr/--http-addr added on
+ * port gport/0 of the node's IP) and waits for its "ready" line. */
+static void spawn(struct node *n, const char *bin, int gport, const char *const *args)
+{
+    static int seq;
+    const char *dir = getenv("PF_BIN"), *logdir = getenv("PF_TEST_LOGDIR");
+    char path[512], addr[96], haddr[96];
+    snprintf(path, sizeof(path), "%s/%s", dir ? dir : "build/rel/bin", bin);
+    snprintf(addr, sizeof(addr), "%s:%d", n->ip, gport);
+    snprintf(haddr, sizeof(haddr), "%s:0", n->ip);
+    memset(&n->p, 0, sizeof(n->p));
+    snprintf(n->p.log, sizeof(n->p.log), "%s/%s-%d.log", logdir ? logdir : "/tmp", n->tag, seq++);
+    const char *argv[64];
+    size_t k = 0;
+    if (n->ns[0]) {
+        argv[k++] = "ip";
+        argv[k++] = "netns";
+        argv[k++] = "exec";
+        argv[k++] = n->ns;
+    }
+    argv[k++] = path;
+    argv[k++] = "--addr";
+    argv[k++] = addr;
+    argv[k++] = "--http-addr";
+    argv[k++] = haddr;
+    for (size_t i = 0; args && args[i] && k < 62; i++)
+        argv[k++] = args[i];
+    argv[k] = NULL;
+    pid_t pid = fork();
+    PFT_CHECK(pid >= 0, "fork");
+    if (pid == 0) {
+        FILE *f = freopen(n->p.log, "w", stdout);
+        if (f)
+            dup2(fileno(stdout), 2);
+        if (n->ns[0])
+            execvp("ip", (char *const *)argv);
+        else
+            execv(path, (char *const *)argv);
+        fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    n->p.pid = pid;
+    snprintf(n->p.http_host, sizeof(n->p.http_host), "%s", n->ip);
+    uint64_t dl = pft_now_ms() + 30000;
+    for (;;) {
+        char *log = slurp(n->p.log);
+        if (log) {
+            n->p.grpc_port = port_after(log, "gRPC listening on");
+            n->p.http_port = port_after(log, "HTTP listening on");
+            bool ready = strstr(log, ": ready\n") != NULL;
+            free(log);
+            if (ready && n->p.grpc_port && n->p.http_port)
+                break;
+        }
+        int st;
+        bool dead = waitpid(pid, &st, WNOHANG) == pid;
+        if (dead || pft_now_ms() >= dl) {
+            char *l = slurp(n->p.log);
+            fprintf(stderr, "%s did not start; log:\n%s\n", n->tag, l ? l : "");
+            free(l);
+            if (dead)
+                n->p.pid = 0;
+            PFT_CHECK(false, "%s (%s) did not start", n->tag, bin);
+        }
+        usleep(20000);
+    }
+    snprintf(n->p.addr, sizeof(n->p.addr), "%s:%d", n->ip, n->p.grpc_port);
+    fprintf(stderr, "  %s: %s on %s (http %d)%s%s\n", n->tag, bin, n->p.addr, n->p.http_port,
+            n->ns[0] ? " in netns " : "", n->ns);
+}
+
+static void start_ms(int port, const char *stale)
+{
+    const char *args[] = {"--node-stale-secs", stale, "--log-level", "debug", NULL};
+    spawn(&MS, "pegaflow-metaserver", port, args);
+}
+
+/* extra: more flags (NULL-terminated), e.g. the fault spec */
+static void start_node(struct node *n, const char *const *extra)
+{
+    char meta[128];
+    snprintf(meta, sizeof(meta), "http://%s", MS.p.addr);
+    const char *args[48] = {"--gpu-backend", "sim",   "--sim-gpus",        "2",
+                            "--nics",        n->nic,  "--net-backend",     "tcp",
+                            "--log-level",   "debug", "--metaserver-addr", meta};
+    size_t k = 12;
+    bool pool = false;
+    for (size_t i = 0; extra && extra[i] && k < 44; i++) {
+        pool |= strcmp(extra[i], "--pool-size") == 0;
+        args[k++] = extra[i];
+    }
+    if (!pool) {
+        args[k++] = "--pool-size";
+        args[k++] = "64mb";
+    }
+    args[k] = NULL;
+    spawn(n, "pegaflow-server", 0, args);
+    /* fetching needs the node's own MetaServer session (no discovery without it) */
+    PFT_CHECK(pft_wait_log(&n->p, "MetaServer session established", 20000),
+              "%s: no MetaServer session", n->tag);
+}
+
+static void stop(struct node *n, int sig)
+{
+    if (n->p.pid <= 0)
+        return;
+    int rc = pft_stop(&n->p, sig, 20000);
+    if (sig == SIGTERM || sig == SIGINT)
+        PFT_CHECK(rc == 0, "%s exited with %d after SIG%s", n->tag, rc,
+                  sig == SIGTERM ? "TERM" : "INT");
+    n->p.pid = 0;
+}
+
+static double metric(struct node *n, const char *name)
+{
+    char *body = NULL;
+    int st = pft_http(n->p.http_host, n->p.http_port, "GET", "/metrics", &body);
+    PFT_CHECK(st == 200, "%s /metrics status %d", n->tag, st);
+    double v = 0;
+    char key[256];
+    snprintf(key, sizeof(key), "\n%s ", name);
+    char *p = strstr(body, key);
+    if (p)
+        v = strtod(p + strlen(key), NULL);
+    free(body);
+    return v;
+}
+
+static void wait_metric(struct node *n, const char *name, double want, bool at_least,
+                        uint64_t timeout_ms)
+{
+    uint64_t dl = pft_now_ms() + timeout_ms;
+    double v;
+    for (;;) {
+        v = metric(n, name);
+        if (at_least ? v >= want : v == want)
+            return;
+        PFT_CHECK(pft_now_ms() < dl, "%s: %s = %g after %llu ms, want %s%g", n->tag, name, v,
+                  (unsigned long long)timeout_ms, at_least ? ">= " : "", want);
+        usleep(20000);
+    }
+}
+
+static int log_count(struct node *n, const char *s)
+{
+    char *l = slurp(n->p.log);
+    int c = 0;
+    for (char *p = l; p && (p = strstr(p, s)); p++)
+        c++;
+    free(l);
+    return c;
+}
+
+static void wait_log(struct node *n, const char *s, uint64_t timeout_ms)
+{
+    PFT_CHECK(pft_wait_log(&n->p, s, timeout_ms), "%s never logged '%s' (log %s)", n->tag, s,
+              n->p.log);
+}
+
+/* ------------------------------------------------------------------ KV worlds */
+
+struct world {
+    const char *id;
+    int tp, nlayers;
+    uint64_t nblocks, tag;
+    struct kvt kv[MAXR][MAXL];
+    char names[MAXL][32];
+};
+
+static void hash_of(uint64_t i, uint8_t *h)
+{
+    pft_fill(h, HLEN, seed, 7000000 + i);
+}
+
+static void world_init(struct world *w, const char *id, int tp, int nlayers, uint64_t nblocks,
+                       uint64_t seg, uint64_t tag, bool fill)
+{
+    memset(w, 0, sizeof(*w));
+    w->id = id;
+    w->tp = tp;
+    w->nlayers = nlayers;
+    w->nblocks = nblocks;
+    w->tag = tag;
+    for (int l = 0; l < nlayers; l++)
+        snprintf(w->names[l], sizeof(w->names[l]), "model.layers.%d", l);
+    for (int r = 0; r < tp; r++)
+        for (int l = 0; l < nlayers; l++) {
+            PFT_CHECK(kvt_create(&w->kv[r][l], LAYER, nblocks, seg, r) == 0, "simkv create");
+            if (fill)
+                for (uint64_t b = 0; b < nblocks; b++)
+                    kvt_fill_block(&w->kv[r][l], b, seed,
+                                   tag << 48 | (uint64_t)r << 40 | (uint64_t)l << 32 | b);
+        }
+}
+
+static void world_free(struct world *w)
+{
+    for (int r = 0; r < w->tp; r++)
+        for (int l = 0; l < w->nlayers; l++)
+            kvt_destroy(&w->kv[r][l]);
+}
+
+static void world_register(struct pf_client *c, struct world *w)
+{
+    for (int r = 0; r < w->tp; r++) {
+        struct pf_layer_desc d[MAXL];
+        for (int l = 0; l < w->nlayers; l++)
+            d[l] = kvt_desc(&w->kv[r][l], w->names[l]);
+        struct pf_register_args a = {
+            .instance_id = w->id,
+            .namespace_ = NSTR,
+            .tp_rank = (uint32_t)r,
+            .tp_size = (uint32_t)w->tp,
+            .world_size = (uint32_t)w->tp,
+            .device_id = r,
+            .layers = d,
+            .nlayers = (size_t)w->nlayers,
+        };
+        int rc = pf_client_register(c, &a, TMO);
+        PFT_CHECK(rc == 0, "register %s rank %d: %s", w->id, r, pf_last_error_message());
+    }
+}
+
+static void world_save(struct pf_client *c, struct world *w, uint64_t h0, uint32_t first_id,
+                       size_t n)
+{
+    uint32_t *ids = malloc(n * sizeof(*ids));
+    uint8_t *hs = malloc(n * HLEN);
+    for (size_t i = 0; i < n; i++) {
+        ids[i] = first_id + (uint32_t)i;
+        hash_of(h0 + i, hs + i * HLEN);
+    }
+    for (int r = 0; r < w->tp; r++) {
+        struct pf_save_layer sl[MAXL];
+        for (int l = 0; l < w->nlayers; l++)
+            sl[l] = (struct pf_save_layer){
+                .name = w->names[l], .block_ids = ids, .hashes = hs, .hash_len = HLEN, .n = n};
+        int rc = pf_client_save(c, w->id, (uint32_t)r, 0, r, sl, (size_t)w->nlayers, TMO);
+        PFT_CHECK(rc == 0, "save %s rank %d: %s", w->id, r, pf_last_error_message());
+    }
+    free(ids);
+    free(hs);
+}
+
+static int query_once(struct pf_client *c, const char *inst, const char *req, uint64_t h0, size_t n,
+                      int wait_full, struct pf_query_result *res)
+{
+    uint8_t *hs = malloc(n * HLEN + 1);
+    for (size_t i = 0; i < n; i++)
+        hash_of(h0 + i, hs + i * HLEN);
+    int rc = pf_client_query(c, inst, req, hs, NULL, HLEN, n, wait_full, 0, res, NULL, 0, TMO);
+    free(hs);
+    return rc;
+}
+
+/* Queries until Ready (deadline timeout_ms); *loading_p counts Loading answers. Every
+ * QueryPrefetch itself must answer within its RPC deadline (TMO). */
+static struct pf_query_result query_ready(struct pf_client *c, const char *inst, const char *req,
+                                          uint64_t h0, size_t n, int wait_full, uint64_t timeout_ms,
+                                          int *loading_p)
+{
+    struct pf_query_result res;
+    uint64_t dl = pft_now_ms() + timeout_ms;
+    int loading = 0;
+    for (;;) {
+        uint64_t t0 = pft_now_ms();
+        int rc = query_once(c, inst, req, h0, n, wait_full, &res);
+        PFT_CHECK(rc == 0, "query %s/%s: %s", inst, req, pf_last_error_message());
+        PFT_CHECK(pft_now_ms() - t0 < TMO, "QueryPrefetch took %llu ms",
+                  (unsigned long long)(pft_now_ms() - t0));
+        if (!res.loading)
+            break;
+        loading++;
+        PFT_CHECK(pft_now_ms() < dl, "query %s/%s still Loading after %llu ms", inst, req,
+                  (unsigned long long)timeout_ms);
+        usleep(5000);
+    }
+    if (loading_p)
+        *loading_p = loading;
+    return res;
+}
+
+/* Loads the lease's n blocks into dst ids first_dst.. of every rank of w. */
+static void world_load(struct pf_client *c, struct world *w, const uint8_t *lease, size_t n,
+                       uint32_t first_dst)
+{
+    int64_t *targets = malloc(n * sizeof(*targets));
+    for (size_t i = 0; i < n; i++)
+        targets[i] = first_dst + (int64_t)i;
+    const char *names[MAXL];
+    for (int l = 0; l < w->nlayers; l++)
+        names[l] = w->names[l];
+    size_t gsz = (size_t)w->nlayers, cnt = n;
+    struct pf_load_item it = {
+        .lease = lease, .lease_len = PF_LEASE_LEN, .targets = targets, .group_counts = &cnt};
+    for (int r = 0; r < w->tp; r++) {
+        struct pf_loadstate *ls;
+        PFT_CHECK(pf_loadstate_create(&ls) == 0, "loadstate");
+        int rc = pf_client_load(c, w->id, (uint32_t)r, r, pf_loadstate_name(ls), names, &gsz, 1,
+                                &it, 1, TMO);
+        PFT_CHECK(rc == 0, "load %s rank %d: %s", w->id, r, pf_last_error_message());
+        int64_t st = pf_loadstate_wait(ls, TMO);
+        PFT_CHECK(st == 1, "load %s rank %d: state %lld", w->id, r, (long long)st);
+        pf_loadstate_destroy(ls);
+    }
+    free(targets);
+}
+
+static void compare(struct world *src, uint32_t src_first, struct world *dst, uint32_t dst_first,
+                    size_t n)
+{
+    for (int r = 0; r < src->tp; r++)
+        for (int l = 0; l < src->nlayers; l++)
+            for (size_t i = 0; i < n; i++)
+                PFT_CHECK(
+                    kvt_block_equal(&src->kv[r][l], src_first + i, &dst->kv[r][l], dst_first + i),
+                    "rank %d layer %d block %zu differs after load (%s <- %s)", r, l, i, dst->id,
+                    src->id);
+}
+
+/* Query on the requester until Ready, check the hit count, load and compare every byte. */
+static uint32_t fetch_check(struct pf_client *c, struct world *dst, const char *req, uint64_t h0,
+                            size_t n, int wait_full, struct world *src, uint32_t src_first,
+                            uint32_t dst_first, long want_hits, uint64_t timeout_ms)
+{
+    int loading = 0;
+    struct pf_query_result res =
+        query_ready(c, dst->id, req, h0, n, wait_full, timeout_ms, &loading);
+    if (want_hits >= 0)
+        PFT_CHECK(res.num_hit_blocks == (uint32_t)want_hits, "%s: %u hits, want %ld", req,
+                  res.num_hit_blocks, want_hits);
+    if (res.num_hit_blocks) {
+        PFT_CHECK(res.lease_len == PF_LEASE_LEN, "%s: hits without a lease", req);
+        world_load(c, dst, res.lease, res.num_hit_blocks, dst_first);
+        compare(src, src_first, dst, dst_first, res.num_hit_blocks);
+    }
+    fprintf(stderr, "    %s: %u of %zu block(s) after %d Loading answer(s)%s\n", req,
+            res.num_hit_blocks, n, loading, res.num_hit_blocks ? ", byte-exact" : "");
+    return res.num_hit_blocks;
+}
+
+static struct pf_client *connect_to(struct node *n)
+{
+    struct pf_client *c;
+    PFT_CHECK(pf_client_connect(n->p.addr, &c) == 0, "connect %s", n->p.addr);
+    return c;
+}
+
+/* MetaServer QueryPrefixBlocks: prefix_len of node addr for hashes [h0, h0+n), 0 if absent. */
+static long meta_prefix(const char *node_addr, uint64_t h0, size_t n)
+{
+    struct pf_rpc_channel *ch;
+    PFT_CHECK(pf_rpc_channel_open(MS.p.addr, &ch) == 0, "channel");
+    uint8_t *hs = malloc(n * HLEN);
+    ProtobufCBinaryData *b = malloc(n * sizeof(*b));
+    for (size_t i = 0; i < n; i++) {
+        hash_of(h0 + i, hs + i * HLEN);
+        b[i] = (ProtobufCBinaryData){HLEN, hs + i * HLEN};
+    }
+    Pegaflow__QueryPrefixBlocksRequest req = PEGAFLOW__QUERY_PREFIX_BLOCKS_REQUEST__INIT;
+    req.namespace_ = (char *)NSTR;
+    req.n_block_hashes = n;
+    req.block_hashes = b;
+    ProtobufCMessage *resp = NULL;
+    struct pf_rpc_status st;
+    long v = -1;
+    if (pf_rpc_unary(ch, "/pegaflow.MetaServer/QueryPrefixBlocks", &req.base,
+                     &pegaflow__query_prefix_blocks_response__descriptor, 3000, &resp, &st) == 0) {
+        const Pegaflow__QueryPrefixBlocksResponse *r = (const void *)resp;
+        v = 0;
+        for (size_t i = 0; i < r->n_nodes; i++)
+            if (strcmp(r->nodes[i]->node, node_addr) == 0)
+                v = (long)r->nodes[i]->prefix_len;
+        protobuf_c_message_free_unpacked(resp, NULL);
+    }
+    free(hs);
+    free(b);
+    pf_rpc_channel_close(ch);
+    return v;
+}
+
+static void wait_meta(const char *node_addr, uint64_t h0, size_t n, long want, uint64_t tmo)
+{
+    uint64_t dl = pft_now_ms() + tmo;
+    long v;
+    while ((v = meta_prefix(node_addr, h0, n)) != want) {
+        PFT_CHECK(pft_now_ms() < dl, "MetaServer lists %s with prefix %ld, want %ld", node_addr, v,
+                  want);
+        usleep(20000);
+    }
+}
+
+static void sync_pair_start(void)
+{
+    start_ms(0, "30");
+    start_node(&NA, NULL);
+    start_node(&NB, NULL);
+}
+
+static void stop_all(void)
+{
+    stop(&NB, SIGTERM);
+    stop(&NC, SIGTERM);
+    stop(&NA, SIGTERM);
+    stop(&MS, SIGTERM);
+}
+
+#define SEG 16384 /* bytes per segment: a block is tp * layers * 2 * SEG */
+
+/* ------------------------------------------------------------------ scenarios */
+
+static void sc_basic(void)
+{
+    sync_pair_start();
+    struct pf_client *ca = connect_to(&NA), *cb = connect_to(&NB);
+    struct world wa, wb;
+    const size_t N = 24;
+    world_init(&wa, "inst-A", 2, 2, 128, SEG, 1, true);
+    world_init(&wb, "inst-B", 2, 2, 128, SEG, 2, true);
+    world_register(ca, &wa);
+    world_register(cb, &wb);
+    world_save(ca, &wa, 0, 0, N);
+    wait_meta(NA.p.addr, 0, N, (long)N, 20000);
+    fprintf(stderr, "    MetaServer lists %s with all %zu blocks\n", NA.p.addr, N);
+
+    int loading = 0;
+    struct pf_query_result r = query_ready(cb, wb.id, "req-1", 0, N, 0, 30000, &loading);
+    PFT_CHECK(loading >= 1, "the first query must answer Loading while the fetch runs");
+    PFT_CHECK(r.num_hit_blocks == N, "req-1: %u hits, want %zu", r.num_hit_blocks, N);
+    world_load(cb, &wb, r.lease, N, 32);
+    compare(&wa, 0, &wb, 32, N);
+    fprintf(stderr, "    req-1: Loading x%d -> Ready %zu, byte-exact\n", loading, N);
+    PFT_CHECK(metric(&NB, "pegaflow_rdma_fetch_total{status=\"ok\"}") == 1, "fetch ok != 1");
+    double bytes = metric(&NB, "pegaflow_rdma_fetch_bytes_total");
+    PFT_CHECK(bytes == (double)N * 2 * 2 * 2 * SEG, "fetch bytes %g", bytes);
+    PFT_CHECK(metric(&NB, "pegaflow_rdma_qps") == 2, "B: rdma_qps != 2");
+    PFT_CHECK(metric(&NB, "pegaflow_rdma_fetch_duration_seconds_count") == 1, "duration count");
+    wait_metric(&NA, "pegaflow_transfer_lock_active", 0, false, 10000);
+    wait_metric(&NA, "pegaflow_rpc_requests_total{method=\"release_transfer_lock\",status=\"ok\"}",
+                1, false, 10000);
+    /* --log-level debug shows registration, handshake and fetch */
+    PFT_CHECK(pft_log_contains(&NA.p, "memory registration: pool region"), "A: registration log");
+    PFT_CHECK(pft_log_contains(&NB.p, "RDMA handshake with"), "B: handshake log");
+    PFT_CHECK(pft_log_contains(&NA.p, "RDMA handshake from"), "A: handshake log");
+    PFT_CHECK(pft_log_contains(&NB.p, "RDMA fetch req req-1"), "B: fetch log");
+    PFT_CHECK(pft_log_contains(&NA.p, "MetaServer registration"), "A: MetaServer registration");
+    PFT_CHECK(pft_log_contains(&NB.p, "topology: 1 NIC(s) on backend tcp"), "B: topology log");
+
+    /* every metric family a P2P node exposes is documented */
+    {
+        char path[512], *body = NULL;
+        const char *top = getenv("PF_TOP");
+        snprintf(path, sizeof(path), "%s/docs/metrics.md", top ? top : ".");
+        char *doc = slurp(path);
+        PFT_CHECK(doc, "cannot read %s", path);
+        PFT_CHECK(pft_http(NB.p.http_host, NB.p.http_port, "GET", "/metrics", &body) == 200,
+                  "metrics");
+        int families = 0;
+        for (char *l = strstr(body, "# TYPE "); l; l = strstr(l + 1, "# TYPE ")) {
+            char name[128], quoted[140];
+            if (sscanf(l, "# TYPE %127s", name) != 1)
+                continue;
+            snprintf(quoted, sizeof(quoted), "`%s`", name);
+            PFT_CHECK(strstr(doc, quoted), "metric %s is not documented in docs/metrics.md", name);
+            families++;
+        }
+        fprintf(stderr, "    all %d metric families of B are documented\n", families);
+        free(body);
+        free(doc);
+    }
+
+    /* now RAM hits on B (promoted, reclaimable), no second fetch */
+    fetch_check(cb, &wb, "req-2", 0, N, 0, &wa, 0, 64, (long)N, 10000);
+    PFT_CHECK(metric(&NB, "pegaflow_rdma_fetch_total{status=\"ok\"}") == 1, "refetched");
+    PFT_CHECK(metric(&NB, "pegaflow_cache_resident_blocks{class=\"reclaimable\"}") == N,
+              "fetched blocks must be reclaimable on B");
+    /* B re-advertises what it fetched */
+    wait_meta(NB.p.addr, 0, N, (long)N, 20000);
+    /* a suffix nobody has: Ready with the RAM prefix */
+    fetch_check(cb, &wb, "req-3", 0, N + 8, 0, &wa, 0, 88, (long)N, 10000);
+
+    /* the other direction reuses the connection A opened to B: no handshake by B->A */
+    world_save(cb, &wb, 1000, 112, 8);
+    wait_meta(NB.p.addr, 1000, 8, 8, 20000);
+    fetch_check(ca, &wa, "req-rev", 1000, 8, 0, &wb, 112, 32, 8, 30000);
+    PFT_CHECK(!pft_log_contains(&NA.p, "RDMA handshake with"),
+              "A handshook although B's connection exists");
+    PFT_CHECK(metric(&NA, "pegaflow_rdma_fetch_total{status=\"ok\"}") == 1, "A fetch ok");
+
+    /* wait_for_full_prefix: Loading until some node advertises the whole suffix */
+    struct pf_query_result w;
+    PFT_CHECK(query_once(cb, wb.id, "req-full", 2000, 6, 1, &w) == 0 && w.loading,
+              "wait_for_full_prefix must answer Loading");
+    usleep(200000); /* nothing advertised yet: still Loading (not a timing assertion) */
+    PFT_CHECK(query_once(cb, wb.id, "req-full", 2000, 6, 1, &w) == 0 && w.loading,
+              "still Loading while nobody holds the suffix");
+    world_save(ca, &wa, 2000, 40, 6);
+    fetch_check(cb, &wb, "req-full", 2000, 6, 1, &wa, 40, 120, 6, 30000);
+
+    pf_client_close(ca);
+    pf_client_close(cb);
+    stop_all();
+    PFT_CHECK(pft_log_contains(&NB.p, "stopped"), "B did not stop cleanly");
+    world_free(&wa);
+    world_free(&wb);
+}
+
+struct fetch_arg {
+    struct pf_client *c;
+    struct world *dst, *src;
+    const char *req;
+    uint64_t h0;
+    size_t n;
+    pthread_barrier_t *bar;
+    uint32_t hits;
+};
+
+static void *fetch_thread(void *p)
+{
+    struct fetch_arg *a = p;
+    pthread_barrier_wait(a->bar);
+    a->hits = fetch_check(a->c, a->dst, a->req, a->h0, a->n, 0, a->src, 0, 0, -1, 60000);
+    return NULL;
+}
+
+static void sc_mutual(void)
+{
+    sync_pair_start();
+    struct pf_client *ca = connect_to(&NA), *cb = connect_to(&NB);
+    struct world wa, wb, ra, rb;
+    const size_t N = 16;
+    world_init(&wa, "inst-A", 1, 2, 32, SEG, 3, true);
+    world_init(&wb, "inst-B", 1, 2, 32, SEG, 4, true);
+    world_init(&ra, "inst-A2", 1, 2, 32, SEG, 0, false);
+    world_init(&rb, "inst-B2", 1, 2, 32, SEG, 0, false);
+    world_register(ca, &wa);
+    world_register(cb, &wb);
+    world_register(ca, &ra);
+    world_register(cb, &rb);
+    world_save(ca, &wa, 100, 0, N);
+    world_save(cb, &wb, 200, 0, N);
+    wait_meta(NA.p.addr, 100, N, (long)N, 20000);
+    wait_meta(NB.p.addr, 200, N, (long)N, 20000);
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, 2);
+    struct fetch_arg x = {ca, &ra, &wb, "mutual-A", 200, N, &bar, 0};
+    struct fetch_arg y = {cb, &rb, &wa, "mutual-B", 100, N, &bar, 0};
+    pthread_t t1, t2;
+    pthread_create(&t1, NULL, fetch_thread, &x);
+    pthread_create(&t2, NULL, fetch_thread, &y);
+    pthread_join(t1, NULL);
+    pthread_join(t2, NULL);
+    PFT_CHECK(x.hits == N && y.hits == N, "mutual fetch: %u and %u of %zu", x.hits, y.hits, N);
+    /* both connections work afterwards, in both directions */
+    world_save(ca, &wa, 300, 16, 4);
+    world_save(cb, &wb, 400, 16, 4);
+    wait_meta(NA.p.addr, 300, 4, 4, 20000);
+    wait_meta(NB.p.addr, 400, 4, 4, 20000);
+    fetch_check(cb, &rb, "mutual-B2", 300, 4, 0, &wa, 16, 20, 4, 30000);
+    fetch_check(ca, &ra, "mutual-A2", 400, 4, 0, &wb, 16, 20, 4, 30000);
+    pf_client_close(ca);
+    pf_client_close(cb);
+    stop_all();
+    pthread_barrier_destroy(&bar);
+    world_free(&wa);
+    world_free(&wb);
+    world_free(&ra);
+    world_free(&rb);
+}
+
+static void sc_three(void)
+{
+    sync_pair_start();
+    start_node(&NC, NULL);
+    struct pf_client *ca = connect_to(&NA), *cb = connect_to(&NB), *cc = connect_to(&NC);
+    struct world wa, wb, wc;
+    const size_t N = 32;
+    world_init(&wa, "inst-A", 1, 2, 64, 32768, 5, true);
+    world_init(&wb, "inst-B", 1, 2, 64, 32768, 0, false);
+    world_init(&wc, "inst-C", 1, 2, 64, 32768, 0, false);
+    world_register(ca, &wa);
+    world_register(cb, &wb);
+    world_register(cc, &wc);
+    world_save(ca, &wa, 500, 0, N);
+    wait_meta(NA.p.addr, 500, N, (long)N, 20000);
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, 2);
+    struct fetch_arg x = {cb, &wb, &wa, "three-B", 500, N, &bar, 0};
+    struct fetch_arg y = {cc, &wc, &wa, "three-C", 500, N, &bar, 0};
+    pthread_t t1, t2;
+    pthread_create(&t1, NULL, fetch_thread, &x);
+    pthread_create(&t2, NULL, fetch_thread, &y);
+    pthread_join(t1, NULL);
+    pthread_join(t2, NULL);
+    /* B may have fetched from A and C from B (B re-advertises), or both from A */
+    PFT_CHECK(x.hits == N && y.hits == N, "B got %u, C got %u of %zu", x.hits, y.hits, N);
+    wait_metric(&NA, "pegaflow_transfer_lock_active", 0, false, 10000);
+    PFT_CHECK(metric(&NA, "pegaflow_rpc_requests_total{method=\"rdma_handshake\","
+                          "status=\"ok\"}") >= 1,
+              "A served no handshake");
+    pf_client_close(ca);
+    pf_client_close(cb);
+    pf_client_close(cc);
+    stop_all();
+    pthread_barrier_destroy(&bar);
+    world_free(&wa);
+    world_free(&wb);
+    world_free(&wc);
+}
+
+static void sc_metaserver(void)
+{
+    start_ms(0, "2");
+    start_node(&NA, NULL);
+    start_node(&NB, NULL);
+    int msport = MS.p.grpc_port;
+    struct pf_client *ca = connect_to(&NA), *cb = connect_to(&NB);
+    struct world wa, wb;
+    const size_t N = 8;
+    world_init(&wa, "inst-A", 1, 1, 64, SEG, 6, true);
+    world_init(&wb, "inst-B", 1, 1, 64, SEG, 0, false);
+    world_register(ca, &wa);
+    world_register(cb, &wb);
+    world_save(ca, &wa, 600, 0, N);
+    wait_meta(NA.p.addr, 600, N, (long)N, 20000);
+    fprintf(stderr, "    QueryPrefixBlocks lists A (%s) with %zu blocks\n", NA.p.addr, N);
+    /* A silent: hidden after the stale period, back when it resumes */
+    kill(NA.p.pid, SIGSTOP);
+    wait_meta(NA.p.addr, 600, N, 0, 20000);
+    fprintf(stderr, "    A stopped (SIGSTOP): hidden after the stale period\n");
+    kill(NA.p.pid, SIGCONT);
+    wait_meta(NA.p.addr, 600, N, (long)N, 20000);
+    fprintf(stderr, "    A resumed: listed again\n");
+
+    /* MetaServer gone: saves and queries keep answering, no remote discovery, no error */
+    stop(&MS, SIGKILL);
+    uint64_t t0 = pft_now_ms();
+    world_save(ca, &wa, 700, 10, N);
+    uint64_t tsave = pft_now_ms() - t0;
+    t0 = pft_now_ms();
+    fetch_check(cb, &wb, "no-meta", 700, N, 0, &wa, 10, 0, 0, 30000);
+    fprintf(stderr, "    MetaServer killed: save %llu ms, query -> Ready 0 in %llu ms\n",
+            (unsigned long long)tsave, (unsigned long long)(pft_now_ms() - t0));
+    PFT_CHECK(metric(&NB, "pegaflow_rdma_fetch_total{status=\"error\"}") == 0,
+              "no fetch should have been attempted without discovery");
+    /* once B's client knows the MetaServer is gone, no discovery is even attempted: Ready at
+     * the first answer, no Loading round trip */
+    wait_log(&NB, "unreachable", 20000);
+    int loading = -1;
+    struct pf_query_result r0 = query_ready(cb, wb.id, "no-meta-2", 700, N, 0, 10000, &loading);
+    PFT_CHECK(r0.num_hit_blocks == 0 && loading == 0, "no-meta-2: %u hits after %d Loading",
+              r0.num_hit_blocks, loading);
+    fprintf(stderr, "    MetaServer known unreachable: Ready at once, no discovery\n");
+    /* restarted on the same port: A's blocks discoverable again without a new save */
+    start_ms(msport, "2");
+    wait_meta(NA.p.addr, 600, N, (long)N, 30000);
+    wait_meta(NA.p.addr, 700, N, (long)N, 30000);
+    fprintf(stderr, "    MetaServer restarted: A's blocks listed again (resync, no new save)\n");
+    /* B discovers again once its own MetaServer session is back */
+    uint64_t dl = pft_now_ms() + 40000;
+    while (log_count(&NB, "MetaServer session established") < 2) {
+        PFT_CHECK(pft_now_ms() < dl, "B never re-established its MetaServer session");
+        usleep(20000);
+    }
+    /* B's query channel may still be backing off from the outage (its first discovery then
+     * fails fast, a plain miss): new requests until one is served */
+    dl = pft_now_ms() + 30000;
+    for (int k = 0;; k++) {
+        char req[32];
+        snprintf(req, sizeof(req), "after-restart-%d", k);
+        if (fetch_check(cb, &wb, req, 700, N, 0, &wa, 10, 0, -1, 30000) == N)
+            break;
+        PFT_CHECK(pft_now_ms() < dl, "B never fetched A's blocks after the restart");
+        usleep(50000);
+    }
+    pf_client_close(ca);
+    pf_client_close(cb);
+    stop_all();
+    world_free(&wa);
+    world_free(&wb);
+}
+
+/* A holder killed while the requester's fetch is in flight: B's second READ is dropped by
+ * the fault plan so the transfer cannot finish before the kill. */
+static void sc_kill(void)
+{
+    start_ms(0, "30");
+    start_node(&NA, NULL);
+    const char *f[] = {"--enable-debug", "--fault-spec", "net.read:nth=2,drop=1,times=1", NULL};
+    setenv("PEGAFLOW_P2P_MAX_READ", "1", 1); /* one READ per segment */
+    start_node(&NB, f);
+    unsetenv("PEGAFLOW_P2P_MAX_READ");
+    struct pf_client *ca = connect_to(&NA), *cb = connect_to(&NB);
+    struct world wa, wb;
+    const size_t N = 16;
+    world_init(&wa, "inst-A", 1, 1, 64, 65536, 7, true);
+    world_init(&wb, "inst-B", 1, 1, 64, 65536, 0, false);
+    world_register(ca, &wa);
+    world_register(cb, &wb);
+    world_save(ca, &wa, 800, 0, N);
+    wait_meta(NA.p.addr, 800, N, (long)N, 20000);
+    struct pf_query_result r;
+    PFT_CHECK(query_once(cb, wb.id, "kill-1", 800, N, 0, &r) == 0 && r.loading, "Loading");
+    wait_log(&NB, "RDMA fetch req kill-1: reading", 20000);
+    stop(&NA, SIGKILL);
+    fprintf(stderr, "    A killed (SIGKILL) during B's transfer\n");
+    fetch_check(cb, &wb, "kill-1", 800, N, 0, &wa, 0, 0, 0, 30000);
+    PFT_CHECK(metric(&NB, "pegaflow_rdma_fetch_total{status=\"error\"}") == 1, "error != 1");
+    PFT_CHECK(metric(&NB, "pegaflow_rdma_fetch_total{status=\"timeout\"}") == 0,
+              "the kill must be noticed before the deadline");
+    /* B keeps serving; the blacklisted req falls through, a new one fails fast */
+    fetch_check(cb, &wb, "kill-1", 800, N, 0, &wa, 0, 0, 0, 10000);
+    fetch_check(cb, &wb, "kill-2", 800, N, 0, &wa, 0, 0, 0, 30000);
+    PFT_CHECK(pf_client_health(cb, TMO) == 0, "B unhealthy");
+    pf_client_close(ca);
+    pf_client_close(cb);
+    stop_all();
+    world_free(&wa);
+    world_free(&wb);
+}
+
+static void sc_timeout(void)
+{
+    start_ms(0, "30");
+    /* lock (30 s) outlives the transfer deadline (max(30 - 60, 10) = 10 s) */
+    const char *la[] = {"--transfer-lock-timeout-secs", "30", NULL};
+    start_node(&NA, la);
+    const char *f[] = {"--enable-debug", "--fault-spec", "net.read:delay=15000", NULL};
+    start_node(&NB, f);
+    struct pf_client *ca = connect_to(&NA), *cb = connect_to(&NB);
+    struct world wa, wb;
+    const size_t N = 8;
+    world_init(&wa, "inst-A", 1, 1, 64, SEG, 8, true);
+    world_init(&wb, "inst-B", 1, 1, 64, SEG, 0, false);
+    world_register(ca, &wa);
+    world_register(cb, &wb);
+    world_save(ca, &wa, 900, 0, N);
+    wait_meta(NA.p.addr, 900, N, (long)N, 20000);
+    uint64_t t0 = pft_now_ms();
+    fetch_check(cb, &wb, "tmo-1", 900, N, 0, &wa, 0, 0, 0, 40000);
+    fprintf(stderr, "    deadline max(30 s - 60 s, 10 s): Ready 0 after %llu ms\n",
+            (unsigned long long)(pft_now_ms() - t0));
+    PFT_CHECK(metric(&NB, "pegaflow_rdma_fetch_total{status=\"timeout\"}") == 1, "timeout != 1");
+    PFT_CHECK(pft_log_contains(&NB.p, "ERROR p2p: RDMA fetch req tmo-1"), "no error logged");
+    PFT_CHECK(pft_log_contains(&NB.p, "connection invalidated, transfer lock"),
+              "the error must say the connection was invalidated and the lock force-released");
+    wait_metric(&NA, "pegaflow_transfer_lock_active", 0, false, 10000);
+    PFT_CHECK(metric(&NA, "pegaflow_transfer_lock_timeouts_total") == 0,
+              "the lock must have been released, not expired");
+    PFT_CHECK(metric(&NB, "pegaflow_rdma_qps") == 0, "the timed-out connection is gone");
+    PFT_CHECK(pf_client_health(cb, TMO) == 0, "B unhealthy");
+    pf_client_close(ca);
+    pf_client_close(cb);
+    stop_all();
+    world_free(&wa);
+    world_free(&wb);
+}
+
+static void sc_expire(void)
+{
+    start_ms(0, "30");
+    const char *la[] = {"--transfer-lock-timeout-secs", "3", NULL};
+    start_node(&NA, la);
+    const char *f[] = {"--enable-debug", "--fault-spec", "net.read:drop=1", NULL};
+    start_node(&NB, f);
+    struct pf_client *ca = connect_to(&NA), *cb = connect_to(&NB);
+    struct world wa, wb;
+    const size_t N = 8;
+    world_init(&wa, "inst-A", 1, 1, 64, SEG, 9, true);
+    world_init(&wb, "inst-B", 1, 1, 64, SEG, 0, false);
+    world_register(ca, &wa);
+    world_register(cb, &wb);
+    world_save(ca, &wa, 1100, 0, N);
+    wait_meta(NA.p.addr, 1100, N, (long)N, 20000);
+    struct pf_query_result r;
+    PFT_CHECK(query_once(cb, wb.id, "exp-1", 1100, N, 0, &r) == 0 && r.loading, "Loading");
+    wait_log(&NB, "RDMA fetch req exp-1: reading", 20000);
+    wait_metric(&NA, "pegaflow_transfer_lock_active", (double)N, false, 5000);
+    stop(&NB, SIGKILL);
+    fprintf(stderr, "    B killed (SIGKILL) holding a transfer lock on A\n");
+    wait_metric(&NA, "pegaflow_transfer_lock_timeouts_total", 1, false, 20000);
+    wait_metric(&NA, "pegaflow_transfer_lock_active", 0, false, 5000);
+    PFT_CHECK(pft_log_contains(&NA.p, "expired after 3 s: the requester never released"),
+              "expiry not logged");
+    fprintf(stderr, "    A's lock expired\n");
+    /* A still serves its blocks locally */
+    struct world wa2;
+    world_init(&wa2, "inst-A2", 1, 1, 64, SEG, 0, false);
+    world_register(ca, &wa2);
+    fetch_check(ca, &wa2, "local", 1100, N, 0, &wa, 0, 0, (long)N, 10000);
+    pf_client_close(ca);
+    pf_client_close(cb);
+    stop_all();
+    world_free(&wa);
+    world_free(&wa2);
+    world_free(&wb);
+}
+
+static void sc_corrupt(void)
+{
+    start_ms(0, "30");
+    start_node(&NA, NULL);
+    const char *f[] = {"--enable-debug", "--fault-spec", "net.read:corrupt=1,nth=4,times=1", NULL};
+    setenv("PEGAFLOW_P2P_MAX_READ", "1", 1); /* one READ per segment */
+    start_node(&NB, f);
+    unsetenv("PEGAFLOW_P2P_MAX_READ");
+    struct pf_client *ca = connect_to(&NA), *cb = connect_to(&NB);
+    struct world wa, wb;
+    const size_t N = 12;
+    /* one layer, K and V: 2 READs per block */
+    world_init(&wa, "inst-A", 1, 1, 64, 65536, 10, true);
+    world_init(&wb, "inst-B", 1, 1, 64, 65536, 0, false);
+    world_register(ca, &wa);
+    world_register(cb, &wb);
+    world_save(ca, &wa, 1200, 0, N);
+    wait_meta(NA.p.addr, 1200, N, (long)N, 20000);
+    uint32_t hits = fetch_check(cb, &wb, "cor-1", 1200, N, 0, &wa, 0, 0, -1, 30000);
+    PFT_CHECK(hits < N, "a corrupted block was accepted (%u hits)", hits);
+    PFT_CHECK(metric(&NB, "pegaflow_integrity_failures_total{tier=\"remote\"}") >= 1,
+              "integrity failure not counted");
+    PFT_CHECK(pft_log_contains(&NB.p, "failed checksum verification"), "not logged");
+    wait_metric(&NA, "pegaflow_transfer_lock_active", 0, false, 10000);
+    pf_client_close(ca);
+    pf_client_close(cb);
+    stop_all();
+    world_free(&wa);
+    world_free(&wb);
+}
+
+static void sc_evict(void)
+{
+    start_ms(0, "30");
+    const char *la[] = {"--pool-size", "4mb", NULL};
+    start_node(&NA, la);
+    const char *f[] = {"--enable-debug", "--fault-spec", "net.connect:delay=3000", NULL};
+    start_node(&NB, f);
+    struct pf_client *ca = connect_to(&NA), *cb = connect_to(&NB);
+    struct world wa, wb;
+    const size_t N = 16;
+    world_init(&wa, "inst-A", 1, 1, 256, 32768, 11, true); /* 64 KiB blocks */
+    world_init(&wb, "inst-B", 1, 1, 64, 32768, 0, false);
+    world_register(ca, &wa);
+    world_register(cb, &wb);
+    world_save(ca, &wa, 1300, 0, N);
+    wait_meta(NA.p.addr, 1300, N, (long)N, 20000);
+    /* A's own lease keeps blocks 0..7 resident through the eviction below */
+    struct pf_query_result pin = query_ready(ca, wa.id, "pin", 1300, 8, 0, 10000, NULL);
+    PFT_CHECK(pin.num_hit_blocks == 8, "pin %u", pin.num_hit_blocks);
+    struct pf_query_result r;
+    PFT_CHECK(query_once(cb, wb.id, "ev-1", 1300, N, 0, &r) == 0 && r.loading, "Loading");
+    /* B discovered A and is connecting (its QP connect is delayed 3 s): evict on A now */
+    wait_log(&NB, "RDMA handshake with", 20000);
+    for (uint32_t b = 0; b < 96; b += 16)
+        world_save(ca, &wa, 5000 + b, 32 + b, 16); /* 6 MiB through a 4 MiB pool */
+    PFT_CHECK(metric(&NA, "pegaflow_cache_block_evictions_total") >= 8, "no eviction on A");
+    fprintf(stderr, "    A evicted %g block(s) while B was connecting\n",
+            metric(&NA, "pegaflow_cache_block_evictions_total"));
+    fetch_check(cb, &wb, "ev-1", 1300, N, 0, &wa, 0, 0, 8, 30000);
+    PFT_CHECK(metric(&NB, "pegaflow_rdma_fetch_total{status=\"partial\"}") == 1, "partial != 1");
+    wait_metric(&NA, "pegaflow_transfer_lock_active", 0, false, 10000);
+    pf_client_release(ca, pin.lease, PF_LEASE_LEN, TMO);
+    pf_client_close(ca);
+    pf_client_close(cb);
+    stop_all();
+    world_free(&wa);
+    world_free(&wb);
+}
+
+static const struct {
+    const char *name;
+    void (*fn)(void);
+} scenarios[] = {
+    {"basic", sc_basic},           {"mutual", sc_mutual},   {"three", sc_three},
+    {"metaserver", sc_metaserver}, {"kill", sc_kill},       {"timeout", sc_timeout},
+    {"expire", sc_expire},         {"corrupt", sc_corrupt}, {"evict", sc_evict},
+};
+
+int main(int argc, char **argv)
+{
+    seed = pft_seed();
+    atexit(kill_all);
+    env_node(&MS, "MS");
+    env_node(&NA, "A");
+    env_node(&NB, "B");
+    env_node(&NC, "C");
+    signal(SIGPIPE, SIG_IGN);
+    for (size_t i = 0; i < PF_ARRAY_SIZE(scenarios); i++) {
+        bool run = argc < 2;
+        for (int k = 1; k < argc; k++)
+            run |= strcmp(argv[k], scenarios[i].name) == 0;
+        if (!run)
+            continue;
+        uint64_t t0 = pft_now_ms();
+        fprintf(stderr, "== %s\n", scenarios[i].name);
+        scenarios[i].fn();
+        fprintf(stderr, "   %s passed in %.1f s\n", scenarios[i].name,
+                (double)(pft_now_ms() - t0) / 1000);
+    }
+    fprintf(stderr, "PASS\n");
+    return 0;
+}

@@ -1,0 +1,714 @@
+/* The requester state machine (the rdma tier's fetch) against the scripted NET backend and
+ * a scripted peer/MetaServer transport, with a real engine (sim GPU) for staging: byte-exact
+ * blocks with verified checksums, READ merging, connection reuse; MetaServer, handshake and
+ * query failures; partial answers (evicted blocks, malformed descriptors); timeouts and error
+ * completions (QPs invalidated while the staging memory is still allocated, freed after);
+ * checksum mismatches; staging allocation failure (the connection survives); a stale
+ * connection replaced once; wait_for_full_prefix; shutdown during a transfer. After every
+ * test each session the peer issued was released exactly once. */
+#include <errno.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "mock_net.h"
+#include "p2p/p2p_internal.h"
+#include "pf/engine.h"
+#include "pf/hal.h"
+#include "pf/meta_client.h"
+#include "pf/metrics.h"
+#include "pf/pool.h"
+
+#define NBLK    16
+#define SLOTS   2
+#define SEGLEN  4096
+#define GAP     4096 /* between remote segments: no READ merging unless gap == 0 */
+#define SELF    "10.0.0.9:1"
+#define PEER    "10.0.0.1:50055"
+#define MAXSESS 64
+
+/* ------------------------------------------------------------------ the scripted peer */
+
+struct peer {
+    pthread_mutex_t mu;
+    uint8_t *mem; /* the peer's "pool" */
+    size_t memlen;
+    uint64_t gap;
+    uint64_t segoff[NBLK][SLOTS][2];
+    uint64_t csum[NBLK][SLOTS];
+    bool present[NBLK];
+    int bad_slot_block; /* block whose slot 0 is malformed (-1 none) */
+    /* MetaServer */
+    int meta_rc;
+    const char *meta_node;
+    size_t meta_prefix;
+    int meta_full_after; /* answer the full prefix from this query on (0 = always) */
+    int meta_calls;
+    /* RPCs */
+    int hs_rc, hs_calls;
+    int q_rc, q_calls;
+    bool q_status_fail;
+    uint64_t lock_secs;
+    int rel_calls;
+    char sess[MAXSESS][40];
+    int sess_released[MAXSESS];
+    int nsess;
+    int nnics, qpn;
+};
+
+static struct peer P;
+
+static void peer_layout(uint64_t gap)
+{
+    P.gap = gap;
+    uint64_t off = 0;
+    for (int b = 0; b < NBLK; b++)
+        for (int s = 0; s < SLOTS; s++)
+            for (int v = 0; v < 2; v++) {
+                P.segoff[b][s][v] = off;
+                off += SEGLEN + gap;
+            }
+    P.memlen = off;
+    free(P.mem);
+    P.mem = malloc(P.memlen);
+    for (size_t i = 0; i < P.memlen; i++)
+        P.mem[i] = (uint8_t)(i * 31 + (i >> 9) + 7);
+    for (int b = 0; b < NBLK; b++)
+        for (int s = 0; s < SLOTS; s++) {
+            struct pf_slot sl = {.k = P.mem + P.segoff[b][s][0],
+                                 .v = P.mem + P.segoff[b][s][1],
+                                 .seg_len = SEGLEN,
+                                 .nseg = 2};
+            P.csum[b][s] = pf_slot_compute_checksum(&sl);
+        }
+}
+
+static void hash_of(int i, uint8_t *h)
+{
+    for (int k = 0; k < 32; k++)
+        h[k] = (uint8_t)(i * 13 + k * 7 + 1);
+}
+
+static int block_of(const ProtobufCBinaryData *h)
+{
+    for (int i = 0; i < NBLK; i++) {
+        uint8_t x[32];
+        hash_of(i, x);
+        if (h->len == 32 && memcmp(h->data, x, 32) == 0)
+            return i;
+    }
+    return -1;
+}
+
+/* pack + unpack: what the wire would do */
+static ProtobufCMessage *wire(const ProtobufCMessage *m)
+{
+    size_t len = protobuf_c_message_get_packed_size(m);
+    uint8_t *buf = malloc(len + 1);
+    protobuf_c_message_pack(m, buf);
+    ProtobufCMessage *r = protobuf_c_message_unpack(m->descriptor, NULL, len, buf);
+    free(buf);
+    return r;
+}
+
+static ProtobufCMessage *handshake_reply(void)
+{
+    Pegaflow__HandshakeMetadata md = PEGAFLOW__HANDSHAKE_METADATA__INIT;
+    Pegaflow__HandshakeNic nics[2], *nicp[2];
+    Pegaflow__HandshakeMemRegion reg[2], *regp[2];
+    ProtobufCBinaryData eps[8];
+    uint8_t epb[8][8];
+    for (int i = 0; i < 8; i++) {
+        memset(epb[i], 0, 8);
+        memcpy(epb[i], "MQP", 3);
+        epb[i][4] = (uint8_t)(100 + i);
+        eps[i] = (ProtobufCBinaryData){8, epb[i]};
+    }
+    for (int k = 0; k < P.nnics; k++) {
+        pegaflow__handshake_nic__init(&nics[k]);
+        pegaflow__handshake_mem_region__init(&reg[k]);
+        reg[k].addr = (uint64_t)(uintptr_t)P.mem;
+        reg[k].length = P.memlen;
+        reg[k].rkey = 77 + (uint32_t)k;
+        regp[k] = &reg[k];
+        nics[k].n_endpoints = (size_t)P.qpn;
+        nics[k].endpoints = eps + k * P.qpn;
+        nics[k].n_regions = 1;
+        nics[k].regions = &regp[k];
+        nics[k].numa_node = -1;
+        nicp[k] = &nics[k];
+    }
+    md.backend = "mock";
+    md.n_nics = (size_t)P.nnics;
+    md.nics = nicp;
+    md.qps_per_nic = (uint32_t)P.qpn;
+    md.node_id = "11111111-1111-4111-8111-111111111111";
+    size_t len = pegaflow__handshake_metadata__get_packed_size(&md);
+    uint8_t *buf = malloc(len);
+    pegaflow__handshake_metadata__pack(&md, buf);
+    Pegaflow__ResponseStatus ok = PEGAFLOW__RESPONSE_STATUS__INIT;
+    ok.ok = true;
+    Pegaflow__RdmaHandshakeResponse r = PEGAFLOW__RDMA_HANDSHAKE_RESPONSE__INIT;
+    r.status = &ok;
+    r.handshake_metadata = (ProtobufCBinaryData){len, buf};
+    ProtobufCMessage *m = wire(&r.base);
+    free(buf);
+    return m;
+}
+
+static ProtobufCMessage *query_reply(const Pegaflow__QueryBlocksForTransferRequest *q)
+{
+    Pegaflow__TransferBlockInfo bi[NBLK], *bp[NBLK];
+    Pegaflow__TransferSlotInfo si[NBLK][SLOTS], *sp[NBLK][SLOTS];
+    size_t k = 0;
+    for (size_t i = 0; i < q->n_block_hashes && k < NBLK; i++) {
+        int b = block_of(&q->block_hashes[i]);
+        if (b < 0 || !P.present[b])
+            continue;
+        pegaflow__transfer_block_info__init(&bi[k]);
+        bi[k].block_hash = q->block_hashes[i];
+        for (int s = 0; s < SLOTS; s++) {
+            Pegaflow__TransferSlotInfo *x = &si[k][s];
+            pegaflow__transfer_slot_info__init(x);
+            x->k_ptr = (uint64_t)(uintptr_t)(P.mem + P.segoff[b][s][0]);
+            x->v_ptr = (uint64_t)(uintptr_t)(P.mem + P.segoff[b][s][1]);
+            x->k_size = x->v_size = SEGLEN;
+            x->numa_node = 0;
+            x->checksum = P.csum[b][s];
+            x->has_checksum = true;
+            if (b == P.bad_slot_block && s == 0)
+                x->v_size = SEGLEN / 2; /* K and V sizes differ: malformed */
+            sp[k][s] = x;
+        }
+        bi[k].n_slots = SLOTS;
+        bi[k].slots = sp[k];
+        bp[k] = &bi[k];
+        k++;
+    }
+    Pegaflow__ResponseStatus st = PEGAFLOW__RESPONSE_STATUS__INIT;
+    st.ok = !P.q_status_fail;
+    st.message = P.q_status_fail ? "refused" : "";
+    Pegaflow__QueryBlocksForTransferResponse r = PEGAFLOW__QUERY_BLOCKS_FOR_TRANSFER_RESPONSE__INIT;
+    r.status = &st;
+    r.n_blocks = k;
+    r.blocks = bp;
+    assert_true(P.nsess < MAXSESS);
+    snprintf(P.sess[P.nsess], sizeof(P.sess[0]), "sess-%d", P.nsess);
+    r.transfer_session_id = P.sess[P.nsess++];
+    r.lock_timeout_secs = P.lock_secs;
+    return wire(&r.base);
+}
+
+static int t_call(void *ctx, const char *peer, enum pf_p2p_method m, const ProtobufCMessage *req,
+                  uint64_t timeout_ms, ProtobufCMessage **resp_p, char *err, size_t errlen)
+{
+    pthread_mutex_lock(&P.mu);
+    int rc = 0;
+    assert_string_equal(peer, PEER);
+    switch (m) {
+    case PF_P2P_HANDSHAKE: {
+        P.hs_calls++;
+        const Pegaflow__RdmaHandshakeRequest *r = (const void *)req;
+        assert_string_equal(r->requester_id, SELF);
+        Pegaflow__HandshakeMetadata *md = pegaflow__handshake_metadata__unpack(
+            NULL, r->handshake_metadata.len, r->handshake_metadata.data);
+        assert_non_null(md);
+        char e[256];
+        assert_int_equal(
+            pf_p2p_meta_validate(md, "mock", (size_t)P.nnics, (uint32_t)P.qpn, e, sizeof(e)), 0);
+        pegaflow__handshake_metadata__free_unpacked(md, NULL);
+        rc = P.hs_rc;
+        if (!rc)
+            *resp_p = handshake_reply();
+        break;
+    }
+    case PF_P2P_QUERY_BLOCKS:
+        P.q_calls++;
+        rc = P.q_rc;
+        if (!rc)
+            *resp_p = query_reply((const void *)req);
+        break;
+    case PF_P2P_RELEASE_LOCK: {
+        P.rel_calls++;
+        const Pegaflow__ReleaseTransferLockRequest *r = (const void *)req;
+        for (int i = 0; i < P.nsess; i++)
+            if (strcmp(P.sess[i], r->transfer_session_id) == 0)
+                P.sess_released[i]++;
+        Pegaflow__ReleaseTransferLockResponse resp = PEGAFLOW__RELEASE_TRANSFER_LOCK_RESPONSE__INIT;
+        *resp_p = wire(&resp.base);
+        break;
+    }
+    }
+    pthread_mutex_unlock(&P.mu);
+    if (rc)
+        snprintf(err, errlen, "scripted failure %d", rc);
+    return rc;
+}
+
+static int t_prefix(void *ctx, const char *ns, const struct pf_meta_hash *h, size_t n,
+                    uint64_t timeout_ms, struct pf_meta_prefix **res_p, size_t *nres_p)
+{
+    pthread_mutex_lock(&P.mu);
+    int call = ++P.meta_calls;
+    int rc = P.meta_rc;
+    size_t pl = P.meta_prefix;
+    if (P.meta_full_after && call < P.meta_full_after && pl >= n)
+        pl = n - 1;
+    pthread_mutex_unlock(&P.mu);
+    if (rc)
+        return rc;
+    const char *node = P.meta_node;
+    struct pf_meta_prefix *r = malloc(2 * sizeof(*r) + 64 + 64);
+    char *s1 = (char *)(r + 2), *s2 = s1 + 64;
+    snprintf(s1, 64, "%s", SELF);
+    snprintf(s2, 64, "%s", node);
+    r[0] = (struct pf_meta_prefix){s1, n}; /* ourselves: must be excluded */
+    r[1] = (struct pf_meta_prefix){s2, pl < n ? pl : n};
+    *res_p = r;
+    *nres_p = 2;
+    return 0;
+}
+
+static const struct pf_p2p_transport T = {t_call, t_prefix, NULL};
+
+/* ------------------------------------------------------------------ fixture */
+
+struct fx {
+    struct pf_gpu *g;
+    struct pf_engine *e;
+    struct mnet m;
+    struct pf_p2p *p;
+    uint32_t ns;
+    struct pf_block_key keys[NBLK];
+    uint64_t base_used;
+    uint64_t used_at_invalidate;
+    int invalidates_seen;
+};
+
+static struct fx F;
+
+static pthread_mutex_t inval_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void on_inval(void *ctx, struct mqp *q)
+{
+    uint64_t u = pf_pool_used(pf_engine_pool(F.e));
+    pthread_mutex_lock(&inval_mu);
+    F.invalidates_seen++;
+    if (u > F.used_at_invalidate)
+        F.used_at_invalidate = u;
+    pthread_mutex_unlock(&inval_mu);
+}
+
+static void fx_up(int nnics, uint64_t pool, uint64_t gap)
+{
+    memset(&P, 0, sizeof(P));
+    pthread_mutex_init(&P.mu, NULL);
+    P.nnics = nnics;
+    P.qpn = 2;
+    P.meta_node = PEER;
+    P.meta_prefix = NBLK;
+    P.lock_secs = 120;
+    P.bad_slot_block = -1;
+    for (int i = 0; i < NBLK; i++)
+        P.present[i] = true;
+    peer_layout(gap);
+    memset(&F, 0, sizeof(F));
+    char chosen[32], err[256];
+    pf_hal_init();
+    struct pf_gpu_config gc = {.sim_default_devices = 1};
+    assert_int_equal(pf_hal_gpu_open("sim", &gc, &F.g, chosen, sizeof(chosen), err, sizeof(err)),
+                     0);
+    struct pf_engine_config ec = {
+        .gpu = F.g, .pool_size = pool, .integrity = true, .skip_memcheck = true};
+    assert_int_equal(pf_engine_create(&ec, &F.e, err, sizeof(err)), 0);
+    mn_init(&F.m, nnics);
+    F.m.on_invalidate = on_inval;
+    struct pf_p2p_config pc = {
+        .engine = F.e,
+        .net = &F.m.base,
+        .backend = "faulty:mock",
+        .qps_per_peer = 2,
+        .integrity = true,
+        .transport = &T,
+        .fetch_margin_ms = 1000000, /* deadline = fetch_min_ms */
+        .fetch_min_ms = 300,
+        .full_prefix_poll_ms = 5,
+        .full_prefix_wait_ms = 200,
+        .housekeeping_ms = 50,
+        .qp_wait_ms = 2000,
+        .peer_down_ms = 1,
+    };
+    assert_int_equal(pf_p2p_create(&pc, &F.p, err, sizeof(err)), 0);
+    assert_int_equal(F.m.regs, nnics); /* one pool region per NIC */
+    pf_p2p_enable_fetch(F.p, NULL, SELF);
+    assert_int_equal(pf_ns_intern("ns-fetch", &F.ns), 0);
+    for (int i = 0; i < NBLK; i++) {
+        uint8_t h[32];
+        hash_of(i, h);
+        pf_key_make(F.ns, h, 32, &F.keys[i]);
+    }
+    F.base_used = pf_pool_used(pf_engine_pool(F.e));
+}
+
+/* Checks the exactly-once rule and tears down in server order. */
+static void fx_down(void)
+{
+    assert_int_equal(pf_p2p_flush_releases(F.p, 5000), 0);
+    for (int i = 0; i < P.nsess; i++)
+        assert_int_equal(P.sess_released[i], 1);
+    assert_int_equal(P.rel_calls, P.nsess);
+    pf_p2p_stop(F.p);
+    pf_engine_destroy(F.e);
+    pf_p2p_destroy(F.p);
+    assert_int_equal(F.m.live_qps, 0);
+    assert_int_equal(F.m.deregs, F.m.regs);
+    pf_gpu_close(F.g);
+    free(P.mem);
+    P.mem = NULL;
+}
+
+static size_t fetch(const char *req, size_t n, bool all, struct pf_block **out)
+{
+    if (!p2p_tier_probe(F.p, req, F.keys, n, all))
+        return 0;
+    return p2p_tier_fetch(F.p, req, F.keys, n, all, out);
+}
+
+static void check_blocks(struct pf_block **out, size_t n)
+{
+    for (size_t j = 0; j < n; j++) {
+        assert_true(pf_key_eq(&out[j]->key, &F.keys[j]));
+        assert_int_equal(out[j]->nslots, SLOTS);
+        for (int s = 0; s < SLOTS; s++) {
+            const struct pf_slot *sl = &out[j]->slots[s];
+            assert_int_equal(sl->nseg, 2);
+            assert_int_equal(sl->seg_len, SEGLEN);
+            assert_int_equal(sl->seg_stride % 512, 0);
+            assert_int_equal((uintptr_t)sl->k % 512, 0);
+            assert_memory_equal(sl->k, P.mem + P.segoff[j][s][0], SEGLEN);
+            assert_memory_equal(sl->v, P.mem + P.segoff[j][s][1], SEGLEN);
+            assert_true(sl->has_checksum);
+            assert_true(sl->checksum == P.csum[j][s]);
+            assert_non_null(sl->ka);
+        }
+    }
+}
+
+static void put_all(struct pf_block **out, size_t n)
+{
+    for (size_t j = 0; j < n; j++)
+        pf_block_put(out[j]);
+}
+
+static double m(const char *name, const char *label)
+{
+    const char *v[1] = {label};
+    return pf_metric_value_of(name, label ? v : NULL);
+}
+
+/* ------------------------------------------------------------------ tests */
+
+static void test_success_and_reuse(void **st)
+{
+    fx_up(1, 16 << 20, GAP);
+    double ok0 = m("pegaflow_rdma_fetch_total", "ok");
+    double by0 = m("pegaflow_rdma_fetch_bytes", NULL);
+    struct pf_block *out[NBLK];
+    assert_int_equal(fetch("r1", NBLK, false, out), NBLK);
+    check_blocks(out, NBLK);
+    assert_true(pf_pool_used(pf_engine_pool(F.e)) > F.base_used);
+    assert_int_equal(P.hs_calls, 1);
+    assert_int_equal(P.q_calls, 1);
+    assert_true(m("pegaflow_rdma_fetch_total", "ok") == ok0 + 1);
+    assert_true(m("pegaflow_rdma_fetch_bytes", NULL) == by0 + (double)NBLK * SLOTS * 2 * SEGLEN);
+    assert_int_equal(F.m.reads, NBLK * SLOTS * 2); /* gaps: one READ per segment */
+    assert_int_equal(F.invalidates_seen, 0);
+    put_all(out, NBLK);
+    assert_int_equal(pf_pool_used(pf_engine_pool(F.e)), F.base_used);
+    /* the connection is reused: no second handshake */
+    assert_int_equal(fetch("r2", 4, false, out), 4);
+    check_blocks(out, 4);
+    put_all(out, 4);
+    assert_int_equal(P.hs_calls, 1);
+    struct pf_p2p_stats s;
+    pf_p2p_get_stats(F.p, &s);
+    assert_int_equal(s.conns, 1);
+    assert_int_equal(s.qps, 2);
+    assert_int_equal(s.handshakes_out, 1);
+    assert_false(pf_p2p_blacklisted(F.p, "r1"));
+    fx_down();
+}
+
+static void test_merged_reads_two_nics(void **st)
+{
+    fx_up(2, 16 << 20, 0); /* contiguous remote segments merge into large READs */
+    struct pf_block *out[NBLK];
+    assert_int_equal(fetch("m1", NBLK, false, out), NBLK);
+    check_blocks(out, NBLK);
+    assert_true(F.m.reads < NBLK * SLOTS * 2);
+    assert_true(F.m.nics_used[0] > 0 || F.m.nics_used[1] > 0);
+    put_all(out, NBLK);
+    fx_down();
+}
+
+static void test_metaserver_down_and_no_peer(void **st)
+{
+    fx_up(1, 16 << 20, GAP);
+    double err0 = m("pegaflow_rdma_fetch_total", "error");
+    struct pf_block *out[NBLK];
+    P.meta_rc = -ECONNREFUSED;
+    assert_int_equal(fetch("md", NBLK, false, out), 0);
+    assert_int_equal(P.hs_calls, 0);
+    assert_false(pf_p2p_blacklisted(F.p, "md")); /* nobody failed: not blacklisted */
+    P.meta_rc = 0;
+    P.meta_node = SELF; /* only this node holds them */
+    assert_int_equal(fetch("self", NBLK, false, out), 0);
+    P.meta_node = PEER;
+    P.meta_prefix = 0;
+    assert_int_equal(fetch("none", NBLK, false, out), 0);
+    assert_int_equal(P.hs_calls, 0);
+    assert_true(m("pegaflow_rdma_fetch_total", "error") == err0);
+    fx_down();
+}
+
+static void test_handshake_and_query_failures(void **st)
+{
+    fx_up(1, 16 << 20, GAP);
+    struct pf_block *out[NBLK];
+    P.hs_rc = -ECONNREFUSED;
+    assert_int_equal(fetch("hs", NBLK, false, out), 0);
+    assert_true(pf_p2p_blacklisted(F.p, "hs"));
+    assert_int_equal(fetch("hs", NBLK, false, out), 0); /* probe says no now */
+    assert_int_equal(P.hs_calls, 1);
+    assert_int_equal(F.m.live_qps, 0); /* the aborted handshake's QPs are gone */
+    P.hs_rc = 0;
+    usleep(5000); /* past the (1 ms) peer-down window */
+    P.q_rc = -ETIMEDOUT;
+    assert_int_equal(fetch("q", NBLK, false, out), 0);
+    assert_true(pf_p2p_blacklisted(F.p, "q"));
+    assert_int_equal(P.nsess, 0); /* no session: nothing to release */
+    P.q_rc = 0;
+    P.q_status_fail = true; /* refused, but with a session id: released anyway */
+    assert_int_equal(fetch("qs", NBLK, false, out), 0);
+    assert_int_equal(P.nsess, 1);
+    P.q_status_fail = false;
+    /* the connection made for "q" still works */
+    assert_int_equal(fetch("q2", 2, false, out), 2);
+    check_blocks(out, 2);
+    put_all(out, 2);
+    assert_int_equal(P.hs_calls, 2);
+    fx_down();
+}
+
+static void test_unreachable_peer_skipped(void **st)
+{
+    fx_up(1, 16 << 20, GAP);
+    F.p->cfg.peer_down_ms = 60000; /* test-only: the window is read at each failure */
+    struct pf_block *out[NBLK];
+    P.hs_rc = -ETIMEDOUT; /* a black-holed peer: each attempt would cost the RPC deadline */
+    assert_int_equal(fetch("u1", NBLK, false, out), 0);
+    assert_int_equal(fetch("u2", NBLK, false, out), 0);
+    assert_int_equal(fetch("u3", NBLK, false, out), 0);
+    assert_int_equal(P.hs_calls, 1); /* later fetches fail at once */
+    assert_true(pf_p2p_blacklisted(F.p, "u3"));
+    fx_down();
+}
+
+static void test_partial_answers(void **st)
+{
+    fx_up(1, 16 << 20, GAP);
+    double part0 = m("pegaflow_rdma_fetch_total", "partial");
+    struct pf_block *out[NBLK];
+    P.present[5] = false; /* evicted on the holder between discovery and fetch */
+    assert_int_equal(fetch("p1", NBLK, false, out), 5);
+    check_blocks(out, 5);
+    put_all(out, 5);
+    assert_true(pf_p2p_blacklisted(F.p, "p1"));
+    assert_true(m("pegaflow_rdma_fetch_total", "partial") == part0 + 1);
+    /* all_or_nothing: a partial run is nothing */
+    assert_int_equal(fetch("p2", NBLK, true, out), 0);
+    P.present[5] = true;
+    P.present[0] = false;
+    assert_int_equal(fetch("p3", NBLK, false, out), 0);
+    P.present[0] = true;
+    P.bad_slot_block = 3;
+    assert_int_equal(fetch("p4", NBLK, false, out), 3);
+    check_blocks(out, 3);
+    put_all(out, 3);
+    assert_int_equal(pf_pool_used(pf_engine_pool(F.e)), F.base_used);
+    assert_int_equal(P.nsess, 4);
+    fx_down();
+}
+
+static void test_timeout_invalidates_before_free(void **st)
+{
+    fx_up(1, 16 << 20, GAP);
+    double tmo0 = m("pegaflow_rdma_fetch_total", "timeout");
+    struct pf_block *out[NBLK];
+    F.m.drop_from_nth = 5; /* READs 5.. never complete */
+    assert_int_equal(fetch("t1", NBLK, false, out), 0);
+    assert_true(m("pegaflow_rdma_fetch_total", "timeout") == tmo0 + 1);
+    assert_true(F.invalidates_seen >= 2);
+    /* at the first invalidate the staging (NBLK * SLOTS * 2 segments) was still allocated */
+    assert_true(F.used_at_invalidate >= F.base_used + (uint64_t)NBLK * SLOTS * 2 * SEGLEN);
+    assert_int_equal(pf_pool_used(pf_engine_pool(F.e)), F.base_used); /* freed after */
+    assert_int_equal(F.m.live_qps, 0); /* the connection was dropped */
+    assert_true(pf_p2p_blacklisted(F.p, "t1"));
+    assert_int_equal(P.nsess, 1); /* force-released below (fx_down checks it) */
+    /* the next fetch re-handshakes */
+    F.m.drop_from_nth = 0;
+    assert_int_equal(fetch("t2", 4, false, out), 4);
+    check_blocks(out, 4);
+    put_all(out, 4);
+    assert_int_equal(P.hs_calls, 2);
+    fx_down();
+}
+
+static void test_error_completion(void **st)
+{
+    fx_up(1, 16 << 20, GAP);
+    double e0 = m("pegaflow_rdma_fetch_total", "error");
+    struct pf_block *out[NBLK];
+    F.m.complete_err_nth = 3;
+    F.m.complete_err = -EREMOTEIO;
+    F.m.drop_from_nth = 4;
+    assert_int_equal(fetch("e1", NBLK, false, out), 0);
+    assert_true(m("pegaflow_rdma_fetch_total", "error") == e0 + 1);
+    assert_true(F.used_at_invalidate > F.base_used);
+    assert_int_equal(pf_pool_used(pf_engine_pool(F.e)), F.base_used);
+    assert_int_equal(F.m.live_qps, 0);
+    fx_down();
+}
+
+static void test_checksum_mismatch(void **st)
+{
+    fx_up(1, 16 << 20, GAP);
+    double i0 = m("pegaflow_integrity_failures_total", "remote");
+    struct pf_block *out[NBLK];
+    F.m.corrupt_nth = 2 * SLOTS * 2 + 1; /* block 2, slot 0, K */
+    assert_int_equal(fetch("c1", NBLK, false, out), 2);
+    check_blocks(out, 2);
+    put_all(out, 2);
+    assert_true(m("pegaflow_integrity_failures_total", "remote") == i0 + 1);
+    assert_int_equal(pf_pool_used(pf_engine_pool(F.e)), F.base_used);
+    assert_int_equal(F.invalidates_seen, 0); /* the transfer itself succeeded */
+    assert_true(pf_p2p_blacklisted(F.p, "c1"));
+    fx_down();
+}
+
+static void test_alloc_failure_keeps_connection(void **st)
+{
+    fx_up(1, 64 << 10, GAP); /* 64 KiB pool: NBLK * 16 KiB does not fit */
+    struct pf_block *out[NBLK];
+    assert_int_equal(fetch("a1", NBLK, false, out), 0);
+    assert_int_equal(P.nsess, 1);
+    assert_int_equal(F.invalidates_seen, 0); /* the reference drops the connection here: #401 */
+    assert_int_equal(F.m.live_qps, 2);
+    assert_false(pf_p2p_blacklisted(F.p, "a1"));
+    assert_int_equal(fetch("a2", 2, false, out), 2); /* fits: same connection */
+    check_blocks(out, 2);
+    put_all(out, 2);
+    assert_int_equal(P.hs_calls, 1);
+    fx_down();
+}
+
+static void test_stale_connection_replaced_once(void **st)
+{
+    fx_up(1, 16 << 20, GAP);
+    struct pf_block *out[NBLK];
+    assert_int_equal(fetch("s1", 2, false, out), 2);
+    put_all(out, 2);
+    /* the peer dropped its side meanwhile: the next post fails at once */
+    F.m.post_fail_nth = F.m.posts + 1;
+    F.m.post_fail_err = -ENOTCONN;
+    F.m.post_fail_times = 1;
+    assert_int_equal(fetch("s2", 4, false, out), 4);
+    check_blocks(out, 4);
+    put_all(out, 4);
+    assert_int_equal(P.hs_calls, 2);
+    assert_int_equal(P.nsess, 2); /* one session per fetch, each released once */
+    /* a fresh connection failing the same way is not retried */
+    F.m.post_fail_nth = F.m.posts + 1;
+    F.m.post_fail_times = 5;
+    P.hs_rc = 0;
+    assert_int_equal(fetch("s3", 4, false, out), 0);
+    fx_down();
+}
+
+static void test_wait_for_full_prefix(void **st)
+{
+    fx_up(1, 16 << 20, GAP);
+    struct pf_block *out[NBLK];
+    P.meta_full_after = 4; /* the full suffix is advertised from the 4th poll on */
+    assert_int_equal(fetch("w1", NBLK, true, out), NBLK);
+    check_blocks(out, NBLK);
+    put_all(out, NBLK);
+    assert_int_equal(P.meta_calls, 4);
+    /* never advertised in full within full_prefix_wait_ms: nothing, no handshake */
+    P.meta_calls = 0;
+    P.meta_full_after = 1000000;
+    assert_int_equal(fetch("w2", NBLK, true, out), 0);
+    assert_true(P.meta_calls > 2);
+    assert_int_equal(P.q_calls, 1);
+    /* MetaServer unreachable: still polled, still bounded */
+    P.meta_rc = -ECONNREFUSED;
+    assert_int_equal(fetch("w3", NBLK, true, out), 0);
+    fx_down();
+}
+
+struct bg {
+    size_t got;
+    struct pf_block *out[NBLK];
+};
+
+static void *bg_fetch(void *arg)
+{
+    struct bg *b = arg;
+    b->got = fetch("bg", NBLK, false, b->out);
+    return NULL;
+}
+
+static void test_stop_during_transfer(void **st)
+{
+    fx_up(1, 16 << 20, GAP);
+    F.m.drop_from_nth = 3;
+    struct bg b = {0};
+    pthread_t t;
+    pthread_create(&t, NULL, bg_fetch, &b);
+    for (int i = 0; i < 500 && mn_posts(&F.m) < 3; i++)
+        usleep(2000);
+    pf_p2p_stop(F.p); /* drops the connection: the transfer fails at once */
+    pthread_join(t, NULL);
+    assert_int_equal(b.got, 0);
+    assert_int_equal(pf_pool_used(pf_engine_pool(F.e)), F.base_used);
+    assert_int_equal(P.nsess, 1); /* released synchronously after the p2p thread stopped */
+    assert_int_equal(p2p_tier_probe(F.p, "x", F.keys, 1, false), 0);
+    fx_down();
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_success_and_reuse),
+        cmocka_unit_test(test_merged_reads_two_nics),
+        cmocka_unit_test(test_metaserver_down_and_no_peer),
+        cmocka_unit_test(test_handshake_and_query_failures),
+        cmocka_unit_test(test_unreachable_peer_skipped),
+        cmocka_unit_test(test_partial_answers),
+        cmocka_unit_test(test_timeout_invalidates_before_free),
+        cmocka_unit_test(test_error_completion),
+        cmocka_unit_test(test_checksum_mismatch),
+        cmocka_unit_test(test_alloc_failure_keeps_connection),
+        cmocka_unit_test(test_stale_connection_replaced_once),
+        cmocka_unit_test(test_wait_for_full_prefix),
+        cmocka_unit_test(test_stop_during_transfer),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
