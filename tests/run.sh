@@ -79,9 +79,13 @@ if [ "$mode" = python ] || [ "$mode" = all ]; then
     san_env=()
     case "${PF_SAN:-}" in
       *address*) san_env=(LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)"
-                          ASAN_OPTIONS=detect_leaks=0:verify_asan_link_order=0:abort_on_error=1) ;;
-      *thread*) san_env=(LD_PRELOAD="$(gcc -print-file-name=libtsan.so)") ;;
+                          ASAN_OPTIONS=detect_leaks=0:verify_asan_link_order=0:abort_on_error=1:log_path=$logs/python/san) ;;
+      # reports go to files: pytest captures fd 2, so a report from the python process itself
+      # would vanish with it when the sanitizer halts the run
+      *thread*) san_env=(LD_PRELOAD="$(gcc -print-file-name=libtsan.so)"
+                         TSAN_OPTIONS="${TSAN_OPTIONS:-}:log_path=$logs/python/san") ;;
     esac
+    rm -f "$logs"/python/san.*
     (cd "$top" && env "${san_env[@]}" timeout --kill-after=10 "$INTEG_TIMEOUT" /usr/bin/python3 -m pytest -q -p no:cacheprovider \
        -rs tests/python) >"$log" 2>&1
     rc=$?
@@ -93,6 +97,12 @@ if [ "$mode" = python ] || [ "$mode" = all ]; then
     echo "  pytest: ${line:-no summary} (log: $log)"
     grep -aE '^SKIPPED' "$log" | sed 's/^/        /'
     [ $rc -ne 0 ] && tail -n 60 "$log" | sed 's/^/        | /'
+    for r in "$logs"/python/san.*; do
+      [ -e "$r" ] || continue
+      fail=$((fail + 1))
+      echo "  sanitizer report from the python process: $r"
+      head -n 40 "$r" | sed 's/^/        | /'
+    done
   fi
   suite_end python
 fi

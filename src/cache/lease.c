@@ -177,12 +177,15 @@ int pf_lease_create(struct pf_lease_table *t, const char *instance_id, struct pf
         goto err_free;
     }
     l->expires_ns = pf_clock_now(t->clk) + t->ttl_ns;
+    /* Copy the id out before publishing: once inserted, another thread may release and free
+     * the lease (its holder learns the id by other means than this return). */
+    memcpy(id_out, l->id, PF_LEASE_ID_LEN);
+    uint64_t h = id_hash(l->id);
     sweep_maybe(t);
     pthread_mutex_lock(&t->mu);
-    pf_htable_insert(&t->map, &l->hnode, id_hash(l->id));
+    pf_htable_insert(&t->map, &l->hnode, h);
     pf_metric_set(t->m_active, (double)t->map.count);
     pthread_mutex_unlock(&t->mu);
-    memcpy(id_out, l->id, PF_LEASE_ID_LEN);
     return 0;
 err_free:
     if (l) {
