@@ -132,28 +132,6 @@ static void die(const char *fmt, ...)
     exit(1);
 }
 
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    size_t r = b ? fread(b, 1, (size_t)n, f) : 0;
-    if (b)
-        b[r] = '\0';
-    fclose(f);
-    return b;
-}
-
-static int port_after(const char *log, const char *marker)
-{
-    const char *m = strstr(log, marker), *p = m ? strstr(m, "(port ") : NULL;
-    return p ? atoi(p + 6) : 0;
-}
-
 static void spawn(struct proc *p, const char *bin, const char *ip, const char *const *args)
 {
     const char *dir = getenv("PF_BIN");
@@ -195,11 +173,11 @@ static void spawn(struct proc *p, const char *bin, const char *ip, const char *c
     }
     uint64_t dl = pft_now_ms() + 120000; /* pools of 1 GiB pre-fault slowly on small VMs */
     for (;;) {
-        char *l = slurp(p->log);
+        char *l = pft_read_file(p->log);
         bool ready = false;
         if (l) {
-            p->grpc_port = port_after(l, "gRPC listening on");
-            p->http_port = port_after(l, "HTTP listening on");
+            p->grpc_port = pft_port_after(l, "gRPC listening on");
+            p->http_port = pft_port_after(l, "HTTP listening on");
             ready = strstr(l, ": ready\n") != NULL;
             free(l);
         }

@@ -230,6 +230,9 @@ struct pf_engine {
 struct pf_instance *pf_engine_instance_get(struct pf_engine *e, const char *id);
 void pf_instance_put(struct pf_instance *in);
 struct pf_worker *pf_instance_worker(struct pf_instance *in, int32_t device_id);
+/* 0 when every worker of the instance has registered (sealed, acquire); else -EINVAL with
+ * "registration incomplete: n/world_size workers registered" in err. */
+int pf_instance_check_sealed(struct pf_engine *e, struct pf_instance *in, char *err, size_t errlen);
 /* Slot of (layer name, tp_rank) in a sealed instance, or -1. */
 int pf_instance_slot(const struct pf_instance *in, const char *layer, uint32_t tp_rank);
 struct pf_layer_reg *pf_worker_layer(struct pf_worker *w, const char *name);

@@ -89,6 +89,17 @@ struct pf_worker *pf_instance_worker(struct pf_instance *in, int32_t device_id)
     return NULL;
 }
 
+int pf_instance_check_sealed(struct pf_engine *e, struct pf_instance *in, char *err, size_t errlen)
+{
+    if (atomic_load_explicit(&in->sealed, memory_order_acquire))
+        return 0;
+    pthread_rwlock_rdlock(&e->inst_lock);
+    size_t nw = in->nworkers;
+    pthread_rwlock_unlock(&e->inst_lock);
+    snprintf(err, errlen, "registration incomplete: %zu/%u workers registered", nw, in->world_size);
+    return -EINVAL;
+}
+
 struct pf_layer_reg *pf_worker_layer(struct pf_worker *w, const char *name)
 {
     for (size_t i = 0; i < w->nlayers; i++)

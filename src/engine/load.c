@@ -159,15 +159,9 @@ int pf_engine_load(struct pf_engine *e, const struct pf_engine_load *l, char *er
         rc = -ENOENT;
         goto fail;
     }
-    if (!atomic_load_explicit(&in->sealed, memory_order_acquire)) {
-        pthread_rwlock_rdlock(&e->inst_lock);
-        size_t nw = in->nworkers;
-        pthread_rwlock_unlock(&e->inst_lock);
-        snprintf(err, errlen, "registration incomplete: %zu/%u workers registered", nw,
-                 in->world_size);
-        rc = -EINVAL;
+    rc = pf_instance_check_sealed(e, in, err, errlen);
+    if (rc)
         goto fail;
-    }
     struct pf_worker *w = pf_instance_worker(in, l->device_id);
     if (!w) {
         snprintf(err, errlen, "device %d is not registered for instance %s", l->device_id,

@@ -146,15 +146,9 @@ int pf_engine_save(struct pf_engine *e, const char *instance_id, uint32_t tp_ran
     struct plan *plans = NULL;
     struct pf_xfer *x = NULL;
     struct pf_insert_batch *batch = NULL;
-    if (!atomic_load_explicit(&in->sealed, memory_order_acquire)) {
-        pthread_rwlock_rdlock(&e->inst_lock);
-        size_t nw = in->nworkers;
-        pthread_rwlock_unlock(&e->inst_lock);
-        snprintf(err, errlen, "registration incomplete: %zu/%u workers registered", nw,
-                 in->world_size);
-        rc = -EINVAL;
+    rc = pf_instance_check_sealed(e, in, err, errlen);
+    if (rc)
         goto out;
-    }
     struct pf_worker *w = pf_instance_worker(in, device_id);
     if (!w) {
         snprintf(err, errlen, "device %d is not registered for instance %s", device_id,

@@ -183,6 +183,18 @@ static void log_config(const struct pf_ssd *s, const char *backend)
             "begins with an empty SSD cache");
 }
 
+static void destroy_sync(struct pf_ssd *s)
+{
+    pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->wq_mu);
+    pthread_mutex_destroy(&s->rq_mu);
+    pthread_mutex_destroy(&s->budget_mu);
+    pthread_cond_destroy(&s->wq_cv);
+    pthread_cond_destroy(&s->done_cv);
+    pthread_cond_destroy(&s->rq_cv);
+    pthread_cond_destroy(&s->rdone_cv);
+}
+
 int pf_ssd_create(const struct pf_ssd_config *cfg, struct pf_ssd **s_p, char *err, size_t errlen)
 {
     if (!cfg->blk || !cfg->paths || cfg->npaths == 0) {
@@ -286,14 +298,7 @@ err_paths:
     for (uint32_t i = 0; s->paths && i < s->nshards; i++)
         free(s->paths[i]);
     free(s->paths);
-    pthread_mutex_destroy(&s->mu);
-    pthread_mutex_destroy(&s->wq_mu);
-    pthread_mutex_destroy(&s->rq_mu);
-    pthread_mutex_destroy(&s->budget_mu);
-    pthread_cond_destroy(&s->wq_cv);
-    pthread_cond_destroy(&s->done_cv);
-    pthread_cond_destroy(&s->rq_cv);
-    pthread_cond_destroy(&s->rdone_cv);
+    destroy_sync(s);
 err_free:
     free(s);
     return rc;
@@ -335,14 +340,7 @@ void pf_ssd_destroy(struct pf_ssd *s)
     free(s->paths);
     free(s->wq);
     free(s->rq);
-    pthread_mutex_destroy(&s->mu);
-    pthread_mutex_destroy(&s->wq_mu);
-    pthread_mutex_destroy(&s->rq_mu);
-    pthread_mutex_destroy(&s->budget_mu);
-    pthread_cond_destroy(&s->wq_cv);
-    pthread_cond_destroy(&s->done_cv);
-    pthread_cond_destroy(&s->rq_cv);
-    pthread_cond_destroy(&s->rdone_cv);
+    destroy_sync(s);
     free(s);
 }
 

@@ -38,18 +38,12 @@
 
 #include "client/pegaflow.h"
 #include "engine.pb-c.h"
-#include "kvsim.h"
 #include "pf/rpc.h"
 #include "pftest.h"
+#include "world.h"
 
-#define TMO   10000
-#define HLEN  32
-#define MAXR  2
-#define MAXL  2
-#define NSTR  "ns-p2p"
-#define LAYER KV_SPLIT
-
-static uint64_t seed;
+#define TMO  10000
+#define NSTR "ns-p2p"
 
 /* ------------------------------------------------------------------ processes */
 
@@ -86,29 +80,6 @@ static void env_node(struct node *n, const char *up)
     snprintf(k, sizeof(k), "PF_P2P_NIC_%s", up);
     v = getenv(k);
     snprintf(n->nic, sizeof(n->nic), "%s", v ? v : n->ip);
-}
-
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)len + 1);
-    size_t r = b ? fread(b, 1, (size_t)len, f) : 0;
-    if (b)
-        b[r] = '\0';
-    fclose(f);
-    return b;
-}
-
-static int port_after(const char *log, const char *marker)
-{
-    const char *m = strstr(log, marker);
-    const char *p = m ? strstr(m, "(port ") : NULL;
-    return p ? atoi(p + 6) : 0;
 }
 
 /* Starts bin in the node's namespace with args (NULL-terminated, --addr/--http-addr added on
@@ -156,10 +127,10 @@ static void spawn(struct node *n, const char *bin, int gport, const char *const 
     snprintf(n->p.http_host, sizeof(n->p.http_host), "%s", n->ip);
     uint64_t dl = pft_now_ms() + 30000;
     for (;;) {
-        char *log = slurp(n->p.log);
+        char *log = pft_read_file(n->p.log);
         if (log) {
-            n->p.grpc_port = port_after(log, "gRPC listening on");
-            n->p.http_port = port_after(log, "HTTP listening on");
+            n->p.grpc_port = pft_port_after(log, "gRPC listening on");
+            n->p.http_port = pft_port_after(log, "HTTP listening on");
             bool ready = strstr(log, ": ready\n") != NULL;
             free(log);
             if (ready && n->p.grpc_port && n->p.http_port)
@@ -168,7 +139,7 @@ static void spawn(struct node *n, const char *bin, int gport, const char *const 
         int st;
         bool dead = waitpid(pid, &st, WNOHANG) == pid;
         if (dead || pft_now_ms() >= dl) {
-            char *l = slurp(n->p.log);
+            char *l = pft_read_file(n->p.log);
             fprintf(stderr, "%s did not start; log:\n%s\n", n->tag, l ? l : "");
             free(l);
             if (dead)
@@ -224,19 +195,10 @@ static void stop(struct node *n, int sig)
     n->p.pid = 0;
 }
 
-static double metric(struct node *n, const char *name)
+/* A series of n's /metrics; 0 while it has not been exposed yet. */
+static double node_metric(struct node *n, const char *name)
 {
-    char *body = NULL;
-    int st = pft_http(n->p.http_host, n->p.http_port, "GET", "/metrics", &body);
-    PFT_CHECK(st == 200, "%s /metrics status %d", n->tag, st);
-    double v = 0;
-    char key[256];
-    snprintf(key, sizeof(key), "\n%s ", name);
-    char *p = strstr(body, key);
-    if (p)
-        v = strtod(p + strlen(key), NULL);
-    free(body);
-    return v;
+    return metric_or(&n->p, name, 0);
 }
 
 static void wait_metric(struct node *n, const char *name, double want, bool at_least,
@@ -245,7 +207,7 @@ static void wait_metric(struct node *n, const char *name, double want, bool at_l
     uint64_t dl = pft_now_ms() + timeout_ms;
     double v;
     for (;;) {
-        v = metric(n, name);
+        v = node_metric(n, name);
         if (at_least ? v >= want : v == want)
             return;
         PFT_CHECK(pft_now_ms() < dl, "%s: %s = %g after %llu ms, want %s%g", n->tag, name, v,
@@ -256,7 +218,7 @@ static void wait_metric(struct node *n, const char *name, double want, bool at_l
 
 static int log_count(struct node *n, const char *s)
 {
-    char *l = slurp(n->p.log);
+    char *l = pft_read_file(n->p.log);
     int c = 0;
     for (char *p = l; p && (p = strstr(p, s)); p++)
         c++;
@@ -272,112 +234,25 @@ static void wait_log(struct node *n, const char *s, uint64_t timeout_ms)
 
 /* ------------------------------------------------------------------ KV worlds */
 
-struct world {
-    const char *id;
-    int tp, nlayers;
-    uint64_t nblocks, tag;
-    struct kvt kv[MAXR][MAXL];
-    char names[MAXL][32];
-};
-
-static void hash_of(uint64_t i, uint8_t *h)
+/* Worlds come from world.h: split K/V layout, this test's namespace, a tag per source world. */
+static void pworld(struct world *w, const char *id, int tp, int nlayers, uint64_t nblocks,
+                   uint64_t seg, uint64_t tag, bool fill)
 {
-    pft_fill(h, HLEN, seed, 7000000 + i);
-}
-
-static void world_init(struct world *w, const char *id, int tp, int nlayers, uint64_t nblocks,
-                       uint64_t seg, uint64_t tag, bool fill)
-{
-    memset(w, 0, sizeof(*w));
-    w->id = id;
-    w->tp = tp;
-    w->nlayers = nlayers;
-    w->nblocks = nblocks;
-    w->tag = tag;
-    for (int l = 0; l < nlayers; l++)
-        snprintf(w->names[l], sizeof(w->names[l]), "model.layers.%d", l);
-    for (int r = 0; r < tp; r++)
-        for (int l = 0; l < nlayers; l++) {
-            PFT_CHECK(kvt_create(&w->kv[r][l], LAYER, nblocks, seg, r) == 0, "simkv create");
-            if (fill)
-                for (uint64_t b = 0; b < nblocks; b++)
-                    kvt_fill_block(&w->kv[r][l], b, seed,
-                                   tag << 48 | (uint64_t)r << 40 | (uint64_t)l << 32 | b);
-        }
-}
-
-static void world_free(struct world *w)
-{
-    for (int r = 0; r < w->tp; r++)
-        for (int l = 0; l < w->nlayers; l++)
-            kvt_destroy(&w->kv[r][l]);
-}
-
-static void world_register(struct pf_client *c, struct world *w)
-{
-    for (int r = 0; r < w->tp; r++) {
-        struct pf_layer_desc d[MAXL];
-        for (int l = 0; l < w->nlayers; l++)
-            d[l] = kvt_desc(&w->kv[r][l], w->names[l]);
-        struct pf_register_args a = {
-            .instance_id = w->id,
-            .namespace_ = NSTR,
-            .tp_rank = (uint32_t)r,
-            .tp_size = (uint32_t)w->tp,
-            .world_size = (uint32_t)w->tp,
-            .device_id = r,
-            .layers = d,
-            .nlayers = (size_t)w->nlayers,
-        };
-        int rc = pf_client_register(c, &a, TMO);
-        PFT_CHECK(rc == 0, "register %s rank %d: %s", w->id, r, pf_last_error_message());
-    }
-}
-
-static void world_save(struct pf_client *c, struct world *w, uint64_t h0, uint32_t first_id,
-                       size_t n)
-{
-    uint32_t *ids = malloc(n * sizeof(*ids));
-    uint8_t *hs = malloc(n * HLEN);
-    for (size_t i = 0; i < n; i++) {
-        ids[i] = first_id + (uint32_t)i;
-        hash_of(h0 + i, hs + i * HLEN);
-    }
-    for (int r = 0; r < w->tp; r++) {
-        struct pf_save_layer sl[MAXL];
-        for (int l = 0; l < w->nlayers; l++)
-            sl[l] = (struct pf_save_layer){
-                .name = w->names[l], .block_ids = ids, .hashes = hs, .hash_len = HLEN, .n = n};
-        int rc = pf_client_save(c, w->id, (uint32_t)r, 0, r, sl, (size_t)w->nlayers, TMO);
-        PFT_CHECK(rc == 0, "save %s rank %d: %s", w->id, r, pf_last_error_message());
-    }
-    free(ids);
-    free(hs);
-}
-
-static int query_once(struct pf_client *c, const char *inst, const char *req, uint64_t h0, size_t n,
-                      int wait_full, struct pf_query_result *res)
-{
-    uint8_t *hs = malloc(n * HLEN + 1);
-    for (size_t i = 0; i < n; i++)
-        hash_of(h0 + i, hs + i * HLEN);
-    int rc = pf_client_query(c, inst, req, hs, NULL, HLEN, n, wait_full, 0, res, NULL, 0, TMO);
-    free(hs);
-    return rc;
+    world_init_tagged(w, id, NSTR, tp, nlayers, KV_SPLIT, nblocks, seg, tag, fill);
 }
 
 /* Queries until Ready (deadline timeout_ms); *loading_p counts Loading answers. Every
  * QueryPrefetch itself must answer within its RPC deadline (TMO). */
-static struct pf_query_result query_ready(struct pf_client *c, const char *inst, const char *req,
-                                          uint64_t h0, size_t n, int wait_full, uint64_t timeout_ms,
-                                          int *loading_p)
+static struct pf_query_result query_until_ready(struct pf_client *c, const char *inst,
+                                                const char *req, uint64_t h0, size_t n,
+                                                int wait_full, uint64_t timeout_ms, int *loading_p)
 {
     struct pf_query_result res;
     uint64_t dl = pft_now_ms() + timeout_ms;
     int loading = 0;
     for (;;) {
         uint64_t t0 = pft_now_ms();
-        int rc = query_once(c, inst, req, h0, n, wait_full, &res);
+        int rc = query_wf(c, inst, req, h0, n, wait_full, &res);
         PFT_CHECK(rc == 0, "query %s/%s: %s", inst, req, pf_last_error_message());
         PFT_CHECK(pft_now_ms() - t0 < TMO, "QueryPrefetch took %llu ms",
                   (unsigned long long)(pft_now_ms() - t0));
@@ -393,44 +268,6 @@ static struct pf_query_result query_ready(struct pf_client *c, const char *inst,
     return res;
 }
 
-/* Loads the lease's n blocks into dst ids first_dst.. of every rank of w. */
-static void world_load(struct pf_client *c, struct world *w, const uint8_t *lease, size_t n,
-                       uint32_t first_dst)
-{
-    int64_t *targets = malloc(n * sizeof(*targets));
-    for (size_t i = 0; i < n; i++)
-        targets[i] = first_dst + (int64_t)i;
-    const char *names[MAXL];
-    for (int l = 0; l < w->nlayers; l++)
-        names[l] = w->names[l];
-    size_t gsz = (size_t)w->nlayers, cnt = n;
-    struct pf_load_item it = {
-        .lease = lease, .lease_len = PF_LEASE_LEN, .targets = targets, .group_counts = &cnt};
-    for (int r = 0; r < w->tp; r++) {
-        struct pf_loadstate *ls;
-        PFT_CHECK(pf_loadstate_create(&ls) == 0, "loadstate");
-        int rc = pf_client_load(c, w->id, (uint32_t)r, r, pf_loadstate_name(ls), names, &gsz, 1,
-                                &it, 1, TMO);
-        PFT_CHECK(rc == 0, "load %s rank %d: %s", w->id, r, pf_last_error_message());
-        int64_t st = pf_loadstate_wait(ls, TMO);
-        PFT_CHECK(st == 1, "load %s rank %d: state %lld", w->id, r, (long long)st);
-        pf_loadstate_destroy(ls);
-    }
-    free(targets);
-}
-
-static void compare(struct world *src, uint32_t src_first, struct world *dst, uint32_t dst_first,
-                    size_t n)
-{
-    for (int r = 0; r < src->tp; r++)
-        for (int l = 0; l < src->nlayers; l++)
-            for (size_t i = 0; i < n; i++)
-                PFT_CHECK(
-                    kvt_block_equal(&src->kv[r][l], src_first + i, &dst->kv[r][l], dst_first + i),
-                    "rank %d layer %d block %zu differs after load (%s <- %s)", r, l, i, dst->id,
-                    src->id);
-}
-
 /* Query on the requester until Ready, check the hit count, load and compare every byte. */
 static uint32_t fetch_check(struct pf_client *c, struct world *dst, const char *req, uint64_t h0,
                             size_t n, int wait_full, struct world *src, uint32_t src_first,
@@ -438,13 +275,13 @@ static uint32_t fetch_check(struct pf_client *c, struct world *dst, const char *
 {
     int loading = 0;
     struct pf_query_result res =
-        query_ready(c, dst->id, req, h0, n, wait_full, timeout_ms, &loading);
+        query_until_ready(c, dst->id, req, h0, n, wait_full, timeout_ms, &loading);
     if (want_hits >= 0)
         PFT_CHECK(res.num_hit_blocks == (uint32_t)want_hits, "%s: %u hits, want %ld", req,
                   res.num_hit_blocks, want_hits);
     if (res.num_hit_blocks) {
         PFT_CHECK(res.lease_len == PF_LEASE_LEN, "%s: hits without a lease", req);
-        world_load(c, dst, res.lease, res.num_hit_blocks, dst_first);
+        world_load_ok(c, dst, res.lease, res.num_hit_blocks, dst_first);
         compare(src, src_first, dst, dst_first, res.num_hit_blocks);
     }
     fprintf(stderr, "    %s: %u of %zu block(s) after %d Loading answer(s)%s\n", req,
@@ -528,26 +365,27 @@ static void sc_basic(void)
     struct pf_client *ca = connect_to(&NA), *cb = connect_to(&NB);
     struct world wa, wb;
     const size_t N = 24;
-    world_init(&wa, "inst-A", 2, 2, 128, SEG, 1, true);
-    world_init(&wb, "inst-B", 2, 2, 128, SEG, 2, true);
+    pworld(&wa, "inst-A", 2, 2, 128, SEG, 1, true);
+    pworld(&wb, "inst-B", 2, 2, 128, SEG, 2, true);
     world_register(ca, &wa);
     world_register(cb, &wb);
-    world_save(ca, &wa, 0, 0, N);
+    world_save_ok(ca, &wa, 0, 0, N);
     wait_meta(NA.p.addr, 0, N, (long)N, 20000);
     fprintf(stderr, "    MetaServer lists %s with all %zu blocks\n", NA.p.addr, N);
 
     int loading = 0;
-    struct pf_query_result r = query_ready(cb, wb.id, "req-1", 0, N, 0, 30000, &loading);
+    struct pf_query_result r = query_until_ready(cb, wb.id, "req-1", 0, N, 0, 30000, &loading);
     PFT_CHECK(loading >= 1, "the first query must answer Loading while the fetch runs");
     PFT_CHECK(r.num_hit_blocks == N, "req-1: %u hits, want %zu", r.num_hit_blocks, N);
-    world_load(cb, &wb, r.lease, N, 32);
+    world_load_ok(cb, &wb, r.lease, N, 32);
     compare(&wa, 0, &wb, 32, N);
     fprintf(stderr, "    req-1: Loading x%d -> Ready %zu, byte-exact\n", loading, N);
-    PFT_CHECK(metric(&NB, "pegaflow_rdma_fetch_total{status=\"ok\"}") == 1, "fetch ok != 1");
-    double bytes = metric(&NB, "pegaflow_rdma_fetch_bytes_total");
+    PFT_CHECK(node_metric(&NB, "pegaflow_rdma_fetch_total{status=\"ok\"}") == 1, "fetch ok != 1");
+    double bytes = node_metric(&NB, "pegaflow_rdma_fetch_bytes_total");
     PFT_CHECK(bytes == (double)N * 2 * 2 * 2 * SEG, "fetch bytes %g", bytes);
-    PFT_CHECK(metric(&NB, "pegaflow_rdma_qps") == 2, "B: rdma_qps != 2");
-    PFT_CHECK(metric(&NB, "pegaflow_rdma_fetch_duration_seconds_count") == 1, "duration count");
+    PFT_CHECK(node_metric(&NB, "pegaflow_rdma_qps") == 2, "B: rdma_qps != 2");
+    PFT_CHECK(node_metric(&NB, "pegaflow_rdma_fetch_duration_seconds_count") == 1,
+              "duration count");
     wait_metric(&NA, "pegaflow_transfer_lock_active", 0, false, 10000);
     wait_metric(&NA, "pegaflow_rpc_requests_total{method=\"release_transfer_lock\",status=\"ok\"}",
                 1, false, 10000);
@@ -564,7 +402,7 @@ static void sc_basic(void)
         char path[512], *body = NULL;
         const char *top = getenv("PF_TOP");
         snprintf(path, sizeof(path), "%s/docs/metrics.md", top ? top : ".");
-        char *doc = slurp(path);
+        char *doc = pft_read_file(path);
         PFT_CHECK(doc, "cannot read %s", path);
         PFT_CHECK(pft_http(NB.p.http_host, NB.p.http_port, "GET", "/metrics", &body) == 200,
                   "metrics");
@@ -584,8 +422,8 @@ static void sc_basic(void)
 
     /* now RAM hits on B (promoted, reclaimable), no second fetch */
     fetch_check(cb, &wb, "req-2", 0, N, 0, &wa, 0, 64, (long)N, 10000);
-    PFT_CHECK(metric(&NB, "pegaflow_rdma_fetch_total{status=\"ok\"}") == 1, "refetched");
-    PFT_CHECK(metric(&NB, "pegaflow_cache_resident_blocks{class=\"reclaimable\"}") == N,
+    PFT_CHECK(node_metric(&NB, "pegaflow_rdma_fetch_total{status=\"ok\"}") == 1, "refetched");
+    PFT_CHECK(node_metric(&NB, "pegaflow_cache_resident_blocks{class=\"reclaimable\"}") == N,
               "fetched blocks must be reclaimable on B");
     /* B re-advertises what it fetched */
     wait_meta(NB.p.addr, 0, N, (long)N, 20000);
@@ -593,21 +431,21 @@ static void sc_basic(void)
     fetch_check(cb, &wb, "req-3", 0, N + 8, 0, &wa, 0, 88, (long)N, 10000);
 
     /* the other direction reuses the connection A opened to B: no handshake by B->A */
-    world_save(cb, &wb, 1000, 112, 8);
+    world_save_ok(cb, &wb, 1000, 112, 8);
     wait_meta(NB.p.addr, 1000, 8, 8, 20000);
     fetch_check(ca, &wa, "req-rev", 1000, 8, 0, &wb, 112, 32, 8, 30000);
     PFT_CHECK(!pft_log_contains(&NA.p, "RDMA handshake with"),
               "A handshook although B's connection exists");
-    PFT_CHECK(metric(&NA, "pegaflow_rdma_fetch_total{status=\"ok\"}") == 1, "A fetch ok");
+    PFT_CHECK(node_metric(&NA, "pegaflow_rdma_fetch_total{status=\"ok\"}") == 1, "A fetch ok");
 
     /* wait_for_full_prefix: Loading until some node advertises the whole suffix */
     struct pf_query_result w;
-    PFT_CHECK(query_once(cb, wb.id, "req-full", 2000, 6, 1, &w) == 0 && w.loading,
+    PFT_CHECK(query_wf(cb, wb.id, "req-full", 2000, 6, 1, &w) == 0 && w.loading,
               "wait_for_full_prefix must answer Loading");
     usleep(200000); /* nothing advertised yet: still Loading (not a timing assertion) */
-    PFT_CHECK(query_once(cb, wb.id, "req-full", 2000, 6, 1, &w) == 0 && w.loading,
+    PFT_CHECK(query_wf(cb, wb.id, "req-full", 2000, 6, 1, &w) == 0 && w.loading,
               "still Loading while nobody holds the suffix");
-    world_save(ca, &wa, 2000, 40, 6);
+    world_save_ok(ca, &wa, 2000, 40, 6);
     fetch_check(cb, &wb, "req-full", 2000, 6, 1, &wa, 40, 120, 6, 30000);
 
     pf_client_close(ca);
@@ -642,16 +480,16 @@ static void sc_mutual(void)
     struct pf_client *ca = connect_to(&NA), *cb = connect_to(&NB);
     struct world wa, wb, ra, rb;
     const size_t N = 16;
-    world_init(&wa, "inst-A", 1, 2, 32, SEG, 3, true);
-    world_init(&wb, "inst-B", 1, 2, 32, SEG, 4, true);
-    world_init(&ra, "inst-A2", 1, 2, 32, SEG, 0, false);
-    world_init(&rb, "inst-B2", 1, 2, 32, SEG, 0, false);
+    pworld(&wa, "inst-A", 1, 2, 32, SEG, 3, true);
+    pworld(&wb, "inst-B", 1, 2, 32, SEG, 4, true);
+    pworld(&ra, "inst-A2", 1, 2, 32, SEG, 0, false);
+    pworld(&rb, "inst-B2", 1, 2, 32, SEG, 0, false);
     world_register(ca, &wa);
     world_register(cb, &wb);
     world_register(ca, &ra);
     world_register(cb, &rb);
-    world_save(ca, &wa, 100, 0, N);
-    world_save(cb, &wb, 200, 0, N);
+    world_save_ok(ca, &wa, 100, 0, N);
+    world_save_ok(cb, &wb, 200, 0, N);
     wait_meta(NA.p.addr, 100, N, (long)N, 20000);
     wait_meta(NB.p.addr, 200, N, (long)N, 20000);
     pthread_barrier_t bar;
@@ -665,8 +503,8 @@ static void sc_mutual(void)
     pthread_join(t2, NULL);
     PFT_CHECK(x.hits == N && y.hits == N, "mutual fetch: %u and %u of %zu", x.hits, y.hits, N);
     /* both connections work afterwards, in both directions */
-    world_save(ca, &wa, 300, 16, 4);
-    world_save(cb, &wb, 400, 16, 4);
+    world_save_ok(ca, &wa, 300, 16, 4);
+    world_save_ok(cb, &wb, 400, 16, 4);
     wait_meta(NA.p.addr, 300, 4, 4, 20000);
     wait_meta(NB.p.addr, 400, 4, 4, 20000);
     fetch_check(cb, &rb, "mutual-B2", 300, 4, 0, &wa, 16, 20, 4, 30000);
@@ -688,13 +526,13 @@ static void sc_three(void)
     struct pf_client *ca = connect_to(&NA), *cb = connect_to(&NB), *cc = connect_to(&NC);
     struct world wa, wb, wc;
     const size_t N = 32;
-    world_init(&wa, "inst-A", 1, 2, 64, 32768, 5, true);
-    world_init(&wb, "inst-B", 1, 2, 64, 32768, 0, false);
-    world_init(&wc, "inst-C", 1, 2, 64, 32768, 0, false);
+    pworld(&wa, "inst-A", 1, 2, 64, 32768, 5, true);
+    pworld(&wb, "inst-B", 1, 2, 64, 32768, 0, false);
+    pworld(&wc, "inst-C", 1, 2, 64, 32768, 0, false);
     world_register(ca, &wa);
     world_register(cb, &wb);
     world_register(cc, &wc);
-    world_save(ca, &wa, 500, 0, N);
+    world_save_ok(ca, &wa, 500, 0, N);
     wait_meta(NA.p.addr, 500, N, (long)N, 20000);
     pthread_barrier_t bar;
     pthread_barrier_init(&bar, NULL, 2);
@@ -708,8 +546,8 @@ static void sc_three(void)
     /* B may have fetched from A and C from B (B re-advertises), or both from A */
     PFT_CHECK(x.hits == N && y.hits == N, "B got %u, C got %u of %zu", x.hits, y.hits, N);
     wait_metric(&NA, "pegaflow_transfer_lock_active", 0, false, 10000);
-    PFT_CHECK(metric(&NA, "pegaflow_rpc_requests_total{method=\"rdma_handshake\","
-                          "status=\"ok\"}") >= 1,
+    PFT_CHECK(node_metric(&NA, "pegaflow_rpc_requests_total{method=\"rdma_handshake\","
+                               "status=\"ok\"}") >= 1,
               "A served no handshake");
     pf_client_close(ca);
     pf_client_close(cb);
@@ -730,11 +568,11 @@ static void sc_metaserver(void)
     struct pf_client *ca = connect_to(&NA), *cb = connect_to(&NB);
     struct world wa, wb;
     const size_t N = 8;
-    world_init(&wa, "inst-A", 1, 1, 64, SEG, 6, true);
-    world_init(&wb, "inst-B", 1, 1, 64, SEG, 0, false);
+    pworld(&wa, "inst-A", 1, 1, 64, SEG, 6, true);
+    pworld(&wb, "inst-B", 1, 1, 64, SEG, 0, false);
     world_register(ca, &wa);
     world_register(cb, &wb);
-    world_save(ca, &wa, 600, 0, N);
+    world_save_ok(ca, &wa, 600, 0, N);
     wait_meta(NA.p.addr, 600, N, (long)N, 20000);
     fprintf(stderr, "    QueryPrefixBlocks lists A (%s) with %zu blocks\n", NA.p.addr, N);
     /* A silent: hidden after the stale period, back when it resumes */
@@ -748,19 +586,20 @@ static void sc_metaserver(void)
     /* MetaServer gone: saves and queries keep answering, no remote discovery, no error */
     stop(&MS, SIGKILL);
     uint64_t t0 = pft_now_ms();
-    world_save(ca, &wa, 700, 10, N);
+    world_save_ok(ca, &wa, 700, 10, N);
     uint64_t tsave = pft_now_ms() - t0;
     t0 = pft_now_ms();
     fetch_check(cb, &wb, "no-meta", 700, N, 0, &wa, 10, 0, 0, 30000);
     fprintf(stderr, "    MetaServer killed: save %llu ms, query -> Ready 0 in %llu ms\n",
             (unsigned long long)tsave, (unsigned long long)(pft_now_ms() - t0));
-    PFT_CHECK(metric(&NB, "pegaflow_rdma_fetch_total{status=\"error\"}") == 0,
+    PFT_CHECK(node_metric(&NB, "pegaflow_rdma_fetch_total{status=\"error\"}") == 0,
               "no fetch should have been attempted without discovery");
     /* once B's client knows the MetaServer is gone, no discovery is even attempted: Ready at
      * the first answer, no Loading round trip */
     wait_log(&NB, "unreachable", 20000);
     int loading = -1;
-    struct pf_query_result r0 = query_ready(cb, wb.id, "no-meta-2", 700, N, 0, 10000, &loading);
+    struct pf_query_result r0 =
+        query_until_ready(cb, wb.id, "no-meta-2", 700, N, 0, 10000, &loading);
     PFT_CHECK(r0.num_hit_blocks == 0 && loading == 0, "no-meta-2: %u hits after %d Loading",
               r0.num_hit_blocks, loading);
     fprintf(stderr, "    MetaServer known unreachable: Ready at once, no discovery\n");
@@ -806,20 +645,20 @@ static void sc_kill(void)
     struct pf_client *ca = connect_to(&NA), *cb = connect_to(&NB);
     struct world wa, wb;
     const size_t N = 16;
-    world_init(&wa, "inst-A", 1, 1, 64, 65536, 7, true);
-    world_init(&wb, "inst-B", 1, 1, 64, 65536, 0, false);
+    pworld(&wa, "inst-A", 1, 1, 64, 65536, 7, true);
+    pworld(&wb, "inst-B", 1, 1, 64, 65536, 0, false);
     world_register(ca, &wa);
     world_register(cb, &wb);
-    world_save(ca, &wa, 800, 0, N);
+    world_save_ok(ca, &wa, 800, 0, N);
     wait_meta(NA.p.addr, 800, N, (long)N, 20000);
     struct pf_query_result r;
-    PFT_CHECK(query_once(cb, wb.id, "kill-1", 800, N, 0, &r) == 0 && r.loading, "Loading");
+    PFT_CHECK(query_wf(cb, wb.id, "kill-1", 800, N, 0, &r) == 0 && r.loading, "Loading");
     wait_log(&NB, "RDMA fetch req kill-1: reading", 20000);
     stop(&NA, SIGKILL);
     fprintf(stderr, "    A killed (SIGKILL) during B's transfer\n");
     fetch_check(cb, &wb, "kill-1", 800, N, 0, &wa, 0, 0, 0, 30000);
-    PFT_CHECK(metric(&NB, "pegaflow_rdma_fetch_total{status=\"error\"}") == 1, "error != 1");
-    PFT_CHECK(metric(&NB, "pegaflow_rdma_fetch_total{status=\"timeout\"}") == 0,
+    PFT_CHECK(node_metric(&NB, "pegaflow_rdma_fetch_total{status=\"error\"}") == 1, "error != 1");
+    PFT_CHECK(node_metric(&NB, "pegaflow_rdma_fetch_total{status=\"timeout\"}") == 0,
               "the kill must be noticed before the deadline");
     /* B keeps serving; the blacklisted req falls through, a new one fails fast */
     fetch_check(cb, &wb, "kill-1", 800, N, 0, &wa, 0, 0, 0, 10000);
@@ -843,24 +682,25 @@ static void sc_timeout(void)
     struct pf_client *ca = connect_to(&NA), *cb = connect_to(&NB);
     struct world wa, wb;
     const size_t N = 8;
-    world_init(&wa, "inst-A", 1, 1, 64, SEG, 8, true);
-    world_init(&wb, "inst-B", 1, 1, 64, SEG, 0, false);
+    pworld(&wa, "inst-A", 1, 1, 64, SEG, 8, true);
+    pworld(&wb, "inst-B", 1, 1, 64, SEG, 0, false);
     world_register(ca, &wa);
     world_register(cb, &wb);
-    world_save(ca, &wa, 900, 0, N);
+    world_save_ok(ca, &wa, 900, 0, N);
     wait_meta(NA.p.addr, 900, N, (long)N, 20000);
     uint64_t t0 = pft_now_ms();
     fetch_check(cb, &wb, "tmo-1", 900, N, 0, &wa, 0, 0, 0, 40000);
     fprintf(stderr, "    deadline max(30 s - 60 s, 10 s): Ready 0 after %llu ms\n",
             (unsigned long long)(pft_now_ms() - t0));
-    PFT_CHECK(metric(&NB, "pegaflow_rdma_fetch_total{status=\"timeout\"}") == 1, "timeout != 1");
+    PFT_CHECK(node_metric(&NB, "pegaflow_rdma_fetch_total{status=\"timeout\"}") == 1,
+              "timeout != 1");
     PFT_CHECK(pft_log_contains(&NB.p, "ERROR p2p: RDMA fetch req tmo-1"), "no error logged");
     PFT_CHECK(pft_log_contains(&NB.p, "connection invalidated, transfer lock"),
               "the error must say the connection was invalidated and the lock force-released");
     wait_metric(&NA, "pegaflow_transfer_lock_active", 0, false, 10000);
-    PFT_CHECK(metric(&NA, "pegaflow_transfer_lock_timeouts_total") == 0,
+    PFT_CHECK(node_metric(&NA, "pegaflow_transfer_lock_timeouts_total") == 0,
               "the lock must have been released, not expired");
-    PFT_CHECK(metric(&NB, "pegaflow_rdma_qps") == 0, "the timed-out connection is gone");
+    PFT_CHECK(node_metric(&NB, "pegaflow_rdma_qps") == 0, "the timed-out connection is gone");
     PFT_CHECK(pf_client_health(cb, TMO) == 0, "B unhealthy");
     pf_client_close(ca);
     pf_client_close(cb);
@@ -879,14 +719,14 @@ static void sc_expire(void)
     struct pf_client *ca = connect_to(&NA), *cb = connect_to(&NB);
     struct world wa, wb;
     const size_t N = 8;
-    world_init(&wa, "inst-A", 1, 1, 64, SEG, 9, true);
-    world_init(&wb, "inst-B", 1, 1, 64, SEG, 0, false);
+    pworld(&wa, "inst-A", 1, 1, 64, SEG, 9, true);
+    pworld(&wb, "inst-B", 1, 1, 64, SEG, 0, false);
     world_register(ca, &wa);
     world_register(cb, &wb);
-    world_save(ca, &wa, 1100, 0, N);
+    world_save_ok(ca, &wa, 1100, 0, N);
     wait_meta(NA.p.addr, 1100, N, (long)N, 20000);
     struct pf_query_result r;
-    PFT_CHECK(query_once(cb, wb.id, "exp-1", 1100, N, 0, &r) == 0 && r.loading, "Loading");
+    PFT_CHECK(query_wf(cb, wb.id, "exp-1", 1100, N, 0, &r) == 0 && r.loading, "Loading");
     wait_log(&NB, "RDMA fetch req exp-1: reading", 20000);
     wait_metric(&NA, "pegaflow_transfer_lock_active", (double)N, false, 5000);
     stop(&NB, SIGKILL);
@@ -898,7 +738,7 @@ static void sc_expire(void)
     fprintf(stderr, "    A's lock expired\n");
     /* A still serves its blocks locally */
     struct world wa2;
-    world_init(&wa2, "inst-A2", 1, 1, 64, SEG, 0, false);
+    pworld(&wa2, "inst-A2", 1, 1, 64, SEG, 0, false);
     world_register(ca, &wa2);
     fetch_check(ca, &wa2, "local", 1100, N, 0, &wa, 0, 0, (long)N, 10000);
     pf_client_close(ca);
@@ -921,15 +761,15 @@ static void sc_corrupt(void)
     struct world wa, wb;
     const size_t N = 12;
     /* one layer, K and V: 2 READs per block */
-    world_init(&wa, "inst-A", 1, 1, 64, 65536, 10, true);
-    world_init(&wb, "inst-B", 1, 1, 64, 65536, 0, false);
+    pworld(&wa, "inst-A", 1, 1, 64, 65536, 10, true);
+    pworld(&wb, "inst-B", 1, 1, 64, 65536, 0, false);
     world_register(ca, &wa);
     world_register(cb, &wb);
-    world_save(ca, &wa, 1200, 0, N);
+    world_save_ok(ca, &wa, 1200, 0, N);
     wait_meta(NA.p.addr, 1200, N, (long)N, 20000);
     uint32_t hits = fetch_check(cb, &wb, "cor-1", 1200, N, 0, &wa, 0, 0, -1, 30000);
     PFT_CHECK(hits < N, "a corrupted block was accepted (%u hits)", hits);
-    PFT_CHECK(metric(&NB, "pegaflow_integrity_failures_total{tier=\"remote\"}") >= 1,
+    PFT_CHECK(node_metric(&NB, "pegaflow_integrity_failures_total{tier=\"remote\"}") >= 1,
               "integrity failure not counted");
     PFT_CHECK(pft_log_contains(&NB.p, "failed checksum verification"), "not logged");
     wait_metric(&NA, "pegaflow_transfer_lock_active", 0, false, 10000);
@@ -950,26 +790,27 @@ static void sc_evict(void)
     struct pf_client *ca = connect_to(&NA), *cb = connect_to(&NB);
     struct world wa, wb;
     const size_t N = 16;
-    world_init(&wa, "inst-A", 1, 1, 256, 32768, 11, true); /* 64 KiB blocks */
-    world_init(&wb, "inst-B", 1, 1, 64, 32768, 0, false);
+    pworld(&wa, "inst-A", 1, 1, 256, 32768, 11, true); /* 64 KiB blocks */
+    pworld(&wb, "inst-B", 1, 1, 64, 32768, 0, false);
     world_register(ca, &wa);
     world_register(cb, &wb);
-    world_save(ca, &wa, 1300, 0, N);
+    world_save_ok(ca, &wa, 1300, 0, N);
     wait_meta(NA.p.addr, 1300, N, (long)N, 20000);
     /* A's own lease keeps blocks 0..7 resident through the eviction below */
-    struct pf_query_result pin = query_ready(ca, wa.id, "pin", 1300, 8, 0, 10000, NULL);
+    struct pf_query_result pin = query_until_ready(ca, wa.id, "pin", 1300, 8, 0, 10000, NULL);
     PFT_CHECK(pin.num_hit_blocks == 8, "pin %u", pin.num_hit_blocks);
     struct pf_query_result r;
-    PFT_CHECK(query_once(cb, wb.id, "ev-1", 1300, N, 0, &r) == 0 && r.loading, "Loading");
+    PFT_CHECK(query_wf(cb, wb.id, "ev-1", 1300, N, 0, &r) == 0 && r.loading, "Loading");
     /* B discovered A and is connecting (its QP connect is delayed 3 s): evict on A now */
     wait_log(&NB, "RDMA handshake with", 20000);
     for (uint32_t b = 0; b < 96; b += 16)
-        world_save(ca, &wa, 5000 + b, 32 + b, 16); /* 6 MiB through a 4 MiB pool */
-    PFT_CHECK(metric(&NA, "pegaflow_cache_block_evictions_total") >= 8, "no eviction on A");
+        world_save_ok(ca, &wa, 5000 + b, 32 + b, 16); /* 6 MiB through a 4 MiB pool */
+    PFT_CHECK(node_metric(&NA, "pegaflow_cache_block_evictions_total") >= 8, "no eviction on A");
     fprintf(stderr, "    A evicted %g block(s) while B was connecting\n",
-            metric(&NA, "pegaflow_cache_block_evictions_total"));
+            node_metric(&NA, "pegaflow_cache_block_evictions_total"));
     fetch_check(cb, &wb, "ev-1", 1300, N, 0, &wa, 0, 0, 8, 30000);
-    PFT_CHECK(metric(&NB, "pegaflow_rdma_fetch_total{status=\"partial\"}") == 1, "partial != 1");
+    PFT_CHECK(node_metric(&NB, "pegaflow_rdma_fetch_total{status=\"partial\"}") == 1,
+              "partial != 1");
     wait_metric(&NA, "pegaflow_transfer_lock_active", 0, false, 10000);
     pf_client_release(ca, pin.lease, PF_LEASE_LEN, TMO);
     pf_client_close(ca);
@@ -990,7 +831,9 @@ static const struct {
 
 int main(int argc, char **argv)
 {
-    seed = pft_seed();
+    world_seed = pft_seed();
+    world_hash_base = 7000000;
+    world_tmo = TMO;
     atexit(kill_all);
     env_node(&MS, "MS");
     env_node(&NA, "A");

@@ -26,6 +26,7 @@ struct world {
     const char *ns;
     int tp;
     int nlayers;
+    uint64_t tag; /* mixed into the fill pattern: worlds with other tags hold other bytes */
     struct kvt kv[MAXR][MAXL];
     char names[MAXL][32];
 };
@@ -35,11 +36,13 @@ static inline void hash_of(uint64_t i, uint8_t *h)
     pft_fill(h, HLEN, world_seed, world_hash_base + i);
 }
 
-static inline void world_init(struct world *w, const char *id, const char *ns, int tp, int nlayers,
-                              enum kv_layout lay, uint64_t nblocks, uint64_t seg, bool fill)
+static inline void world_init_tagged(struct world *w, const char *id, const char *ns, int tp,
+                                     int nlayers, enum kv_layout lay, uint64_t nblocks,
+                                     uint64_t seg, uint64_t tag, bool fill)
 {
     memset(w, 0, sizeof(*w));
     w->id = id;
+    w->tag = tag;
     w->ns = ns;
     w->tp = tp;
     w->nlayers = nlayers;
@@ -52,8 +55,14 @@ static inline void world_init(struct world *w, const char *id, const char *ns, i
             if (fill)
                 for (uint64_t b = 0; b < nblocks; b++)
                     kvt_fill_block(&w->kv[r][l], b, world_seed,
-                                   (uint64_t)r << 40 | (uint64_t)l << 32 | b);
+                                   tag << 48 | (uint64_t)r << 40 | (uint64_t)l << 32 | b);
         }
+}
+
+static inline void world_init(struct world *w, const char *id, const char *ns, int tp, int nlayers,
+                              enum kv_layout lay, uint64_t nblocks, uint64_t seg, bool fill)
+{
+    world_init_tagged(w, id, ns, tp, nlayers, lay, nblocks, seg, 0, fill);
 }
 
 static inline void world_free(struct world *w)
@@ -114,15 +123,23 @@ static inline int world_save(struct pf_client *c, struct world *w, uint64_t h0, 
     return rc;
 }
 
-static inline int query(struct pf_client *c, const char *inst, const char *req, uint64_t h0,
-                        size_t n, struct pf_query_result *res)
+/* One QueryPrefetch for hashes [h0, h0+n); wait_full as in the RPC. */
+static inline int query_wf(struct pf_client *c, const char *inst, const char *req, uint64_t h0,
+                           size_t n, int wait_full, struct pf_query_result *res)
 {
     uint8_t *hs = malloc(n * HLEN + 1);
     for (size_t i = 0; i < n; i++)
         hash_of(h0 + i, hs + i * HLEN);
-    int rc = pf_client_query(c, inst, req, hs, NULL, HLEN, n, 0, 0, res, NULL, 0, world_tmo);
+    int rc =
+        pf_client_query(c, inst, req, hs, NULL, HLEN, n, wait_full, 0, res, NULL, 0, world_tmo);
     free(hs);
     return rc;
+}
+
+static inline int query(struct pf_client *c, const char *inst, const char *req, uint64_t h0,
+                        size_t n, struct pf_query_result *res)
+{
+    return query_wf(c, inst, req, h0, n, 0, res);
 }
 
 /* Polls until the n blocks from h0 are all queryable (the insert thread seals them
@@ -181,7 +198,8 @@ static inline void compare(struct world *src, uint32_t src_first, struct world *
             for (size_t i = 0; i < n; i++)
                 PFT_CHECK(
                     kvt_block_equal(&src->kv[r][l], src_first + i, &dst->kv[r][l], dst_first + i),
-                    "rank %d layer %d block %zu differs after load", r, l, i);
+                    "rank %d layer %d block %zu differs after load (%s <- %s)", r, l, i, dst->id,
+                    src->id);
 }
 
 /* Checked variants: the test fails with the server's message. */
@@ -219,12 +237,14 @@ static inline bool query_ready(struct pf_client *c, const char *inst, const char
     }
 }
 
-static inline double metric(struct pft_proc *s, const char *name)
+/* The value of one series of /metrics (name with its labels, as exposed), or absent when the
+ * series is not there. */
+static inline double metric_or(struct pft_proc *s, const char *name, double absent)
 {
     char *body = NULL;
     int st = pft_http(s->http_host, s->http_port, "GET", "/metrics", &body);
     PFT_CHECK(st == 200, "/metrics status %d", st);
-    double v = -1;
+    double v = absent;
     char key[256];
     snprintf(key, sizeof(key), "\n%s ", name);
     char *p = strstr(body, key);
@@ -232,6 +252,11 @@ static inline double metric(struct pft_proc *s, const char *name)
         v = strtod(p + strlen(key), NULL);
     free(body);
     return v;
+}
+
+static inline double metric(struct pft_proc *s, const char *name)
+{
+    return metric_or(s, name, -1);
 }
 
 #endif

@@ -31,7 +31,7 @@ uint64_t pft_now_ms(void)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-static char *read_file(const char *path)
+char *pft_read_file(const char *path)
 {
     FILE *f = fopen(path, "r");
     if (!f)
@@ -50,7 +50,7 @@ static char *read_file(const char *path)
 
 bool pft_log_contains(const struct pft_proc *p, const char *s)
 {
-    char *b = read_file(p->log);
+    char *b = pft_read_file(p->log);
     bool r = b && strstr(b, s);
     free(b);
     return r;
@@ -68,7 +68,7 @@ bool pft_wait_log(const struct pft_proc *p, const char *s, uint64_t timeout_ms)
     }
 }
 
-static int port_after(const char *log, const char *marker)
+int pft_port_after(const char *log, const char *marker)
 {
     const char *m = strstr(log, marker);
     if (!m)
@@ -127,10 +127,10 @@ int pft_start(struct pft_proc *p, const char *bin, const char *host, const char 
     snprintf(p->http_host, sizeof(p->http_host), "%s", host);
     uint64_t dl = pft_now_ms() + 30000;
     while (pft_now_ms() < dl) {
-        char *log = read_file(p->log);
+        char *log = pft_read_file(p->log);
         if (log) {
-            p->grpc_port = port_after(log, "gRPC listening on");
-            p->http_port = port_after(log, "HTTP listening on");
+            p->grpc_port = pft_port_after(log, "gRPC listening on");
+            p->http_port = pft_port_after(log, "HTTP listening on");
             bool ready = strstr(log, ": ready\n") != NULL;
             free(log);
             if (p->grpc_port && p->http_port && ready) {
@@ -145,7 +145,7 @@ int pft_start(struct pft_proc *p, const char *bin, const char *host, const char 
         }
         usleep(20000);
     }
-    char *log = read_file(p->log);
+    char *log = pft_read_file(p->log);
     fprintf(stderr, "server %s did not start; log:\n%s\n", bin, log ? log : "(none)");
     free(log);
     if (p->pid)

@@ -55,5 +55,9 @@ void pft_fill(void *buf, size_t len, uint64_t seed, uint64_t stream);
 uint64_t pft_seed(void); /* PF_TEST_SEED or time; printed */
 
 uint64_t pft_now_ms(void);
+/* A whole file as a NUL-terminated string (caller frees), or NULL. */
+char *pft_read_file(const char *path);
+/* The port in "(port N)" after the first occurrence of marker in a server log, or 0. */
+int pft_port_after(const char *log, const char *marker);
 
 #endif
