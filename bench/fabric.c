@@ -41,6 +41,7 @@
 #include "pf/hal.h"
 #include "pf/log.h"
 #include "pf/util.h"
+#include "pfnetns.h"
 
 #define MAX_BLOCKS 8
 #define MAX_REPS   32
@@ -58,115 +59,20 @@ struct opts {
 
 /* ---- namespaces ---- */
 
-static char ns_a[64], ns_b[64], veth_a[16], veth_b[16], ip_a[32], ip_b[32];
-static bool ns_made;
-
-static int sh(const char *fmt, ...) PF_PRINTF(1, 2);
-static int sh(const char *fmt, ...)
-{
-    char cmd[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof(cmd), fmt, ap);
-    va_end(ap);
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+static struct pft_netpair np;
 
 static void ns_cleanup(void)
 {
-    if (!ns_made)
-        return;
-    ns_made = false;
-    sh("ip netns del %s 2>/dev/null", ns_a);
-    sh("ip netns del %s 2>/dev/null", ns_b);
+    pft_netpair_cleanup(&np);
 }
 
 static void on_signal(int sig)
 {
-    /* fork/exec are async-signal-safe: delete the namespaces, then die */
-    if (ns_made) {
-        const char *names[2] = {ns_a, ns_b};
-        for (int i = 0; i < 2; i++) {
-            pid_t p = fork();
-            if (p == 0) {
-                execlp("ip", "ip", "netns", "del", names[i], (char *)NULL);
-                _exit(127);
-            }
-            if (p > 0)
-                waitpid(p, NULL, 0);
-        }
-    }
+    pft_netpair_cleanup_signal(&np);
     _exit(128 + sig);
 }
 
-static int ns_setup(void)
-{
-    int id = (int)(getpid() % 100000);
-    snprintf(ns_a, sizeof(ns_a), "pfbench-a-%d", id);
-    snprintf(ns_b, sizeof(ns_b), "pfbench-b-%d", id);
-    snprintf(veth_a, sizeof(veth_a), "pfba%d", id);
-    snprintf(veth_b, sizeof(veth_b), "pfbb%d", id);
-    snprintf(ip_a, sizeof(ip_a), "10.213.%d.1", id % 250);
-    snprintf(ip_b, sizeof(ip_b), "10.213.%d.2", id % 250);
-    if (sh("ip netns add %s", ns_a))
-        return -1;
-    ns_made = true;
-    if (sh("ip netns add %s", ns_b) ||
-        sh("ip link add %s netns %s type veth peer name %s netns %s", veth_a, ns_a, veth_b, ns_b) ||
-        sh("ip -n %s addr add %s/24 dev %s", ns_a, ip_a, veth_a) ||
-        sh("ip -n %s addr add %s/24 dev %s", ns_b, ip_b, veth_b) ||
-        sh("ip -n %s link set lo up && ip -n %s link set %s up", ns_a, ns_a, veth_a) ||
-        sh("ip -n %s link set lo up && ip -n %s link set %s up", ns_b, ns_b, veth_b)) {
-        ns_cleanup();
-        return -1;
-    }
-    return 0;
-}
-
-static int ns_enter(const char *name)
-{
-    char path[128];
-    snprintf(path, sizeof(path), "/var/run/netns/%s", name);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -errno;
-    int rc = setns(fd, CLONE_NEWNET) ? -errno : 0;
-    close(fd);
-    return rc;
-}
-
 /* ---- helpers ---- */
-
-static int xwrite(int fd, const void *buf, size_t len)
-{
-    const uint8_t *p = buf;
-    while (len) {
-        ssize_t n = write(fd, p, len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return -1;
-        p += n;
-        len -= (size_t)n;
-    }
-    return 0;
-}
-
-static int xread(int fd, void *buf, size_t len)
-{
-    uint8_t *p = buf;
-    while (len) {
-        ssize_t n = read(fd, p, len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return -1;
-        p += n;
-        len -= (size_t)n;
-    }
-    return 0;
-}
 
 static void *map_prefaulted(uint64_t len)
 {
@@ -247,8 +153,8 @@ static void *raw_server(void *arg)
 
 static int holder(const struct opts *o, int ctl, const char *nic, const char *ip)
 {
-    if (ns_made && ns_enter(ns_a)) {
-        fprintf(stderr, "holder: cannot enter %s\n", ns_a);
+    if (np.made && pft_netns_enter(np.ns[0])) {
+        fprintf(stderr, "holder: cannot enter %s\n", np.ns[0]);
         return 1;
     }
     struct pf_net *n = open_nic(nic);
@@ -287,16 +193,16 @@ static int holder(const struct opts *o, int ctl, const char *nic, const char *ip
     pthread_t rt;
     pthread_create(&rt, NULL, raw_server, &rs);
     struct hello peer;
-    if (xwrite(ctl, &h, sizeof(h)) || xread(ctl, &peer, sizeof(peer)))
+    if (pft_write_full(ctl, &h, sizeof(h)) || pft_read_full(ctl, &peer, sizeof(peer)))
         return 1;
     for (int i = 0; i < o->qps; i++)
         if (pf_net_qp_connect(qp[i], peer.ep[i], peer.eplen[i]))
             return 1;
     char c = 'c';
-    if (xwrite(ctl, &c, 1))
+    if (pft_write_full(ctl, &c, 1))
         return 1;
     /* serve until the reader says quit (or goes away) */
-    if (xread(ctl, &c, 1) == 0 && c == 'q') {
+    if (pft_read_full(ctl, &c, 1) == 0 && c == 'q') {
         for (int i = 0; i < o->qps; i++)
             pf_net_qp_destroy(qp[i]);
         pf_net_dereg_mem(mr);
@@ -533,13 +439,13 @@ int main(int argc, char **argv)
     if (!o.loopback && geteuid() == 0) {
         signal(SIGINT, on_signal);
         signal(SIGTERM, on_signal);
-        if (ns_setup() == 0) {
+        if (pft_netpair_setup(&np, "pfbench", 213) == 0) {
             atexit(ns_cleanup);
-            nic_a = veth_a;
-            nic_b = veth_b;
-            hip = ip_a;
+            nic_a = np.veth[0];
+            nic_b = np.veth[1];
+            hip = np.ip[0];
             snprintf(topo_buf, sizeof(topo_buf), "veth %s (%s, netns %s) <-> %s (%s, netns %s)",
-                     veth_a, ip_a, ns_a, veth_b, ip_b, ns_b);
+                     np.veth[0], np.ip[0], np.ns[0], np.veth[1], np.ip[1], np.ns[1]);
             topo = topo_buf;
         } else {
             fprintf(stderr, "fabric: cannot create network namespaces: using loopback\n");
@@ -558,14 +464,14 @@ int main(int argc, char **argv)
     if (pid == 0) {
         close(sv[0]);
         int rc = holder(&o, sv[1], nic_a, hip);
-        ns_made = false;
+        np.made = false;
         _exit(rc);
     }
     close(sv[1]);
     int rc = 1;
     struct reader r = {.o = &o, .holder_ip = hip, .holder = pid};
-    if (ns_made && ns_enter(ns_b)) {
-        fprintf(stderr, "reader: cannot enter %s\n", ns_b);
+    if (np.made && pft_netns_enter(np.ns[1])) {
+        fprintf(stderr, "reader: cannot enter %s\n", np.ns[1]);
         goto out;
     }
     r.net = open_nic(nic_b);
@@ -585,8 +491,8 @@ int main(int argc, char **argv)
         mine.eplen[i] = (uint32_t)l;
     }
     char c;
-    if (xread(sv[0], &r.h, sizeof(r.h)) || xwrite(sv[0], &mine, sizeof(mine)) ||
-        xread(sv[0], &c, 1)) {
+    if (pft_read_full(sv[0], &r.h, sizeof(r.h)) || pft_write_full(sv[0], &mine, sizeof(mine)) ||
+        pft_read_full(sv[0], &c, 1)) {
         fprintf(stderr, "fabric: holder failed to start\n");
         goto out;
     }
@@ -680,7 +586,7 @@ int main(int argc, char **argv)
             rc = 1;
 out:
     c = 'q';
-    xwrite(sv[0], &c, 1);
+    pft_write_full(sv[0], &c, 1);
     close(sv[0]);
     waitpid(pid, NULL, 0);
     for (int i = 0; i < o.qps; i++)

@@ -44,6 +44,7 @@
 #include "pf/clock.h"
 #include "pf/config.h"
 #include "pf/rpc.h"
+#include "pfnetns.h"
 #include "pftest.h"
 
 #define MAX_BLOCKS 8
@@ -62,21 +63,8 @@ struct opts {
     const char *json;
 };
 
-static char ns_a[64], ns_b[64], veth_a[16], veth_b[16], ip_a[32], ip_b[32];
-static bool ns_made;
+static struct pft_netpair np;
 static uint64_t seed;
-
-static int sh(const char *fmt, ...) PF_PRINTF(1, 2);
-static int sh(const char *fmt, ...)
-{
-    char cmd[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof(cmd), fmt, ap);
-    va_end(ap);
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 /* ------------------------------------------------------------------ processes */
 
@@ -92,7 +80,8 @@ static struct proc MS = {.tag = "metaserver"}, NA = {.tag = "node-a"}, NB = {.ta
 static pid_t raw_pid;
 static char logdir[64];
 
-static void kill_all(void)
+/* async-signal-safe: kill(2) and waitpid(2) only */
+static void kill_procs(void)
 {
     struct proc *all[] = {&NB, &NA, &MS};
     for (int i = 0; i < 3; i++)
@@ -106,16 +95,18 @@ static void kill_all(void)
         waitpid(raw_pid, NULL, 0);
         raw_pid = 0;
     }
-    if (ns_made) {
-        ns_made = false;
-        sh("ip netns del %s 2>/dev/null", ns_a);
-        sh("ip netns del %s 2>/dev/null", ns_b);
-    }
+}
+
+static void kill_all(void)
+{
+    kill_procs();
+    pft_netpair_cleanup(&np);
 }
 
 static void on_signal(int sig)
 {
-    kill_all();
+    kill_procs();
+    pft_netpair_cleanup_signal(&np);
     _exit(128 + sig);
 }
 
@@ -209,63 +200,12 @@ static double metric(struct proc *p, const char *ip, const char *name)
 
 /* ------------------------------------------------------------------ namespaces */
 
-static int ns_setup(void)
-{
-    int id = (int)(getpid() % 100000);
-    snprintf(ns_a, sizeof(ns_a), "pfp2p-a-%d", id);
-    snprintf(ns_b, sizeof(ns_b), "pfp2p-b-%d", id);
-    snprintf(veth_a, sizeof(veth_a), "pfpa%d", id);
-    snprintf(veth_b, sizeof(veth_b), "pfpb%d", id);
-    snprintf(ip_a, sizeof(ip_a), "10.214.%d.1", id % 250);
-    snprintf(ip_b, sizeof(ip_b), "10.214.%d.2", id % 250);
-    if (sh("ip netns add %s", ns_a))
-        return -1;
-    ns_made = true;
-    if (sh("ip netns add %s", ns_b) ||
-        sh("ip link add %s netns %s type veth peer name %s netns %s", veth_a, ns_a, veth_b, ns_b) ||
-        sh("ip -n %s addr add %s/24 dev %s", ns_a, ip_a, veth_a) ||
-        sh("ip -n %s addr add %s/24 dev %s", ns_b, ip_b, veth_b) ||
-        sh("ip -n %s link set lo up && ip -n %s link set %s up", ns_a, ns_a, veth_a) ||
-        sh("ip -n %s link set lo up && ip -n %s link set %s up", ns_b, ns_b, veth_b)) {
-        kill_all();
-        return -1;
-    }
-    return 0;
-}
-
-static int ns_enter(const char *name)
-{
-    char path[128];
-    snprintf(path, sizeof(path), "/var/run/netns/%s", name);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -errno;
-    int rc = setns(fd, CLONE_NEWNET) ? -errno : 0;
-    close(fd);
-    return rc;
-}
-
 /* ------------------------------------------------------------------ raw TCP baseline */
-
-static int xread(int fd, void *buf, size_t len)
-{
-    uint8_t *p = buf;
-    while (len) {
-        ssize_t n = read(fd, p, len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return -1;
-        p += n;
-        len -= (size_t)n;
-    }
-    return 0;
-}
 
 /* Child in A's namespace: streams size bytes per connection in the chunk the reader names. */
 static void raw_sender(int ctl, uint64_t size)
 {
-    if (ns_made && ns_enter(ns_a))
+    if (np.made && pft_netns_enter(np.ns[0]))
         _exit(1);
     uint8_t *src = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (src == MAP_FAILED)
@@ -273,7 +213,7 @@ static void raw_sender(int ctl, uint64_t size)
     pft_fill(src, size, seed, 99);
     int lfd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in sa = {.sin_family = AF_INET};
-    inet_pton(AF_INET, ip_a, &sa.sin_addr);
+    inet_pton(AF_INET, np.ip[0], &sa.sin_addr);
     if (bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) || listen(lfd, 4))
         _exit(1);
     socklen_t sl = sizeof(sa);
@@ -308,7 +248,7 @@ static double raw_round(uint64_t size, uint64_t chunk)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(raw_port)};
-    inet_pton(AF_INET, ip_a, &sa.sin_addr);
+    inet_pton(AF_INET, np.ip[0], &sa.sin_addr);
     uint64_t t0 = pf_now_ns();
     if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) ||
         send(fd, &chunk, sizeof(chunk), MSG_NOSIGNAL) != sizeof(chunk))
@@ -448,7 +388,7 @@ static double fetch_on_b(const char *inst, const char *req, uint64_t space, uint
 static void cleanup_b(void)
 {
     char *body = NULL;
-    if (pft_http(ip_b, NB.http_port, "POST", "/cache/memory/cleanup", &body) != 200)
+    if (pft_http(np.ip[1], NB.http_port, "POST", "/cache/memory/cleanup", &body) != 200)
         die("B cleanup failed");
     free(body);
 }
@@ -546,16 +486,16 @@ int main(int argc, char **argv)
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     signal(SIGPIPE, SIG_IGN);
-    bool netns = !o.loopback && geteuid() == 0 && ns_setup() == 0;
-    const char *nic_a = ip_a, *nic_b = ip_b;
+    bool netns = !o.loopback && geteuid() == 0 && pft_netpair_setup(&np, "pfp2p", 214) == 0;
+    const char *nic_a = np.ip[0], *nic_b = np.ip[1];
     if (netns) {
-        NA.ns = MS.ns = ns_a;
-        NB.ns = ns_b;
-        nic_a = veth_a;
-        nic_b = veth_b;
+        NA.ns = MS.ns = np.ns[0];
+        NB.ns = np.ns[1];
+        nic_a = np.veth[0];
+        nic_b = np.veth[1];
     } else {
-        snprintf(ip_a, sizeof(ip_a), "127.0.0.2");
-        snprintf(ip_b, sizeof(ip_b), "127.0.0.3");
+        snprintf(np.ip[0], sizeof(np.ip[0]), "127.0.0.2");
+        snprintf(np.ip[1], sizeof(np.ip[1]), "127.0.0.3");
     }
     char szs[32];
     pf_format_size(o.size, szs, sizeof(szs));
@@ -575,14 +515,14 @@ int main(int argc, char **argv)
         raw_sender(ctl[1], o.size);
     }
     close(ctl[1]);
-    if (xread(ctl[0], &raw_port, sizeof(raw_port)))
+    if (pft_read_full(ctl[0], &raw_port, sizeof(raw_port)))
         die("raw sender did not start");
 
     char pool[32], qps[8], meta[96];
     pf_format_size(o.size + (64ull << 20), pool, sizeof(pool));
     snprintf(qps, sizeof(qps), "%d", o.qps);
     const char *ms_args[] = {"--node-stale-secs", "30", NULL};
-    spawn(&MS, "pegaflow-metaserver", ip_a, ms_args);
+    spawn(&MS, "pegaflow-metaserver", np.ip[0], ms_args);
     snprintf(meta, sizeof(meta), "http://%s", MS.addr);
     const char *a_args[] = {"--gpu-backend",
                             "sim",
@@ -601,7 +541,7 @@ int main(int argc, char **argv)
                             "--integrity",
                             o.integrity,
                             NULL};
-    spawn(&NA, "pegaflow-server", ip_a, a_args);
+    spawn(&NA, "pegaflow-server", np.ip[0], a_args);
     const char *b_args[] = {"--gpu-backend",
                             "sim",
                             "--sim-gpus",
@@ -619,9 +559,9 @@ int main(int argc, char **argv)
                             "--integrity",
                             o.integrity,
                             NULL};
-    spawn(&NB, "pegaflow-server", ip_b, b_args);
-    if (netns && ns_enter(ns_b))
-        die("cannot enter %s", ns_b);
+    spawn(&NB, "pegaflow-server", np.ip[1], b_args);
+    if (netns && pft_netns_enter(np.ns[1]))
+        die("cannot enter %s", np.ns[1]);
     raw_dst = mmap(NULL, o.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     memset(raw_dst, 0, o.size);
     if (pf_client_connect(NA.addr, &ca) || pf_client_connect(NB.addr, &cb))
@@ -648,17 +588,18 @@ int main(int argc, char **argv)
             cleanup_b();
             char req[64];
             snprintf(req, sizeof(req), "tput-%llu-%d", (unsigned long long)bs, k);
-            double ok0 = metric(&NB, ip_b, "pegaflow_rdma_fetch_total{status=\"ok\"}");
-            double d0 = metric(&NB, ip_b, "pegaflow_rdma_fetch_duration_seconds_sum");
+            double ok0 = metric(&NB, np.ip[1], "pegaflow_rdma_fetch_total{status=\"ok\"}");
+            double d0 = metric(&NB, np.ip[1], "pegaflow_rdma_fetch_duration_seconds_sum");
             uint32_t hits = 0;
             double s = fetch_on_b(ib, req, bs, 0, n, &hits);
             if (hits != n)
                 die("%s: %u of %llu blocks fetched", req, hits, (unsigned long long)n);
-            if (metric(&NB, ip_b, "pegaflow_rdma_fetch_total{status=\"ok\"}") != ok0 + 1)
+            if (metric(&NB, np.ip[1], "pegaflow_rdma_fetch_total{status=\"ok\"}") != ok0 + 1)
                 die("%s: not one successful remote fetch", req);
             r->p2p[k] = (double)o.size / s / 1e9;
             r->srv[k] = (double)o.size /
-                        (metric(&NB, ip_b, "pegaflow_rdma_fetch_duration_seconds_sum") - d0) / 1e9;
+                        (metric(&NB, np.ip[1], "pegaflow_rdma_fetch_duration_seconds_sum") - d0) /
+                        1e9;
             double c = raw_round(o.size, bs), w = raw_round(o.size, o.size);
             r->raw[k] = (double)o.size / (c < w ? c : w) / 1e9;
         }
@@ -672,7 +613,7 @@ int main(int argc, char **argv)
         printf("\n");
         fflush(stdout);
     }
-    if (metric(&NB, ip_b, "pegaflow_integrity_failures_total{tier=\"remote\"}") != 0)
+    if (metric(&NB, np.ip[1], "pegaflow_integrity_failures_total{tier=\"remote\"}") != 0)
         die("integrity failures during the benchmark");
 
     /* latency of a 16-block prefix */
@@ -692,8 +633,8 @@ int main(int argc, char **argv)
         char ia[64], ib[64];
         snprintf(ia, sizeof(ia), "a-%llu", (unsigned long long)bs);
         snprintf(ib, sizeof(ib), "b-%llu", (unsigned long long)bs);
-        double s0 = metric(&NB, ip_b, "pegaflow_rdma_fetch_duration_seconds_sum");
-        double c0 = metric(&NB, ip_b, "pegaflow_rdma_fetch_duration_seconds_count");
+        double s0 = metric(&NB, np.ip[1], "pegaflow_rdma_fetch_duration_seconds_sum");
+        double c0 = metric(&NB, np.ip[1], "pegaflow_rdma_fetch_duration_seconds_count");
         for (int k = 0; k < o.lat_reps; k++) {
             uint64_t h0 = 1000000 + (uint64_t)k * 16;
             save(ia, bs, h0, 0, 16);
@@ -705,8 +646,8 @@ int main(int argc, char **argv)
             if (hits != 16)
                 die("%s: %u of 16 blocks", req, hits);
         }
-        double s1 = metric(&NB, ip_b, "pegaflow_rdma_fetch_duration_seconds_sum");
-        double c1 = metric(&NB, ip_b, "pegaflow_rdma_fetch_duration_seconds_count");
+        double s1 = metric(&NB, np.ip[1], "pegaflow_rdma_fetch_duration_seconds_sum");
+        double c1 = metric(&NB, np.ip[1], "pegaflow_rdma_fetch_duration_seconds_count");
         r->lat_p50 = pct(r->lat, o.lat_reps, 0.5);
         r->lat_p99 = pct(r->lat, o.lat_reps, 0.99);
         r->lat_srv_ms = c1 > c0 ? (s1 - s0) / (c1 - c0) * 1e3 : 0;
