@@ -16,9 +16,27 @@ static double now_s(void)
     return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
 
+static int usage(void)
+{
+    fprintf(stderr, "usage: cache [--blocks N (>= 8192, default 1000000)] [--json FILE]\n");
+    return 2;
+}
+
 int main(int argc, char **argv)
 {
-    size_t n = argc > 1 ? strtoull(argv[1], NULL, 10) : 1000000;
+    size_t n = 1000000;
+    const char *json = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--blocks") && i + 1 < argc)
+            n = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--json") && i + 1 < argc)
+            json = argv[++i];
+        else
+            return usage();
+    }
+    if (n < 8192)
+        return usage();
+    double per_key_ns[2] = {0, 0};
     struct pf_cache *c;
     pf_cache_create(NULL, &c);
     struct pf_block_key *keys = malloc(n * sizeof(*keys));
@@ -46,6 +64,19 @@ int main(int argc, char **argv)
         double dt = (now_s() - t0) / iters;
         printf("prefix lookup of %zu keys among %zu resident: %.1f us (%.0f ns/key)\n", qn[k], n,
                dt * 1e6, dt * 1e9 / (double)qn[k]);
+        per_key_ns[k] = dt * 1e9 / (double)qn[k];
+    }
+    if (json) {
+        FILE *f = fopen(json, "w");
+        if (!f) {
+            perror(json);
+            return 1;
+        }
+        fprintf(f,
+                "{\"bench\":\"cache\",\"resident\":%zu,\"ns_per_key_1\":%.1f,"
+                "\"ns_per_key_4096\":%.1f}\n",
+                n, per_key_ns[0], per_key_ns[1]);
+        fclose(f);
     }
     pf_cache_destroy(c);
     free(keys);

@@ -155,6 +155,10 @@ int main(int argc, char **argv)
             json = argv[++i];
         else if (strcmp(argv[i], "--quick") == 0)
             quick = 1;
+        else {
+            fprintf(stderr, "usage: engine [--quick] [--json FILE]\n");
+            return 2;
+        }
     }
     const uint64_t TOTAL = quick ? (128ull << 20) : (1ull << 30);
     const uint64_t NBLK_META = quick ? 100000 : 1000000;

@@ -483,8 +483,8 @@ int main(int argc, char **argv)
     const char *bin = getenv("PF_BIN");
     snprintf(defpath, sizeof(defpath), "%s/pegaflow-metaserver", bin ? bin : "build/rel/bin");
     ms_path = defpath;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        const char *k = argv[i], *v = argv[i + 1];
+    for (int i = 1; i < argc; i += 2) {
+        const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(k, "--keys"))
             nkeys = atol(v);
         else if (!strcmp(k, "--nodes"))
