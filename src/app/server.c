@@ -257,8 +257,6 @@ static int start_services(struct server_app *a)
         .nmethods = pf_engine_nmethods,
         .ctx = &a->svc,
         .metric_prefix = "pegaflow",
-        .unimplemented = pf_engine_unimplemented,
-        .nunimplemented = pf_engine_nunimplemented,
     };
     rc = pf_rpc_server_start(&rc_cfg, &a->rpc, &port, err, sizeof(err));
     if (rc) {

@@ -534,6 +534,3 @@ const struct pf_rpc_method pf_engine_methods[] = {
      .unary = h_handshake},
 };
 const size_t pf_engine_nmethods = sizeof(pf_engine_methods) / sizeof(pf_engine_methods[0]);
-
-const char *const pf_engine_unimplemented[] = {""};
-const size_t pf_engine_nunimplemented = 0;

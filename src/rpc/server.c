@@ -208,12 +208,7 @@ static void on_new_call(struct pf_rpc_call *c)
         size_t l = GRPC_SLICE_LENGTH(c->details.method);
         snprintf(path, sizeof(path), "%.*s", (int)(l < 200 ? l : 200),
                  (const char *)GRPC_SLICE_START_PTR(c->details.method));
-        bool known = false;
-        for (size_t i = 0; i < s->cfg.nunimplemented; i++)
-            if (strcmp(path, s->cfg.unimplemented[i]) == 0)
-                known = true;
-        pf_rpc_fail(c, PF_GRPC_UNIMPLEMENTED,
-                    known ? "%s is not implemented by this server yet" : "unknown method %s", path);
+        pf_rpc_fail(c, PF_GRPC_UNIMPLEMENTED, "unknown method %s", path);
         finish(c, true);
         return;
     }

@@ -99,10 +99,6 @@ struct pf_rpc_server_config {
     size_t nmethods;
     void *ctx;                 /* handlers' first argument */
     const char *metric_prefix; /* "pegaflow" or "pegaflow_metaserver" */
-    /* Paths known to the service but not built yet: answered UNIMPLEMENTED with a
-     * message saying so (unknown paths get a generic UNIMPLEMENTED). */
-    const char *const *unimplemented;
-    size_t nunimplemented;
 };
 
 struct pf_rpc_server;

@@ -24,10 +24,8 @@ struct pf_engine_service {
     _Atomic bool stopping;
 };
 
-/* Method table and the paths of Engine RPCs this build does not serve. */
+/* Method table of the Engine service (every RPC of proto/engine.proto's Engine). */
 extern const struct pf_rpc_method pf_engine_methods[];
 extern const size_t pf_engine_nmethods;
-extern const char *const pf_engine_unimplemented[];
-extern const size_t pf_engine_nunimplemented;
 
 #endif
