@@ -385,10 +385,14 @@ out:
     pf_p2p_stop(a->p2p); /* connections dropped, locks released, pool deregistered */
     if (a->meta)
         pf_server_meta_detach();
-    pf_meta_client_destroy(a->meta); /* UnregisterNode, bounded by 3 s */
-    pf_ssd_stop(a->ssd);             /* releases its blocks; the engine may still call the tier */
+    /* UnregisterNode, bounded by 3 s; the memory stays until the engine's threads are gone:
+     * a hook that loaded the client just before the detach may still call it (and is
+     * refused, -ESHUTDOWN) */
+    pf_meta_client_stop(a->meta);
+    pf_ssd_stop(a->ssd); /* releases its blocks; the engine may still call the tier */
     pf_engine_destroy(a->svc.engine);
     pf_p2p_destroy(a->p2p); /* after the prefetch threads (inside the tier until then) */
+    pf_meta_client_destroy(a->meta);
     pf_ssd_destroy(a->ssd);
     pf_blk_close(a->blk);
     pf_net_close(a->net);

@@ -154,6 +154,7 @@ struct pf_prefetch_task {
     struct pf_hnode hnode;
     _Atomic int refs;
     char *req_id;
+    char *instance; /* the key is (instance, req_id) */
     uint64_t created_ns;
     struct pf_block_key *keys; /* the suffix after the RAM prefix */
     size_t n;
@@ -246,13 +247,16 @@ int pf_insert_post(struct pf_engine *e, struct pf_insert_batch *b);
 /* prefetch.c */
 int pf_prefetch_start(struct pf_engine *e);
 void pf_prefetch_stop(struct pf_engine *e);
-/* Looks the req_id up: 0 no task, 1 running (answer Loading), 2 done (*task_p detached and
- * returned with a reference). */
-int pf_prefetch_take(struct pf_engine *e, const char *req_id, struct pf_prefetch_task **task_p);
-/* Starts a task owning prefix[0..nprefix) references; returns 0 or -errno (then the
- * references are still the caller's). */
-int pf_prefetch_begin(struct pf_engine *e, const char *req_id, const struct pf_block_key *keys,
-                      size_t n, struct pf_block **prefix, size_t nprefix, bool wait_full);
+/* Looks (instance, req_id) up: 0 no task, 1 running (answer Loading), 2 done (*task_p
+ * detached and returned with a reference). Another instance's task of the same req_id is
+ * never seen. */
+int pf_prefetch_take(struct pf_engine *e, const char *instance, const char *req_id,
+                     struct pf_prefetch_task **task_p);
+/* Starts a task of (instance, req_id) owning prefix[0..nprefix) references; returns 0 or
+ * -errno (then the references are still the caller's). */
+int pf_prefetch_begin(struct pf_engine *e, const char *instance, const char *req_id,
+                      const struct pf_block_key *keys, size_t n, struct pf_block **prefix,
+                      size_t nprefix, bool wait_full);
 void pf_prefetch_task_put(struct pf_prefetch_task *t);
 size_t pf_prefetch_gc(struct pf_engine *e, uint64_t max_age_ns);
 /* Which tier would serve keys (index, count) or -1. */

@@ -1,6 +1,6 @@
 /* Prefetch tasks: when a prefix query misses in RAM and a backing tier may hold the rest,
- * a task keyed by req_id fetches it in the background (a small pool of prefetch threads)
- * while queries for that req_id answer Loading. The next query after completion consumes
+ * a task keyed by (instance, req_id) fetches it in the background (a small pool of prefetch
+ * threads) while queries for that req_id answer Loading. The next query after completion consumes
  * the task (query.c promotes the blocks and creates the lease). Tasks are refcounted
  * between the registry and the worker running them, so a task dropped by the stale GC
  * while a fetch is still running is freed when the fetch returns. */
@@ -14,9 +14,12 @@
 #include "pf/log.h"
 #include "pf/util.h"
 
-static uint64_t req_hash(const char *req_id)
+/* Tasks are keyed by (instance, req_id): request ids are only unique within one vLLM
+ * instance, and a task's blocks belong to that instance's namespace. */
+static uint64_t req_hash(const char *instance, const char *req_id)
 {
-    return pf_hash64(req_id, strlen(req_id));
+    uint64_t a = pf_hash64(instance, strlen(instance)), b = pf_hash64(req_id, strlen(req_id));
+    return a ^ (b * 0x9e3779b97f4a7c15ull + (a << 6) + (a >> 2));
 }
 
 void pf_prefetch_task_put(struct pf_prefetch_task *t)
@@ -31,17 +34,19 @@ void pf_prefetch_task_put(struct pf_prefetch_task *t)
     free(t->fetched);
     free(t->keys);
     free(t->req_id);
+    free(t->instance);
     free(t);
 }
 
-static struct pf_prefetch_task *find_locked(struct pf_engine *e, const char *req_id)
+static struct pf_prefetch_task *find_locked(struct pf_engine *e, const char *instance,
+                                            const char *req_id)
 {
-    uint64_t h = req_hash(req_id);
+    uint64_t h = req_hash(instance, req_id);
     struct pf_hnode *n;
     pf_htable_for_each_hash(&e->pf_tasks, n, h)
     {
         struct pf_prefetch_task *t = pf_container_of(n, struct pf_prefetch_task, hnode);
-        if (strcmp(t->req_id, req_id) == 0)
+        if (strcmp(t->req_id, req_id) == 0 && strcmp(t->instance, instance) == 0)
             return t;
     }
     return NULL;
@@ -101,11 +106,12 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-int pf_prefetch_take(struct pf_engine *e, const char *req_id, struct pf_prefetch_task **task_p)
+int pf_prefetch_take(struct pf_engine *e, const char *instance, const char *req_id,
+                     struct pf_prefetch_task **task_p)
 {
     int r = 0;
     pthread_mutex_lock(&e->pf_mu);
-    struct pf_prefetch_task *t = find_locked(e, req_id);
+    struct pf_prefetch_task *t = find_locked(e, instance, req_id);
     if (t && !t->done) {
         r = 1;
     } else if (t) {
@@ -118,17 +124,20 @@ int pf_prefetch_take(struct pf_engine *e, const char *req_id, struct pf_prefetch
     return r;
 }
 
-int pf_prefetch_begin(struct pf_engine *e, const char *req_id, const struct pf_block_key *keys,
-                      size_t n, struct pf_block **prefix, size_t nprefix, bool wait_full)
+int pf_prefetch_begin(struct pf_engine *e, const char *instance, const char *req_id,
+                      const struct pf_block_key *keys, size_t n, struct pf_block **prefix,
+                      size_t nprefix, bool wait_full)
 {
     struct pf_prefetch_task *t = calloc(1, sizeof(*t));
     if (!t)
         return -ENOMEM;
     t->req_id = strdup(req_id);
+    t->instance = strdup(instance);
     t->keys = malloc(n * sizeof(*keys));
     t->prefix = malloc((nprefix ? nprefix : 1) * sizeof(*prefix));
-    if (!t->req_id || !t->keys || !t->prefix) {
+    if (!t->req_id || !t->instance || !t->keys || !t->prefix) {
         free(t->req_id);
+        free(t->instance);
         free(t->keys);
         free(t->prefix);
         free(t);
@@ -142,7 +151,7 @@ int pf_prefetch_begin(struct pf_engine *e, const char *req_id, const struct pf_b
     t->created_ns = pf_now_ns();
     atomic_init(&t->refs, 2); /* registry + worker */
     pthread_mutex_lock(&e->pf_mu);
-    if (find_locked(e, req_id)) {
+    if (find_locked(e, instance, req_id)) {
         pthread_mutex_unlock(&e->pf_mu);
         t->nprefix = 0; /* references stay with the caller */
         atomic_store(&t->refs, 1);
@@ -150,7 +159,7 @@ int pf_prefetch_begin(struct pf_engine *e, const char *req_id, const struct pf_b
         return -EEXIST;
     }
     t->attached = true;
-    pf_htable_insert(&e->pf_tasks, &t->hnode, req_hash(req_id));
+    pf_htable_insert(&e->pf_tasks, &t->hnode, req_hash(instance, req_id));
     pthread_mutex_unlock(&e->pf_mu);
     int rc = pf_queue_push(&e->pf_q, t);
     if (rc) {

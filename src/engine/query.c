@@ -116,7 +116,13 @@ int pf_engine_query(struct pf_engine *e, const struct pf_engine_query *q,
     /* a finished background fetch for this req_id answers first (with its original
      * hashes, as the reference does); a running one answers Loading */
     struct pf_prefetch_task *t = NULL;
-    int st = e->ntiers ? pf_prefetch_take(e, q->req_id, &t) : 0;
+    int st = e->ntiers ? pf_prefetch_take(e, q->instance_id, q->req_id, &t) : 0;
+    if (st == 2 && t->n && t->keys[0].ns != in->ns_id) {
+        /* left by an earlier registration of this instance id in another namespace */
+        pf_prefetch_task_put(t);
+        t = NULL;
+        st = 0;
+    }
     if (st == 1) {
         res->loading = true;
         goto out;
@@ -134,8 +140,8 @@ int pf_engine_query(struct pf_engine *e, const struct pf_engine_query *q,
         size_t cnt = 0;
         int tier = pf_prefetch_probe(e, q->req_id, keys + hits, q->n - hits,
                                      q->wait_for_full_prefix, &cnt);
-        if (tier >= 0 && pf_prefetch_begin(e, q->req_id, keys + hits, q->n - hits, blocks, hits,
-                                           q->wait_for_full_prefix) == 0) {
+        if (tier >= 0 && pf_prefetch_begin(e, q->instance_id, q->req_id, keys + hits, q->n - hits,
+                                           blocks, hits, q->wait_for_full_prefix) == 0) {
             pf_child_add(pf_metric_child1(e->m_tier, e->tiers[tier].name), (double)cnt);
             pf_child_add(pf_metric_child1(e->m_tier, "miss"), (double)(q->n - hits - cnt));
             res->loading = true;

@@ -56,6 +56,7 @@ struct pf_meta_client {
     uint64_t flush_req, flush_done;
     bool stop;
     bool joined;
+    bool probe_req; /* a query found the MetaServer unreachable: heartbeat now to confirm */
     pthread_t th;
 
     /* thread-owned */
@@ -463,6 +464,11 @@ static void *client_main(void *arg)
         for (;;) {
             uint64_t now = pf_now_ns();
             uint64_t wake = c->next_hb_ns < c->next_refresh_ns ? c->next_hb_ns : c->next_refresh_ns;
+            if (c->probe_req) {
+                c->probe_req = false;
+                c->next_hb_ns = now;
+                break;
+            }
             if (c->stop || c->count || c->flush_req != c->flush_done || now >= wake ||
                 (c->resync_pending && c->session))
                 break;
@@ -706,6 +712,11 @@ int pf_meta_client_query_prefix(struct pf_meta_client *c, const char *ns,
 {
     if (!c || !ns || !*ns || n == 0 || !hashes)
         return -EINVAL;
+    pthread_mutex_lock(&c->mu);
+    bool stopped = c->stop;
+    pthread_mutex_unlock(&c->mu);
+    if (stopped)
+        return -ESHUTDOWN;
     Pegaflow__QueryPrefixBlocksRequest req = PEGAFLOW__QUERY_PREFIX_BLOCKS_REQUEST__INIT;
     req.namespace_ = (char *)ns;
     req.n_block_hashes = n;
@@ -718,6 +729,15 @@ int pf_meta_client_query_prefix(struct pf_meta_client *c, const char *ns,
         pf_metric_add(m_query_fail, 1);
         pf_log_ratelimited(PF_LOG_DEBUG, 5000, "QueryPrefixBlocks failed: %s: %s",
                            pf_grpc_code_name(st.code), st.msg);
+        /* unreachable or hung: let the heartbeat confirm at once, so that further queries
+         * are skipped (pf_meta_client_connected) instead of each waiting its deadline */
+        if ((st.code == PF_GRPC_UNAVAILABLE || st.code == PF_GRPC_DEADLINE_EXCEEDED) &&
+            atomic_load(&c->connected)) {
+            pthread_mutex_lock(&c->mu);
+            c->probe_req = true;
+            pthread_cond_signal(&c->wake);
+            pthread_mutex_unlock(&c->mu);
+        }
         return rc;
     }
     Pegaflow__QueryPrefixBlocksResponse *resp = (Pegaflow__QueryPrefixBlocksResponse *)m;

@@ -228,11 +228,14 @@ static int discover(struct fetch *f, size_t n, bool all_or_nothing)
         int qrc = p->tr->query_prefix(p->tr->ctx, ns, h, n, PF_P2P_META_TIMEOUT_MS, &res, &nres);
         p2p_meta_exit(p);
         if (qrc) {
+            /* a MetaServer error means "no remote", even with wait_for_full_prefix: polling a
+             * dead or hung MetaServer would hold the request for the whole wait */
             pf_debug("req %s: MetaServer query failed: %s", f->req_id, strerror(-qrc));
             pf_log_ratelimited(PF_LOG_WARN, 10000,
                                "MetaServer query failed (%s): no remote discovery, the request "
                                "proceeds without remote blocks",
                                strerror(-qrc));
+            break;
         } else {
             ptrdiff_t b = pf_meta_prefix_best(res, nres, p->self_addr);
             if (b >= 0 && strlen(res[b].node) < sizeof(f->peer) &&

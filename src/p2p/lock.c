@@ -79,7 +79,9 @@ static size_t take_locked(struct pf_p2p_locks *l, bool all, uint64_t now, struct
         while (h && k < max) {
             struct pf_hnode *next = h->next;
             struct lock_session *s = pf_container_of(h, struct lock_session, node);
-            if (all || now - s->created_ns >= l->timeout_ns) {
+            /* now was read before the lock: a session created since is younger, not
+             * 2^64 ns old */
+            if (all || (now > s->created_ns && now - s->created_ns >= l->timeout_ns)) {
                 pf_htable_remove(&l->t, h);
                 l->nblocks -= s->n;
                 *blocks_p += s->n;

@@ -111,13 +111,17 @@ static void *p2p_main(void *arg)
     uint64_t drain_until = 0;
     pthread_mutex_lock(&p->wk_mu);
     for (;;) {
+        /* stopping: what is left of the queue shares STOP_DRAIN_MS (checked on every pass:
+         * stop may come while a release is being sent) */
+        if (p->wk_stop && !drain_until)
+            drain_until = pf_now_ns() + STOP_DRAIN_MS * PF_NS_PER_MS;
         struct pf_list *n = pf_list_empty(&p->rel_q) ? NULL : p->rel_q.next;
         if (n) {
             pf_list_del(n);
             pthread_mutex_unlock(&p->wk_mu);
             struct p2p_release *r = pf_container_of(n, struct p2p_release, link);
             uint64_t tmo = QUEUED_RELEASE_MS;
-            if (drain_until) { /* stopping: what is left shares STOP_DRAIN_MS */
+            if (drain_until) {
                 uint64_t now = pf_now_ns();
                 tmo = now < drain_until ? (drain_until - now) / PF_NS_PER_MS + 1 : 1;
             }
@@ -142,8 +146,6 @@ static void *p2p_main(void *arg)
         }
         struct timespec ts = pf_ns_to_timespec(next);
         pthread_cond_timedwait(&p->wk_cv, &p->wk_mu, &ts);
-        if (p->wk_stop && !drain_until)
-            drain_until = pf_now_ns() + STOP_DRAIN_MS * PF_NS_PER_MS;
     }
     pthread_mutex_unlock(&p->wk_mu);
     return NULL;

@@ -538,23 +538,10 @@ static void sc_http(void)
 int main(int argc, char **argv)
 {
     seed = world_seed = pft_seed();
-    static const struct {
-        const char *name;
-        void (*fn)(void);
-    } sc[] = {{"roundtrip", sc_roundtrip},
-              {"eviction", sc_eviction},
-              {"errors", sc_errors},
-              {"session", sc_session},
-              {"http", sc_http}};
-    for (size_t i = 0; i < sizeof(sc) / sizeof(sc[0]); i++) {
-        bool run = argc < 2;
-        for (int a = 1; a < argc; a++)
-            run |= strcmp(argv[a], sc[i].name) == 0;
-        if (!run)
-            continue;
-        fprintf(stderr, "scenario %s\n", sc[i].name);
-        sc[i].fn();
-    }
-    fprintf(stderr, "all scenarios passed\n");
-    return 0;
+    static const struct pft_scenario sc[] = {{"roundtrip", sc_roundtrip},
+                                             {"eviction", sc_eviction},
+                                             {"errors", sc_errors},
+                                             {"session", sc_session},
+                                             {"http", sc_http}};
+    return pft_run_scenarios(sc, sizeof(sc) / sizeof(sc[0]), argv + 1, argc - 1);
 }

@@ -820,10 +820,7 @@ static void sc_evict(void)
     world_free(&wb);
 }
 
-static const struct {
-    const char *name;
-    void (*fn)(void);
-} scenarios[] = {
+static const struct pft_scenario scenarios[] = {
     {"basic", sc_basic},           {"mutual", sc_mutual},   {"three", sc_three},
     {"metaserver", sc_metaserver}, {"kill", sc_kill},       {"timeout", sc_timeout},
     {"expire", sc_expire},         {"corrupt", sc_corrupt}, {"evict", sc_evict},
@@ -840,18 +837,5 @@ int main(int argc, char **argv)
     env_node(&NB, "B");
     env_node(&NC, "C");
     signal(SIGPIPE, SIG_IGN);
-    for (size_t i = 0; i < PF_ARRAY_SIZE(scenarios); i++) {
-        bool run = argc < 2;
-        for (int k = 1; k < argc; k++)
-            run |= strcmp(argv[k], scenarios[i].name) == 0;
-        if (!run)
-            continue;
-        uint64_t t0 = pft_now_ms();
-        fprintf(stderr, "== %s\n", scenarios[i].name);
-        scenarios[i].fn();
-        fprintf(stderr, "   %s passed in %.1f s\n", scenarios[i].name,
-                (double)(pft_now_ms() - t0) / 1000);
-    }
-    fprintf(stderr, "PASS\n");
-    return 0;
+    return pft_run_scenarios(scenarios, PF_ARRAY_SIZE(scenarios), argv + 1, argc - 1);
 }

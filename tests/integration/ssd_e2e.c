@@ -430,23 +430,10 @@ int main(int argc, char **argv)
     seed = world_seed = pft_seed();
     world_hash_base = 5000000;
     world_tmo = TMO;
-    static const struct {
-        const char *name;
-        void (*fn)(void);
-    } sc[] = {{"spill", sc_spill},
-              {"wrap", sc_wrap},
-              {"faults", sc_faults},
-              {"queuefull", sc_queuefull},
-              {"restart", sc_restart}};
-    for (size_t i = 0; i < PF_ARRAY_SIZE(sc); i++) {
-        bool run = argc < 3;
-        for (int a = 2; a < argc; a++)
-            run |= strcmp(argv[a], sc[i].name) == 0;
-        if (!run)
-            continue;
-        fprintf(stderr, "scenario %s\n", sc[i].name);
-        sc[i].fn();
-    }
-    fprintf(stderr, "all scenarios passed\n");
-    return 0;
+    static const struct pft_scenario sc[] = {{"spill", sc_spill},
+                                             {"wrap", sc_wrap},
+                                             {"faults", sc_faults},
+                                             {"queuefull", sc_queuefull},
+                                             {"restart", sc_restart}};
+    return pft_run_scenarios(sc, PF_ARRAY_SIZE(sc), argv + 2, argc - 2);
 }

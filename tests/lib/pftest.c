@@ -269,3 +269,32 @@ uint64_t pft_seed(void)
             (unsigned long long)s);
     return s;
 }
+
+int pft_run_scenarios(const struct pft_scenario *sc, size_t n, char *const *names, int nnames)
+{
+    for (int k = 0; k < nnames; k++) {
+        bool known = false;
+        for (size_t i = 0; i < n; i++)
+            known |= strcmp(names[k], sc[i].name) == 0;
+        if (!known) {
+            fprintf(stderr, "unknown scenario %s; known:", names[k]);
+            for (size_t i = 0; i < n; i++)
+                fprintf(stderr, " %s", sc[i].name);
+            fprintf(stderr, "\n");
+            return 2;
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        bool run = nnames == 0;
+        for (int k = 0; k < nnames; k++)
+            run |= strcmp(names[k], sc[i].name) == 0;
+        if (!run)
+            continue;
+        uint64_t t0 = pft_now_ms();
+        fprintf(stderr, "scenario %s\n", sc[i].name);
+        sc[i].fn();
+        fprintf(stderr, "  %s passed in %.1f s\n", sc[i].name, (double)(pft_now_ms() - t0) / 1000);
+    }
+    fprintf(stderr, "all scenarios passed\n");
+    return 0;
+}

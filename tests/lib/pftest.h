@@ -55,6 +55,16 @@ void pft_fill(void *buf, size_t len, uint64_t seed, uint64_t stream);
 uint64_t pft_seed(void); /* PF_TEST_SEED or time; printed */
 
 uint64_t pft_now_ms(void);
+
+/* A named scenario of an integration test. */
+struct pft_scenario {
+    const char *name;
+    void (*fn)(void);
+};
+/* Runs the scenarios named in names[0..nnames) in table order (every one when nnames is 0),
+ * each announced and timed on stderr, then prints "all scenarios passed". An unknown name
+ * runs nothing and returns 2 (a misspelt name must not pass by running nothing); else 0. */
+int pft_run_scenarios(const struct pft_scenario *sc, size_t n, char *const *names, int nnames);
 /* A whole file as a NUL-terminated string (caller frees), or NULL. */
 char *pft_read_file(const char *path);
 /* The port in "(port N)" after the first occurrence of marker in a server log, or 0. */

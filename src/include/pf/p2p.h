@@ -60,7 +60,7 @@ struct pf_p2p;
 #define PF_P2P_QP_DEPTH             128          /* outstanding READs per QP (HAL bound) */
 #define PF_P2P_HANDSHAKE_TIMEOUT_MS 10000
 #define PF_P2P_RPC_TIMEOUT_MS       5000
-#define PF_P2P_META_TIMEOUT_MS      5000
+#define PF_P2P_META_TIMEOUT_MS      1000 /* a healthy QueryPrefixBlocks takes < 1 ms */
 
 /* ------------------------------------------------------------------ transfer locks */
 

@@ -3,6 +3,7 @@
  * tasks (Loading -> Ready, promotion class, promoted callback, misses), hooks, and
  * unregister dropping leases. */
 #include <errno.h>
+#include <stdatomic.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -192,11 +193,14 @@ static size_t tier_probe(void *ctx, const char *req, const struct pf_block_key *
     }
     return strcmp(req, "tier-miss") == 0 ? n : c;
 }
+static atomic_bool shared_gate; /* holds the fetch of req "shared" until opened */
 static size_t tier_fetch(void *ctx, const char *req, const struct pf_block_key *k, size_t n,
                          bool all, struct pf_block **out)
 {
     if (strcmp(req, "tier-miss") == 0)
         return 0;
+    for (int i = 0; strcmp(req, "shared") == 0 && !atomic_load(&shared_gate) && i < 5000; i++)
+        usleep(1000);
     size_t c = tier_probe(ctx, req, k, n, all);
     for (size_t i = 0; i < c; i++) {
         struct pf_alloc *a;
@@ -275,6 +279,23 @@ static void test_tier(void **st)
     q.req_id = "plain";
     assert_int_equal(pf_engine_query(F.e, &q, &res, err, sizeof(err)), 0);
     assert_false(res.loading);
+    assert_int_equal(res.num_hit_blocks, 2);
+    release(&res);
+    /* tasks belong to (instance, req_id): another instance, in another namespace, asking
+     * with the same req_id while i1's task runs neither waits on it nor gets its blocks */
+    assert_int_equal(reg("i9", "ns-9", 0, 1, NULL), 0);
+    assert_int_equal(query("i1", "shared", 43, 2, &res), 0);
+    assert_true(res.loading);
+    assert_int_equal(query("i9", "shared", 0, 1, &res), 0);
+    assert_false(res.loading);
+    assert_int_equal(res.num_hit_blocks, 0);
+    assert_false(res.has_lease);
+    atomic_store(&shared_gate, true);
+    polls = 0;
+    do {
+        usleep(2000);
+        assert_int_equal(query("i1", "shared", 43, 2, &res), 0);
+    } while (res.loading && ++polls < 2000);
     assert_int_equal(res.num_hit_blocks, 2);
     release(&res);
 }
