@@ -199,9 +199,9 @@ err_put:
     return rc;
 }
 
-int pf_lease_consume(struct pf_lease_table *t, const uint8_t *id, size_t idlen,
-                     const char *instance_id, struct pf_block ***blocks_p, size_t *n_p, char *msg,
-                     size_t msglen)
+static int lease_take(struct pf_lease_table *t, const uint8_t *id, size_t idlen,
+                      const char *instance_id, bool share, struct pf_block ***blocks_p, size_t *n_p,
+                      char *msg, size_t msglen)
 {
     if (idlen != PF_LEASE_ID_LEN) {
         if (msg)
@@ -237,12 +237,48 @@ int pf_lease_consume(struct pf_lease_table *t, const uint8_t *id, size_t idlen,
     }
     *blocks_p = copy;
     *n_p = l->n;
-    if (--l->shares == 0) {
+    if (share && --l->shares == 0) {
         pf_htable_remove(&t->map, &l->hnode);
         gone = l;
         pf_metric_set(t->m_active, (double)t->map.count);
     }
 out:
+    pthread_mutex_unlock(&t->mu);
+    if (gone)
+        lease_free(gone);
+    return rc;
+}
+
+int pf_lease_consume(struct pf_lease_table *t, const uint8_t *id, size_t idlen,
+                     const char *instance_id, struct pf_block ***blocks_p, size_t *n_p, char *msg,
+                     size_t msglen)
+{
+    return lease_take(t, id, idlen, instance_id, true, blocks_p, n_p, msg, msglen);
+}
+
+int pf_lease_peek(struct pf_lease_table *t, const uint8_t *id, size_t idlen,
+                  const char *instance_id, struct pf_block ***blocks_p, size_t *n_p, char *msg,
+                  size_t msglen)
+{
+    return lease_take(t, id, idlen, instance_id, false, blocks_p, n_p, msg, msglen);
+}
+
+int pf_lease_commit(struct pf_lease_table *t, const uint8_t *id, size_t idlen)
+{
+    if (idlen != PF_LEASE_ID_LEN)
+        return -EINVAL;
+    struct lease *gone = NULL;
+    int rc = 0;
+    uint64_t now = pf_clock_now(t->clk);
+    pthread_mutex_lock(&t->mu);
+    struct lease *l = find(t, id);
+    if (!l || l->expires_ns <= now) {
+        rc = -ESTALE;
+    } else if (--l->shares == 0) {
+        pf_htable_remove(&t->map, &l->hnode);
+        gone = l;
+        pf_metric_set(t->m_active, (double)t->map.count);
+    }
     pthread_mutex_unlock(&t->mu);
     if (gone)
         lease_free(gone);

@@ -202,10 +202,12 @@ int pf_engine_load(struct pf_engine *e, const struct pf_engine_load *l, char *er
         rc = -ENOMEM;
         goto fail;
     }
+    /* every lease is checked against the request before any share is taken: a rejected
+     * Load leaves its leases as they were (the caller may retry it corrected) */
     size_t ndesc = 0;
     for (size_t i = 0; i < l->nloads; i++) {
-        rc = pf_lease_consume(e->leases, l->loads[i].lease.data, l->loads[i].lease.len, in->id,
-                              &leased[i].b, &leased[i].n, err, errlen);
+        rc = pf_lease_peek(e->leases, l->loads[i].lease.data, l->loads[i].lease.len, in->id,
+                           &leased[i].b, &leased[i].n, err, errlen);
         if (rc)
             goto fail;
         nleased = i + 1;
@@ -213,6 +215,13 @@ int pf_engine_load(struct pf_engine *e, const struct pf_engine_load *l, char *er
                         &ndesc, err, errlen);
         if (rc)
             goto fail;
+    }
+    for (size_t i = 0; i < l->nloads; i++) {
+        rc = pf_lease_commit(e->leases, l->loads[i].lease.data, l->loads[i].lease.len);
+        if (rc) {
+            snprintf(err, errlen, "query lease %zu expired or was used up by a concurrent load", i);
+            goto fail;
+        }
     }
     if (ndesc == 0) {
         pf_loadstate_set(&c->shm, 1);

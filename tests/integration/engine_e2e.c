@@ -349,6 +349,10 @@ static void sc_errors(void)
         pf_client_load(c, "err-inst", 0, 0, pf_loadstate_name(ls), badnames, &one, 1, &it, 1, TMO),
         INV, "layer zzz is not registered");
     pf_loadstate_destroy(ls);
+    /* the rejected loads took no share: every rank still loads the lease, byte-exact */
+    PFT_CHECK(world_load(c, &W, res.lease, 2, 5, NULL) == 0, "load after rejected loads: %s",
+              pf_last_error_message());
+    compare(&W, 1, &W, 5, 2);
     EXPECT(pf_client_release(c, (const uint8_t *)"0123456789abcdef", 16, TMO), FP,
            "unknown or expired");
     EXPECT(pf_client_unregister(c, "nope", TMO), FP, "not found");

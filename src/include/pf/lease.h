@@ -36,6 +36,17 @@ int pf_lease_create(struct pf_lease_table *t, const char *instance_id, struct pf
 int pf_lease_consume(struct pf_lease_table *t, const uint8_t *id, size_t idlen,
                      const char *instance_id, struct pf_block ***blocks_p, size_t *n_p, char *msg,
                      size_t msglen);
+
+/* Like pf_lease_consume without taking the share: the same checks and errors, the same new
+ * references. A caller that validates its request against the blocks first and only then
+ * takes the share (pf_lease_commit) leaves the lease intact when it rejects the request. */
+int pf_lease_peek(struct pf_lease_table *t, const uint8_t *id, size_t idlen,
+                  const char *instance_id, struct pf_block ***blocks_p, size_t *n_p, char *msg,
+                  size_t msglen);
+
+/* Takes one share of a lease (freed with its last share). 0; -ESTALE when it expired or
+ * was used up since the peek (a concurrent consumer); -EINVAL for a bad id length. */
+int pf_lease_commit(struct pf_lease_table *t, const uint8_t *id, size_t idlen);
 /* Removes the lease outright. 0, -EINVAL (bad length) or -ESTALE (unknown or expired). */
 int pf_lease_release(struct pf_lease_table *t, const uint8_t *id, size_t idlen);
 /* Drops every lease of the instance; returns how many. */

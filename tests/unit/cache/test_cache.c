@@ -239,6 +239,30 @@ static void test_leases(void **st)
     assert_int_equal(pf_lease_consume(t, id, 16, "other", &got, &n, msg, sizeof(msg)), -EPERM);
     assert_non_null(strstr(msg, "belongs to instance inst"));
     assert_int_equal(pf_lease_consume(t, id, 15, "inst", &got, &n, msg, sizeof(msg)), -EINVAL);
+    /* peek: the same references, no share taken (any number of times) */
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(pf_lease_peek(t, id, 16, "inst", &got, &n, msg, sizeof(msg)), 0);
+        assert_int_equal(n, 2);
+        assert_ptr_equal(got[1], b[1]);
+        for (size_t i = 0; i < n; i++)
+            pf_block_put(got[i]);
+        free(got);
+    }
+    assert_int_equal(pf_lease_peek(t, id, 16, "other", &got, &n, msg, sizeof(msg)), -EPERM);
+    assert_int_equal(pf_lease_commit(t, id, 15), -EINVAL);
+    /* commit takes a share: one commit and one consume use both up */
+    assert_int_equal(pf_lease_commit(t, id, 16), 0);
+    assert_int_equal(pf_lease_count(t), 1);
+    assert_int_equal(pf_lease_consume(t, id, 16, "inst", &got, &n, msg, sizeof(msg)), 0);
+    for (size_t i = 0; i < n; i++)
+        pf_block_put(got[i]);
+    free(got);
+    assert_int_equal(pf_lease_count(t), 0);
+    assert_int_equal(pf_lease_commit(t, id, 16), -ESTALE);
+    assert_int_equal(pf_block_strong(b[0]), 1);
+    pf_block_get(b[0]);
+    pf_block_get(b[1]);
+    assert_int_equal(pf_lease_create(t, "inst", b, 2, 2, id), 0);
     for (int share = 0; share < 2; share++) {
         assert_int_equal(pf_lease_consume(t, id, 16, "inst", &got, &n, msg, sizeof(msg)), 0);
         assert_int_equal(n, 2);
