@@ -56,23 +56,22 @@ static void slot_release(struct wslot *sl)
     sl->io.iov = NULL;
 }
 
-/* Would placing len bytes on shard sh overtake a write the device still owns? */
-static bool overtakes(struct writer *w, uint32_t sh, uint64_t new_tail)
+enum { OV_NONE, OV_INFLIGHT, OV_LOST };
+
+/* Would placing up to new_tail on shard sh overtake a write the device still owns: one in
+ * flight (it completes or times out soon), or one that timed out and never completed
+ * (OV_LOST: its space is unusable until it does, which may be never)? */
+static int overtakes(struct writer *w, uint32_t sh, uint64_t new_tail)
 {
     for (size_t i = 0; i < w->count; i++) {
         struct wslot *sl = fifo_at(w, i);
         if (sl->place.shard == sh && sl->place.start < new_tail)
-            return true;
+            return OV_INFLIGHT;
     }
     for (size_t i = 0; i < w->nlost; i++)
-        if (w->lost[i].place.shard == sh && w->lost[i].place.start < new_tail) {
-            pf_log_ratelimited(PF_LOG_WARN, 10000,
-                               "SSD shard %u: waiting for a timed-out write to complete before "
-                               "reusing its space",
-                               sh);
-            return true;
-        }
-    return false;
+        if (w->lost[i].place.shard == sh && w->lost[i].place.start < new_tail)
+            return OV_LOST;
+    return OV_NONE;
 }
 
 static int start_write(struct writer *w, struct pf_block *b)
@@ -96,19 +95,37 @@ static int start_write(struct writer *w, struct pf_block *b)
     }
     uint32_t sh;
     uint64_t start, tail;
-    int rc = ssd_index_peek(&s->idx, len, &sh, &start, &tail);
-    if (rc) {
-        pthread_mutex_unlock(&s->mu);
+    int rc, ov = OV_NONE;
+    /* a shard stuck behind a lost write is passed over (the next shard takes the block);
+     * only when every shard is stuck is the block left out */
+    for (uint32_t tries = 0; tries < s->idx.nshards; tries++) {
+        rc = ssd_index_peek(&s->idx, len, &sh, &start, &tail);
+        if (rc) {
+            pthread_mutex_unlock(&s->mu);
+            pf_log_ratelimited(PF_LOG_WARN, 10000,
+                               "block of %llu bytes is larger than an SSD shard (%llu bytes): "
+                               "not written to SSD",
+                               (unsigned long long)len, (unsigned long long)s->shard_cap);
+            goto skip;
+        }
+        ov = overtakes(w, sh, tail);
+        if (ov != OV_LOST)
+            break;
         pf_log_ratelimited(PF_LOG_WARN, 10000,
-                           "block of %llu bytes is larger than an SSD shard (%llu bytes): not "
-                           "written to SSD",
-                           (unsigned long long)len, (unsigned long long)s->shard_cap);
-        goto skip;
+                           "SSD shard %u: a timed-out write never completed; its space is not "
+                           "reused until it does, other shards take the writes",
+                           sh);
+        s->idx.next_shard = (sh + 1) % s->idx.nshards;
     }
-    if (overtakes(w, sh, tail)) {
+    if (ov == OV_INFLIGHT) {
         pthread_mutex_unlock(&s->mu);
         pf_block_put(b); /* keep the weak reference: retried after completions */
         return W_BLOCKED;
+    }
+    if (ov == OV_LOST) {
+        pthread_mutex_unlock(&s->mu);
+        pf_metric_add(s->m.w_fail, 1);
+        goto skip; /* every shard is stuck: the block stays in RAM only */
     }
     struct ssd_place place;
     rc = ssd_index_begin(&s->idx, b, len, &place);

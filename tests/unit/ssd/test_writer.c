@@ -195,6 +195,39 @@ static void test_write_timeout(void **st)
     ssdt_fini(&t);
 }
 
+static void test_lost_write_stalls_no_shard_forever(void **st)
+{
+    /* the first write never completes (dropped by the device): after its timeout its space
+     * on shard 0 cannot be reused, so shard 1 takes the writes that would need it; nothing
+     * waits forever and what is written reads back byte-exact */
+    struct ssdt t;
+    ssdt_init(&t, 16 << 20, "seed=1;blk.write:nth=1,times=1,drop=1");
+    struct pf_ssd_config c = ssdt_config(&t, 128 << 10); /* 2 shards of 2 blocks */
+    c.shards_per_path = 2;
+    c.io_timeout_ms = 100;
+    ssdt_open(&t, &c);
+    enum { N = 8 };
+    struct pf_block *b[N];
+    for (uint32_t i = 0; i < N; i++)
+        b[i] = blk(&t, 70 + i);
+    double f0 = ssdt_metric("pegaflow_ssd_write_failures");
+    for (int i = 0; i < N; i++) /* one at a time: each lands before the next is placed */
+        ssdt_write(&t, &b[i], 1);
+    assert_true(ssdt_metric("pegaflow_ssd_write_failures") - f0 >= 1);
+    assert_int_equal(pf_ssd_probe(t.ssd, &b[0]->key, 1), 0);
+    /* the newest block is on the disk and reads back byte-exact */
+    assert_int_equal(pf_ssd_probe(t.ssd, &b[N - 1]->key, 1), 1);
+    struct pf_block *out[1];
+    assert_int_equal(pf_ssd_fetch(t.ssd, &b[N - 1]->key, 1, false, out), 1);
+    assert_true(ssdt_same(b[N - 1], out[0]));
+    pf_block_put(out[0]);
+    assert_true(ssdt_stats(&t).committed >= 2);
+    pf_ssd_stop(t.ssd); /* gives up on the lost write */
+    for (int i = 0; i < N; i++)
+        pf_block_put(b[i]);
+    ssdt_fini(&t);
+}
+
 static void test_stop_is_bounded(void **st)
 {
     struct ssdt t;
@@ -230,6 +263,7 @@ int main(void)
         cmocka_unit_test(test_failed_writes),
         cmocka_unit_test(test_no_overtaking_in_flight),
         cmocka_unit_test(test_write_timeout),
+        cmocka_unit_test(test_lost_write_stalls_no_shard_forever),
         cmocka_unit_test(test_stop_is_bounded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
