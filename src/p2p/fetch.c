@@ -270,9 +270,11 @@ static int discover(struct fetch *f, size_t n, bool all_or_nothing)
     return rc;
 }
 
+/* A slot descriptor this node can READ: sizes within one READ (so its stride cannot wrap),
+ * V the size of K when present. */
 static bool slot_ok(const Pegaflow__TransferSlotInfo *s)
 {
-    if (s->k_ptr == 0 || s->k_size == 0 || s->k_size > UINT32_MAX)
+    if (s->k_ptr == 0 || s->k_size == 0 || s->k_size > PF_P2P_MAX_READ)
         return false;
     if (s->v_ptr == 0)
         return s->v_size == 0;
@@ -326,6 +328,19 @@ static int query_blocks(struct fetch *f)
             pf_log_ratelimited(PF_LOG_WARN, 10000,
                                "%s answered a malformed transfer descriptor for block %zu; "
                                "fetching only the blocks before it",
+                               f->peer, k);
+            break;
+        }
+        /* with --integrity on, bytes that cannot be verified are not taken (a holder
+         * running with --integrity off sends no checksums) */
+        bool sums = true;
+        for (size_t s = 0; p->cfg.integrity && s < b->n_slots; s++)
+            sums = sums && b->slots[s]->has_checksum;
+        if (!sums) {
+            pf_log_ratelimited(PF_LOG_WARN, 10000,
+                               "%s sent block %zu without checksums (is it running with "
+                               "--integrity off?); with --integrity on this node fetches only "
+                               "verifiable blocks",
                                f->peer, k);
             break;
         }
@@ -582,7 +597,7 @@ static size_t build_blocks(struct fetch *f, struct pf_block **out, size_t *bad_p
                 pf_alloc_get(sl->va);
                 sl->nseg = 2;
             }
-            if (si->has_checksum) { /* verified above when integrity is on */
+            if (si->has_checksum) { /* verified above when integrity is on (and required) */
                 sl->checksum = si->checksum;
                 sl->has_checksum = 1;
             } else if (p->cfg.integrity) {

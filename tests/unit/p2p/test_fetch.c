@@ -44,7 +44,9 @@ struct peer {
     uint64_t segoff[NBLK][SLOTS][2];
     uint64_t csum[NBLK][SLOTS];
     bool present[NBLK];
-    int bad_slot_block; /* block whose slot 0 is malformed (-1 none) */
+    int bad_slot_block;  /* block whose slot 0 is malformed (-1 none) */
+    int huge_slot_block; /* block whose slot 0 claims 4 GiB - 1 (beyond one READ; -1 none) */
+    int nosum_block;     /* block sent without checksums (-1 none) */
     /* MetaServer */
     int meta_rc;
     const char *meta_node;
@@ -185,6 +187,10 @@ static ProtobufCMessage *query_reply(const Pegaflow__QueryBlocksForTransferReque
             x->has_checksum = true;
             if (b == P.bad_slot_block && s == 0)
                 x->v_size = SEGLEN / 2; /* K and V sizes differ: malformed */
+            if (b == P.huge_slot_block && s == 0)
+                x->k_size = x->v_size = UINT32_MAX; /* its 512-byte stride would wrap */
+            if (b == P.nosum_block)
+                x->has_checksum = false;
             sp[k][s] = x;
         }
         bi[k].n_slots = SLOTS;
@@ -315,7 +321,7 @@ static void fx_up(int nnics, uint64_t pool, uint64_t gap)
     P.meta_node = PEER;
     P.meta_prefix = NBLK;
     P.lock_secs = 120;
-    P.bad_slot_block = -1;
+    P.bad_slot_block = P.huge_slot_block = P.nosum_block = -1;
     for (int i = 0; i < NBLK; i++)
         P.present[i] = true;
     peer_layout(gap);
@@ -544,6 +550,19 @@ static void test_partial_answers(void **st)
     put_all(out, 3);
     assert_int_equal(pf_pool_used(pf_engine_pool(F.e)), F.base_used);
     assert_int_equal(P.nsess, 4);
+    /* a slot larger than one READ: the run ends before it, nothing staged for it */
+    P.bad_slot_block = -1;
+    P.huge_slot_block = 2;
+    assert_int_equal(fetch("p5", NBLK, false, out), 2);
+    check_blocks(out, 2);
+    put_all(out, 2);
+    /* with --integrity on, a block sent without checksums is not taken unverified */
+    P.huge_slot_block = -1;
+    P.nosum_block = 4;
+    assert_int_equal(fetch("p6", NBLK, false, out), 4);
+    check_blocks(out, 4);
+    put_all(out, 4);
+    assert_int_equal(pf_pool_used(pf_engine_pool(F.e)), F.base_used);
     fx_down();
 }
 
