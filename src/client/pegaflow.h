@@ -1,7 +1,8 @@
 /* libpegaflow: C client of the PegaFlow Engine API.
  *
  * Used by the Python connector (through ctypes: plain C types only, no protobuf in the
- * caller), by tests and by tools. Every call takes a deadline in milliseconds. Functions
+ * caller), by tests and by tools. Every call takes a deadline in milliseconds (more than a
+ * day counts as a day, so UINT64_MAX means "no practical limit"). Functions
  * return 0 or -errno; on failure the gRPC status code and message of the last failed call
  * on this thread are available from pf_last_error_code() / pf_last_error_message().
  *   -ECONNREFUSED  server unreachable (UNAVAILABLE)

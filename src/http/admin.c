@@ -51,9 +51,13 @@ int pf_http_instances_cleanup(void *ctx, const struct pf_http_req *req, struct p
     if (!e)
         return pf_http_resp_text(resp, 503, "engine is not running\n");
     const char *id = pf_http_query(req, "id");
+    /* "?id=" (an unset variable in a script) must not mean "every instance" */
+    if (id && !*id)
+        return pf_http_resp_text(resp, 400,
+                                 "id is empty: name an instance, or omit id to remove all\n");
     char **removed = NULL;
     size_t nremoved = 0, ntensors = 0;
-    int rc = pf_engine_cleanup_instances(e, id && *id ? id : NULL, &removed, &nremoved, &ntensors);
+    int rc = pf_engine_cleanup_instances(e, id, &removed, &nremoved, &ntensors);
     if (rc == -ENOENT) {
         free(removed);
         char msg[300];

@@ -460,7 +460,11 @@ static void render_child(struct sbuf *b, struct pf_metric *m, const char *name,
         sb_labels(b, m, c->values, "le", le);
         sb_printf(b, " %llu\n", (unsigned long long)cum);
     }
+    /* an observation adds to its bucket before the count: a render between the two must
+     * not show +Inf below a finite bucket */
     uint64_t count = atomic_load(&c->count);
+    if (count < cum)
+        count = cum;
     sb_printf(b, "%s_bucket", name);
     sb_labels(b, m, c->values, "le", "+Inf");
     sb_printf(b, " %llu\n", (unsigned long long)count);
@@ -540,10 +544,9 @@ static void otlp_point(cJSON *points, struct pf_metric *m, struct pf_metric_chil
     cJSON_AddStringToObject(p, "timeUnixNano", now);
     if (m->kind == K_HIST) {
         char buf[32];
-        snprintf(buf, sizeof(buf), "%llu", (unsigned long long)atomic_load(&c->count));
-        cJSON_AddStringToObject(p, "count", buf);
-        cJSON_AddNumberToObject(p, "sum", load_d(&c->val));
-        cJSON *bc = cJSON_AddArrayToObject(p, "bucketCounts");
+        /* buckets first, then the count (an observation adds to its bucket before the
+         * count): count and bucketCounts stay consistent, the overflow bucket never wraps */
+        cJSON *bc = cJSON_CreateArray();
         uint64_t total = 0;
         for (size_t i = 0; i < m->nbuckets; i++) {
             uint64_t v = atomic_load(&c->bucket_counts[i]);
@@ -551,8 +554,15 @@ static void otlp_point(cJSON *points, struct pf_metric *m, struct pf_metric_chil
             snprintf(buf, sizeof(buf), "%llu", (unsigned long long)v);
             cJSON_AddItemToArray(bc, cJSON_CreateString(buf));
         }
-        snprintf(buf, sizeof(buf), "%llu", (unsigned long long)(atomic_load(&c->count) - total));
+        uint64_t count = atomic_load(&c->count);
+        if (count < total)
+            count = total;
+        snprintf(buf, sizeof(buf), "%llu", (unsigned long long)(count - total));
         cJSON_AddItemToArray(bc, cJSON_CreateString(buf));
+        snprintf(buf, sizeof(buf), "%llu", (unsigned long long)count);
+        cJSON_AddStringToObject(p, "count", buf);
+        cJSON_AddNumberToObject(p, "sum", load_d(&c->val));
+        cJSON_AddItemToObject(p, "bucketCounts", bc);
         cJSON *eb = cJSON_AddArrayToObject(p, "explicitBounds");
         for (size_t i = 0; i < m->nbuckets; i++)
             cJSON_AddItemToArray(eb, cJSON_CreateNumber(m->buckets[i]));

@@ -142,8 +142,14 @@ const char *pf_rpc_channel_target(const struct pf_rpc_channel *ch)
     return ch->target;
 }
 
+/* Deadlines are clamped to a day: a huge value (UINT64_MAX as "forever") must not wrap to
+ * a negative span and expire at once. */
+#define DEADLINE_MAX_MS (24ull * 3600 * 1000)
+
 static gpr_timespec deadline_after(uint64_t ms)
 {
+    if (ms > DEADLINE_MAX_MS)
+        ms = DEADLINE_MAX_MS;
     return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
                         gpr_time_from_millis((int64_t)ms, GPR_TIMESPAN));
 }
@@ -200,7 +206,10 @@ int pf_rpc_unary(struct pf_rpc_channel *ch, const char *path, const ProtobufCMes
         goto out;
     }
     /* the call's own deadline bounds this; the extra margin only guards against bugs */
-    grpc_event ev = grpc_completion_queue_pluck(cq, &tag, deadline_after(timeout_ms + 5000), NULL);
+    grpc_event ev = grpc_completion_queue_pluck(
+        cq, &tag,
+        deadline_after(timeout_ms > DEADLINE_MAX_MS ? DEADLINE_MAX_MS + 5000 : timeout_ms + 5000),
+        NULL);
     if (ev.type != GRPC_OP_COMPLETE) {
         grpc_call_cancel(call, NULL);
         grpc_completion_queue_pluck(cq, &tag, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);

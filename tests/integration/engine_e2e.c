@@ -493,6 +493,10 @@ static void sc_http(void)
     PFT_CHECK(pft_http(H, P, "POST", "/health", NULL) == 405, "POST /health");
     PFT_CHECK(pft_http(H, P, "GET", "/nope", NULL) == 404, "GET /nope");
     PFT_CHECK(pft_http(H, P, "GET", "/instances/cleanup", NULL) == 405, "GET cleanup");
+    PFT_CHECK(pft_http(H, P, "POST", "/instances/cleanup?id=", &body) == 400 &&
+                  strstr(body, "id is empty"),
+              "empty id: %s", body);
+    free(body);
     PFT_CHECK(pft_http(H, P, "POST", "/instances/cleanup?id=unknown", &body) == 404,
               "cleanup unknown id: %s", body);
     free(body);

@@ -128,6 +128,9 @@ static void test_unary(void **st)
     assert_int_equal(s.code, PF_GRPC_DEADLINE_EXCEEDED);
     /* concurrent requests still served after a deadline */
     assert_int_equal(call_echo("again", 5000, &s, out, sizeof(out)), 0);
+    /* "forever" deadlines do not wrap into the past */
+    assert_int_equal(call_echo("forever", UINT64_MAX, &s, out, sizeof(out)), 0);
+    assert_int_equal(call_echo("huge", 1ull << 63, &s, out, sizeof(out)), 0);
     const char *v[2] = {"echo", "INVALID_ARGUMENT"};
     assert_int_equal(pf_metric_value_of("pftest_rpc_requests", v), 1);
 }
