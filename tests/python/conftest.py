@@ -3,9 +3,9 @@
 * ``python/`` goes on sys.path (the package is tested from the source tree).
 * The vLLM stub (tests/python/vllm_stub) goes on sys.path only when no real vLLM is
   importable, so it never shadows one.
-* libpegaflow is found through PEGAFLOW_LIB (set by `make test`); tests needing it skip
-  with the reason when it is absent, and tests needing functions the library does not
-  have yet skip naming them.
+* libpegaflow is found through PEGAFLOW_LIB (set by `make test`); when that is set, a
+  library that does not load or lacks an engine function fails the tests needing it. Run
+  by hand without a build, those tests skip with the reason.
 * The real server comes from PF_BIN (set by `make test`); tests needing it skip when
   PF_BIN is unset.
 """
@@ -33,8 +33,8 @@ REAL_VLLM = importlib.util.find_spec("vllm") is not None
 if not REAL_VLLM:
     sys.path.insert(0, STUB_DIR)
 
-# The engine functions of libpegaflow, merged from main later: the end-to-end tests skip
-# (naming what is missing) until the library has all of them.
+# The engine functions libpegaflow must export (libpegaflow.map): a build without one of
+# them fails the tests that need it, naming what is missing.
 ENGINE_FNS = (
     "pf_client_register", "pf_client_save", "pf_client_query", "pf_client_release",
     "pf_client_load", "pf_client_unregister", "pf_client_session_open",
@@ -66,6 +66,8 @@ def _lib_or_reason():
 def lib():
     lib, why = _lib_or_reason()
     if lib is None:
+        if os.environ.get("PEGAFLOW_LIB"):  # `make test` built it: not loading is a failure
+            pytest.fail(why)
         pytest.skip(f"SKIP: {why}")
     return lib
 
@@ -76,12 +78,11 @@ def missing_engine_fns(lib) -> list[str]:
 
 @pytest.fixture(scope="session")
 def engine_lib(lib):
-    """The library, only if it has every engine function (else skip naming them)."""
+    """The library, which must export every engine function (else the test fails naming
+    the missing ones)."""
     miss = missing_engine_fns(lib)
     if miss:
-        more = f" and {len(miss) - 3} more" if len(miss) > 3 else ""
-        pytest.skip(f"SKIP: libpegaflow lacks {len(miss)} engine client functions "
-                    f"({', '.join(miss[:3])}{more}): pending the engine merge")
+        pytest.fail(f"libpegaflow lacks {len(miss)} engine client functions: {', '.join(miss)}")
     return lib
 
 
@@ -173,12 +174,12 @@ def _servers(tmp_path):
 
 
 def require_engine_server(client, instance_probe: str = "pf-probe") -> None:
-    """Skip when the server answers the engine RPCs with UNIMPLEMENTED."""
+    """Fails when the server answers the engine RPCs with UNIMPLEMENTED."""
     from pegaflow.client.errors import Unimplemented
 
     try:
         client.query_raw(instance_probe, "probe", [b"\0" * 32])
     except Unimplemented as e:
-        pytest.skip(f"SKIP: pegaflow-server does not implement the engine RPCs yet ({e.message})")
+        pytest.fail(f"pegaflow-server does not serve QueryPrefetch ({e.message})")
     except Exception:
         pass  # FAILED_PRECONDITION (unknown instance) etc.: implemented

@@ -54,8 +54,7 @@ def test_oracle_encoder_sanity():
 
 def _need(lib, *fns):
     miss = [f for f in fns if not lib.has(f)]
-    if miss:
-        pytest.skip(f"SKIP: libpegaflow lacks {', '.join(miss)} (pending the engine merge)")
+    assert not miss, f"libpegaflow lacks {', '.join(miss)}"
 
 
 def test_c_cuda_builder_matches_proto(lib):

@@ -68,9 +68,8 @@ def test_attach_validates(tmp_path):
 
 
 def test_c_and_python_share_the_layout(lib):
-    if not lib.has("pf_loadstate_create", "pf_loadstate_get", "pf_loadstate_name",
-                   "pf_loadstate_destroy"):
-        pytest.skip("SKIP: libpegaflow lacks pf_loadstate_* (pending the engine merge)")
+    assert lib.has("pf_loadstate_create", "pf_loadstate_get", "pf_loadstate_name",
+                   "pf_loadstate_destroy"), "libpegaflow lacks pf_loadstate_*"
     c = CLoadState(lib)
     try:
         assert c.get() == 0
