@@ -31,7 +31,7 @@ const struct pf_flag pf_server_flags[] = {
     F("use-hugepages", PF_FLAG_BOOL, use_hugepages, "false", NULL,
       "Use huge pages for pinned memory (requires /proc/sys/vm/nr_hugepages)"),
     F("enable-lfu-admission", PF_FLAG_BOOL, enable_lfu_admission, "false", NULL,
-      "Enable TinyLFU cache admission (default: plain LRU)"),
+      "Enable TinyLFU cache admission (off: every block is admitted)"),
     F("disable-numa-affinity", PF_FLAG_BOOL, disable_numa_affinity, "false", NULL,
       "Disable NUMA-aware memory allocation"),
     F("blockwise-alloc", PF_FLAG_BOOL, blockwise_alloc, "false", NULL,
@@ -138,6 +138,10 @@ static int check_hll_windows(const char *s, char *err, size_t errlen)
     const char *p = s;
     while (*p) {
         char *end;
+        if (*p < '0' || *p > '9') { /* strtoull would accept "-1m" as a huge number */
+            snprintf(err, errlen, "--metric-hll-windows: '%s' is not a list like 15m,1h,1d", s);
+            return -EINVAL;
+        }
         unsigned long long v = strtoull(p, &end, 10);
         uint64_t mult;
         switch (*end) {
@@ -157,7 +161,7 @@ static int check_hll_windows(const char *s, char *err, size_t errlen)
             snprintf(err, errlen, "--metric-hll-windows: '%s' is not a list like 15m,1h,1d", s);
             return -EINVAL;
         }
-        if (end == p || v * mult < 60 || n == PF_ARRAY_SIZE(seen)) {
+        if (end == p || v > UINT64_MAX / 86400 || v * mult < 60 || n == PF_ARRAY_SIZE(seen)) {
             snprintf(err, errlen, "--metric-hll-windows: each window must be at least 1m (%s)", s);
             return -EINVAL;
         }

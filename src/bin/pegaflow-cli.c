@@ -21,9 +21,18 @@ int main(int argc, char **argv)
     for (; i < argc && strncmp(argv[i], "--", 2) == 0; i++) {
         if (strcmp(argv[i], "--addr") == 0 && i + 1 < argc)
             addr = argv[++i];
-        else if (strcmp(argv[i], "--timeout-ms") == 0 && i + 1 < argc)
-            tmo = strtoull(argv[++i], NULL, 10);
-        else
+        else if (strcmp(argv[i], "--timeout-ms") == 0 && i + 1 < argc) {
+            char *end;
+            const char *v = argv[++i];
+            tmo = strtoull(v, &end, 10);
+            if (*v < '0' || *v > '9' || *end || tmo == 0) {
+                fprintf(stderr,
+                        "pegaflow-cli: --timeout-ms needs a positive number of "
+                        "milliseconds, got '%s'\n",
+                        v);
+                return 2;
+            }
+        } else
             return usage();
     }
     if (i != argc - 1)

@@ -53,6 +53,8 @@ static void *chunk_new(void)
 
 void *pf_slab_alloc(size_t size)
 {
+    if (size > SIZE_MAX - 63)
+        return NULL; /* would round up to 0 */
     size_t r = (size + 63) & ~(size_t)63;
     if (SLAB_BYPASS || r == 0 || r > PF_SLAB_MAX) {
         void *p = aligned_alloc(64, r ? r : 64);
@@ -105,6 +107,8 @@ void pf_slab_free(void *p, size_t size)
 
 void *pf_big_calloc(size_t n, size_t size)
 {
+    if (size && n > SIZE_MAX / size)
+        return NULL;
     size_t bytes = n * size;
     if (bytes < BIG_MIN)
         return calloc(n, size);

@@ -382,6 +382,14 @@ int pf_engine_register(struct pf_engine *e, const struct pf_engine_register *r, 
             rc = -EPERM;
             goto err_unlock;
         }
+        if (strcmp(in->ns, r->namespace_) != 0) {
+            snprintf(err, errlen,
+                     "namespace mismatch for instance %s: registered in namespace %s, request "
+                     "names %s",
+                     in->id, in->ns, r->namespace_);
+            rc = -EPERM;
+            goto err_unlock;
+        }
         if (pf_instance_worker(in, r->device_id)) {
             snprintf(err, errlen, "GPU context for device %d already exists in instance %s",
                      r->device_id, in->id);

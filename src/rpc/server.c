@@ -55,7 +55,6 @@ struct pf_rpc_call {
     int cancelled;
     _Atomic int refs;
     const struct pf_rpc_method *m;
-    const char *unimpl; /* known-but-unbuilt path */
     int code;
     char msg[PF_RPC_ERRMSG];
     uint64_t start_ns;

@@ -275,6 +275,9 @@ static void sc_errors(void)
     b.layers = d1;
     EXPECT(pf_client_register(c, &b, TMO), FP, "topology mismatch");
     b.world_size = 2;
+    b.namespace_ = "ns-elsewhere";
+    EXPECT(pf_client_register(c, &b, TMO), FP, "namespace mismatch");
+    b.namespace_ = a.namespace_;
     b.device_id = 0;
     EXPECT(pf_client_register(c, &b, TMO), INV, "another GPU");
 

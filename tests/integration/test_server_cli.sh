@@ -2,7 +2,7 @@
 # pegaflow-server and pegaflow-metaserver as processes: Health over gRPC (libpegaflow via
 # pegaflow-cli), /health over HTTP, Shutdown/SIGINT/SIGTERM exit 0, every bad flag exits 2
 # with one line naming the flag, --help lists every documented flag, busy ports fail.
-. "$PF_TOP/tests/integration/proc.sh"
+. "${PF_TOP:?PF_TOP must name the repository (make test sets it)}/tests/integration/proc.sh" || exit 1
 S=(--gpu-backend sim --pool-size 64mb --addr 127.0.0.1:0 --http-addr 127.0.0.1:0)
 
 start_proc srv pegaflow-server "${S[@]}"
@@ -42,6 +42,8 @@ done
 # Health on a dead server: UNAVAILABLE, quickly, no hang
 out=$("$PF_BIN/pegaflow-cli" --timeout-ms 3000 --addr 127.0.0.1:1 health 2>&1) && fail "health on port 1 succeeded"
 echo "$out" | grep -q '(14)' || fail "dead server: $out"
+out=$("$PF_BIN/pegaflow-cli" --timeout-ms abc health 2>&1); rc=$?
+[ $rc -eq 2 ] && echo "$out" | grep -q "needs a positive number" || fail "cli --timeout-ms abc: $rc $out"
 
 bad() { # expected-substring args...
   local want=$1; shift

@@ -195,6 +195,8 @@ static void test_server_errors(void **st)
     expect_error("--metric-hll-bucket-bits", "--metric-hll-bucket-bits", "3", NULL);
     expect_error("--metric-hll-windows", "--metric-hll-windows", "30s", NULL);
     expect_error("--metric-hll-windows", "--metric-hll-windows", "1h,60m", NULL);
+    expect_error("--metric-hll-windows", "--metric-hll-windows", "-1m", NULL);
+    expect_error("--metric-hll-windows", "--metric-hll-windows", "15m,-1h", NULL);
     expect_error("--trace-sample-rate", "--trace-sample-rate", "2", NULL);
     expect_error("--use-hugepages", "--use-hugepages=maybe", NULL);
     expect_error("more than once", "--pool-size", "1gb", "--pool-size", "2gb", NULL);
