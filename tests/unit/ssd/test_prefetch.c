@@ -324,7 +324,7 @@ static void short_timeout(struct pf_ssd_config *c)
     c->io_timeout_ms = 100;
 }
 
-static void test_read_timeout_and_stop(void **st)
+static void test_read_timeout(void **st)
 {
     struct setup s;
     setup_store(&s, 2, 16 << 20, NULL, short_timeout);
@@ -336,7 +336,21 @@ static void test_read_timeout_and_stop(void **st)
     assert_true(pf_pool_used(s.t.pool) > used);
     gate_hold(s.t.gate, PF_BLK_READ, false);
     SSDT_WAIT(pf_pool_used(s.t.pool) == used);
-    /* stop wakes a waiting fetch, bounded */
+    teardown_store(&s);
+}
+
+static void hour_timeout(struct pf_ssd_config *c)
+{
+    c->io_timeout_ms = 3600 * 1000;
+}
+
+static void test_stop_wakes_a_waiting_fetch(void **st)
+{
+    /* reads held and an I/O timeout of an hour: only the stop can end the fetch (if it did
+     * not, the test would hang until the runner's timeout fails it) */
+    struct setup s;
+    setup_store(&s, 2, 16 << 20, NULL, hour_timeout);
+    uint64_t used = pf_pool_used(s.t.pool);
     gate_hold(s.t.gate, PF_BLK_READ, true);
     unsigned r0 = gate_submitted(s.t.gate, PF_BLK_READ);
     struct fetcher a;
@@ -361,7 +375,8 @@ int main(void)
         cmocka_unit_test(test_integrity_off),
         cmocka_unit_test(test_read_error),
         cmocka_unit_test(test_staging_failure),
-        cmocka_unit_test(test_read_timeout_and_stop),
+        cmocka_unit_test(test_read_timeout),
+        cmocka_unit_test(test_stop_wakes_a_waiting_fetch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
