@@ -114,6 +114,18 @@ int pf_engine_alloc(struct pf_engine *e, uint64_t size, int numa, struct pf_allo
     int rc = pf_pool_alloc(e->pool, size, numa, a_p);
     if (rc != -ENOMEM)
         return rc;
+    if (size > pf_pool_max_alloc(e->pool, numa)) {
+        /* no eviction can make room: do not empty the cache trying */
+        pf_metric_add(e->m_alloc_fail, 1);
+        char sz[32], max[32];
+        pf_format_size(size, sz, sizeof(sz));
+        pf_format_size(pf_pool_max_alloc(e->pool, numa), max, sizeof(max));
+        pf_log_ratelimited(PF_LOG_ERROR, 5000,
+                           "cannot allocate %s of pinned memory in one piece: the largest pool "
+                           "shard holds %s (fewer --pool-shards, or smaller saves per call)",
+                           sz, max);
+        return -ENOMEM;
+    }
     struct pf_block *batch[512];
     pthread_mutex_lock(&e->evict_mu);
     size_t total = 0;

@@ -225,6 +225,21 @@ int pf_pool_alloc(struct pf_pool *p, uint64_t size, int numa, struct pf_alloc **
     return 0;
 }
 
+uint64_t pf_pool_max_alloc(const struct pf_pool *p, int numa)
+{
+    size_t first = 0, count = p->nshards;
+    int mi = numa >= 0 ? pf_pool_region_index(p, numa) : -1;
+    if (mi >= 0) {
+        first = (size_t)mi * p->shards_per_map;
+        count = p->shards_per_map;
+    }
+    uint64_t max = 0;
+    for (size_t i = 0; i < count; i++)
+        if (p->shards[first + i].len > max)
+            max = p->shards[first + i].len;
+    return max / p->unit * p->unit;
+}
+
 int pf_pool_region_index(const struct pf_pool *p, int numa)
 {
     if (p->nmaps == 1 && p->maps[0].numa < 0)

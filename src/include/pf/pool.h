@@ -61,6 +61,9 @@ void pf_alloc_put(struct pf_alloc *a);
 uint64_t pf_pool_capacity(const struct pf_pool *p);
 uint64_t pf_pool_used(const struct pf_pool *p);
 uint64_t pf_pool_unit(const struct pf_pool *p);
+/* The largest allocation that could ever succeed for numa (-1 = any region): the biggest
+ * shard that may serve it. A larger request fails however much is freed. */
+uint64_t pf_pool_max_alloc(const struct pf_pool *p, int numa);
 /* Largest free range (bytes) of the region serving numa (-1 = max over regions). */
 uint64_t pf_pool_largest_free(struct pf_pool *p, int numa);
 /* Region of numa, for callers choosing placement; -1 if numa has no own region. */

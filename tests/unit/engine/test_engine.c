@@ -298,6 +298,14 @@ static void test_tier(void **st)
     } while (res.loading && ++polls < 2000);
     assert_int_equal(res.num_hit_blocks, 2);
     release(&res);
+    /* a request larger than any pool shard fails at once, without emptying the cache */
+    struct pf_cache_stats before, after;
+    pf_cache_stats(pf_engine_cache(F.e), &before);
+    assert_true(before.blocks[0] + before.blocks[1] > 0);
+    struct pf_alloc *a;
+    assert_int_equal(pf_engine_alloc(F.e, 17 << 20, -1, &a), -ENOMEM);
+    pf_cache_stats(pf_engine_cache(F.e), &after);
+    assert_int_equal(after.blocks[0] + after.blocks[1], before.blocks[0] + before.blocks[1]);
 }
 
 static int sealed_seen, evicted_seen;
