@@ -10,6 +10,8 @@
 .DEFAULT_GOAL := all
 .SUFFIXES:
 .DELETE_ON_ERROR:
+# keep test and binary objects (pattern-rule intermediates) so a rebuild relinks only what changed
+.SECONDARY:
 
 TOP := $(CURDIR)
 include mk/config.mk
