@@ -100,6 +100,7 @@ struct pf_worker {
     enum pf_copy_mode mode;
     struct pf_layer_reg *layers;
     size_t nlayers;
+    uint32_t *by_name; /* indices of layers sorted by name (pf_worker_layer bisects) */
     struct pf_gpu_worker *gw;
 };
 
