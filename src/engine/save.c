@@ -297,6 +297,15 @@ int pf_engine_save(struct pf_engine *e, const char *instance_id, uint32_t tp_ran
         goto out;
     }
     rc = pf_xfer_wait(x, e->cfg.copy_timeout_ms);
+    if (rc == -EFAULT) {
+        /* the client's memory, not the server: it shrank or removed a registered tensor */
+        snprintf(err, errlen,
+                 "instance %s device %d: the KV cache memory could not be read (the client "
+                 "shrank or removed a registered KV tensor; the server log names the memory "
+                 "object); nothing was saved",
+                 instance_id, device_id);
+        goto out;
+    }
     if (rc) {
         snprintf(err, errlen, "D2H copy on device %d %s: %s", device_id,
                  rc == -ETIMEDOUT ? "timed out" : "failed", strerror(-rc));

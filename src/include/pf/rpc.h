@@ -157,6 +157,11 @@ const char *pf_rpc_channel_target(const struct pf_rpc_channel *ch);
 int pf_rpc_unary(struct pf_rpc_channel *ch, const char *path, const ProtobufCMessage *req,
                  const ProtobufCMessageDescriptor *resp_desc, uint64_t timeout_ms,
                  ProtobufCMessage **resp_p, struct pf_rpc_status *st);
+/* Like pf_rpc_unary with an already encoded request (any bytes: tests and tools that send
+ * what a protobuf encoder would not). */
+int pf_rpc_unary_raw(struct pf_rpc_channel *ch, const char *path, const uint8_t *data, size_t len,
+                     const ProtobufCMessageDescriptor *resp_desc, uint64_t timeout_ms,
+                     ProtobufCMessage **resp_p, struct pf_rpc_status *st);
 
 /* A server-streaming call held open (e.g. Session). Messages are not read; the call stays
  * open until pf_rpc_stream_close or until the server ends it. open waits up to timeout_ms
