@@ -404,6 +404,20 @@ int pf_engine_register(struct pf_engine *e, const struct pf_engine_register *r, 
         rc = -EINVAL;
         goto err_worker;
     }
+    /* every instance owns copy threads per device: a client must not be able to make the
+     * server start threads without bound */
+    pthread_rwlock_rdlock(&e->inst_lock);
+    size_t ninsts = e->ninsts;
+    bool known = find_locked(e, r->instance_id, NULL) != NULL;
+    pthread_rwlock_unlock(&e->inst_lock);
+    if (!known && ninsts >= PF_ENGINE_MAX_INSTANCES) {
+        snprintf(err, errlen,
+                 "%zu instances are registered; the limit is %u (unregister instances that are "
+                 "gone, or run another server)",
+                 ninsts, PF_ENGINE_MAX_INSTANCES);
+        rc = -ENOSPC;
+        goto err_worker;
+    }
     rc = import_layers(e, r, w, err, errlen);
     if (rc == 0)
         rc = index_layers(w);
@@ -451,6 +465,12 @@ int pf_engine_register(struct pf_engine *e, const struct pf_engine_register *r, 
             goto err_unlock;
         }
     } else {
+        if (e->ninsts >= PF_ENGINE_MAX_INSTANCES) { /* raced past the check above */
+            snprintf(err, errlen, "%zu instances are registered; the limit is %u", e->ninsts,
+                     PF_ENGINE_MAX_INSTANCES);
+            rc = -ENOSPC;
+            goto err_unlock;
+        }
         if (e->ninsts == e->capinsts) {
             size_t nc = e->capinsts ? e->capinsts * 2 : 8;
             struct pf_instance **ni = realloc(e->insts, nc * sizeof(*ni));
@@ -525,6 +545,7 @@ int pf_engine_remove_instance(struct pf_engine *e, const char *id, size_t *ntens
     if (!in)
         return -ENOENT;
     size_t nleases = pf_lease_drop_instance(e->leases, id);
+    pf_prefetch_gc(e, 300 * PF_NS_PER_SEC, id); /* its tasks pin blocks nobody will collect */
     size_t nt = 0;
     for (size_t i = 0; i < in->nworkers; i++)
         nt += in->workers[i]->nlayers;

@@ -32,6 +32,7 @@
 #include "client/pegaflow.h"
 #include "engine.pb-c.h"
 #include "kvsim.h"
+#include "pf/engine.h"
 #include "pf/meta.h"
 #include "pf/rpc.h"
 #include "pf/service.h"
@@ -299,6 +300,26 @@ static void sc_caps(void)
     EXPECT(pf_client_register(c, &a, 30000), INV, "duplicate layer name");
     fprintf(stderr, "  caps: 4096 layers with a duplicate refused in %llu ms\n",
             (unsigned long long)(pft_now_ms() - t0));
+    /* instances are capped (each owns copy threads): the 33rd is RESOURCE_EXHAUSTED */
+    struct pf_layer_desc one = kvt_desc(&kv, "ALL_LAYERS");
+    char ids[PF_ENGINE_MAX_INSTANCES + 1][32];
+    for (unsigned i = 0; i <= PF_ENGINE_MAX_INSTANCES; i++) {
+        snprintf(ids[i], sizeof(ids[i]), "many-%u", i);
+        struct pf_register_args b = {.instance_id = ids[i],
+                                     .namespace_ = "ns",
+                                     .tp_size = 1,
+                                     .world_size = 1,
+                                     .layers = &one,
+                                     .nlayers = 1};
+        if (i < PF_ENGINE_MAX_INSTANCES)
+            PFT_CHECK(pf_client_register(c, &b, TMO) == 0, "register %s: %s", ids[i],
+                      pf_last_error_message());
+        else
+            EXPECT(pf_client_register(c, &b, TMO), RES, "the limit is 32");
+    }
+    fprintf(stderr, "  caps: %u instances registered, the next refused\n", PF_ENGINE_MAX_INSTANCES);
+    for (unsigned i = 0; i < PF_ENGINE_MAX_INSTANCES; i++)
+        PFT_CHECK(pf_client_unregister(c, ids[i], TMO) == 0, "unregister");
     alive(c, "oversized registrations");
     for (size_t i = 0; i < n; i++)
         free(names[i]);
