@@ -15,6 +15,10 @@
 #include "pf/http.h"
 #include "pf/log.h"
 
+#define PF_HTTP_THREADS         2   /* polling threads, fixed */
+#define PF_HTTP_MAX_CONNECTIONS 512 /* open connections, all clients */
+#define PF_HTTP_MAX_PER_IP      128 /* open connections from one address */
+
 struct pf_http_server {
     struct MHD_Daemon *d;
     const struct pf_http_route *routes;
@@ -198,13 +202,17 @@ int pf_http_server_start(const char *addr, const struct pf_http_route *routes, s
     s->routes = routes;
     s->nroutes = nroutes;
     s->ctx = ctx;
-    unsigned flags =
-        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG;
+    /* a fixed pool of polling threads and connection caps: clients cannot make the server
+     * start a thread per connection */
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG;
     if (res->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
-    s->d = MHD_start_daemon(flags, port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
-                            res->ai_addr, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30,
-                            MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL, MHD_OPTION_END);
+    s->d = MHD_start_daemon(
+        flags, port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, res->ai_addr,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30, MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
+        MHD_OPTION_THREAD_POOL_SIZE, (unsigned)PF_HTTP_THREADS, MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned)PF_HTTP_MAX_CONNECTIONS, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+        (unsigned)PF_HTTP_MAX_PER_IP, MHD_OPTION_END);
     freeaddrinfo(res);
     if (!s->d) {
         snprintf(err, errlen, "cannot listen on %s (address in use or not local)", addr);

@@ -19,6 +19,8 @@
  *   junk         seeded random and truncated bodies on every method of both services from
  *                64 concurrent clients: no INTERNAL/UNKNOWN answer, no crash, no hang
  * Usage: hostile <scenario>... (default: all). Seed: PF_TEST_SEED. */
+#include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -26,7 +28,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "client/pegaflow.h"
@@ -330,6 +334,33 @@ static void sc_caps(void)
     PFT_CHECK(pft_stop(&s, SIGTERM, 15000) == 0, "server exit code");
 }
 
+static int count_threads(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+    DIR *d = opendir(path);
+    PFT_CHECK(d, "open %s", path);
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)))
+        n += de->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+static int tcp_connect(const char *host, int port)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    if (inet_pton(AF_INET, host, &a.sin_addr) != 1)
+        return -1;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
 static void sc_http(void)
 {
     const char *args[] = {"--gpu-backend", "sim", "--pool-size", "32mb", "--sim-gpus", "1", NULL};
@@ -359,6 +390,25 @@ static void sc_http(void)
     free(body);
     PFT_CHECK(pft_http(H, P, "GET", "/instances", &body) == 200 && strstr(body, "http-inst"),
               "instance removed by a malformed cleanup: %s", body ? body : "");
+    free(body);
+    /* 100 idle connections do not start 100 threads (a fixed polling pool) and, once
+     * closed, leave the server answering */
+    int before = count_threads(s.pid);
+    int fds[100];
+    for (int i = 0; i < 100; i++)
+        fds[i] = tcp_connect(H, P);
+    /* accepts are FIFO: once a later request is answered, the 100 were accepted */
+    PFT_CHECK(pft_http(H, P, "GET", "/health", &body) == 200, "health with idle connections");
+    free(body);
+    int during = count_threads(s.pid);
+    for (int i = 0; i < 100; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    fprintf(stderr, "  http: server threads %d before, %d with 100 idle HTTP connections\n", before,
+            during);
+    PFT_CHECK(during < before + 8, "idle HTTP connections started threads: %d -> %d", before,
+              during);
+    PFT_CHECK(pft_http(H, P, "GET", "/health", &body) == 200, "health after idle connections");
     free(body);
     world_save_ok(c, &W, 700, 1, 2);
     world_free(&W);
