@@ -270,6 +270,33 @@ static void sc_strings(void)
     fprintf(stderr, "  strings: NUL and over-long strings refused by name\n");
 }
 
+static int count_threads(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+    DIR *d = opendir(path);
+    PFT_CHECK(d, "open %s", path);
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)))
+        n += de->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+static int tcp_connect(const char *host, int port)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    if (inet_pton(AF_INET, host, &a.sin_addr) != 1)
+        return -1;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
 static void sc_caps(void)
 {
     const char *args[] = {"--gpu-backend", "sim", "--pool-size", "32mb", "--sim-gpus", "1", NULL};
@@ -305,6 +332,7 @@ static void sc_caps(void)
     fprintf(stderr, "  caps: 4096 layers with a duplicate refused in %llu ms\n",
             (unsigned long long)(pft_now_ms() - t0));
     /* instances are capped (each owns copy threads): the 33rd is RESOURCE_EXHAUSTED */
+    int threads0 = count_threads(s.pid);
     struct pf_layer_desc one = kvt_desc(&kv, "ALL_LAYERS");
     char ids[PF_ENGINE_MAX_INSTANCES + 1][32];
     for (unsigned i = 0; i <= PF_ENGINE_MAX_INSTANCES; i++) {
@@ -321,7 +349,11 @@ static void sc_caps(void)
         else
             EXPECT(pf_client_register(c, &b, TMO), RES, "the limit is 32");
     }
-    fprintf(stderr, "  caps: %u instances registered, the next refused\n", PF_ENGINE_MAX_INSTANCES);
+    int threads1 = count_threads(s.pid);
+    fprintf(stderr, "  caps: %u instances registered, the next refused; server threads %d -> %d\n",
+            PF_ENGINE_MAX_INSTANCES, threads0, threads1);
+    /* copy threads belong to the device, not to each instance */
+    PFT_CHECK(threads1 <= threads0 + 8, "instances started threads: %d -> %d", threads0, threads1);
     for (unsigned i = 0; i < PF_ENGINE_MAX_INSTANCES; i++)
         PFT_CHECK(pf_client_unregister(c, ids[i], TMO) == 0, "unregister");
     alive(c, "oversized registrations");
@@ -332,33 +364,6 @@ static void sc_caps(void)
     kvt_destroy(&kv);
     pf_client_close(c);
     PFT_CHECK(pft_stop(&s, SIGTERM, 15000) == 0, "server exit code");
-}
-
-static int count_threads(pid_t pid)
-{
-    char path[64];
-    snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
-    DIR *d = opendir(path);
-    PFT_CHECK(d, "open %s", path);
-    int n = 0;
-    struct dirent *de;
-    while ((de = readdir(d)))
-        n += de->d_name[0] != '.';
-    closedir(d);
-    return n;
-}
-
-static int tcp_connect(const char *host, int port)
-{
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    if (inet_pton(AF_INET, host, &a.sin_addr) != 1)
-        return -1;
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
-        close(fd);
-        fd = -1;
-    }
-    return fd;
 }
 
 static void sc_http(void)
