@@ -545,6 +545,108 @@ static void sc_junk(void)
     PFT_CHECK(pft_stop(&m, SIGTERM, 15000) == 0, "metaserver exit code");
 }
 
+/* ---- MetaServer: a burst of 34 MB inserts */
+
+static long rss_kb(pid_t pid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    PFT_CHECK(f, "open %s", path);
+    long kb = -1;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "VmRSS: %ld", &kb) == 1)
+            break;
+    fclose(f);
+    return kb;
+}
+
+#define BURST_HASHES (1u << 20)
+#define BURST_CALLS  8
+
+struct burst {
+    const char *addr;
+    uint8_t *hashes;
+    pthread_t t;
+    int rc, code;
+};
+
+static void *burst_main(void *arg)
+{
+    struct burst *b = arg;
+    struct pf_rpc_channel *ch;
+    PFT_CHECK(pf_rpc_channel_open(b->addr, &ch) == 0, "channel");
+    Pegaflow__InsertBlockHashesRequest r = PEGAFLOW__INSERT_BLOCK_HASHES_REQUEST__INIT;
+    ProtobufCBinaryData *hs = malloc(BURST_HASHES * sizeof(*hs));
+    for (size_t i = 0; i < BURST_HASHES; i++)
+        hs[i] = (ProtobufCBinaryData){32, b->hashes + i * 32};
+    r.namespace_ = "ns-burst";
+    r.block_hashes = hs;
+    r.n_block_hashes = BURST_HASHES;
+    r.node = "10.9.9.9:50055";
+    r.node_id = "6d1f3c1e-2b7a-4c55-9d0e-7f7d0c2a9b11";
+    struct pf_rpc_status st;
+    ProtobufCMessage *resp = NULL;
+    b->rc = pf_rpc_unary(ch, "/pegaflow.MetaServer/InsertBlockHashes", &r.base,
+                         &pegaflow__insert_block_hashes_response__descriptor, 60000, &resp, &st);
+    b->code = st.code;
+    if (resp)
+        protobuf_c_message_free_unpacked(resp, NULL);
+    free(hs);
+    pf_rpc_channel_close(ch);
+    return NULL;
+}
+
+static void sc_meta_burst(void)
+{
+    const char *ma[] = {NULL};
+    struct pft_proc m;
+    PFT_CHECK(pft_start(&m, "pegaflow-metaserver", "127.0.0.1", ma) == 0, "start metaserver");
+    uint8_t *hashes = malloc((size_t)BURST_HASHES * 32);
+    pft_fill(hashes, (size_t)BURST_HASHES * 32, pft_seed(), 77);
+    struct pf_rpc_channel *ch;
+    PFT_CHECK(pf_rpc_channel_open(m.addr, &ch) == 0, "channel");
+    Pegaflow__HeartbeatNodeRequest hb = PEGAFLOW__HEARTBEAT_NODE_REQUEST__INIT;
+    hb.node = "10.9.9.9:50055";
+    hb.node_id = "6d1f3c1e-2b7a-4c55-9d0e-7f7d0c2a9b11";
+    struct pf_rpc_status hst;
+    ProtobufCMessage *hresp = NULL;
+    PFT_CHECK(pf_rpc_unary(ch, "/pegaflow.MetaServer/HeartbeatNode", &hb.base,
+                           &pegaflow__heartbeat_node_response__descriptor, TMO, &hresp, &hst) == 0,
+              "heartbeat: %s", hst.msg);
+    protobuf_c_message_free_unpacked(hresp, NULL);
+    pf_rpc_channel_close(ch);
+    long before = rss_kb(m.pid);
+    struct burst b[BURST_CALLS];
+    for (int i = 0; i < BURST_CALLS; i++) {
+        b[i] = (struct burst){.addr = m.addr, .hashes = hashes};
+        PFT_CHECK(pthread_create(&b[i].t, NULL, burst_main, &b[i]) == 0, "thread");
+    }
+    int ok = 0, exhausted = 0;
+    for (int i = 0; i < BURST_CALLS; i++) {
+        pthread_join(b[i].t, NULL);
+        ok += b[i].rc == 0;
+        exhausted += b[i].code == RES;
+        PFT_CHECK(b[i].rc == 0 || b[i].code == RES, "insert %d: rc %d code %d", i, b[i].rc,
+                  b[i].code);
+    }
+    long after = rss_kb(m.pid);
+    fprintf(stderr,
+            "  meta_burst: %d x 34 MB inserts: %d accepted, %d RESOURCE_EXHAUSTED; metaserver RSS "
+            "%ld MB before, %ld MB after (the same 2^20 keys each time)\n",
+            BURST_CALLS, ok, exhausted, before / 1024, after / 1024);
+    PFT_CHECK(ok >= 1, "no insert of the burst was accepted");
+    /* 2^20 keys stay in the store (~100 B each); decode memory must not stay with them */
+    PFT_CHECK(after - before < 400 * 1024, "RSS grew by %ld MB after the burst",
+              (after - before) / 1024);
+    char *body = NULL;
+    PFT_CHECK(pft_http(m.http_host, m.http_port, "GET", "/health", &body) == 200,
+              "metaserver health");
+    free(body);
+    free(hashes);
+    PFT_CHECK(pft_stop(&m, SIGTERM, 15000) == 0, "metaserver exit code");
+}
+
 int main(int argc, char **argv)
 {
     world_seed = pft_seed();
@@ -554,6 +656,7 @@ int main(int argc, char **argv)
                                              {"strings", sc_strings},
                                              {"caps", sc_caps},
                                              {"http", sc_http},
-                                             {"junk", sc_junk}};
+                                             {"junk", sc_junk},
+                                             {"meta_burst", sc_meta_burst}};
     return pft_run_scenarios(sc, sizeof(sc) / sizeof(sc[0]), argv + 1, argc - 1);
 }
