@@ -636,9 +636,12 @@ static void sc_meta_burst(void)
             "%ld MB before, %ld MB after (the same 2^20 keys each time)\n",
             BURST_CALLS, ok, exhausted, before / 1024, after / 1024);
     PFT_CHECK(ok >= 1, "no insert of the burst was accepted");
-    /* 2^20 keys stay in the store (~100 B each); decode memory must not stay with them */
-    PFT_CHECK(after - before < 400 * 1024, "RSS grew by %ld MB after the burst",
-              (after - before) / 1024);
+    /* 2^20 keys stay in the store (~100 B each); decode memory must not stay with them.
+     * Sanitizer builds keep shadow memory and quarantines: the figure is printed only. */
+    const char *san = getenv("PF_SAN");
+    if (!san || !*san)
+        PFT_CHECK(after - before < 400 * 1024, "RSS grew by %ld MB after the burst",
+                  (after - before) / 1024);
     char *body = NULL;
     PFT_CHECK(pft_http(m.http_host, m.http_port, "GET", "/health", &body) == 200,
               "metaserver health");
