@@ -300,10 +300,12 @@ int pf_server_main(int argc, char **argv)
     a->efd = a->sfd = -1;
     int rc = pf_server_config_parse(&a->cfg, argc, argv, err, sizeof(err));
     if (rc == 1) {
-        pf_flags_usage(stdout, "pegaflow-server",
-                       "PegaFlow KV-cache server: saves vLLM KV blocks to pinned host memory, "
-                       "loads them back,\nspills to SSD and shares them across nodes.",
-                       pf_server_flags, pf_server_nflags);
+        pf_flags_usage_grouped(stdout, "pegaflow-server",
+                               "PegaFlow KV-cache server: saves vLLM KV blocks to pinned host "
+                               "memory, loads them back,\nspills to SSD and shares them across "
+                               "nodes.",
+                               pf_server_flags, pf_server_nflags, pf_server_flag_groups,
+                               pf_server_nflag_groups);
         pf_server_config_free(&a->cfg);
         return 0;
     }

@@ -105,6 +105,32 @@ const struct pf_flag pf_server_flags[] = {
 };
 const size_t pf_server_nflags = PF_ARRAY_SIZE(pf_server_flags);
 
+#define NAMES(...) ((const char *const[]){__VA_ARGS__, NULL})
+const struct pf_flag_group pf_server_flag_groups[] = {
+    {"Server",
+     NAMES("addr", "devices", "pool-size", "hint-value-size", "use-hugepages",
+           "enable-lfu-admission", "disable-numa-affinity", "blockwise-alloc", "log-level")},
+    {"HTTP & Metrics",
+     NAMES("http-addr", "enable-prometheus", "metrics-otel-endpoint", "metrics-period-secs",
+           "metric-hll-windows", "metric-hll-bucket-bits", "trace-sample-rate")},
+    {"SSD Cache", NAMES("ssd-cache-path", "ssd-cache-capacity", "ssd-cache-shards",
+                        "ssd-write-queue-depth", "ssd-prefetch-queue-depth", "ssd-write-inflight",
+                        "ssd-prefetch-inflight", "max-prefetch-blocks")},
+    {"Cross-Node (Multi-Node Setup; --nics and --metaserver-addr together)",
+     NAMES("nics", "metaserver-addr", "transfer-lock-timeout-secs", "metaserver-queue-depth",
+           "qps-per-peer")},
+    {"Engine and backends",
+     NAMES("pool-shards", "integrity", "gpu-backend", "net-backend", "rpc-threads")},
+    {"Testing and debugging", NAMES("enable-debug", "fault-spec", "sim-gpus", "sim-gpu-bandwidth")},
+};
+const size_t pf_server_nflag_groups = PF_ARRAY_SIZE(pf_server_flag_groups);
+#undef NAMES
+
+/* the one-line P2P start that works, printed with every refusal of the P2P flags */
+#define P2P_EXAMPLE                                                                                \
+    "pegaflow-server --addr 10.0.0.1:50055 --nics mlx5_0 --metaserver-addr "                       \
+    "http://10.0.0.100:50056"
+
 static int parse_devices(struct pf_server_config *cfg, char *err, size_t errlen)
 {
     if (cfg->devices.n == 0)
@@ -219,8 +245,11 @@ int pf_server_config_parse(struct pf_server_config *cfg, int argc, char **argv, 
     }
     bool has_nics = cfg->nics.n > 0, has_meta = cfg->metaserver_addr != NULL;
     if (has_nics != has_meta) {
-        snprintf(err, errlen, "%s: P2P needs --nics and --metaserver-addr together",
-                 has_nics ? "--nics" : "--metaserver-addr");
+        snprintf(err, errlen,
+                 "%s without %s: P2P needs --nics and --metaserver-addr together, with a routable "
+                 "--addr; e.g. " P2P_EXAMPLE,
+                 has_nics ? "--nics" : "--metaserver-addr",
+                 has_nics ? "--metaserver-addr" : "--nics");
         return -EINVAL;
     }
     if (has_meta) {
@@ -240,8 +269,9 @@ int pf_server_config_parse(struct pf_server_config *cfg, int argc, char **argv, 
         }
         if (pf_addr_is_unroutable(cfg->addr)) {
             snprintf(err, errlen,
-                     "--addr: %s is not routable; with P2P enabled other nodes connect to it "
-                     "(use this host's IP, not 0.0.0.0 or 127.0.0.1)",
+                     "--addr: %s is not routable; with --nics and --metaserver-addr other nodes "
+                     "connect to it (use this host's IP, not 0.0.0.0 or 127.0.0.1); "
+                     "e.g. " P2P_EXAMPLE,
                      cfg->addr);
             return -EINVAL;
         }
@@ -263,8 +293,11 @@ int pf_server_config_parse(struct pf_server_config *cfg, int argc, char **argv, 
     const char *what = cfg->fault_spec ? "--fault-spec" : "PEGAFLOW_FAULTS";
     if (spec && *spec) {
         if (!cfg->enable_debug) {
-            snprintf(err, errlen, "%s: fault injection is refused unless --enable-debug is given",
-                     what);
+            snprintf(err, errlen,
+                     "%s: fault injection is refused unless --enable-debug is given; add "
+                     "--enable-debug (test machines only), e.g. pegaflow-server --enable-debug "
+                     "--fault-spec '%s'",
+                     what, spec);
             return -EINVAL;
         }
         char e2[300];
