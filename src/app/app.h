@@ -24,6 +24,8 @@ struct pf_server_config {
     char *http_addr;
     bool enable_prometheus;
     char *metrics_otel_endpoint;
+    char *metrics_otel_protocol; /* resolved: the flag, else OTEL_EXPORTER_OTLP_*PROTOCOL */
+    int otlp_protocol;           /* enum pf_otlp_protocol of metrics_otel_protocol */
     uint64_t metrics_period_secs;
     struct pf_strlist ssd_cache_path;
     uint64_t ssd_cache_capacity;

@@ -352,8 +352,9 @@ int pf_server_main(int argc, char **argv)
     }
     if (a->cfg.metrics_otel_endpoint) {
         char err2[256];
-        if (pf_otlp_start(a->cfg.metrics_otel_endpoint, a->cfg.metrics_period_secs,
-                          "pegaflow-server", &a->otlp, err2, sizeof(err2)) != 0) {
+        if (pf_otlp_start(a->cfg.metrics_otel_endpoint, (enum pf_otlp_protocol)a->cfg.otlp_protocol,
+                          a->cfg.metrics_period_secs, "pegaflow-server", &a->otlp, err2,
+                          sizeof(err2)) != 0) {
             pf_error("%s", err2);
             goto out;
         }

@@ -10,6 +10,7 @@
 
 #include "app/app.h"
 #include "pf/fault.h"
+#include "pf/metrics.h"
 
 #define F(n_, t_, field_, def_, meta_, help_, ...)                                                 \
     {                                                                                              \
@@ -43,7 +44,11 @@ const struct pf_flag pf_server_flags[] = {
     F("enable-prometheus", PF_FLAG_BOOL, enable_prometheus, "true", NULL,
       "Serve Prometheus metrics on GET /metrics (--enable-prometheus=false disables)"),
     F("metrics-otel-endpoint", PF_FLAG_STR, metrics_otel_endpoint, NULL, "URL",
-      "OTLP/HTTP metrics export endpoint, e.g. http://collector:4318 (optional)"),
+      "OTLP metrics export endpoint, e.g. http://collector:4317 (grpc) or "
+      "http://collector:4318 (http/*) (optional)"),
+    F("metrics-otel-protocol", PF_FLAG_STR, metrics_otel_protocol, "grpc", "PROTOCOL",
+      "OTLP protocol: grpc, http/protobuf or http/json (unset: OTEL_EXPORTER_OTLP_PROTOCOL, "
+      "else grpc)"),
     F("metrics-period-secs", PF_FLAG_U64, metrics_period_secs, "10", "SECS",
       "OTLP export period in seconds", .min = 1, .max = 86400),
     F("ssd-cache-path", PF_FLAG_STRLIST, ssd_cache_path, NULL, "PATH",
@@ -110,9 +115,9 @@ const struct pf_flag_group pf_server_flag_groups[] = {
     {"Server",
      NAMES("addr", "devices", "pool-size", "hint-value-size", "use-hugepages",
            "enable-lfu-admission", "disable-numa-affinity", "blockwise-alloc", "log-level")},
-    {"HTTP & Metrics",
-     NAMES("http-addr", "enable-prometheus", "metrics-otel-endpoint", "metrics-period-secs",
-           "metric-hll-windows", "metric-hll-bucket-bits", "trace-sample-rate")},
+    {"HTTP & Metrics", NAMES("http-addr", "enable-prometheus", "metrics-otel-endpoint",
+                             "metrics-otel-protocol", "metrics-period-secs", "metric-hll-windows",
+                             "metric-hll-bucket-bits", "trace-sample-rate")},
     {"SSD Cache", NAMES("ssd-cache-path", "ssd-cache-capacity", "ssd-cache-shards",
                         "ssd-write-queue-depth", "ssd-prefetch-queue-depth", "ssd-write-inflight",
                         "ssd-prefetch-inflight", "max-prefetch-blocks")},
@@ -212,6 +217,41 @@ static int check_hll_windows(const char *s, char *err, size_t errlen)
     return 0;
 }
 
+/* --metrics-otel-protocol, else OTEL_EXPORTER_OTLP_METRICS_PROTOCOL, else
+ * OTEL_EXPORTER_OTLP_PROTOCOL (the OpenTelemetry SDK variables), else grpc */
+static int resolve_otlp_protocol(struct pf_server_config *cfg, char *err, size_t errlen)
+{
+    const char *what = "--metrics-otel-protocol";
+    /* the variables only matter when exporting: an unrelated value never stops the server */
+    if (cfg->metrics_otel_endpoint &&
+        !pf_flags_given(pf_server_flags, pf_server_nflags, "metrics-otel-protocol")) {
+        static const char *const envs[] = {"OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
+                                           "OTEL_EXPORTER_OTLP_PROTOCOL"};
+        for (size_t i = 0; i < PF_ARRAY_SIZE(envs); i++) {
+            const char *v = getenv(envs[i]);
+            if (v && *v) {
+                char *dup = strdup(v);
+                if (!dup)
+                    return -ENOMEM;
+                free(cfg->metrics_otel_protocol);
+                cfg->metrics_otel_protocol = dup;
+                what = envs[i];
+                break;
+            }
+        }
+    }
+    enum pf_otlp_protocol p;
+    if (pf_otlp_protocol_parse(cfg->metrics_otel_protocol, &p) != 0) {
+        snprintf(err, errlen,
+                 "%s: unknown OTLP protocol '%s'; use grpc (collectors on :4317), http/protobuf "
+                 "or http/json (on :4318)",
+                 what, cfg->metrics_otel_protocol);
+        return -EINVAL;
+    }
+    cfg->otlp_protocol = (int)p;
+    return 0;
+}
+
 static bool known_backend(const char *v, const char *const *names)
 {
     const char *b = strncmp(v, "faulty:", 7) == 0 ? v + 7 : v;
@@ -285,6 +325,9 @@ int pf_server_config_parse(struct pf_server_config *cfg, int argc, char **argv, 
             return -EINVAL;
         }
     }
+    rc = resolve_otlp_protocol(cfg, err, errlen);
+    if (rc)
+        return rc;
     rc = check_hll_windows(cfg->metric_hll_windows, err, errlen);
     if (rc)
         return rc;
