@@ -21,21 +21,21 @@ curl -fsS "http://127.0.0.1:$srv_HTTP/metrics" >"$tmp/metrics.txt" || fail "GET 
 port_of() { "$PF_BIN/$1" --help | grep -- '--http-addr' | grep -o 'default: [^)]*' | grep -o '[0-9]*$'; }
 sport=$(port_of pegaflow-server) mport=$(port_of pegaflow-metaserver)
 [ -n "$sport" ] && [ -n "$mport" ] || fail "no --http-addr default in --help"
-python3 "$check" "$ex/grafana-pegaflow.json" "$tmp/metrics.txt" "$ex/prometheus.yml" "$sport" "$mport" ||
+/usr/bin/python3 "$check" "$ex/grafana-pegaflow.json" "$tmp/metrics.txt" "$ex/prometheus.yml" "$sport" "$mport" ||
   fail "examples/metrics does not match what the server exposes"
 
 # the checker is not vacuous: an unknown metric, a missing area, a wrong port are refused
-python3 - "$ex/grafana-pegaflow.json" "$tmp/bad.json" <<'P'
+/usr/bin/python3 - "$ex/grafana-pegaflow.json" "$tmp/bad.json" <<'P'
 import json, sys
 d = json.load(open(sys.argv[1]))
 d["panels"].append({"title": "bogus", "targets": [{"expr": "rate(pegaflow_no_such_metric_total[5m])"}]})
 json.dump(d, open(sys.argv[2], "w"))
 P
-out=$(python3 "$check" "$tmp/bad.json" "$tmp/metrics.txt" 2>&1) && fail "checker accepted pegaflow_no_such_metric_total"
+out=$(/usr/bin/python3 "$check" "$tmp/bad.json" "$tmp/metrics.txt" 2>&1) && fail "checker accepted pegaflow_no_such_metric_total"
 echo "$out" | grep -q "pegaflow_no_such_metric_total, which the server does not expose" || fail "checker said: $out"
 echo '{"panels": [{"title": "pool", "targets": [{"expr": "pegaflow_pool_used_bytes"}]}]}' >"$tmp/small.json"
-out=$(python3 "$check" "$tmp/small.json" "$tmp/metrics.txt" 2>&1) && fail "checker accepted a dashboard without SSD/P2P panels"
+out=$(/usr/bin/python3 "$check" "$tmp/small.json" "$tmp/metrics.txt" 2>&1) && fail "checker accepted a dashboard without SSD/P2P panels"
 echo "$out" | grep -q "no panel for SSD" || fail "checker said: $out"
-out=$(python3 "$check" "$ex/grafana-pegaflow.json" "$tmp/metrics.txt" "$ex/prometheus.yml" 1234 "$mport" 2>&1) &&
+out=$(/usr/bin/python3 "$check" "$ex/grafana-pegaflow.json" "$tmp/metrics.txt" "$ex/prometheus.yml" 1234 "$mport" 2>&1) &&
   fail "checker accepted targets on the wrong port"
 echo "examples/metrics dashboard and scrape config match the server"
