@@ -248,6 +248,15 @@ static int resolve_otlp_protocol(struct pf_server_config *cfg, char *err, size_t
                  what, cfg->metrics_otel_protocol);
         return -EINVAL;
     }
+    if (p == PF_OTLP_GRPC && cfg->metrics_otel_endpoint &&
+        strncmp(cfg->metrics_otel_endpoint, "https://", 8) == 0) {
+        snprintf(err, errlen,
+                 "--metrics-otel-endpoint %s: TLS is not supported with OTLP/gRPC (%s grpc); use "
+                 "a plain http://host:4317 collector, or add --metrics-otel-protocol "
+                 "http/protobuf for an https:// endpoint",
+                 cfg->metrics_otel_endpoint, what);
+        return -EINVAL;
+    }
     cfg->otlp_protocol = (int)p;
     return 0;
 }
@@ -319,8 +328,11 @@ int pf_server_config_parse(struct pf_server_config *cfg, int argc, char **argv, 
     if (cfg->metrics_otel_endpoint) {
         char t[256];
         if (pf_url_to_target(cfg->metrics_otel_endpoint, t, sizeof(t)) != 0 &&
-            strncmp(cfg->metrics_otel_endpoint, "http://", 7) != 0) {
-            snprintf(err, errlen, "--metrics-otel-endpoint: '%s' is not an http://host:port URL",
+            strncmp(cfg->metrics_otel_endpoint, "http://", 7) != 0 &&
+            strncmp(cfg->metrics_otel_endpoint, "https://", 8) != 0) {
+            snprintf(err, errlen,
+                     "--metrics-otel-endpoint: '%s' is not an http://host:port URL (or "
+                     "https:// with an http/* --metrics-otel-protocol)",
                      cfg->metrics_otel_endpoint);
             return -EINVAL;
         }

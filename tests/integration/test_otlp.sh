@@ -81,4 +81,7 @@ out=$("$PF_BIN/pegaflow-server" --metrics-otel-endpoint http://127.0.0.1:1 --met
 [ $rc -eq 2 ] && grep -q -- "--metrics-otel-protocol: unknown OTLP protocol 'http'" <<<"$out" || pf_fail "bad flag: $rc $out"
 out=$(OTEL_EXPORTER_OTLP_PROTOCOL=thrift "$PF_BIN/pegaflow-server" --metrics-otel-endpoint http://127.0.0.1:1 2>&1); rc=$?
 [ $rc -eq 2 ] && grep -q "OTEL_EXPORTER_OTLP_PROTOCOL: unknown OTLP protocol 'thrift'" <<<"$out" || pf_fail "bad env: $rc $out"
+out=$("$PF_BIN/pegaflow-server" --metrics-otel-endpoint https://127.0.0.1:1 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q -- "TLS is not supported with OTLP/gRPC" <<<"$out" &&
+  grep -q -- "--metrics-otel-protocol http/protobuf" <<<"$out" || pf_fail "https with grpc: $rc $out"
 echo PASS

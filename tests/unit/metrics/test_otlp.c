@@ -215,6 +215,18 @@ static void test_protocol_names(void **st)
     assert_int_equal(pf_otlp_protocol_parse("http", &p), -EINVAL);
     assert_int_equal(pf_otlp_protocol_parse(NULL, &p), -EINVAL);
     assert_string_equal(pf_otlp_protocol_name(PF_OTLP_HTTP_PROTOBUF), "http/protobuf");
+    /* TLS: libcurl speaks https for the HTTP protocols, the gRPC channel is plaintext only */
+    struct pf_otlp_exporter *x;
+    char err[256];
+    assert_int_equal(
+        pf_otlp_start("https://127.0.0.1:1", PF_OTLP_GRPC, 3600, "u", &x, err, sizeof(err)),
+        -EINVAL);
+    assert_non_null(strstr(err, "TLS is not supported with OTLP/gRPC"));
+    assert_int_equal(pf_otlp_start("https://127.0.0.1:1/b", PF_OTLP_HTTP_PROTOBUF, 3600, "u", &x,
+                                   err, sizeof(err)),
+                     0);
+    assert_int_not_equal(pf_otlp_export_once(x), 0); /* nobody on port 1: counted, no hang */
+    pf_otlp_stop(x);
 }
 
 int main(void)
