@@ -15,7 +15,7 @@ pf_tmpdir
 py=/usr/bin/python3
 recv="$PF_TOP/tests/integration/otlp_receiver.py"
 "$py" -c 'import grpc' 2>/dev/null || pf_fail "python3-grpcio is missing (ci/install-deps.sh installs it)"
-seed=${PF_SEED:-$(date +%s)}
+seed=${PF_TEST_SEED:-$(date +%s)}
 echo "seed $seed"
 RANDOM=$seed
 
