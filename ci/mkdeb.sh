@@ -44,11 +44,12 @@ printf '/etc/default/pegaflow-server\n/etc/default/pegaflow-metaserver\n' >"$roo
 declare -A deps=()
 for f in "$root"/usr/bin/* "$root/usr/lib/$multiarch/libpegaflow.so"; do
   for so in $(objdump -p "$f" | awk '/NEEDED/ {print $2}'); do
-    path=$(ldconfig -p | awk -v s="$so" '$1 == s && /x86-64|64bit|AArch64/ {print $NF; exit}')
+    # (no early exit in the readers: a writer killed by SIGPIPE fails the pipe under pipefail)
+    path=$(ldconfig -p | awk -v s="$so" '$1 == s && /x86-64|64bit|AArch64/ && !p {p = $NF} END {print p}')
     [ -n "$path" ] || { echo "mkdeb: $f needs $so, which ldconfig does not know" >&2; exit 1; }
     pkg=
     for p in "$path" "$(readlink -f "$path")" "${path#/usr}" "$(readlink -f "$path" | sed 's|^/usr||')"; do
-      pkg=$(dpkg -S "$p" 2>/dev/null | head -n 1 | cut -d: -f1) && [ -n "$pkg" ] && break
+      pkg=$(dpkg -S "$p" 2>/dev/null | sed -n '1s/:.*//p') && [ -n "$pkg" ] && break
     done
     [ -n "$pkg" ] || { echo "mkdeb: no Debian package provides $path ($so, needed by $f)" >&2; exit 1; }
     deps[$pkg]=1

@@ -81,7 +81,7 @@ exit 3
 D
 chmod +x "$src/ci/install-deps.sh"
 out=$(cd "$src" && CC="$tmp/bin/cc" make --no-print-directory test 2>&1 || true)
-echo "$out" | head -5
+head -n 5 <<<"$out"
 grep -q 'DEPS-BEFORE-CONFIGURE' <<<"$out" || fail "make test configured before installing packages: $out"
 echo "ok: make test installs before it configures"
 

@@ -35,7 +35,8 @@ for f in usr/bin/pegaflow-server usr/bin/pegaflow-metaserver usr/bin/pegaflow-cl
   usr/share/man/man1/pegaflow-server.1.gz usr/share/man/man1/pegaflow-metaserver.1.gz; do
   [ -e "$root/$f" ] || pf_fail "the .deb lacks /$f"
 done
-dpkg-deb --ctrl-tarfile "$deb" | tar -xOf - ./conffiles | grep -qx /etc/default/pegaflow-server ||
+dpkg-deb -e "$deb" "$PF_TMP/control" || pf_fail "dpkg-deb -e"
+grep -qx /etc/default/pegaflow-server "$PF_TMP/control/conffiles" ||
   pf_fail "/etc/default/pegaflow-server is not a conffile"
 
 # man pages list every flag --help lists
