@@ -29,11 +29,17 @@ python_tag = py3
 plat_name = linux_$(uname -m)
 C
 rm -f "$out"/pegaflow_c-*.whl
-whl=$(cd "$src" && "$py" -c '
+log="$out/wheel-build.log"
+if ! (cd "$src" && "$py" -c '
 import sys
 from setuptools import build_meta
-print(build_meta.build_wheel(sys.argv[1]))' "$out" | tail -n 1) || {
-  echo "mkwheel: building the wheel failed" >&2; exit 1; }
+name = build_meta.build_wheel(sys.argv[1])
+open(sys.argv[2], "w").write(name)' "$out" "$out/wheel-name") >"$log" 2>&1; then
+  cat "$log" >&2
+  echo "mkwheel: building the wheel failed (log above)" >&2
+  exit 1
+fi
+whl=$(cat "$out/wheel-name")
 "$py" - "$out/$whl" <<'P'
 import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
