@@ -28,13 +28,14 @@ cat >"$src/setup.cfg" <<C
 python_tag = py3
 plat_name = linux_$(uname -m)
 C
-rm -f "$out"/pegaflow_c-*.whl
+rm -f "$out"/pegaflow_c-*.whl "$out/wheel-name"
 log="$out/wheel-build.log"
 if ! (cd "$src" && "$py" -c '
 import sys
 from setuptools import build_meta
-name = build_meta.build_wheel(sys.argv[1])
-open(sys.argv[2], "w").write(name)' "$out" "$out/wheel-name") >"$log" 2>&1; then
+out, name_file = sys.argv[1], sys.argv[2]  # build_wheel rewrites sys.argv
+name = build_meta.build_wheel(out)
+open(name_file, "w").write(name)' "$out" "$out/wheel-name") >"$log" 2>&1; then
   cat "$log" >&2
   echo "mkwheel: building the wheel failed (log above)" >&2
   exit 1
