@@ -1,6 +1,6 @@
 # Top-level convenience targets.
 PREFIX ?= /usr/local
-.PHONY: all run coverage format clean install bench deps help
+.PHONY: all run coverage format clean install bench bench-build deps help
 
 all: $(BINS) $(LIBPEGAFLOW)
 
@@ -23,9 +23,13 @@ coverage:
 	@$(MAKE) --no-print-directory COVERAGE=1 test-run || true
 	@ci/coverage-report.sh build/cov
 
-bench:
+# `make bench`: build, run every benchmark, write build/bench/report.md and report.json
+# (QUICK=1: smaller sizes, a smoke run; the figures then mean little). bench-build: build only.
+bench: bench-build
+	@/usr/bin/python3 bench/report.py --out build/bench --bin $(O) $(if $(QUICK),--quick)
+
+bench-build:
 	@$(MAKE) --no-print-directory -j$(NPROC) all $(BENCH_BINS)
-	@echo "benchmarks are in bench/; see bench/README.md"
 
 format:
 	@find src sim hw tests bench -name '*.[ch]' -print0 | xargs -0 clang-format -i

@@ -1,0 +1,213 @@
+#!/usr/bin/env python3
+"""One benchmark report: runs every benchmark of bench/ (or reads their JSON from --from DIR)
+and writes report.md and report.json: for each path the figure, its baseline, the ratio
+(min/median/max over the benchmark's runs) and the target.
+
+    python3 bench/report.py [--out build/bench] [--bin build/rel] [--quick] [--from DIR]
+
+Each benchmark measures its baseline in the same run, interleaved (see bench/README.md);
+this script only runs them and tabulates. A benchmark that fails or cannot run here (e.g.
+namespaces without root) is reported as such, never left out silently."""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+# name -> (binary, args for a full run, args for --quick)
+BENCHES = {
+    "engine": ("engine", [], ["--quick"]),
+    "ssd": ("ssd", [], ["--total", "256mb", "--rounds", "2"]),
+    "fabric": ("fabric", [], ["--size", "128m", "--reps", "2"]),
+    "p2p": ("p2p", [], ["--size", "128m", "--reps", "2", "--lat-reps", "3"]),
+    "metaserver": ("metaserver", [], ["--keys", "100000"]),
+}
+
+
+def run_bench(name, bindir, outdir, quick):
+    exe, full, q = BENCHES[name]
+    path = os.path.join(outdir, name + ".json")
+    cmd = [os.path.join(bindir, "bench", exe)] + (q if quick else full) + ["--json", path]
+    env = dict(os.environ)
+    env.setdefault("PF_BIN", os.path.join(bindir, "bin"))
+    log = os.path.join(outdir, name + ".log")
+    t0 = time.time()
+    print(f"report: running {' '.join(cmd)}", flush=True)
+    with open(log, "w") as f:
+        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+    print(f"report: {name} exit {rc} after {time.time() - t0:.0f} s (log {log})", flush=True)
+    if rc != 0:
+        return None, f"exit {rc} (see {log})"
+    try:
+        with open(path) as f:
+            return json.load(f), None
+    except (OSError, ValueError) as e:
+        return None, f"no JSON ({e})"
+
+
+def spread(vals):
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return None
+    return [min(vals), statistics.median(vals), max(vals)]
+
+
+def row(path, figure, baseline, ratio, target, better, note=""):
+    """ratio: [min, median, max] or a number or None; better: 'ge' or 'le' (the median vs
+    the target)."""
+    if isinstance(ratio, (int, float)):
+        ratio = [ratio, ratio, ratio]
+    met = None
+    if ratio is not None and target is not None:
+        met = ratio[1] >= target if better == "ge" else ratio[1] <= target
+    return {"path": path, "figure": figure, "baseline": baseline, "ratio": ratio,
+            "target": target, "better": better, "met": met, "note": note}
+
+
+def rows_engine(j):
+    out = []
+    for t in j.get("throughput", []):
+        kib = t["block_bytes"] >> 10
+        out.append(row(f"save until queryable, {kib} KiB blocks (integrity on)",
+                       f"{t['save_gbs']:.2f} GB/s", f"best copy {t['save_baseline_gbs']:.2f} GB/s",
+                       t["save_ratio"], 0.85, "ge"))
+        out.append(row(f"load, {kib} KiB blocks", f"{t['load_gbs']:.2f} GB/s",
+                       f"best copy {t['load_baseline_gbs']:.2f} GB/s", t["load_ratio"], 0.90, "ge"))
+    for q in j.get("query", []):
+        if q["hashes"] == 4096:
+            out.append(row(f"QueryPrefetch 4096 hashes at {j.get('resident_blocks')} blocks",
+                           f"p50 {q['p50_us']:.0f} us",
+                           f"same-bytes RPC p50 {q['same_bytes_p50_us']:.0f} us",
+                           q["p50_vs_same_bytes"], 1.5, "le"))
+    if "bytes_per_block" in j:
+        out.append(row(f"metadata per block at {j.get('resident_blocks')}, one slot",
+                       f"{j['bytes_per_block']:.0f} B", "-", j["bytes_per_block"], 128, "le",
+                       "figure in bytes, not a ratio"))
+    out.append(row("metadata per block, 32 per-layer slots", "not measured yet", "-", None, 640,
+                   "le"))
+    return out
+
+
+def rows_ssd(j):
+    return [row("SSD tier write vs raw O_DIRECT (same depth, same fs)",
+                f"{j['write']['tier_bytes_per_s'] / 1e9:.2f} GB/s",
+                f"raw {j['write']['raw_bytes_per_s'] / 1e9:.2f} GB/s", j["write"]["ratio"], 0.95,
+                "ge", "median of rounds"),
+            row("SSD tier read vs raw O_DIRECT", f"{j['read']['tier_bytes_per_s'] / 1e9:.2f} GB/s",
+                f"raw {j['read']['raw_bytes_per_s'] / 1e9:.2f} GB/s", j["read"]["ratio"], 0.90,
+                "ge", "median of rounds")]
+
+
+def rows_p2p(j):
+    targets = {262144: 0.85, 1048576: 0.90, 4194304: 0.95}
+    out = []
+    for t in j.get("throughput", []):
+        per = [p / r for p, r in zip(t.get("p2p_runs", []), t.get("raw_runs", [])) if r]
+        out.append(row(f"P2P fetch, {t['block'] >> 10} KiB blocks vs like-for-like TCP streams",
+                       f"{t['p2p_gbps']:.2f} GB/s", f"raw {t['raw_gbps']:.2f} GB/s",
+                       spread(per) or t["ratio"], targets.get(t["block"]), "ge"))
+    return out
+
+
+def rows_fabric(j):
+    out = []
+    for t in j.get("results", []):
+        per = [r / f for f, r in zip(t.get("fabric_s", []), t.get("raw_s", [])) if f]
+        out.append(row(f"TCP fabric READ, {t['block'] >> 10} KiB blocks vs one TCP stream",
+                       f"{t['fabric_gbps']:.2f} GB/s", f"raw {t['raw_gbps']:.2f} GB/s",
+                       spread(per) or t["ratio"], 0.7, "ge",
+                       "bytes verified" if t.get("verified") else "BYTES NOT VERIFIED"))
+    return out
+
+
+def rows_meta(j):
+    return [row(f"MetaServer memory per key at {j['keys']} keys", f"{j['rpc']['rss_bytes_per_key']:.0f} B",
+                "-", j["rpc"]["rss_bytes_per_key"], 64, "le", "figure in bytes, not a ratio"),
+            row("MetaServer in-process prefix queries/s", f"{j['store']['query_per_s']:.0f}/s", "-",
+                j["store"]["query_per_s"], 200000, "ge", "figure in queries/s, not a ratio"),
+            row("MetaServer QueryPrefixBlocks over gRPC vs an empty round trip",
+                f"{j['rpc']['query_per_s']:.0f}/s", f"empty RTT {j['rpc']['empty_rtt_per_s']:.0f}/s",
+                j["rpc"]["query_per_s"] / j["rpc"]["empty_rtt_per_s"] if j["rpc"]["empty_rtt_per_s"] else None,
+                None, "ge")]
+
+
+EXTRACT = {"engine": rows_engine, "ssd": rows_ssd, "p2p": rows_p2p, "fabric": rows_fabric,
+           "metaserver": rows_meta}
+NOT_YET = ["SSD tier through the server (save -> spill -> evict -> load from SSD)",
+           "Python connector step overhead vs direct libpegaflow calls",
+           "GPU save/load vs cudaMemcpyAsync (tests/gpu; needs a GPU)"]
+
+
+def fmt_ratio(r):
+    if r is None:
+        return "-"
+    if abs(r[0] - r[2]) < 1e-9:
+        return f"{r[1]:.3g}"
+    return f"{r[0]:.3g} / {r[1]:.3g} / {r[2]:.3g}"
+
+
+def write_report(results, errors, outdir, meta):
+    rows = []
+    for name, j in results.items():
+        try:
+            rows.extend(dict(r, bench=name) for r in EXTRACT[name](j))
+        except (KeyError, TypeError, ZeroDivisionError) as e:
+            errors[name] = f"unexpected JSON ({e!r})"
+    doc = {"meta": meta, "rows": rows, "errors": errors, "not_measured": NOT_YET}
+    with open(os.path.join(outdir, "report.json"), "w") as f:
+        json.dump(doc, f, indent=2)
+    lines = ["# PegaFlow benchmark report", "",
+             f"{meta['date']} on {meta['host']} ({meta['cpus']} CPUs){' — quick run' if meta['quick'] else ''}.",
+             "Every ratio is against a baseline measured in the same run (bench/README.md).", "",
+             "| bench | path | figure | baseline | ratio (min / median / max) | target | met |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        tgt = "-" if r["target"] is None else ("≥ " if r["better"] == "ge" else "≤ ") + f"{r['target']:g}"
+        met = "-" if r["met"] is None else ("yes" if r["met"] else "**no**")
+        note = f" ({r['note']})" if r["note"] else ""
+        lines.append(f"| {r['bench']} | {r['path']}{note} | {r['figure']} | {r['baseline']} | "
+                     f"{fmt_ratio(r['ratio'])} | {tgt} | {met} |")
+    if errors:
+        lines += ["", "## Benchmarks that did not produce figures", ""]
+        lines += [f"- `{k}`: {v}" for k, v in sorted(errors.items())]
+    lines += ["", "## Not measured yet", ""] + [f"- {x}" for x in NOT_YET]
+    with open(os.path.join(outdir, "report.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="build/bench")
+    ap.add_argument("--bin", default="build/rel")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--from", dest="src", help="read <name>.json from DIR instead of running")
+    ap.add_argument("--only", help="comma-separated benchmarks")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    names = a.only.split(",") if a.only else list(BENCHES)
+    results, errors = {}, {}
+    for n in names:
+        if a.src:
+            try:
+                with open(os.path.join(a.src, n + ".json")) as f:
+                    results[n] = json.load(f)
+            except (OSError, ValueError) as e:
+                errors[n] = f"no JSON ({e})"
+            continue
+        j, err = run_bench(n, a.bin, a.out, a.quick)
+        if j is None:
+            errors[n] = err
+        else:
+            results[n] = j
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host": os.uname().nodename,
+            "cpus": os.cpu_count(), "quick": a.quick}
+    rows = write_report(results, errors, a.out, meta)
+    print(open(os.path.join(a.out, "report.md")).read())
+    return 0 if rows else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
