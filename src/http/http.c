@@ -10,6 +10,7 @@
 #include <microhttpd.h>
 
 #define PF_LOG_MOD "http"
+#include "http/http_internal.h"
 #include "pf/config.h"
 #include "pf/http.h"
 #include "pf/log.h"
@@ -19,6 +20,7 @@ struct pf_http_server {
     const struct pf_http_route *routes;
     size_t nroutes;
     void *ctx;
+    char *admin_token; /* NULL: POST endpoints are open */
 };
 
 int pf_http_resp_text(struct pf_http_resp *resp, int status, const char *text)
@@ -96,6 +98,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         pf_http_resp_text(&r, 404, msg);
         return send_resp(conn, &r, NULL);
     }
+    if (pf_http_admin_check(conn, method, s->admin_token) != 0) {
+        pf_log_ratelimited(PF_LOG_WARN, 5000, "HTTP %s %s refused: missing or wrong admin token",
+                           method, url);
+        pf_http_resp_text(&r, 401, "admin token required: Authorization: Bearer TOKEN\n");
+        return send_resp(conn, &r, NULL);
+    }
     struct pf_http_req req = {.method = method, .path = url, .conn = conn};
     r.status = 200;
     int rc = hit->fn(s->ctx, &req, &r);
@@ -112,6 +120,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 int pf_http_server_start(const char *addr, const struct pf_http_route *routes, size_t nroutes,
                          void *ctx, struct pf_http_server **s_p, int *bound_port_p, char *err,
                          size_t errlen)
+{
+    return pf_http_server_start_auth(addr, routes, nroutes, ctx, NULL, s_p, bound_port_p, err,
+                                     errlen);
+}
+
+int pf_http_server_start_auth(const char *addr, const struct pf_http_route *routes, size_t nroutes,
+                              void *ctx, const char *admin_token, struct pf_http_server **s_p,
+                              int *bound_port_p, char *err, size_t errlen)
 {
     char host[256];
     uint16_t port;
@@ -136,6 +152,11 @@ int pf_http_server_start(const char *addr, const struct pf_http_route *routes, s
     s->routes = routes;
     s->nroutes = nroutes;
     s->ctx = ctx;
+    if (admin_token && !(s->admin_token = strdup(admin_token))) {
+        freeaddrinfo(res);
+        free(s);
+        return -ENOMEM;
+    }
     unsigned flags =
         MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG;
     if (res->ai_family == AF_INET6)
@@ -146,6 +167,7 @@ int pf_http_server_start(const char *addr, const struct pf_http_route *routes, s
     freeaddrinfo(res);
     if (!s->d) {
         snprintf(err, errlen, "cannot listen on %s (address in use or not local)", addr);
+        free(s->admin_token);
         free(s);
         return -EADDRINUSE;
     }
@@ -162,5 +184,9 @@ void pf_http_server_stop(struct pf_http_server *s)
     if (!s)
         return;
     MHD_stop_daemon(s->d);
+    if (s->admin_token) {
+        memset(s->admin_token, 0, strlen(s->admin_token));
+        free(s->admin_token);
+    }
     free(s);
 }

@@ -92,6 +92,9 @@ struct pf_rpc_method {
     pf_rpc_stream_closed_fn stream_closed;
 };
 
+struct pf_auth;
+struct pf_rpc_access_rule;
+
 struct pf_rpc_server_config {
     const char *addr; /* host:port; port 0 = pick one (see bound_port) */
     int threads;
@@ -99,6 +102,14 @@ struct pf_rpc_server_config {
     size_t nmethods;
     void *ctx;                 /* handlers' first argument */
     const char *metric_prefix; /* "pegaflow" or "pegaflow_metaserver" */
+    /* Security (pf/auth.h; all optional). auth: TLS on addr and the cluster token; rules:
+     * method classes (NULL: every method is PEER); local_only: LOCAL methods refuse remote
+     * callers without the token; local_addr: a second, plaintext listener ("unix:PATH"). */
+    const struct pf_auth *auth;
+    const struct pf_rpc_access_rule *rules;
+    size_t nrules;
+    bool local_only;
+    const char *local_addr;
 };
 
 struct pf_rpc_server;
