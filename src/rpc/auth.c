@@ -344,6 +344,62 @@ bool pf_auth_peer_is_local(const char *peer)
     return if_has(&a6);
 }
 
+static int parse_ip(const char *host, struct in6_addr *a6)
+{
+    struct in_addr a4;
+    if (inet_pton(AF_INET, host, &a4) == 1) {
+        map_v4(&a4, a6);
+        return 0;
+    }
+    return inet_pton(AF_INET6, host, a6) == 1 ? 0 : -EINVAL;
+}
+
+static bool is_loopback6(const struct in6_addr *a)
+{
+    return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+}
+
+bool pf_auth_ip_in(const char *host, const char (*ips)[PF_AUTH_IP_MAX], size_t n)
+{
+    struct in6_addr h, x;
+    if (parse_ip(host, &h) != 0)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        if (parse_ip(ips[i], &x) != 0)
+            continue;
+        if (memcmp(&h, &x, sizeof(h)) == 0 || (is_loopback6(&h) && is_loopback6(&x)))
+            return true;
+    }
+    return false;
+}
+
+void pf_rpc_call_identities(struct pf_rpc_call *call, char (*ips)[PF_AUTH_IP_MAX], size_t max,
+                            size_t *n_p)
+{
+    size_t n = 0;
+    if (max > 0 && pf_auth_peer_ip(pf_rpc_call_peer(call), ips[0], PF_AUTH_IP_MAX) == 0)
+        n++;
+    grpc_auth_context *ctx = grpc_call_auth_context(pf_rpc_call_grpc(call));
+    if (ctx) {
+        if (grpc_auth_context_peer_is_authenticated(ctx)) {
+            grpc_auth_property_iterator it =
+                grpc_auth_context_find_properties_by_name(ctx, GRPC_X509_SAN_PROPERTY_NAME);
+            const grpc_auth_property *pr;
+            while (n < max && (pr = grpc_auth_property_iterator_next(&it)) != NULL) {
+                if (pr->value_length == 0 || pr->value_length >= PF_AUTH_IP_MAX)
+                    continue;
+                memcpy(ips[n], pr->value, pr->value_length);
+                ips[n][pr->value_length] = '\0';
+                struct in6_addr a;
+                if (parse_ip(ips[n], &a) == 0) /* DNS names are not addresses */
+                    n++;
+            }
+        }
+        grpc_auth_context_release(ctx);
+    }
+    *n_p = n;
+}
+
 /* ------------------------------------------------------------------ policy */
 
 int pf_auth_check(const struct pf_auth *a, const struct pf_rpc_access_rule *rules, size_t nrules,

@@ -18,5 +18,8 @@ grpc_slice pf_rpc_bb_to_slice(grpc_byte_buffer *bb);
 /* Server credentials of a listener: SSL when a has a certificate (requiring a client
  * certificate signed by a->ca_pem when set), else insecure. Caller releases. */
 grpc_server_credentials *pf_auth_server_creds(const struct pf_auth *a);
+struct pf_rpc_call;
+/* The core call behind a handler's call (server.c). */
+grpc_call *pf_rpc_call_grpc(struct pf_rpc_call *call);
 
 #endif

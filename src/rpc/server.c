@@ -144,6 +144,11 @@ const char *pf_rpc_call_peer(struct pf_rpc_call *call)
     return call->peer ? call->peer : "";
 }
 
+grpc_call *pf_rpc_call_grpc(struct pf_rpc_call *call)
+{
+    return call->call;
+}
+
 static void record(struct pf_rpc_call *c)
 {
     struct pf_rpc_server *s = c->srv;

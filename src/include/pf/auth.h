@@ -83,6 +83,19 @@ bool pf_auth_peer_is_local(const char *peer);
  * the peer is not an IP endpoint (unix sockets). */
 int pf_auth_peer_ip(const char *peer, char *host, size_t hostlen);
 
+/* Longest IP text (IPv6 with room). */
+#define PF_AUTH_IP_MAX 64
+struct pf_rpc_call;
+/* The addresses a caller has proven: its transport IP (first; none for a Unix socket) and,
+ * with mutual TLS, the IP subjectAltNames of its verified certificate. Writes up to max
+ * entries into ips and their number into *n_p. Valid in a handler. */
+void pf_rpc_call_identities(struct pf_rpc_call *call, char (*ips)[PF_AUTH_IP_MAX], size_t max,
+                            size_t *n_p);
+/* Is host (an IP literal) in ips[0..n), comparing parsed addresses (so "::ffff:1.2.3.4"
+ * equals "1.2.3.4")? Two loopback addresses count as equal: single-host simulations give
+ * nodes distinct 127.0.0.x identities while their connections come from 127.0.0.1. */
+bool pf_auth_ip_in(const char *host, const char (*ips)[PF_AUTH_IP_MAX], size_t n);
+
 /* Checks a call to `path` by `peer` carrying `token` (NULL: none; tlen bytes) against the
  * policy: rules (NULL: every method is PEER), the credentials (NULL: none configured) and
  * whether LOCAL methods are restricted to this host. Returns 0 (allowed) or the gRPC code
