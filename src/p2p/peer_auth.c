@@ -55,8 +55,8 @@ int p2p_endpoints_check(struct pf_p2p *p, const Pegaflow__HandshakeMetadata *m,
         const Pegaflow__HandshakeNic *nic = m->nics[k];
         for (size_t j = 0; nic && j < nic->n_endpoints; j++) {
             char h[PF_AUTH_IP_MAX];
-            int rc = pf_net_ep_host(p->net, nic->endpoints[j].data, nic->endpoints[j].len, h,
-                                    sizeof(h));
+            int rc =
+                pf_net_ep_host(p->net, nic->endpoints[j].data, nic->endpoints[j].len, h, sizeof(h));
             if (rc == -EOPNOTSUPP)
                 return 0; /* the backend does not connect by address */
             if (rc) {
@@ -67,8 +67,7 @@ int p2p_endpoints_check(struct pf_p2p *p, const Pegaflow__HandshakeMetadata *m,
                 snprintf(err, errlen,
                          "nics[%zu].endpoints[%zu] names %s, which is not an address %s is "
                          "known by (%s%s)",
-                         k, j, h, who, nhosts ? hosts[0] : "none",
-                         nhosts > 1 ? ", ..." : "");
+                         k, j, h, who, nhosts ? hosts[0] : "none", nhosts > 1 ? ", ..." : "");
                 return -EACCES;
             }
         }
@@ -99,9 +98,8 @@ int p2p_handshake_authorize(struct pf_p2p *p, const Pegaflow__RdmaHandshakeReque
     }
     if (!r->handshake_metadata.len)
         return 0; /* rejected as empty by the handshake itself */
-    Pegaflow__HandshakeMetadata *m =
-        pegaflow__handshake_metadata__unpack(NULL, r->handshake_metadata.len,
-                                             r->handshake_metadata.data);
+    Pegaflow__HandshakeMetadata *m = pegaflow__handshake_metadata__unpack(
+        NULL, r->handshake_metadata.len, r->handshake_metadata.data);
     if (!m)
         return 0; /* rejected as malformed by the handshake itself */
     int rc = p2p_endpoints_check(p, m, ids, nids, who, err, errlen);

@@ -86,8 +86,7 @@ struct pf_net_ops {
      * a connection to, so the P2P layer can refuse endpoints naming another host
      * (docs/security.md). -EINVAL for a malformed endpoint; NULL (-EOPNOTSUPP) when the
      * backend does not connect by IP address (verbs: the fabric routes by GID). */
-    int (*ep_host)(struct pf_net *n, const void *remote_ep, size_t len, char *host,
-                   size_t hostlen);
+    int (*ep_host)(struct pf_net *n, const void *remote_ep, size_t len, char *host, size_t hostlen);
     /* Posts one READ of sum(sge[i].len) bytes from (raddr, rkey). -EAGAIN when the send
      * queue is full (poll, then retry), -ENOTCONN when the QP is not connected or broken. */
     int (*post_read)(struct pf_net_qp *qp, const struct pf_net_sge *sge, size_t nsge,
