@@ -467,10 +467,6 @@ static int add_local_listener(struct pf_rpc_server *s, const char *addr, char *e
 {
     if (!addr)
         return 0;
-    if (strncmp(addr, "unix:", 5) != 0 || !addr[5]) {
-        snprintf(err, errlen, "local address '%s' is not unix:PATH", addr);
-        return -EINVAL;
-    }
     grpc_server_credentials *cr = grpc_insecure_server_credentials_create();
     int port = grpc_server_add_http2_port(s->srv, addr, cr);
     grpc_server_credentials_release(cr);
@@ -484,6 +480,10 @@ static int add_local_listener(struct pf_rpc_server *s, const char *addr, char *e
 int pf_rpc_server_start(const struct pf_rpc_server_config *cfg, struct pf_rpc_server **s_p,
                         int *bound_port_p, char *err, size_t errlen)
 {
+    if (cfg->local_addr && (strncmp(cfg->local_addr, "unix:", 5) != 0 || !cfg->local_addr[5])) {
+        snprintf(err, errlen, "local address '%s' is not unix:PATH", cfg->local_addr);
+        return -EINVAL;
+    }
     int rc = probe_bind(cfg->addr, err, errlen);
     if (rc)
         return rc;
@@ -539,8 +539,11 @@ int pf_rpc_server_start(const struct pf_rpc_server_config *cfg, struct pf_rpc_se
         goto err_srv;
     }
     rc = add_local_listener(s, cfg->local_addr, err, errlen);
-    if (rc)
+    if (rc) {
+        /* a server with a listener may only be destroyed after a shutdown */
+        grpc_server_shutdown_and_notify(s->srv, s->cq, &s->shutdown_tag);
         goto err_srv;
+    }
     grpc_server_start(s->srv);
     s->thr = calloc((size_t)s->nthreads, sizeof(pthread_t));
     if (!s->thr) {
