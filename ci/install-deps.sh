@@ -18,7 +18,7 @@ PKGS=(
   libxxhash-dev
   libcjson-dev
   python3-numpy python3-pytest python3-cbor2 python3-xxhash
-  iproute2 curl
+  iproute2 curl openssl
   clang-format
 )
 
