@@ -1029,6 +1029,31 @@ static void sc_auth(void)
         PFT_CHECK(kill(NA.p.pid, 0) == 0 && !pft_log_contains(&NA.p, "Shutdown requested"),
                   "A obeyed a refused Shutdown");
     }
+    if (netns) {
+        /* Session (a parked stream) from another host without the token: refused, and the
+         * refusal is a status, not an accepted stream */
+        struct pf_rpc_channel_opts so = {.tls = true};
+        char *sca = sec_file("ca.crt"), *scrt = sec_file("t.crt"), *skey = sec_file("t.key");
+        so.ca_pem = sca;
+        so.cert_pem = scrt;
+        so.key_pem = skey;
+        struct pf_rpc_channel *sch;
+        PFT_CHECK(pf_rpc_channel_open_opts(NA.p.addr, &so, &sch) == 0, "channel");
+        Pegaflow__SessionRequest sr = PEGAFLOW__SESSION_REQUEST__INIT;
+        sr.instance_id = (char *)"inst-A";
+        struct pf_rpc_stream *ss = NULL;
+        struct pf_rpc_status sst = {0};
+        int src = pf_rpc_stream_open(sch, "/pegaflow.Engine/Session", &sr.base, 5000, &ss, &sst);
+        PFT_CHECK(src != 0 && sst.code == PF_GRPC_PERMISSION_DENIED,
+                  "Session from another host without the token: rc %d %s (%s)", src,
+                  pf_grpc_code_name(sst.code), sst.msg);
+        pf_rpc_channel_close(sch);
+        free(sca);
+        free(scrt);
+        free(skey);
+        fprintf(stderr, "    %-44s %-26s -> %s\n", "Engine/Session", "mTLS, no token",
+                pf_grpc_code_name(sst.code));
+    }
     const struct cred unix_none = {"unix socket, nothing", false, NULL, NULL};
     code = call_as(NA.sock, &unix_none, unreg, &ur.base, &pegaflow__unregister_response__descriptor,
                    msg, sizeof(msg));

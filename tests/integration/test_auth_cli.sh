@@ -112,6 +112,8 @@ echo "$out" | grep -q "wrong cluster token" || fail "wrong token: $out"
 h="http://127.0.0.1:$tls_HTTP"
 code=$(curl -s -o /dev/null -w '%{http_code}' -X POST "$h/cache/memory/cleanup")
 [ "$code" = 401 ] || fail "POST without token -> $code"
+curl -s -D - -o /dev/null -X POST "$h/instances/cleanup" | grep -qi '^WWW-Authenticate: Bearer' ||
+  fail "401 without WWW-Authenticate: Bearer"
 code=$(curl -s -o /dev/null -w '%{http_code}' -X POST -H "Authorization: Bearer $(cat "$pki/wrong-token")" "$h/cache/memory/cleanup")
 [ "$code" = 401 ] || fail "POST with a wrong token -> $code"
 code=$(curl -s -o /dev/null -w '%{http_code}' -X POST -H "Authorization: Basic $(cat "$pki/admin-token")" "$h/cache/memory/cleanup")
