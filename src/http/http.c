@@ -59,6 +59,21 @@ static enum MHD_Result send_resp(struct MHD_Connection *conn, struct pf_http_res
     return ret;
 }
 
+/* 401 with WWW-Authenticate: Bearer (--admin-token-file, see http/auth.c). */
+static enum MHD_Result send_unauthorized(struct MHD_Connection *conn)
+{
+    static const char body[] = "admin token required: Authorization: Bearer TOKEN\n";
+    struct MHD_Response *mr =
+        MHD_create_response_from_buffer(sizeof(body) - 1, (void *)body, MHD_RESPMEM_PERSISTENT);
+    if (!mr)
+        return MHD_NO;
+    MHD_add_response_header(mr, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
+    MHD_add_response_header(mr, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    enum MHD_Result ret = MHD_queue_response(conn, 401, mr);
+    MHD_destroy_response(mr);
+    return ret;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version, const char *upload_data,
                                   size_t *upload_size, void **con_cls)
@@ -101,8 +116,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (pf_http_admin_check(conn, method, s->admin_token) != 0) {
         pf_log_ratelimited(PF_LOG_WARN, 5000, "HTTP %s %s refused: missing or wrong admin token",
                            method, url);
-        pf_http_resp_text(&r, 401, "admin token required: Authorization: Bearer TOKEN\n");
-        return send_resp(conn, &r, NULL);
+        return send_unauthorized(conn);
     }
     struct pf_http_req req = {.method = method, .path = url, .conn = conn};
     r.status = 200;
