@@ -72,7 +72,7 @@ int pf_client_connect(const char *target, struct pf_client **c_p)
     rc = pf_auth_env_load(&env, &o, aerr, sizeof(aerr));
     if (rc) {
         set_err(PF_GRPC_INVALID_ARGUMENT, aerr);
-        return rc;
+        return -EINVAL; /* matches the recorded status (an unreadable file is a bad setting) */
     }
     struct pf_client *c = calloc(1, sizeof(*c));
     if (!c) {

@@ -1,5 +1,7 @@
 /* Authentication policy of the gRPC layer (pf/auth.h): credential files, the per-call check
- * (token metadata, caller locality, method class) and gRPC SSL credentials.
+ * (token metadata, caller locality, method class). Part of libpegaflow too (channel options
+ * from the environment); what needs the server (a call's identities, listener credentials)
+ * is in auth_server.c.
  *
  * Locality: a caller is local when it came in over a Unix socket, from loopback, or from an
  * address one of this host's interfaces carries. The interface list is cached and re-read
@@ -373,33 +375,6 @@ bool pf_auth_ip_in(const char *host, const char (*ips)[PF_AUTH_IP_MAX], size_t n
     return false;
 }
 
-void pf_rpc_call_identities(struct pf_rpc_call *call, char (*ips)[PF_AUTH_IP_MAX], size_t max,
-                            size_t *n_p)
-{
-    size_t n = 0;
-    if (max > 0 && pf_auth_peer_ip(pf_rpc_call_peer(call), ips[0], PF_AUTH_IP_MAX) == 0)
-        n++;
-    grpc_auth_context *ctx = grpc_call_auth_context(pf_rpc_call_grpc(call));
-    if (ctx) {
-        if (grpc_auth_context_peer_is_authenticated(ctx)) {
-            grpc_auth_property_iterator it =
-                grpc_auth_context_find_properties_by_name(ctx, GRPC_X509_SAN_PROPERTY_NAME);
-            const grpc_auth_property *pr;
-            while (n < max && (pr = grpc_auth_property_iterator_next(&it)) != NULL) {
-                if (pr->value_length == 0 || pr->value_length >= PF_AUTH_IP_MAX)
-                    continue;
-                memcpy(ips[n], pr->value, pr->value_length);
-                ips[n][pr->value_length] = '\0';
-                struct in6_addr a;
-                if (parse_ip(ips[n], &a) == 0) /* DNS names are not addresses */
-                    n++;
-            }
-        }
-        grpc_auth_context_release(ctx);
-    }
-    *n_p = n;
-}
-
 /* ------------------------------------------------------------------ policy */
 
 int pf_auth_check(const struct pf_auth *a, const struct pf_rpc_access_rule *rules, size_t nrules,
@@ -443,18 +418,6 @@ int pf_auth_check(const struct pf_auth *a, const struct pf_rpc_access_rule *rule
 }
 
 /* ------------------------------------------------------------------ credentials */
-
-grpc_server_credentials *pf_auth_server_creds(const struct pf_auth *a)
-{
-    if (!a || !a->cert_pem)
-        return grpc_insecure_server_credentials_create();
-    grpc_ssl_pem_key_cert_pair kp = {.private_key = a->key_pem, .cert_chain = a->cert_pem};
-    return grpc_ssl_server_credentials_create_ex(
-        a->ca_pem, &kp, 1,
-        a->ca_pem ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
-                  : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
-        NULL);
-}
 
 void pf_auth_channel_opts(const struct pf_auth *a, struct pf_rpc_channel_opts *o)
 {
