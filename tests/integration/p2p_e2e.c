@@ -1097,6 +1097,16 @@ static void sc_auth(void)
         expect_code(NA.p.addr, &good, "/pegaflow.Engine/RdmaHandshake", &hs.base,
                     &pegaflow__rdma_handshake_response__descriptor, PF_GRPC_PERMISSION_DENIED,
                     MS.ip);
+        /* proven by the certificate only (test_auth.sh puts 10.77.0.200 in t's
+         * subjectAltName; no host has it): authorised, so A tries the endpoint, which names
+         * the client's own address where nothing listens on port 9 */
+        inet_pton(AF_INET, getenv("PF_P2P_IP_T"), e.ip);
+        tcpnet_ep_encode(ep, &e);
+        hs.handshake_metadata.len = pegaflow__handshake_metadata__pack(&md, blob);
+        hs.requester_id = (char *)"10.77.0.200:9";
+        expect_code(NA.p.addr, &good, "/pegaflow.Engine/RdmaHandshake", &hs.base,
+                    &pegaflow__rdma_handshake_response__descriptor, PF_GRPC_UNAVAILABLE,
+                    "cannot connect QP");
     }
 
     /* HTTP: POST needs the admin token; GET /health and /metrics stay open */
