@@ -157,6 +157,10 @@ int main(int argc, char **argv)
             protobuf_c_message_free_unpacked(resp, NULL);
     }
     printf("%s %s\n", pf_grpc_code_name(st.code), st.msg);
+    fflush(stdout);
     pf_rpc_channel_close(ch);
+    free((void *)o.ca_pem);
+    free((void *)o.cert_pem);
+    free((void *)o.key_pem);
     return 0;
 }

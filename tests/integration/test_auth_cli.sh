@@ -124,6 +124,39 @@ for p in /health /metrics /instances; do
   code=$(curl -s -o /dev/null -w '%{http_code}' "$h$p")
   [ "$code" = 200 ] || fail "GET $p -> $code"
 done
+# method classes over loopback (a local caller) on the mutual-TLS node, with auth_tool
+T="$PF_TESTBIN/auth_tool"
+K=(--ca "$pki/ca.crt" --cert "$pki/lo.crt" --key "$pki/lo.key")
+at() { "$T" "$@" --timeout-ms 3000 2>/dev/null | cut -d' ' -f1; }
+[ "$(at "127.0.0.1:$tls_GRPC" Health "${K[@]}")" = OK ] || fail "Health without the token"
+[ "$(at "127.0.0.1:$tls_GRPC" Session "${K[@]}")" = OK ] || fail "Session from loopback without the token"
+[ "$(at "127.0.0.1:$tls_GRPC" RdmaHandshake "${K[@]}")" = UNAUTHENTICATED ] ||
+  fail "RdmaHandshake without the token"
+[ "$(at "127.0.0.1:$tls_GRPC" QueryBlocksForTransfer "${K[@]}")" = UNAUTHENTICATED ] ||
+  fail "QueryBlocksForTransfer without the token"
+[ "$(at "127.0.0.1:$tls_GRPC" QueryBlocksForTransfer "${K[@]}" --token "$(cat "$pki/token")")" = FAILED_PRECONDITION ] ||
+  fail "QueryBlocksForTransfer with the token (no --nics: FAILED_PRECONDITION)"
+# the MetaServer: mutual TLS and the token, every wrong credential refused
+start_proc ms pegaflow-metaserver "${L[@]}" --tls-cert "$pki/lo.crt" --tls-key "$pki/lo.key" \
+  --tls-ca "$pki/ca.crt" --cluster-token-file "$pki/token"
+M="127.0.0.1:$ms_GRPC"
+tok=$(cat "$pki/token")
+[ "$(at "$M" meta.QueryPrefixBlocks "${K[@]}" --token "$tok")" = INVALID_ARGUMENT ] ||
+  fail "MetaServer with mTLS + token: want the handler's INVALID_ARGUMENT (no hashes)"
+[ "$(at "$M" meta.QueryPrefixBlocks "${K[@]}")" = UNAUTHENTICATED ] || fail "MetaServer, no token"
+[ "$(at "$M" meta.HeartbeatNode "${K[@]}" --token "$(cat "$pki/wrong-token")")" = UNAUTHENTICATED ] ||
+  fail "MetaServer, wrong token"
+[ "$(at "$M" meta.QueryPrefixBlocks --ca "$pki/ca.crt" --cert "$pki/rogue.crt" --key "$pki/rogue.key" --token "$tok")" = UNAVAILABLE ] ||
+  fail "MetaServer, certificate of another CA"
+[ "$(at "$M" meta.QueryPrefixBlocks --ca "$pki/ca.crt" --token "$tok")" = UNAVAILABLE ] ||
+  fail "MetaServer, no client certificate"
+[ "$(at "$M" meta.QueryPrefixBlocks --token "$tok")" = UNAVAILABLE ] || fail "MetaServer, plaintext"
+[ "$(at "$M" meta.QueryPrefixBlocks --ca "$pki/rogue-ca.crt" --cert "$pki/lo.crt" --key "$pki/lo.key" --token "$tok")" = UNAVAILABLE ] ||
+  fail "a MetaServer certificate from another CA was trusted"
+kill -TERM "$ms_PID"
+wait_exit "$ms_PID" 15
+[ "$EXIT_RC" = 0 ] || fail "MetaServer exit $EXIT_RC"
+
 # Shutdown over the Unix socket (a local caller) works
 "$PF_BIN/pegaflow-cli" --addr "unix:$sock" shutdown >/dev/null || fail "Shutdown over the unix socket"
 wait_exit "$tls_PID" 15
