@@ -130,8 +130,10 @@ void pf_auth_channel_opts(const struct pf_auth *a, struct pf_rpc_channel_opts *o
 
 /* The channel options libpegaflow takes from its environment: PEGAFLOW_TLS_CA (TLS with
  * that CA), PEGAFLOW_TLS_CERT + PEGAFLOW_TLS_KEY (client certificate), PEGAFLOW_TOKEN_FILE
- * (cluster token). The PEM texts and the token are malloc'ed into *bufs (free with
- * pf_auth_env_free). -errno with a message when a named file is unreadable. */
+ * (cluster token). The PEM texts and the token are malloc'ed into *e and *o points into
+ * them (free with pf_auth_env_free after the channel is open: channels copy). -errno with a
+ * message naming the variable when a file is unreadable or malformed, or only one of
+ * CERT/KEY is set (-EINVAL). */
 struct pf_auth_env {
     char *ca, *cert, *key, *token;
 };
