@@ -26,6 +26,7 @@
 
 #define PF_LOG_MOD "simgpu"
 #include "pf/clock.h"
+#include "pf/guard.h"
 #include "pf/hal.h"
 #include "pf/log.h"
 #include "pf/thread.h"
@@ -317,17 +318,31 @@ static void *stream_main(void *arg)
         struct batch *b = st->head;
         pthread_mutex_unlock(&st->mu);
         uint64_t bytes = 0;
+        int err = 0;
         for (size_t i = 0; i < b->n; i++) {
             struct copy_op *op = &b->ops[i];
-            if (b->dir == PF_COPY_D2H)
-                memcpy(op->host, op->dev, op->len);
-            else
-                memcpy(op->dev, op->host, op->len);
+            /* the device side is a client's shm object: a client that shrinks it must fail
+             * this batch, not kill the server (SIGBUS contained by pf_guard_copy) */
+            int rc = err                     ? 0
+                     : b->dir == PF_COPY_D2H ? pf_guard_copy(op->host, op->dev, op->len)
+                                             : pf_guard_copy(op->dev, op->host, op->len);
+            if (rc) {
+                pf_log_ratelimited(PF_LOG_WARN, 1000,
+                                   "%s copy %zu of %zu faulted: sim GPU memory %s is no "
+                                   "longer backed at offset %llu (+%llu bytes; the client "
+                                   "shrank or removed it)",
+                                   b->dir == PF_COPY_D2H ? "D2H" : "H2D", i, b->n, op->map->name,
+                                   (unsigned long long)((char *)op->dev - (char *)op->map->host),
+                                   (unsigned long long)op->len);
+                err = -EFAULT;
+            }
             bytes += op->len;
             map_put(op->map);
         }
         throttle(st->g, dev, bytes);
         pthread_mutex_lock(&st->mu);
+        if (err && !st->first_err)
+            st->first_err = err;
         st->head = b->next;
         if (!st->head)
             st->tail = NULL;
@@ -480,6 +495,11 @@ static void s_close(struct pf_gpu *g)
 
 static int s_open(const struct pf_gpu_config *cfg, struct pf_gpu **g_p)
 {
+    int grc = pf_guard_init();
+    if (grc) {
+        pf_error("cannot install the SIGBUS guard for client memory: %s", strerror(-grc));
+        return grc;
+    }
     struct simgpu *s = calloc(1, sizeof(*s));
     if (!s)
         return -ENOMEM;

@@ -17,8 +17,8 @@
 #include "pf/rpc.h"
 
 static const struct pf_http_route meta_routes[] = {
-    {"GET", "/health", pf_http_health},
-    {"GET", "/metrics", pf_http_metrics},
+    {"GET", "/health", pf_http_health, NULL},
+    {"GET", "/metrics", pf_http_metrics, NULL},
 };
 
 int pf_metaserver_main(int argc, char **argv)

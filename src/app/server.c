@@ -164,18 +164,19 @@ static void set_advertise(struct server_app *a)
              a->grpc_port);
 }
 
+static const char *const cleanup_params[] = {"id", NULL};
 static const struct pf_http_route routes_prom[] = {
-    {"GET", "/health", pf_http_health},
-    {"GET", "/metrics", pf_http_metrics},
-    {"GET", "/instances", pf_http_instances},
-    {"POST", "/instances/cleanup", pf_http_instances_cleanup},
-    {"POST", "/cache/memory/cleanup", pf_http_memory_cleanup},
+    {"GET", "/health", pf_http_health, NULL},
+    {"GET", "/metrics", pf_http_metrics, NULL},
+    {"GET", "/instances", pf_http_instances, NULL},
+    {"POST", "/instances/cleanup", pf_http_instances_cleanup, cleanup_params},
+    {"POST", "/cache/memory/cleanup", pf_http_memory_cleanup, NULL},
 };
 static const struct pf_http_route routes_noprom[] = {
-    {"GET", "/health", pf_http_health},
-    {"GET", "/instances", pf_http_instances},
-    {"POST", "/instances/cleanup", pf_http_instances_cleanup},
-    {"POST", "/cache/memory/cleanup", pf_http_memory_cleanup},
+    {"GET", "/health", pf_http_health, NULL},
+    {"GET", "/instances", pf_http_instances, NULL},
+    {"POST", "/instances/cleanup", pf_http_instances_cleanup, cleanup_params},
+    {"POST", "/cache/memory/cleanup", pf_http_memory_cleanup, NULL},
 };
 
 static int start_engine(struct server_app *a)

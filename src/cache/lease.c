@@ -1,6 +1,7 @@
 /* Lease table: hash map id -> lease under one mutex, plus an expiry sweep. */
 #include <errno.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,8 @@ struct lease {
     struct pf_block **blocks;
     size_t n;
     uint32_t shares;
+    bool want;               /* scratch of pf_lease_commit_all, under the table lock */
+    struct lease *gone_next; /* pf_lease_commit_all's list of leases to free */
     uint64_t expires_ns;
 };
 
@@ -283,6 +286,59 @@ int pf_lease_commit(struct pf_lease_table *t, const uint8_t *id, size_t idlen)
     if (gone)
         lease_free(gone);
     return rc;
+}
+
+int pf_lease_commit_all(struct pf_lease_table *t, const struct pf_lease_ref *ids, size_t n,
+                        size_t *bad_p)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ids[i].len != PF_LEASE_ID_LEN) {
+            *bad_p = i;
+            return -EINVAL;
+        }
+    struct lease *gone_head = NULL;
+    int rc = 0;
+    size_t i;
+    uint64_t now = pf_clock_now(t->clk);
+    pthread_mutex_lock(&t->mu);
+    /* first pass: count what each lease is asked for; nothing is taken yet */
+    for (i = 0; i < n; i++) {
+        struct lease *l = find(t, ids[i].id);
+        if (!l || l->expires_ns <= now) {
+            rc = -ESTALE;
+            break;
+        }
+        if (l->want) {
+            rc = -EEXIST; /* the same lease twice in one request */
+            break;
+        }
+        l->want = true; /* a live lease has at least one share */
+    }
+    if (rc) {
+        *bad_p = i;
+        for (size_t k = 0; k < i; k++)
+            find(t, ids[k].id)->want = false;
+        pthread_mutex_unlock(&t->mu);
+        return rc;
+    }
+    /* second pass: take the shares */
+    for (i = 0; i < n; i++) {
+        struct lease *l = find(t, ids[i].id);
+        l->want = false;
+        if (--l->shares == 0) {
+            pf_htable_remove(&t->map, &l->hnode);
+            l->gone_next = gone_head;
+            gone_head = l;
+        }
+    }
+    pf_metric_set(t->m_active, (double)t->map.count);
+    pthread_mutex_unlock(&t->mu);
+    while (gone_head) {
+        struct lease *l = gone_head;
+        gone_head = l->gone_next;
+        lease_free(l);
+    }
+    return 0;
 }
 
 int pf_lease_release(struct pf_lease_table *t, const uint8_t *id, size_t idlen)

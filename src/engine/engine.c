@@ -192,14 +192,14 @@ static void *gc_main(void *arg)
     unsigned tick = 0;
     pthread_mutex_lock(&e->gc_mu);
     while (!e->stopping) {
-        struct timespec dl = pf_deadline_ms(30000);
+        struct timespec dl = pf_deadline_ms(PF_GC_TICK_MS);
         pthread_cond_timedwait(&e->gc_cv, &e->gc_mu, &dl);
         if (e->stopping)
             break;
         pthread_mutex_unlock(&e->gc_mu);
-        pf_lease_sweep(e->leases);
-        if (++tick % 2 == 0)
-            pf_prefetch_gc(e, 300 * PF_NS_PER_SEC);
+        if (++tick % 6 == 0)
+            pf_lease_sweep(e->leases);
+        pf_prefetch_gc(e, 300 * PF_NS_PER_SEC, NULL);
         pthread_mutex_lock(&e->gc_mu);
     }
     pthread_mutex_unlock(&e->gc_mu);

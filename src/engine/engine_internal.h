@@ -100,6 +100,7 @@ struct pf_worker {
     enum pf_copy_mode mode;
     struct pf_layer_reg *layers;
     size_t nlayers;
+    uint32_t *by_name; /* indices of layers sorted by name (pf_worker_layer bisects) */
     struct pf_gpu_worker *gw;
 };
 
@@ -162,8 +163,11 @@ struct pf_prefetch_task {
     size_t nprefix;
     bool wait_full;
     bool attached; /* still in the registry */
+    struct pf_engine *e;
+    uint64_t pinned; /* bytes of the blocks this task references (prefetch_pinned gauge) */
     /* result, under the registry lock */
     bool done;
+    uint64_t done_ns;
     struct pf_block **fetched;
     size_t nfetched;
     int tier;
@@ -219,6 +223,8 @@ struct pf_engine {
     pthread_t pf_thr[PF_PREFETCH_THREADS];
     size_t pf_nthr;
     struct pf_metric *m_stale_gc;
+    struct pf_metric *m_pf_pinned; /* gauge: bytes referenced by prefetch tasks */
+    _Atomic uint64_t pf_pinned;
     struct pf_hll_set *hll;
 
     /* metrics */
@@ -258,7 +264,14 @@ int pf_prefetch_begin(struct pf_engine *e, const char *instance, const char *req
                       const struct pf_block_key *keys, size_t n, struct pf_block **prefix,
                       size_t nprefix, bool wait_full);
 void pf_prefetch_task_put(struct pf_prefetch_task *t);
-size_t pf_prefetch_gc(struct pf_engine *e, uint64_t max_age_ns);
+/* Drops tasks nobody will collect: every task older than max_age_ns, every finished task
+ * not collected within PF_PREFETCH_UNPOLLED_NS of finishing, and (instance != NULL) every
+ * task of that instance. Returns how many. */
+size_t pf_prefetch_gc(struct pf_engine *e, uint64_t max_age_ns, const char *instance);
+/* A finished task whose client never asked again (request aborted, worker died) is dropped
+ * this long after it finished; the maintenance thread checks every PF_GC_TICK_MS. */
+#define PF_PREFETCH_UNPOLLED_NS (10 * PF_NS_PER_SEC)
+#define PF_GC_TICK_MS           5000
 /* Which tier would serve keys (index, count) or -1. */
 int pf_prefetch_probe(struct pf_engine *e, const char *req_id, const struct pf_block_key *keys,
                       size_t n, bool wait_full, size_t *count_p);

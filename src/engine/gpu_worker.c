@@ -1,9 +1,15 @@
-/* Per-(instance, GPU) copy threads: one for saves (D2H), one for loads (H2D), each with its
- * own HAL stream, bound to the GPU's NUMA node, draining an unbounded FIFO of transfer
- * batches. A batch is submitted with one copy_batch call and synchronised once; the
- * stream wait is bounded (PF_XFER_MAX_MS): a copy that never completes fails the batch
- * with -ETIMEDOUT, and its host memory is deliberately leaked rather than freed under a
- * possibly still running DMA. */
+/* Copy threads per GPU, shared by every instance registered on it: one for saves (D2H),
+ * one for loads (H2D), each with its own HAL stream, bound to the GPU's NUMA node, draining
+ * a FIFO of transfer batches. The thread count is fixed by the devices in use, never by
+ * how many instances clients register. A batch is submitted with one copy_batch call and
+ * synchronised once; the stream wait is bounded (PF_XFER_MAX_MS): a copy that never
+ * completes fails the batch with -ETIMEDOUT, and its host memory is deliberately leaked
+ * rather than freed under a possibly still running DMA.
+ *
+ * Each instance's worker is a lane: a handle counting its batches in flight, so that
+ * unregistering one instance waits only for its own batches (its GPU mappings close after)
+ * while the device threads keep serving the others. Devices are refcounted by lanes in a
+ * process-wide table keyed by (gpu, hal device); the last lane stops the threads. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,21 +22,41 @@
 
 #define PF_XFER_MAX_MS 120000
 
+struct gpu_dev;
+
 struct copy_thread {
-    struct pf_gpu_worker *w;
+    struct gpu_dev *d;
     pthread_t thr;
     struct pf_queue q;
     bool started;
     enum pf_copy_dir dir;
 };
 
-struct pf_gpu_worker {
+struct gpu_dev {
+    struct gpu_dev *next; /* devs list, under devs_mu */
+    int refs;             /* lanes, under devs_mu */
     struct pf_gpu *gpu;
     int hal_dev;
     int numa;
-    int32_t device_id;
+    int32_t device_id; /* the first lane's, for logs */
     struct copy_thread save, load;
 };
+
+struct pf_gpu_worker {
+    struct gpu_dev *d;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    size_t pending; /* batches queued or running */
+};
+
+/* a queued batch and the lane it belongs to */
+struct lane_item {
+    struct pf_xfer *x;
+    struct pf_gpu_worker *lane;
+};
+
+static pthread_mutex_t devs_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct gpu_dev *devs;
 
 struct pf_xfer *pf_xfer_new(enum pf_copy_dir dir, enum pf_copy_mode mode, size_t ndescs)
 {
@@ -97,22 +123,33 @@ static int run_batch(struct pf_gpu_stream *s, struct pf_xfer *x)
     return rc ? rc : src;
 }
 
+static void lane_done(struct pf_gpu_worker *w)
+{
+    pthread_mutex_lock(&w->mu);
+    w->pending--;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu); /* last access: the lane may be freed after this */
+}
+
 static void *copy_main(void *arg)
 {
     struct copy_thread *t = arg;
-    struct pf_gpu_worker *w = t->w;
+    struct gpu_dev *d = t->d;
     struct pf_gpu_stream *s = NULL;
-    int srs = pf_gpu_stream_create(w->gpu, w->hal_dev, &s);
+    int srs = pf_gpu_stream_create(d->gpu, d->hal_dev, &s);
     if (srs)
-        pf_error("GPU %d: cannot create a copy stream: %s", w->device_id, strerror(-srs));
+        pf_error("GPU %d: cannot create a copy stream: %s", d->device_id, strerror(-srs));
     for (;;) {
         void *item;
         if (pf_queue_pop(&t->q, &item, UINT64_MAX) != 0)
             break;
-        struct pf_xfer *x = item;
+        struct lane_item *li = item;
+        struct pf_xfer *x = li->x;
+        struct pf_gpu_worker *lane = li->lane;
+        free(li);
         int rc = s ? run_batch(s, x) : srs;
         if (rc && rc != -ETIMEDOUT)
-            pf_warn("GPU %d: %s batch of %zu copies failed: %s", w->device_id,
+            pf_warn("GPU %d: %s batch of %zu copies failed: %s", d->device_id,
                     x->dir == PF_COPY_D2H ? "D2H" : "H2D", x->n, strerror(-rc));
         pthread_mutex_lock(&x->mu);
         x->result = rc;
@@ -126,21 +163,22 @@ static void *copy_main(void *arg)
         if (rc != -ETIMEDOUT)
             pf_xfer_put(x);
         /* a timed-out batch keeps its reference: its memory must never be reused */
+        lane_done(lane);
     }
     pf_gpu_stream_destroy(s);
     return NULL;
 }
 
-static int thread_start(struct pf_gpu_worker *w, struct copy_thread *t, enum pf_copy_dir dir)
+static int thread_start(struct gpu_dev *d, struct copy_thread *t, enum pf_copy_dir dir)
 {
-    t->w = w;
+    t->d = d;
     t->dir = dir;
     int rc = pf_queue_init(&t->q, 0);
     if (rc)
         return rc;
     char name[16];
-    snprintf(name, sizeof(name), "%s-gpu%d", dir == PF_COPY_D2H ? "save" : "load", w->device_id);
-    rc = pf_thread_start(&t->thr, name, w->numa, copy_main, t);
+    snprintf(name, sizeof(name), "%s-gpu%d", dir == PF_COPY_D2H ? "save" : "load", d->device_id);
+    rc = pf_thread_start(&t->thr, name, d->numa, copy_main, t);
     if (rc) {
         pf_queue_destroy(&t->q);
         return rc;
@@ -159,27 +197,62 @@ static void thread_stop(struct copy_thread *t)
     t->started = false;
 }
 
+/* The shared device of (gpu, hal_dev), started on first use; under devs_mu. */
+static int dev_get_locked(struct pf_gpu *gpu, int hal_dev, int numa, int32_t device_id,
+                          struct gpu_dev **d_p)
+{
+    for (struct gpu_dev *d = devs; d; d = d->next)
+        if (d->gpu == gpu && d->hal_dev == hal_dev) {
+            d->refs++;
+            *d_p = d;
+            return 0;
+        }
+    struct gpu_dev *d = calloc(1, sizeof(*d));
+    if (!d)
+        return -ENOMEM;
+    d->gpu = gpu;
+    d->hal_dev = hal_dev;
+    d->numa = numa;
+    d->device_id = device_id;
+    int rc = thread_start(d, &d->save, PF_COPY_D2H);
+    if (rc)
+        goto err_free;
+    rc = thread_start(d, &d->load, PF_COPY_H2D);
+    if (rc)
+        goto err_save;
+    d->refs = 1;
+    d->next = devs;
+    devs = d;
+    *d_p = d;
+    return 0;
+err_save:
+    thread_stop(&d->save);
+err_free:
+    free(d);
+    return rc;
+}
+
 int pf_gpu_worker_create(struct pf_gpu *gpu, int hal_dev, int numa, int32_t device_id,
                          struct pf_gpu_worker **w_p)
 {
     struct pf_gpu_worker *w = calloc(1, sizeof(*w));
     if (!w)
         return -ENOMEM;
-    w->gpu = gpu;
-    w->hal_dev = hal_dev;
-    w->numa = numa;
-    w->device_id = device_id;
-    int rc = thread_start(w, &w->save, PF_COPY_D2H);
+    pthread_mutex_init(&w->mu, NULL);
+    int rc = pf_cond_init(&w->cv);
     if (rc)
-        goto err_free;
-    rc = thread_start(w, &w->load, PF_COPY_H2D);
+        goto err_mu;
+    pthread_mutex_lock(&devs_mu);
+    rc = dev_get_locked(gpu, hal_dev, numa, device_id, &w->d);
+    pthread_mutex_unlock(&devs_mu);
     if (rc)
-        goto err_save;
+        goto err_cv;
     *w_p = w;
     return 0;
-err_save:
-    thread_stop(&w->save);
-err_free:
+err_cv:
+    pthread_cond_destroy(&w->cv);
+err_mu:
+    pthread_mutex_destroy(&w->mu);
     free(w);
     return rc;
 }
@@ -188,17 +261,50 @@ void pf_gpu_worker_destroy(struct pf_gpu_worker *w)
 {
     if (!w)
         return;
-    thread_stop(&w->save);
-    thread_stop(&w->load);
+    /* this lane's batches first: each is bounded by PF_XFER_MAX_MS on its stream */
+    pthread_mutex_lock(&w->mu);
+    while (w->pending > 0)
+        pthread_cond_wait(&w->cv, &w->mu);
+    pthread_mutex_unlock(&w->mu);
+    struct gpu_dev *d = w->d, *gone = NULL;
+    pthread_mutex_lock(&devs_mu);
+    if (--d->refs == 0) {
+        for (struct gpu_dev **pp = &devs; *pp; pp = &(*pp)->next)
+            if (*pp == d) {
+                *pp = d->next;
+                break;
+            }
+        gone = d;
+    }
+    pthread_mutex_unlock(&devs_mu);
+    if (gone) {
+        thread_stop(&gone->save);
+        thread_stop(&gone->load);
+        free(gone);
+    }
+    pthread_cond_destroy(&w->cv);
+    pthread_mutex_destroy(&w->mu);
     free(w);
 }
 
 int pf_gpu_worker_submit(struct pf_gpu_worker *w, struct pf_xfer *x)
 {
-    struct copy_thread *t = x->dir == PF_COPY_D2H ? &w->save : &w->load;
+    struct copy_thread *t = x->dir == PF_COPY_D2H ? &w->d->save : &w->d->load;
+    struct lane_item *li = malloc(sizeof(*li));
+    if (!li)
+        return -ENOMEM;
+    *li = (struct lane_item){x, w};
     atomic_fetch_add(&x->refs, 1);
-    int rc = pf_queue_push(&t->q, x);
-    if (rc)
+    pthread_mutex_lock(&w->mu);
+    w->pending++;
+    pthread_mutex_unlock(&w->mu);
+    int rc = pf_queue_push(&t->q, li);
+    if (rc) {
         atomic_fetch_sub(&x->refs, 1);
+        free(li);
+        pthread_mutex_lock(&w->mu);
+        w->pending--;
+        pthread_mutex_unlock(&w->mu);
+    }
     return rc;
 }

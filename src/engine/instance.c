@@ -32,6 +32,7 @@ static size_t worker_free(struct pf_worker *w)
         layer_reg_free(&w->layers[i]);
     }
     free(w->layers);
+    free(w->by_name);
     free(w);
     return n;
 }
@@ -102,10 +103,41 @@ int pf_instance_check_sealed(struct pf_engine *e, struct pf_instance *in, char *
 
 struct pf_layer_reg *pf_worker_layer(struct pf_worker *w, const char *name)
 {
-    for (size_t i = 0; i < w->nlayers; i++)
-        if (strcmp(w->layers[i].name, name) == 0)
-            return &w->layers[i];
+    size_t lo = 0, hi = w->by_name ? w->nlayers : 0;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        struct pf_layer_reg *l = &w->layers[w->by_name[mid]];
+        int c = strcmp(l->name, name);
+        if (c == 0)
+            return l;
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
     return NULL;
+}
+
+/* Index sort without qsort_r: the comparator reaches the names through a thread-local
+ * pointer that index_layers sets around its qsort call. */
+static _Thread_local const struct pf_layer_reg *sort_layers;
+
+static int cmp_layer_idx(const void *a, const void *b)
+{
+    return strcmp(sort_layers[*(const uint32_t *)a].name, sort_layers[*(const uint32_t *)b].name);
+}
+
+static int index_layers(struct pf_worker *w)
+{
+    w->by_name = malloc((w->nlayers ? w->nlayers : 1) * sizeof(*w->by_name));
+    if (!w->by_name)
+        return -ENOMEM;
+    for (size_t i = 0; i < w->nlayers; i++)
+        w->by_name[i] = (uint32_t)i;
+    sort_layers = w->layers;
+    qsort(w->by_name, w->nlayers, sizeof(*w->by_name), cmp_layer_idx);
+    sort_layers = NULL;
+    return 0;
 }
 
 static int layer_index(const struct pf_instance *in, const char *name)
@@ -318,6 +350,11 @@ static int check_request(struct pf_engine *e, const struct pf_engine_register *r
         snprintf(err, errlen, "no layers to register");
         return -EINVAL;
     }
+    if (r->nlayers > PF_ENGINE_MAX_LAYERS) {
+        snprintf(err, errlen, "%zu layers in one registration; the limit is %u", r->nlayers,
+                 PF_ENGINE_MAX_LAYERS);
+        return -E2BIG;
+    }
     for (size_t i = 0; i < r->nlayers; i++) {
         if (!r->layers[i].name || !*r->layers[i].name) {
             snprintf(err, errlen, "layer %zu has an empty name", i);
@@ -330,13 +367,22 @@ static int check_request(struct pf_engine *e, const struct pf_engine_register *r
                      r->layers[i].name, r->layers[i].group_id);
             return -EINVAL;
         }
-        for (size_t j = 0; j < i; j++)
-            if (strcmp(r->layers[i].name, r->layers[j].name) == 0) {
-                snprintf(err, errlen, "duplicate layer name %s", r->layers[i].name);
-                return -EINVAL;
-            }
     }
-    return 0;
+    /* duplicates: sort the names once (n log n), never compare every pair */
+    const char **names = malloc(r->nlayers * sizeof(*names));
+    if (!names)
+        return -ENOMEM;
+    for (size_t i = 0; i < r->nlayers; i++)
+        names[i] = r->layers[i].name;
+    qsort(names, r->nlayers, sizeof(*names), cmp_str);
+    int rc = 0;
+    for (size_t i = 1; i < r->nlayers && rc == 0; i++)
+        if (strcmp(names[i - 1], names[i]) == 0) {
+            snprintf(err, errlen, "duplicate layer name %s", names[i]);
+            rc = -EINVAL;
+        }
+    free(names);
+    return rc;
 }
 
 int pf_engine_register(struct pf_engine *e, const struct pf_engine_register *r, char *err,
@@ -358,7 +404,23 @@ int pf_engine_register(struct pf_engine *e, const struct pf_engine_register *r, 
         rc = -EINVAL;
         goto err_worker;
     }
+    /* every instance owns copy threads per device: a client must not be able to make the
+     * server start threads without bound */
+    pthread_rwlock_rdlock(&e->inst_lock);
+    size_t ninsts = e->ninsts;
+    bool known = find_locked(e, r->instance_id, NULL) != NULL;
+    pthread_rwlock_unlock(&e->inst_lock);
+    if (!known && ninsts >= PF_ENGINE_MAX_INSTANCES) {
+        snprintf(err, errlen,
+                 "%zu instances are registered; the limit is %u (unregister instances that are "
+                 "gone, or run another server)",
+                 ninsts, PF_ENGINE_MAX_INSTANCES);
+        rc = -ENOSPC;
+        goto err_worker;
+    }
     rc = import_layers(e, r, w, err, errlen);
+    if (rc == 0)
+        rc = index_layers(w);
     if (rc)
         goto err_worker;
     rc = pf_gpu_worker_create(e->gpu, w->hal_dev, w->numa, w->device_id, &w->gw);
@@ -403,6 +465,12 @@ int pf_engine_register(struct pf_engine *e, const struct pf_engine_register *r, 
             goto err_unlock;
         }
     } else {
+        if (e->ninsts >= PF_ENGINE_MAX_INSTANCES) { /* raced past the check above */
+            snprintf(err, errlen, "%zu instances are registered; the limit is %u", e->ninsts,
+                     PF_ENGINE_MAX_INSTANCES);
+            rc = -ENOSPC;
+            goto err_unlock;
+        }
         if (e->ninsts == e->capinsts) {
             size_t nc = e->capinsts ? e->capinsts * 2 : 8;
             struct pf_instance **ni = realloc(e->insts, nc * sizeof(*ni));
@@ -477,6 +545,7 @@ int pf_engine_remove_instance(struct pf_engine *e, const char *id, size_t *ntens
     if (!in)
         return -ENOENT;
     size_t nleases = pf_lease_drop_instance(e->leases, id);
+    pf_prefetch_gc(e, 300 * PF_NS_PER_SEC, id); /* its tasks pin blocks nobody will collect */
     size_t nt = 0;
     for (size_t i = 0; i < in->nworkers; i++)
         nt += in->workers[i]->nlayers;

@@ -135,11 +135,13 @@ int pf_engine_load(struct pf_engine *e, const struct pf_engine_load *l, char *er
         return -ENOMEM;
     c->e = e;
     c->t0 = pf_now_ns();
+    pf_loadstate_init(&c->shm);
     int rc = pf_loadstate_attach(l->load_state_shm, &c->shm, err, errlen);
     if (rc) {
         free(c);
         pf_metric_add(e->m_load_fail, 1);
-        return rc == -EINVAL ? -EINVAL : -EIO;
+        /* the client names the object: a missing or foreign one is its mistake */
+        return rc == -EINVAL || rc == -ENOENT || rc == -EACCES ? rc : -EIO;
     }
     struct pf_instance *in = NULL;
     struct pf_xfer *x = NULL;
@@ -148,6 +150,7 @@ int pf_engine_load(struct pf_engine *e, const struct pf_engine_load *l, char *er
         size_t n;
     } *leased = NULL;
     size_t nleased = 0;
+    bool *seen = NULL; /* per registered layer: named by the request */
     if (!l->instance_id || !*l->instance_id) {
         snprintf(err, errlen, "instance_id must not be empty");
         rc = -EINVAL;
@@ -180,22 +183,27 @@ int pf_engine_load(struct pf_engine *e, const struct pf_engine_load *l, char *er
         rc = -EINVAL;
         goto fail;
     }
+    seen = calloc(w->nlayers ? w->nlayers : 1, sizeof(*seen));
+    if (!seen) {
+        rc = -ENOMEM;
+        goto fail;
+    }
     for (size_t g = 0; g < l->ngroups; g++)
         for (size_t k = 0; k < l->groups[g].n; k++) {
             const char *name = l->groups[g].layer_names[k];
-            if (!name || !pf_worker_layer(w, name)) {
+            struct pf_layer_reg *lr = name ? pf_worker_layer(w, name) : NULL;
+            if (!lr) {
                 snprintf(err, errlen, "layer %s is not registered on device %d",
                          name ? name : "<null>", l->device_id);
                 rc = -EINVAL;
                 goto fail;
             }
-            for (size_t g2 = 0; g2 <= g; g2++)
-                for (size_t k2 = 0; k2 < (g2 == g ? k : l->groups[g2].n); k2++)
-                    if (strcmp(l->groups[g2].layer_names[k2], name) == 0) {
-                        snprintf(err, errlen, "layer %s appears twice in the load groups", name);
-                        rc = -EINVAL;
-                        goto fail;
-                    }
+            if (seen[lr - w->layers]) {
+                snprintf(err, errlen, "layer %s appears twice in the load groups", name);
+                rc = -EINVAL;
+                goto fail;
+            }
+            seen[lr - w->layers] = true;
         }
     leased = calloc(l->nloads ? l->nloads : 1, sizeof(*leased));
     if (!leased) {
@@ -216,10 +224,28 @@ int pf_engine_load(struct pf_engine *e, const struct pf_engine_load *l, char *er
         if (rc)
             goto fail;
     }
-    for (size_t i = 0; i < l->nloads; i++) {
-        rc = pf_lease_commit(e->leases, l->loads[i].lease.data, l->loads[i].lease.len);
+    if (l->nloads) {
+        struct pf_lease_ref *refs = malloc(l->nloads * sizeof(*refs));
+        if (!refs) {
+            rc = -ENOMEM;
+            goto fail;
+        }
+        for (size_t i = 0; i < l->nloads; i++)
+            refs[i] = (struct pf_lease_ref){l->loads[i].lease.data, l->loads[i].lease.len};
+        size_t bad = 0;
+        rc = pf_lease_commit_all(e->leases, refs, l->nloads, &bad);
+        free(refs);
+        if (rc == -EEXIST) {
+            snprintf(err, errlen, "loads[%zu] names a lease that an earlier entry already names",
+                     bad);
+            rc = -EINVAL;
+            goto fail;
+        }
         if (rc) {
-            snprintf(err, errlen, "query lease %zu expired or was used up by a concurrent load", i);
+            snprintf(err, errlen,
+                     "query lease %zu expired or was used up by a concurrent load; no lease of "
+                     "this request was consumed",
+                     bad);
             goto fail;
         }
     }
@@ -255,6 +281,7 @@ int pf_engine_load(struct pf_engine *e, const struct pf_engine_load *l, char *er
     }
     pf_xfer_put(x);
     free(leased);
+    free(seen);
     pf_instance_put(in);
     return rc;
 fail:
@@ -275,6 +302,7 @@ fail:
         free(leased[i].b);
     }
     free(leased);
+    free(seen);
     pf_xfer_put(x);
     pf_instance_put(in);
     return rc;

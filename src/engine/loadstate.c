@@ -1,16 +1,20 @@
 /* The load_state_shm record (reference §3.6): a POSIX shm object created by the client;
  * bytes 0..8 hold the native-endian offset of an 8-byte aligned record
- * {u32 magic 'PFLD', u32 version 1, i64 state}. The server attaches by name, validates
- * everything before trusting it, and stores the final state with release semantics. */
+ * {u32 magic 'PFLD', u32 version 1, i64 state}. The server opens it by name, validates
+ * everything before trusting it, and stores the final state with one pwrite after the
+ * copies completed (the copies are ordered before it by the completion path). The object
+ * is never mapped: a client that shrinks it cannot fault the server. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/mman.h>
+#include <sys/mman.h> /* shm_open */
 #include <sys/stat.h>
 #include <unistd.h>
 
+#define PF_LOG_MOD "load"
 #include "engine/loadstate.h"
+#include "pf/log.h"
 
 #define PFLD_MAGIC 0x50464C44u
 
@@ -43,50 +47,58 @@ int pf_loadstate_attach(const char *name, struct pf_loadstate_map *m, char *err,
         snprintf(err, errlen, "load_state_shm %s has a wrong size (%lld bytes)", path,
                  (long long)st.st_size);
         rc = -EINVAL;
-        goto out;
+        goto err_close;
     }
-    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) {
-        rc = -errno;
-        snprintf(err, errlen, "cannot map load_state_shm %s: %s", path, strerror(-rc));
-        goto out;
-    }
+    /* read with pread, never mmap: the client owns the object and may shrink it at any
+     * time; a mapping would turn that into SIGBUS in the server */
     uint64_t off;
-    memcpy(&off, p, sizeof(off));
+    if (pread(fd, &off, sizeof(off), 0) != (ssize_t)sizeof(off)) {
+        snprintf(err, errlen, "load_state_shm %s: cannot read the record offset", path);
+        rc = -EINVAL;
+        goto err_close;
+    }
     if (off < 8 || off % 8 != 0 || off > (uint64_t)st.st_size - 16) {
         snprintf(err, errlen, "load_state_shm %s: bad record offset %llu", path,
                  (unsigned long long)off);
-        munmap(p, (size_t)st.st_size);
         rc = -EINVAL;
-        goto out;
+        goto err_close;
     }
     uint32_t hdr[2];
-    memcpy(hdr, (char *)p + off, sizeof(hdr));
-    if (hdr[0] != PFLD_MAGIC || hdr[1] != 1) {
+    if (pread(fd, hdr, sizeof(hdr), (off_t)off) != (ssize_t)sizeof(hdr) || hdr[0] != PFLD_MAGIC ||
+        hdr[1] != 1) {
         snprintf(err, errlen, "load_state_shm %s: bad magic/version (0x%08x/%u)", path, hdr[0],
                  hdr[1]);
-        munmap(p, (size_t)st.st_size);
         rc = -EINVAL;
-        goto out;
+        goto err_close;
     }
-    m->base = p;
-    m->len = (size_t)st.st_size;
-    m->state = (_Atomic int64_t *)((char *)p + off + 8);
-out:
+    m->fd = fd;
+    m->state_off = (off_t)off + 8;
+    return 0;
+err_close:
     close(fd);
     return rc;
 }
 
 void pf_loadstate_set(struct pf_loadstate_map *m, int64_t v)
 {
-    if (m->state)
-        atomic_store_explicit(m->state, v, memory_order_release);
+    if (m->fd < 0)
+        return;
+    /* one aligned 8-byte write into the object's page: the client polling its mapping sees
+     * either the old or the new value. A client that truncated the object meanwhile gets
+     * a hole or nothing; pwrite cannot fault the server. */
+    if (pwrite(m->fd, &v, sizeof(v), m->state_off) != (ssize_t)sizeof(v))
+        pf_log_ratelimited(PF_LOG_WARN, 1000, "cannot write load_state_shm: %s", strerror(errno));
+}
+
+void pf_loadstate_init(struct pf_loadstate_map *m)
+{
+    m->fd = -1;
+    m->state_off = 0;
 }
 
 void pf_loadstate_detach(struct pf_loadstate_map *m)
 {
-    if (m->base)
-        munmap(m->base, m->len);
-    m->base = NULL;
-    m->state = NULL;
+    if (m->fd >= 0)
+        close(m->fd);
+    m->fd = -1;
 }

@@ -22,10 +22,28 @@ static uint64_t req_hash(const char *instance, const char *req_id)
     return a ^ (b * 0x9e3779b97f4a7c15ull + (a << 6) + (a >> 2));
 }
 
+static uint64_t blocks_bytes(struct pf_block *const *b, size_t n)
+{
+    uint64_t sum = 0;
+    for (size_t i = 0; i < n; i++)
+        sum += b[i] ? b[i]->footprint : 0;
+    return sum;
+}
+
+/* Adds add and takes sub from the pinned-bytes gauge. */
+static void pinned_add(struct pf_engine *e, uint64_t add, uint64_t sub)
+{
+    uint64_t v = add ? atomic_fetch_add(&e->pf_pinned, add) + add
+                     : atomic_fetch_sub(&e->pf_pinned, sub) - sub;
+    pf_metric_set(e->m_pf_pinned, (double)v);
+}
+
 void pf_prefetch_task_put(struct pf_prefetch_task *t)
 {
     if (!t || atomic_fetch_sub(&t->refs, 1) != 1)
         return;
+    if (t->pinned && t->e)
+        pinned_add(t->e, 0, t->pinned);
     for (size_t i = 0; i < t->nprefix; i++)
         pf_block_put(t->prefix[i]);
     for (size_t i = 0; i < t->nfetched; i++)
@@ -82,12 +100,16 @@ static void run_task(struct pf_engine *e, struct pf_prefetch_task *t)
                 tier = (int)i;
         }
     }
+    uint64_t fb = blocks_bytes(out, got);
     pthread_mutex_lock(&e->pf_mu);
     t->fetched = out;
     t->nfetched = got;
     t->tier = tier;
     t->done = true;
+    t->done_ns = pf_now_ns();
+    t->pinned += fb;
     pthread_mutex_unlock(&e->pf_mu);
+    pinned_add(e, fb, 0);
     pf_debug("prefetch %s: %zu of %zu block(s) from %s", t->req_id, got, t->n,
              tier >= 0 ? e->tiers[tier].name : "no tier");
 }
@@ -149,6 +171,7 @@ int pf_prefetch_begin(struct pf_engine *e, const char *instance, const char *req
     t->nprefix = nprefix;
     t->wait_full = wait_full;
     t->created_ns = pf_now_ns();
+    t->e = e;
     atomic_init(&t->refs, 2); /* registry + worker */
     pthread_mutex_lock(&e->pf_mu);
     if (find_locked(e, instance, req_id)) {
@@ -159,8 +182,10 @@ int pf_prefetch_begin(struct pf_engine *e, const char *instance, const char *req
         return -EEXIST;
     }
     t->attached = true;
+    t->pinned = blocks_bytes(prefix, nprefix);
     pf_htable_insert(&e->pf_tasks, &t->hnode, req_hash(instance, req_id));
     pthread_mutex_unlock(&e->pf_mu);
+    pinned_add(e, t->pinned, 0);
     int rc = pf_queue_push(&e->pf_q, t);
     if (rc) {
         pthread_mutex_lock(&e->pf_mu);
@@ -174,7 +199,7 @@ int pf_prefetch_begin(struct pf_engine *e, const char *instance, const char *req
     return 0;
 }
 
-size_t pf_prefetch_gc(struct pf_engine *e, uint64_t max_age_ns)
+size_t pf_prefetch_gc(struct pf_engine *e, uint64_t max_age_ns, const char *instance)
 {
     uint64_t now = pf_now_ns();
     struct pf_prefetch_task *drop[64];
@@ -187,7 +212,9 @@ size_t pf_prefetch_gc(struct pf_engine *e, uint64_t max_age_ns)
             while (h && n < 64) {
                 struct pf_hnode *next = h->next;
                 struct pf_prefetch_task *t = pf_container_of(h, struct pf_prefetch_task, hnode);
-                if (now - t->created_ns >= max_age_ns) {
+                bool unpolled = t->done && now - t->done_ns >= PF_PREFETCH_UNPOLLED_NS;
+                bool mine = instance && strcmp(t->instance, instance) == 0;
+                if (now - t->created_ns >= max_age_ns || unpolled || mine) {
                     pf_htable_remove(&e->pf_tasks, h);
                     t->attached = false;
                     drop[n++] = t;
@@ -202,7 +229,10 @@ size_t pf_prefetch_gc(struct pf_engine *e, uint64_t max_age_ns)
     } while (n == 64);
     if (total) {
         pf_metric_add(e->m_stale_gc, (double)total);
-        pf_info("dropped %zu prefetch task(s) nobody collected", total);
+        if (instance)
+            pf_info("dropped %zu prefetch task(s) of instance %s", total, instance);
+        else
+            pf_info("dropped %zu prefetch task(s) nobody collected", total);
     }
     return total;
 }
@@ -212,6 +242,9 @@ int pf_prefetch_start(struct pf_engine *e)
     pthread_mutex_init(&e->pf_mu, NULL);
     e->m_stale_gc = pf_metric_counter("pegaflow_prefetch_stale_gc_total",
                                       "Stale prefetch entries removed by background GC", NULL);
+    e->m_pf_pinned =
+        pf_metric_gauge("pegaflow_prefetch_pinned_bytes",
+                        "Bytes of cached blocks held by prefetch tasks not yet collected", NULL);
     int rc = pf_htable_init(&e->pf_tasks, 64);
     if (rc)
         return rc;
@@ -233,7 +266,7 @@ void pf_prefetch_stop(struct pf_engine *e)
     pf_queue_close(&e->pf_q);
     for (size_t i = 0; i < e->pf_nthr; i++)
         pthread_join(e->pf_thr[i], NULL);
-    pf_prefetch_gc(e, 0);
+    pf_prefetch_gc(e, 0, NULL);
     pf_queue_destroy(&e->pf_q);
     pf_htable_destroy(&e->pf_tasks);
     pthread_mutex_destroy(&e->pf_mu);

@@ -52,45 +52,63 @@ static int validate(struct pf_engine *e, struct pf_instance *in, struct pf_worke
                     struct plan *plans, size_t *total_p, char *err, size_t errlen)
 {
     size_t total = 0;
+    if (nlayers > PF_ENGINE_MAX_LAYERS) {
+        snprintf(err, errlen, "%zu layers in one save; the limit is %u", nlayers,
+                 PF_ENGINE_MAX_LAYERS);
+        return -E2BIG;
+    }
+    /* one flag per registered layer: duplicates found in one pass */
+    bool *seen = calloc(w->nlayers ? w->nlayers : 1, sizeof(*seen));
+    if (!seen)
+        return -ENOMEM;
+    int rc = 0;
     for (size_t i = 0; i < nlayers; i++) {
         const struct pf_engine_save_layer *L = &layers[i];
         if (!L->name || !*L->name) {
             snprintf(err, errlen, "save layer %zu has an empty name", i);
-            return -EINVAL;
+            rc = -EINVAL;
+            goto out;
         }
-        for (size_t j = 0; j < i; j++)
-            if (strcmp(layers[j].name, L->name) == 0) {
-                snprintf(err, errlen, "layer %s appears twice in one save", L->name);
-                return -EINVAL;
-            }
         if (L->nids != L->nhashes) {
             snprintf(err, errlen, "layer %s: %zu block_ids but %zu block_hashes", L->name, L->nids,
                      L->nhashes);
-            return -EINVAL;
+            rc = -EINVAL;
+            goto out;
         }
         struct pf_layer_reg *l = pf_worker_layer(w, L->name);
         if (!l) {
             snprintf(err, errlen, "layer %s is not registered on device %d of instance %s", L->name,
                      w->device_id, in->id);
-            return -EINVAL;
+            rc = -EINVAL;
+            goto out;
         }
+        if (seen[l - w->layers]) {
+            snprintf(err, errlen, "layer %s appears twice in one save", L->name);
+            rc = -EINVAL;
+            goto out;
+        }
+        seen[l - w->layers] = true;
         plans[i].l = l;
         plans[i].slot = pf_instance_slot(in, L->name, tp_rank);
         plans[i].ids = malloc((L->nids ? L->nids : 1) * sizeof(uint32_t));
         plans[i].keys = malloc((L->nids ? L->nids : 1) * sizeof(struct pf_block_key));
-        if (!plans[i].ids || !plans[i].keys)
-            return -ENOMEM;
+        if (!plans[i].ids || !plans[i].keys) {
+            rc = -ENOMEM;
+            goto out;
+        }
         for (size_t j = 0; j < L->nids; j++) {
             if (L->block_ids[j] >= l->lay.num_blocks) {
                 snprintf(err, errlen, "layer %s: block id %u out of range (num_blocks %llu)",
                          L->name, L->block_ids[j], (unsigned long long)l->lay.num_blocks);
-                return -EINVAL;
+                rc = -EINVAL;
+                goto out;
             }
             if (pf_key_make(in->ns_id, L->hashes[j].data, L->hashes[j].len, &plans[i].keys[j]) !=
                 0) {
                 snprintf(err, errlen, "layer %s: block hash %zu has %zu bytes (1..%d allowed)",
                          L->name, j, L->hashes[j].len, PF_HASH_MAX);
-                return -EINVAL;
+                rc = -EINVAL;
+                goto out;
             }
             plans[i].ids[j] = L->block_ids[j];
         }
@@ -98,7 +116,9 @@ static int validate(struct pf_engine *e, struct pf_instance *in, struct pf_worke
         total += L->nids;
     }
     *total_p = total;
-    return 0;
+out:
+    free(seen);
+    return rc;
 }
 
 /* Drops blocks whose key is already resident in the RAM cache. */
@@ -175,7 +195,25 @@ int pf_engine_save(struct pf_engine *e, const char *instance_id, uint32_t tp_ran
         goto out;
     size_t left = dedup(e, plans, nlayers);
     if (left == 0)
-        goto out; /* everything already resident (or empty save) */
+        goto out;                 /* everything already resident (or empty save) */
+    uint64_t need = 0, piece = 0; /* all new bytes; the largest per-layer segment piece */
+    for (size_t i = 0; i < nlayers; i++) {
+        uint64_t seg = (uint64_t)plans[i].n * plans[i].l->lay.host_stride;
+        need += seg * plans[i].l->lay.nseg;
+        piece = seg > piece ? seg : piece;
+    }
+    if (need > pf_pool_capacity(e->pool)) {
+        /* no eviction can make room: fail before touching the cache */
+        char nd[32], cp[32];
+        pf_format_size(need, nd, sizeof(nd));
+        pf_format_size(pf_pool_capacity(e->pool), cp, sizeof(cp));
+        snprintf(err, errlen,
+                 "save of %zu new blocks needs %s of pinned memory but the whole pool is %s "
+                 "(--pool-size): save fewer blocks per call",
+                 left, nd, cp);
+        rc = -ENOSPC;
+        goto out;
+    }
 
     /* allocations and copy descriptors */
     size_t ndesc = 0;
@@ -259,6 +297,15 @@ int pf_engine_save(struct pf_engine *e, const char *instance_id, uint32_t tp_ran
         goto out;
     }
     rc = pf_xfer_wait(x, e->cfg.copy_timeout_ms);
+    if (rc == -EFAULT) {
+        /* the client's memory, not the server: it shrank or removed a registered tensor */
+        snprintf(err, errlen,
+                 "instance %s device %d: the KV cache memory could not be read (the client "
+                 "shrank or removed a registered KV tensor; the server log names the memory "
+                 "object); nothing was saved",
+                 instance_id, device_id);
+        goto out;
+    }
     if (rc) {
         snprintf(err, errlen, "D2H copy on device %d %s: %s", device_id,
                  rc == -ETIMEDOUT ? "timed out" : "failed", strerror(-rc));
@@ -277,12 +324,25 @@ int pf_engine_save(struct pf_engine *e, const char *instance_id, uint32_t tp_ran
     goto out;
 alloc_fail:
     if (rc == -ENOMEM) {
-        char sz[32], cp[32];
+        char nd[32], pc[32], sz[32], cp[32], mx[32];
+        pf_format_size(need, nd, sizeof(nd));
+        pf_format_size(piece, pc, sizeof(pc));
         pf_format_size(pf_pool_used(e->pool), sz, sizeof(sz));
         pf_format_size(pf_pool_capacity(e->pool), cp, sizeof(cp));
-        snprintf(err, errlen, "pinned pool exhausted (%s of %s in use, the rest is referenced)", sz,
-                 cp);
-        rc = -ENOMEM;
+        uint64_t maxa = pf_pool_max_alloc(e->pool, numa);
+        pf_format_size(maxa, mx, sizeof(mx));
+        if (!e->cfg.blockwise_alloc && piece > maxa)
+            snprintf(err, errlen,
+                     "save needs one contiguous piece of %s of pinned memory per layer, but one "
+                     "pool shard holds at most %s (fewer --pool-shards, or fewer blocks per call)",
+                     pc, mx);
+        else
+            snprintf(err, errlen,
+                     "pinned pool exhausted: the save needs %s; %s of %s is in use (this save's "
+                     "own allocations included) and nothing more can be evicted (the rest is "
+                     "held by leases, loads, transfers or saves in flight)",
+                     nd, sz, cp);
+        rc = -ENOSPC;
     }
 out:
     if (batch) {

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netdb.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,10 @@
 #include "pf/config.h"
 #include "pf/http.h"
 #include "pf/log.h"
+
+#define PF_HTTP_THREADS         2   /* polling threads, fixed */
+#define PF_HTTP_MAX_CONNECTIONS 512 /* open connections, all clients */
+#define PF_HTTP_MAX_PER_IP      128 /* open connections from one address */
 
 struct pf_http_server {
     struct MHD_Daemon *d;
@@ -74,6 +79,56 @@ static enum MHD_Result send_unauthorized(struct MHD_Connection *conn)
     return ret;
 }
 
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+struct param_check {
+    const char *const *allowed;
+    char bad[256];
+};
+
+static enum MHD_Result check_param(void *cls, enum MHD_ValueKind kind, const char *key,
+                                   const char *value)
+{
+    struct param_check *pc = cls;
+    bool known = false;
+    for (const char *const *a = pc->allowed; a && *a && !known; a++)
+        known = strcmp(*a, key) == 0;
+    if (!known)
+        snprintf(pc->bad, sizeof(pc->bad), "unknown query parameter '%.60s'", key);
+    else if (!value)
+        snprintf(pc->bad, sizeof(pc->bad), "query parameter '%.60s' has no value (use %.60s=...)",
+                 key, key);
+    return pc->bad[0] ? MHD_NO : MHD_YES;
+}
+
+/* Percent-decoding for paths and query values that leaves "%00" as it is: a decoded NUL
+ * would end the C string early ("/health%00" would match "/health", "id=a%00b" would name
+ * "a"). Returns the new length. */
+static size_t unescape(void *cls, struct MHD_Connection *c, char *s)
+{
+    char *w = s;
+    for (const char *r = s; *r; r++) {
+        int hi, lo;
+        if (r[0] == '%' && (hi = hexval(r[1])) >= 0 && (lo = hexval(r[2])) >= 0 && (hi | lo) != 0) {
+            *w++ = (char)(hi << 4 | lo);
+            r += 2;
+        } else {
+            *w++ = *r;
+        }
+    }
+    *w = '\0';
+    return (size_t)(w - s);
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version, const char *upload_data,
                                   size_t *upload_size, void **con_cls)
@@ -117,6 +172,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         pf_log_ratelimited(PF_LOG_WARN, 5000, "HTTP %s %s refused: missing or wrong admin token",
                            method, url);
         return send_unauthorized(conn);
+    }
+    struct param_check pc = {.allowed = hit->params};
+    /* read-only routes without parameters ignore a query (cache busters); routes that take
+     * parameters, and every POST, accept only theirs */
+    if (hit->params || strcmp(hit->method, "GET") != 0)
+        MHD_get_connection_values(conn, MHD_GET_ARGUMENT_KIND, check_param, &pc);
+    if (pc.bad[0]) {
+        char msg[400];
+        snprintf(msg, sizeof(msg), "%s on %s\n", pc.bad, hit->path);
+        pf_http_resp_text(&r, 400, msg);
+        return send_resp(conn, &r, NULL);
     }
     struct pf_http_req req = {.method = method, .path = url, .conn = conn};
     r.status = 200;
@@ -171,13 +237,17 @@ int pf_http_server_start_auth(const char *addr, const struct pf_http_route *rout
         free(s);
         return -ENOMEM;
     }
-    unsigned flags =
-        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG;
+    /* a fixed pool of polling threads and connection caps: clients cannot make the server
+     * start a thread per connection */
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG;
     if (res->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
-    s->d =
-        MHD_start_daemon(flags, port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, res->ai_addr,
-                         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30, MHD_OPTION_END);
+    s->d = MHD_start_daemon(
+        flags, port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, res->ai_addr,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30, MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
+        MHD_OPTION_THREAD_POOL_SIZE, (unsigned)PF_HTTP_THREADS, MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned)PF_HTTP_MAX_CONNECTIONS, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+        (unsigned)PF_HTTP_MAX_PER_IP, MHD_OPTION_END);
     freeaddrinfo(res);
     if (!s->d) {
         snprintf(err, errlen, "cannot listen on %s (address in use or not local)", addr);

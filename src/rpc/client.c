@@ -241,19 +241,42 @@ static void set_status(struct pf_rpc_status *st, int code, const char *msg, size
     st->msg[len] = '\0';
 }
 
+static int unary_bb(struct pf_rpc_channel *ch, const char *path, grpc_byte_buffer *reqbb,
+                    const ProtobufCMessageDescriptor *resp_desc, uint64_t timeout_ms,
+                    ProtobufCMessage **resp_p, struct pf_rpc_status *st);
+
 int pf_rpc_unary(struct pf_rpc_channel *ch, const char *path, const ProtobufCMessage *req,
                  const ProtobufCMessageDescriptor *resp_desc, uint64_t timeout_ms,
                  ProtobufCMessage **resp_p, struct pf_rpc_status *st)
+{
+    return unary_bb(ch, path, pf_rpc_pack(req), resp_desc, timeout_ms, resp_p, st);
+}
+
+int pf_rpc_unary_raw(struct pf_rpc_channel *ch, const char *path, const uint8_t *data, size_t len,
+                     const ProtobufCMessageDescriptor *resp_desc, uint64_t timeout_ms,
+                     ProtobufCMessage **resp_p, struct pf_rpc_status *st)
+{
+    grpc_slice s = grpc_slice_from_copied_buffer((const char *)data, len);
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s);
+    return unary_bb(ch, path, bb, resp_desc, timeout_ms, resp_p, st);
+}
+
+/* Takes ownership of reqbb. */
+static int unary_bb(struct pf_rpc_channel *ch, const char *path, grpc_byte_buffer *reqbb,
+                    const ProtobufCMessageDescriptor *resp_desc, uint64_t timeout_ms,
+                    ProtobufCMessage **resp_p, struct pf_rpc_status *st)
 {
     grpc_completion_queue *cq = thread_cq();
     grpc_call *call = grpc_channel_create_call(ch->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
                                                grpc_slice_from_static_string(path), NULL,
                                                deadline_after(timeout_ms), NULL);
     if (!call) {
+        grpc_byte_buffer_destroy(reqbb);
         set_status(st, PF_GRPC_INTERNAL, "cannot create call", 18);
         return -ENOMEM;
     }
-    grpc_byte_buffer *reqbb = pf_rpc_pack(req), *resp = NULL;
+    grpc_byte_buffer *resp = NULL;
     grpc_metadata_array imd, tmd;
     grpc_metadata_array_init(&imd);
     grpc_metadata_array_init(&tmd);

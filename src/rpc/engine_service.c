@@ -13,6 +13,7 @@
 #include "pf/log.h"
 #include "pf/p2p.h"
 #include "pf/service.h"
+#include "rpc/validate.h"
 #include "rpc/wire.h"
 
 #define ERRLEN 480
@@ -65,6 +66,14 @@ static int decode_ipc(const ProtobufCBinaryData *b, size_t i, struct pf_ipc_desc
     Pegaflow__IpcTensor *t = pegaflow__ipc_tensor__unpack(NULL, b->len, b->data);
     if (!t) {
         snprintf(err, errlen, "wrapper_bytes[%zu] is not a serialized IpcTensor", i);
+        return -EINVAL;
+    }
+    /* the nested descriptor obeys the same string rules as requests (no NUL, capped) */
+    char verr[256];
+    if (pf_rpc_validate(&pegaflow__ipc_tensor__descriptor, b->data, b->len, verr, sizeof(verr)) !=
+        0) {
+        snprintf(err, errlen, "wrapper_bytes[%zu]: %s", i, verr);
+        pegaflow__ipc_tensor__free_unpacked(t, NULL);
         return -EINVAL;
     }
     int rc = 0;
@@ -145,7 +154,11 @@ static int h_register(void *ctx, struct pf_rpc_call *call, const ProtobufCMessag
         layers[i].group_id = r->n_layer_group_ids ? r->layer_group_ids[i] : 0;
         rc = decode_ipc(&r->wrapper_bytes[i], i, &layers[i].ipc, err, sizeof(err));
     }
-    if (rc == 0) {
+    if (rc == 0 && pf_rpc_call_expired(call)) {
+        /* the caller gave up: opening its tensors would be work for nobody */
+        snprintf(err, sizeof(err), "call cancelled or past its deadline before registration");
+        rc = -ETIMEDOUT;
+    } else if (rc == 0) {
         struct pf_engine_register reg = {
             .instance_id = r->instance_id,
             .namespace_ = r->namespace_,
@@ -531,6 +544,7 @@ const struct pf_rpc_method pf_engine_methods[] = {
     {.path = "/pegaflow.Engine/RdmaHandshake",
      .metric_name = "rdma_handshake",
      .req_desc = &pegaflow__rdma_handshake_request__descriptor,
-     .unary = h_handshake},
+     .unary = h_handshake,
+     .network = true},
 };
 const size_t pf_engine_nmethods = sizeof(pf_engine_methods) / sizeof(pf_engine_methods[0]);

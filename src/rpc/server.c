@@ -13,6 +13,7 @@
  * Pitfalls handled (gRPC 1.51): initial metadata is always sent before a status; message
  * limits raised to 64 MiB; SO_REUSEPORT off. */
 #include <errno.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -40,6 +41,7 @@
 #include "pf/rpc.h"
 #include "pf/thread.h"
 #include "rpc/rpc_internal.h"
+#include "rpc/validate.h"
 
 enum { ST_NEW, ST_READ, ST_PARK_MD, ST_PARKED, ST_FINISH };
 /* park state of a streaming call, shared by the handler thread and the watcher */
@@ -77,8 +79,16 @@ struct pf_rpc_server {
     pthread_mutex_t sd_mu;
     pthread_cond_t sd_cv;
     bool sd_done;
-    size_t live;   /* call contexts not yet freed (under sd_mu) */
-    size_t parked; /* of which parked streams (under sd_mu) */
+    size_t live;                /* call contexts not yet freed (under sd_mu) */
+    size_t parked;              /* of which parked streams (under sd_mu) */
+    _Atomic uint64_t req_bytes; /* decode budget in use (see request_memory) */
+    uint64_t req_budget;
+    pthread_mutex_t net_mu; /* network-class handlers in flight, overall and per caller */
+    int net_busy, net_slots;
+    struct net_peer {
+        char addr[64];
+        int n;
+    } * net_peers; /* net_slots entries */
 };
 
 static void request_new(struct pf_rpc_server *s);
@@ -135,6 +145,66 @@ int pf_rpc_fail(struct pf_rpc_call *call, int code, const char *fmt, ...)
     va_end(ap);
     call->code = code ? code : PF_GRPC_INTERNAL;
     return call->code;
+}
+
+bool pf_rpc_call_expired(struct pf_rpc_call *call)
+{
+    if (atomic_load(&call->pstate) == PS_CLOSED_EARLY)
+        return true;
+    gpr_timespec dl = call->details.deadline;
+    return gpr_time_cmp(gpr_now(dl.clock_type), dl) > 0;
+}
+
+/* The caller's address without the port ("ipv4:10.0.0.1:5555" -> "ipv4:10.0.0.1"). */
+static void peer_host(struct pf_rpc_call *c, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s", pf_rpc_call_peer(c));
+    char *colon = strrchr(out, ':');
+    if (colon && colon > out && strchr(out, ':') != colon)
+        *colon = '\0';
+}
+
+/* Takes a network slot for the call's caller; false when the server-wide or per-caller
+ * bound is reached (*why names which). */
+static bool net_enter(struct pf_rpc_server *s, const char *host, const char **why)
+{
+    bool ok = false;
+    pthread_mutex_lock(&s->net_mu);
+    struct net_peer *free_p = NULL, *mine = NULL;
+    for (int i = 0; i < s->net_slots; i++) {
+        struct net_peer *p = &s->net_peers[i];
+        if (p->n > 0 && strcmp(p->addr, host) == 0)
+            mine = p;
+        else if (p->n == 0 && !free_p)
+            free_p = p;
+    }
+    if (s->net_busy >= s->net_slots) {
+        *why = "server-wide";
+    } else if (mine && mine->n >= PF_RPC_NET_PER_PEER) {
+        *why = "per-caller";
+    } else {
+        if (!mine) {
+            mine = free_p; /* net_busy < net_slots: a free entry exists */
+            snprintf(mine->addr, sizeof(mine->addr), "%s", host);
+        }
+        mine->n++;
+        s->net_busy++;
+        ok = true;
+    }
+    pthread_mutex_unlock(&s->net_mu);
+    return ok;
+}
+
+static void net_leave(struct pf_rpc_server *s, const char *host)
+{
+    pthread_mutex_lock(&s->net_mu);
+    for (int i = 0; i < s->net_slots; i++)
+        if (s->net_peers[i].n > 0 && strcmp(s->net_peers[i].addr, host) == 0) {
+            s->net_peers[i].n--;
+            break;
+        }
+    s->net_busy--;
+    pthread_mutex_unlock(&s->net_mu);
 }
 
 const char *pf_rpc_call_peer(struct pf_rpc_call *call)
@@ -257,6 +327,18 @@ static void on_new_call(struct pf_rpc_call *c)
         call_unref(c);
 }
 
+/* Returns a request's budget and network slot; gives freed heap back to the system
+ * after a large request, so a burst of big decodes does not leave the RSS high. */
+static void req_done(struct pf_rpc_server *s, const struct pf_rpc_method *m, const char *host,
+                     uint64_t cost)
+{
+    if (m->network)
+        net_leave(s, host);
+    atomic_fetch_sub(&s->req_bytes, cost);
+    if (cost >= (8u << 20) * PF_RPC_DECODE_FACTOR)
+        malloc_trim(0);
+}
+
 static void on_request(struct pf_rpc_call *c)
 {
     struct pf_rpc_server *s = c->srv;
@@ -270,24 +352,63 @@ static void on_request(struct pf_rpc_call *c)
     grpc_slice sl = pf_rpc_bb_to_slice(c->recv);
     grpc_byte_buffer_destroy(c->recv);
     c->recv = NULL;
+    size_t len = GRPC_SLICE_LENGTH(sl);
+    const uint8_t *data = GRPC_SLICE_START_PTR(sl);
+    char verr[PF_RPC_ERRMSG];
+    int vrc = pf_rpc_validate(m->req_desc, data, len, verr, sizeof(verr));
+    if (vrc) {
+        grpc_slice_unref(sl);
+        pf_rpc_fail(c, pf_grpc_code_from_errno(vrc), "%s", verr);
+        finish(c, stream);
+        return;
+    }
+    /* decode budget: the decoded form of a request is a few times its encoded size */
+    uint64_t cost = (uint64_t)len * PF_RPC_DECODE_FACTOR + 4096;
+    if (atomic_fetch_add(&s->req_bytes, cost) + cost > s->req_budget && cost > 4096 + 64) {
+        atomic_fetch_sub(&s->req_bytes, cost);
+        grpc_slice_unref(sl);
+        pf_rpc_fail(c, PF_GRPC_RESOURCE_EXHAUSTED,
+                    "%s of %zu bytes does not fit the server's request memory budget (%llu MiB "
+                    "for requests in flight); retry later or send smaller requests",
+                    m->req_desc->short_name, len, (unsigned long long)(s->req_budget >> 20));
+        finish(c, stream);
+        return;
+    }
+    char host[64] = "";
+    if (m->network) {
+        const char *why = "";
+        peer_host(c, host, sizeof(host));
+        if (!net_enter(s, host, &why)) {
+            atomic_fetch_sub(&s->req_bytes, cost);
+            grpc_slice_unref(sl);
+            pf_rpc_fail(c, PF_GRPC_RESOURCE_EXHAUSTED,
+                        "too many %s calls in progress (%s bound: %d server-wide, %d per caller); "
+                        "retry later",
+                        m->metric_name, why, s->net_slots, PF_RPC_NET_PER_PEER);
+            finish(c, stream);
+            return;
+        }
+    }
     if (m->raw) {
-        int rc = m->raw(s->cfg.ctx, c, GRPC_SLICE_START_PTR(sl), GRPC_SLICE_LENGTH(sl));
+        int rc = m->raw(s->cfg.ctx, c, data, len);
         grpc_slice_unref(sl);
         if (rc == 0 && !c->send)
             pf_rpc_fail(c, PF_GRPC_INTERNAL, "handler produced no response");
         else if (rc != 0 && c->code == 0)
             pf_rpc_fail(c, PF_GRPC_INTERNAL, "handler failed");
-        finish(c, false);
-        return;
+        goto done_unary;
     }
-    ProtobufCMessage *req = protobuf_c_message_unpack(m->req_desc, NULL, GRPC_SLICE_LENGTH(sl),
-                                                      GRPC_SLICE_START_PTR(sl));
+    ProtobufCMessage *req = protobuf_c_message_unpack(m->req_desc, NULL, len, data);
     grpc_slice_unref(sl);
     if (!req) {
         pf_rpc_fail(c, PF_GRPC_INVALID_ARGUMENT, "malformed %s (protobuf decoding failed)",
                     m->req_desc->short_name);
-        finish(c, stream);
-        return;
+        if (stream) {
+            req_done(s, m, host, cost);
+            finish(c, stream);
+            return;
+        }
+        goto done_unary;
     }
     if (!stream) {
         int rc = m->unary(s->cfg.ctx, c, req);
@@ -297,9 +418,9 @@ static void on_request(struct pf_rpc_call *c)
         else if (rc != 0 && c->code == 0)
             pf_rpc_fail(c, pf_grpc_code_from_errno(rc < 0 ? rc : -EIO), "handler failed: %s",
                         strerror(rc < 0 ? -rc : EIO));
-        finish(c, false);
-        return;
+        goto done_unary;
     }
+    req_done(s, m, host, cost); /* a stream's request is consumed by stream_open below */
     atomic_store(&c->pstate, PS_OPENING);
     int rc = m->stream_open(s->cfg.ctx, c, req, &c->stream_ctx);
     protobuf_c_message_free_unpacked(req, NULL);
@@ -334,6 +455,10 @@ static void on_request(struct pf_rpc_call *c)
     c->st = ST_PARK_MD;
     if (start_batch(c, &op, 1, c) != GRPC_CALL_OK)
         call_unref(c);
+    return;
+done_unary:
+    req_done(s, m, host, cost);
+    finish(c, false);
 }
 
 /* Watcher completed: the call is over from the client's point of view. */
@@ -499,6 +624,16 @@ int pf_rpc_server_start(const struct pf_rpc_server_config *cfg, struct pf_rpc_se
     pthread_mutex_init(&s->sd_mu, NULL);
     pf_cond_init(&s->sd_cv);
     s->nthreads = cfg->threads > 0 ? cfg->threads : 8;
+    s->req_budget = cfg->request_memory ? cfg->request_memory : PF_RPC_DEFAULT_REQ_MEMORY;
+    s->net_slots =
+        cfg->network_slots > 0 ? cfg->network_slots : (s->nthreads / 4 > 1 ? s->nthreads / 4 : 1);
+    pthread_mutex_init(&s->net_mu, NULL);
+    s->net_peers = calloc((size_t)s->net_slots, sizeof(*s->net_peers));
+    if (!s->net_peers) {
+        free(s);
+        rc = -ENOMEM;
+        goto err_init;
+    }
     char name[128];
     const char *prefix = cfg->metric_prefix ? cfg->metric_prefix : "pegaflow";
     snprintf(name, sizeof(name), "%s_rpc_requests", prefix);
@@ -580,6 +715,8 @@ err_srv:
            GRPC_QUEUE_SHUTDOWN)
         ;
     grpc_completion_queue_destroy(s->cq);
+    pthread_mutex_destroy(&s->net_mu);
+    free(s->net_peers);
     free(s);
 err_init:
     pf_rpc_global_shutdown();
@@ -651,6 +788,8 @@ void pf_rpc_server_stop(struct pf_rpc_server *s)
     grpc_completion_queue_destroy(s->cq);
     pthread_mutex_destroy(&s->sd_mu);
     pthread_cond_destroy(&s->sd_cv);
+    pthread_mutex_destroy(&s->net_mu);
+    free(s->net_peers);
     free(s->thr);
     free(s);
     pf_rpc_global_shutdown();

@@ -52,8 +52,8 @@ static int insert_range(struct pf_meta_client *c, long lo, long n, bool remove)
 }
 
 static const struct pf_http_route routes[] = {
-    {"GET", "/health", pf_http_health},
-    {"GET", "/metrics", pf_http_metrics},
+    {"GET", "/health", pf_http_health, NULL},
+    {"GET", "/metrics", pf_http_metrics, NULL},
 };
 
 int main(int argc, char **argv)

@@ -13,6 +13,11 @@
 #ifndef PF_ENGINE_H
 #define PF_ENGINE_H
 
+/* Request caps (docs/server.md "Request limits"); past them a request is INVALID_ARGUMENT
+ * naming the cap. String and repeated-field caps are enforced on the wire (src/rpc). */
+#define PF_ENGINE_MAX_LAYERS    4096u /* layers in one registration, save or load */
+#define PF_ENGINE_MAX_INSTANCES 32u   /* registered instances (each owns copy threads) */
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>

@@ -28,6 +28,11 @@ struct pf_http_route {
     const char *method; /* "GET", "POST" */
     const char *path;
     pf_http_handler_fn fn;
+    /* Query parameters the route accepts, NULL-terminated; NULL = none. On a POST route or
+     * one with parameters, any other key, or a key without "=value", is answered 400 naming
+     * it before the handler runs (a typo never falls back to a default such as "all"); a GET
+     * route without parameters ignores the query. */
+    const char *const *params;
 };
 
 struct pf_http_server;

@@ -47,6 +47,15 @@ int pf_lease_peek(struct pf_lease_table *t, const uint8_t *id, size_t idlen,
 /* Takes one share of a lease (freed with its last share). 0; -ESTALE when it expired or
  * was used up since the peek (a concurrent consumer); -EINVAL for a bad id length. */
 int pf_lease_commit(struct pf_lease_table *t, const uint8_t *id, size_t idlen);
+/* Takes one share of each of n leases, all or nothing, under one lock. A lease named twice
+ * is -EEXIST; an unknown, expired or used-up lease is -ESTALE; a bad id length -EINVAL.
+ * On error *bad_p is the index of the offending id and no share was taken. */
+struct pf_lease_ref {
+    const uint8_t *id;
+    size_t len;
+};
+int pf_lease_commit_all(struct pf_lease_table *t, const struct pf_lease_ref *ids, size_t n,
+                        size_t *bad_p);
 /* Removes the lease outright. 0, -EINVAL (bad length) or -ESTALE (unknown or expired). */
 int pf_lease_release(struct pf_lease_table *t, const uint8_t *id, size_t idlen);
 /* Drops every lease of the instance; returns how many. */

@@ -54,9 +54,14 @@ struct pf_rpc_status {
 
 /* "INVALID_ARGUMENT" etc.; "OK" for 0. */
 const char *pf_grpc_code_name(int code);
-/* Engine convention: -EINVAL -> INVALID_ARGUMENT; -ENOENT, -EPERM, -ESTALE ->
- * FAILED_PRECONDITION; -ETIMEDOUT -> DEADLINE_EXCEEDED; -EOPNOTSUPP -> UNIMPLEMENTED;
- * -EAGAIN, -ENOBUFS -> RESOURCE_EXHAUSTED; -ECANCELED -> CANCELLED; others -> INTERNAL. */
+/* Engine convention: the rows of pf_errno_codes (errno -> status; documented in
+ * docs/server.md "Error codes"); 0 -> OK; any errno not in the table -> INTERNAL. */
+struct pf_errno_code {
+    int err; /* positive errno */
+    int code;
+};
+extern const struct pf_errno_code pf_errno_codes[];
+extern const size_t pf_errno_ncodes;
 int pf_grpc_code_from_errno(int neg_errno);
 /* Client side: OK -> 0, INVALID_ARGUMENT -> -EINVAL, FAILED_PRECONDITION -> -EPERM,
  * DEADLINE_EXCEEDED -> -ETIMEDOUT, UNAVAILABLE -> -ECONNREFUSED, UNIMPLEMENTED ->
@@ -90,7 +95,14 @@ struct pf_rpc_method {
     pf_rpc_raw_fn raw; /* instead of unary: the request is not unpacked */
     pf_rpc_stream_open_fn stream_open;
     pf_rpc_stream_closed_fn stream_closed;
+    /* The handler may wait on the network (connects to a peer). Such handlers run on at most
+     * network_slots RPC threads at once, and at most PF_RPC_NET_PER_PEER per caller address;
+     * past either they are answered RESOURCE_EXHAUSTED at once, so they can never occupy the
+     * threads local clients need. */
+    bool network;
 };
+
+#define PF_RPC_NET_PER_PEER 2
 
 struct pf_auth;
 struct pf_rpc_access_rule;
@@ -102,6 +114,10 @@ struct pf_rpc_server_config {
     size_t nmethods;
     void *ctx;                 /* handlers' first argument */
     const char *metric_prefix; /* "pegaflow" or "pegaflow_metaserver" */
+    int network_slots;         /* 0: max(1, threads / 4) */
+    /* Decode budget: requests in flight may hold at most this many bytes of encoded size
+     * x PF_RPC_DECODE_FACTOR; past it a request is RESOURCE_EXHAUSTED. 0: 256 MiB. */
+    uint64_t request_memory;
     /* Security (pf/auth.h; all optional). auth: TLS on addr and the cluster token; rules:
      * method classes (NULL: every method is PEER); local_only: LOCAL methods refuse remote
      * callers without the token; local_addr: a second, plaintext listener ("unix:PATH"). */
@@ -111,6 +127,9 @@ struct pf_rpc_server_config {
     bool local_only;
     const char *local_addr;
 };
+
+#define PF_RPC_DECODE_FACTOR      4
+#define PF_RPC_DEFAULT_REQ_MEMORY (256ull << 20)
 
 struct pf_rpc_server;
 
@@ -127,6 +146,9 @@ int pf_rpc_respond(struct pf_rpc_call *call, const ProtobufCMessage *msg);
 /* Sets the call's error status and message; returns code (non-zero) for handlers to
  * return directly: return pf_rpc_fail(call, PF_GRPC_INVALID_ARGUMENT, "bad %s", x); */
 int pf_rpc_fail(struct pf_rpc_call *call, int code, const char *fmt, ...) PF_PRINTF(3, 4);
+/* True once the caller cancelled or went away, or the call's deadline passed: a long
+ * handler checks it between steps and stops (its answer would reach nobody). */
+bool pf_rpc_call_expired(struct pf_rpc_call *call);
 /* Peer address of the call ("ipv4:1.2.3.4:5678"), valid during the handler. */
 const char *pf_rpc_call_peer(struct pf_rpc_call *call);
 
@@ -146,6 +168,11 @@ const char *pf_rpc_channel_target(const struct pf_rpc_channel *ch);
 int pf_rpc_unary(struct pf_rpc_channel *ch, const char *path, const ProtobufCMessage *req,
                  const ProtobufCMessageDescriptor *resp_desc, uint64_t timeout_ms,
                  ProtobufCMessage **resp_p, struct pf_rpc_status *st);
+/* Like pf_rpc_unary with an already encoded request (any bytes: tests and tools that send
+ * what a protobuf encoder would not). */
+int pf_rpc_unary_raw(struct pf_rpc_channel *ch, const char *path, const uint8_t *data, size_t len,
+                     const ProtobufCMessageDescriptor *resp_desc, uint64_t timeout_ms,
+                     ProtobufCMessage **resp_p, struct pf_rpc_status *st);
 
 /* A server-streaming call held open (e.g. Session). Messages are not read; the call stays
  * open until pf_rpc_stream_close or until the server ends it. open waits up to timeout_ms

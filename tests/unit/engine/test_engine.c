@@ -329,8 +329,18 @@ static void test_hooks_and_unregister(void **st)
     struct pf_engine_query_result res;
     assert_int_equal(query("i1", "held", 20, 5, &res), 0);
     assert_int_equal(res.num_hit_blocks, 5);
+    /* an abandoned prefetch: 44 is in RAM, 45 and 46 in the tier; the client never asks
+     * again. The task pins 44 (and what it fetches) only until its instance goes. */
+    struct pf_engine_query_result ab;
+    assert_int_equal(query("i1", "abandon", 44, 3, &ab), 0);
+    assert_true(ab.loading);
+    assert_true(atomic_load(&F.e->pf_pinned) > 0);
     char err[200];
     assert_int_equal(pf_engine_unregister(F.e, "i1", err, sizeof(err)), 0);
+    /* the fetch may still be running: its reference goes when it returns */
+    for (int i = 0; i < 500 && atomic_load(&F.e->pf_pinned) != 0; i++)
+        usleep(10000);
+    assert_int_equal(atomic_load(&F.e->pf_pinned), 0);
     /* the lease died with the instance */
     struct pf_bytes l = {res.lease, 16};
     assert_int_equal(pf_engine_release(F.e, &l, err, sizeof(err)), -ESTALE);

@@ -18,6 +18,7 @@
 #include "pf/clock.h"
 #include "pf/metrics.h"
 #include "pf/rpc.h"
+#include "pf/util.h"
 
 static int h_echo(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *m)
 {
@@ -223,7 +224,8 @@ static void test_mappings(void **st)
     assert_int_equal(pf_grpc_code_from_errno(-ENOENT), PF_GRPC_FAILED_PRECONDITION);
     assert_int_equal(pf_grpc_code_from_errno(-EPERM), PF_GRPC_FAILED_PRECONDITION);
     assert_int_equal(pf_grpc_code_from_errno(-ESTALE), PF_GRPC_FAILED_PRECONDITION);
-    assert_int_equal(pf_grpc_code_from_errno(-ENOMEM), PF_GRPC_INTERNAL);
+    assert_int_equal(pf_grpc_code_from_errno(-ENOMEM), PF_GRPC_RESOURCE_EXHAUSTED);
+    assert_int_equal(pf_grpc_code_from_errno(-EIO), PF_GRPC_INTERNAL);
     assert_int_equal(pf_grpc_code_from_errno(-ETIMEDOUT), PF_GRPC_DEADLINE_EXCEEDED);
     assert_int_equal(pf_grpc_code_from_errno(0), PF_GRPC_OK);
     for (int c = 0; c <= 16; c++) {
@@ -234,6 +236,41 @@ static void test_mappings(void **st)
     assert_int_equal(pf_errno_from_grpc_code(PF_GRPC_FAILED_PRECONDITION), -EPERM);
     assert_string_equal(pf_grpc_code_name(9), "FAILED_PRECONDITION");
     assert_string_equal(pf_grpc_code_name(99), "UNKNOWN");
+}
+
+/* docs/server.md "Error codes" and pf_errno_codes are the same table, row for row. */
+static void test_errno_table_matches_docs(void **st)
+{
+    const char *top = getenv("PF_TOP");
+    assert_non_null(top); /* set by tests/run.sh; a run without it must not pass */
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/docs/server.md", top);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char line[512];
+    size_t rows = 0;
+    bool seen[64] = {false};
+    assert_true(pf_errno_ncodes <= 64);
+    while (fgets(line, sizeof(line), f)) {
+        char en[32], code[40];
+        if (sscanf(line, "| `%31[A-Z0-9]` | `%39[A-Z_]` |", en, code) != 2)
+            continue;
+        int err;
+        assert_int_equal(pf_errno_parse(en, &err), 0);
+        int got = pf_grpc_code_from_errno(-err);
+        if (strcmp(pf_grpc_code_name(got), code) != 0)
+            fail_msg("docs say %s -> %s, the code says %s", en, code, pf_grpc_code_name(got));
+        for (size_t i = 0; i < pf_errno_ncodes; i++)
+            if (pf_errno_codes[i].err == err)
+                seen[i] = true;
+        rows++;
+    }
+    fclose(f);
+    assert_int_equal(rows, pf_errno_ncodes);
+    for (size_t i = 0; i < pf_errno_ncodes; i++)
+        if (!seen[i])
+            fail_msg("errno %s is in pf_errno_codes but not in docs/server.md",
+                     pf_errno_name(pf_errno_codes[i].err));
 }
 
 static void test_metrics_render(void **st)
@@ -266,9 +303,10 @@ static void test_metrics_render(void **st)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_unary),         cmocka_unit_test(test_malformed_and_unknown),
-        cmocka_unit_test(test_parked_stream), cmocka_unit_test(test_busy_port),
-        cmocka_unit_test(test_mappings),      cmocka_unit_test(test_metrics_render),
+        cmocka_unit_test(test_unary),          cmocka_unit_test(test_malformed_and_unknown),
+        cmocka_unit_test(test_parked_stream),  cmocka_unit_test(test_busy_port),
+        cmocka_unit_test(test_mappings),       cmocka_unit_test(test_errno_table_matches_docs),
+        cmocka_unit_test(test_metrics_render),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
