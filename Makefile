@@ -5,6 +5,7 @@
 #   make run             install missing deps, build, start pegaflow-server on defaults (sim GPU)
 #   make test SAN=address,undefined | SAN=thread   sanitizer builds (own output dir)
 #   make coverage        gcov/lcov build + tests, prints line and branch coverage
+#   make deb | wheel     pegaflow_<version>_<arch>.deb, the connector wheel (build/rel/pkg/)
 #
 # Modules add their sources from their own module.mk (src/*/, sim/*/, hw/*/, tests/*/).
 .DEFAULT_GOAL := all
@@ -32,3 +33,4 @@ include $(sort $(wildcard tests/*/module.mk tests/unit/*/module.mk bench/module.
 include mk/link.mk
 include mk/test.mk
 include mk/targets.mk
+include mk/package.mk

@@ -40,4 +40,4 @@ install: all
 	install -m 644 src/client/pegaflow.h $(DESTDIR)$(PREFIX)/include/pegaflow/
 
 help:
-	@sed -n '2,12p' Makefile | sed 's/^# \{0,1\}//'
+	@awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' Makefile

@@ -33,13 +33,20 @@ ifneq ($(findstring thread,$(SAN)),)
 TEST_ENV += TSAN_OPTIONS=suppressions=$(TOP)/ci/tsan.supp:halt_on_error=1:second_deadlock_stack=1
 endif
 
-.PHONY: test test-build test-run test-unit test-integration test-python
+.PHONY: test test-build test-run test-unit test-integration test-python check-backends
 test-build: all $(UNIT_BINS) $(INTEG_BINS) $(LIBPEGAFLOW)
 
+# install first: mk/config.mk does not configure for the `test` goal itself, so the
+# sub-make below is the first to probe, with the packages in place
 test:
 	@ci/install-deps.sh
 	@$(MAKE) --no-print-directory -j$(NPROC) test-build
+	@$(MAKE) --no-print-directory check-backends
 	@$(MAKE) --no-print-directory test-run
+
+# "backends: cuda yes/no, verbs yes/no"; fails when an installed backend was not built
+check-backends: $(LIBPFCORE)
+	@CONFIGURE_ARGS='$(CONFIGURE_ARGS)' CUDA_HOME='$(CUDA_HOME)' ci/check-backends.sh $(O)
 
 test-run:
 	@$(TEST_ENV) tests/run.sh all $(O)

@@ -25,6 +25,8 @@ struct pf_server_config {
     char *http_addr;
     bool enable_prometheus;
     char *metrics_otel_endpoint;
+    char *metrics_otel_protocol; /* resolved: the flag, else OTEL_EXPORTER_OTLP_*PROTOCOL */
+    int otlp_protocol;           /* enum pf_otlp_protocol of metrics_otel_protocol */
     uint64_t metrics_period_secs;
     struct pf_strlist ssd_cache_path;
     uint64_t ssd_cache_capacity;
@@ -71,6 +73,10 @@ struct pf_server_config {
 
 extern const struct pf_flag pf_server_flags[];
 extern const size_t pf_server_nflags;
+/* --help sections, as seeds/server.md groups the flags (server, HTTP & metrics, SSD,
+ * cross-node), then ours; every flag of pf_server_flags is in exactly one. */
+extern const struct pf_flag_group pf_server_flag_groups[];
+extern const size_t pf_server_nflag_groups;
 
 /* Parses and validates argv. Returns 0, 1 (--help printed), 2 (--version printed) or
  * -EINVAL with a one-line message in err (the binary prints it and exits 2). */

@@ -52,8 +52,11 @@ int pf_meta_config_parse(struct pf_meta_config *cfg, int argc, char **argv, char
         return -EINVAL;
     }
     if (cfg->ttl_minutes * 60 < cfg->node_stale_secs) {
-        snprintf(err, errlen, "--ttl-minutes: %llu minutes is shorter than --node-stale-secs %llu",
-                 (unsigned long long)cfg->ttl_minutes, (unsigned long long)cfg->node_stale_secs);
+        snprintf(err, errlen,
+                 "--ttl-minutes: %llu minutes is shorter than --node-stale-secs %llu; raise "
+                 "--ttl-minutes to at least %llu or lower --node-stale-secs",
+                 (unsigned long long)cfg->ttl_minutes, (unsigned long long)cfg->node_stale_secs,
+                 (unsigned long long)((cfg->node_stale_secs + 59) / 60));
         return -EINVAL;
     }
     struct pf_auth_config ac = {

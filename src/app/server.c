@@ -319,10 +319,12 @@ int pf_server_main(int argc, char **argv)
     a->efd = a->sfd = -1;
     int rc = pf_server_config_parse(&a->cfg, argc, argv, err, sizeof(err));
     if (rc == 1) {
-        pf_flags_usage(stdout, "pegaflow-server",
-                       "PegaFlow KV-cache server: saves vLLM KV blocks to pinned host memory, "
-                       "loads them back,\nspills to SSD and shares them across nodes.",
-                       pf_server_flags, pf_server_nflags);
+        pf_flags_usage_grouped(stdout, "pegaflow-server",
+                               "PegaFlow KV-cache server: saves vLLM KV blocks to pinned host "
+                               "memory, loads them back,\nspills to SSD and shares them across "
+                               "nodes.",
+                               pf_server_flags, pf_server_nflags, pf_server_flag_groups,
+                               pf_server_nflag_groups);
         pf_server_config_free(&a->cfg);
         return 0;
     }
@@ -373,8 +375,9 @@ int pf_server_main(int argc, char **argv)
     }
     if (a->cfg.metrics_otel_endpoint) {
         char err2[256];
-        if (pf_otlp_start(a->cfg.metrics_otel_endpoint, a->cfg.metrics_period_secs,
-                          "pegaflow-server", &a->otlp, err2, sizeof(err2)) != 0) {
+        if (pf_otlp_start(a->cfg.metrics_otel_endpoint, (enum pf_otlp_protocol)a->cfg.otlp_protocol,
+                          a->cfg.metrics_period_secs, "pegaflow-server", &a->otlp, err2,
+                          sizeof(err2)) != 0) {
             pf_error("%s", err2);
             goto out;
         }

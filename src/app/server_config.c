@@ -10,6 +10,7 @@
 
 #include "app/app.h"
 #include "pf/fault.h"
+#include "pf/metrics.h"
 
 #define F(n_, t_, field_, def_, meta_, help_, ...)                                                 \
     {                                                                                              \
@@ -43,7 +44,11 @@ const struct pf_flag pf_server_flags[] = {
     F("enable-prometheus", PF_FLAG_BOOL, enable_prometheus, "true", NULL,
       "Serve Prometheus metrics on GET /metrics (--enable-prometheus=false disables)"),
     F("metrics-otel-endpoint", PF_FLAG_STR, metrics_otel_endpoint, NULL, "URL",
-      "OTLP/HTTP metrics export endpoint, e.g. http://collector:4318 (optional)"),
+      "OTLP metrics export endpoint, e.g. http://collector:4317 (grpc) or "
+      "http://collector:4318 (http/*) (optional)"),
+    F("metrics-otel-protocol", PF_FLAG_STR, metrics_otel_protocol, "grpc", "PROTOCOL",
+      "OTLP protocol: grpc, http/protobuf or http/json (unset: OTEL_EXPORTER_OTLP_PROTOCOL, "
+      "else grpc)"),
     F("metrics-period-secs", PF_FLAG_U64, metrics_period_secs, "10", "SECS",
       "OTLP export period in seconds", .min = 1, .max = 86400),
     F("ssd-cache-path", PF_FLAG_STRLIST, ssd_cache_path, NULL, "PATH",
@@ -118,6 +123,34 @@ const struct pf_flag pf_server_flags[] = {
       "cluster token; any; auto = host when TLS or a cluster token is configured"),
 };
 const size_t pf_server_nflags = PF_ARRAY_SIZE(pf_server_flags);
+
+#define NAMES(...) ((const char *const[]){__VA_ARGS__, NULL})
+const struct pf_flag_group pf_server_flag_groups[] = {
+    {"Server",
+     NAMES("addr", "devices", "pool-size", "hint-value-size", "use-hugepages",
+           "enable-lfu-admission", "disable-numa-affinity", "blockwise-alloc", "log-level")},
+    {"HTTP & Metrics", NAMES("http-addr", "enable-prometheus", "metrics-otel-endpoint",
+                             "metrics-otel-protocol", "metrics-period-secs", "metric-hll-windows",
+                             "metric-hll-bucket-bits", "trace-sample-rate")},
+    {"SSD Cache", NAMES("ssd-cache-path", "ssd-cache-capacity", "ssd-cache-shards",
+                        "ssd-write-queue-depth", "ssd-prefetch-queue-depth", "ssd-write-inflight",
+                        "ssd-prefetch-inflight", "max-prefetch-blocks")},
+    {"Cross-Node (Multi-Node Setup; --nics and --metaserver-addr together)",
+     NAMES("nics", "metaserver-addr", "transfer-lock-timeout-secs", "metaserver-queue-depth",
+           "qps-per-peer")},
+    {"Engine and backends",
+     NAMES("pool-shards", "integrity", "gpu-backend", "net-backend", "rpc-threads")},
+    {"Security (docs/security.md)", NAMES("tls-cert", "tls-key", "tls-ca", "cluster-token-file",
+                                          "admin-token-file", "local-addr", "local-rpcs")},
+    {"Testing and debugging", NAMES("enable-debug", "fault-spec", "sim-gpus", "sim-gpu-bandwidth")},
+};
+const size_t pf_server_nflag_groups = PF_ARRAY_SIZE(pf_server_flag_groups);
+#undef NAMES
+
+/* the one-line P2P start that works, printed with every refusal of the P2P flags */
+#define P2P_EXAMPLE                                                                                \
+    "pegaflow-server --addr 10.0.0.1:50055 --nics mlx5_0 --metaserver-addr "                       \
+    "http://10.0.0.100:50056"
 
 static int parse_devices(struct pf_server_config *cfg, char *err, size_t errlen)
 {
@@ -200,6 +233,50 @@ static int check_hll_windows(const char *s, char *err, size_t errlen)
     return 0;
 }
 
+/* --metrics-otel-protocol, else OTEL_EXPORTER_OTLP_METRICS_PROTOCOL, else
+ * OTEL_EXPORTER_OTLP_PROTOCOL (the OpenTelemetry SDK variables), else grpc */
+static int resolve_otlp_protocol(struct pf_server_config *cfg, char *err, size_t errlen)
+{
+    const char *what = "--metrics-otel-protocol";
+    /* the variables only matter when exporting: an unrelated value never stops the server */
+    if (cfg->metrics_otel_endpoint &&
+        !pf_flags_given(pf_server_flags, pf_server_nflags, "metrics-otel-protocol")) {
+        static const char *const envs[] = {"OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
+                                           "OTEL_EXPORTER_OTLP_PROTOCOL"};
+        for (size_t i = 0; i < PF_ARRAY_SIZE(envs); i++) {
+            const char *v = getenv(envs[i]);
+            if (v && *v) {
+                char *dup = strdup(v);
+                if (!dup)
+                    return -ENOMEM;
+                free(cfg->metrics_otel_protocol);
+                cfg->metrics_otel_protocol = dup;
+                what = envs[i];
+                break;
+            }
+        }
+    }
+    enum pf_otlp_protocol p;
+    if (pf_otlp_protocol_parse(cfg->metrics_otel_protocol, &p) != 0) {
+        snprintf(err, errlen,
+                 "%s: unknown OTLP protocol '%s'; use grpc (collectors on :4317), http/protobuf "
+                 "or http/json (on :4318)",
+                 what, cfg->metrics_otel_protocol);
+        return -EINVAL;
+    }
+    if (p == PF_OTLP_GRPC && cfg->metrics_otel_endpoint &&
+        strncmp(cfg->metrics_otel_endpoint, "https://", 8) == 0) {
+        snprintf(err, errlen,
+                 "--metrics-otel-endpoint %s: TLS is not supported with OTLP/gRPC (%s grpc); use "
+                 "a plain http://host:4317 collector, or add --metrics-otel-protocol "
+                 "http/protobuf for an https:// endpoint",
+                 cfg->metrics_otel_endpoint, what);
+        return -EINVAL;
+    }
+    cfg->otlp_protocol = (int)p;
+    return 0;
+}
+
 static bool known_backend(const char *v, const char *const *names)
 {
     const char *b = strncmp(v, "faulty:", 7) == 0 ? v + 7 : v;
@@ -233,8 +310,11 @@ int pf_server_config_parse(struct pf_server_config *cfg, int argc, char **argv, 
     }
     bool has_nics = cfg->nics.n > 0, has_meta = cfg->metaserver_addr != NULL;
     if (has_nics != has_meta) {
-        snprintf(err, errlen, "%s: P2P needs --nics and --metaserver-addr together",
-                 has_nics ? "--nics" : "--metaserver-addr");
+        snprintf(err, errlen,
+                 "%s without %s: P2P needs --nics and --metaserver-addr together, with a routable "
+                 "--addr; e.g. " P2P_EXAMPLE,
+                 has_nics ? "--nics" : "--metaserver-addr",
+                 has_nics ? "--metaserver-addr" : "--nics");
         return -EINVAL;
     }
     if (has_meta) {
@@ -254,8 +334,9 @@ int pf_server_config_parse(struct pf_server_config *cfg, int argc, char **argv, 
         }
         if (pf_addr_is_unroutable(cfg->addr)) {
             snprintf(err, errlen,
-                     "--addr: %s is not routable; with P2P enabled other nodes connect to it "
-                     "(use this host's IP, not 0.0.0.0 or 127.0.0.1)",
+                     "--addr: %s is not routable; with --nics and --metaserver-addr other nodes "
+                     "connect to it (use this host's IP, not 0.0.0.0 or 127.0.0.1); "
+                     "e.g. " P2P_EXAMPLE,
                      cfg->addr);
             return -EINVAL;
         }
@@ -263,12 +344,18 @@ int pf_server_config_parse(struct pf_server_config *cfg, int argc, char **argv, 
     if (cfg->metrics_otel_endpoint) {
         char t[256];
         if (pf_url_to_target(cfg->metrics_otel_endpoint, t, sizeof(t)) != 0 &&
-            strncmp(cfg->metrics_otel_endpoint, "http://", 7) != 0) {
-            snprintf(err, errlen, "--metrics-otel-endpoint: '%s' is not an http://host:port URL",
+            strncmp(cfg->metrics_otel_endpoint, "http://", 7) != 0 &&
+            strncmp(cfg->metrics_otel_endpoint, "https://", 8) != 0) {
+            snprintf(err, errlen,
+                     "--metrics-otel-endpoint: '%s' is not an http://host:port URL (or "
+                     "https:// with an http/* --metrics-otel-protocol)",
                      cfg->metrics_otel_endpoint);
             return -EINVAL;
         }
     }
+    rc = resolve_otlp_protocol(cfg, err, errlen);
+    if (rc)
+        return rc;
     rc = check_hll_windows(cfg->metric_hll_windows, err, errlen);
     if (rc)
         return rc;
@@ -295,8 +382,11 @@ int pf_server_config_parse(struct pf_server_config *cfg, int argc, char **argv, 
     const char *what = cfg->fault_spec ? "--fault-spec" : "PEGAFLOW_FAULTS";
     if (spec && *spec) {
         if (!cfg->enable_debug) {
-            snprintf(err, errlen, "%s: fault injection is refused unless --enable-debug is given",
-                     what);
+            snprintf(err, errlen,
+                     "%s: fault injection is refused unless --enable-debug is given; add "
+                     "--enable-debug (test machines only), e.g. pegaflow-server --enable-debug "
+                     "--fault-spec '%s'",
+                     what, spec);
             return -EINVAL;
         }
         char e2[300];

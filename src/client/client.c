@@ -1,5 +1,6 @@
 /* libpegaflow: thin wrappers turning flat C arguments into Engine protobuf requests. */
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -301,8 +302,13 @@ int pf_client_query(struct pf_client *c, const char *instance_id, const char *re
     Pegaflow__QueryResponse *r = (Pegaflow__QueryResponse *)resp;
     if (r->result_case == PEGAFLOW__QUERY_RESPONSE__RESULT_LOADING) {
         out->loading = 1;
+    } else if (r->result_case == PEGAFLOW__QUERY_RESPONSE__RESULT_READY && r->ready &&
+               r->ready->num_hit_blocks > UINT32_MAX) {
+        /* uint64 on the wire (the reference's type); one query's hits always fit uint32 */
+        set_err(PF_GRPC_INTERNAL, "server returned more hits than a query can hold");
+        rc = -EPROTO;
     } else if (r->result_case == PEGAFLOW__QUERY_RESPONSE__RESULT_READY && r->ready) {
-        out->num_hit_blocks = r->ready->num_hit_blocks;
+        out->num_hit_blocks = (uint32_t)r->ready->num_hit_blocks;
         if (r->ready->lease.len > 0) {
             if (r->ready->lease.len != PF_LEASE_LEN) {
                 set_err(PF_GRPC_INTERNAL, "server returned a lease of unexpected length");

@@ -466,24 +466,66 @@ void pf_flags_free(const struct pf_flag *tab, size_t n, void *cfg)
     }
 }
 
+static void usage_flag(FILE *out, const struct pf_flag *f)
+{
+    char left[96];
+    if (f->type == PF_FLAG_BOOL && !f->metavar)
+        snprintf(left, sizeof(left), "--%s", f->name);
+    else
+        snprintf(left, sizeof(left), "--%s <%s>", f->name, f->metavar ? f->metavar : "VALUE");
+    fprintf(out, "  %-38s %s", left, f->help);
+    if (f->defval)
+        fprintf(out, " (default: %s)", f->defval);
+    fputc('\n', out);
+}
+
+static void usage_tail(FILE *out)
+{
+    fprintf(out, "  %-38s %s\n  %-38s %s\n", "--help", "Print this help and exit", "--version",
+            "Print the version (the client_version clients must send) and exit");
+}
+
 void pf_flags_usage(FILE *out, const char *prog, const char *summary, const struct pf_flag *tab,
                     size_t n)
 {
     fprintf(out, "Usage: %s [flags]\n\n%s\n\nFlags:\n", prog, summary);
-    for (size_t i = 0; i < n; i++) {
-        const struct pf_flag *f = &tab[i];
-        if (f->flags & PF_FLAGF_HIDDEN)
-            continue;
-        char left[96];
-        if (f->type == PF_FLAG_BOOL && !f->metavar)
-            snprintf(left, sizeof(left), "--%s", f->name);
-        else
-            snprintf(left, sizeof(left), "--%s <%s>", f->name, f->metavar ? f->metavar : "VALUE");
-        fprintf(out, "  %-38s %s", left, f->help);
-        if (f->defval)
-            fprintf(out, " (default: %s)", f->defval);
-        fputc('\n', out);
+    for (size_t i = 0; i < n; i++)
+        if (!(tab[i].flags & PF_FLAGF_HIDDEN))
+            usage_flag(out, &tab[i]);
+    usage_tail(out);
+}
+
+static bool in_groups(const struct pf_flag_group *groups, size_t ngroups, const char *name)
+{
+    for (size_t g = 0; g < ngroups; g++)
+        for (const char *const *p = groups[g].names; *p; p++)
+            if (strcmp(*p, name) == 0)
+                return true;
+    return false;
+}
+
+void pf_flags_usage_grouped(FILE *out, const char *prog, const char *summary,
+                            const struct pf_flag *tab, size_t n, const struct pf_flag_group *groups,
+                            size_t ngroups)
+{
+    fprintf(out, "Usage: %s [flags]\n\n%s\n", prog, summary);
+    for (size_t g = 0; g < ngroups; g++) {
+        fprintf(out, "\n%s:\n", groups[g].title);
+        for (const char *const *p = groups[g].names; *p; p++) {
+            const struct pf_flag *f = find_flag(tab, n, *p, strlen(*p));
+            if (f && !(f->flags & PF_FLAGF_HIDDEN))
+                usage_flag(out, f);
+        }
     }
-    fprintf(out, "  %-38s %s\n  %-38s %s\n", "--help", "Print this help and exit", "--version",
-            "Print the version (the client_version clients must send) and exit");
+    bool other = false;
+    for (size_t i = 0; i < n; i++) {
+        if ((tab[i].flags & PF_FLAGF_HIDDEN) || in_groups(groups, ngroups, tab[i].name))
+            continue;
+        if (!other)
+            fprintf(out, "\nOther flags:\n");
+        other = true;
+        usage_flag(out, &tab[i]);
+    }
+    fprintf(out, "\nGeneral:\n");
+    usage_tail(out);
 }

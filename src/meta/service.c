@@ -7,6 +7,7 @@
  * "block_hashes cannot be empty" (reference behaviour); an empty QueryPrefixBlocks list is
  * INVALID_ARGUMENT. */
 #include <errno.h>
+#include <stdint.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -242,7 +243,9 @@ static int h_query(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *
         for (size_t i = 0; i < nres; i++) {
             pegaflow__node_prefix__init(&np[i]);
             np[i].node = res[i].node;
-            np[i].prefix_len = res[i].prefix_len;
+            /* uint32 on the wire (the reference's type); a prefix is one request's hashes */
+            np[i].prefix_len =
+                res[i].prefix_len > UINT32_MAX ? UINT32_MAX : (uint32_t)res[i].prefix_len;
             npp[i] = &np[i];
         }
     }

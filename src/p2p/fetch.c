@@ -32,6 +32,7 @@
  * A fetch that got less than the holder advertised blacklists the req_id for remote fetch
  * for 5 minutes, so the next query for it falls through to SSD (reference "failed remote"). */
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -397,7 +398,8 @@ static int plan_staging(struct fetch *f)
     for (size_t j = 0; j < f->k; j++)
         for (size_t s = 0; s < r->blocks[j]->n_slots; s++) {
             const Pegaflow__TransferSlotInfo *si = r->blocks[j]->slots[s];
-            int numa = si->numa_node;
+            /* PF_WIRE_NUMA_NONE, or a node this pool has no region on: no NUMA preference */
+            int numa = si->numa_node > INT32_MAX ? -1 : (int)si->numa_node;
             if (numa < 0 || pf_pool_region_index(p->pool, numa) < 0)
                 numa = -1;
             for (int v = 0; v < (si->v_ptr ? 2 : 1); v++)

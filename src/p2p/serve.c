@@ -12,6 +12,7 @@
  * Every handler is bounded: the handshake connects fresh QPs (the backend's connect timeout),
  * the others only touch the cache and the lock table. */
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -126,7 +127,7 @@ static int serve_query(struct pf_p2p *p, const Pegaflow__QueryBlocksForTransferR
                 si[s].v_ptr = (uint64_t)(uintptr_t)sl->v;
                 si[s].v_size = sl->seg_len;
             }
-            si[s].numa_node = sl->numa;
+            si[s].numa_node = sl->numa < 0 ? PF_WIRE_NUMA_NONE : (uint32_t)sl->numa;
             si[s].checksum = sl->checksum;
             si[s].has_checksum = sl->has_checksum != 0;
             sp[s] = &si[s];
@@ -146,7 +147,8 @@ static int serve_query(struct pf_p2p *p, const Pegaflow__QueryBlocksForTransferR
     a->resp.n_blocks = k;
     a->resp.blocks = bp;
     a->resp.transfer_session_id = a->session;
-    a->resp.lock_timeout_secs = p->lock_timeout_ms / 1000;
+    a->resp.lock_timeout_secs =
+        p->lock_timeout_ms / 1000 > UINT32_MAX ? UINT32_MAX : (uint32_t)(p->lock_timeout_ms / 1000);
     pf_debug("QueryBlocksForTransfer from %s: %zu of %zu block(s) of %s locked in session %s",
              r->requester_id ? r->requester_id : "?", k, n, ns, a->session);
     *out_p = a;

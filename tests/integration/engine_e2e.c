@@ -185,15 +185,6 @@ static void sc_eviction(void)
     fprintf(stderr, "  eviction: 16 MiB through a 4 MiB pool, %g evictions, byte-exact\n", ev);
 }
 
-#define EXPECT(expr, code, substr)                                                                 \
-    do {                                                                                           \
-        int rc_ = (expr);                                                                          \
-        PFT_CHECK(rc_ != 0 && pf_last_error_code() == (code) &&                                    \
-                      strstr(pf_last_error_message(), (substr)),                                   \
-                  "%s: rc=%d code=%d msg='%s' (want code %d, '%s')", #expr, rc_,                   \
-                  pf_last_error_code(), pf_last_error_message(), (code), (substr));                \
-    } while (0)
-
 static void sc_errors(void)
 {
     const char *args[] = {"--gpu-backend", "sim", "--pool-size", "32mb", "--sim-gpus", "2", NULL};

@@ -46,15 +46,6 @@
 #define TMO 10000
 enum { INV = 3, FP = 9, RES = 8, INT = 13, UNKNOWN = 2 };
 
-#define EXPECT(expr, code, substr)                                                                 \
-    do {                                                                                           \
-        int rc_ = (expr);                                                                          \
-        PFT_CHECK(rc_ != 0 && pf_last_error_code() == (code) &&                                    \
-                      strstr(pf_last_error_message(), (substr)),                                   \
-                  "%s: rc=%d code=%d msg='%s' (want code %d, '%s')", #expr, rc_,                   \
-                  pf_last_error_code(), pf_last_error_message(), (code), (substr));                \
-    } while (0)
-
 static void shrink_shm(const char *name)
 {
     char path[256];
@@ -71,13 +62,35 @@ static void alive(struct pf_client *c, const char *what)
               pf_last_error_message());
 }
 
+static void start_server(const char *const *args, struct pft_proc *s, struct pf_client **c)
+{
+    PFT_CHECK(pft_start(s, "pegaflow-server", "127.0.0.1", args) == 0, "start server");
+    PFT_CHECK(pf_client_connect(s->addr, c) == 0, "connect");
+}
+
+static void stop_server(struct pft_proc *s, struct pf_client *c)
+{
+    pf_client_close(c);
+    PFT_CHECK(pft_stop(s, SIGTERM, 15000) == 0, "server exit code");
+}
+
+/* A registered one-rank world of nlayers split layers with n blocks from h0 saved and
+ * sealed (block ids 1..n). */
+static void world_ready(struct pf_client *c, struct world *W, const char *id, int nlayers,
+                        uint64_t h0, size_t n)
+{
+    world_init(W, id, "ns-hostile", 1, nlayers, KV_SPLIT, 16, 4096, true);
+    world_register(c, W);
+    if (n) {
+        world_save_ok(c, W, h0, 1, n);
+        wait_sealed(c, id, h0, n);
+    }
+}
+
 static void roundtrip_fresh(struct pf_client *c, const char *id, uint64_t h0)
 {
     struct world V;
-    world_init(&V, id, "ns-hostile", 1, 2, KV_SPLIT, 16, 4096, true);
-    world_register(c, &V);
-    world_save_ok(c, &V, h0, 1, 4);
-    wait_sealed(c, id, h0, 4);
+    world_ready(c, &V, id, 2, h0, 4);
     struct pf_query_result res;
     PFT_CHECK(query(c, id, "rt", h0, 4, &res) == 0 && res.num_hit_blocks == 4, "query");
     world_load_ok(c, &V, res.lease, 4, 8);
@@ -90,12 +103,10 @@ static void sc_sigbus_save(void)
 {
     const char *args[] = {"--gpu-backend", "sim", "--pool-size", "64mb", "--sim-gpus", "1", NULL};
     struct pft_proc s;
-    PFT_CHECK(pft_start(&s, "pegaflow-server", "127.0.0.1", args) == 0, "start server");
     struct pf_client *c;
-    PFT_CHECK(pf_client_connect(s.addr, &c) == 0, "connect");
+    start_server(args, &s, &c);
     struct world W;
-    world_init(&W, "shrink-inst", "ns-hostile", 1, 2, KV_SPLIT, 16, 4096, true);
-    world_register(c, &W);
+    world_ready(c, &W, "shrink-inst", 2, 0, 0);
     shrink_shm(pf_simkv_name(W.kv[0][1].shm));
     /* the client's own mapping of kv[0][1] is now past EOF: the test never touches it */
     EXPECT(world_save(c, &W, 100, 1, 4), FP, "instance shrink-inst");
@@ -103,8 +114,7 @@ static void sc_sigbus_save(void)
     alive(c, "a save from shrunk memory");
     roundtrip_fresh(c, "after-shrink", 200);
     world_free(&W);
-    pf_client_close(c);
-    PFT_CHECK(pft_stop(&s, SIGTERM, 15000) == 0, "server exit code");
+    stop_server(&s, c);
     fprintf(stderr, "  sigbus_save: save from shrunk memory refused, server kept serving\n");
 }
 
@@ -123,14 +133,10 @@ static void sc_sigbus_load(void)
                           "gpu.h2d:delay=1500,times=1",
                           NULL};
     struct pft_proc s;
-    PFT_CHECK(pft_start(&s, "pegaflow-server", "127.0.0.1", args) == 0, "start server");
     struct pf_client *c;
-    PFT_CHECK(pf_client_connect(s.addr, &c) == 0, "connect");
+    start_server(args, &s, &c);
     struct world W;
-    world_init(&W, "ls-inst", "ns-hostile", 1, 2, KV_SPLIT, 16, 4096, true);
-    world_register(c, &W);
-    world_save_ok(c, &W, 300, 1, 4);
-    wait_sealed(c, "ls-inst", 300, 4);
+    world_ready(c, &W, "ls-inst", 2, 300, 4);
     struct pf_query_result res;
     PFT_CHECK(query(c, "ls-inst", "q1", 300, 4, &res) == 0 && res.num_hit_blocks == 4, "query");
     int64_t targets[4] = {8, 9, 10, 11};
@@ -152,8 +158,7 @@ static void sc_sigbus_load(void)
     alive(c, "a load whose state object was truncated");
     pf_loadstate_destroy(ls);
     world_free(&W);
-    pf_client_close(c);
-    PFT_CHECK(pft_stop(&s, SIGTERM, 15000) == 0, "server exit code");
+    stop_server(&s, c);
     fprintf(stderr, "  sigbus_load: truncated load state did not hurt the server\n");
 }
 
@@ -161,14 +166,10 @@ static void sc_leases(void)
 {
     const char *args[] = {"--gpu-backend", "sim", "--pool-size", "32mb", "--sim-gpus", "2", NULL};
     struct pft_proc s;
-    PFT_CHECK(pft_start(&s, "pegaflow-server", "127.0.0.1", args) == 0, "start server");
     struct pf_client *c;
-    PFT_CHECK(pf_client_connect(s.addr, &c) == 0, "connect");
+    start_server(args, &s, &c);
     struct world W;
-    world_init(&W, "lease-inst", "ns-hostile", 1, 2, KV_SPLIT, 16, 4096, true);
-    world_register(c, &W);
-    world_save_ok(c, &W, 400, 1, 3);
-    wait_sealed(c, "lease-inst", 400, 3);
+    world_ready(c, &W, "lease-inst", 2, 400, 3);
     struct pf_query_result res;
     PFT_CHECK(query(c, "lease-inst", "q", 400, 3, &res) == 0 && res.num_hit_blocks == 3, "query");
     const char *names[2] = {W.names[0], W.names[1]};
@@ -204,8 +205,7 @@ static void sc_leases(void)
     alive(c, "lease and pool errors");
     world_free(&B);
     world_free(&W);
-    pf_client_close(c);
-    PFT_CHECK(pft_stop(&s, SIGTERM, 15000) == 0, "server exit code");
+    stop_server(&s, c);
     fprintf(stderr, "  leases: refused loads keep their leases, codes as documented\n");
 }
 
@@ -227,12 +227,10 @@ static void sc_strings(void)
 {
     const char *args[] = {"--gpu-backend", "sim", "--pool-size", "32mb", "--sim-gpus", "1", NULL};
     struct pft_proc s;
-    PFT_CHECK(pft_start(&s, "pegaflow-server", "127.0.0.1", args) == 0, "start server");
     struct pf_client *c;
-    PFT_CHECK(pf_client_connect(s.addr, &c) == 0, "connect");
+    start_server(args, &s, &c);
     struct world W;
-    world_init(&W, "nul-inst", "ns-hostile", 1, 1, KV_SPLIT, 16, 4096, true);
-    world_register(c, &W);
+    world_ready(c, &W, "nul-inst", 1, 0, 0);
     /* UnregisterRequest{instance_id = "nul-inst\0junk"}: field 1, length-delimited */
     uint8_t msg[64];
     static const char id[] = "nul-inst\0junk";
@@ -265,8 +263,7 @@ static void sc_strings(void)
     EXPECT(pf_client_register(c, &a, TMO), INV, "limited to 1023 bytes");
     alive(c, "string attacks");
     world_free(&W);
-    pf_client_close(c);
-    PFT_CHECK(pft_stop(&s, SIGTERM, 15000) == 0, "server exit code");
+    stop_server(&s, c);
     fprintf(stderr, "  strings: NUL and over-long strings refused by name\n");
 }
 
@@ -301,9 +298,8 @@ static void sc_caps(void)
 {
     const char *args[] = {"--gpu-backend", "sim", "--pool-size", "32mb", "--sim-gpus", "1", NULL};
     struct pft_proc s;
-    PFT_CHECK(pft_start(&s, "pegaflow-server", "127.0.0.1", args) == 0, "start server");
     struct pf_client *c;
-    PFT_CHECK(pf_client_connect(s.addr, &c) == 0, "connect");
+    start_server(args, &s, &c);
     struct kvt kv;
     PFT_CHECK(kvt_create(&kv, KV_CONTIG, 16, 4096, 0) == 0, "kv");
     size_t n = 30000;
@@ -362,20 +358,17 @@ static void sc_caps(void)
     free(names);
     free(d);
     kvt_destroy(&kv);
-    pf_client_close(c);
-    PFT_CHECK(pft_stop(&s, SIGTERM, 15000) == 0, "server exit code");
+    stop_server(&s, c);
 }
 
 static void sc_http(void)
 {
     const char *args[] = {"--gpu-backend", "sim", "--pool-size", "32mb", "--sim-gpus", "1", NULL};
     struct pft_proc s;
-    PFT_CHECK(pft_start(&s, "pegaflow-server", "127.0.0.1", args) == 0, "start server");
     struct pf_client *c;
-    PFT_CHECK(pf_client_connect(s.addr, &c) == 0, "connect");
+    start_server(args, &s, &c);
     struct world W;
-    world_init(&W, "http-inst", "ns-hostile", 1, 1, KV_SPLIT, 16, 4096, true);
-    world_register(c, &W);
+    world_ready(c, &W, "http-inst", 1, 0, 0);
     const char *H = s.http_host;
     int P = s.http_port;
     char *body = NULL;
@@ -417,8 +410,7 @@ static void sc_http(void)
     free(body);
     world_save_ok(c, &W, 700, 1, 2);
     world_free(&W);
-    pf_client_close(c);
-    PFT_CHECK(pft_stop(&s, SIGTERM, 15000) == 0, "server exit code");
+    stop_server(&s, c);
     fprintf(stderr, "  http: malformed queries are 400/404 and remove nothing\n");
 }
 
@@ -524,13 +516,11 @@ static void sc_junk(void)
     PFT_CHECK(pft_start(&m, "pegaflow-metaserver", "127.0.0.1", ma) == 0, "start metaserver");
     const char *args[] = {"--gpu-backend", "sim", "--pool-size", "32mb", "--sim-gpus", "1", NULL};
     struct pft_proc s;
-    PFT_CHECK(pft_start(&s, "pegaflow-server", "127.0.0.1", args) == 0, "start server");
     struct pf_client *c;
-    PFT_CHECK(pf_client_connect(s.addr, &c) == 0, "connect");
+    start_server(args, &s, &c);
     /* a registered instance so junk can reach deeper validation */
     struct world W;
-    world_init(&W, "junk-inst", "ns-hostile", 1, 1, KV_SPLIT, 16, 4096, true);
-    world_register(c, &W);
+    world_ready(c, &W, "junk-inst", 1, 0, 0);
     junk_against(s.addr, pf_engine_methods, pf_engine_nmethods, "engine");
     junk_against(m.addr, pf_meta_methods, pf_meta_nmethods, "metaserver");
     alive(c, "junk");
@@ -540,8 +530,7 @@ static void sc_junk(void)
               "metaserver health");
     free(body);
     world_free(&W);
-    pf_client_close(c);
-    PFT_CHECK(pft_stop(&s, SIGTERM, 15000) == 0, "server exit code");
+    stop_server(&s, c);
     PFT_CHECK(pft_stop(&m, SIGTERM, 15000) == 0, "metaserver exit code");
 }
 
@@ -636,9 +625,12 @@ static void sc_meta_burst(void)
             "%ld MB before, %ld MB after (the same 2^20 keys each time)\n",
             BURST_CALLS, ok, exhausted, before / 1024, after / 1024);
     PFT_CHECK(ok >= 1, "no insert of the burst was accepted");
-    /* 2^20 keys stay in the store (~100 B each); decode memory must not stay with them */
-    PFT_CHECK(after - before < 400 * 1024, "RSS grew by %ld MB after the burst",
-              (after - before) / 1024);
+    /* 2^20 keys stay in the store (~100 B each); decode memory must not stay with them.
+     * Sanitizer builds keep shadow memory and quarantines: the figure is printed only. */
+    const char *san = getenv("PF_SAN");
+    if (!san || !*san)
+        PFT_CHECK(after - before < 400 * 1024, "RSS grew by %ld MB after the burst",
+                  (after - before) / 1024);
     char *body = NULL;
     PFT_CHECK(pft_http(m.http_host, m.http_port, "GET", "/health", &body) == 200,
               "metaserver health");

@@ -59,8 +59,8 @@ bad "--addr: cannot resolve host" --addr no-such-host.invalid:1
 bad "--log-level: unknown log level 'loud'" --log-level loud
 bad "--bogus: unknown flag" --bogus
 bad "--devices: 'x'" --devices x
-bad "--nics: P2P needs --nics and --metaserver-addr together" --nics eth0
-bad "--metaserver-addr: P2P needs" --metaserver-addr http://10.0.0.1:50056
+bad "--nics without --metaserver-addr: P2P needs --nics and --metaserver-addr together" --nics eth0
+bad "--metaserver-addr without --nics: P2P needs" --metaserver-addr http://10.0.0.1:50056
 bad "--addr: 127.0.0.1:50055 is not routable" --nics eth0 --metaserver-addr http://127.0.0.1:50056
 bad "--fault-spec: fault injection is refused unless --enable-debug" --fault-spec gpu.d2h:error=EIO
 bad "--fault-spec: fault spec: unknown op" --enable-debug --fault-spec nope:error=EIO

@@ -17,6 +17,16 @@
 #define MAXL 8
 #define HLEN 32
 
+/* expr must fail with gRPC code and a message containing substr. */
+#define EXPECT(expr, code, substr)                                                                 \
+    do {                                                                                           \
+        int rc_ = (expr);                                                                          \
+        PFT_CHECK(rc_ != 0 && pf_last_error_code() == (code) &&                                    \
+                      strstr(pf_last_error_message(), (substr)),                                   \
+                  "%s: rc=%d code=%d msg='%s' (want code %d, '%s')", #expr, rc_,                   \
+                  pf_last_error_code(), pf_last_error_message(), (code), (substr));                \
+    } while (0)
+
 static uint64_t world_seed;
 static uint64_t world_hash_base = 1000000;
 static uint64_t world_tmo = 10000;

@@ -56,6 +56,19 @@ void pf_flags_free(const struct pf_flag *tab, size_t n, void *cfg);
 void pf_flags_usage(FILE *out, const char *prog, const char *summary, const struct pf_flag *tab,
                     size_t n);
 
+/* A --help section: a title and the names (without "--") of the flags listed under it, in
+ * that order, NULL-terminated. */
+struct pf_flag_group {
+    const char *title;
+    const char *const *names;
+};
+/* --help text in sections: each group's flags under its title, in the groups' order; visible
+ * flags no group names are listed last under "Other flags", so a new flag is never hidden.
+ * A name that is not in tab is skipped (the caller's tests catch it). */
+void pf_flags_usage_grouped(FILE *out, const char *prog, const char *summary,
+                            const struct pf_flag *tab, size_t n, const struct pf_flag_group *groups,
+                            size_t ngroups);
+
 void pf_strlist_free(struct pf_strlist *l);
 int pf_strlist_push(struct pf_strlist *l, const char *s);
 

@@ -62,12 +62,28 @@ int pf_metrics_render(char **out, size_t *len);
  * start_ns is the process start (wall clock). *out is malloc'ed. */
 int pf_metrics_render_otlp(const char *service, uint64_t start_ns, char **out, size_t *len);
 
-/* OTLP/HTTP exporter: a thread that POSTs the registry as JSON to <endpoint>/v1/metrics every
- * period (endpoint "http://host:port[/base]"). Failures are logged (rate-limited) and counted
- * in pegaflow_otlp_export_failures_total; they never affect serving. */
+/* The same as a binary protobuf ExportMetricsServiceRequest (proto/otlp_metrics.proto, the
+ * published OTLP field numbers). *out is malloc'ed. 0 or -ENOMEM. */
+int pf_metrics_render_otlp_pb(const char *service, uint64_t start_ns, uint8_t **out, size_t *len);
+
+/* OTLP exporter protocols (OTEL_EXPORTER_OTLP_PROTOCOL values). */
+enum pf_otlp_protocol {
+    PF_OTLP_GRPC,          /* "grpc": MetricsService/Export over gRPC (collectors on :4317) */
+    PF_OTLP_HTTP_PROTOBUF, /* "http/protobuf": POST <endpoint>/v1/metrics, protobuf body */
+    PF_OTLP_HTTP_JSON,     /* "http/json": POST <endpoint>/v1/metrics, OTLP/JSON body */
+};
+/* "grpc", "http/protobuf", "http/json" -> 0 and *p; anything else -EINVAL. */
+int pf_otlp_protocol_parse(const char *s, enum pf_otlp_protocol *p);
+const char *pf_otlp_protocol_name(enum pf_otlp_protocol p);
+
+/* OTLP exporter: a thread that exports the registry every period. endpoint is
+ * "http://host:port[/base]" (or "host:port"); with gRPC the path is ignored, with HTTP the
+ * request goes to <base>/v1/metrics. Failures are logged (rate-limited) and counted in
+ * pegaflow_otlp_export_failures_total; they never affect serving. Each export is bounded by
+ * 5 s. */
 struct pf_otlp_exporter;
-int pf_otlp_start(const char *endpoint, uint64_t period_secs, const char *service,
-                  struct pf_otlp_exporter **x_p, char *err, size_t errlen);
+int pf_otlp_start(const char *endpoint, enum pf_otlp_protocol protocol, uint64_t period_secs,
+                  const char *service, struct pf_otlp_exporter **x_p, char *err, size_t errlen);
 /* One export now (also used by tests); 0 or -errno. */
 int pf_otlp_export_once(struct pf_otlp_exporter *x);
 /* Exports a last time (bounded by the 5 s timeouts), stops the thread. Accepts NULL. */

@@ -50,8 +50,11 @@ struct pf_meta_prefix;
 struct pf_rpc_call;
 struct pf_p2p;
 
-#define PF_P2P_DEFAULT_QPS          2
-#define PF_P2P_DEFAULT_LOCK_SECS    120
+#define PF_P2P_DEFAULT_QPS       2
+#define PF_P2P_DEFAULT_LOCK_SECS 120
+/* TransferSlotInfo.numa_node when the slot's NUMA node is unknown: the reference's
+ * NumaNode::UNKNOWN (u32::MAX); the field is uint32 on the wire, as in the reference */
+#define PF_WIRE_NUMA_NONE           UINT32_MAX
 #define PF_P2P_BLACKLIST_SECS       300
 #define PF_P2P_MAX_HASHES           65536 /* hashes per QueryBlocksForTransfer */
 #define PF_P2P_SESSION_ID_MAX       64    /* longer session ids are unknown by definition */

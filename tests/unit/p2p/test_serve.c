@@ -87,7 +87,7 @@ static void up(uint64_t lock_secs, int nnics)
                                        .ka = a,
                                        .seg_len = SEG,
                                        .seg_stride = SEG,
-                                       .numa = 0,
+                                       .numa = -1, /* unknown: PF_WIRE_NUMA_NONE on the wire */
                                        .nseg = 1};
         pf_block_checksum(b);
         pf_block_finish(b);
@@ -185,6 +185,7 @@ static void test_query_and_release(void **st)
         assert_int_equal(s0->numa_node, 0);
         assert_true(s0->has_checksum);
         assert_true(s0->checksum == blk->slots[0].checksum);
+        assert_true(s1->numa_node == PF_WIRE_NUMA_NONE);
         assert_int_equal(s1->v_ptr, 0); /* one segment */
         assert_int_equal(s1->v_size, 0);
         assert_true(s1->checksum == blk->slots[1].checksum);
