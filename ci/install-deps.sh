@@ -20,7 +20,7 @@ PKGS=(
   libcurl4-openssl-dev
   python3-numpy python3-pytest python3-cbor2 python3-xxhash python3-yaml
   python3-setuptools python3-wheel python3-venv dpkg-dev python3-grpcio
-  iproute2 curl
+  iproute2 curl openssl
   clang-format
 )
 

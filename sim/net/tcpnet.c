@@ -1569,6 +1569,15 @@ err_close:
     return rc;
 }
 
+static int tcpnet_ep_host(struct pf_net *n, const void *remote_ep, size_t len, char *host,
+                          size_t hostlen)
+{
+    struct tcpnet_ep ep;
+    if (tcpnet_ep_decode(remote_ep, len, &ep))
+        return -EINVAL;
+    return inet_ntop(AF_INET, ep.ip, host, (socklen_t)hostlen) ? 0 : -ENOSPC;
+}
+
 static const struct pf_net_ops tcpnet_ops = {
     .name = "tcp",
     .nic_count = tcpnet_nic_count,
@@ -1578,6 +1587,7 @@ static const struct pf_net_ops tcpnet_ops = {
     .qp_create = tcpnet_qp_create,
     .qp_local_endpoint = tcpnet_qp_local_endpoint,
     .qp_connect = tcpnet_qp_connect,
+    .ep_host = tcpnet_ep_host,
     .post_read = tcpnet_post_read,
     .poll = tcpnet_poll,
     .qp_invalidate = tcpnet_qp_invalidate,

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "pf/auth.h"
 #include "pf/config.h"
 #include "pf/log.h"
 
@@ -54,8 +55,16 @@ struct pf_server_config {
     uint64_t sim_gpu_bandwidth;
     uint64_t sim_gpus;
     bool integrity;
+    /* security (docs/security.md) */
+    char *tls_cert, *tls_key, *tls_ca;
+    char *cluster_token_file;
+    char *admin_token_file;
+    char *local_addr;
+    char *local_rpcs;
 
     /* derived by pf_server_config_parse */
+    struct pf_auth auth; /* the files above, read */
+    bool local_only;     /* --local-rpcs resolved */
     struct pf_fault_plan *faults;
     int *device_ids;
     size_t ndevice_ids;
@@ -85,6 +94,10 @@ struct pf_meta_config {
     uint64_t ttl_minutes;
     uint64_t sweep_interval_secs;
     uint64_t rpc_threads;
+    char *tls_cert, *tls_key, *tls_ca;
+    char *cluster_token_file;
+    /* derived */
+    struct pf_auth auth;
 };
 
 extern const struct pf_flag pf_meta_flags[];
@@ -95,5 +108,15 @@ int pf_meta_config_parse(struct pf_meta_config *cfg, int argc, char **argv, char
 void pf_meta_config_free(struct pf_meta_config *cfg);
 
 int pf_metaserver_main(int argc, char **argv);
+
+/* src/app/auth_setup.c: security glue shared by both binaries. */
+/* Makes this process's outgoing channels use a's TLS identity and cluster token. */
+int pf_app_auth_channels(const struct pf_auth *a);
+/* Logs one warning when the listener `what` on addr is reachable from other hosts (not a
+ * loopback or unix: address) while `authenticated` is false; `how` says what would fix it. */
+void pf_app_warn_open(const char *what, const char *addr, bool authenticated, const char *how);
+/* --local-rpcs value -> enforce locality: "host" true, "any" false, "auto" = a is
+ * configured (TLS or a cluster token). -EINVAL for another value. */
+int pf_app_local_rpcs(const char *v, const struct pf_auth *a, bool *local_only_p);
 
 #endif

@@ -27,6 +27,12 @@ const struct pf_flag pf_meta_flags[] = {
       "How often expired entries are swept", .max = 86400),
     F("rpc-threads", PF_FLAG_U64, rpc_threads, "8", "N", "gRPC handler threads", .min = 1,
       .max = 256),
+    F("tls-cert", PF_FLAG_STR, tls_cert, NULL, "FILE", "PEM certificate: TLS on the gRPC listener"),
+    F("tls-key", PF_FLAG_STR, tls_key, NULL, "FILE", "PEM private key of --tls-cert"),
+    F("tls-ca", PF_FLAG_STR, tls_ca, NULL, "FILE",
+      "PEM CA: require client certificates it signed (mutual TLS)"),
+    F("cluster-token-file", PF_FLAG_STR, cluster_token_file, NULL, "FILE",
+      "Shared secret every RPC must carry (pf-cluster-token metadata)"),
 };
 const size_t pf_meta_nflags = PF_ARRAY_SIZE(pf_meta_flags);
 
@@ -53,10 +59,19 @@ int pf_meta_config_parse(struct pf_meta_config *cfg, int argc, char **argv, char
                  (unsigned long long)((cfg->node_stale_secs + 59) / 60));
         return -EINVAL;
     }
+    struct pf_auth_config ac = {
+        .tls_cert = cfg->tls_cert,
+        .tls_key = cfg->tls_key,
+        .tls_ca = cfg->tls_ca,
+        .cluster_token_file = cfg->cluster_token_file,
+    };
+    if (pf_auth_load(&ac, &cfg->auth, err, errlen) != 0)
+        return -EINVAL;
     return 0;
 }
 
 void pf_meta_config_free(struct pf_meta_config *cfg)
 {
     pf_flags_free(pf_meta_flags, pf_meta_nflags, cfg);
+    pf_auth_free(&cfg->auth);
 }

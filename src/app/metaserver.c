@@ -94,13 +94,20 @@ int pf_metaserver_main(int argc, char **argv)
         .nmethods = pf_meta_nmethods,
         .ctx = store,
         .metric_prefix = "pegaflow_metaserver",
+        .auth = &cfg.auth,
     };
     rc = pf_rpc_server_start(&rcfg, &rpc, &port, err, sizeof(err));
     if (rc) {
         pf_error("--addr: %s", err);
         goto out;
     }
-    pf_info("gRPC listening on %s (port %d)", cfg.addr, port);
+    pf_info("gRPC listening on %s (port %d)%s", cfg.addr, port,
+            cfg.auth.ca_pem     ? ", mutual TLS"
+            : cfg.auth.cert_pem ? ", TLS"
+                                : "");
+    pf_info("security: cluster token %s", cfg.auth.cluster_token ? "required" : "off");
+    pf_app_warn_open("gRPC", cfg.addr, cfg.auth.ca_pem || cfg.auth.cluster_token,
+                     "set --cluster-token-file and/or --tls-cert/--tls-key/--tls-ca");
     pf_info("ready");
     struct pollfd p = {.fd = sfd, .events = POLLIN};
     while (poll(&p, 1, -1) < 0 && errno == EINTR)

@@ -240,15 +240,17 @@ static int start_services(struct server_app *a)
 {
     char err[256];
     int port = 0;
-    int rc = pf_http_server_start(
+    int rc = pf_http_server_start_auth(
         a->cfg.http_addr, a->cfg.enable_prometheus ? routes_prom : routes_noprom,
         a->cfg.enable_prometheus ? PF_ARRAY_SIZE(routes_prom) : PF_ARRAY_SIZE(routes_noprom),
-        &a->svc.engine, &a->http, &port, err, sizeof(err));
+        &a->svc.engine, a->cfg.auth.admin_token, &a->http, &port, err, sizeof(err));
     if (rc) {
         pf_error("--http-addr: %s", err);
         return rc;
     }
     pf_info("HTTP listening on %s (port %d)", a->cfg.http_addr, port);
+    pf_app_warn_open("HTTP (POST /instances/cleanup, /cache/memory/cleanup)", a->cfg.http_addr,
+                     a->cfg.auth.admin_token != NULL, "set --admin-token-file");
     a->svc.request_shutdown = request_shutdown;
     a->svc.app = a;
     struct pf_rpc_server_config rc_cfg = {
@@ -258,14 +260,30 @@ static int start_services(struct server_app *a)
         .nmethods = pf_engine_nmethods,
         .ctx = &a->svc,
         .metric_prefix = "pegaflow",
+        .auth = &a->cfg.auth,
+        .rules = pf_engine_access,
+        .nrules = pf_engine_naccess,
+        .local_only = a->cfg.local_only,
+        .local_addr = a->cfg.local_addr,
     };
     rc = pf_rpc_server_start(&rc_cfg, &a->rpc, &port, err, sizeof(err));
     if (rc) {
         pf_error("--addr: %s", err);
         return rc;
     }
-    pf_info("gRPC listening on %s (port %d), %llu RPC threads", a->cfg.addr, port,
-            (unsigned long long)a->cfg.rpc_threads);
+    const struct pf_auth *au = &a->cfg.auth;
+    pf_info("gRPC listening on %s (port %d), %llu RPC threads%s", a->cfg.addr, port,
+            (unsigned long long)a->cfg.rpc_threads,
+            au->ca_pem     ? ", mutual TLS"
+            : au->cert_pem ? ", TLS"
+                           : "");
+    if (a->cfg.local_addr)
+        pf_info("gRPC local listener on %s", a->cfg.local_addr);
+    pf_info("security: cluster token %s, admin token %s, worker RPCs from %s",
+            au->cluster_token ? "required" : "off", au->admin_token ? "required" : "off",
+            a->cfg.local_only ? "this host (or the cluster token)" : "anyone");
+    pf_app_warn_open("gRPC", a->cfg.addr, au->ca_pem || au->cluster_token,
+                     "set --cluster-token-file and/or --tls-cert/--tls-key/--tls-ca");
     a->grpc_port = port;
     return 0;
 }
@@ -334,6 +352,10 @@ int pf_server_main(int argc, char **argv)
     int exit_code = 1;
     if (a->sfd < 0 || a->efd < 0) {
         pf_error("cannot create signal/event fds: %s", strerror(errno));
+        goto out;
+    }
+    if (pf_app_auth_channels(&a->cfg.auth) != 0) {
+        pf_error("cannot set up the channel credentials: out of memory");
         goto out;
     }
     if (open_hal(a) != 0)

@@ -107,6 +107,20 @@ const struct pf_flag pf_server_flags[] = {
       .min = 1, .max = 64),
     F("integrity", PF_FLAG_BOOL, integrity, "on", "on|off",
       "Checksum every sealed block and verify after SSD reads and remote fetches"),
+    F("tls-cert", PF_FLAG_STR, tls_cert, NULL, "FILE",
+      "PEM certificate: TLS on the gRPC listener (also this node's client certificate)"),
+    F("tls-key", PF_FLAG_STR, tls_key, NULL, "FILE", "PEM private key of --tls-cert"),
+    F("tls-ca", PF_FLAG_STR, tls_ca, NULL, "FILE",
+      "PEM CA: verify servers and require client certificates it signed (mutual TLS)"),
+    F("cluster-token-file", PF_FLAG_STR, cluster_token_file, NULL, "FILE",
+      "Shared secret that peer and MetaServer RPCs carry (pf-cluster-token metadata)"),
+    F("admin-token-file", PF_FLAG_STR, admin_token_file, NULL, "FILE",
+      "Secret the HTTP POST endpoints require as 'Authorization: Bearer TOKEN'"),
+    F("local-addr", PF_FLAG_STR, local_addr, NULL, "unix:PATH",
+      "Second gRPC listener on a Unix socket for local vLLM workers (plaintext)"),
+    F("local-rpcs", PF_FLAG_STR, local_rpcs, "auto", "auto|host|any",
+      "Who may call the worker RPCs (Save, Load, Shutdown, ...): host = this host or the "
+      "cluster token; any; auto = host when TLS or a cluster token is configured"),
 };
 const size_t pf_server_nflags = PF_ARRAY_SIZE(pf_server_flags);
 
@@ -126,6 +140,8 @@ const struct pf_flag_group pf_server_flag_groups[] = {
            "qps-per-peer")},
     {"Engine and backends",
      NAMES("pool-shards", "integrity", "gpu-backend", "net-backend", "rpc-threads")},
+    {"Security (docs/security.md)", NAMES("tls-cert", "tls-key", "tls-ca", "cluster-token-file",
+                                          "admin-token-file", "local-addr", "local-rpcs")},
     {"Testing and debugging", NAMES("enable-debug", "fault-spec", "sim-gpus", "sim-gpu-bandwidth")},
 };
 const size_t pf_server_nflag_groups = PF_ARRAY_SIZE(pf_server_flag_groups);
@@ -343,6 +359,24 @@ int pf_server_config_parse(struct pf_server_config *cfg, int argc, char **argv, 
     rc = check_hll_windows(cfg->metric_hll_windows, err, errlen);
     if (rc)
         return rc;
+    if (cfg->local_addr && (strncmp(cfg->local_addr, "unix:", 5) != 0 || !cfg->local_addr[5])) {
+        snprintf(err, errlen, "--local-addr: '%s' is not unix:PATH", cfg->local_addr);
+        return -EINVAL;
+    }
+    struct pf_auth_config ac = {
+        .tls_cert = cfg->tls_cert,
+        .tls_key = cfg->tls_key,
+        .tls_ca = cfg->tls_ca,
+        .cluster_token_file = cfg->cluster_token_file,
+        .admin_token_file = cfg->admin_token_file,
+    };
+    rc = pf_auth_load(&ac, &cfg->auth, err, errlen);
+    if (rc)
+        return -EINVAL;
+    if (pf_app_local_rpcs(cfg->local_rpcs, &cfg->auth, &cfg->local_only) != 0) {
+        snprintf(err, errlen, "--local-rpcs: '%s' is not auto, host or any", cfg->local_rpcs);
+        return -EINVAL;
+    }
     const char *env_faults = getenv("PEGAFLOW_FAULTS");
     const char *spec = cfg->fault_spec ? cfg->fault_spec : env_faults;
     const char *what = cfg->fault_spec ? "--fault-spec" : "PEGAFLOW_FAULTS";
@@ -371,4 +405,5 @@ void pf_server_config_free(struct pf_server_config *cfg)
     cfg->device_ids = NULL;
     pf_fault_plan_free(cfg->faults);
     cfg->faults = NULL;
+    pf_auth_free(&cfg->auth);
 }

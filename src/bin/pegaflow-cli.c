@@ -1,5 +1,7 @@
 /* pegaflow-cli: small operator tool over libpegaflow.
- *   pegaflow-cli [--addr HOST:PORT] [--timeout-ms N] health|shutdown|version */
+ *   pegaflow-cli [--addr HOST:PORT|unix:PATH] [--timeout-ms N] health|shutdown|version
+ * TLS and the cluster token come from libpegaflow's environment (PEGAFLOW_TLS_CA, ...,
+ * docs/security.md). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,7 +10,7 @@
 
 static int usage(void)
 {
-    fprintf(stderr, "usage: pegaflow-cli [--addr HOST:PORT] [--timeout-ms N] "
+    fprintf(stderr, "usage: pegaflow-cli [--addr HOST:PORT|unix:PATH] [--timeout-ms N] "
                     "health|shutdown|version\n");
     return 2;
 }

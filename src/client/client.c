@@ -7,6 +7,7 @@
 
 #include "client/pegaflow.h"
 #include "engine.pb-c.h"
+#include "pf/auth.h"
 #include "pf/common.h"
 #include "pf/config.h"
 #include "pf/rpc.h"
@@ -57,15 +58,30 @@ const char *pf_client_version(void)
 int pf_client_connect(const char *target, struct pf_client **c_p)
 {
     char t[256];
-    int rc = pf_url_to_target(target, t, sizeof(t));
-    if (rc) {
-        set_err(PF_GRPC_INVALID_ARGUMENT, "target is not host:port or http://host:port");
+    int rc;
+    if (strncmp(target, "unix:", 5) == 0 && target[5] && strlen(target) < sizeof(t))
+        snprintf(t, sizeof(t), "%s", target); /* the server's --local-addr */
+    else if ((rc = pf_url_to_target(target, t, sizeof(t))) != 0) {
+        set_err(PF_GRPC_INVALID_ARGUMENT, "target is not host:port, http://host:port or unix:PATH");
         return -EINVAL;
     }
+    /* security from the environment: PEGAFLOW_TLS_CA, PEGAFLOW_TLS_CERT/KEY,
+     * PEGAFLOW_TOKEN_FILE (docs/security.md) */
+    struct pf_auth_env env;
+    struct pf_rpc_channel_opts o;
+    char aerr[PF_RPC_ERRMSG];
+    rc = pf_auth_env_load(&env, &o, aerr, sizeof(aerr));
+    if (rc) {
+        set_err(PF_GRPC_INVALID_ARGUMENT, aerr);
+        return -EINVAL; /* matches the recorded status (an unreadable file is a bad setting) */
+    }
     struct pf_client *c = calloc(1, sizeof(*c));
-    if (!c)
+    if (!c) {
+        pf_auth_env_free(&env);
         return local_err(-ENOMEM, "pf_client_connect");
-    rc = pf_rpc_channel_open(t, &c->ch);
+    }
+    rc = pf_rpc_channel_open_opts(t, &o, &c->ch);
+    pf_auth_env_free(&env); /* the channel keeps its own copies */
     if (rc) {
         free(c);
         return local_err(rc, "cannot create a gRPC channel");

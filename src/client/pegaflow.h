@@ -28,7 +28,11 @@ struct pf_client;
 /* Library version: the string RegisterContextBatch requires as client_version. */
 const char *pf_client_version(void);
 
-/* target: "host:port" or "http://host:port". The connection is made lazily. */
+/* target: "host:port", "http://host:port" or "unix:PATH" (a server's --local-addr). The
+ * connection is made lazily. Security comes from the environment (docs/security.md):
+ * PEGAFLOW_TLS_CA (TLS, verify the server with this CA), PEGAFLOW_TLS_CERT + PEGAFLOW_TLS_KEY
+ * (client certificate for mutual TLS), PEGAFLOW_TOKEN_FILE (cluster token); an unreadable
+ * file fails the connect with INVALID_ARGUMENT. */
 int pf_client_connect(const char *target, struct pf_client **c_p);
 void pf_client_close(struct pf_client *c);
 

@@ -267,6 +267,11 @@ static void f_qp_destroy(struct pf_net_qp *qp)
     free(q);
 }
 
+static int f_ep_host(struct pf_net *n, const void *ep, size_t len, char *host, size_t hostlen)
+{
+    return pf_net_ep_host(fn(n)->inner, ep, len, host, hostlen);
+}
+
 static void f_close(struct pf_net *n)
 {
     struct fnet *f = fn(n);
@@ -283,6 +288,7 @@ static const struct pf_net_ops fnet_ops = {
     .qp_create = f_qp_create,
     .qp_local_endpoint = f_ep,
     .qp_connect = f_connect,
+    .ep_host = f_ep_host,
     .post_read = f_read,
     .poll = f_poll,
     .qp_invalidate = f_invalidate,

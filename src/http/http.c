@@ -11,6 +11,7 @@
 #include <microhttpd.h>
 
 #define PF_LOG_MOD "http"
+#include "http/http_internal.h"
 #include "pf/config.h"
 #include "pf/http.h"
 #include "pf/log.h"
@@ -24,6 +25,7 @@ struct pf_http_server {
     const struct pf_http_route *routes;
     size_t nroutes;
     void *ctx;
+    char *admin_token; /* NULL: POST endpoints are open */
 };
 
 int pf_http_resp_text(struct pf_http_resp *resp, int status, const char *text)
@@ -58,6 +60,21 @@ static enum MHD_Result send_resp(struct MHD_Connection *conn, struct pf_http_res
     if (allow)
         MHD_add_response_header(mr, MHD_HTTP_HEADER_ALLOW, allow);
     enum MHD_Result ret = MHD_queue_response(conn, (unsigned)(r->status ? r->status : 200), mr);
+    MHD_destroy_response(mr);
+    return ret;
+}
+
+/* 401 with WWW-Authenticate: Bearer (--admin-token-file, see http/auth.c). */
+static enum MHD_Result send_unauthorized(struct MHD_Connection *conn)
+{
+    static const char body[] = "admin token required: Authorization: Bearer TOKEN\n";
+    struct MHD_Response *mr =
+        MHD_create_response_from_buffer(sizeof(body) - 1, (void *)body, MHD_RESPMEM_PERSISTENT);
+    if (!mr)
+        return MHD_NO;
+    MHD_add_response_header(mr, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
+    MHD_add_response_header(mr, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    enum MHD_Result ret = MHD_queue_response(conn, 401, mr);
     MHD_destroy_response(mr);
     return ret;
 }
@@ -151,6 +168,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         pf_http_resp_text(&r, 404, msg);
         return send_resp(conn, &r, NULL);
     }
+    if (pf_http_admin_check(conn, method, s->admin_token) != 0) {
+        pf_log_ratelimited(PF_LOG_WARN, 5000, "HTTP %s %s refused: missing or wrong admin token",
+                           method, url);
+        return send_unauthorized(conn);
+    }
     struct param_check pc = {.allowed = hit->params};
     /* read-only routes without parameters ignore a query (cache busters); routes that take
      * parameters, and every POST, accept only theirs */
@@ -179,6 +201,14 @@ int pf_http_server_start(const char *addr, const struct pf_http_route *routes, s
                          void *ctx, struct pf_http_server **s_p, int *bound_port_p, char *err,
                          size_t errlen)
 {
+    return pf_http_server_start_auth(addr, routes, nroutes, ctx, NULL, s_p, bound_port_p, err,
+                                     errlen);
+}
+
+int pf_http_server_start_auth(const char *addr, const struct pf_http_route *routes, size_t nroutes,
+                              void *ctx, const char *admin_token, struct pf_http_server **s_p,
+                              int *bound_port_p, char *err, size_t errlen)
+{
     char host[256];
     uint16_t port;
     if (pf_addr_split(addr, host, sizeof(host), &port) != 0) {
@@ -202,6 +232,11 @@ int pf_http_server_start(const char *addr, const struct pf_http_route *routes, s
     s->routes = routes;
     s->nroutes = nroutes;
     s->ctx = ctx;
+    if (admin_token && !(s->admin_token = strdup(admin_token))) {
+        freeaddrinfo(res);
+        free(s);
+        return -ENOMEM;
+    }
     /* a fixed pool of polling threads and connection caps: clients cannot make the server
      * start a thread per connection */
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG;
@@ -216,6 +251,7 @@ int pf_http_server_start(const char *addr, const struct pf_http_route *routes, s
     freeaddrinfo(res);
     if (!s->d) {
         snprintf(err, errlen, "cannot listen on %s (address in use or not local)", addr);
+        free(s->admin_token);
         free(s);
         return -EADDRINUSE;
     }
@@ -232,5 +268,9 @@ void pf_http_server_stop(struct pf_http_server *s)
     if (!s)
         return;
     MHD_stop_daemon(s->d);
+    if (s->admin_token) {
+        memset(s->admin_token, 0, strlen(s->admin_token));
+        free(s->admin_token);
+    }
     free(s);
 }

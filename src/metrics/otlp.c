@@ -15,6 +15,7 @@
 #include <curl/curl.h>
 
 #define PF_LOG_MOD "otlp"
+#include "pf/auth.h"
 #include "pf/clock.h"
 #include "pf/config.h"
 #include "pf/log.h"
@@ -277,7 +278,10 @@ int pf_otlp_start(const char *endpoint, enum pf_otlp_protocol protocol, uint64_t
     if (protocol == PF_OTLP_GRPC) {
         char target[300];
         snprintf(target, sizeof(target), "%s:%u", x->host, x->port);
-        int crc = pf_rpc_channel_open(target, &x->ch);
+        /* plaintext and without the cluster token, whatever this process's peer channels
+         * use: the collector is not a cluster member (docs/security.md) */
+        static const struct pf_rpc_channel_opts plain = {0};
+        int crc = pf_rpc_channel_open_opts(target, &plain, &x->ch);
         if (crc) {
             snprintf(err, errlen, "--metrics-otel-endpoint: cannot open a gRPC channel to %s: %s",
                      target, strerror(-crc));

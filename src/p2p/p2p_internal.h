@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "engine.pb-c.h"
+#include "pf/auth.h"
 #include "pf/block.h"
 #include "pf/hal_net.h"
 #include "pf/htable.h"
@@ -227,5 +228,22 @@ int p2p_grpc_call(void *ctx, const char *peer, enum pf_p2p_method m, const Proto
 int p2p_grpc_query_prefix(void *ctx, const char *ns, const struct pf_meta_hash *hashes, size_t n,
                           uint64_t timeout_ms, struct pf_meta_prefix **res_p, size_t *nres_p);
 void p2p_grpc_free(struct pf_p2p *p);
+
+/* ---- handshake address checks (peer_auth.c) ---- */
+
+/* The IPs addr's host ("ip:port" or "name:port") stands for (up to max). 0, -EINVAL,
+ * -EHOSTUNREACH. */
+int p2p_host_ips(const char *addr, char (*ips)[PF_AUTH_IP_MAX], size_t max, size_t *n_p);
+/* 0 when every endpoint of m names one of hosts (or the backend does not connect by
+ * address); -EACCES (or -EINVAL for a malformed endpoint) with a message naming it. who
+ * names the peer in the message. */
+int p2p_endpoints_check(struct pf_p2p *p, const Pegaflow__HandshakeMetadata *m,
+                        const char (*hosts)[PF_AUTH_IP_MAX], size_t nhosts, const char *who,
+                        char *err, size_t errlen);
+/* Serving side: requester_id and every endpoint must be addresses the caller proved (ids:
+ * pf_rpc_call_identities). 0, -EACCES or -EINVAL with a message. */
+int p2p_handshake_authorize(struct pf_p2p *p, const Pegaflow__RdmaHandshakeRequest *r,
+                            const char (*ids)[PF_AUTH_IP_MAX], size_t nids, char *err,
+                            size_t errlen);
 
 #endif

@@ -262,6 +262,17 @@ static int rpc(struct pf_p2p *p, enum pf_p2p_method m, struct pf_rpc_call *call,
 
 int pf_p2p_rpc_handshake(struct pf_p2p *p, struct pf_rpc_call *call, const ProtobufCMessage *req)
 {
+    char ids[8][PF_AUTH_IP_MAX], err[P2P_ERRLEN];
+    size_t nids = 0;
+    pf_rpc_call_identities(call, ids, PF_ARRAY_SIZE(ids), &nids);
+    int rc = p2p_handshake_authorize(p, (const void *)req, (const char(*)[PF_AUTH_IP_MAX])ids, nids,
+                                     err, sizeof(err));
+    if (rc) {
+        pf_log_ratelimited(PF_LOG_WARN, 5000, "RdmaHandshake from %s refused: %s",
+                           pf_rpc_call_peer(call), err);
+        return pf_rpc_fail(
+            call, rc == -EACCES ? PF_GRPC_PERMISSION_DENIED : PF_GRPC_INVALID_ARGUMENT, "%s", err);
+    }
     return rpc(p, PF_P2P_HANDSHAKE, call, req);
 }
 

@@ -1,6 +1,9 @@
 /* gRPC client side: channels, unary calls with deadlines, held-open server streams.
  * Unary calls use a per-thread pluck completion queue (created on first use, destroyed
- * at thread exit), so concurrent callers never contend on one queue. */
+ * at thread exit), so concurrent callers never contend on one queue.
+ * Security (pf/auth.h): a channel is plaintext or TLS (with a client certificate for mutual
+ * TLS) and may carry the cluster token as initial metadata of every call; channels opened
+ * with pf_rpc_channel_open take the process-wide defaults. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -12,6 +15,7 @@
 #include <grpc/support/time.h>
 
 #define PF_LOG_MOD "rpc"
+#include "pf/auth.h"
 #include "pf/log.h"
 #include "pf/rpc.h"
 #include "rpc/rpc_internal.h"
@@ -19,7 +23,14 @@
 struct pf_rpc_channel {
     grpc_channel *ch;
     char *target;
+    char *token; /* cluster token sent on every call, or NULL */
+    grpc_metadata md;
 };
+
+/* process-wide defaults of pf_rpc_channel_open (under def_mu) */
+static pthread_mutex_t def_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct pf_rpc_channel_opts def_opts;
+static char *def_strs[4];
 
 struct pf_rpc_stream {
     grpc_call *call;
@@ -80,15 +91,74 @@ static grpc_completion_queue *thread_cq(void)
     return cq;
 }
 
+static void free_strs(char **v)
+{
+    for (int i = 0; i < 4; i++) {
+        if (v[i]) {
+            memset(v[i], 0, strlen(v[i]));
+            free(v[i]);
+        }
+        v[i] = NULL;
+    }
+}
+
+int pf_rpc_set_default_channel_opts(const struct pf_rpc_channel_opts *o)
+{
+    char *v[4] = {NULL, NULL, NULL, NULL};
+    const char *src[4] = {o ? o->ca_pem : NULL, o ? o->cert_pem : NULL, o ? o->key_pem : NULL,
+                          o ? o->token : NULL};
+    for (int i = 0; i < 4; i++)
+        if (src[i] && !(v[i] = strdup(src[i]))) {
+            free_strs(v);
+            return -ENOMEM;
+        }
+    pthread_mutex_lock(&def_mu);
+    free_strs(def_strs);
+    memcpy(def_strs, v, sizeof(v));
+    def_opts = (struct pf_rpc_channel_opts){.tls = o && (o->tls || o->ca_pem),
+                                            .ca_pem = v[0],
+                                            .cert_pem = v[1],
+                                            .key_pem = v[2],
+                                            .token = v[3]};
+    pthread_mutex_unlock(&def_mu);
+    return 0;
+}
+
 int pf_rpc_channel_open(const char *target, struct pf_rpc_channel **ch_p)
 {
+    pthread_mutex_lock(&def_mu);
+    int rc = pf_rpc_channel_open_opts(target, &def_opts, ch_p);
+    pthread_mutex_unlock(&def_mu);
+    return rc;
+}
+
+static grpc_channel_credentials *channel_creds(const char *target,
+                                               const struct pf_rpc_channel_opts *o)
+{
+    bool unix_target = strncmp(target, "unix:", 5) == 0;
+    if (!o || unix_target || !(o->tls || o->ca_pem))
+        return grpc_insecure_credentials_create();
+    grpc_ssl_pem_key_cert_pair kp = {.private_key = o->key_pem, .cert_chain = o->cert_pem};
+    return grpc_ssl_credentials_create(o->ca_pem, o->cert_pem ? &kp : NULL, NULL, NULL);
+}
+
+int pf_rpc_channel_open_opts(const char *target, const struct pf_rpc_channel_opts *o,
+                             struct pf_rpc_channel **ch_p)
+{
+    if (o && !!o->cert_pem != !!o->key_pem)
+        return -EINVAL;
     struct pf_rpc_channel *c = calloc(1, sizeof(*c));
     if (!c)
         return -ENOMEM;
     c->target = strdup(target);
-    if (!c->target) {
+    if (!c->target || (o && o->token && !(c->token = strdup(o->token)))) {
+        free(c->target);
         free(c);
         return -ENOMEM;
+    }
+    if (c->token) {
+        c->md.key = grpc_slice_from_static_string(PF_AUTH_TOKEN_MD);
+        c->md.value = grpc_slice_from_static_string(c->token);
     }
     pf_rpc_global_init();
     grpc_arg args[] = {
@@ -114,11 +184,13 @@ int pf_rpc_channel_open(const char *target, struct pf_rpc_channel **ch_p)
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, .value.integer = 1},
     };
     grpc_channel_args ca = {PF_ARRAY_SIZE(args), args};
-    grpc_channel_credentials *cr = grpc_insecure_credentials_create();
-    c->ch = grpc_channel_create(target, cr, &ca);
-    grpc_channel_credentials_release(cr);
+    grpc_channel_credentials *cr = channel_creds(target, o);
+    c->ch = cr ? grpc_channel_create(target, cr, &ca) : NULL;
+    if (cr)
+        grpc_channel_credentials_release(cr);
     if (!c->ch) {
         pf_rpc_global_shutdown();
+        free(c->token);
         free(c->target);
         free(c);
         return -EINVAL;
@@ -133,6 +205,10 @@ void pf_rpc_channel_close(struct pf_rpc_channel *ch)
         return;
     grpc_channel_destroy(ch->ch);
     free(ch->target);
+    if (ch->token) {
+        memset(ch->token, 0, strlen(ch->token));
+        free(ch->token);
+    }
     free(ch);
     pf_rpc_global_shutdown();
 }
@@ -209,6 +285,8 @@ static int unary_bb(struct pf_rpc_channel *ch, const char *path, grpc_byte_buffe
     grpc_op ops[6];
     memset(ops, 0, sizeof(ops));
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[0].data.send_initial_metadata.count = ch->token ? 1 : 0;
+    ops[0].data.send_initial_metadata.metadata = ch->token ? &ch->md : NULL;
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = reqbb;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -296,6 +374,8 @@ int pf_rpc_stream_open(struct pf_rpc_channel *ch, const char *path, const Protob
     grpc_op ops[4];
     memset(ops, 0, sizeof(ops));
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[0].data.send_initial_metadata.count = ch->token ? 1 : 0;
+    ops[0].data.send_initial_metadata.metadata = ch->token ? &ch->md : NULL;
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = s->req;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;

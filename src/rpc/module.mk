@@ -1,2 +1,2 @@
 CORE_SRCS += $(wildcard src/rpc/*.c)
-CLIENT_SRCS += src/rpc/client.c src/rpc/status.c
+CLIENT_SRCS += src/rpc/client.c src/rpc/status.c src/rpc/auth.c

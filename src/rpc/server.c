@@ -33,6 +33,7 @@
 #include <grpc/support/time.h>
 
 #define PF_LOG_MOD "rpc"
+#include "pf/auth.h"
 #include "pf/clock.h"
 #include "pf/config.h"
 #include "pf/log.h"
@@ -213,6 +214,11 @@ const char *pf_rpc_call_peer(struct pf_rpc_call *call)
     return call->peer ? call->peer : "";
 }
 
+grpc_call *pf_rpc_call_grpc(struct pf_rpc_call *call)
+{
+    return call->call;
+}
+
 static void record(struct pf_rpc_call *c)
 {
     struct pf_rpc_server *s = c->srv;
@@ -253,6 +259,29 @@ static void finish(struct pf_rpc_call *c, bool send_initial_md)
     }
 }
 
+/* The security policy (pf/auth.h) for this call; true when refused (status set). */
+static bool auth_refused(struct pf_rpc_call *c)
+{
+    const struct pf_rpc_server_config *cfg = &c->srv->cfg;
+    if (!cfg->local_only && !(cfg->auth && cfg->auth->cluster_token))
+        return false; /* nothing to enforce (the default): no per-call cost */
+    const void *tok = NULL;
+    size_t tlen = 0;
+    for (size_t i = 0; i < c->md.count; i++)
+        if (grpc_slice_str_cmp(c->md.metadata[i].key, PF_AUTH_TOKEN_MD) == 0) {
+            tok = GRPC_SLICE_START_PTR(c->md.metadata[i].value);
+            tlen = GRPC_SLICE_LENGTH(c->md.metadata[i].value);
+            break;
+        }
+    int code = pf_auth_check(cfg->auth, cfg->rules, cfg->nrules, cfg->local_only, c->m->path,
+                             pf_rpc_call_peer(c), tok, tlen, c->msg, sizeof(c->msg));
+    if (code == 0)
+        return false;
+    c->code = code;
+    pf_log_ratelimited(PF_LOG_WARN, 5000, "refused %s: %s", pf_grpc_code_name(code), c->msg);
+    return true;
+}
+
 static void on_new_call(struct pf_rpc_call *c)
 {
     struct pf_rpc_server *s = c->srv;
@@ -278,6 +307,10 @@ static void on_new_call(struct pf_rpc_call *c)
         snprintf(path, sizeof(path), "%.*s", (int)(l < 200 ? l : 200),
                  (const char *)GRPC_SLICE_START_PTR(c->details.method));
         pf_rpc_fail(c, PF_GRPC_UNIMPLEMENTED, "unknown method %s", path);
+        finish(c, true);
+        return;
+    }
+    if (auth_refused(c)) {
         finish(c, true);
         return;
     }
@@ -555,9 +588,29 @@ static int probe_bind(const char *addr, char *err, size_t errlen)
     return rc;
 }
 
+/* The optional plaintext listener for local workers: only "unix:PATH" (a TCP address would
+ * be reachable without TLS). */
+static int add_local_listener(struct pf_rpc_server *s, const char *addr, char *err, size_t errlen)
+{
+    if (!addr)
+        return 0;
+    grpc_server_credentials *cr = grpc_insecure_server_credentials_create();
+    int port = grpc_server_add_http2_port(s->srv, addr, cr);
+    grpc_server_credentials_release(cr);
+    if (port == 0) {
+        snprintf(err, errlen, "cannot listen on %s (directory missing or not writable?)", addr);
+        return -EADDRNOTAVAIL;
+    }
+    return 0;
+}
+
 int pf_rpc_server_start(const struct pf_rpc_server_config *cfg, struct pf_rpc_server **s_p,
                         int *bound_port_p, char *err, size_t errlen)
 {
+    if (cfg->local_addr && (strncmp(cfg->local_addr, "unix:", 5) != 0 || !cfg->local_addr[5])) {
+        snprintf(err, errlen, "local address '%s' is not unix:PATH", cfg->local_addr);
+        return -EINVAL;
+    }
     int rc = probe_bind(cfg->addr, err, errlen);
     if (rc)
         return rc;
@@ -611,12 +664,21 @@ int pf_rpc_server_start(const struct pf_rpc_server_config *cfg, struct pf_rpc_se
     s->srv = grpc_server_create(&ca, NULL);
     s->cq = grpc_completion_queue_create_for_next(NULL);
     grpc_server_register_completion_queue(s->srv, s->cq, NULL);
-    grpc_server_credentials *cr = grpc_insecure_server_credentials_create();
-    int port = grpc_server_add_http2_port(s->srv, cfg->addr, cr);
-    grpc_server_credentials_release(cr);
+    grpc_server_credentials *cr = pf_auth_server_creds(cfg->auth);
+    int port = cr ? grpc_server_add_http2_port(s->srv, cfg->addr, cr) : 0;
+    if (cr)
+        grpc_server_credentials_release(cr);
     if (port == 0) {
-        snprintf(err, errlen, "cannot listen on %s", cfg->addr);
+        snprintf(err, errlen, "cannot listen on %s%s", cfg->addr,
+                 cfg->auth && cfg->auth->cert_pem ? " (or the TLS certificate/key is invalid)"
+                                                  : "");
         rc = -EADDRNOTAVAIL;
+        goto err_srv;
+    }
+    rc = add_local_listener(s, cfg->local_addr, err, errlen);
+    if (rc) {
+        /* a server with a listener may only be destroyed after a shutdown */
+        grpc_server_shutdown_and_notify(s->srv, s->cq, &s->shutdown_tag);
         goto err_srv;
     }
     grpc_server_start(s->srv);

@@ -212,8 +212,10 @@ def serve_grpc(out_path):
 
     def export(request, context):  # raw bytes: no deserializer
         md = dict(context.invocation_metadata())
+        decoded = decode_pb(request)
+        decoded["cluster_token"] = md.get("pf-cluster-token")  # must never reach a collector
         record(out_path, "grpc", md.get("content-type", "application/grpc"),
-               "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export", decode_pb(request))
+               "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export", decoded)
         return b""  # ExportMetricsServiceResponse{} (full success)
 
     handler = grpc.method_handlers_generic_handler(

@@ -56,6 +56,7 @@ if [ -z "${PF_P2P_LOOPBACK:-}" ] && setup_netns; then
   mode=netns
   export PF_P2P_NS_MS=pfm$id PF_P2P_NS_A=pfa$id PF_P2P_NS_B=pfb$id PF_P2P_NS_C=pfc$id
   export PF_P2P_IP_MS=10.77.0.10 PF_P2P_IP_A=10.77.0.2 PF_P2P_IP_B=10.77.0.3 PF_P2P_IP_C=10.77.0.4
+  export PF_P2P_IP_T=10.77.0.100
   export PF_P2P_NIC_A=va$id PF_P2P_NIC_B=vb$id PF_P2P_NIC_C=vc$id
   echo "topology: namespaces ${nss[*]}, bridge br$id in $hub, 10.77.0.0/24"
   ip netns exec "pft$id" "$PF_TESTBIN/p2p_e2e" "$@"
@@ -68,6 +69,7 @@ else
     echo "no network namespaces (needs root and iproute2): loopback addresses 127.0.0.1-4"
   fi
   export PF_P2P_IP_MS=127.0.0.1 PF_P2P_IP_A=127.0.0.2 PF_P2P_IP_B=127.0.0.3 PF_P2P_IP_C=127.0.0.4
+  export PF_P2P_IP_T=127.0.0.1
   "$PF_TESTBIN/p2p_e2e" "$@"
   rc=$?
 fi

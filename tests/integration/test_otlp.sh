@@ -7,8 +7,8 @@
 #   http/protobuf  --metrics-otel-protocol (overriding OTEL_EXPORTER_OTLP_PROTOCOL), POST
 #                  <base>/v1/metrics as application/x-protobuf
 #   http/json      OTEL_EXPORTER_OTLP_PROTOCOL=http/json, POST /v1/metrics as application/json
-# Unknown protocols (flag, or variable when exporting) are refused at start-up naming the
-# source.
+# A node with TLS and a cluster token exports plaintext without the token. Unknown protocols
+# (flag, or variable when exporting) are refused at start-up naming the source.
 . "${PF_TOP:?PF_TOP must name the repository (make test sets it)}/tests/integration/lib.sh" || exit 1
 set -u
 pf_tmpdir
@@ -50,6 +50,7 @@ if mode == "grpc":
 else:
     assert e["path"] == base + "/v1/metrics", e["path"]
 assert e["service"] == "pegaflow-server", e["service"]
+assert not e.get("cluster_token"), "the cluster token was sent to the collector"
 m = e["metrics"]
 req = m["pegaflow_rpc_requests_total"]
 assert req["kind"] == "sum" and req.get("monotonic") is True and req.get("temporality") == 2, req
@@ -73,6 +74,12 @@ P
 
 run_case grpc grpc "" -
 grep -q 'exporting metrics over OTLP/gRPC' "$PF_TMP/srv_grpc.log" || pf_fail "grpc is not the default"
+# a node with TLS and a cluster token still exports plaintext, without the token: the
+# collector is not a cluster member (docs/security.md)
+. "$PF_TOP/tests/integration/certs.sh"
+make_certs "$PF_TMP/pki" lo=127.0.0.1 || pf_fail "cannot make the test PKI"
+PEGAFLOW_TLS_CA="$PF_TMP/pki/ca.crt" run_case grpc grpc "" - --tls-cert "$PF_TMP/pki/lo.crt" \
+  --tls-key "$PF_TMP/pki/lo.key" --cluster-token-file "$PF_TMP/pki/token"
 run_case protobuf http /otel OTEL_EXPORTER_OTLP_PROTOCOL=http/json --metrics-otel-protocol http/protobuf
 run_case json http "" OTEL_EXPORTER_OTLP_PROTOCOL=http/json
 

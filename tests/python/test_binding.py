@@ -216,3 +216,28 @@ def test_query_against_no_server_is_a_miss(lib):
     c = EngineClient(f"127.0.0.1:{port}", lib=lib, query_timeout_ms=500)
     assert c.query("inst", "req", [b"\1" * 32]) == QueryResult.miss()
     c.close()
+
+
+# ------------------------------------------------------------------ security environment
+
+
+def test_unreadable_tls_ca_fails_the_connect_naming_the_variable(lib, monkeypatch):
+    monkeypatch.setenv("PEGAFLOW_TLS_CA", "/nonexistent/ca.pem")
+    with pytest.raises(errors.InvalidArgument, match="PEGAFLOW_TLS_CA: cannot open /nonexistent/ca.pem"):
+        EngineClient("127.0.0.1:1", lib=lib)
+
+
+def test_cert_without_key_fails_the_connect(lib, monkeypatch, tmp_path):
+    crt = tmp_path / "c.pem"
+    crt.write_text("-----BEGIN CERTIFICATE-----\nA\n-----END CERTIFICATE-----\n")
+    monkeypatch.setenv("PEGAFLOW_TLS_CERT", str(crt))
+    monkeypatch.delenv("PEGAFLOW_TLS_KEY", raising=False)
+    with pytest.raises(errors.InvalidArgument, match="PEGAFLOW_TLS_CERT and PEGAFLOW_TLS_KEY"):
+        EngineClient("127.0.0.1:1", lib=lib)
+
+
+def test_unix_target_is_accepted(lib, tmp_path):
+    c = EngineClient(f"unix:{tmp_path}/none.sock", lib=lib, timeout_ms=2000)
+    with pytest.raises(errors.Unavailable):
+        c.health()
+    c.close()

@@ -168,3 +168,12 @@ def test_cross_layer_name_with_pp():
     c = cfg.ConnectorContext("i", "n", 16, pp_rank=1, pp_size=2)
     assert c.cross_layer_name == "ALL_LAYERS_pp1"
     assert cfg.ConnectorContext("i", "n", 16).cross_layer_name == "ALL_LAYERS"
+
+
+def test_unix_socket_host_is_the_endpoint():
+    o = cfg.parse_options({"pegaflow.host": "unix:/run/pegaflow.sock"}, env={})
+    assert o.endpoint == "unix:/run/pegaflow.sock"
+    o = cfg.parse_options({}, env={"PEGAFLOW_HOST": "unix:/tmp/p.sock", "PEGAFLOW_PORT": "1"})
+    assert o.endpoint == "unix:/tmp/p.sock"
+    with pytest.raises(ValueError, match="socket path"):
+        cfg.parse_options({"pegaflow.host": "unix:"}, env={})

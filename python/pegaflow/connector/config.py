@@ -6,6 +6,8 @@ from vLLM, so it is testable with plain namespaces.
 Options (``kv_connector_extra_config`` keys; environment variables win where listed):
 
   pegaflow.host                 server host, default "http://127.0.0.1"   env PEGAFLOW_HOST
+                                ("unix:/PATH" names the server's --local-addr socket; the
+                                port is then not used)
   pegaflow.port                 server gRPC port, default 50055           env PEGAFLOW_PORT
   pegaflow.mode                 "read_write" (default) | "save_only"
   pegaflow.transfer_backend     "direct" | "kernel" (default: kernel for MLA, else direct)
@@ -17,6 +19,11 @@ Options (``kv_connector_extra_config`` keys; environment variables win where lis
                                 (default 120, floored at 30)
   env PEGAFLOW_CROSS_LAYER_BLOCKS "1" (default) asks vLLM for one cross-layer KV tensor
                                 (non-MLA, single cache group); "0" registers per layer
+
+Security (docs/security.md) is read by libpegaflow itself from the environment:
+  env PEGAFLOW_TLS_CA           TLS, verifying the server with this CA file
+  env PEGAFLOW_TLS_CERT/_KEY    client certificate for a server with --tls-ca (mutual TLS)
+  env PEGAFLOW_TOKEN_FILE       the cluster token, for a worker not on the server's host
 
 Reference options this connector does not implement: ``pegaflow.tp_shard_endpoints``
 with more than one endpoint raises at start-up; ``pegaflow.pd_tail_save`` /
@@ -156,6 +163,10 @@ def parse_options(kv_transfer_config: Any, env: Mapping[str, str] | None = None)
     if shards:
         host_port = str(shards[0])
         endpoint = host_port
+    elif host.startswith("unix:"):
+        if len(host) == len("unix:"):
+            raise ValueError("pegaflow.host: unix: needs a socket path (unix:/run/pegaflow.sock)")
+        endpoint = host  # the server's --local-addr; no port
     else:
         endpoint = f"{host}:{port}"
     for k in ("pegaflow.pd_tail_save", "pegaflow.pd_tail_load"):

@@ -26,6 +26,7 @@
 #define PF_HAL_NET_H
 
 #include <stdbool.h>
+#include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -81,6 +82,11 @@ struct pf_net_ops {
     /* Writes the endpoint blob the peer needs for qp_connect. 0 or -ENOSPC. */
     int (*qp_local_endpoint)(struct pf_net_qp *qp, void *buf, size_t cap, size_t *len_p);
     int (*qp_connect)(struct pf_net_qp *qp, const void *remote_ep, size_t len);
+    /* Optional: the IP address ("10.0.0.2") qp_connect with this remote endpoint would open
+     * a connection to, so the P2P layer can refuse endpoints naming another host
+     * (docs/security.md). -EINVAL for a malformed endpoint; NULL (-EOPNOTSUPP) when the
+     * backend does not connect by IP address (verbs: the fabric routes by GID). */
+    int (*ep_host)(struct pf_net *n, const void *remote_ep, size_t len, char *host, size_t hostlen);
     /* Posts one READ of sum(sge[i].len) bytes from (raddr, rkey). -EAGAIN when the send
      * queue is full (poll, then retry), -ENOTCONN when the QP is not connected or broken. */
     int (*post_read)(struct pf_net_qp *qp, const struct pf_net_sge *sge, size_t nsge,
@@ -134,6 +140,11 @@ static inline int pf_net_qp_local_endpoint(struct pf_net_qp *qp, void *buf, size
 static inline int pf_net_qp_connect(struct pf_net_qp *qp, const void *ep, size_t len)
 {
     return qp->net->ops->qp_connect(qp, ep, len);
+}
+static inline int pf_net_ep_host(struct pf_net *n, const void *ep, size_t len, char *host,
+                                 size_t hostlen)
+{
+    return n->ops->ep_host ? n->ops->ep_host(n, ep, len, host, hostlen) : -EOPNOTSUPP;
 }
 static inline int pf_net_post_read(struct pf_net_qp *qp, const struct pf_net_sge *sge, size_t nsge,
                                    uint64_t raddr, uint32_t rkey, uint64_t wr_id)

@@ -42,6 +42,11 @@ struct pf_http_server;
 int pf_http_server_start(const char *addr, const struct pf_http_route *routes, size_t nroutes,
                          void *ctx, struct pf_http_server **s_p, int *bound_port_p, char *err,
                          size_t errlen);
+/* The same with an admin token (NULL: none): POST requests without "Authorization: Bearer
+ * <admin_token>" answer 401 (docs/security.md). The token is copied. */
+int pf_http_server_start_auth(const char *addr, const struct pf_http_route *routes, size_t nroutes,
+                              void *ctx, const char *admin_token, struct pf_http_server **s_p,
+                              int *bound_port_p, char *err, size_t errlen);
 void pf_http_server_stop(struct pf_http_server *s);
 
 /* Query-string argument of the request, or NULL. */

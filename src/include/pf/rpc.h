@@ -104,6 +104,9 @@ struct pf_rpc_method {
 
 #define PF_RPC_NET_PER_PEER 2
 
+struct pf_auth;
+struct pf_rpc_access_rule;
+
 struct pf_rpc_server_config {
     const char *addr; /* host:port; port 0 = pick one (see bound_port) */
     int threads;
@@ -115,6 +118,14 @@ struct pf_rpc_server_config {
     /* Decode budget: requests in flight may hold at most this many bytes of encoded size
      * x PF_RPC_DECODE_FACTOR; past it a request is RESOURCE_EXHAUSTED. 0: 256 MiB. */
     uint64_t request_memory;
+    /* Security (pf/auth.h; all optional). auth: TLS on addr and the cluster token; rules:
+     * method classes (NULL: every method is PEER); local_only: LOCAL methods refuse remote
+     * callers without the token; local_addr: a second, plaintext listener ("unix:PATH"). */
+    const struct pf_auth *auth;
+    const struct pf_rpc_access_rule *rules;
+    size_t nrules;
+    bool local_only;
+    const char *local_addr;
 };
 
 #define PF_RPC_DECODE_FACTOR      4

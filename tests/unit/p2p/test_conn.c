@@ -7,7 +7,10 @@
  * without further handshakes, and a restarted peer (new incarnation, new endpoints) is
  * reconnected transparently: the stale connections are dropped and one handshake replaces
  * them. */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -18,6 +21,8 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+
+#include "../../../sim/net/tcpnet_wire.h"
 
 #include "p2p/p2p_internal.h"
 #include "pf/cache.h"
@@ -355,12 +360,116 @@ static void test_two_nodes_mutual_handshake(void **st)
     pthread_barrier_destroy(&hs_bar);
 }
 
+/* A peer registered under one address whose handshake answer names endpoints on another
+ * host is refused before any QP connects (security.md, peer handshakes). The nodes are
+ * registered under an address of one of this host's interfaces while their NICs listen on
+ * 127.0.0.1, so without the check the handshake (and the fetch) would succeed. */
+static void test_endpoint_elsewhere_refused(void **st)
+{
+    static char a1[80], a2[80];
+    struct ifaddrs *ifa = NULL;
+    assert_int_equal(getifaddrs(&ifa), 0);
+    char ip[INET_ADDRSTRLEN] = "";
+    for (struct ifaddrs *i = ifa; i && !ip[0]; i = i->ifa_next) {
+        if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET)
+            continue;
+        const struct in_addr *a = &((struct sockaddr_in *)i->ifa_addr)->sin_addr;
+        if ((ntohl(a->s_addr) >> 24) != 127)
+            inet_ntop(AF_INET, a, ip, sizeof(ip));
+    }
+    freeifaddrs(ifa);
+    if (!ip[0]) {
+        fprintf(stderr, "SKIP: no non-loopback IPv4 interface address on this host\n");
+        skip();
+    }
+    snprintf(a1, sizeof(a1), "%s:1001", ip);
+    snprintf(a2, sizeof(a2), "%s:1002", ip);
+    struct node s1 = N1, s2 = N2;
+    N1.addr = a1;
+    N2.addr = a2;
+    N1.other = &N2;
+    N2.other = &N1;
+    node_up(&N1, 1);
+    node_up(&N2, 2);
+    struct job j = {.self = &N1, .req = "elsewhere"};
+    job_fetch(&j);
+    assert_int_equal(j.got, 0); /* a miss, no bytes from a host nobody vouched for */
+    struct pf_p2p_stats st1, st2;
+    pf_p2p_get_stats(N1.p, &st1);
+    pf_p2p_get_stats(N2.p, &st2);
+    assert_int_equal(st1.handshakes_out, 0);
+    assert_int_equal(st1.conns, 0);
+    node_down(&N1);
+    node_down(&N2);
+    N1 = s1;
+    N2 = s2;
+}
+
+/* Serving side (peer_auth.c): requester_id and every endpoint must be addresses the caller
+ * proved; malformed endpoints and unresolvable requester ids are refused too. */
+static void test_handshake_authorize(void **st)
+{
+    N1.other = &N2;
+    node_up(&N1, 1);
+    uint8_t ep[2][TCPNET_EP_LEN];
+    struct tcpnet_ep e = {.port = 7, .token = 1};
+    inet_pton(AF_INET, "10.1.1.1", e.ip);
+    tcpnet_ep_encode(ep[0], &e);
+    inet_pton(AF_INET, "10.2.2.2", e.ip);
+    tcpnet_ep_encode(ep[1], &e);
+    ProtobufCBinaryData eps[2] = {{TCPNET_EP_LEN, ep[0]}, {TCPNET_EP_LEN, ep[1]}};
+    Pegaflow__HandshakeNic nic = PEGAFLOW__HANDSHAKE_NIC__INIT, *nicp = &nic;
+    nic.n_endpoints = 2;
+    nic.endpoints = eps;
+    Pegaflow__HandshakeMetadata md = PEGAFLOW__HANDSHAKE_METADATA__INIT;
+    md.n_nics = 1;
+    md.nics = &nicp;
+    uint8_t blob[256];
+    Pegaflow__RdmaHandshakeRequest r = PEGAFLOW__RDMA_HANDSHAKE_REQUEST__INIT;
+    r.handshake_metadata =
+        (ProtobufCBinaryData){pegaflow__handshake_metadata__pack(&md, blob), blob};
+    char ids[2][PF_AUTH_IP_MAX] = {"10.1.1.1", "10.2.2.2"}, err[P2P_ERRLEN];
+    const char(*c)[PF_AUTH_IP_MAX] = (const char(*)[PF_AUTH_IP_MAX])ids;
+    r.requester_id = (char *)"10.1.1.1:5000";
+    assert_int_equal(p2p_handshake_authorize(N1.p, &r, c, 2, err, sizeof(err)), 0);
+    /* an endpoint on an address the caller did not prove */
+    assert_int_equal(p2p_handshake_authorize(N1.p, &r, c, 1, err, sizeof(err)), -EACCES);
+    assert_non_null(strstr(err, "nics[0].endpoints[1] names 10.2.2.2"));
+    /* requester_id naming another node */
+    r.requester_id = (char *)"10.3.3.3:5000";
+    assert_int_equal(p2p_handshake_authorize(N1.p, &r, c, 2, err, sizeof(err)), -EACCES);
+    assert_non_null(strstr(err, "not an address the caller proved"));
+    /* a caller without an IP (no identities) proves nothing */
+    r.requester_id = (char *)"10.1.1.1:5000";
+    assert_int_equal(p2p_handshake_authorize(N1.p, &r, c, 0, err, sizeof(err)), -EACCES);
+    r.requester_id = (char *)"not an address";
+    assert_int_equal(p2p_handshake_authorize(N1.p, &r, c, 2, err, sizeof(err)), -EINVAL);
+    /* a malformed endpoint */
+    r.requester_id = (char *)"10.1.1.1:5000";
+    ep[1][0] ^= 0xff;
+    r.handshake_metadata.len = pegaflow__handshake_metadata__pack(&md, blob);
+    assert_int_equal(p2p_handshake_authorize(N1.p, &r, c, 2, err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "malformed endpoint"));
+    /* requester-side helper: a name resolves to its addresses */
+    char hs[4][PF_AUTH_IP_MAX];
+    size_t n = 0;
+    assert_int_equal(p2p_host_ips("localhost:1", hs, 4, &n), 0);
+    assert_true(n >= 1);
+    assert_int_equal(p2p_host_ips("10.9.8.7:1", hs, 4, &n), 0);
+    assert_int_equal(n, 1);
+    assert_string_equal(hs[0], "10.9.8.7");
+    assert_int_equal(p2p_host_ips("nohostport", hs, 4, &n), -EINVAL);
+    node_down(&N1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_meta_validate),
         cmocka_unit_test(test_rkey_lookup),
         cmocka_unit_test(test_two_nodes_mutual_handshake),
+        cmocka_unit_test(test_endpoint_elsewhere_refused),
+        cmocka_unit_test(test_handshake_authorize),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,51 @@
+/* Security glue of both binaries (docs/security.md): the process's channel identity, the
+ * --local-rpcs policy, and the start-up warning for listeners other hosts can reach without
+ * authentication. */
+#include <errno.h>
+#include <string.h>
+
+#define PF_LOG_MOD "auth"
+#include "app/app.h"
+#include "pf/auth.h"
+#include "pf/config.h"
+#include "pf/log.h"
+
+int pf_app_auth_channels(const struct pf_auth *a)
+{
+    struct pf_rpc_channel_opts o;
+    pf_auth_channel_opts(a, &o);
+    return pf_rpc_set_default_channel_opts(&o);
+}
+
+/* Loopback (127/8, ::1, localhost) or a Unix socket: only this host can connect. */
+static bool addr_is_host_only(const char *addr)
+{
+    if (strncmp(addr, "unix:", 5) == 0)
+        return true;
+    char host[256];
+    uint16_t port;
+    if (pf_addr_split(addr, host, sizeof(host), &port) != 0)
+        return false;
+    return strncmp(host, "127.", 4) == 0 || strcmp(host, "::1") == 0 ||
+           strcmp(host, "localhost") == 0;
+}
+
+void pf_app_warn_open(const char *what, const char *addr, bool authenticated, const char *how)
+{
+    if (authenticated || addr_is_host_only(addr))
+        return;
+    pf_warn("%s on %s is reachable from the network without authentication; %s", what, addr, how);
+}
+
+int pf_app_local_rpcs(const char *v, const struct pf_auth *a, bool *local_only_p)
+{
+    if (strcmp(v, "host") == 0)
+        *local_only_p = true;
+    else if (strcmp(v, "any") == 0)
+        *local_only_p = false;
+    else if (strcmp(v, "auto") == 0)
+        *local_only_p = a->cert_pem || a->cluster_token;
+    else
+        return -EINVAL;
+    return 0;
+}
