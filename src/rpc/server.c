@@ -63,6 +63,7 @@ struct pf_rpc_call {
     uint64_t start_ns;
     void *stream_ctx;
     _Atomic int pstate;
+    _Atomic bool gone; /* the caller cancelled or disconnected (pf_rpc_call_expired) */
     char *peer;
     grpc_metadata park_md;
 } __attribute__((aligned(8)));
@@ -149,7 +150,7 @@ int pf_rpc_fail(struct pf_rpc_call *call, int code, const char *fmt, ...)
 
 bool pf_rpc_call_expired(struct pf_rpc_call *call)
 {
-    if (atomic_load(&call->pstate) == PS_CLOSED_EARLY)
+    if (atomic_load(&call->gone))
         return true;
     gpr_timespec dl = call->details.deadline;
     return gpr_time_cmp(gpr_now(dl.clock_type), dl) > 0;
@@ -465,6 +466,10 @@ done_unary:
 static void on_closed(struct pf_rpc_call *c)
 {
     struct pf_rpc_server *s = c->srv;
+    /* the close batch also completes on a normal end of the request stream: only a
+     * cancellation means the caller is gone */
+    if (c->cancelled)
+        atomic_store(&c->gone, true);
     int old = atomic_exchange(&c->pstate, PS_CLOSED_EARLY);
     if (old == PS_OPENING)
         return; /* the opening thread sees PS_CLOSED_EARLY and finishes the call */
