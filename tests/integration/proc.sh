@@ -14,6 +14,10 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 start_proc() {
   local name=$1 bin=$2; shift 2
   local log="$LOGDIR/$name.log"
+  # a log left by an earlier process of the same name must not count as this one's "ready"
+  # (the child truncates it only once it runs: a race that signalled a server before it
+  # had blocked SIGTERM)
+  rm -f "$log"
   "$PF_BIN/$bin" "$@" >"$log" 2>&1 &
   local pid=$!
   PF_PIDS+=("$pid")
