@@ -45,6 +45,7 @@ warns() { # log -> number of "reachable from the network without authentication"
 run_until_ready() { # name binary args...: starts, waits for ready, stops
   local name=$1 bin=$2; shift 2
   local log="$LOGDIR/$name.log"
+  rm -f "$log" # an earlier run's "ready" must not count (see start_proc)
   "${NS[@]}" "$PF_BIN/$bin" "$@" >"$log" 2>&1 &
   local pid=$! deadline=$((SECONDS + 20))
   PF_PIDS+=("$pid")
