@@ -332,7 +332,7 @@ class Engine:
 
     def add_request(self, rid: str, prompt: list[int], max_tokens: int = 4,
                     cache_salt: str | None = None) -> Request:
-        req = Request(rid, list(prompt), SamplingParams(max_tokens=max_tokens), None, None,
+        req = Request(rid, list(prompt), SamplingParams(max_tokens=max_tokens), None,
                       cache_salt=cache_salt, block_hasher=self.hasher)
         self.requests[rid] = req
         self.waiting.append(req)

@@ -39,7 +39,7 @@ class World:
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher
         from vllm.v1.request import Request
 
-        return Request(rid, list(tokens), SamplingParams(max_tokens=max_tokens), None, None,
+        return Request(rid, list(tokens), SamplingParams(max_tokens=max_tokens), None,
                        block_hasher=get_request_block_hasher(BS, sha256))
 
     def store(self, hashes):
@@ -58,7 +58,7 @@ def blocks(ids, hashed=0):
     for i, b in enumerate(ids):
         k = KVCacheBlock(b)
         if i < hashed:
-            k.block_hash = b"h%d" % i + b"\0\0\0\0"
+            k.set_block_hash(b"h%d" % i + b"\0\0\0\0", BS * (i + 1))
         bl.append(k)
     return KVCacheBlocks((bl,))
 
@@ -239,7 +239,7 @@ def test_block_size_one_clamp_requeries_the_exact_prefix():
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher
     from vllm.v1.request import Request
 
-    r = Request("a", [1, 2, 3], SamplingParams(), None, None,
+    r = Request("a", [1, 2, 3], SamplingParams(), None,
                 block_hasher=get_request_block_hasher(1, sha256))
     w.store(r.block_hashes)
     assert w.s.get_num_new_matched_tokens(r, 0) == (2, True)
