@@ -309,6 +309,24 @@ def test_save_cursor_across_chunked_prefill_and_decode():
     assert "a" not in p.saves
 
 
+def test_only_publishable_block_hashes_are_saved():
+    """vLLM main: blocks beyond request.num_publishable_block_hashes must not be stored
+    by hash (successor-aware EAGLE hashing publishes them once the draft KV exists);
+    they are saved in a later step, once publishable."""
+    w = World()
+    r = w.request("a", range(12))  # 3 full blocks
+    r.mark_eagle_hashes_publishable(4, BS)  # only block 0 is publishable yet
+    assert r.num_publishable_block_hashes == 1 < len(r.block_hashes)
+    w.s.update_state_after_alloc(r, blocks([7, 8, 9]), 0)
+    p = w.s.build_connector_meta(sched_out(new=[(r, [7, 8, 9], 0, 12)]))
+    assert p.saves["a"].block_ids == (7,)
+    r.mark_eagle_hashes_publishable(12, BS)
+    r.append_output_token_ids(100)
+    p = w.s.build_connector_meta(sched_out(cached=[("a", [10], 12, 1, False)]))
+    assert p.saves["a"].block_ids == (8, 9)
+    assert p.saves["a"].block_hashes == tuple(r.block_hashes[1:3])
+
+
 def test_decode_fills_block_and_it_is_saved_exactly_once():
     w = World()
     r = w.request("a", range(6))

@@ -76,6 +76,76 @@ def _device_adapter_for(tensor: Any, client: Any):
     return CudaDeviceAdapter(getattr(client, "lib", None), tensor.device.index)
 
 
+def _base_has_cross_layer_hooks() -> bool:
+    """vLLM's base class offers cross-layer registration (some trees, e.g. the connector
+    restructuring branch, lack it and only ever call register_kv_caches)."""
+    return (hasattr(KVConnectorBase_V1, "prefer_cross_layer_blocks")
+            and hasattr(KVConnectorBase_V1, "register_cross_layers_kv_cache"))
+
+
+def _hash_block_size(vllm_config: Any, kv_cache_config: Any) -> int | None:
+    """Tokens per entry of request.block_hashes, asked of vLLM itself
+    (``resolve_kv_cache_block_sizes``: one group hashes every block_size * dcp tokens
+    on main, PCP not included). None where vLLM predates it: those releases hash every
+    block_size * dcp * pcp tokens (the context's fallback)."""
+    try:
+        from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
+    except ImportError:
+        return None
+    if kv_cache_config is None or not getattr(kv_cache_config, "kv_cache_groups", None):
+        return None
+    try:
+        _, hash_block_size = resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
+        return int(hash_block_size)
+    except Exception as e:  # a vLLM whose helper needs more than we can give
+        log.warning("resolve_kv_cache_block_sizes failed (%s); assuming block_size x dcp "
+                    "x pcp tokens per block hash", e)
+        return None
+
+
+def _hash_seed_warning(vllm_config: Any) -> str | None:
+    """Why blocks saved by this vLLM could not be hit by another launch, if they could
+    not. vLLM main seeds NONE_HASH with a fixed default for sha256/sha256_cbor when
+    PYTHONHASHSEED is unset (reproducible); older releases, and xxhash on main, use a
+    random seed per launch."""
+    if os.environ.get("PYTHONHASHSEED"):
+        return None
+    algo = str(getattr(getattr(vllm_config, "cache_config", None), "prefix_caching_hash_algo",
+                       "sha256") or "sha256")
+    try:
+        from vllm.v1.core import kv_cache_utils
+        fixed_default = hasattr(kv_cache_utils, "DEFAULT_NONE_HASH_SEED")
+    except ImportError:
+        fixed_default = False
+    if fixed_default and algo in ("sha256", "sha256_cbor"):
+        return None
+    why = (f"the {algo} prefix-caching hash" if fixed_default
+           else "this vLLM release")
+    return ("PYTHONHASHSEED is not set: with %s vLLM seeds its block hashes randomly per "
+            "launch, so nothing saved by this vLLM can be hit by another launch. Set "
+            "PYTHONHASHSEED (same value everywhere) to share KV through PegaFlow." % why)
+
+
+_POLICY_WARNED = False
+
+
+def _warn_load_failure_policy(kv_transfer_config: Any) -> bool:
+    """Warns once per process when vLLM fails requests on load failures (its default
+    ``kv_load_failure_policy`` is "fail"): PegaFlow is a best-effort cache, and a server
+    restart, an expired lease or a load timeout would then fail the user's request
+    instead of recomputing it. Returns True when it warned."""
+    global _POLICY_WARNED
+    policy = getattr(kv_transfer_config, "kv_load_failure_policy", None)
+    if policy != "fail" or _POLICY_WARNED:
+        return False
+    _POLICY_WARNED = True
+    log.warning("kv_load_failure_policy is \"fail\" (vLLM's default): every failed PegaFlow "
+                "load (server restart, lease expiry, load timeout) will FAIL the user's "
+                "request instead of recomputing it. Add \"kv_load_failure_policy\": "
+                "\"recompute\" to --kv-transfer-config.")
+    return True
+
+
 class _LazyDevice:
     """Chooses the device adapter from the first registered tensor."""
 
@@ -112,19 +182,21 @@ class PegaKVConnector(KVConnectorBase_V1):
         if len(groups) > 1:
             raise ValueError(f"PegaKVConnector supports one KV cache group; this model has "
                              f"{len(groups)} (hybrid models are not supported yet)")
-        if not os.environ.get("PYTHONHASHSEED"):
-            log.warning("PYTHONHASHSEED is not set: vLLM seeds its block hashes randomly per "
-                        "launch, so nothing saved by this vLLM can be hit by another launch. "
-                        "Set PYTHONHASHSEED (same value everywhere) to share KV through "
-                        "PegaFlow.")
+        seed_warning = _hash_seed_warning(vllm_config)
+        if seed_warning:
+            log.warning(seed_warning)
+        if role == KVConnectorRole.SCHEDULER:
+            _warn_load_failure_policy(vllm_config.kv_transfer_config)
         if role == KVConnectorRole.WORKER:
             tp_rank, pp_rank, dcp_rank = _worker_ranks(vllm_config)
         else:
             tp_rank = pp_rank = dcp_rank = 0
         ctx = build_context(vllm_config, options, num_cache_groups=max(1, len(groups)),
-                            tp_rank=tp_rank, pp_rank=pp_rank, dcp_rank=dcp_rank)
+                            tp_rank=tp_rank, pp_rank=pp_rank, dcp_rank=dcp_rank,
+                            cross_layer_supported=_base_has_cross_layer_hooks(),
+                            hash_block_size=_hash_block_size(vllm_config, kv_cache_config))
         self._ctx = ctx
-        self._prefer_cross_layer = options.cross_layer_blocks and not ctx.is_mla
+        self._prefer_cross_layer = ctx.cross_layer_blocks
         self._client = _make_client(ctx, options.endpoint)
         self._scheduler: SchedulerConnector | None = None
         self._worker: WorkerConnector | None = None

@@ -88,6 +88,15 @@ def _hashed_prefix(blocks: Any) -> int | None:
     return n
 
 
+def _publishable(request: Any) -> int:
+    """Leading block hashes that may be stored by hash: vLLM main's
+    ``num_publishable_block_hashes`` (successor-aware EAGLE hashing publishes the
+    newest hashes only once the draft KV exists); all of them on older vLLM."""
+    n = len(request.block_hashes)
+    limit = getattr(request, "num_publishable_block_hashes", None)
+    return n if limit is None else max(0, min(n, int(limit)))
+
+
 def _is_preempted(request: Any) -> bool:
     status = getattr(request, "status", None)
     return getattr(status, "name", None) == "PREEMPTED"
@@ -336,7 +345,7 @@ class SchedulerConnector:
             return
         hashes = st.request.block_hashes  # live: grows during decode
         full = min((num_computed + num_scheduled) // self.ctx.virtual_block_size,
-                   len(hashes), len(st.block_ids))
+                   _publishable(st.request), len(st.block_ids))
         if full <= st.cursor:
             return
         pairs = [(b, bytes(h)) for b, h in zip(st.block_ids[st.cursor:full],

@@ -89,6 +89,7 @@ class WorkerConnector:
         self._expected_blocks = expected_num_blocks
         self.layers: list[str] = []
         self.registered = False
+        self.namespace = ctx.namespace  # of the registered layout, once registered
         self._reg_args: RegisterArgs | None = None
         self._reg_lock = threading.Lock()
         self._reregister_due: float | None = None  # set when the server lost the instance
@@ -143,8 +144,12 @@ class WorkerConnector:
                 name=name, ipc=self.device.export_ipc(t), num_blocks=lay.num_blocks,
                 bytes_per_block=lay.bytes_per_block, kv_stride_bytes=lay.kv_stride_bytes,
                 segments=lay.segments))
+        # The namespace names the layout registered here (vLLM may fall back to per-layer
+        # tensors although cross-layer blocks were asked for, e.g. on a base class or a
+        # model that cannot do them), so incompatible layouts never share keys.
+        namespace = self.ctx.namespace_for(any(cross for _, _, cross in tensors))
         args = RegisterArgs(
-            instance_id=self.ctx.instance_id, namespace=self.ctx.namespace,
+            instance_id=self.ctx.instance_id, namespace=namespace,
             tp_rank=self.ctx.tp_rank, tp_size=self.ctx.tp_size,
             world_size=self.ctx.world_size, pp_rank=self.ctx.pp_rank,
             device_id=self.device_id, layers=regs, transfer_mode=self.ctx.transfer_mode,
@@ -162,9 +167,10 @@ class WorkerConnector:
         self.layers = [r.name for r in regs]
         self.registered = True
         self._reg_args = args
+        self.namespace = namespace
         log.info("registered %d KV layer(s) of instance %s (namespace %s, tp %d/%d, pp %d, "
                  "device %d, %d blocks of %d bytes x %d segment(s))", len(regs),
-                 self.ctx.instance_id, self.ctx.namespace, self.ctx.tp_rank, self.ctx.tp_size,
+                 self.ctx.instance_id, namespace, self.ctx.tp_rank, self.ctx.tp_size,
                  self.ctx.pp_rank, self.device_id, regs[0].num_blocks, regs[0].bytes_per_block,
                  regs[0].segments)
 
