@@ -17,7 +17,7 @@ PKGS=(
   liburing-dev
   libxxhash-dev
   libcjson-dev
-  python3-numpy python3-pytest python3-cbor2 python3-xxhash
+  python3-numpy python3-pytest python3-cbor2 python3-xxhash python3-prometheus-client
   iproute2 curl
   clang-format
 )

@@ -165,9 +165,26 @@ class Aggregator:
                         for r in self.reported[kind]:
                             r.discard(rid)
             invalid |= set(o.invalid_block_ids or ())
+        # connector stats: summed over workers with the stats objects' aggregate();
+        # KV events: merged, then only the events every worker reported survive
+        stats = None
+        events = None
+        for o in outs:
+            if o.kv_connector_stats:
+                stats = o.kv_connector_stats if stats is None else stats.aggregate(
+                    o.kv_connector_stats)
+            if o.kv_cache_events:
+                if events is None:
+                    events = o.kv_cache_events
+                else:
+                    events.merge(o.kv_cache_events)
+                    events.increment_workers(1)
+        if events is not None:
+            events = events.aggregate()
         return KVConnectorOutput(finished_sending=done["s"] or None,
                                  finished_recving=done["r"] or None,
-                                 invalid_block_ids=invalid)
+                                 invalid_block_ids=invalid, kv_connector_stats=stats,
+                                 kv_cache_events=events)
 
 
 @dataclass
@@ -190,7 +207,7 @@ class Engine:
                  layers: int = 2, num_blocks: int = 48, block_size: int = 16, heads: int = 2,
                  head_dim: int = 8, token_budget: int = 64, policy: str = "recompute",
                  extra_config: dict | None = None, seed: int = 1234,
-                 report_preempted: bool = True):
+                 report_preempted: bool = True, stats_mode: str = "main"):
         self.backend = backend
         self.tp = tp
         self.L = layers
@@ -200,6 +217,9 @@ class Engine:
         self.budget = token_budget
         self.policy = policy
         self.seed = seed
+        self.stats_mode = stats_mode
+        self.stats_log: list[dict] = []  # KVConnectorStats.data per step, as vLLM ships it
+        self.events: list = []  # KV events the scheduler published
         self.report_preempted = report_preempted  # False: SchedulerOutput without them
         self.layer_names = [f"model.layers.{i}.self_attn.attn" for i in range(layers)]
         kv_cache_utils.init_none_hash(sha256)
@@ -504,7 +524,9 @@ class Engine:
             errs = w.get_block_ids_with_load_errors()
             w.clear_connector_metadata()
             outs.append(KVConnectorOutput(finished_sending=fs, finished_recving=fr,
-                                          invalid_block_ids=errs))
+                                          invalid_block_ids=errs,
+                                          kv_connector_stats=w.get_kv_connector_stats(),
+                                          kv_cache_events=w.get_kv_connector_kv_cache_events()))
         return self.agg.aggregate(outs)
 
     def _finish(self, req: Request, status: RequestStatus) -> None:
@@ -554,6 +576,18 @@ class Engine:
             self.delayed.discard(rid)
             self._free(rid)
         self.sched.update_connector_output(out)
+        # vLLM's update_from_output: the scheduler connector's stats join the workers'
+        # (main: always; "legacy" releases: only when the workers reported some), the
+        # sum travels in SchedulerStats to the frontend (stats_log = what it receives).
+        stats = out.kv_connector_stats
+        if self.stats_mode == "main" or stats:
+            mine = self.sched.get_kv_connector_stats()
+            if mine is not None and not mine.is_empty():
+                stats = stats.aggregate(mine) if stats is not None else mine
+        if stats is not None:
+            self.stats_log.append(stats.data)
+        # the scheduler publishes the connector's KV events with its own
+        self.events.extend(self.sched.take_events() or ())
         for rid, n in so.num_scheduled_tokens.items():
             req = self.requests[rid]
             if req.status != RequestStatus.RUNNING or req.num_computed_tokens < req.num_tokens:

@@ -328,3 +328,32 @@ def test_vllm_plugin_registers_by_name(env):
     assert "PegaKVConnector" in KVConnectorFactory._registry
     assert KVConnectorFactory._registry["PegaKVConnector"]().__name__ == "PegaKVConnector"
     KVConnectorFactory._registry.pop("PegaKVConnector", None)
+
+
+def test_stats_objects_follow_vllms_contract(env):
+    """Idle sides report None (an empty object would make vLLM's KVConnectorOutput
+    non-empty); the stats class subclasses vLLM's, pickles, aggregates and reduces;
+    observation lists are capped."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+
+    from pegaflow.connector import PegaKVConnector
+    from pegaflow.connector import stats as pstats
+
+    s, w = make("s"), make("w")
+    assert s.get_kv_connector_stats() is None and w.get_kv_connector_stats() is None
+    s._scheduler.recorder.add("hit_tokens_ram", 32)
+    got = s.get_kv_connector_stats()
+    assert isinstance(got, KVConnectorStats) and got.data == {"hit_tokens_ram": 32}
+    assert s.get_kv_connector_stats() is None  # taken: reported once
+    other = PegaKVConnector.build_kv_connector_stats({"load_success": 1,
+                                                      "load_duration_s": [0.5]})
+    both = pickle.loads(pickle.dumps(got)).aggregate(other)
+    assert both.data == {"hit_tokens_ram": 32, "load_success": 1, "load_duration_s": [0.5]}
+    assert not both.is_empty() and PegaKVConnector.build_kv_connector_stats().is_empty()
+    assert both.reduce()["pega_load_avg_ms"] == 500.0
+    big = pstats.aggregate({"save_duration_s": [0.0] * pstats.MAX_OBSERVATIONS},
+                           {"save_duration_s": [1.0] * 3})
+    assert len(big["save_duration_s"]) == pstats.MAX_OBSERVATIONS
+    assert big["dropped_observations"] == 3
+    s.shutdown()
+    w.shutdown()

@@ -18,12 +18,50 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
+from pegaflow.connector import stats as pstats
 from pegaflow.connector.config import ConnectorContext, build_context, parse_options
 from pegaflow.connector.plan import StepPlan, plan_of
 from pegaflow.connector.scheduler import SchedulerConnector
 from pegaflow.connector.worker import WorkerConnector
 
 log = logging.getLogger("pegaflow.connector")
+
+try:  # vLLM >= ~0.11; older releases have no connector stats
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+except ImportError:  # pragma: no cover - old vLLM
+    KVConnectorStats = None
+
+
+class _StatsBase:
+    data: dict
+
+    def __init__(self, data: dict | None = None):
+        self.data = dict(data or {})
+
+
+class PegaKVConnectorStats(KVConnectorStats if KVConnectorStats is not None else _StatsBase):
+    """vLLM's KVConnectorStats for PegaFlow: ``data`` as pegaflow.connector.stats
+    describes it (counters and per-RPC observations; picklable, msgpack friendly)."""
+
+    def __init__(self, data: dict | None = None):
+        super().__init__(data=dict(data or {}))
+
+    def reset(self):
+        self.data = {}
+
+    def aggregate(self, other):
+        if other is not None and getattr(other, "data", None):
+            self.data = pstats.aggregate(self.data, other.data)
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        return pstats.reduce(self.data)
+
+    def is_empty(self) -> bool:
+        return pstats.is_empty(self.data)
+
+    def __repr__(self) -> str:
+        return f"PegaKVConnectorStats({pstats.reduce(self.data)})"
 
 
 class PegaConnectorMetadata(KVConnectorMetadata):
@@ -305,6 +343,28 @@ class PegaKVConnector(KVConnectorBase_V1):
 
     def take_events(self) -> Iterable[Any]:
         return ()
+
+    # ---------------------------------------------------------------- stats
+
+    def get_kv_connector_stats(self) -> PegaKVConnectorStats | None:
+        """What this side recorded since the last call (None when nothing happened, so
+        an idle worker adds nothing to vLLM's KVConnectorOutput)."""
+        part = self._scheduler if self._scheduler is not None else self._worker
+        data = part.recorder.take() if part is not None else None
+        return PegaKVConnectorStats(data) if data else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None
+                                 ) -> PegaKVConnectorStats | None:
+        return PegaKVConnectorStats(data)
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: Any, metric_types: dict, labelnames: list[str],
+                           per_engine_labelvalues: dict[int, list[object]]):
+        from pegaflow.connector.prom import make_prom_metrics
+
+        return make_prom_metrics(vllm_config, metric_types, labelnames,
+                                 per_engine_labelvalues)
 
     def has_pending_push_work(self) -> bool:
         return self._scheduler is not None and self._scheduler.has_pending_push_work()

@@ -41,6 +41,7 @@ from typing import Any
 from pegaflow.client.engine import QueryResult
 from pegaflow.connector.config import ConnectorContext
 from pegaflow.connector.plan import LoadIntent, SaveIntent, StepPlan
+from pegaflow.connector.stats import StatsRecorder
 from pegaflow.connector.util import RateLimitedLog, cdiv
 
 log = logging.getLogger("pegaflow.connector.scheduler")
@@ -57,6 +58,7 @@ class _Probe:
     loading: bool = False
     hit_blocks: int = 0
     lease: bytes = b""
+    prefetched: bool = False  # the server answered Loading before Ready (SSD / P2P)
 
     @property
     def identity(self) -> tuple[int, tuple[bytes, ...]]:
@@ -122,6 +124,7 @@ class SchedulerConnector:
         self._pending_loads: dict[str, LoadIntent] = {}
         self._awaiting_send: set[str] = set()
         self._rl = RateLimitedLog(log, clock=clock)
+        self.recorder = StatsRecorder()  # what vLLM's get_kv_connector_stats reports
         self.stats = {"queries": 0, "query_errors": 0, "hits": 0, "hit_tokens": 0,
                       "loads_committed": 0, "commit_failures": 0, "saves_planned": 0,
                       "releases": 0, "release_errors": 0}
@@ -150,6 +153,7 @@ class SchedulerConnector:
                                     timeout_ms=self.ctx.query_timeout_ms)
         except Exception as e:  # never into vLLM: a failed query is a miss
             self.stats["query_errors"] += 1
+            self.recorder.add("query_errors")
             self._rl(logging.WARNING, "query", "QueryPrefetch failed, treating as a miss: %s", e)
             return QueryResult.miss()
         return res
@@ -202,7 +206,7 @@ class SchedulerConnector:
             self._probes[rid] = probe
             res = self._query(rid, hashes)
             if res.loading:
-                probe.loading = True
+                probe.loading = probe.prefetched = True
                 return None, False
             self._settle(probe, res)
         return self._answer(request, probe, num_computed_tokens)
@@ -236,7 +240,7 @@ class SchedulerConnector:
             probe.hit_blocks, probe.lease = 0, b""
             res = self._query(rid, probe.hashes[:need])
             if res.loading:
-                probe.loading = True
+                probe.loading = probe.prefetched = True
                 return None, False  # type: ignore[return-value]
             self._settle(probe, res)
             if probe.hit_blocks != need:
@@ -258,6 +262,12 @@ class SchedulerConnector:
         if num_external_tokens > 0:
             probe = self._probes.pop(rid, None)
             intent, start = self._commit(rid, blocks, ids, num_external_tokens, probe)
+            if intent.lease is not None and probe is not None:
+                vbs = self.ctx.virtual_block_size
+                tier = "prefetched" if probe.prefetched else "ram"
+                self.recorder.add(f"hit_tokens_{tier}", num_external_tokens)
+                self.recorder.add("miss_tokens", max(0, len(probe.hashes) * vbs
+                                                     - num_external_tokens))
             self._pending_loads[rid] = intent
             st.cursor = start + len(intent.block_ids)
             st.load_committed = True
@@ -266,6 +276,9 @@ class SchedulerConnector:
             st.load_committed = False  # the call after the async load: nothing to do
         else:
             # (Re)admission without an external load: a probe's lease is not needed.
+            probe = self._probes.get(rid)
+            if probe is not None and not probe.loading:
+                self.recorder.add("miss_tokens", len(probe.hashes) * self.ctx.virtual_block_size)
             self._drop_probe(rid, "not loaded")
             hashed = _hashed_prefix(blocks) or 0
             st.cursor = 0 if not self.ctx.read_enabled else hashed
