@@ -166,21 +166,19 @@ class Aggregator:
                             r.discard(rid)
             invalid |= set(o.invalid_block_ids or ())
         # connector stats: summed over workers with the stats objects' aggregate();
-        # KV events: merged, then only the events every worker reported survive
+        # KV events: every worker's added to the first one's container
         stats = None
         events = None
         for o in outs:
             if o.kv_connector_stats:
                 stats = o.kv_connector_stats if stats is None else stats.aggregate(
                     o.kv_connector_stats)
-            if o.kv_cache_events:
-                if events is None:
-                    events = o.kv_cache_events
-                else:
-                    events.merge(o.kv_cache_events)
-                    events.increment_workers(1)
-        if events is not None:
-            events = events.aggregate()
+            # (as vLLM's KVOutputAggregator: the first worker's object accumulates)
+            if events is None:
+                events = o.kv_cache_events
+            elif o.kv_cache_events:
+                events.add_events(o.kv_cache_events.get_all_events())
+                events.increment_workers(1)
         return KVConnectorOutput(finished_sending=done["s"] or None,
                                  finished_recving=done["r"] or None,
                                  invalid_block_ids=invalid, kv_connector_stats=stats,

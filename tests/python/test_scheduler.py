@@ -473,3 +473,25 @@ def test_session_open_failure_does_not_raise():
     assert s.ensure_session()
     s.shutdown()
     assert s.session is None
+
+
+def test_router_events_from_hits_and_misses():
+    """Hit blocks are announced stored (once); an unreachable server is no answer; a
+    server answer that no longer has them reports them removed."""
+    w = World()
+    r = w.request("a", range(13))  # 3 full blocks
+    w.store(r.block_hashes)
+    n, _ = w.s.get_num_new_matched_tokens(r, 0)
+    assert n == 12
+    w.s.update_state_after_alloc(r, blocks([5, 6, 7, 8]), n)
+    ev = w.s.take_events()
+    assert [(e[0], e[1]) for e in ev] == [("stored", bytes(h)) for h in r.block_hashes]
+    assert ev[1][2] == bytes(r.block_hashes[0]) and ev[1][3] == [4, 5, 6, 7]
+    assert w.s.take_events() == []
+    w.server.down = True
+    w.s.get_num_new_matched_tokens(w.request("b", range(13)), 0)
+    assert w.s.take_events() == []  # UNAVAILABLE: nothing known
+    w.server.down = False
+    w.server.blocks.clear()
+    w.s.get_num_new_matched_tokens(w.request("c", range(13)), 0)
+    assert w.s.take_events() == [("removed", bytes(h)) for h in r.block_hashes]

@@ -467,3 +467,68 @@ def test_prometheus_series_on_vllms_metrics(world, engines, monkeypatch):
     assert value(f'vllm:pega_load_blocks_bucket{{engine="0",le="8.0",model_name="tiny"}}') \
         == e2.tp
     assert value(f"vllm:pega_save_duration_seconds_count{{{lab}}}") >= e1.tp
+
+
+# ------------------------------------------------------------------ KV events
+
+
+def _stored(engine):
+    from vllm.distributed.kv_events import BlockStored
+
+    return [e for e in engine.events if isinstance(e, BlockStored)]
+
+
+def _removed(engine):
+    from vllm.distributed.kv_events import BlockRemoved
+
+    return [e for e in engine.events if isinstance(e, BlockRemoved)]
+
+
+def test_kv_events_for_a_router(world, engines, monkeypatch):
+    """BlockStored once every TP worker saved a block (with its tokens, parent and
+    block size, medium CPU); a second vLLM announces what it hit; BlockRemoved for
+    announced blocks a later query no longer finds (the server restarted)."""
+    from vllm.distributed.kv_events import MEDIUM_CPU
+
+    e1, a = run_a(world, engines, False, monkeypatch)
+    st = _stored(e1)
+    hashes = [bytes(h) for h in a.block_hashes]
+    assert [e.block_hashes for e in st] == [[h] for h in hashes]  # each once, in order
+    assert [e.parent_block_hash for e in st] == [None] + hashes[:-1]
+    assert [e.token_ids for e in st] == [PROMPT_A[16 * i:16 * (i + 1)] for i in range(5)]
+    assert all(e.block_size == 16 and e.medium == MEDIUM_CPU and e.lora_id is None
+               for e in st)
+    assert not _removed(e1)
+    e2 = engines()
+    e2.add_request("B", PROMPT_A, max_tokens=2)
+    e2.run()
+    assert [e.block_hashes for e in _stored(e2)] == [[h] for h in hashes]  # hit: announced
+    world.kill_server()
+    world.restart_server()  # everything PegaFlow held on this node is gone
+    # until e2's channel reconnected (gRPC backoff): an unreachable server is no answer,
+    # so nothing is reported removed before the server could say so
+    deadline = time.monotonic() + 30
+    i = 0
+    while not _removed(e2):
+        assert time.monotonic() < deadline, "no BlockRemoved 30 s after the restart"
+        i += 1
+        e2.add_request(f"B{i + 1}", PROMPT_A, max_tokens=1)
+        e2.run()
+    assert [e.block_hashes for e in _removed(e2)] == [[h] for h in hashes]
+    assert all(e.medium == MEDIUM_CPU for e in _removed(e2))
+
+
+def test_kv_events_need_every_worker(engines, monkeypatch):
+    """Fake only: a block one TP worker failed to save is not announced."""
+    from pegaflow.client.errors import Internal
+
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    w = FakeWorld()
+    e1 = Engine(w.backend, monkeypatch.setattr, instance_id="ev1")
+    w.server.fail_next["save"] = Internal("pf_client_save", -5, 13, "injected")
+    e1.add_request("A", PROMPT_A[:32], max_tokens=1)  # 2 blocks, saved in one step
+    e1.run()
+    assert _stored(e1) == [] and w.server.count("save") == 2
+    e1.add_request("C", PROMPT_A[:32] + [9] * 16, max_tokens=1)
+    e1.run()  # C hits A's blocks? no: one worker lacks them, so the query misses
+    e1.shutdown()

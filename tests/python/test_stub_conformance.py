@@ -98,6 +98,18 @@ SPEC: list[tuple[str, str, str]] = (
        ("vllm.config", "VllmConfig", "fields"),
        ("vllm.config", "CacheConfig", "fields"),
        ("vllm.config", "SchedulerConfig", "fields")]
+    + [("vllm.distributed.kv_events", c, "fields") for c in ("BlockStored", "BlockRemoved")]
+    + [("vllm.distributed.kv_events", f"KVConnectorKVEvents.{m}", "sig")
+       for m in ("add_events", "aggregate", "increment_workers", "get_all_events",
+                 "get_number_of_workers", "clear_events", "merge")]
+    + [("vllm.distributed.kv_events", "MEDIUM_CPU", "exists"),
+       (f"{V1}.metrics", "KVConnectorStats", "fields"),
+       (f"{V1}.metrics", "KVConnectorPromMetrics.__init__", "sig"),
+       (f"{V1}.metrics", "KVConnectorPromMetrics.make_per_engine", "sig"),
+       (f"{V1}.metrics", "KVConnectorPromMetrics.observe", "sig"),
+       (f"{V1}.metrics", "KVConnectorLogging.observe", "sig"),
+       (f"{V1}.metrics", "KVConnectorPrometheus.__init__", "sig"),
+       (f"{V1}.metrics", "KVConnectorPrometheus.observe", "sig")]
     + [("vllm.config", f"ModelConfig.{m}", "sig")
        for m in ("get_total_num_kv_heads", "get_head_size", "get_total_num_hidden_layers")]
 

@@ -32,6 +32,91 @@ except ImportError:  # pragma: no cover - old vLLM
     KVConnectorStats = None
 
 
+try:
+    from vllm.distributed.kv_events import KVConnectorKVEvents
+except ImportError:  # pragma: no cover - old vLLM
+    KVConnectorKVEvents = None
+
+
+class _EventsBase:
+    pass
+
+
+class PegaKVEvents(KVConnectorKVEvents if KVConnectorKVEvents is not None else _EventsBase):
+    """Worker -> scheduler container of (worker key, saved hash) records. vLLM's
+    KVOutputAggregator adds every worker's records to the first one's; the scheduler
+    connector counts distinct workers per hash itself (it knows the world size), so a
+    worker that saved nothing in a step (and returned None) cannot skew the count."""
+
+    pegaflow = True
+
+    def __init__(self, records=None):
+        self._records = list(records or ())
+        self._workers = 1
+
+    def add_events(self, events) -> None:
+        self._records.extend(events)
+
+    def aggregate(self):
+        return self
+
+    def increment_workers(self, count: int = 1) -> None:
+        self._workers += count
+
+    def get_all_events(self):
+        return list(self._records)
+
+    def get_number_of_workers(self) -> int:
+        return self._workers
+
+    def clear_events(self) -> None:
+        self._records = []
+
+    def merge(self, other):
+        self.add_events(other.get_all_events())
+        return self
+
+    def __repr__(self) -> str:
+        return f"PegaKVEvents({len(self._records)} saved-block reports)"
+
+
+def _router_events(records) -> list:
+    """Plain records (events.py) -> vLLM's BlockStored / BlockRemoved, medium CPU, the
+    hashes converted as vLLM converts its own (bytes, or int64 with
+    VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES). Fields this vLLM's events lack are dropped."""
+    try:
+        from vllm.distributed import kv_events as ke
+    except ImportError:  # pragma: no cover - old vLLM
+        return []
+    try:
+        from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash as conv
+    except ImportError:
+        conv = lambda h: h  # noqa: E731
+    medium = getattr(ke, "MEDIUM_CPU", "CPU")
+
+    def make(cls, **kw):
+        fields = getattr(cls, "__struct_fields__", None)
+        if fields is None:
+            import dataclasses
+
+            fields = [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(
+                cls) else list(kw)
+        return cls(**{k: v for k, v in kw.items() if k in fields})
+
+    out = []
+    for r in records:
+        if r[0] == "stored":
+            _, h, parent, tokens, bs, lora_id, lora_name = r
+            out.append(make(ke.BlockStored, block_hashes=[conv(h)],
+                            parent_block_hash=conv(parent) if parent is not None else None,
+                            token_ids=list(tokens), block_size=bs, lora_id=lora_id,
+                            medium=medium, lora_name=lora_name, ownership="pegaflow"))
+        elif r[0] == "removed":
+            out.append(make(ke.BlockRemoved, block_hashes=[conv(r[1])], medium=medium,
+                            ownership="pegaflow"))
+    return out
+
+
 class _StatsBase:
     data: dict
 
@@ -342,7 +427,18 @@ class PegaKVConnector(KVConnectorBase_V1):
         return self._scheduler.request_finished(request, block_ids)
 
     def take_events(self) -> Iterable[Any]:
-        return ()
+        """BlockStored / BlockRemoved for blocks in PegaFlow on this node (scheduler)."""
+        if self._scheduler is None:
+            return ()
+        records = self._scheduler.take_events()
+        return _router_events(records) if records else ()
+
+    def get_kv_connector_kv_cache_events(self) -> PegaKVEvents | None:
+        """Worker: the hashes this worker's Saves stored since the last call."""
+        if self._worker is None:
+            return None
+        records = self._worker.event_log.take()
+        return PegaKVEvents(records) if records else None
 
     # ---------------------------------------------------------------- stats
 

@@ -39,8 +39,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pegaflow.client.engine import QueryResult
+from pegaflow.client.errors import FailedPrecondition
 from pegaflow.connector.config import ConnectorContext
 from pegaflow.connector.plan import LoadIntent, SaveIntent, StepPlan
+from pegaflow.connector.events import EventTracker
 from pegaflow.connector.stats import StatsRecorder
 from pegaflow.connector.util import RateLimitedLog, cdiv
 
@@ -125,6 +127,7 @@ class SchedulerConnector:
         self._awaiting_send: set[str] = set()
         self._rl = RateLimitedLog(log, clock=clock)
         self.recorder = StatsRecorder()  # what vLLM's get_kv_connector_stats reports
+        self.events = EventTracker(ctx.world_size)  # what take_events reports
         self.stats = {"queries": 0, "query_errors": 0, "hits": 0, "hit_tokens": 0,
                       "loads_committed": 0, "commit_failures": 0, "saves_planned": 0,
                       "releases": 0, "release_errors": 0}
@@ -155,7 +158,9 @@ class SchedulerConnector:
             self.stats["query_errors"] += 1
             self.recorder.add("query_errors")
             self._rl(logging.WARNING, "query", "QueryPrefetch failed, treating as a miss: %s", e)
-            return QueryResult.miss()
+            # FAILED_PRECONDITION: the server does not know this instance (it restarted),
+            # so it holds nothing of ours - an answer; anything else is not one.
+            return QueryResult.miss(unreachable=not isinstance(e, FailedPrecondition))
         return res
 
     def _release(self, lease: bytes, why: str) -> None:
@@ -213,6 +218,8 @@ class SchedulerConnector:
 
     def _settle(self, probe: _Probe, res: QueryResult) -> None:
         probe.loading = False
+        if not getattr(res, "unreachable", False):
+            self.events.answered(probe.hashes, int(res.num_hit_blocks))
         n = max(0, min(int(res.num_hit_blocks), len(probe.hashes)))
         if n > 0 and not res.lease:
             n = 0  # a hit without a lease pins nothing: unusable
@@ -264,6 +271,9 @@ class SchedulerConnector:
             intent, start = self._commit(rid, blocks, ids, num_external_tokens, probe)
             if intent.lease is not None and probe is not None:
                 vbs = self.ctx.virtual_block_size
+                for j in range(len(intent.block_ids)):
+                    self.events.hit(probe.hashes[j],
+                                    EventTracker.describe(request, start + j, vbs))
                 tier = "prefetched" if probe.prefetched else "ram"
                 self.recorder.add(f"hit_tokens_{tier}", num_external_tokens)
                 self.recorder.add("miss_tokens", max(0, len(probe.hashes) * vbs
@@ -361,8 +371,14 @@ class SchedulerConnector:
                    _publishable(st.request), len(st.block_ids))
         if full <= st.cursor:
             return
-        pairs = [(b, bytes(h)) for b, h in zip(st.block_ids[st.cursor:full],
-                                               hashes[st.cursor:full]) if b != 0]
+        pairs = []
+        vbs = self.ctx.virtual_block_size
+        for i in range(st.cursor, full):
+            b, h = st.block_ids[i], bytes(hashes[i])
+            if b == 0:
+                continue
+            pairs.append((b, h))
+            self.events.planned(h, EventTracker.describe(st.request, i, vbs))
         st.cursor = full
         if not pairs:
             return
@@ -371,6 +387,9 @@ class SchedulerConnector:
         self.stats["saves_planned"] += 1
 
     def update_connector_output(self, connector_output: Any) -> None:
+        ev = getattr(connector_output, "kv_cache_events", None)
+        if ev is not None and getattr(ev, "pegaflow", False):
+            self.events.reports(ev.get_all_events())
         invalid = getattr(connector_output, "invalid_block_ids", None)
         if invalid:
             # Failed loads are recomputed by vLLM: those blocks must be saved again.
@@ -399,6 +418,10 @@ class SchedulerConnector:
             return True, None
         del self._reqs[rid]
         return False, None
+
+    def take_events(self) -> list[tuple]:
+        """Router events since the last call (plain records; see events.py)."""
+        return self.events.take()
 
     def has_pending_push_work(self) -> bool:
         """True while finished requests wait for their saves (keeps vLLM stepping so the

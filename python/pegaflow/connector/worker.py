@@ -39,6 +39,7 @@ from pegaflow.client.engine import LayerRegistration, LeaseLoad, RegisterArgs, S
 from pegaflow.client.errors import FailedPrecondition, InvalidArgument, VersionMismatch
 from pegaflow.client.loadstate import create_load_state, state_is_success
 from pegaflow.connector.config import ConnectorContext
+from pegaflow.connector.events import WorkerEventLog
 from pegaflow.connector.layout import infer_layout
 from pegaflow.connector.plan import plan_of
 from pegaflow.connector.stats import StatsRecorder
@@ -107,6 +108,7 @@ class WorkerConnector:
         self._save_reqs: set[str] = set()  # requests with planned saves, not yet reported
         self._finished: set[str] = set()  # finished_req_ids seen, not yet reported
         self.recorder = StatsRecorder()  # what vLLM's get_kv_connector_stats reports
+        self.event_log = WorkerEventLog()  # hashes saved, for KV-aware routers
         self._block_bytes = 0  # bytes of one block over every layer registered here
         self.stats = {"loads": 0, "load_failures": 0, "load_timeouts": 0, "saves": 0,
                       "save_failures": 0, "saved_blocks": 0, "loaded_blocks": 0}
@@ -381,6 +383,11 @@ class WorkerConnector:
                 rec.add("save_bytes", len(ids) * self._block_bytes)
                 rec.observe("save_op_blocks", len(ids))
                 rec.observe("save_duration_s", max(0.0, self._clock() - t0))
+                self.event_log.saved(hashes)
+            elif ids and self.registered:
+                # skip_save (MLA replica): rank 0 copies; report the same hashes so the
+                # scheduler's "all workers saved it" rule is decided by rank 0's result
+                self.event_log.saved(hashes)
         except Exception as e:
             self.stats["save_failures"] += 1
             self.recorder.add("save_failures")
