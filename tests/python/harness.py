@@ -12,11 +12,16 @@ vLLM; it replays the call order the connector sees:
                request in WAITING_FOR_REMOTE_KVS; build_connector_meta.
   workers:     per TP worker, the metadata pickled (vLLM ships it across processes) ->
                bind -> handle_preemptions -> start_load_kv -> forward (writes KV) ->
-               wait_for_save -> get_finished -> get_block_ids_with_load_errors -> clear.
-  aggregate:   a request id surfaces only when every worker reported it.
+               wait_for_save -> get_finished -> get_block_ids_with_load_errors ->
+               get_kv_connector_stats / get_kv_connector_kv_cache_events -> clear.
+  aggregate:   a request id surfaces only when every worker reported it; stats objects
+               summed with aggregate(); KV-event containers added to the first one's.
   update:      invalid blocks (policy recompute/fail), finished_recving,
-               finished_sending frees delayed blocks, update_connector_output, sampled
-               tokens, finished requests -> request_finished (True delays the free).
+               finished_sending frees delayed blocks, update_connector_output, the
+               scheduler connector's stats added (stats_mode "main": always; "legacy":
+               only with worker stats) and logged as SchedulerStats would carry them
+               (stats_log), take_events (events), sampled tokens, finished requests ->
+               request_finished (True delays the free).
 
 The "model" is deterministic: the KV written for position p is a function of the token
 prefix up to p (so identical prefixes produce identical KV, as in a real model) and the

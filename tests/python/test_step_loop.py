@@ -464,7 +464,7 @@ def test_prometheus_series_on_vllms_metrics(world, engines, monkeypatch):
     assert value(f"vllm:pega_save_success_total{{{lab}}}") >= e1.tp
     assert value(f"vllm:pega_load_bytes_total{{{lab}}}") > 0
     assert value(f"vllm:pega_load_duration_seconds_count{{{lab}}}") == e2.tp
-    assert value(f'vllm:pega_load_blocks_bucket{{engine="0",le="8.0",model_name="tiny"}}') \
+    assert value('vllm:pega_load_blocks_bucket{engine="0",le="8.0",model_name="tiny"}') \
         == e2.tp
     assert value(f"vllm:pega_save_duration_seconds_count{{{lab}}}") >= e1.tp
 

@@ -16,7 +16,9 @@ Options (``kv_connector_extra_config`` keys; environment variables win where lis
   env PEGA_LOAD_TIMEOUT_SECONDS a Load not complete after this is a failure
                                 (default 120, floored at 30)
   env PEGAFLOW_CROSS_LAYER_BLOCKS "1" (default) asks vLLM for one cross-layer KV tensor
-                                (non-MLA, single cache group); "0" registers per layer
+                                (non-MLA, single cache group, a vLLM base class with the
+                                cross-layer hooks); "0" registers per layer. The
+                                namespace's cross-layer factor is the layout registered.
 
 Reference options this connector does not implement: ``pegaflow.tp_shard_endpoints``
 with more than one endpoint raises at start-up; ``pegaflow.pd_tail_save`` /
