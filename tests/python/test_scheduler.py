@@ -242,10 +242,14 @@ def test_block_size_one_clamp_requeries_the_exact_prefix():
     r = Request("a", [1, 2, 3], SamplingParams(), None,
                 block_hasher=get_request_block_hasher(1, sha256))
     w.store(r.block_hashes)
+    w.s.events.hit(bytes(r.block_hashes[2]), (None, [3], None, None, 1))  # announced
+    w.s.take_events()
     assert w.s.get_num_new_matched_tokens(r, 0) == (2, True)
     assert len(w.server.leases) == 1
     lease = next(iter(w.server.leases.values()))
     assert len(lease.keys) == 2
+    # the re-query asked for 2 blocks only: the 3rd is not reported removed
+    assert w.s.take_events() == []
 
 
 # ------------------------------------------------------------------ commit

@@ -216,10 +216,13 @@ class SchedulerConnector:
             self._settle(probe, res)
         return self._answer(request, probe, num_computed_tokens)
 
-    def _settle(self, probe: _Probe, res: QueryResult) -> None:
+    def _settle(self, probe: _Probe, res: QueryResult,
+                asked: tuple[bytes, ...] | None = None) -> None:
+        """``asked``: the hashes the answer is about (default: the probe's)."""
         probe.loading = False
         if not getattr(res, "unreachable", False):
-            self.events.answered(probe.hashes, int(res.num_hit_blocks))
+            self.events.answered(probe.hashes if asked is None else asked,
+                                 int(res.num_hit_blocks))
         n = max(0, min(int(res.num_hit_blocks), len(probe.hashes)))
         if n > 0 and not res.lease:
             n = 0  # a hit without a lease pins nothing: unusable
@@ -249,7 +252,7 @@ class SchedulerConnector:
             if res.loading:
                 probe.loading = probe.prefetched = True
                 return None, False  # type: ignore[return-value]
-            self._settle(probe, res)
+            self._settle(probe, res, probe.hashes[:need])
             if probe.hit_blocks != need:
                 self._release(probe.lease, "re-query mismatch")
                 probe.hit_blocks, probe.lease = 0, b""
