@@ -357,3 +357,34 @@ def test_stats_objects_follow_vllms_contract(env):
     assert big["dropped_observations"] == 3
     s.shutdown()
     w.shutdown()
+
+
+def test_router_events_use_vllms_hash_form_and_fit_older_event_classes(monkeypatch):
+    """Hashes converted as vLLM converts its own (int64 with
+    VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES); fields an older BlockStored lacks (medium,
+    lora_name, ownership before ~0.11) are dropped rather than failing."""
+    from vllm.distributed import kv_events
+
+    import pegaflow.connector._facade as facade
+
+    h, p = b"\x01" * 32, b"\x02" * 32
+    rec = [("stored", h, p, [1, 2], 16, None, None), ("removed", h)]
+    st, rm = facade._router_events(rec)
+    assert st.block_hashes == [h] and st.parent_block_hash == p and st.medium == "CPU"
+    assert st.ownership == "pegaflow" and rm.block_hashes == [h] and rm.medium == "CPU"
+    monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1")
+    st, _ = facade._router_events(rec)
+    assert st.block_hashes == [int.from_bytes(h, "big") & (2**64 - 1)]
+
+    class OldBlockStored:  # msgspec-style: fields listed in __struct_fields__
+        __struct_fields__ = ("block_hashes", "parent_block_hash", "token_ids",
+                             "block_size", "lora_id")
+
+        def __init__(self, **kw):
+            assert set(kw) == set(self.__struct_fields__)
+            self.__dict__.update(kw)
+
+    monkeypatch.setattr(kv_events, "BlockStored", OldBlockStored)
+    monkeypatch.delenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES")
+    (old,) = facade._router_events(rec[:1])
+    assert old.block_hashes == [h] and old.token_ids == [1, 2] and old.block_size == 16

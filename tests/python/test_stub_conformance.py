@@ -73,6 +73,7 @@ SPEC: list[tuple[str, str, str]] = (
        ("vllm.v1.core.kv_cache_utils", "KVCacheBlock.reset_hash", "sig"),
        ("vllm.v1.core.kv_cache_utils", "KVCacheBlock.block_hash", "exists"),
        ("vllm.v1.core.kv_cache_utils", "resolve_kv_cache_block_sizes", "sig"),
+       ("vllm.v1.core.kv_cache_utils", "maybe_convert_block_hash", "sig"),
        ("vllm.v1.request", "Request.__init__", "sig"),
        ("vllm.v1.request", "Request.update_block_hashes", "sig"),
        ("vllm.v1.request", "Request.block_hashes", "exists"),

@@ -24,6 +24,15 @@ BlockHashWithGroupId = NewType("BlockHashWithGroupId", bytes)
 NONE_HASH: BlockHash
 
 
+def maybe_convert_block_hash(hash_bytes: BlockHash):
+    """Hashes as KV events publish them: bytes, or the low 64 bits of the big-endian
+    integer with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES (vllm.envs; its default is not
+    modelled, the stub reads the variable, default off)."""
+    if os.environ.get("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "0") in ("0", "", "false"):
+        return hash_bytes
+    return int.from_bytes(hash_bytes, byteorder="big") & ((1 << 64) - 1)
+
+
 def make_block_hash_with_group_id(block_hash: BlockHash, group_id: int) -> BlockHashWithGroupId:
     return BlockHashWithGroupId(block_hash + group_id.to_bytes(4, "big", signed=False))
 
