@@ -12,11 +12,16 @@ vLLM; it replays the call order the connector sees:
                request in WAITING_FOR_REMOTE_KVS; build_connector_meta.
   workers:     per TP worker, the metadata pickled (vLLM ships it across processes) ->
                bind -> handle_preemptions -> start_load_kv -> forward (writes KV) ->
-               wait_for_save -> get_finished -> get_block_ids_with_load_errors -> clear.
-  aggregate:   a request id surfaces only when every worker reported it.
+               wait_for_save -> get_finished -> get_block_ids_with_load_errors ->
+               get_kv_connector_stats / get_kv_connector_kv_cache_events -> clear.
+  aggregate:   a request id surfaces only when every worker reported it; stats objects
+               summed with aggregate(); KV-event containers added to the first one's.
   update:      invalid blocks (policy recompute/fail), finished_recving,
-               finished_sending frees delayed blocks, update_connector_output, sampled
-               tokens, finished requests -> request_finished (True delays the free).
+               finished_sending frees delayed blocks, update_connector_output, the
+               scheduler connector's stats added (stats_mode "main": always; "legacy":
+               only with worker stats) and logged as SchedulerStats would carry them
+               (stats_log), take_events (events), sampled tokens, finished requests ->
+               request_finished (True delays the free).
 
 The "model" is deterministic: the KV written for position p is a function of the token
 prefix up to p (so identical prefixes produce identical KV, as in a real model) and the
@@ -165,9 +170,24 @@ class Aggregator:
                         for r in self.reported[kind]:
                             r.discard(rid)
             invalid |= set(o.invalid_block_ids or ())
+        # connector stats: summed over workers with the stats objects' aggregate();
+        # KV events: every worker's added to the first one's container
+        stats = None
+        events = None
+        for o in outs:
+            if o.kv_connector_stats:
+                stats = o.kv_connector_stats if stats is None else stats.aggregate(
+                    o.kv_connector_stats)
+            # (as vLLM's KVOutputAggregator: the first worker's object accumulates)
+            if events is None:
+                events = o.kv_cache_events
+            elif o.kv_cache_events:
+                events.add_events(o.kv_cache_events.get_all_events())
+                events.increment_workers(1)
         return KVConnectorOutput(finished_sending=done["s"] or None,
                                  finished_recving=done["r"] or None,
-                                 invalid_block_ids=invalid)
+                                 invalid_block_ids=invalid, kv_connector_stats=stats,
+                                 kv_cache_events=events)
 
 
 @dataclass
@@ -190,7 +210,7 @@ class Engine:
                  layers: int = 2, num_blocks: int = 48, block_size: int = 16, heads: int = 2,
                  head_dim: int = 8, token_budget: int = 64, policy: str = "recompute",
                  extra_config: dict | None = None, seed: int = 1234,
-                 report_preempted: bool = True):
+                 report_preempted: bool = True, stats_mode: str = "main"):
         self.backend = backend
         self.tp = tp
         self.L = layers
@@ -200,6 +220,9 @@ class Engine:
         self.budget = token_budget
         self.policy = policy
         self.seed = seed
+        self.stats_mode = stats_mode
+        self.stats_log: list[dict] = []  # KVConnectorStats.data per step, as vLLM ships it
+        self.events: list = []  # KV events the scheduler published
         self.report_preempted = report_preempted  # False: SchedulerOutput without them
         self.layer_names = [f"model.layers.{i}.self_attn.attn" for i in range(layers)]
         kv_cache_utils.init_none_hash(sha256)
@@ -332,7 +355,7 @@ class Engine:
 
     def add_request(self, rid: str, prompt: list[int], max_tokens: int = 4,
                     cache_salt: str | None = None) -> Request:
-        req = Request(rid, list(prompt), SamplingParams(max_tokens=max_tokens), None, None,
+        req = Request(rid, list(prompt), SamplingParams(max_tokens=max_tokens), None,
                       cache_salt=cache_salt, block_hasher=self.hasher)
         self.requests[rid] = req
         self.waiting.append(req)
@@ -504,7 +527,9 @@ class Engine:
             errs = w.get_block_ids_with_load_errors()
             w.clear_connector_metadata()
             outs.append(KVConnectorOutput(finished_sending=fs, finished_recving=fr,
-                                          invalid_block_ids=errs))
+                                          invalid_block_ids=errs,
+                                          kv_connector_stats=w.get_kv_connector_stats(),
+                                          kv_cache_events=w.get_kv_connector_kv_cache_events()))
         return self.agg.aggregate(outs)
 
     def _finish(self, req: Request, status: RequestStatus) -> None:
@@ -554,6 +579,18 @@ class Engine:
             self.delayed.discard(rid)
             self._free(rid)
         self.sched.update_connector_output(out)
+        # vLLM's update_from_output: the scheduler connector's stats join the workers'
+        # (main: always; "legacy" releases: only when the workers reported some), the
+        # sum travels in SchedulerStats to the frontend (stats_log = what it receives).
+        stats = out.kv_connector_stats
+        if self.stats_mode == "main" or stats:
+            mine = self.sched.get_kv_connector_stats()
+            if mine is not None and not mine.is_empty():
+                stats = stats.aggregate(mine) if stats is not None else mine
+        if stats is not None:
+            self.stats_log.append(stats.data)
+        # the scheduler publishes the connector's KV events with its own
+        self.events.extend(self.sched.take_events() or ())
         for rid, n in so.num_scheduled_tokens.items():
             req = self.requests[rid]
             if req.status != RequestStatus.RUNNING or req.num_computed_tokens < req.num_tokens:

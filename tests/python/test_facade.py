@@ -29,7 +29,7 @@ def env(monkeypatch):
 
 
 def make(role, extra=None, tp=1, rank=0, groups=1, kv_lora_rank=None, engine_id="eng",
-         no_hma=True):
+         no_hma=True, dcp=1, pcp=1, policy="recompute", hash_algo="sha256"):
     from types import SimpleNamespace
 
     from vllm.config import (CacheConfig, KVTransferConfig, ModelConfig, ParallelConfig,
@@ -41,12 +41,15 @@ def make(role, extra=None, tp=1, rank=0, groups=1, kv_lora_rank=None, engine_id=
 
     cfg = VllmConfig(
         model_config=ModelConfig(hf_text_config=SimpleNamespace(kv_lora_rank=kv_lora_rank)),
-        cache_config=CacheConfig(block_size=16),
-        parallel_config=ParallelConfig(tensor_parallel_size=tp),
+        cache_config=CacheConfig(block_size=16, prefix_caching_hash_algo=hash_algo),
+        parallel_config=ParallelConfig(tensor_parallel_size=tp,
+                                       decode_context_parallel_size=dcp,
+                                       prefill_context_parallel_size=pcp),
         scheduler_config=SchedulerConfig(disable_hybrid_kv_cache_manager=no_hma),
         kv_transfer_config=KVTransferConfig(kv_connector="PegaKVConnector", kv_role="kv_both",
                                             kv_connector_module_path="pegaflow.connector",
                                             engine_id=engine_id,
+                                            kv_load_failure_policy=policy,
                                             kv_connector_extra_config=extra or {}))
     spec = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=8, dtype="uint16")
     kcc = KVCacheConfig(num_blocks=8, kv_cache_tensors=[],
@@ -133,11 +136,185 @@ def test_metadata_roundtrip_and_preemption_shapes(env):
     s.shutdown()
 
 
-def test_pythonhashseed_warning(env, monkeypatch, caplog):
+@pytest.mark.parametrize("algo,fixed_default,warns", [
+    ("sha256", True, False),       # vLLM main: fixed default seed, reproducible
+    ("sha256_cbor", True, False),
+    ("xxhash", True, True),        # main keeps a random seed for non-cryptographic hashes
+    ("sha256", False, True),       # releases before the fixed default: random per launch
+])
+def test_pythonhashseed_warning(env, monkeypatch, caplog, algo, fixed_default, warns):
+    from vllm.v1.core import kv_cache_utils
+
     monkeypatch.delenv("PYTHONHASHSEED")
+    if not fixed_default:
+        monkeypatch.delattr(kv_cache_utils, "DEFAULT_NONE_HASH_SEED")
     with caplog.at_level(logging.WARNING, logger="pegaflow.connector"):
-        make("s")
-    assert "PYTHONHASHSEED is not set" in caplog.text
+        make("s", hash_algo=algo).shutdown()
+    assert ("PYTHONHASHSEED is not set" in caplog.text) == warns
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="pegaflow.connector"):
+        make("s", hash_algo=algo).shutdown()
+    assert "PYTHONHASHSEED" not in caplog.text
+
+
+def test_load_failure_policy_fail_warns_once(env, monkeypatch, caplog):
+    """vLLM's default kv_load_failure_policy is "fail": every PegaFlow load failure
+    would fail the user's request. The scheduler warns once, naming the setting."""
+    import pegaflow.connector._facade as facade
+
+    monkeypatch.setattr(facade, "_POLICY_WARNED", False)
+    with caplog.at_level(logging.WARNING, logger="pegaflow.connector"):
+        make("s", policy="recompute").shutdown()
+        assert "kv_load_failure_policy" not in caplog.text
+        make("w", policy="fail").shutdown()  # workers do not warn (one line, not TP+1)
+        assert "kv_load_failure_policy" not in caplog.text
+        make("s", policy="fail").shutdown()
+        make("s", policy="fail").shutdown()
+    assert caplog.text.count('kv_load_failure_policy is "fail"') == 1
+    assert '"kv_load_failure_policy": "recompute"' in caplog.text
+
+
+def test_module_path_is_loaded_before_the_registry(env):
+    """vLLM main imports kv_connector_module_path first: a registered name of another
+    connector does not shadow ours."""
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    KVConnectorFactory._registry.pop("PegaKVConnector", None)
+    KVConnectorFactory.register_connector("PegaKVConnector", "collections", "OrderedDict")
+    try:
+        s = make("s")
+        assert type(s).__module__ == "pegaflow.connector._facade"
+        s.shutdown()
+    finally:
+        KVConnectorFactory._registry.pop("PegaKVConnector", None)
+
+
+def test_main_refuses_two_argument_connectors_and_ours_has_three():
+    """The stub's factory (like vLLM main) raises ValueError for an external class
+    without kv_cache_config; PegaKVConnector passes it on to the base class."""
+    import inspect
+    import types
+
+    from vllm.config import KVTransferConfig
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+
+    from pegaflow.connector import PegaKVConnector
+
+    mod = types.ModuleType("pf_two_arg_mod")
+
+    class Old(KVConnectorBase_V1):
+        def __init__(self, vllm_config, role):
+            pass
+
+    mod.Old = Old
+    import sys
+
+    sys.modules["pf_two_arg_mod"] = mod
+    try:
+        with pytest.raises(ValueError, match="2-argument constructor"):
+            KVConnectorFactory.get_connector_class(KVTransferConfig(
+                kv_connector="Old", kv_role="kv_both", kv_connector_module_path="pf_two_arg_mod"))
+    finally:
+        del sys.modules["pf_two_arg_mod"]
+    assert "kv_cache_config" in inspect.signature(PegaKVConnector.__init__).parameters
+
+
+@pytest.mark.parametrize("dcp,pcp", [(1, 2), (2, 2), (2, 1)])
+def test_hash_block_size_comes_from_vllm(env, monkeypatch, dcp, pcp):
+    """One cache group: vLLM main hashes every block_size * dcp tokens (PCP excluded,
+    resolve_kv_cache_block_sizes); releases without that helper hashed block_size * dcp
+    * pcp. The connector asks vLLM, and falls back only where it is absent."""
+    from vllm.v1.core import kv_cache_utils
+
+    s = make("s", dcp=dcp, pcp=pcp)
+    assert s._ctx.virtual_block_size == 16 * dcp
+    s.shutdown()
+    monkeypatch.delattr(kv_cache_utils, "resolve_kv_cache_block_sizes")
+    old = make("s", dcp=dcp, pcp=pcp)
+    assert old._ctx.virtual_block_size == 16 * dcp * pcp
+    old.shutdown()
+
+
+def test_pcp_hits_are_counted_in_hash_blocks(env):
+    """With PCP 2 on main, a 2-block hit is 2 x 16 tokens, not 2 x 32."""
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256)
+    req = Request("r", list(range(40)), SamplingParams(max_tokens=4), None,
+                  block_hasher=get_request_block_hasher(16, sha256))
+    assert len(req.block_hashes) == 2
+    from pegaflow.client.engine import QueryResult
+
+    asked = []
+
+    def query(instance_id, req_id, hashes, wait_for_full_prefix=False, group_id=0):
+        asked.append(list(hashes))
+        return QueryResult(False, len(hashes), b"L" * 16)
+
+    env.query = query  # every block asked for is a hit
+    s = make("s", pcp=2)
+    n, is_async = s.get_num_new_matched_tokens(req, 0)
+    assert asked == [list(req.block_hashes)]
+    assert (n, is_async) == (32, True)  # (64 clamped to 39 with 32-token blocks)
+    s.shutdown()
+
+
+def test_namespace_describes_the_registered_layout(env, monkeypatch):
+    """The cross-layer namespace factor follows what was registered: per-layer tensors
+    (vLLM fell back, or a base class without the cross-layer hooks) register under the
+    per-layer namespace, cross-layer under the cross-layer one."""
+    from vllm.distributed.kv_transfer.kv_connector.v1 import base
+
+    from pegaflow.connector import config as cfg
+
+    s = make("s")
+    ns_cross, ns_layers = s._ctx.namespace_cross_layer, s._ctx.namespace_per_layer
+    assert ns_cross != ns_layers and s._ctx.namespace == ns_cross
+    s.shutdown()
+    tensor = HostTensor(np.zeros((2, 8, 16, 2, 8), np.uint16))
+    w = make("w", engine_id="per-layer")  # prefers cross-layer, vLLM gives per-layer
+    assert w.prefer_cross_layer_blocks
+    w.register_kv_caches({"l0": tensor})
+    assert env.instances["per-layer"].namespace == ns_layers == w._worker.namespace
+    w.shutdown()
+    w = make("w", engine_id="cross")
+    w.register_cross_layers_kv_cache(HostTensor(np.zeros((8, 1, 2, 16, 2, 8), np.uint16)))
+    assert env.instances["cross"].namespace == ns_cross
+    w.shutdown()
+    # A vLLM base without the hooks (seen on the restructuring branch): never cross-layer.
+    monkeypatch.delattr(base.KVConnectorBase_V1, "register_cross_layers_kv_cache")
+    s = make("s")
+    assert not s.prefer_cross_layer_blocks and s._ctx.namespace == ns_layers
+    s.shutdown()
+    assert ns_layers == cfg.derive_namespace(cfg.namespace_factors(
+        s._vllm_config, 1, 1, 1, False))
+
+
+@pytest.mark.parametrize("key", ["pegaflow.pd_tail_save", "pegaflow.pd_tail_load"])
+def test_pd_tail_options_are_refused_not_ignored(env, key):
+    with pytest.raises(ValueError, match=f"{key}.*not implemented"):
+        make("s", extra={key: True})
+    make("s", extra={key: False}).shutdown()  # explicitly off is fine
+
+
+def test_transfer_backend_is_per_instance(env):
+    """Two connectors in one process (e.g. under MultiConnector, or two engines) keep
+    their own transfer_backend: each registration carries its own mode."""
+    t = lambda: HostTensor(np.zeros((2, 8, 16, 2, 8), np.uint16))
+    a = make("w", engine_id="a", extra={"pegaflow.transfer_backend": "kernel"})
+    b = make("w", engine_id="b", extra={"pegaflow.transfer_backend": "direct"})
+    a.register_kv_caches({"l0": t()})
+    b.register_kv_caches({"l0": t()})
+    modes = {kw["args"].instance_id: kw["args"].transfer_mode
+             for m, kw in env.calls if m == "register"}
+    assert modes == {"a": 1, "b": 0}
+    a.shutdown()
+    b.shutdown()
 
 
 def test_vllm_plugin_registers_by_name(env):
@@ -151,3 +328,63 @@ def test_vllm_plugin_registers_by_name(env):
     assert "PegaKVConnector" in KVConnectorFactory._registry
     assert KVConnectorFactory._registry["PegaKVConnector"]().__name__ == "PegaKVConnector"
     KVConnectorFactory._registry.pop("PegaKVConnector", None)
+
+
+def test_stats_objects_follow_vllms_contract(env):
+    """Idle sides report None (an empty object would make vLLM's KVConnectorOutput
+    non-empty); the stats class subclasses vLLM's, pickles, aggregates and reduces;
+    observation lists are capped."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+
+    from pegaflow.connector import PegaKVConnector
+    from pegaflow.connector import stats as pstats
+
+    s, w = make("s"), make("w")
+    assert s.get_kv_connector_stats() is None and w.get_kv_connector_stats() is None
+    s._scheduler.recorder.add("hit_tokens_ram", 32)
+    got = s.get_kv_connector_stats()
+    assert isinstance(got, KVConnectorStats) and got.data == {"hit_tokens_ram": 32}
+    assert s.get_kv_connector_stats() is None  # taken: reported once
+    other = PegaKVConnector.build_kv_connector_stats({"load_success": 1,
+                                                      "load_duration_s": [0.5]})
+    both = pickle.loads(pickle.dumps(got)).aggregate(other)
+    assert both.data == {"hit_tokens_ram": 32, "load_success": 1, "load_duration_s": [0.5]}
+    assert not both.is_empty() and PegaKVConnector.build_kv_connector_stats().is_empty()
+    assert both.reduce()["pega_load_avg_ms"] == 500.0
+    big = pstats.aggregate({"save_duration_s": [0.0] * pstats.MAX_OBSERVATIONS},
+                           {"save_duration_s": [1.0] * 3})
+    assert len(big["save_duration_s"]) == pstats.MAX_OBSERVATIONS
+    assert big["dropped_observations"] == 3
+    s.shutdown()
+    w.shutdown()
+
+
+def test_router_events_use_vllms_hash_form_and_fit_older_event_classes(monkeypatch):
+    """Hashes converted as vLLM converts its own (int64 with
+    VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES); fields an older BlockStored lacks (medium,
+    lora_name, ownership before ~0.11) are dropped rather than failing."""
+    from vllm.distributed import kv_events
+
+    import pegaflow.connector._facade as facade
+
+    h, p = b"\x01" * 32, b"\x02" * 32
+    rec = [("stored", h, p, [1, 2], 16, None, None), ("removed", h)]
+    st, rm = facade._router_events(rec)
+    assert st.block_hashes == [h] and st.parent_block_hash == p and st.medium == "CPU"
+    assert st.ownership == "pegaflow" and rm.block_hashes == [h] and rm.medium == "CPU"
+    monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1")
+    st, _ = facade._router_events(rec)
+    assert st.block_hashes == [int.from_bytes(h, "big") & (2**64 - 1)]
+
+    class OldBlockStored:  # msgspec-style: fields listed in __struct_fields__
+        __struct_fields__ = ("block_hashes", "parent_block_hash", "token_ids",
+                             "block_size", "lora_id")
+
+        def __init__(self, **kw):
+            assert set(kw) == set(self.__struct_fields__)
+            self.__dict__.update(kw)
+
+    monkeypatch.setattr(kv_events, "BlockStored", OldBlockStored)
+    monkeypatch.delenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES")
+    (old,) = facade._router_events(rec[:1])
+    assert old.block_hashes == [h] and old.token_ids == [1, 2] and old.block_size == 16

@@ -72,7 +72,7 @@ def test_request_block_hashes_follow_the_recipe_and_grow(seeded):
 
     kcu.init_none_hash(sha256)
     hasher = kcu.get_request_block_hasher(16, sha256)
-    req = Request("r", list(range(40)), SamplingParams(max_tokens=30), None, None,
+    req = Request("r", list(range(40)), SamplingParams(max_tokens=30), None,
                   block_hasher=hasher)
     assert [h.hex() for h in req.block_hashes] == list(GOLDEN["sha256"][1:])
     assert len(req.block_hashes) == req.num_tokens // 16
@@ -95,10 +95,10 @@ def test_extra_keys_lora_and_salt(seeded):
 
     kcu.init_none_hash(sha256)
     hasher = kcu.get_request_block_hasher(16, sha256)
-    plain = Request("a", list(range(32)), SamplingParams(), None, None, block_hasher=hasher)
-    salted = Request("b", list(range(32)), SamplingParams(), None, None, cache_salt="s",
+    plain = Request("a", list(range(32)), SamplingParams(), None, block_hasher=hasher)
+    salted = Request("b", list(range(32)), SamplingParams(), None, cache_salt="s",
                      block_hasher=hasher)
-    lora = Request("c", list(range(32)), SamplingParams(), None, None,
+    lora = Request("c", list(range(32)), SamplingParams(), None,
                    lora_request=SimpleNamespace(lora_name="L"), block_hasher=hasher)
     assert salted.block_hashes[0] == kcu.hash_block_tokens(sha256, None, range(16), ("s",))
     assert lora.block_hashes[1] == kcu.hash_block_tokens(sha256, lora.block_hashes[0],
@@ -106,7 +106,9 @@ def test_extra_keys_lora_and_salt(seeded):
     assert len({plain.block_hashes[1], salted.block_hashes[1], lora.block_hashes[1]}) == 3
 
 
-def test_unseeded_none_hash_is_random(monkeypatch):
+def test_unseeded_none_hash_follows_main(monkeypatch):
+    """vLLM main: without PYTHONHASHSEED, sha256 seeds NONE_HASH with the fixed
+    "vllm-none-hash" (shareable across launches); xxhash keeps a random seed."""
     from vllm.utils.hashing import sha256
     from vllm.v1.core import kv_cache_utils as kcu
 
@@ -114,7 +116,15 @@ def test_unseeded_none_hash_is_random(monkeypatch):
     kcu.init_none_hash(sha256)
     a = kcu.NONE_HASH
     kcu.init_none_hash(sha256)
-    assert a != kcu.NONE_HASH and len(a) == 32
+    assert a == kcu.NONE_HASH == sha256("vllm-none-hash") and len(a) == 32
+    if importlib.util.find_spec("xxhash") is None:
+        return
+    from vllm.utils.hashing import xxhash
+
+    kcu.init_none_hash(xxhash)
+    b = kcu.NONE_HASH
+    kcu.init_none_hash(xxhash)
+    assert b != kcu.NONE_HASH
 
 
 @pytest.mark.skipif(not REAL_VLLM, reason="SKIP: real vLLM not installed; the stub is "

@@ -39,7 +39,7 @@ class World:
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher
         from vllm.v1.request import Request
 
-        return Request(rid, list(tokens), SamplingParams(max_tokens=max_tokens), None, None,
+        return Request(rid, list(tokens), SamplingParams(max_tokens=max_tokens), None,
                        block_hasher=get_request_block_hasher(BS, sha256))
 
     def store(self, hashes):
@@ -58,7 +58,7 @@ def blocks(ids, hashed=0):
     for i, b in enumerate(ids):
         k = KVCacheBlock(b)
         if i < hashed:
-            k.block_hash = b"h%d" % i + b"\0\0\0\0"
+            k.set_block_hash(b"h%d" % i + b"\0\0\0\0", BS * (i + 1))
         bl.append(k)
     return KVCacheBlocks((bl,))
 
@@ -239,13 +239,17 @@ def test_block_size_one_clamp_requeries_the_exact_prefix():
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher
     from vllm.v1.request import Request
 
-    r = Request("a", [1, 2, 3], SamplingParams(), None, None,
+    r = Request("a", [1, 2, 3], SamplingParams(), None,
                 block_hasher=get_request_block_hasher(1, sha256))
     w.store(r.block_hashes)
+    w.s.events.hit(bytes(r.block_hashes[2]), (None, [3], None, None, 1))  # announced
+    w.s.take_events()
     assert w.s.get_num_new_matched_tokens(r, 0) == (2, True)
     assert len(w.server.leases) == 1
     lease = next(iter(w.server.leases.values()))
     assert len(lease.keys) == 2
+    # the re-query asked for 2 blocks only: the 3rd is not reported removed
+    assert w.s.take_events() == []
 
 
 # ------------------------------------------------------------------ commit
@@ -307,6 +311,24 @@ def test_save_cursor_across_chunked_prefill_and_decode():
     r.append_output_token_ids(102)
     p = w.s.build_connector_meta(sched_out(cached=[("a", [10], 12, 1, False)]))
     assert "a" not in p.saves
+
+
+def test_only_publishable_block_hashes_are_saved():
+    """vLLM main: blocks beyond request.num_publishable_block_hashes must not be stored
+    by hash (successor-aware EAGLE hashing publishes them once the draft KV exists);
+    they are saved in a later step, once publishable."""
+    w = World()
+    r = w.request("a", range(12))  # 3 full blocks
+    r.mark_eagle_hashes_publishable(4, BS)  # only block 0 is publishable yet
+    assert r.num_publishable_block_hashes == 1 < len(r.block_hashes)
+    w.s.update_state_after_alloc(r, blocks([7, 8, 9]), 0)
+    p = w.s.build_connector_meta(sched_out(new=[(r, [7, 8, 9], 0, 12)]))
+    assert p.saves["a"].block_ids == (7,)
+    r.mark_eagle_hashes_publishable(12, BS)
+    r.append_output_token_ids(100)
+    p = w.s.build_connector_meta(sched_out(cached=[("a", [10], 12, 1, False)]))
+    assert p.saves["a"].block_ids == (8, 9)
+    assert p.saves["a"].block_hashes == tuple(r.block_hashes[1:3])
 
 
 def test_decode_fills_block_and_it_is_saved_exactly_once():
@@ -455,3 +477,25 @@ def test_session_open_failure_does_not_raise():
     assert s.ensure_session()
     s.shutdown()
     assert s.session is None
+
+
+def test_router_events_from_hits_and_misses():
+    """Hit blocks are announced stored (once); an unreachable server is no answer; a
+    server answer that no longer has them reports them removed."""
+    w = World()
+    r = w.request("a", range(13))  # 3 full blocks
+    w.store(r.block_hashes)
+    n, _ = w.s.get_num_new_matched_tokens(r, 0)
+    assert n == 12
+    w.s.update_state_after_alloc(r, blocks([5, 6, 7, 8]), n)
+    ev = w.s.take_events()
+    assert [(e[0], e[1]) for e in ev] == [("stored", bytes(h)) for h in r.block_hashes]
+    assert ev[1][2] == bytes(r.block_hashes[0]) and ev[1][3] == [4, 5, 6, 7]
+    assert w.s.take_events() == []
+    w.server.down = True
+    w.s.get_num_new_matched_tokens(w.request("b", range(13)), 0)
+    assert w.s.take_events() == []  # UNAVAILABLE: nothing known
+    w.server.down = False
+    w.server.blocks.clear()
+    w.s.get_num_new_matched_tokens(w.request("c", range(13)), 0)
+    assert w.s.take_events() == [("removed", bytes(h)) for h in r.block_hashes]

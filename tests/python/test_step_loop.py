@@ -353,3 +353,182 @@ def test_loading_server_answers_are_retried(engines, monkeypatch):
     assert sum(1 for m, kw in w.server.calls if m == "query" and kw["req_id"] == "B") == 4
     e1.shutdown()
     e2.shutdown()
+
+
+# ------------------------------------------------------------------ vLLM stats / metrics
+
+
+def _frontend_stats(engine):
+    """What vLLM's frontend builds from the SchedulerStats it received (KVConnectorLogging
+    rebuilds each dict with build_kv_connector_stats and aggregates them)."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorLogging
+
+    logging_ = KVConnectorLogging(engine.vllm_config.kv_transfer_config)
+    for data in engine.stats_log:
+        logging_.observe(data)
+    acc = logging_.transfer_stats_accumulator
+    return acc, logging_
+
+
+@pytest.mark.parametrize("mode", ["main", "legacy"])
+def test_connector_stats_reach_vllm(world, engines, monkeypatch, mode):
+    """Scheduler-side hit/miss tokens and worker-side load/save counts, bytes and
+    latencies travel the way vLLM ships them (per-worker objects aggregated, the
+    scheduler's added, the dict rebuilt in the frontend) and add up exactly."""
+    import numpy as np
+
+    from harness import DTYPE
+
+    monkeypatch.setenv("PEGAFLOW_CROSS_LAYER_BLOCKS", "0")
+    e1 = engines(stats_mode=mode)
+    a = e1.add_request("A", PROMPT_A, max_tokens=4)
+    e1.run()
+    wait_visible(world, e1, a)
+    block_bytes = e1.L * 2 * e1.bs * e1.heads * e1.head_dim * np.dtype(DTYPE).itemsize
+    s1, _ = _frontend_stats(e1)
+    d1 = s1.data
+    assert d1.get("hit_tokens_ram", 0) == 0 and d1["miss_tokens"] == 80
+    assert d1["save_blocks"] == 5 * e1.tp and d1["save_bytes"] == 5 * e1.tp * block_bytes
+    assert d1["save_success"] == len(d1["save_duration_s"]) >= e1.tp
+    assert not d1.get("save_failures") and not d1.get("load_success")
+    e2 = engines(stats_mode=mode)
+    e2.add_request("B", PROMPT_A, max_tokens=4)
+    e2.run()
+    s2, logging_ = _frontend_stats(e2)
+    d2 = s2.data
+    assert d2["hit_tokens_ram"] == 79 and d2["miss_tokens"] == 1
+    assert d2["load_success"] == e2.tp and not d2.get("load_failures")
+    assert d2["load_blocks"] == 5 * e2.tp and d2["load_bytes"] == 5 * e2.tp * block_bytes
+    assert len(d2["load_duration_s"]) == e2.tp and all(t >= 0 for t in d2["load_duration_s"])
+    assert d2["load_op_blocks"] == [5] * e2.tp
+    red = s2.reduce()
+    assert red["pega_hit_tokens"] == 79 and red["pega_hit_rate"] == round(79 / 80, 4)
+    assert red["pega_load_MB"] == round(5 * e2.tp * block_bytes / 2**20, 3)
+    lines = []
+    logging_.log(log_fn=lambda fmt, *a: lines.append(fmt % a))
+    assert len(lines) == 1 and "pega_hit_tokens=79" in lines[0]
+
+
+def test_load_failures_are_counted(world, engines, monkeypatch):
+    e1, a = run_a(world, engines, False, monkeypatch)
+    e2 = engines()
+    e2.add_request("B", PROMPT_A, max_tokens=3)
+    e2.before_workers = lambda so: so.kv_connector_metadata.plan.loads and world.kill_server()
+    e2.run()
+    d, _ = _frontend_stats(e2)
+    assert d.data["load_failures"] == e2.tp and not d.data.get("load_success")
+    assert d.data["hit_tokens_ram"] == 79  # committed before the server went away
+
+
+def test_prometheus_series_on_vllms_metrics(world, engines, monkeypatch):
+    """vLLM's /metrics: KVConnectorPrometheus builds our metrics once and observes every
+    stats dict; the exposition shows the vllm:pega_* series with the right values."""
+    prom = pytest.importorskip("prometheus_client", reason="SKIP: prometheus_client is "
+                               "not installed (Debian python3-prometheus-client)")
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPrometheus
+
+    reg = prom.CollectorRegistry()
+
+    def bound(cls):
+        class Bound(cls):
+            def __init__(self, *a, **k):
+                super().__init__(*a, registry=reg, **k)
+        return Bound
+
+    class Prom(KVConnectorPrometheus):
+        _gauge_cls = bound(prom.Gauge)
+        _counter_cls = bound(prom.Counter)
+        _histogram_cls = bound(prom.Histogram)
+
+    e1, a = run_a(world, engines, False, monkeypatch)
+    e2 = engines()
+    e2.add_request("B", PROMPT_A, max_tokens=3)
+    e2.run()
+    p = Prom(e2.vllm_config, ["model_name", "engine"], {0: ["tiny", "0"]})
+    for data in e1.stats_log + e2.stats_log:
+        p.observe(data, 0)
+    text = prom.generate_latest(reg).decode()
+    lab = 'engine="0",model_name="tiny"'
+
+    def value(series):
+        for line in text.splitlines():
+            if line.startswith(series + " "):
+                return float(line.split()[-1])
+        raise AssertionError(f"{series} not exposed:\n{text}")
+
+    assert value(f'vllm:pega_hit_tokens_total{{{lab},tier="ram"}}') == 79
+    assert value(f'vllm:pega_hit_tokens_total{{{lab},tier="miss"}}') == 81  # A's 80 + B's 1
+    assert value(f"vllm:pega_load_success_total{{{lab}}}") == e2.tp
+    assert value(f"vllm:pega_load_failure_total{{{lab}}}") == 0
+    assert value(f"vllm:pega_save_failure_total{{{lab}}}") == 0
+    assert value(f"vllm:pega_save_success_total{{{lab}}}") >= e1.tp
+    assert value(f"vllm:pega_load_bytes_total{{{lab}}}") > 0
+    assert value(f"vllm:pega_load_duration_seconds_count{{{lab}}}") == e2.tp
+    assert value('vllm:pega_load_blocks_bucket{engine="0",le="8.0",model_name="tiny"}') \
+        == e2.tp
+    assert value(f"vllm:pega_save_duration_seconds_count{{{lab}}}") >= e1.tp
+
+
+# ------------------------------------------------------------------ KV events
+
+
+def _stored(engine):
+    from vllm.distributed.kv_events import BlockStored
+
+    return [e for e in engine.events if isinstance(e, BlockStored)]
+
+
+def _removed(engine):
+    from vllm.distributed.kv_events import BlockRemoved
+
+    return [e for e in engine.events if isinstance(e, BlockRemoved)]
+
+
+def test_kv_events_for_a_router(world, engines, monkeypatch):
+    """BlockStored once every TP worker saved a block (with its tokens, parent and
+    block size, medium CPU); a second vLLM announces what it hit; BlockRemoved for
+    announced blocks a later query no longer finds (the server restarted)."""
+    from vllm.distributed.kv_events import MEDIUM_CPU
+
+    e1, a = run_a(world, engines, False, monkeypatch)
+    st = _stored(e1)
+    hashes = [bytes(h) for h in a.block_hashes]
+    assert [e.block_hashes for e in st] == [[h] for h in hashes]  # each once, in order
+    assert [e.parent_block_hash for e in st] == [None] + hashes[:-1]
+    assert [e.token_ids for e in st] == [PROMPT_A[16 * i:16 * (i + 1)] for i in range(5)]
+    assert all(e.block_size == 16 and e.medium == MEDIUM_CPU and e.lora_id is None
+               for e in st)
+    assert not _removed(e1)
+    e2 = engines()
+    e2.add_request("B", PROMPT_A, max_tokens=2)
+    e2.run()
+    assert [e.block_hashes for e in _stored(e2)] == [[h] for h in hashes]  # hit: announced
+    world.kill_server()
+    world.restart_server()  # everything PegaFlow held on this node is gone
+    # until e2's channel reconnected (gRPC backoff): an unreachable server is no answer,
+    # so nothing is reported removed before the server could say so
+    deadline = time.monotonic() + 30
+    i = 0
+    while not _removed(e2):
+        assert time.monotonic() < deadline, "no BlockRemoved 30 s after the restart"
+        i += 1
+        e2.add_request(f"B{i + 1}", PROMPT_A, max_tokens=1)
+        e2.run()
+    assert [e.block_hashes for e in _removed(e2)] == [[h] for h in hashes]
+    assert all(e.medium == MEDIUM_CPU for e in _removed(e2))
+
+
+def test_kv_events_need_every_worker(engines, monkeypatch):
+    """Fake only: a block one TP worker failed to save is not announced."""
+    from pegaflow.client.errors import Internal
+
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    w = FakeWorld()
+    e1 = Engine(w.backend, monkeypatch.setattr, instance_id="ev1")
+    w.server.fail_next["save"] = Internal("pf_client_save", -5, 13, "injected")
+    e1.add_request("A", PROMPT_A[:32], max_tokens=1)  # 2 blocks, saved in one step
+    e1.run()
+    assert _stored(e1) == [] and w.server.count("save") == 2
+    e1.add_request("C", PROMPT_A[:32] + [9] * 16, max_tokens=1)
+    e1.run()  # C hits A's blocks? no: one worker lacks them, so the query misses
+    e1.shutdown()

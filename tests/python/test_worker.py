@@ -273,6 +273,24 @@ def test_collapsed_mla_replicas_skip_the_copy_but_report():
     _save(x, {"a": ([1], [h(1)])})
     assert x.server.count("save") == 0
     assert x.w.get_finished({"a"}) == ({"a"}, None)
+    # for routers, the replica reports the hash as rank 0 would (rank 0's own report
+    # decides whether the block counts as stored)
+    assert [r[1] for r in x.w.event_log.take()] == [h(1)]
+    assert x.w.recorder.take() is None  # it moved no bytes
+
+
+def test_saves_are_recorded_for_stats_and_events():
+    x = W().register()
+    _save(x, {"a": ([1, 2], [h(1), h(2)])})
+    d = x.w.recorder.take()
+    block_bytes = len(LAYERS) * 2 * BS * H * D * 2
+    assert d["save_success"] == 1 and d["save_blocks"] == 2
+    assert d["save_bytes"] == 2 * block_bytes and d["save_op_blocks"] == [2]
+    assert [r[1] for r in x.w.event_log.take()] == [h(1), h(2)]
+    x.server.fail_next["save"] = Internal("pf_client_save", -5, 13, "injected")
+    _save(x, {"b": ([3], [h(3)])})
+    assert x.w.recorder.take() == {"save_failures": 1}
+    assert x.w.event_log.take() == []  # a failed save is not reported stored
 
 
 def test_shutdown_unregisters_from_rank_zero_only():

@@ -38,10 +38,12 @@ class QueryResult:
     num_hit_blocks: int = 0
     lease: bytes = b""
     hit_positions: tuple[int, ...] = ()
+    # a miss because the server could not be asked (not the server's answer)
+    unreachable: bool = False
 
     @staticmethod
-    def miss() -> "QueryResult":
-        return QueryResult(loading=False)
+    def miss(unreachable: bool = True) -> "QueryResult":
+        return QueryResult(loading=False, unreachable=unreachable)
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,135 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
+from pegaflow.connector import stats as pstats
 from pegaflow.connector.config import ConnectorContext, build_context, parse_options
 from pegaflow.connector.plan import StepPlan, plan_of
 from pegaflow.connector.scheduler import SchedulerConnector
 from pegaflow.connector.worker import WorkerConnector
 
 log = logging.getLogger("pegaflow.connector")
+
+try:  # vLLM >= ~0.11; older releases have no connector stats
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+except Exception:  # pragma: no cover - old vLLM (or its optional deps missing)
+    KVConnectorStats = None
+
+
+try:
+    from vllm.distributed.kv_events import KVConnectorKVEvents
+except Exception:  # pragma: no cover - old vLLM (or its optional deps missing)
+    KVConnectorKVEvents = None
+
+
+class _EventsBase:
+    pass
+
+
+class PegaKVEvents(KVConnectorKVEvents if KVConnectorKVEvents is not None else _EventsBase):
+    """Worker -> scheduler container of (worker key, saved hash) records. vLLM's
+    KVOutputAggregator adds every worker's records to the first one's; the scheduler
+    connector counts distinct workers per hash itself (it knows the world size), so a
+    worker that saved nothing in a step (and returned None) cannot skew the count."""
+
+    pegaflow = True
+
+    def __init__(self, records=None):
+        self._records = list(records or ())
+        self._workers = 1
+
+    def add_events(self, events) -> None:
+        self._records.extend(events)
+
+    def aggregate(self):
+        return self
+
+    def increment_workers(self, count: int = 1) -> None:
+        self._workers += count
+
+    def get_all_events(self):
+        return list(self._records)
+
+    def get_number_of_workers(self) -> int:
+        return self._workers
+
+    def clear_events(self) -> None:
+        self._records = []
+
+    def merge(self, other):
+        self.add_events(other.get_all_events())
+        return self
+
+    def __repr__(self) -> str:
+        return f"PegaKVEvents({len(self._records)} saved-block reports)"
+
+
+def _router_events(records) -> list:
+    """Plain records (events.py) -> vLLM's BlockStored / BlockRemoved, medium CPU, the
+    hashes converted as vLLM converts its own (bytes, or int64 with
+    VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES). Fields this vLLM's events lack are dropped."""
+    try:
+        from vllm.distributed import kv_events as ke
+    except Exception:  # pragma: no cover - old vLLM
+        return []
+    try:
+        from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash as conv
+    except ImportError:
+        conv = lambda h: h  # noqa: E731
+    medium = getattr(ke, "MEDIUM_CPU", "CPU")
+
+    def make(cls, **kw):
+        fields = getattr(cls, "__struct_fields__", None)
+        if fields is None:
+            import dataclasses
+
+            fields = [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(
+                cls) else list(kw)
+        return cls(**{k: v for k, v in kw.items() if k in fields})
+
+    out = []
+    for r in records:
+        if r[0] == "stored":
+            _, h, parent, tokens, bs, lora_id, lora_name = r
+            out.append(make(ke.BlockStored, block_hashes=[conv(h)],
+                            parent_block_hash=conv(parent) if parent is not None else None,
+                            token_ids=list(tokens), block_size=bs, lora_id=lora_id,
+                            medium=medium, lora_name=lora_name, ownership="pegaflow"))
+        elif r[0] == "removed":
+            out.append(make(ke.BlockRemoved, block_hashes=[conv(r[1])], medium=medium,
+                            ownership="pegaflow"))
+    return out
+
+
+class _StatsBase:
+    data: dict
+
+    def __init__(self, data: dict | None = None):
+        self.data = dict(data or {})
+
+
+class PegaKVConnectorStats(KVConnectorStats if KVConnectorStats is not None else _StatsBase):
+    """vLLM's KVConnectorStats for PegaFlow: ``data`` as pegaflow.connector.stats
+    describes it (counters and per-RPC observations; picklable, msgpack friendly)."""
+
+    def __init__(self, data: dict | None = None):
+        super().__init__(data=dict(data or {}))
+
+    def reset(self):
+        self.data = {}
+
+    def aggregate(self, other):
+        if other is not None and getattr(other, "data", None):
+            self.data = pstats.aggregate(self.data, other.data)
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        return pstats.reduce(self.data)
+
+    def is_empty(self) -> bool:
+        return pstats.is_empty(self.data)
+
+    def __repr__(self) -> str:
+        return f"PegaKVConnectorStats({pstats.reduce(self.data)})"
 
 
 class PegaConnectorMetadata(KVConnectorMetadata):
@@ -76,6 +199,76 @@ def _device_adapter_for(tensor: Any, client: Any):
     return CudaDeviceAdapter(getattr(client, "lib", None), tensor.device.index)
 
 
+def _base_has_cross_layer_hooks() -> bool:
+    """vLLM's base class offers cross-layer registration (some trees, e.g. the connector
+    restructuring branch, lack it and only ever call register_kv_caches)."""
+    return (hasattr(KVConnectorBase_V1, "prefer_cross_layer_blocks")
+            and hasattr(KVConnectorBase_V1, "register_cross_layers_kv_cache"))
+
+
+def _hash_block_size(vllm_config: Any, kv_cache_config: Any) -> int | None:
+    """Tokens per entry of request.block_hashes, asked of vLLM itself
+    (``resolve_kv_cache_block_sizes``: one group hashes every block_size * dcp tokens
+    on main, PCP not included). None where vLLM predates it: those releases hash every
+    block_size * dcp * pcp tokens (the context's fallback)."""
+    try:
+        from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
+    except ImportError:
+        return None
+    if kv_cache_config is None or not getattr(kv_cache_config, "kv_cache_groups", None):
+        return None
+    try:
+        _, hash_block_size = resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
+        return int(hash_block_size)
+    except Exception as e:  # a vLLM whose helper needs more than we can give
+        log.warning("resolve_kv_cache_block_sizes failed (%s); assuming block_size x dcp "
+                    "x pcp tokens per block hash", e)
+        return None
+
+
+def _hash_seed_warning(vllm_config: Any) -> str | None:
+    """Why blocks saved by this vLLM could not be hit by another launch, if they could
+    not. vLLM main seeds NONE_HASH with a fixed default for sha256/sha256_cbor when
+    PYTHONHASHSEED is unset (reproducible); older releases, and xxhash on main, use a
+    random seed per launch."""
+    if os.environ.get("PYTHONHASHSEED"):
+        return None
+    algo = str(getattr(getattr(vllm_config, "cache_config", None), "prefix_caching_hash_algo",
+                       "sha256") or "sha256")
+    try:
+        from vllm.v1.core import kv_cache_utils
+        fixed_default = hasattr(kv_cache_utils, "DEFAULT_NONE_HASH_SEED")
+    except ImportError:
+        fixed_default = False
+    if fixed_default and algo in ("sha256", "sha256_cbor"):
+        return None
+    why = (f"the {algo} prefix-caching hash" if fixed_default
+           else "this vLLM release")
+    return ("PYTHONHASHSEED is not set: with %s vLLM seeds its block hashes randomly per "
+            "launch, so nothing saved by this vLLM can be hit by another launch. Set "
+            "PYTHONHASHSEED (same value everywhere) to share KV through PegaFlow." % why)
+
+
+_POLICY_WARNED = False
+
+
+def _warn_load_failure_policy(kv_transfer_config: Any) -> bool:
+    """Warns once per process when vLLM fails requests on load failures (its default
+    ``kv_load_failure_policy`` is "fail"): PegaFlow is a best-effort cache, and a server
+    restart, an expired lease or a load timeout would then fail the user's request
+    instead of recomputing it. Returns True when it warned."""
+    global _POLICY_WARNED
+    policy = getattr(kv_transfer_config, "kv_load_failure_policy", None)
+    if policy != "fail" or _POLICY_WARNED:
+        return False
+    _POLICY_WARNED = True
+    log.warning("kv_load_failure_policy is \"fail\" (vLLM's default): every failed PegaFlow "
+                "load (server restart, lease expiry, load timeout) will FAIL the user's "
+                "request instead of recomputing it. Add \"kv_load_failure_policy\": "
+                "\"recompute\" to --kv-transfer-config.")
+    return True
+
+
 class _LazyDevice:
     """Chooses the device adapter from the first registered tensor."""
 
@@ -112,19 +305,21 @@ class PegaKVConnector(KVConnectorBase_V1):
         if len(groups) > 1:
             raise ValueError(f"PegaKVConnector supports one KV cache group; this model has "
                              f"{len(groups)} (hybrid models are not supported yet)")
-        if not os.environ.get("PYTHONHASHSEED"):
-            log.warning("PYTHONHASHSEED is not set: vLLM seeds its block hashes randomly per "
-                        "launch, so nothing saved by this vLLM can be hit by another launch. "
-                        "Set PYTHONHASHSEED (same value everywhere) to share KV through "
-                        "PegaFlow.")
+        seed_warning = _hash_seed_warning(vllm_config)
+        if seed_warning:
+            log.warning(seed_warning)
+        if role == KVConnectorRole.SCHEDULER:
+            _warn_load_failure_policy(vllm_config.kv_transfer_config)
         if role == KVConnectorRole.WORKER:
             tp_rank, pp_rank, dcp_rank = _worker_ranks(vllm_config)
         else:
             tp_rank = pp_rank = dcp_rank = 0
         ctx = build_context(vllm_config, options, num_cache_groups=max(1, len(groups)),
-                            tp_rank=tp_rank, pp_rank=pp_rank, dcp_rank=dcp_rank)
+                            tp_rank=tp_rank, pp_rank=pp_rank, dcp_rank=dcp_rank,
+                            cross_layer_supported=_base_has_cross_layer_hooks(),
+                            hash_block_size=_hash_block_size(vllm_config, kv_cache_config))
         self._ctx = ctx
-        self._prefer_cross_layer = options.cross_layer_blocks and not ctx.is_mla
+        self._prefer_cross_layer = ctx.cross_layer_blocks
         self._client = _make_client(ctx, options.endpoint)
         self._scheduler: SchedulerConnector | None = None
         self._worker: WorkerConnector | None = None
@@ -232,7 +427,40 @@ class PegaKVConnector(KVConnectorBase_V1):
         return self._scheduler.request_finished(request, block_ids)
 
     def take_events(self) -> Iterable[Any]:
-        return ()
+        """BlockStored / BlockRemoved for blocks in PegaFlow on this node (scheduler)."""
+        if self._scheduler is None:
+            return ()
+        records = self._scheduler.take_events()
+        return _router_events(records) if records else ()
+
+    def get_kv_connector_kv_cache_events(self) -> PegaKVEvents | None:
+        """Worker: the hashes this worker's Saves stored since the last call."""
+        if self._worker is None:
+            return None
+        records = self._worker.event_log.take()
+        return PegaKVEvents(records) if records else None
+
+    # ---------------------------------------------------------------- stats
+
+    def get_kv_connector_stats(self) -> PegaKVConnectorStats | None:
+        """What this side recorded since the last call (None when nothing happened, so
+        an idle worker adds nothing to vLLM's KVConnectorOutput)."""
+        part = self._scheduler if self._scheduler is not None else self._worker
+        data = part.recorder.take() if part is not None else None
+        return PegaKVConnectorStats(data) if data else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None
+                                 ) -> PegaKVConnectorStats | None:
+        return PegaKVConnectorStats(data)
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: Any, metric_types: dict, labelnames: list[str],
+                           per_engine_labelvalues: dict[int, list[object]]):
+        from pegaflow.connector.prom import make_prom_metrics
+
+        return make_prom_metrics(vllm_config, metric_types, labelnames,
+                                 per_engine_labelvalues)
 
     def has_pending_push_work(self) -> bool:
         return self._scheduler is not None and self._scheduler.has_pending_push_work()

@@ -18,7 +18,9 @@ Options (``kv_connector_extra_config`` keys; environment variables win where lis
   env PEGA_LOAD_TIMEOUT_SECONDS a Load not complete after this is a failure
                                 (default 120, floored at 30)
   env PEGAFLOW_CROSS_LAYER_BLOCKS "1" (default) asks vLLM for one cross-layer KV tensor
-                                (non-MLA, single cache group); "0" registers per layer
+                                (non-MLA, single cache group, a vLLM base class with the
+                                cross-layer hooks); "0" registers per layer. The
+                                namespace's cross-layer factor is the layout registered.
 
 Security (docs/security.md) is read by libpegaflow itself from the environment:
   env PEGAFLOW_TLS_CA           TLS, verifying the server with this CA file
@@ -27,7 +29,7 @@ Security (docs/security.md) is read by libpegaflow itself from the environment:
 
 Reference options this connector does not implement: ``pegaflow.tp_shard_endpoints``
 with more than one endpoint raises at start-up; ``pegaflow.pd_tail_save`` /
-``pegaflow.pd_tail_load`` are ignored with a warning.
+``pegaflow.pd_tail_load`` set to true raise at start-up (false is accepted).
 """
 
 from __future__ import annotations
@@ -171,7 +173,12 @@ def parse_options(kv_transfer_config: Any, env: Mapping[str, str] | None = None)
         endpoint = f"{host}:{port}"
     for k in ("pegaflow.pd_tail_save", "pegaflow.pd_tail_load"):
         if k in extra and parse_bool(extra[k], k):
-            log.warning("%s is not supported by this connector and is ignored", k)
+            # Refused, not ignored: a P/D pair relying on tail keys would silently
+            # recompute (or miss) every partial last block.
+            raise ValueError(f"{k} (P/D partial tail-block keys) is not implemented by this "
+                             "connector; remove it (or set it to false): full blocks are "
+                             "still saved and loaded, the partial last prompt block is "
+                             "recomputed")
 
     return ConnectorOptions(
         endpoint=endpoint,
@@ -286,11 +293,27 @@ class ConnectorContext:
     rpc_timeout_ms: int = DEFAULT_RPC_TIMEOUT_MS
     load_timeout_s: float = LOAD_TIMEOUT_DEFAULT_S
     client_version: str | None = None  # None: the library's version
+    # Tokens per entry of request.block_hashes as vLLM resolved them
+    # (resolve_kv_cache_block_sizes); None: vLLM predates it (block_size * dcp * pcp).
+    hash_block_size: int | None = None
+    # Namespaces of the two registration layouts ("" = ``namespace``); ``namespace``
+    # itself is the one of the layout expected (``cross_layer_blocks``).
+    namespace_cross_layer: str = ""
+    namespace_per_layer: str = ""
 
     @property
     def virtual_block_size(self) -> int:
         """Tokens per scheduler block = per entry of request.block_hashes."""
+        if self.hash_block_size:
+            return self.hash_block_size
         return self.block_size * self.dcp_world_size * self.pcp_world_size
+
+    def namespace_for(self, cross_layer: bool) -> str:
+        """Namespace of the layout actually registered: its cross-layer factor must
+        describe that layout, or two vLLM versions registering differently would share
+        keys across incompatible block layouts."""
+        ns = self.namespace_cross_layer if cross_layer else self.namespace_per_layer
+        return ns or self.namespace
 
     @property
     def read_enabled(self) -> bool:
@@ -308,8 +331,14 @@ class ConnectorContext:
 
 def build_context(vllm_config: Any, options: ConnectorOptions, *, num_cache_groups: int = 1,
                   tp_rank: int = 0, pp_rank: int = 0, dcp_rank: int = 0,
-                  env: Mapping[str, str] | None = None) -> ConnectorContext:
-    """Context of one connector process. Scheduler processes pass ranks 0."""
+                  env: Mapping[str, str] | None = None, cross_layer_supported: bool = True,
+                  hash_block_size: int | None = None) -> ConnectorContext:
+    """Context of one connector process. Scheduler processes pass ranks 0.
+
+    ``cross_layer_supported``: vLLM's base class has the cross-layer hooks (a base
+    without them only ever calls register_kv_caches). ``hash_block_size``: tokens per
+    block hash as vLLM resolved them (None: vLLM predates resolve_kv_cache_block_sizes).
+    """
     pc = vllm_config.parallel_config
     tp_size = int(pc.tensor_parallel_size)
     world_size = int(getattr(pc, "world_size", None) or tp_size * pc.pipeline_parallel_size)
@@ -322,11 +351,17 @@ def build_context(vllm_config: Any, options: ConnectorOptions, *, num_cache_grou
     if dcp > 1 and not is_mla:
         log.warning("DCP with a non-MLA model (dcp=%d): ranks are keyed by TP rank only", dcp)
     backend = options.transfer_backend or ("kernel" if is_mla else "direct")
-    ns = derive_namespace(namespace_factors(vllm_config, eff_tp_size, dcp, pcp,
-                                            options.cross_layer_blocks))
+    # Cross-layer registration is expected only where vLLM can do it and the connector
+    # asks for it (never for MLA); the factor must describe the layout registered.
+    cross = bool(options.cross_layer_blocks and not is_mla and cross_layer_supported)
+    ns_cross = derive_namespace(namespace_factors(vllm_config, eff_tp_size, dcp, pcp, True))
+    ns_layers = derive_namespace(namespace_factors(vllm_config, eff_tp_size, dcp, pcp, False))
     return ConnectorContext(
         instance_id=resolve_instance_id(vllm_config, env),
-        namespace=ns,
+        namespace=ns_cross if cross else ns_layers,
+        namespace_cross_layer=ns_cross,
+        namespace_per_layer=ns_layers,
+        hash_block_size=int(hash_block_size) if hash_block_size else None,
         block_size=int(vllm_config.cache_config.block_size),
         tp_rank=eff_tp_rank,
         tp_size=eff_tp_size,
@@ -341,7 +376,7 @@ def build_context(vllm_config: Any, options: ConnectorOptions, *, num_cache_grou
         mode=options.mode,
         transfer_mode=TRANSFER_BACKENDS[backend],
         wait_for_full_prefix=options.wait_for_full_prefix,
-        cross_layer_blocks=options.cross_layer_blocks,
+        cross_layer_blocks=cross,
         query_timeout_ms=options.query_timeout_ms,
         rpc_timeout_ms=options.rpc_timeout_ms,
         load_timeout_s=options.load_timeout_s,

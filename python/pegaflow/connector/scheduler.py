@@ -39,8 +39,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pegaflow.client.engine import QueryResult
+from pegaflow.client.errors import FailedPrecondition
 from pegaflow.connector.config import ConnectorContext
 from pegaflow.connector.plan import LoadIntent, SaveIntent, StepPlan
+from pegaflow.connector.events import EventTracker
+from pegaflow.connector.stats import StatsRecorder
 from pegaflow.connector.util import RateLimitedLog, cdiv
 
 log = logging.getLogger("pegaflow.connector.scheduler")
@@ -57,6 +60,7 @@ class _Probe:
     loading: bool = False
     hit_blocks: int = 0
     lease: bytes = b""
+    prefetched: bool = False  # the server answered Loading before Ready (SSD / P2P)
 
     @property
     def identity(self) -> tuple[int, tuple[bytes, ...]]:
@@ -88,6 +92,15 @@ def _hashed_prefix(blocks: Any) -> int | None:
     return n
 
 
+def _publishable(request: Any) -> int:
+    """Leading block hashes that may be stored by hash: vLLM main's
+    ``num_publishable_block_hashes`` (successor-aware EAGLE hashing publishes the
+    newest hashes only once the draft KV exists); all of them on older vLLM."""
+    n = len(request.block_hashes)
+    limit = getattr(request, "num_publishable_block_hashes", None)
+    return n if limit is None else max(0, min(n, int(limit)))
+
+
 def _is_preempted(request: Any) -> bool:
     status = getattr(request, "status", None)
     return getattr(status, "name", None) == "PREEMPTED"
@@ -113,6 +126,8 @@ class SchedulerConnector:
         self._pending_loads: dict[str, LoadIntent] = {}
         self._awaiting_send: set[str] = set()
         self._rl = RateLimitedLog(log, clock=clock)
+        self.recorder = StatsRecorder()  # what vLLM's get_kv_connector_stats reports
+        self.events = EventTracker(ctx.world_size)  # what take_events reports
         self.stats = {"queries": 0, "query_errors": 0, "hits": 0, "hit_tokens": 0,
                       "loads_committed": 0, "commit_failures": 0, "saves_planned": 0,
                       "releases": 0, "release_errors": 0}
@@ -141,8 +156,11 @@ class SchedulerConnector:
                                     timeout_ms=self.ctx.query_timeout_ms)
         except Exception as e:  # never into vLLM: a failed query is a miss
             self.stats["query_errors"] += 1
+            self.recorder.add("query_errors")
             self._rl(logging.WARNING, "query", "QueryPrefetch failed, treating as a miss: %s", e)
-            return QueryResult.miss()
+            # FAILED_PRECONDITION: the server does not know this instance (it restarted),
+            # so it holds nothing of ours - an answer; anything else is not one.
+            return QueryResult.miss(unreachable=not isinstance(e, FailedPrecondition))
         return res
 
     def _release(self, lease: bytes, why: str) -> None:
@@ -193,13 +211,18 @@ class SchedulerConnector:
             self._probes[rid] = probe
             res = self._query(rid, hashes)
             if res.loading:
-                probe.loading = True
+                probe.loading = probe.prefetched = True
                 return None, False
             self._settle(probe, res)
         return self._answer(request, probe, num_computed_tokens)
 
-    def _settle(self, probe: _Probe, res: QueryResult) -> None:
+    def _settle(self, probe: _Probe, res: QueryResult,
+                asked: tuple[bytes, ...] | None = None) -> None:
+        """``asked``: the hashes the answer is about (default: the probe's)."""
         probe.loading = False
+        if not getattr(res, "unreachable", False):
+            self.events.answered(probe.hashes if asked is None else asked,
+                                 int(res.num_hit_blocks))
         n = max(0, min(int(res.num_hit_blocks), len(probe.hashes)))
         if n > 0 and not res.lease:
             n = 0  # a hit without a lease pins nothing: unusable
@@ -227,9 +250,9 @@ class SchedulerConnector:
             probe.hit_blocks, probe.lease = 0, b""
             res = self._query(rid, probe.hashes[:need])
             if res.loading:
-                probe.loading = True
+                probe.loading = probe.prefetched = True
                 return None, False  # type: ignore[return-value]
-            self._settle(probe, res)
+            self._settle(probe, res, probe.hashes[:need])
             if probe.hit_blocks != need:
                 self._release(probe.lease, "re-query mismatch")
                 probe.hit_blocks, probe.lease = 0, b""
@@ -249,6 +272,15 @@ class SchedulerConnector:
         if num_external_tokens > 0:
             probe = self._probes.pop(rid, None)
             intent, start = self._commit(rid, blocks, ids, num_external_tokens, probe)
+            if intent.lease is not None and probe is not None:
+                vbs = self.ctx.virtual_block_size
+                for j in range(len(intent.block_ids)):
+                    self.events.hit(probe.hashes[j],
+                                    EventTracker.describe(request, start + j, vbs))
+                tier = "prefetched" if probe.prefetched else "ram"
+                self.recorder.add(f"hit_tokens_{tier}", num_external_tokens)
+                self.recorder.add("miss_tokens", max(0, len(probe.hashes) * vbs
+                                                     - num_external_tokens))
             self._pending_loads[rid] = intent
             st.cursor = start + len(intent.block_ids)
             st.load_committed = True
@@ -257,6 +289,9 @@ class SchedulerConnector:
             st.load_committed = False  # the call after the async load: nothing to do
         else:
             # (Re)admission without an external load: a probe's lease is not needed.
+            probe = self._probes.get(rid)
+            if probe is not None and not probe.loading:
+                self.recorder.add("miss_tokens", len(probe.hashes) * self.ctx.virtual_block_size)
             self._drop_probe(rid, "not loaded")
             hashed = _hashed_prefix(blocks) or 0
             st.cursor = 0 if not self.ctx.read_enabled else hashed
@@ -336,11 +371,17 @@ class SchedulerConnector:
             return
         hashes = st.request.block_hashes  # live: grows during decode
         full = min((num_computed + num_scheduled) // self.ctx.virtual_block_size,
-                   len(hashes), len(st.block_ids))
+                   _publishable(st.request), len(st.block_ids))
         if full <= st.cursor:
             return
-        pairs = [(b, bytes(h)) for b, h in zip(st.block_ids[st.cursor:full],
-                                               hashes[st.cursor:full]) if b != 0]
+        pairs = []
+        vbs = self.ctx.virtual_block_size
+        for i in range(st.cursor, full):
+            b, h = st.block_ids[i], bytes(hashes[i])
+            if b == 0:
+                continue
+            pairs.append((b, h))
+            self.events.planned(h, EventTracker.describe(st.request, i, vbs))
         st.cursor = full
         if not pairs:
             return
@@ -349,6 +390,9 @@ class SchedulerConnector:
         self.stats["saves_planned"] += 1
 
     def update_connector_output(self, connector_output: Any) -> None:
+        ev = getattr(connector_output, "kv_cache_events", None)
+        if ev is not None and getattr(ev, "pegaflow", False):
+            self.events.reports(ev.get_all_events())
         invalid = getattr(connector_output, "invalid_block_ids", None)
         if invalid:
             # Failed loads are recomputed by vLLM: those blocks must be saved again.
@@ -377,6 +421,10 @@ class SchedulerConnector:
             return True, None
         del self._reqs[rid]
         return False, None
+
+    def take_events(self) -> list[tuple]:
+        """Router events since the last call (plain records; see events.py)."""
+        return self.events.take()
 
     def has_pending_push_work(self) -> bool:
         """True while finished requests wait for their saves (keeps vLLM stepping so the

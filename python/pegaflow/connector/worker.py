@@ -39,8 +39,10 @@ from pegaflow.client.engine import LayerRegistration, LeaseLoad, RegisterArgs, S
 from pegaflow.client.errors import FailedPrecondition, InvalidArgument, VersionMismatch
 from pegaflow.client.loadstate import create_load_state, state_is_success
 from pegaflow.connector.config import ConnectorContext
+from pegaflow.connector.events import WorkerEventLog
 from pegaflow.connector.layout import infer_layout
 from pegaflow.connector.plan import plan_of
+from pegaflow.connector.stats import StatsRecorder
 from pegaflow.connector.util import RateLimitedLog
 
 log = logging.getLogger("pegaflow.connector.worker")
@@ -89,6 +91,7 @@ class WorkerConnector:
         self._expected_blocks = expected_num_blocks
         self.layers: list[str] = []
         self.registered = False
+        self.namespace = ctx.namespace  # of the registered layout, once registered
         self._reg_args: RegisterArgs | None = None
         self._reg_lock = threading.Lock()
         self._reregister_due: float | None = None  # set when the server lost the instance
@@ -104,6 +107,9 @@ class WorkerConnector:
         self._outstanding: dict[str, int] = {}  # req -> save tasks not yet done
         self._save_reqs: set[str] = set()  # requests with planned saves, not yet reported
         self._finished: set[str] = set()  # finished_req_ids seen, not yet reported
+        self.recorder = StatsRecorder()  # what vLLM's get_kv_connector_stats reports
+        self.event_log = WorkerEventLog()  # hashes saved, for KV-aware routers
+        self._block_bytes = 0  # bytes of one block over every layer registered here
         self.stats = {"loads": 0, "load_failures": 0, "load_timeouts": 0, "saves": 0,
                       "save_failures": 0, "saved_blocks": 0, "loaded_blocks": 0}
         self._q: queue.Queue | None = None
@@ -143,8 +149,12 @@ class WorkerConnector:
                 name=name, ipc=self.device.export_ipc(t), num_blocks=lay.num_blocks,
                 bytes_per_block=lay.bytes_per_block, kv_stride_bytes=lay.kv_stride_bytes,
                 segments=lay.segments))
+        # The namespace names the layout registered here (vLLM may fall back to per-layer
+        # tensors although cross-layer blocks were asked for, e.g. on a base class or a
+        # model that cannot do them), so incompatible layouts never share keys.
+        namespace = self.ctx.namespace_for(any(cross for _, _, cross in tensors))
         args = RegisterArgs(
-            instance_id=self.ctx.instance_id, namespace=self.ctx.namespace,
+            instance_id=self.ctx.instance_id, namespace=namespace,
             tp_rank=self.ctx.tp_rank, tp_size=self.ctx.tp_size,
             world_size=self.ctx.world_size, pp_rank=self.ctx.pp_rank,
             device_id=self.device_id, layers=regs, transfer_mode=self.ctx.transfer_mode,
@@ -160,11 +170,13 @@ class WorkerConnector:
                 f"RegisterContextBatch failed for instance {self.ctx.instance_id} device "
                 f"{self.device_id} layers [{', '.join(r.name for r in regs)}]: {e}") from e
         self.layers = [r.name for r in regs]
+        self._block_bytes = sum(r.bytes_per_block * r.segments for r in regs)
         self.registered = True
         self._reg_args = args
+        self.namespace = namespace
         log.info("registered %d KV layer(s) of instance %s (namespace %s, tp %d/%d, pp %d, "
                  "device %d, %d blocks of %d bytes x %d segment(s))", len(regs),
-                 self.ctx.instance_id, self.ctx.namespace, self.ctx.tp_rank, self.ctx.tp_size,
+                 self.ctx.instance_id, namespace, self.ctx.tp_rank, self.ctx.tp_size,
                  self.ctx.pp_rank, self.device_id, regs[0].num_blocks, regs[0].bytes_per_block,
                  regs[0].segments)
 
@@ -202,6 +214,7 @@ class WorkerConnector:
 
     def _fail_load(self, req_blocks: Mapping[str, tuple[int, ...]], why: str) -> None:
         self.stats["load_failures"] += 1
+        self.recorder.add("load_failures")
         for rid, blocks in req_blocks.items():
             self._load_errors.update(blocks)
             self._recving.add(rid)
@@ -271,10 +284,20 @@ class WorkerConnector:
             p.state.close()
             if st == 0:
                 self.stats["load_timeouts"] += 1
+                self.recorder.add("load_timeouts")
                 self._fail_load(p.req_blocks, f"not complete after {self.ctx.load_timeout_s:.0f} s")
             elif state_is_success(st):
                 self._recving.update(p.req_blocks)
-                self.stats["loaded_blocks"] += sum(len(b) for b in p.req_blocks.values())
+                n = sum(len(b) for b in p.req_blocks.values())
+                self.stats["loaded_blocks"] += n
+                rec = self.recorder
+                rec.add("load_success")
+                rec.add("load_blocks", n)
+                rec.add("load_bytes", n * self._block_bytes)
+                rec.observe("load_op_blocks", n)
+                # submission to the poll that saw it complete (get_finished runs once
+                # per step, so this is an upper bound by at most one step)
+                rec.observe("load_duration_s", max(0.0, now - p.started))
             else:
                 self._fail_load(p.req_blocks, f"server reported state {st}")
         self._pending = still
@@ -347,14 +370,27 @@ class WorkerConnector:
                     hashes.append(h)
         try:
             if ids and self.registered and not self.ctx.skip_save:
+                t0 = self._clock()
                 self.device.synchronize()
                 layers = [SaveLayer(name, ids, hashes) for name in self.layers]
                 self.client.save(self.ctx.instance_id, self.ctx.tp_rank, self.ctx.pp_rank,
                                  self.device_id, layers, timeout_ms=self.ctx.rpc_timeout_ms)
                 self.stats["saves"] += 1
                 self.stats["saved_blocks"] += len(ids)
+                rec = self.recorder
+                rec.add("save_success")
+                rec.add("save_blocks", len(ids))
+                rec.add("save_bytes", len(ids) * self._block_bytes)
+                rec.observe("save_op_blocks", len(ids))
+                rec.observe("save_duration_s", max(0.0, self._clock() - t0))
+                self.event_log.saved(hashes)
+            elif ids and self.registered:
+                # skip_save (MLA replica): rank 0 copies; report the same hashes so the
+                # scheduler's "all workers saved it" rule is decided by rank 0's result
+                self.event_log.saved(hashes)
         except Exception as e:
             self.stats["save_failures"] += 1
+            self.recorder.add("save_failures")
             self._rl(logging.WARNING, "save", "Save of %d block(s) failed (they stay "
                      "uncached): %s", len(ids), e)
             self._note_failure(e)

@@ -1,4 +1,4 @@
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -36,10 +36,11 @@ class KVCacheTensor:
 class KVCacheGroupSpec:
     layer_names: list[str]
     kv_cache_spec: KVCacheSpec
+    is_eagle_group: bool = False
 
 
 @dataclass
 class KVCacheConfig:
     num_blocks: int
     kv_cache_tensors: list[KVCacheTensor]
-    kv_cache_groups: list[KVCacheGroupSpec] = field(default_factory=list)
+    kv_cache_groups: list[KVCacheGroupSpec]  # required on main

@@ -1,4 +1,4 @@
-"""Stub of vllm/distributed/kv_transfer/kv_connector/v1/base.py at 003df29.
+"""Stub of vllm/distributed/kv_transfer/kv_connector/v1/base.py at 003df29 (vLLM main).
 
 Same class names, enum values, method signatures, default return values and base-class
 state as the pinned commit; docstrings are ours. The real module imports torch only for
@@ -209,6 +209,14 @@ class KVConnectorBase_V1(ABC):
     def set_xfer_handshake_metadata(self, metadata: dict[int, KVConnectorHandshakeMetadata]
                                     ) -> None:
         return None
+
+    def set_xfer_handshake_metadata_pp_aware(
+            self, metadata: dict[tuple[int, int], KVConnectorHandshakeMetadata]) -> None:
+        # Keyed by (pp_rank, tp_rank); connectors that are not PP-aware get pp 0 only.
+        if any(pp_rank != 0 for pp_rank, _ in metadata):
+            raise ValueError(f"{type(self).__name__} received pp_rank > 0 handshake metadata "
+                             "but does not support PP-disaggregated KV transfer.")
+        self.set_xfer_handshake_metadata({tp: m for (_, tp), m in metadata.items()})
 
     @classmethod
     def build_prom_metrics(cls, vllm_config: "VllmConfig", metric_types: dict,
