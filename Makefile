@@ -5,6 +5,7 @@
 #   make run             install missing deps, build, start pegaflow-server on defaults (sim GPU)
 #   make test SAN=address,undefined | SAN=thread   sanitizer builds (own output dir)
 #   make coverage        gcov/lcov build + tests, prints line and branch coverage
+#   make fuzz            libFuzzer targets for minutes each (FUZZ_SECONDS; mk/fuzz.mk)
 #
 # Modules add their sources from their own module.mk (src/*/, sim/*/, hw/*/, tests/*/).
 .DEFAULT_GOAL := all
@@ -31,4 +32,5 @@ include $(sort $(wildcard tests/*/module.mk tests/unit/*/module.mk bench/module.
 
 include mk/link.mk
 include mk/test.mk
+include mk/fuzz.mk
 include mk/targets.mk

@@ -1,0 +1,98 @@
+/* Fake RPC call for the fuzz targets (see fuzz.h): the --wrap'ed pf_rpc_fail,
+ * pf_rpc_respond and pf_rpc_call_peer record the handler's answer in struct pf_rpc_call. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fuzz.h"
+
+int __wrap_pf_rpc_respond(struct pf_rpc_call *call, const ProtobufCMessage *msg);
+int __wrap_pf_rpc_fail(struct pf_rpc_call *call, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+const char *__wrap_pf_rpc_call_peer(struct pf_rpc_call *call);
+
+_Noreturn void fz_fail(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "FUZZ CHECK FAILED: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    abort();
+}
+
+void fz_call_reset(struct pf_rpc_call *c)
+{
+    memset(c, 0, sizeof(*c));
+}
+
+int __wrap_pf_rpc_respond(struct pf_rpc_call *call, const ProtobufCMessage *msg)
+{
+    size_t n = protobuf_c_message_get_packed_size(msg);
+    uint8_t *buf = malloc(n ? n : 1);
+    if (!buf)
+        fz_fail("out of memory packing a %s", msg->descriptor->name);
+    if (protobuf_c_message_pack(msg, buf) != n)
+        fz_fail("%s: packed size differs from get_packed_size", msg->descriptor->name);
+    ProtobufCMessage *back = protobuf_c_message_unpack(msg->descriptor, NULL, n, buf);
+    if (!back)
+        fz_fail("%s: the response does not unpack again", msg->descriptor->name);
+    protobuf_c_message_free_unpacked(back, NULL);
+    free(buf);
+    call->responses++;
+    return 0;
+}
+
+int __wrap_pf_rpc_fail(struct pf_rpc_call *call, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(call->msg, sizeof(call->msg), fmt, ap);
+    va_end(ap);
+    call->code = code ? code : PF_GRPC_INTERNAL;
+    return call->code;
+}
+
+const char *__wrap_pf_rpc_call_peer(struct pf_rpc_call *call)
+{
+    return "ipv4:127.0.0.1:1";
+}
+
+static void check_error(const char *method, int rc, const struct pf_rpc_call *c)
+{
+    if (c->code == 0)
+        fz_fail("%s returned %d without setting a status", method, rc);
+    if (rc != c->code)
+        fz_fail("%s returned %d but set status %s (%s)", method, rc, pf_grpc_code_name(c->code),
+                c->msg);
+    if (c->code == PF_GRPC_INTERNAL)
+        fz_fail("%s answered INTERNAL to a client request: %s", method, c->msg);
+    if (!c->msg[0])
+        fz_fail("%s answered %s without a message", method, pf_grpc_code_name(c->code));
+}
+
+void fz_check_unary(const char *method, int rc, const struct pf_rpc_call *c)
+{
+    if (rc != 0) {
+        check_error(method, rc, c);
+        return;
+    }
+    if (c->code != 0)
+        fz_fail("%s returned 0 after failing with %s (%s)", method, pf_grpc_code_name(c->code),
+                c->msg);
+    if (c->responses != 1)
+        fz_fail("%s returned 0 with %d responses", method, c->responses);
+}
+
+void fz_check_stream(const char *method, int rc, const struct pf_rpc_call *c)
+{
+    if (rc != 0) {
+        check_error(method, rc, c);
+        return;
+    }
+    if (c->code != 0 || c->responses != 0)
+        fz_fail("%s parked a stream after answering (status %d, %d responses)", method, c->code,
+                c->responses);
+}
