@@ -139,6 +139,9 @@ int pf_engine_load(struct pf_engine *e, const struct pf_engine_load *l, char *er
     if (rc) {
         free(c);
         pf_metric_add(e->m_load_fail, 1);
+        /* a load_state_shm the client named that does not exist is its mistake, not ours */
+        if (rc == -ENOENT || rc == -EACCES)
+            return -ENOENT;
         return rc == -EINVAL ? -EINVAL : -EIO;
     }
     struct pf_instance *in = NULL;

@@ -1,0 +1,182 @@
+/* Fuzz target: every request of service pegaflow.Engine, decoded and validated exactly as
+ * the server does it, against a real in-process engine (sim GPU, 16 MiB pool).
+ *
+ * Input: byte 0 picks the method in pf_engine_methods[] (modulo their number); the rest is
+ * the request message. Methods with a protobuf-c descriptor are unpacked by the generated
+ * unpacker (as src/rpc/server.c does; a failed unpack is the server's INVALID_ARGUMENT
+ * answer, nothing more to check), then handed to the handler; QueryPrefetch's raw handler
+ * decodes the bytes itself (src/rpc/wire.c). Parked streams (Session) are closed again at
+ * once. Checks (fuzz.h): the handler contract, responses that serialize, and no INTERNAL
+ * answer to any request.
+ *
+ * One instance "fz" (namespace "fz", layer "L0", 64 blocks of 4 KiB on sim device 0) is
+ * registered at start so Save/Load/Query reach the engine's own validation; a register
+ * request whose IpcTensor names shm "@kv" is pointed at that instance's shm object (its
+ * name is random per run). Instances a request created are unregistered after it. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.pb-c.h"
+#include "fuzz.h"
+#include "client/pegaflow.h"
+#include "pf/engine.h"
+#include "pf/hal.h"
+#include "pf/hal_gpu.h"
+#include "pf/log.h"
+#include "pf/service.h"
+
+#define NB  64
+#define SEG 4096
+
+static struct pf_engine_service svc;
+static struct pf_gpu *gpu;
+static struct pf_simkv *kv;
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static void base_register(void)
+{
+    struct pf_engine_layer l = {
+        .name = "L0", .num_blocks = NB, .bytes_per_block = SEG, .segments = 1};
+    l.ipc.kind = PF_IPC_SIM_SHM;
+    l.ipc.size = NB * SEG;
+    snprintf(l.ipc.shm_name, sizeof(l.ipc.shm_name), "%s", pf_simkv_name(kv));
+    struct pf_engine_register r = {.instance_id = "fz",
+                                   .namespace_ = "fz",
+                                   .client_version = PF_VERSION,
+                                   .tp_size = 1,
+                                   .world_size = 1,
+                                   .layers = &l,
+                                   .nlayers = 1};
+    char err[256];
+    if (pf_engine_register(svc.engine, &r, err, sizeof(err)) != 0)
+        fz_fail("cannot register the base instance: %s", err);
+}
+
+static void unlink_kv(void)
+{
+    pf_simkv_destroy(kv); /* libFuzzer exits with the engine still running: only the name */
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    char chosen[32], err[256];
+    pf_log_set_level(PF_LOG_ERROR);
+    pf_hal_init();
+    struct pf_gpu_config gc = {.sim_default_devices = 1};
+    if (pf_hal_gpu_open("sim", &gc, &gpu, chosen, sizeof(chosen), err, sizeof(err)) != 0)
+        fz_fail("sim GPU: %s", err);
+    struct pf_engine_config ec = {.gpu = gpu,
+                                  .pool_size = 16 << 20,
+                                  .integrity = true,
+                                  .skip_memcheck = true,
+                                  .copy_timeout_ms = 10000};
+    if (pf_engine_create(&ec, &svc.engine, err, sizeof(err)) != 0)
+        fz_fail("engine: %s", err);
+    if (pf_simkv_create(NB * SEG, 0, &kv) != 0)
+        fz_fail("sim KV cache");
+    uint8_t *p = pf_simkv_ptr(kv);
+    for (size_t i = 0; i < NB * SEG; i++)
+        p[i] = (uint8_t)(i * 13);
+    base_register();
+    atexit(unlink_kv);
+    return 0;
+}
+
+/* Points every IpcTensor naming shm "@kv" at the base instance's shm object. */
+static void patch_register(Pegaflow__RegisterContextRequest *r, ProtobufCBinaryData *repacked)
+{
+    for (size_t i = 0; i < r->n_wrapper_bytes; i++) {
+        ProtobufCBinaryData *b = &r->wrapper_bytes[i];
+        Pegaflow__IpcTensor *t = pegaflow__ipc_tensor__unpack(NULL, b->len, b->data);
+        if (!t)
+            continue;
+        if (t->shm_name && strcmp(t->shm_name, "@kv") == 0) {
+            char *old = t->shm_name;
+            t->shm_name = (char *)pf_simkv_name(kv);
+            size_t n = pegaflow__ipc_tensor__get_packed_size(t);
+            uint8_t *buf = malloc(n ? n : 1);
+            if (buf) {
+                pegaflow__ipc_tensor__pack(t, buf);
+                repacked[i] = *b; /* restored before the request is freed */
+                *b = (ProtobufCBinaryData){n, buf};
+            }
+            t->shm_name = old;
+        }
+        pegaflow__ipc_tensor__free_unpacked(t, NULL);
+    }
+}
+
+static void unpatch_register(Pegaflow__RegisterContextRequest *r, ProtobufCBinaryData *repacked)
+{
+    for (size_t i = 0; i < r->n_wrapper_bytes; i++)
+        if (repacked[i].data) {
+            free(r->wrapper_bytes[i].data);
+            r->wrapper_bytes[i] = repacked[i];
+        }
+}
+
+static void drop_extra_instances(void)
+{
+    char **ids = NULL;
+    size_t n = pf_engine_list_instances(svc.engine, &ids);
+    bool base = false;
+    for (size_t i = 0; i < n; i++) {
+        char err[256];
+        if (strcmp(ids[i], "fz") != 0)
+            pf_engine_unregister(svc.engine, ids[i], err, sizeof(err));
+        else
+            base = true;
+        free(ids[i]);
+    }
+    free(ids);
+    if (!base)
+        base_register(); /* the input unregistered it */
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1)
+        return 0;
+    const struct pf_rpc_method *m = &pf_engine_methods[data[0] % pf_engine_nmethods];
+    data++;
+    size--;
+    struct pf_rpc_call call;
+    fz_call_reset(&call);
+    if (m->raw) {
+        int rc = m->raw(&svc, &call, data, size);
+        fz_check_unary(m->path, rc, &call);
+        drop_extra_instances();
+        return 0;
+    }
+    ProtobufCMessage *req = protobuf_c_message_unpack(m->req_desc, NULL, size, data);
+    if (!req)
+        return 0;
+    ProtobufCBinaryData *repacked = NULL;
+    bool is_reg = m->req_desc == &pegaflow__register_context_request__descriptor;
+    if (is_reg) {
+        Pegaflow__RegisterContextRequest *r = (void *)req;
+        repacked = calloc(r->n_wrapper_bytes ? r->n_wrapper_bytes : 1, sizeof(*repacked));
+        if (!repacked)
+            fz_fail("out of memory");
+        patch_register(r, repacked);
+    }
+    if (m->unary) {
+        int rc = m->unary(&svc, &call, req);
+        fz_check_unary(m->path, rc, &call);
+    } else {
+        void *sctx = NULL;
+        int rc = m->stream_open(&svc, &call, req, &sctx);
+        fz_check_stream(m->path, rc, &call);
+        if (rc == 0)
+            m->stream_closed(&svc, sctx, true);
+    }
+    if (is_reg)
+        unpatch_register((void *)req, repacked);
+    free(repacked);
+    protobuf_c_message_free_unpacked(req, NULL);
+    drop_extra_instances();
+    return 0;
+}
