@@ -131,7 +131,8 @@ def meta_seeds():
     write("meta_rpc", "query", bytes([4]) + f_bytes(1, "ns") + b"".join(f_bytes(2, h) for h in H))
     # a sequence: byte 0 >= 0x80 means "several requests", see fuzz_meta_rpc.c
     seq = b""
-    for i, body in ((0, node), (2, ins), (4, f_bytes(1, "ns") + f_bytes(2, H[0])), (3, ins), (1, node)):
+    for i, body in ((0, node), (2, ins), (4, f_bytes(1, "ns") + f_bytes(2, H[0])), (0xff, b"\x28"),
+                    (0, node), (2, ins), (0xff, b"\xf0"), (4, f_bytes(1, "ns") + f_bytes(2, H[0])), (3, ins), (1, node)):
         seq += bytes([i]) + struct.pack("<H", len(body)) + body
     write("meta_rpc", "sequence", bytes([0x80]) + seq)
 
