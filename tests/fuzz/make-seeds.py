@@ -155,7 +155,8 @@ def config_seeds():
     write("config", "server-p2p", b"\0" + a("--addr=10.0.0.1:50055", "--nics", "127.0.0.2", "127.0.0.3",
                                              "--metaserver-addr", "http://127.0.0.1:50056",
                                              "--ssd-cache-path", "/tmp/x", "--ssd-cache-capacity", "512 MiB",
-                                             "--trace-sample-rate", "0.5", "--fault-spec", "gpu.copy:fail@1"))
+                                             "--trace-sample-rate", "0.5", "--enable-debug", "--fault-spec",
+                                             "gpu.d2h:prob=0.5,error=EIO;net.read:nth=3,times=2,at=complete;seed=7"))
     write("config", "server-otel", b"\0" + a("--metrics-otel-endpoint", "http://127.0.0.1:4318",
                                               "--metrics-period-secs", "10", "--gpu-backend", "faulty:sim"))
     write("config", "meta", b"\x01" + a("--addr", "[::1]:50056", "--ttl-minutes", "5", "--node-stale-secs=30"))
