@@ -192,11 +192,13 @@ def tcpnet_seeds():
 
 
 def ssd_seeds():
-    # see fuzz_ssd_layout.c: per slot 6 bytes (nseg, stride/512, len lo, len hi, flags,
-    # corrupt offset), then data bytes
-    write("ssd_layout", "one-slot", bytes([1, 1, 1, 0x00, 0x02, 1, 0]) + b"\x5a" * 64)
-    write("ssd_layout", "kv-slots", bytes([2, 2, 2, 0x00, 0x04, 1, 3, 1, 1, 0x00, 0x01, 1, 0]) + bytes(range(256)))
-    write("ssd_layout", "corrupt", bytes([1, 1, 1, 0x10, 0x00, 3, 5]) + b"\x01" * 32)
+    # see fuzz_ssd_layout.c: byte 0 slots - 1; per slot: nseg - 1, stride/512 - 1, data length
+    # (2 bytes LE), flags (bit0 checksum, bit1 corrupt), corrupt position/256; then data
+    write("ssd_layout", "one-slot", bytes([0, 0, 0, 0x00, 0x02, 1, 0]) + b"\x5a" * 64)
+    write("ssd_layout", "kv-slots", bytes([1, 1, 1, 0xdc, 0x05, 1, 0, 0, 0, 0x00, 0x01, 1, 0]) + bytes(range(256)))
+    write("ssd_layout", "corrupt-data", bytes([0, 1, 0, 0xe8, 0x01, 3, 5]) + b"\x01" * 32)
+    write("ssd_layout", "corrupt-padding", bytes([0, 0, 1, 0x00, 0x01, 3, 200]) + b"\x02" * 32)
+    write("ssd_layout", "no-checksum", bytes([2, 1, 0, 0x00, 0x02, 2, 10, 0, 0, 0x10, 0, 1, 0, 1, 3, 0xff, 0xff, 1, 0]) + b"\x07")
 
 
 def main():
