@@ -181,14 +181,17 @@ def http_seeds():
 
 def tcpnet_seeds():
     # byte 0 flags (see fuzz_tcpnet.c): bit0 real HELLO token, bit1 raddr relative to the
-    # region, bit2 real rkey; then the bytes sent
+    # region, bit2 readable region's rkey, bit3 the other region's; then the bytes sent
     hello = struct.pack("<IIQQ", 0x48544650, 1, 0, 0x77)
     rd = lambda seq, off, ln: struct.pack("<IIQQQ", 0x52544650, 0, seq, off, ln)
-    write("tcpnet", "reads", bytes([7]) + hello + rd(1, 0, 64) + rd(2, 4000, 96) + rd(3, 4096, 1))
+    write("tcpnet", "reads", bytes([7]) + hello + rd(1, 0, 64) + rd(2, 4000, 96) + rd(3, 4095, 1))
+    write("tcpnet", "bounds", bytes([7]) + hello + rd(1, 4000, 97) + rd(2, 4096, 1) + rd(3, 0, 4096))
     write("tcpnet", "bad-rkey", bytes([3]) + hello + rd(1, 0, 8))
-    write("tcpnet", "bad-hello", bytes([0]) + hello)
-    write("tcpnet", "bad-magic", bytes([7]) + hello + b"XXXX" + rd(1, 0, 8)[4:])
-    write("tcpnet", "zero-len", bytes([7]) + hello + rd(9, 16, 0) + rd(10, 0, 4096))
+    write("tcpnet", "no-access", bytes([11]) + hello + rd(1, 0, 8))
+    write("tcpnet", "unknown-qp", bytes([0]) + hello + rd(1, 0, 8))
+    write("tcpnet", "bad-version", bytes([1]) + struct.pack("<IIQQ", 0x48544650, 2, 0, 1))
+    write("tcpnet", "bad-magic", bytes([7]) + hello + rd(1, 0, 8) + b"XXXX" + rd(2, 0, 8)[4:])
+    write("tcpnet", "zero-len", bytes([7]) + hello + rd(9, 16, 0) + rd(10, 0, 4096) + rd(11, 8, 8)[:20])
 
 
 def ssd_seeds():
