@@ -6,6 +6,7 @@
 #                          crashes land in build/fuzz/crashes/<name>/ (FUZZ_TARGETS="a b": some)
 #   make fuzz-merge        minimises the working corpora into tests/fuzz/corpus/ (-merge=1)
 #   make fuzz-build        the targets only; skipped with a note when clang/libFuzzer is absent
+#   make fuzz-seeds        rewrites the seed inputs (tests/fuzz/make-seeds.py)
 #   make test-fuzz         the "fuzz" suite of tests/run.sh: each target for FUZZ_TEST_SECONDS
 #                          (default 5) over the committed corpus (make test runs it too)
 FUZZ_SRCS := $(sort $(wildcard tests/fuzz/fuzz_*.c))
@@ -49,3 +50,8 @@ fuzz-merge:
 
 test-fuzz: fuzz-build
 	@$(TEST_ENV) tests/run.sh fuzz $(O)
+
+# rewrites the seed inputs (tests/fuzz/corpus/<name>/seed-*) from tests/fuzz/make-seeds.py
+.PHONY: fuzz-seeds
+fuzz-seeds:
+	@tests/fuzz/make-seeds.py
