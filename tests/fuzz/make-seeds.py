@@ -194,6 +194,17 @@ def tcpnet_seeds():
     write("tcpnet", "zero-len", bytes([7]) + hello + rd(9, 16, 0) + rd(10, 0, 4096) + rd(11, 8, 8)[:20])
 
 
+def tcpnet_rx_seeds():
+    # byte 0 flags (see fuzz_tcpnet_rx.c), byte 1 READs - 1, byte 2 READ length - 1, script
+    resp = lambda st, seq, ln: struct.pack("<IIQQ", 0x44544650, st, seq, ln)
+    write("tcpnet_rx", "valid", bytes([7, 3, 63]) + bytes(range(256)))
+    write("tcpnet_rx", "headers", bytes([3, 1, 15]) + resp(0, 0, 16) + b"A" * 16 + resp(3, 1, 0))
+    write("tcpnet_rx", "raw", bytes([1, 0, 7]) + resp(0, 0, 8) + b"B" * 8 + resp(0, 1, 8) + b"C" * 8)
+    write("tcpnet_rx", "refused", bytes([0, 0, 7]) + struct.pack("<II", 0x41544650, 4))
+    write("tcpnet_rx", "bad-ack", bytes([0, 0, 7]) + b"XXXXXXXX")
+    write("tcpnet_rx", "short", bytes([1, 2, 99]) + resp(0, 0, 100) + b"D" * 40)
+
+
 def ssd_seeds():
     # see fuzz_ssd_layout.c: byte 0 slots - 1; per slot: nseg - 1, stride/512 - 1, data length
     # (2 bytes LE), flags (bit0 checksum, bit1 corrupt), corrupt position/256; then data
@@ -212,6 +223,7 @@ def main():
     config_seeds()
     http_seeds()
     tcpnet_seeds()
+    tcpnet_rx_seeds()
     ssd_seeds()
     return 0
 
