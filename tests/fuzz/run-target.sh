@@ -43,7 +43,7 @@ if [ "${1:-}" = --long ] || [ "${1:-}" = --merge ]; then
       echo "== fuzz_$n: ${secs}s (corpus $work, crashes $crashes)"
       # shellcheck disable=SC2046
       "$bin" $(opts_for "$n") -max_total_time="$secs" -artifact_prefix="$crashes/" \
-        "$work" "$top/tests/fuzz/corpus/$n" 2>&1 | grep -E '^(#[0-9]+ +(DONE|INITED)|Done|==|SUMMARY|stat::number_of_executed_units|artifact_prefix|Test unit written)' 
+        "$work" "$top/tests/fuzz/corpus/$n" 2>&1 | grep -aE '^(#[0-9]+[[:space:]]+(DONE|INITED)|Done|==|SUMMARY|FUZZ CHECK|.*runtime error|stat::number_of_executed_units|Test unit written)'
       r=${PIPESTATUS[0]}
       [ "$r" -eq 0 ] || { echo "fuzz_$n: FAILED (exit $r); crash input in $crashes"; rc=1; }
     else
