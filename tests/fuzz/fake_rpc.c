@@ -12,6 +12,8 @@ int __wrap_pf_rpc_fail(struct pf_rpc_call *call, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 const char *__wrap_pf_rpc_call_peer(struct pf_rpc_call *call);
 
+void (*fz_response_hook)(const ProtobufCMessage *msg);
+
 _Noreturn void fz_fail(const char *fmt, ...)
 {
     va_list ap;
@@ -42,6 +44,8 @@ int __wrap_pf_rpc_respond(struct pf_rpc_call *call, const ProtobufCMessage *msg)
     protobuf_c_message_free_unpacked(back, NULL);
     free(buf);
     call->responses++;
+    if (fz_response_hook)
+        fz_response_hook(msg);
     return 0;
 }
 
@@ -73,8 +77,19 @@ static void check_error(const char *method, int rc, const struct pf_rpc_call *c)
         fz_fail("%s answered %s without a message", method, pf_grpc_code_name(c->code));
 }
 
+static void trace(const char *method, int rc, const struct pf_rpc_call *c)
+{
+    static int verbose = -1;
+    if (verbose < 0)
+        verbose = getenv("FZ_VERBOSE") != NULL;
+    if (verbose)
+        fprintf(stderr, "fuzz: %s -> %d %s%s%s\n", method, rc,
+                c->code ? pf_grpc_code_name(c->code) : "OK", c->msg[0] ? ": " : "", c->msg);
+}
+
 void fz_check_unary(const char *method, int rc, const struct pf_rpc_call *c)
 {
+    trace(method, rc, c);
     if (rc != 0) {
         check_error(method, rc, c);
         return;
@@ -88,6 +103,7 @@ void fz_check_unary(const char *method, int rc, const struct pf_rpc_call *c)
 
 void fz_check_stream(const char *method, int rc, const struct pf_rpc_call *c)
 {
+    trace(method, rc, c);
     if (rc != 0) {
         check_error(method, rc, c);
         return;

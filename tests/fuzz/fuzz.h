@@ -7,7 +7,8 @@
  * bug). fz_check_unary() asserts the handler contract the RPC layer relies on: 0 with
  * exactly one response, or a non-zero gRPC code equal to the return value, never INTERNAL
  * (bad client input is never an internal error). A violation aborts with the method, code
- * and message, which libFuzzer reports as a crash. */
+ * and message, which libFuzzer reports as a crash. FZ_VERBOSE=1 in the environment prints
+ * every handler's answer (replaying one input). */
 #ifndef PF_FUZZ_H
 #define PF_FUZZ_H
 
@@ -28,6 +29,8 @@ void fz_call_reset(struct pf_rpc_call *c);
 void fz_check_unary(const char *method, int rc, const struct pf_rpc_call *c);
 /* Stream open: 0 with no response sent (parked), or as fz_check_unary for an error. */
 void fz_check_stream(const char *method, int rc, const struct pf_rpc_call *c);
+/* Called with every response a handler sends (after the checks), when set. */
+extern void (*fz_response_hook)(const ProtobufCMessage *msg);
 /* Prints the failure and aborts (libFuzzer then saves the input). */
 _Noreturn void fz_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

@@ -1,18 +1,22 @@
 /* Fuzz target: every request of service pegaflow.Engine, decoded and validated exactly as
  * the server does it, against a real in-process engine (sim GPU, 16 MiB pool).
  *
- * Input: byte 0 picks the method in pf_engine_methods[] (modulo their number); the rest is
- * the request message. Methods with a protobuf-c descriptor are unpacked by the generated
- * unpacker (as src/rpc/server.c does; a failed unpack is the server's INVALID_ARGUMENT
- * answer, nothing more to check), then handed to the handler; QueryPrefetch's raw handler
- * decodes the bytes itself (src/rpc/wire.c). Parked streams (Session) are closed again at
- * once. Checks (fuzz.h): the handler contract, responses that serialize, and no INTERNAL
- * answer to any request.
+ * Input: byte 0 < 0x80 picks the method in pf_engine_methods[] (modulo their number); the
+ * rest is the request message. Byte 0 >= 0x80: a sequence of records [u8 method][u16 LE
+ * length][message] run in order (Save, then Query, then Load with the lease it got...). Methods
+ * with a protobuf-c descriptor are unpacked by the generated unpacker (as src/rpc/server.c does; a
+ * failed unpack is the server's INVALID_ARGUMENT answer, nothing more to check), then handed to the
+ * handler; QueryPrefetch's raw handler decodes the bytes itself (src/rpc/wire.c). Parked streams
+ * (Session) are closed again at once. Checks (fuzz.h): the handler contract, responses that
+ * serialize, and no INTERNAL answer to any request.
  *
  * One instance "fz" (namespace "fz", layer "L0", 64 blocks of 4 KiB on sim device 0) is
  * registered at start so Save/Load/Query reach the engine's own validation; a register
  * request whose IpcTensor names shm "@kv" is pointed at that instance's shm object (its
- * name is random per run). Instances a request created are unregistered after it. */
+ * name is random per run). In Load and Release requests, a lease of the 6 bytes "@lease"
+ * is replaced by the last lease a QueryPrefetch answered, and a load_state_shm "@ls" by a
+ * fresh load-state record; a Load that was accepted must then complete (success or
+ * failure) within 30 s. Instances an input created are unregistered after it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +29,7 @@
 #include "pf/hal_gpu.h"
 #include "pf/log.h"
 #include "pf/service.h"
+#include "pf/util.h"
 
 #define NB  64
 #define SEG 4096
@@ -35,6 +40,7 @@ static struct pf_simkv *kv;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+static void on_response(const ProtobufCMessage *msg);
 
 static void base_register(void)
 {
@@ -82,6 +88,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         p[i] = (uint8_t)(i * 13);
     base_register();
     atexit(unlink_kv);
+    fz_response_hook = on_response;
     return 0;
 }
 
@@ -136,24 +143,83 @@ static void drop_extra_instances(void)
         base_register(); /* the input unregistered it */
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+static uint8_t last_lease[16];
+static bool have_lease;
+
+static void on_response(const ProtobufCMessage *msg)
 {
-    if (size < 1)
-        return 0;
-    const struct pf_rpc_method *m = &pf_engine_methods[data[0] % pf_engine_nmethods];
-    data++;
-    size--;
+    if (msg->descriptor != &pegaflow__query_response__descriptor)
+        return;
+    const Pegaflow__QueryResponse *r = (const void *)msg;
+    if (r->result_case == PEGAFLOW__QUERY_RESPONSE__RESULT_READY &&
+        r->ready->lease.len == sizeof(last_lease)) {
+        memcpy(last_lease, r->ready->lease.data, sizeof(last_lease));
+        have_lease = true;
+    }
+}
+
+static bool is_lease_ref(const ProtobufCBinaryData *b)
+{
+    return b->len == 6 && memcmp(b->data, "@lease", 6) == 0 && have_lease;
+}
+
+/* Placeholders of one request, undone before protobuf-c frees it. */
+struct patches {
+    ProtobufCBinaryData *lease_at[64];
+    ProtobufCBinaryData lease_was[64];
+    size_t nlease;
+    char **ls_at;
+    char *ls_was;
+    struct pf_loadstate *ls;
+};
+
+static void patch_lease(struct patches *pt, ProtobufCBinaryData *b)
+{
+    if (!is_lease_ref(b) || pt->nlease == PF_ARRAY_SIZE(pt->lease_at))
+        return;
+    pt->lease_at[pt->nlease] = b;
+    pt->lease_was[pt->nlease++] = *b;
+    *b = (ProtobufCBinaryData){sizeof(last_lease), last_lease};
+}
+
+static void patch(ProtobufCMessage *req, struct patches *pt)
+{
+    if (req->descriptor == &pegaflow__release_request__descriptor) {
+        patch_lease(pt, &((Pegaflow__ReleaseRequest *)req)->lease);
+    } else if (req->descriptor == &pegaflow__load_request__descriptor) {
+        Pegaflow__LoadRequest *l = (void *)req;
+        for (size_t i = 0; i < l->n_loads; i++)
+            patch_lease(pt, &l->loads[i]->lease);
+        if (l->load_state_shm && strcmp(l->load_state_shm, "@ls") == 0 &&
+            pf_loadstate_create(&pt->ls) == 0) {
+            pt->ls_at = &l->load_state_shm;
+            pt->ls_was = l->load_state_shm;
+            l->load_state_shm = (char *)pf_loadstate_name(pt->ls);
+        }
+    }
+}
+
+static void unpatch(struct patches *pt)
+{
+    for (size_t i = 0; i < pt->nlease; i++)
+        *pt->lease_at[i] = pt->lease_was[i];
+    if (pt->ls_at)
+        *pt->ls_at = pt->ls_was;
+}
+
+static void run_one(uint8_t sel, const uint8_t *data, size_t size)
+{
+    const struct pf_rpc_method *m = &pf_engine_methods[sel % pf_engine_nmethods];
     struct pf_rpc_call call;
     fz_call_reset(&call);
     if (m->raw) {
         int rc = m->raw(&svc, &call, data, size);
         fz_check_unary(m->path, rc, &call);
-        drop_extra_instances();
-        return 0;
+        return;
     }
     ProtobufCMessage *req = protobuf_c_message_unpack(m->req_desc, NULL, size, data);
     if (!req)
-        return 0;
+        return; /* the server answers INVALID_ARGUMENT "malformed ..." */
     ProtobufCBinaryData *repacked = NULL;
     bool is_reg = m->req_desc == &pegaflow__register_context_request__descriptor;
     if (is_reg) {
@@ -163,20 +229,48 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             fz_fail("out of memory");
         patch_register(r, repacked);
     }
+    struct patches pt = {0};
+    patch(req, &pt);
+    int rc;
     if (m->unary) {
-        int rc = m->unary(&svc, &call, req);
+        rc = m->unary(&svc, &call, req);
         fz_check_unary(m->path, rc, &call);
     } else {
         void *sctx = NULL;
-        int rc = m->stream_open(&svc, &call, req, &sctx);
+        rc = m->stream_open(&svc, &call, req, &sctx);
         fz_check_stream(m->path, rc, &call);
         if (rc == 0)
             m->stream_closed(&svc, sctx, true);
     }
+    if (pt.ls && rc == 0 && pf_loadstate_wait(pt.ls, 30000) == 0)
+        fz_fail("an accepted Load did not complete within 30 s");
+    unpatch(&pt);
+    pf_loadstate_destroy(pt.ls);
     if (is_reg)
         unpatch_register((void *)req, repacked);
     free(repacked);
     protobuf_c_message_free_unpacked(req, NULL);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1)
+        return 0;
+    have_lease = false;
+    if (data[0] < 0x80) {
+        run_one(data[0], data + 1, size - 1);
+    } else {
+        size_t pos = 1;
+        while (size - pos >= 3) {
+            uint8_t sel = data[pos];
+            size_t len = (size_t)data[pos + 1] | (size_t)data[pos + 2] << 8;
+            pos += 3;
+            if (len > size - pos)
+                len = size - pos;
+            run_one(sel, data + pos, len);
+            pos += len;
+        }
+    }
     drop_extra_instances();
     return 0;
 }

@@ -97,6 +97,22 @@ def engine_seeds():
     w("qbt", m["qbt"], f_bytes(1, "fz") + f_bytes(2, H[0]) + f_bytes(3, "127.0.0.1:5000"))
     w("rtl", m["rtl"], f_bytes(1, "sess-1"))
     w("handshake", m["handshake"], f_bytes(1, "127.0.0.1:5000") + f_bytes(2, handshake_meta()))
+    # sequences (byte 0 >= 0x80): save, query (-> lease), load with "@lease" / "@ls", release
+    rec = lambda i, body: bytes([i]) + struct.pack("<H", len(body)) + body
+    save = f_bytes(1, "fz") + f_bytes(4, layer)
+    query = f_bytes(1, "fz") + b"".join(f_bytes(2, h) for h in H[:3]) + f_bytes(3, "req-2")
+    tgts = b"".join(f_bytes(1, f_varint(1, b)) for b in (5, 6, 7))
+    load = (f_bytes(1, "fz") + f_bytes(4, "@ls") + f_bytes(5, f_bytes(1, "L0"))
+            + f_bytes(6, f_bytes(1, b"@lease") + f_bytes(2, tgts)))
+    write("engine_rpc", "seq-save-query-load", bytes([0x80]) + rec(m["save"], save) + rec(m["query"], query)
+          + rec(m["load"], load) + rec(m["release"], f_bytes(1, b"@lease")))
+    write("engine_rpc", "seq-double-release", bytes([0x80]) + rec(m["save"], save) + rec(m["query"], query)
+          + rec(m["release"], f_bytes(1, b"@lease")) + rec(m["release"], f_bytes(1, b"@lease"))
+          + rec(m["load"], load))
+    skip = f_bytes(1, f_varint(1, 1)) + f_bytes(1, b"")  # a block id, then a target without one
+    write("engine_rpc", "seq-load-holes", bytes([0x80]) + rec(m["save"], save) + rec(m["query"], query)
+          + rec(m["load"], f_bytes(1, "fz") + f_bytes(4, "@ls") + f_bytes(5, f_bytes(1, "L0"))
+                + f_bytes(6, f_bytes(1, b"@lease") + f_bytes(2, skip))))
 
 
 def handshake_meta(backend="tcp", nnics=1, qps=2, nregions=2):
