@@ -12,14 +12,15 @@
 #   run-target.sh --merge 0 NAME...    make fuzz-merge: minimises committed + working corpus
 #                                      into tests/fuzz/corpus/NAME (-merge=1)
 # Options every run gets: the target's dictionary tests/fuzz/NAME.dict when present,
-# -timeout=60 (a hang is a failure), -rss_limit_mb=4096, and -max_len=MAX from the first
+# -timeout=60 (a hang is a failure), -rss_limit_mb=4096, -error_exitcode=1 (libFuzzer's
+# default, 77, would read as SKIP), and -max_len=MAX from the first
 # "max_len:" line of tests/fuzz/NAME.options when present.
 set -u
 top=$(cd "$(dirname "$0")/../.." && pwd)
 bindir=${PF_FUZZBIN:-$top/build/fuzz/tests/fuzz}
 
 opts_for() { # name -> libFuzzer options
-  local n=$1 o=(-timeout=60 -rss_limit_mb=4096 -print_final_stats=1)
+  local n=$1 o=(-timeout=60 -rss_limit_mb=4096 -error_exitcode=1 -print_final_stats=1)
   [ -f "$top/tests/fuzz/$n.dict" ] && o+=("-dict=$top/tests/fuzz/$n.dict")
   if [ -f "$top/tests/fuzz/$n.options" ]; then
     local ml=$(sed -n 's/^max_len: *//p' "$top/tests/fuzz/$n.options" | head -n 1)
