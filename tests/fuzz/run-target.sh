@@ -10,7 +10,8 @@
 #                                      (seeded from the committed corpus), crashes in
 #                                      build/fuzz/crashes/NAME/
 #   run-target.sh --merge 0 NAME...    make fuzz-merge: minimises committed + working corpus
-#                                      into tests/fuzz/corpus/NAME (-merge=1)
+#                                      into tests/fuzz/corpus/NAME (-merge=1); seed-* and
+#                                      crash-* inputs are always kept
 # Options every run gets: the target's dictionary tests/fuzz/NAME.dict when present,
 # -timeout=60 (a hang is a failure), -rss_limit_mb=4096, -error_exitcode=1 (libFuzzer's
 # default, 77, would read as SKIP), and -max_len=MAX from the first
@@ -52,18 +53,19 @@ if [ "${1:-}" = --long ] || [ "${1:-}" = --merge ]; then
       # shellcheck disable=SC2046
       "$bin" $(opts_for "$n") -merge=1 "$out" "$top/tests/fuzz/corpus/$n" "$work" >/dev/null 2>&1 ||
         { echo "fuzz_$n: merge failed" >&2; rm -rf "$out"; exit 1; }
-      # regression inputs (crash-*) are kept whatever coverage says
-      find "$top/tests/fuzz/corpus/$n" -maxdepth 1 -type f ! -name 'crash-*' ! -name 'regress-*' -delete
+      # named inputs (seed-*, crash-* regression inputs) are kept whatever coverage says;
+      # the rest is replaced by the merge result (sha1 names)
+      find "$top/tests/fuzz/corpus/$n" -maxdepth 1 -type f ! -name 'seed-*' ! -name 'crash-*' -delete
       for f in "$out"/*; do
         [ -e "$f" ] || continue
         dup=0
-        for r in "$top/tests/fuzz/corpus/$n"/crash-* "$top/tests/fuzz/corpus/$n"/regress-*; do
+        for r in "$top/tests/fuzz/corpus/$n"/seed-* "$top/tests/fuzz/corpus/$n"/crash-*; do
           [ -e "$r" ] && cmp -s "$f" "$r" && dup=1 && break
         done
         [ $dup = 1 ] || cp "$f" "$top/tests/fuzz/corpus/$n/"
       done
       rm -rf "$out"
-      echo "fuzz_$n: $(ls "$top/tests/fuzz/corpus/$n" | wc -l) inputs, $(du -sk "$top/tests/fuzz/corpus/$n" | cut -f1) KiB"
+      echo "fuzz_$n: $(ls "$top/tests/fuzz/corpus/$n" | wc -l) inputs, $(cat "$top/tests/fuzz/corpus/$n"/* | wc -c) bytes"
     fi
   done
   exit $rc
