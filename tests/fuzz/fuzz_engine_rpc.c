@@ -10,13 +10,18 @@
  * (Session) are closed again at once. Checks (fuzz.h): the handler contract, responses that
  * serialize, and no INTERNAL answer to any request.
  *
+ * The P2P serving side is configured (TCP fabric on 127.0.0.1, no MetaServer), so
+ * RdmaHandshake, QueryBlocksForTransfer and ReleaseTransferLock reach src/p2p/serve.c;
+ * connections a handshake made are dropped after each input; in ReleaseTransferLock a
+ * transfer_session_id "@session" is replaced by the last one QueryBlocksForTransfer gave.
  * One instance "fz" (namespace "fz", layer "L0", 64 blocks of 4 KiB on sim device 0) is
  * registered at start so Save/Load/Query reach the engine's own validation; a register
  * request whose IpcTensor names shm "@kv" is pointed at that instance's shm object (its
  * name is random per run). In Load and Release requests, a lease of the 6 bytes "@lease"
  * is replaced by the last lease a QueryPrefetch answered, and a load_state_shm "@ls" by a
  * fresh load-state record; a Load that was accepted must then complete (success or
- * failure) within 30 s. Instances an input created are unregistered after it. */
+ * failure) within 30 s, and an accepted Save must be sealed (pf_engine_flush) before the
+ * next request runs. Instances an input created are unregistered after it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +32,8 @@
 #include "pf/engine.h"
 #include "pf/hal.h"
 #include "pf/hal_gpu.h"
+#include "pf/hal_net.h"
+#include "p2p/p2p_internal.h"
 #include "pf/log.h"
 #include "pf/service.h"
 #include "pf/util.h"
@@ -37,6 +44,8 @@
 static struct pf_engine_service svc;
 static struct pf_gpu *gpu;
 static struct pf_simkv *kv;
+static struct pf_net *net;
+static char last_session[128];
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -85,6 +94,18 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
                                   .copy_timeout_ms = 10000};
     if (pf_engine_create(&ec, &svc.engine, err, sizeof(err)) != 0)
         fz_fail("engine: %s", err);
+    /* the P2P serving side over the TCP fabric on loopback (no MetaServer, no fetching) */
+    struct pf_net_config nc = {.nics = (const char *[]){"127.0.0.1"}, .nnics = 1};
+    if (pf_hal_net_open("tcp", &nc, &net, chosen, sizeof(chosen), err, sizeof(err)) != 0)
+        fz_fail("tcp fabric: %s", err);
+    struct pf_p2p_config pc = {.engine = svc.engine,
+                               .net = net,
+                               .backend = "tcp",
+                               .qps_per_peer = 2,
+                               .lock_timeout_secs = 30,
+                               .integrity = true};
+    if (pf_p2p_create(&pc, &svc.p2p, err, sizeof(err)) != 0)
+        fz_fail("p2p: %s", err);
     if (pf_simkv_create(NB * SEG, 0, &kv) != 0)
         fz_fail("sim KV cache");
     uint8_t *p = pf_simkv_ptr(kv);
@@ -219,6 +240,12 @@ static void drop_extra_instances(void)
 
 static void on_response(const ProtobufCMessage *msg)
 {
+    if (msg->descriptor == &pegaflow__query_blocks_for_transfer_response__descriptor) {
+        const Pegaflow__QueryBlocksForTransferResponse *r = (const void *)msg;
+        snprintf(last_session, sizeof(last_session), "%s",
+                 r->transfer_session_id ? r->transfer_session_id : "");
+        return;
+    }
     if (msg->descriptor != &pegaflow__query_response__descriptor)
         return;
     const Pegaflow__QueryResponse *r = (const void *)msg;
@@ -255,7 +282,14 @@ static void patch_lease(struct patches *pt, ProtobufCBinaryData *b)
 
 static void patch(ProtobufCMessage *req, struct patches *pt)
 {
-    if (req->descriptor == &pegaflow__release_request__descriptor) {
+    if (req->descriptor == &pegaflow__release_transfer_lock_request__descriptor) {
+        Pegaflow__ReleaseTransferLockRequest *r = (void *)req;
+        if (r->transfer_session_id && strcmp(r->transfer_session_id, "@session") == 0) {
+            pt->ls_at = &r->transfer_session_id;
+            pt->ls_was = r->transfer_session_id;
+            r->transfer_session_id = last_session;
+        }
+    } else if (req->descriptor == &pegaflow__release_request__descriptor) {
         patch_lease(pt, &((Pegaflow__ReleaseRequest *)req)->lease);
     } else if (req->descriptor == &pegaflow__load_request__descriptor) {
         Pegaflow__LoadRequest *l = (void *)req;
@@ -313,6 +347,11 @@ static void run_one(uint8_t sel, const uint8_t *data, size_t size)
         if (rc == 0)
             m->stream_closed(&svc, sctx, true);
     }
+    /* saves are sealed by the insert thread: wait, so a following Query sees them and a
+     * replayed input behaves the same */
+    if (rc == 0 && m->req_desc == &pegaflow__save_request__descriptor &&
+        pf_engine_flush(svc.engine, 30000) != 0)
+        fz_fail("an accepted Save was not sealed within 30 s");
     if (pt.ls && rc == 0 && pf_loadstate_wait(pt.ls, 30000) == 0)
         fz_fail("an accepted Load did not complete within 30 s");
     unpatch(&pt);
@@ -328,6 +367,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size < 1)
         return 0;
     have_lease = false;
+    last_session[0] = '\0';
     if (data[0] < 0x80) {
         run_one(data[0], data + 1, size - 1);
     } else {
@@ -343,5 +383,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
     }
     drop_extra_instances();
+    p2p_conns_drop_all(svc.p2p); /* handshakes leave connections (QPs, threads) behind */
     return 0;
 }

@@ -109,6 +109,9 @@ def engine_seeds():
     write("engine_rpc", "seq-double-release", bytes([0x80]) + rec(m["save"], save) + rec(m["query"], query)
           + rec(m["release"], f_bytes(1, b"@lease")) + rec(m["release"], f_bytes(1, b"@lease"))
           + rec(m["load"], load))
+    qbt = f_bytes(1, "fz") + b"".join(f_bytes(2, h) for h in H[:3]) + f_bytes(3, "127.0.0.1:5000")
+    write("engine_rpc", "seq-save-transfer-release", bytes([0x80]) + rec(m["save"], save) + rec(m["qbt"], qbt)
+          + rec(m["rtl"], f_bytes(1, "@session")) + rec(m["rtl"], f_bytes(1, "@session")))
     skip = f_bytes(1, f_varint(1, 1)) + f_bytes(1, b"")  # a block id, then a target without one
     write("engine_rpc", "seq-load-holes", bytes([0x80]) + rec(m["save"], save) + rec(m["query"], query)
           + rec(m["load"], f_bytes(1, "fz") + f_bytes(4, "@ls") + f_bytes(5, f_bytes(1, "L0"))
@@ -120,7 +123,7 @@ def handshake_meta(backend="tcp", nnics=1, qps=2, nregions=2):
     for k in range(nnics):
         nic = b""
         for q in range(qps):
-            ep = struct.pack("<IHH4sHHQ", 0x45544650, 1, 0, bytes([127, 0, 0, 1]), 40000 + q, 0, 0x1000 + q)
+            ep = struct.pack("<IHH4sHHQ4x", 0x45544650, 1, 0, bytes([127, 0, 0, 1]), 40000 + q, 0, 0x1000 + q)
             nic += f_bytes(1, ep)
         for r in range(nregions):
             nic += f_bytes(2, f_varint(1, 0x10000 * (r + 1)) + f_varint(2, 0x8000) + f_varint(3, 7 + r))
