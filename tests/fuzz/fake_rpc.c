@@ -13,6 +13,7 @@ int __wrap_pf_rpc_fail(struct pf_rpc_call *call, int code, const char *fmt, ...)
 const char *__wrap_pf_rpc_call_peer(struct pf_rpc_call *call);
 
 void (*fz_response_hook)(const ProtobufCMessage *msg);
+void (*fz_cleanup_hook)(void);
 
 _Noreturn void fz_fail(const char *fmt, ...)
 {
@@ -22,6 +23,8 @@ _Noreturn void fz_fail(const char *fmt, ...)
     vfprintf(stderr, fmt, ap);
     fprintf(stderr, "\n");
     va_end(ap);
+    if (fz_cleanup_hook)
+        fz_cleanup_hook();
     abort();
 }
 

@@ -31,6 +31,8 @@ void fz_check_unary(const char *method, int rc, const struct pf_rpc_call *c);
 void fz_check_stream(const char *method, int rc, const struct pf_rpc_call *c);
 /* Called with every response a handler sends (after the checks), when set. */
 extern void (*fz_response_hook)(const ProtobufCMessage *msg);
+/* Run by fz_fail before it aborts, when set (a target removing its shm objects). */
+extern void (*fz_cleanup_hook)(void);
 /* Prints the failure and aborts (libFuzzer then saves the input). */
 _Noreturn void fz_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

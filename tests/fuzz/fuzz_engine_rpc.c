@@ -89,7 +89,10 @@ static void base_register(void)
 
 static void unlink_kv(void)
 {
-    pf_simkv_destroy(kv); /* libFuzzer exits with the engine still running: only the name */
+    /* libFuzzer exits with the engine still running: only the name goes (once) */
+    struct pf_simkv *k = kv;
+    kv = NULL;
+    pf_simkv_destroy(k);
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
@@ -126,6 +129,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         p[i] = (uint8_t)(i * 13);
     base_register();
     atexit(unlink_kv);
+    fz_cleanup_hook = unlink_kv;
     fz_response_hook = on_response;
     warm_up();
     return 0;
