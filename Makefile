@@ -6,6 +6,7 @@
 #   make test SAN=address,undefined | SAN=thread   sanitizer builds (own output dir)
 #   make coverage        gcov/lcov build + tests, prints line and branch coverage
 #   make deb | wheel     pegaflow_<version>_<arch>.deb, the connector wheel (build/rel/pkg/)
+#   make fuzz            libFuzzer targets for minutes each (FUZZ_SECONDS; mk/fuzz.mk)
 #
 # Modules add their sources from their own module.mk (src/*/, sim/*/, hw/*/, tests/*/).
 .DEFAULT_GOAL := all
@@ -32,5 +33,6 @@ include $(sort $(wildcard tests/*/module.mk tests/unit/*/module.mk bench/module.
 
 include mk/link.mk
 include mk/test.mk
+include mk/fuzz.mk
 include mk/targets.mk
 include mk/package.mk

@@ -22,6 +22,7 @@ PKGS=(
   python3-setuptools python3-wheel python3-venv dpkg-dev python3-grpcio
   iproute2 curl openssl
   clang-format
+  clang libclang-rt-dev
 )
 
 missing=()

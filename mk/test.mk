@@ -3,6 +3,7 @@
 #     extra link flags: UNIT_LDFLAGS_<module>_test_<name> := -Wl,--wrap=...
 #   tests/integration/*.c              -> $(O)/tests/integration/<name> (helper programs)
 #   tests/integration/*.sh             scenarios, run by tests/run.sh with PF_* variables
+#   tests/fuzz/fuzz_*.c                libFuzzer targets (mk/fuzz.mk), suite "fuzz" of tests/run.sh
 UNIT_SRCS := $(sort $(wildcard tests/unit/*/test_*.c))
 UNIT_BINS := $(patsubst tests/unit/%.c,$(O)/tests/unit/%,$(UNIT_SRCS))
 INTEG_C := $(sort $(wildcard tests/integration/*.c))
@@ -23,7 +24,7 @@ $(O)/tests/integration/%: $(O)/obj/tests/integration/%.o $(call obj,$(TESTLIB_SR
 
 TEST_ENV = PF_BIN=$(abspath $(O)/bin) PF_LIB=$(abspath $(O)/lib) \
 	PF_TESTBIN=$(abspath $(O)/tests/integration) PF_TOP=$(TOP) PF_VARIANT=$(VARIANT) \
-	PF_SAN=$(SAN) PEGAFLOW_LIB=$(abspath $(LIBPEGAFLOW))
+	PF_SAN=$(SAN) PEGAFLOW_LIB=$(abspath $(LIBPEGAFLOW)) PF_FUZZBIN=$(abspath build/fuzz/tests/fuzz)
 ifneq ($(findstring address,$(SAN)),)
 TEST_ENV += ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:allow_user_segv_handler=1 \
 	LSAN_OPTIONS=suppressions=$(TOP)/ci/lsan.supp:print_suppressions=0 \
@@ -42,6 +43,7 @@ test:
 	@ci/install-deps.sh
 	@$(MAKE) --no-print-directory -j$(NPROC) test-build
 	@$(MAKE) --no-print-directory check-backends
+	@$(MAKE) --no-print-directory fuzz-build
 	@$(MAKE) --no-print-directory test-run
 
 # "backends: cuda yes/no, verbs yes/no"; fails when an installed backend was not built

@@ -1,4 +1,5 @@
 # Toolchain, flags and build variants.
+#   FUZZ=1                               -> build/fuzz/ (clang; see mk/fuzz.mk)
 #   SAN=address,undefined | SAN=thread  -> build/san-<list>/
 #   COVERAGE=1                           -> build/cov/
 #   default                              -> build/rel/
@@ -10,7 +11,14 @@ endif
 NPROC := $(shell nproc 2>/dev/null || echo 2)
 PKGS := grpc libprotobuf-c libmicrohttpd liburing libxxhash libcjson numa libcurl
 
-ifneq ($(SAN),)
+ifeq ($(FUZZ),1)
+# libFuzzer targets (mk/fuzz.mk): clang, ASan + UBSan, coverage instrumentation everywhere
+CC := clang
+VARIANT := fuzz
+OPT := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined,fuzzer-no-link \
+	-fno-sanitize-recover=undefined
+SANFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined
+else ifneq ($(SAN),)
 VARIANT := san-$(subst $(comma),-,$(SAN))
 OPT := -O1 -g -fno-omit-frame-pointer -fsanitize=$(SAN)
 SANFLAGS := -fsanitize=$(SAN)

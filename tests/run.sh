@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Test runner: tests/run.sh unit|integration|python|all <build-dir>
+# Test runner: tests/run.sh unit|integration|python|fuzz|all <build-dir>
 # Runs every test with a timeout, keeps each log under <build-dir>/test-logs/, prints one
 # line per test (PASS / FAIL / SKIP with the reason) and a summary per suite. Exit code 77
 # from a test means "skipped" (hardware absent) and is never counted as passed.
@@ -12,6 +12,7 @@ logs="$O/test-logs"
 mkdir -p "$logs"
 UNIT_TIMEOUT=${UNIT_TIMEOUT:-300}
 INTEG_TIMEOUT=${INTEG_TIMEOUT:-600}
+FUZZ_TIMEOUT=${FUZZ_TIMEOUT:-300}
 total_fail=0
 summary=()
 
@@ -105,6 +106,19 @@ if [ "$mode" = python ] || [ "$mode" = all ]; then
     done
   fi
   suite_end python
+fi
+
+if [ "$mode" = fuzz ] || [ "$mode" = all ]; then
+  echo "== fuzz targets (committed corpus + ${FUZZ_TEST_SECONDS:-5}s each)"
+  pass=0 fail=0 skip=0
+  mkdir -p "$logs/fuzz"
+  export PF_FUZZ_ARTIFACTS="$logs/fuzz"
+  for t in "$top"/tests/fuzz/fuzz_*.c; do
+    [ -e "$t" ] || continue
+    n=$(basename "$t" .c)
+    run_one fuzz "$n" "$FUZZ_TIMEOUT" bash "$top/tests/fuzz/run-target.sh" "${n#fuzz_}"
+  done
+  suite_end fuzz
 fi
 
 echo "== summary"

@@ -181,8 +181,19 @@ static int serve_release(struct pf_p2p *p, const Pegaflow__ReleaseTransferLockRe
 
 static int code_of(int rc)
 {
-    if (rc == -ESHUTDOWN)
+    switch (rc) {
+    case -ESHUTDOWN:
+    /* the requester's QPs cannot be reached (handshake): its network, not our fault */
+    case -ENETUNREACH:
+    case -EHOSTUNREACH:
+    case -ENETDOWN:
+    case -EHOSTDOWN:
+    case -ECONNRESET:
+    case -ECONNABORTED:
         return PF_GRPC_UNAVAILABLE;
+    default:
+        break;
+    }
     if (rc == -ENOMEM)
         return PF_GRPC_RESOURCE_EXHAUSTED;
     return pf_grpc_code_from_errno(rc);

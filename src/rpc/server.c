@@ -517,7 +517,7 @@ static void *worker(void *arg)
                 call_unref(c);
             continue;
         }
-        switch (c->st) {
+        switch (atomic_load(&c->st)) {
         case ST_NEW:
             on_new_call(c);
             break;

@@ -370,6 +370,8 @@ class FakeServer:
         self._sweep()
         try:
             state = ShmLoadState.attach(load_state_shm)
+        except FileNotFoundError as e:  # the server: a missing record is the caller's mistake
+            raise error_for(m, -2, FAILED_PRECONDITION, f"cannot open load_state_shm: {e}")
         except Exception as e:
             raise error_for(m, -5, INTERNAL, f"cannot attach load state: {e}")
         try:
