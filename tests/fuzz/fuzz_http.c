@@ -32,12 +32,13 @@ static struct pf_http_server *srv;
 static int port;
 
 /* pegaflow-server's table with --enable-prometheus (src/app/server.c routes_prom) */
+static const char *const cleanup_params[] = {"id", NULL};
 static const struct pf_http_route routes[] = {
-    {"GET", "/health", pf_http_health},
-    {"GET", "/metrics", pf_http_metrics},
-    {"GET", "/instances", pf_http_instances},
-    {"POST", "/instances/cleanup", pf_http_instances_cleanup},
-    {"POST", "/cache/memory/cleanup", pf_http_memory_cleanup},
+    {"GET", "/health", pf_http_health, NULL},
+    {"GET", "/metrics", pf_http_metrics, NULL},
+    {"GET", "/instances", pf_http_instances, NULL},
+    {"POST", "/instances/cleanup", pf_http_instances_cleanup, cleanup_params},
+    {"POST", "/cache/memory/cleanup", pf_http_memory_cleanup, NULL},
 };
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
