@@ -238,8 +238,10 @@ int pf_http_server_start_auth(const char *addr, const struct pf_http_route *rout
         return -ENOMEM;
     }
     /* a fixed pool of polling threads and connection caps: clients cannot make the server
-     * start a thread per connection */
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG;
+     * start a thread per connection. poll(), not epoll: with epoll this libmicrohttpd misses
+     * a client's half-close after a keep-alive answer and holds the connection until its
+     * 30 s timeout (found by tests/fuzz/fuzz_http) */
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG;
     if (res->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
     s->d = MHD_start_daemon(

@@ -40,6 +40,8 @@ static int check(const ProtobufCMessageDescriptor *d, const uint8_t *data, size_
                  PF_RPC_MAX_DEPTH);
         return -EINVAL;
     }
+    if (len == 0)
+        return 0; /* the empty message (data may be NULL: no pointer arithmetic on it) */
     uint32_t counts[MAX_FIELDS] = {0};
     struct pf_wire w = {data, data + len};
     struct pf_wire_field f;
