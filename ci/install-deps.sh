@@ -20,6 +20,7 @@ PKGS=(
   python3-numpy python3-pytest python3-cbor2 python3-xxhash
   iproute2 curl
   clang-format
+  libhiredis-dev redis-server
 )
 
 missing=()

@@ -8,7 +8,7 @@ ifeq ($(origin CC),default)
 CC := cc
 endif
 NPROC := $(shell nproc 2>/dev/null || echo 2)
-PKGS := grpc libprotobuf-c libmicrohttpd liburing libxxhash libcjson numa
+PKGS := grpc libprotobuf-c libmicrohttpd liburing libxxhash libcjson numa hiredis
 
 ifneq ($(SAN),)
 VARIANT := san-$(subst $(comma),-,$(SAN))

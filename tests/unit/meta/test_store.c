@@ -1,6 +1,10 @@
 /* MetaServer store semantics with a fake clock: sessions and takeover, visibility vs
  * retention, reclaimable rule, per-node prefix answers, removal matching, TTL sweep,
- * unregister, malformed input, and a randomized model check of the sharded table. */
+ * unregister, malformed input, and a randomized model check of the sharded table.
+ *
+ * Every test runs twice: against the memory store, then against the Redis store on a
+ * redis-server this test starts on a free loopback port (flushed before each test). Without
+ * redis-server the Redis half prints a SKIP line (the memory half still counts). */
 #include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -15,10 +19,14 @@
 
 #include "pf/meta.h"
 #include "pf/metrics.h"
+#include "pfredis.h"
 
 #define SEC PF_NS_PER_SEC
 
 static const uint8_t U1[16] = {1}, U2[16] = {2}, U3[16] = {3}, U4[16] = {4}, U5[16] = {5};
+
+static struct pft_redis g_redis;
+static const char *g_store; /* NULL: memory store */
 
 struct fx {
     struct pf_fake_clock clk;
@@ -30,7 +38,9 @@ static int setup(void **state)
     struct fx *f = calloc(1, sizeof(*f));
     pf_fake_clock_init(&f->clk, 1000 * SEC);
     struct pf_meta_store_config cfg = {
-        .node_stale_secs = 30, .ttl_secs = 600, .clock = &f->clk.base};
+        .node_stale_secs = 30, .ttl_secs = 600, .clock = &f->clk.base, .store = g_store};
+    if (g_store)
+        assert_int_equal(pft_redis_cmd(&g_redis, "FLUSHALL"), 0);
     assert_int_equal(pf_meta_store_create(&cfg, &f->st), 0);
     *state = f;
     return 0;
@@ -431,11 +441,13 @@ static void test_malformed(void **state)
 static void test_model_random(void **state)
 {
     struct fx *f = *state;
-    enum { NK = 20000, NN = 6, OPS = 60000 };
+    enum { NN = 6 };
+    /* fewer operations over Redis (each one is a script call), same coverage of the model */
+    const int NK = g_store ? 2000 : 20000, OPS = g_store ? 3000 : 60000;
     unsigned seed = (unsigned)time(NULL);
     printf("seed %u\n", seed);
     srand(seed);
-    static uint8_t model[NK];
+    static uint8_t model[20000];
     memset(model, 0, sizeof(model));
     char names[NN][24];
     uint8_t ids[NN][16];
@@ -565,5 +577,18 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_model_random, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent, setup, teardown),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    int rc = cmocka_run_group_tests_name("memory store", tests, NULL, NULL);
+    if (!pft_redis_available()) {
+        printf("SKIP redis store half: redis-server not installed (ci/install-deps.sh)\n");
+        return rc;
+    }
+    if (pft_redis_start(&g_redis, NULL) != 0) {
+        printf("FAIL: could not start redis-server\n");
+        return 1;
+    }
+    g_store = g_redis.url;
+    printf("redis store on %s\n", g_store);
+    rc |= cmocka_run_group_tests_name("redis store", tests, NULL, NULL);
+    pft_redis_stop(&g_redis);
+    return rc;
 }
