@@ -79,6 +79,7 @@ struct pf_meta_config {
     uint64_t ttl_minutes;
     uint64_t sweep_interval_secs;
     uint64_t rpc_threads;
+    char *store; /* "memory" or "redis://..." */
 };
 
 extern const struct pf_flag pf_meta_flags[];

@@ -99,4 +99,23 @@ size_t pf_redis_nmasters(struct pf_redis *r);
 int pf_redis_exec_master(struct pf_redis *r, size_t i, int argc, const char **argv,
                          const size_t *argvlen, void **reply_p);
 
+/* ------------------------------------------------------------ client replicas */
+
+/* The MetaServer replicas a node talks to (client_targets.c): "host:port[,host:port...]",
+ * a registration and a query channel each (lazily connected), and the current one. Sticky
+ * failover: callers use pf_meta_targets_current; after a failed RPC on replica i they call
+ * pf_meta_targets_failed(t, i, code), which moves every caller to the next replica when code
+ * is UNAVAILABLE or DEADLINE_EXCEEDED and there is more than one (returns true then: the
+ * caller may retry at once on the new current one). Thread-safe. */
+struct pf_meta_targets;
+struct pf_rpc_channel;
+int pf_meta_targets_open(const char *list, struct pf_meta_targets **t_p);
+void pf_meta_targets_close(struct pf_meta_targets *t);
+size_t pf_meta_targets_count(const struct pf_meta_targets *t);
+size_t pf_meta_targets_current(struct pf_meta_targets *t);
+const char *pf_meta_targets_name(const struct pf_meta_targets *t, size_t i);
+struct pf_rpc_channel *pf_meta_targets_reg(const struct pf_meta_targets *t, size_t i);
+struct pf_rpc_channel *pf_meta_targets_query(const struct pf_meta_targets *t, size_t i);
+bool pf_meta_targets_failed(struct pf_meta_targets *t, size_t i, int grpc_code);
+
 #endif
