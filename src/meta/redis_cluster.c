@@ -101,6 +101,7 @@ const char *pf_redis_slot_tag(uint16_t slot)
 struct rconn {
     pthread_mutex_t mu;
     redisContext *c;
+    uint32_t gen; /* node generation it was opened in */
 };
 
 struct rnode {
@@ -110,6 +111,7 @@ struct rnode {
     _Atomic uint64_t down_until_ns;
     _Atomic uint32_t backoff_ms;
     _Atomic unsigned rr;
+    _Atomic uint32_t gen; /* bumped when a reused connection broke: reopen all of them */
 };
 
 struct pf_redis {
@@ -260,17 +262,20 @@ err_ctx:
     return NULL;
 }
 
-/* Locks a connection of n and makes sure it is open. -ENOTCONN while n is down. */
-static int conn_acquire(struct pf_redis *r, struct rnode *n, struct rconn **rc_p)
+/* Locks a connection of n and makes sure it is open. -ENOTCONN while n is down.
+ * *reused_p: it was open before (it may have died since, e.g. Redis restarted). */
+static int conn_acquire(struct pf_redis *r, struct rnode *n, struct rconn **rc_p, bool *reused_p)
 {
     if (pf_now_ns() < atomic_load(&n->down_until_ns))
         return -ENOTCONN;
     struct rconn *rc = &n->conns[atomic_fetch_add(&n->rr, 1) % NCONN];
     pthread_mutex_lock(&rc->mu);
-    if (rc->c && rc->c->err) {
+    uint32_t gen = atomic_load(&n->gen);
+    if (rc->c && (rc->c->err || rc->gen != gen)) {
         redisFree(rc->c);
         rc->c = NULL;
     }
+    *reused_p = rc->c != NULL;
     if (!rc->c) {
         rc->c = conn_open(r, n);
         if (!rc->c) {
@@ -278,6 +283,7 @@ static int conn_acquire(struct pf_redis *r, struct rnode *n, struct rconn **rc_p
             mark_down(r, n);
             return -ENOTCONN;
         }
+        rc->gen = gen;
     }
     *rc_p = rc;
     return 0;
@@ -438,11 +444,12 @@ static bool is_err(const redisReply *rep, const char *prefix)
 
 /* Sends cmds[idx[0..k)] to node, pipelined. Redirected commands get target[i] (ASK) or
  * their slot remapped (MOVED) and are left without a reply; *again_p counts them. */
-static int run_group(struct pf_redis *r, struct rnode *n, struct pf_redis_cmd *cmds,
-                     const size_t *idx, size_t k, int *ask, size_t *again_p)
+static int run_group_once(struct pf_redis *r, struct rnode *n, struct pf_redis_cmd *cmds,
+                          const size_t *idx, size_t k, int *ask, size_t *again_p)
 {
     struct rconn *rc;
-    int err = conn_acquire(r, n, &rc);
+    bool reused;
+    int err = conn_acquire(r, n, &rc, &reused);
     if (err)
         return err;
     uint64_t t0 = pf_now_ns();
@@ -505,8 +512,28 @@ err_io:
     count_err(r, "io");
     pf_log_ratelimited(PF_LOG_WARN, 1000, "redis %s:%d: %s", n->host, n->port, c->errstr);
     conn_release(rc, true);
+    for (size_t j = 0; j < k; j++)
+        pf_redis_cmds_reset(&cmds[idx[j]], 1);
+    if (reused) {
+        atomic_fetch_add(&n->gen, 1); /* its siblings are probably dead too */
+        return -EPIPE;
+    }
     mark_down(r, n);
     return -ENOTCONN;
+}
+
+/* A broken idle connection (Redis restarted since it was opened) gets one retry on a fresh
+ * one; a fresh connection that fails marks the node down. */
+static int run_group(struct pf_redis *r, struct rnode *n, struct pf_redis_cmd *cmds,
+                     const size_t *idx, size_t k, int *ask, size_t *again_p)
+{
+    size_t again0 = *again_p;
+    int rc = run_group_once(r, n, cmds, idx, k, ask, again_p);
+    if (rc == -EPIPE) {
+        *again_p = again0;
+        rc = run_group_once(r, n, cmds, idx, k, ask, again_p);
+    }
+    return rc == -EPIPE ? -ENOTCONN : rc;
 }
 
 void pf_redis_cmds_reset(struct pf_redis_cmd *cmds, size_t n)
@@ -624,16 +651,24 @@ int pf_redis_exec_master(struct pf_redis *r, size_t i, int argc, const char **ar
     if (!n)
         return -ENOENT;
     struct rconn *rc;
-    int err = conn_acquire(r, n, &rc);
-    if (err)
-        return err;
-    uint64_t t0 = pf_now_ns();
-    redisReply *rep = cmd_argv(rc->c, argc, argv, argvlen);
-    if (!rep) {
-        count_err(r, "io");
-        conn_release(rc, true);
-        mark_down(r, n);
-        return -ENOTCONN;
+    bool reused;
+    redisReply *rep = NULL;
+    uint64_t t0 = 0;
+    for (int attempt = 0; attempt < 2 && !rep; attempt++) {
+        int err = conn_acquire(r, n, &rc, &reused);
+        if (err)
+            return err;
+        t0 = pf_now_ns();
+        rep = cmd_argv(rc->c, argc, argv, argvlen);
+        if (!rep) {
+            count_err(r, "io");
+            conn_release(rc, true);
+            if (!reused || attempt == 1) {
+                mark_down(r, n);
+                return -ENOTCONN;
+            }
+            atomic_fetch_add(&n->gen, 1);
+        }
     }
     pf_metric_add(r->c_rtt, 1);
     pf_metric_add(r->c_cmds, 1);

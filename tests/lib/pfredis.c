@@ -129,6 +129,58 @@ int pft_redis_start(struct pft_redis *r, const char *const *extra_args)
     return -1;
 }
 
+int pft_redis_kill(struct pft_redis *r)
+{
+    if (r->pid <= 0)
+        return -1;
+    kill(r->pid, SIGKILL);
+    waitpid(r->pid, NULL, 0);
+    r->pid = 0;
+    return 0;
+}
+
+int pft_redis_restart(struct pft_redis *r, const char *const *extra_args)
+{
+    const char *bin = redis_bin();
+    pft_redis_kill(r);
+    char ports[16];
+    snprintf(ports, sizeof(ports), "%d", r->port);
+    const char *argv[64] = {
+        bin,  "--port", ports,  "--bind",    "127.0.0.1", "--save",           "",  "--appendonly",
+        "no", "--dir",  r->dir, "--logfile", "redis.log", "--protected-mode", "no"};
+    int ac = 15;
+    for (int i = 0; extra_args && extra_args[i] && ac < 62; i++)
+        argv[ac++] = extra_args[i];
+    argv[ac] = NULL;
+    uint64_t deadline = now_ms() + 10000;
+    /* the old socket may linger for a moment: retry the bind until the deadline */
+    while (now_ms() < deadline) {
+        pid_t pid = fork();
+        if (pid < 0)
+            return -1;
+        if (pid == 0) {
+            if (chdir(r->dir) != 0)
+                _exit(127);
+            execv(bin, (char *const *)argv);
+            _exit(127);
+        }
+        r->pid = pid;
+        while (now_ms() < deadline) {
+            if (pft_redis_cmd(r, "PING") == 0)
+                return 0;
+            int st;
+            if (waitpid(pid, &st, WNOHANG) == pid) {
+                r->pid = 0;
+                break;
+            }
+            struct timespec ts = {0, 10 * 1000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    fprintf(stderr, "redis-server did not restart on port %d\n", r->port);
+    return -1;
+}
+
 void pft_redis_stop(struct pft_redis *r)
 {
     if (r->pid > 0) {

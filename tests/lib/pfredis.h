@@ -20,6 +20,10 @@ bool pft_redis_available(void);
 int pft_redis_start(struct pft_redis *r, const char *const *extra_args);
 /* SIGKILLs it, reaps it and removes its directory. Accepts a never-started (pid 0) one. */
 void pft_redis_stop(struct pft_redis *r);
+/* SIGKILLs it and reaps it (port and directory kept). */
+int pft_redis_kill(struct pft_redis *r);
+/* Starts it again on the same port and directory (after pft_redis_kill or not). */
+int pft_redis_restart(struct pft_redis *r, const char *const *extra_args);
 /* Runs one command (FLUSHALL, ...) on it; 0 when it answered without an error. */
 int pft_redis_cmd(const struct pft_redis *r, const char *cmd);
 

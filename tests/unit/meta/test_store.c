@@ -561,6 +561,36 @@ static void test_concurrent(void **state)
     assert_true(s.owners >= s.entries);
 }
 
+/* Redis store only: Redis dies -> every call fails fast with -ENOTCONN (the service answers
+ * UNAVAILABLE); Redis comes back (empty) -> the store works again by itself. */
+static void test_redis_down_and_back(void **state)
+{
+    struct fx *f = *state;
+    assert_int_equal(pf_meta_store_heartbeat(f->st, "a:1", U1), 0);
+    assert_int_equal(ins(f, "a:1", U1, 0, 9, NULL), 0);
+    assert_int_equal(pft_redis_kill(&g_redis), 0);
+    struct pf_meta_prefix *res;
+    size_t nres;
+    struct pf_meta_hash h = {2, (const uint8_t *)"k0"};
+    for (int i = 0; i < 20; i++) {
+        assert_int_equal(pf_meta_store_heartbeat(f->st, "a:1", U1), -ENOTCONN);
+        assert_int_equal(ins(f, "a:1", U1, 0, 0, NULL), -ENOTCONN);
+        assert_int_equal(pf_meta_store_query_prefix(f->st, "ns", &h, 1, &res, &nres), -ENOTCONN);
+    }
+    struct pf_meta_sweep_stats sw;
+    pf_meta_store_sweep(f->st, &sw); /* fails, logs, counts nothing */
+    assert_int_equal(sw.removed_owners, 0);
+    assert_int_equal(pft_redis_restart(&g_redis, NULL), 0);
+    /* back within the client's back-off (at most 2 s): wait with a deadline */
+    uint64_t dl = pf_now_ns() + 20 * SEC;
+    int rc;
+    while ((rc = pf_meta_store_heartbeat(f->st, "a:1", U1)) == -ENOTCONN && pf_now_ns() < dl)
+        pf_sleep_ms(20);
+    assert_int_equal(rc, 0);
+    assert_int_equal(ins(f, "a:1", U1, 0, 4, NULL), 0);
+    assert_int_equal(plen(f, "a:1", 0, 9, NULL), 5); /* the restarted Redis was empty */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -589,6 +619,10 @@ int main(void)
     g_store = g_redis.url;
     printf("redis store on %s\n", g_store);
     rc |= cmocka_run_group_tests_name("redis store", tests, NULL, NULL);
+    const struct CMUnitTest redis_only[] = {
+        cmocka_unit_test_setup_teardown(test_redis_down_and_back, setup, teardown),
+    };
+    rc |= cmocka_run_group_tests_name("redis store only", redis_only, NULL, NULL);
     pft_redis_stop(&g_redis);
     return rc;
 }
