@@ -85,18 +85,54 @@ struct unreg_ctx {
     uint64_t removed;
 };
 
+/* HGET of the node's field on every key first (cheap, read-only), then the delete script
+ * only where the owner is this session. */
 static int unreg_batch(struct rstore *s, redisReply *keys, void *arg)
 {
     struct unreg_ctx *u = arg;
-    struct batch b;
+    struct batch b, d = {0};
     int rc = batch_of_keys(&b, keys);
     if (rc)
         return rc;
-    for (size_t i = 0; i < b.n; i++)
-        rs_script_cmd(s, &b, i, S_REM, true, u->args, u->lens, 2);
+    size_t nd = 0, bytes = 0;
+    for (size_t i = 0; i < b.n; i++) {
+        rs_set_arg(&b, i, 0, "HGET", 4);
+        rs_set_arg(&b, i, 1, b.keys + b.koff[i], b.koff[i + 1] - b.koff[i]);
+        rs_set_arg(&b, i, 2, u->args[0], u->lens[0]);
+        b.cmd[i].argc = 3;
+        b.cmd[i].argv = &b.argv[i * 8];
+        b.cmd[i].argvlen = &b.lens[i * 8];
+    }
     rc = exec_checked(s, &b, b.n);
-    for (size_t i = 0; i < b.n && !rc; i++)
-        u->removed += ((redisReply *)b.cmd[i].reply)->integer > 0;
+    for (size_t i = 0; i < b.n && !rc; i++) {
+        redisReply *v = b.cmd[i].reply;
+        bool mine =
+            v->type == REDIS_REPLY_STRING && v->len >= 32 && memcmp(v->str, u->args[1], 32) == 0;
+        if (mine) {
+            nd++;
+            bytes += b.koff[i + 1] - b.koff[i];
+        } else {
+            pf_redis_cmds_reset(&b.cmd[i], 1); /* NULL reply: not ours */
+        }
+    }
+    if (!rc && nd) {
+        rc = rs_batch_alloc(&d, nd, bytes);
+        d.n = 0;
+        for (size_t i = 0; i < b.n && !rc; i++) {
+            if (!b.cmd[i].reply)
+                continue;
+            size_t j = d.n++, kl = b.koff[i + 1] - b.koff[i];
+            memcpy(d.keys + d.koff[j], b.keys + b.koff[i], kl);
+            d.koff[j + 1] = d.koff[j] + kl;
+            d.cmd[j].slot = b.cmd[i].slot;
+            rs_script_cmd(s, &d, j, S_REM, true, u->args, u->lens, 2);
+        }
+        if (!rc)
+            rc = exec_checked(s, &d, d.n);
+        for (size_t j = 0; j < d.n && !rc; j++)
+            u->removed += ((redisReply *)d.cmd[j].reply)->integer > 0;
+    }
+    rs_batch_free(&d);
     rs_batch_free(&b);
     return rc;
 }
