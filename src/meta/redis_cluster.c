@@ -122,6 +122,7 @@ struct pf_redis {
     uint32_t timeout_ms;
     char **scripts;
     size_t nscripts;
+    pthread_mutex_t sha_mu; /* first writer of sha[] */
     char sha[MAX_SCRIPTS][41];
     _Atomic bool sha_ready;
 
@@ -249,8 +250,10 @@ static redisContext *conn_open(struct pf_redis *r, struct rnode *n)
                 freeReplyObject(rep);
             goto err_ctx;
         }
+        pthread_mutex_lock(&r->sha_mu);
         if (!atomic_load(&r->sha_ready))
             memcpy(r->sha[i], rep->str, 41);
+        pthread_mutex_unlock(&r->sha_mu);
         freeReplyObject(rep);
     }
     atomic_store(&r->sha_ready, true);
@@ -701,6 +704,7 @@ int pf_redis_open(const struct pf_redis_config *cfg, struct pf_redis **r_p)
     r->timeout_ms = cfg->timeout_ms;
     pthread_rwlock_init(&r->lock, NULL);
     pthread_mutex_init(&r->refresh_mu, NULL);
+    pthread_mutex_init(&r->sha_mu, NULL);
     for (size_t i = 0; i < NSLOTS; i++)
         r->slot_node[i] = -1;
     size_t cap = 1;
@@ -768,5 +772,6 @@ void pf_redis_close(struct pf_redis *r)
     free(r->user);
     pthread_rwlock_destroy(&r->lock);
     pthread_mutex_destroy(&r->refresh_mu);
+    pthread_mutex_destroy(&r->sha_mu);
     free(r);
 }

@@ -3,7 +3,8 @@
 # ports (never 6379), two MetaServer replicas (--store redis://...) on them, two simulated
 # nodes (meta_node: the real MetaServer client) listing both replicas. Keys spread over all
 # three masters; each replica sees what was registered through the other; a node that stops
-# heartbeating is hidden and comes back; one replica killed with SIGKILL: the nodes fail over
+# heartbeating is hidden and comes back; 2000 slots resharded under running replicas (they
+# follow MOVED, answers unchanged); one replica killed with SIGKILL: the nodes fail over
 # to the other and discovery goes on; a Redis master killed: the MetaServer answers
 # UNAVAILABLE (fast, no hang), the nodes degrade, and when the master is back everything
 # recovers by itself (the nodes re-register what that master lost); a stopped node is
@@ -113,6 +114,23 @@ rt=$(metric "$H_ms1" pegaflow_metaserver_redis_round_trips_total)
 [ "${rt%.*}" -gt 0 ] 2>/dev/null || pf_fail "redis_round_trips_total=$rt"
 curl -sf "http://127.0.0.1:$H_ms1/metrics" | grep -q '^pegaflow_metaserver_redis_round_trip_seconds_count ' ||
   pf_fail "no redis_round_trip_seconds histogram"
+
+# ---------------------------------------------------------------- resharding: MOVED
+id0=$("$RC" -p "${RP[0]}" CLUSTER MYID)
+id1=$("$RC" -p "${RP[1]}" CLUSTER MYID)
+"$RC" --cluster reshard "127.0.0.1:${RP[0]}" --cluster-from "$id0" --cluster-to "$id1" \
+  --cluster-slots 2000 --cluster-yes >"$PF_TMP/reshard.out" 2>&1 ||
+  pf_fail "reshard failed: $(tail -3 "$PF_TMP/reshard.out")"
+pf_wait_for 30 cluster_ok || pf_fail "cluster not ok after resharding"
+for t in "$T_ms1" "$T_ms2"; do
+  pf_wait_for 20 q_has "$t" "$A 64" || pf_fail "A not visible through $t after resharding"
+  q_has "$t" "$B 32" || pf_fail "B not visible through $t after resharding"
+done
+moved() { curl -sf "http://127.0.0.1:$1/metrics" | grep -E '^pegaflow_metaserver_redis_errors_total\{kind="moved"\} ' | awk '{print $2}'; }
+m1=$(moved "$H_ms1"); m2=$(moved "$H_ms2")
+[ "${m1%.*}" -gt 0 ] 2>/dev/null && [ "${m2%.*}" -gt 0 ] 2>/dev/null ||
+  pf_fail "no MOVED followed after resharding (ms1 $m1, ms2 $m2)"
+pf_log "2000 slots moved ${RP[0]} -> ${RP[1]}: replicas followed MOVED ($m1, $m2), answers unchanged"
 
 # ---------------------------------------------------------------- stale node
 kill -STOP "$PF_PID_nodeB"
