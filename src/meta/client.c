@@ -539,10 +539,21 @@ static void *client_main(void *arg)
         req.node_id = c->node_id;
         struct pf_rpc_status st = {0};
         ProtobufCMessage *resp = NULL;
-        size_t ti = pf_meta_targets_current(c->tg);
-        int rc = pf_rpc_unary(pf_meta_targets_reg(c->tg, ti), "/pegaflow.MetaServer/UnregisterNode",
+        /* UNAVAILABLE may be a connection to a MetaServer that restarted since (Redis store:
+         * nothing else noticed): once more on the next replica (or the same one), all within
+         * UNREGISTER_MS */
+        size_t ti = 0;
+        int rc = -ENOTCONN;
+        uint64_t t_end = pf_now_ns() + ms_to_ns(UNREGISTER_MS);
+        for (size_t a = 0; a <= pf_meta_targets_count(c->tg) && pf_now_ns() < t_end; a++) {
+            ti = pf_meta_targets_current(c->tg);
+            rc = pf_rpc_unary(pf_meta_targets_reg(c->tg, ti), "/pegaflow.MetaServer/UnregisterNode",
                               &req.base, &pegaflow__unregister_node_response__descriptor,
-                              UNREGISTER_MS, &resp, &st);
+                              (t_end - pf_now_ns()) / PF_NS_PER_MS + 1, &resp, &st);
+            if (!rc || st.code != PF_GRPC_UNAVAILABLE)
+                break;
+            pf_meta_targets_failed(c->tg, ti, st.code);
+        }
         if (rc) {
             pf_metric_add(m_unreg_fail, 1);
             pf_warn("UnregisterNode failed: %s: %s", pf_grpc_code_name(st.code), st.msg);
