@@ -18,6 +18,7 @@
  * (COUNT 1000 per round trip) as the memory store scans every shard. Every script
  * compares before it deletes, so replicas and concurrent sweeps never drop a fresh
  * registration. */
+#include <assert.h>
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -149,8 +150,8 @@ int rs_batch_alloc(struct batch *b, size_t n, size_t keybytes)
     memset(b, 0, sizeof(*b));
     b->n = n;
     b->cmd = calloc(n, sizeof(*b->cmd));
-    b->argv = calloc(n * 8, sizeof(*b->argv));
-    b->lens = calloc(n * 8, sizeof(*b->lens));
+    b->argv = calloc(n * RS_MAXARGS, sizeof(*b->argv));
+    b->lens = calloc(n * RS_MAXARGS, sizeof(*b->lens));
     b->keys = malloc(keybytes ? keybytes : 1);
     b->koff = calloc(n + 1, sizeof(*b->koff));
     b->ctag = calloc(n, sizeof(*b->ctag));
@@ -163,8 +164,8 @@ int rs_batch_alloc(struct batch *b, size_t n, size_t keybytes)
 
 void rs_set_arg(struct batch *b, size_t i, int a, const char *s, size_t len)
 {
-    b->argv[i * 8 + a] = s;
-    b->lens[i * 8 + a] = len;
+    b->argv[i * RS_MAXARGS + a] = s;
+    b->lens[i * RS_MAXARGS + a] = len;
 }
 
 /* Block key of (ns, h) as command i's key; its slot routes the command. */
@@ -205,11 +206,12 @@ void rs_script_cmd(struct rstore *s, struct batch *b, size_t i, int script, bool
                          pf_redis_slot_tag(b->cmd[i].slot));
         rs_set_arg(b, i, a++, b->ctag[i], (size_t)l);
     }
+    assert(a + nargs <= RS_MAXARGS);
     for (int j = 0; j < nargs; j++)
         rs_set_arg(b, i, a++, args[j], alens[j]);
     b->cmd[i].argc = a;
-    b->cmd[i].argv = &b->argv[i * 8];
-    b->cmd[i].argvlen = &b->lens[i * 8];
+    b->cmd[i].argv = &b->argv[i * RS_MAXARGS];
+    b->cmd[i].argvlen = &b->lens[i * RS_MAXARGS];
 }
 
 /* A script on pf:nodes; returns its integer answer in *v_p. */
@@ -389,8 +391,8 @@ static int keys_exec(struct rstore *s, struct batch *b, const char *ns,
             rs_set_arg(b, i, 0, "HGETALL", 7);
             rs_set_arg(b, i, 1, b->keys + b->koff[i], b->koff[i + 1] - b->koff[i]);
             b->cmd[i].argc = 2;
-            b->cmd[i].argv = &b->argv[i * 8];
-            b->cmd[i].argvlen = &b->lens[i * 8];
+            b->cmd[i].argv = &b->argv[i * RS_MAXARGS];
+            b->cmd[i].argvlen = &b->lens[i * RS_MAXARGS];
         }
     }
     rc = pf_redis_exec(s->r, b->cmd, n);

@@ -37,7 +37,8 @@ struct rstore {
     uint64_t cache_ns;
 };
 
-/* Storage for one batch: per command up to 7 arguments and the block key bytes. */
+/* Storage for one batch: per command up to RS_MAXARGS arguments and the block key bytes. */
+#define RS_MAXARGS 10 /* EVALSHA sha numkeys key counter + up to 5 script arguments */
 struct batch {
     struct pf_redis_cmd *cmd;
     const char **argv;

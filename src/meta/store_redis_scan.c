@@ -100,8 +100,8 @@ static int unreg_batch(struct rstore *s, redisReply *keys, void *arg)
         rs_set_arg(&b, i, 1, b.keys + b.koff[i], b.koff[i + 1] - b.koff[i]);
         rs_set_arg(&b, i, 2, u->args[0], u->lens[0]);
         b.cmd[i].argc = 3;
-        b.cmd[i].argv = &b.argv[i * 8];
-        b.cmd[i].argvlen = &b.lens[i * 8];
+        b.cmd[i].argv = &b.argv[i * RS_MAXARGS];
+        b.cmd[i].argvlen = &b.lens[i * RS_MAXARGS];
     }
     rc = exec_checked(s, &b, b.n);
     for (size_t i = 0; i < b.n && !rc; i++) {
@@ -188,8 +188,8 @@ static int sweep_batch(struct rstore *s, redisReply *keys, void *arg)
         rs_set_arg(&b, i, 0, "HGETALL", 7);
         rs_set_arg(&b, i, 1, b.keys + b.koff[i], b.koff[i + 1] - b.koff[i]);
         b.cmd[i].argc = 2;
-        b.cmd[i].argv = &b.argv[i * 8];
-        b.cmd[i].argvlen = &b.lens[i * 8];
+        b.cmd[i].argv = &b.argv[i * RS_MAXARGS];
+        b.cmd[i].argvlen = &b.lens[i * RS_MAXARGS];
     }
     rc = exec_checked(s, &b, b.n);
     if (rc)
@@ -368,8 +368,10 @@ static int stats_fetch(struct rstore *s, struct pf_meta_store_stats *out)
         rs_set_arg(&b, i, 1, b.ctag[i], (size_t)l);
         rs_set_arg(&b, i, 2, "e", 1);
         rs_set_arg(&b, i, 3, "o", 1);
-        b.cmd[i] = (struct pf_redis_cmd){
-            .argc = 4, .argv = &b.argv[i * 8], .argvlen = &b.lens[i * 8], .slot = (uint16_t)i};
+        b.cmd[i] = (struct pf_redis_cmd){.argc = 4,
+                                         .argv = &b.argv[i * RS_MAXARGS],
+                                         .argvlen = &b.lens[i * RS_MAXARGS],
+                                         .slot = (uint16_t)i};
     }
     rc = exec_checked(s, &b, NSLOTS);
     for (size_t i = 0; i < NSLOTS && !rc; i++) {

@@ -200,6 +200,13 @@ static void test_reclaimable_rule(void **state)
     assert_int_equal(pf_meta_store_heartbeat(f->st, nodes[1], ids[1]), 0);
     assert_int_equal(ins(f, nodes[0], U5, 1, 1, r), 0);
     assert_true(r[0]); /* n1 (new session), n2 (refreshed), n5 */
+    /* several keys in one call: each one's answer is its own (not only the last one's) */
+    bool r4[4] = {false, false, false, false};
+    assert_int_equal(ins(f, nodes[1], ids[1], 10, 13, r4), 0);
+    assert_int_equal(ins(f, nodes[4], ids[4], 10, 13, r4), 0);
+    assert_false(r4[0] || r4[1] || r4[2] || r4[3]);
+    assert_int_equal(ins(f, nodes[0], U5, 10, 13, r4), 0);
+    assert_true(r4[0] && r4[1] && r4[2] && r4[3]);
 }
 
 static void test_prefix_several_nodes(void **state)
