@@ -598,6 +598,40 @@ static void test_redis_down_and_back(void **state)
     assert_int_equal(plen(f, "a:1", 0, 9, NULL), 5); /* the restarted Redis was empty */
 }
 
+/* AUTH from the URL (redis://[USER:]PASSWORD@...): the right password works, a wrong one or
+ * none fails like an unreachable Redis (-ENOTCONN: UNAVAILABLE, logged "AUTH failed"). */
+static void test_redis_auth(void **state)
+{
+    (void)state;
+    struct pft_redis r;
+    const char *args[] = {"--requirepass", "s3cret", NULL};
+    assert_int_equal(pft_redis_start(&r, args), 0);
+    struct pf_fake_clock clk;
+    pf_fake_clock_init(&clk, 1000 * SEC);
+    const char *urls[] = {"redis://:s3cret@127.0.0.1:%d", "redis://:wrong@127.0.0.1:%d",
+                          "redis://127.0.0.1:%d", "redis://default:s3cret@127.0.0.1:%d"};
+    const int want[] = {0, -ENOTCONN, -ENOTCONN, 0};
+    for (size_t i = 0; i < 4; i++) {
+        char url[96];
+        snprintf(url, sizeof(url), urls[i], r.port);
+        struct pf_meta_store_config cfg = {
+            .node_stale_secs = 30, .ttl_secs = 600, .clock = &clk.base, .store = url};
+        struct pf_meta_store *st;
+        assert_int_equal(pf_meta_store_create(&cfg, &st), 0);
+        assert_int_equal(pf_meta_store_heartbeat(st, "a:1", U1), want[i]);
+        pf_meta_store_destroy(st);
+    }
+    struct pf_meta_store_config bad = {
+        .node_stale_secs = 30, .ttl_secs = 600, .store = "rediss://127.0.0.1:1"};
+    struct pf_meta_store *st;
+    assert_int_equal(pf_meta_store_create(&bad, &st), -EINVAL);
+    bad.store = "redis://nohostport";
+    assert_int_equal(pf_meta_store_create(&bad, &st), -EINVAL);
+    bad.store = "http://127.0.0.1:1";
+    assert_int_equal(pf_meta_store_create(&bad, &st), -EINVAL);
+    pft_redis_stop(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -628,6 +662,7 @@ int main(void)
     rc |= cmocka_run_group_tests_name("redis store", tests, NULL, NULL);
     const struct CMUnitTest redis_only[] = {
         cmocka_unit_test_setup_teardown(test_redis_down_and_back, setup, teardown),
+        cmocka_unit_test(test_redis_auth),
     };
     rc |= cmocka_run_group_tests_name("redis store only", redis_only, NULL, NULL);
     pft_redis_stop(&g_redis);
