@@ -4,7 +4,8 @@
 # nodes (meta_node: the real MetaServer client) listing both replicas. Keys spread over all
 # three masters; each replica sees what was registered through the other; a node that stops
 # heartbeating is hidden and comes back; 2000 slots resharded under running replicas (they
-# follow MOVED, answers unchanged); one replica killed with SIGKILL: the nodes fail over
+# follow MOVED, answers unchanged); the node table's slot migrated by hand (heartbeats follow
+# ASK to the importing master); one replica killed with SIGKILL: the nodes fail over
 # to the other and discovery goes on; a Redis master killed: the MetaServer answers
 # UNAVAILABLE (fast, no hang), the nodes degrade, and when the master is back everything
 # recovers by itself (the nodes re-register what that master lost); a stopped node is
@@ -131,6 +132,34 @@ m1=$(moved "$H_ms1"); m2=$(moved "$H_ms2")
 [ "${m1%.*}" -gt 0 ] 2>/dev/null && [ "${m2%.*}" -gt 0 ] 2>/dev/null ||
   pf_fail "no MOVED followed after resharding (ms1 $m1, ms2 $m2)"
 pf_log "2000 slots moved ${RP[0]} -> ${RP[1]}: replicas followed MOVED ($m1, $m2), answers unchanged"
+
+# ---------------------------------------------------------------- slot migration: ASK
+# pf:nodes (the node table) moves to another master by hand; while its slot is MIGRATING the
+# old owner answers ASK and heartbeats must reach the new one (ASKING + the command).
+slot=$("$RC" -p "${RP[0]}" CLUSTER KEYSLOT pf:nodes)
+src= dst=
+for p in "${RP[@]}"; do
+  if [ "$("$RC" -p "$p" CLUSTER COUNTKEYSINSLOT "$slot")" -gt 0 ]; then src=$p; fi
+done
+[ -n "$src" ] || pf_fail "no master holds pf:nodes (slot $slot)"
+for p in "${RP[@]}"; do [ "$p" != "$src" ] && dst=$p && break; done
+srcid=$("$RC" -p "$src" CLUSTER MYID) dstid=$("$RC" -p "$dst" CLUSTER MYID)
+"$RC" -p "$dst" CLUSTER SETSLOT "$slot" IMPORTING "$srcid" | grep -q OK || pf_fail "IMPORTING"
+"$RC" -p "$src" CLUSTER SETSLOT "$slot" MIGRATING "$dstid" | grep -q OK || pf_fail "MIGRATING"
+"$RC" -p "$src" MIGRATE 127.0.0.1 "$dst" pf:nodes 0 5000 | grep -q OK || pf_fail "MIGRATE pf:nodes"
+asks() { curl -sf "http://127.0.0.1:$1/metrics" | grep -E '^pegaflow_metaserver_redis_errors_total\{kind="ask"\} ' | awk '{print $2}'; }
+ask_seen() { local a; a=$(asks "$H_ms1"); [ "${a%.*}" -gt 0 ] 2>/dev/null; }
+pf_wait_for 20 ask_seen || pf_fail "ms1 never followed an ASK (slot $slot migrating $src -> $dst)"
+seenA() { printf 'ASKING\nHGET pf:nodes %s\n' "$A" | "$RC" -p "$dst" | tail -1; } # slot not its own yet
+v0=$(seenA)
+echo "$v0" | grep -qE '^[0-9a-f]{32}:[0-9]+$' || pf_fail "A's node record is not on the importing master ($v0)"
+changed() { [ "$(seenA)" != "$v0" ]; }
+pf_wait_for 20 changed || pf_fail "A's heartbeats do not reach the importing master through ASK"
+q_has "$T_ms2" "$A 64" || pf_fail "A not visible while the node table migrates"
+for p in "${RP[@]}"; do "$RC" -p "$p" CLUSTER SETSLOT "$slot" NODE "$dstid" >/dev/null; done
+pf_wait_for 30 cluster_ok || pf_fail "cluster not ok after the migration"
+pf_wait_for 20 q_has "$T_ms1" "$B 32" || pf_fail "B not visible after the migration"
+pf_log "node table slot $slot migrated $src -> $dst: heartbeats followed ASK ($(asks "$H_ms1") on ms1)"
 
 # ---------------------------------------------------------------- stale node
 kill -STOP "$PF_PID_nodeB"
