@@ -42,7 +42,8 @@ int pf_meta_redis_store_open(const struct pf_meta_store_config *cfg,
  * answer) the client asks a reachable seed or known node for CLUSTER SLOTS; an instance
  * without cluster support is used as the owner of every slot. Commands are routed by the
  * key's slot (CRC16 with hash tags, as Redis), grouped per owning node and pipelined: one
- * round trip per node per pf_redis_exec. MOVED updates the slot map and re-sends; ASK
+ * round trip per node per pf_redis_exec (map refreshes at most every 100 ms, backing off to
+ * 2 s while nothing answers). MOVED updates the slot map and re-sends; ASK
  * re-sends once to the named node preceded by ASKING; at most 4 redirect rounds.
  *
  * Each node has a few connections (each behind its own mutex); connect and command

@@ -133,7 +133,9 @@ struct pf_redis {
     int16_t masters[MAX_NODES];
     size_t nmasters;
     bool map_ok;
-    pthread_mutex_t refresh_mu;
+    pthread_mutex_t refresh_mu; /* also guards refresh_after_ns, refresh_backoff_ms */
+    uint64_t refresh_after_ns;
+    uint32_t refresh_backoff_ms;
 
     struct pf_metric *c_rtt, *c_cmds, *c_err, *h_lat;
 };
@@ -388,6 +390,15 @@ static int refresh_map(struct pf_redis *r)
 {
     pthread_mutex_lock(&r->refresh_mu);
     int rc = -ENOTCONN;
+    uint64_t now = pf_now_ns();
+    if (now < r->refresh_after_ns) {
+        /* refreshed (or failed to) a moment ago: answer with the map we have */
+        pthread_rwlock_rdlock(&r->lock);
+        rc = r->map_ok ? 0 : -ENOTCONN;
+        pthread_rwlock_unlock(&r->lock);
+        pthread_mutex_unlock(&r->refresh_mu);
+        return rc;
+    }
     pthread_rwlock_rdlock(&r->lock);
     size_t nn = r->nnodes;
     pthread_rwlock_unlock(&r->lock);
@@ -401,6 +412,12 @@ static int refresh_map(struct pf_redis *r)
     }
     for (size_t i = 0; i < r->nseeds && rc; i++)
         rc = refresh_from(r, r->seed_host[i], r->seed_port[i]);
+    /* at most one refresh per 100 ms; while nothing answers, back off to 2 s */
+    r->refresh_backoff_ms =
+        rc ? (r->refresh_backoff_ms ? r->refresh_backoff_ms * 2 : BACKOFF_MIN) : BACKOFF_MIN;
+    if (r->refresh_backoff_ms > BACKOFF_MAX)
+        r->refresh_backoff_ms = BACKOFF_MAX;
+    r->refresh_after_ns = pf_now_ns() + (uint64_t)r->refresh_backoff_ms * PF_NS_PER_MS;
     pthread_mutex_unlock(&r->refresh_mu);
     return rc;
 }
