@@ -38,6 +38,8 @@ static int fail_store(struct pf_rpc_call *call, int rc, const char *node)
         return pf_rpc_fail(call, PF_GRPC_INVALID_ARGUMENT, "invalid request from node '%s'", node);
     case -ENOTCONN:
         return pf_rpc_fail(call, PF_GRPC_UNAVAILABLE, "metadata store (Redis) unreachable");
+    case -EPROTO:
+        return pf_rpc_fail(call, PF_GRPC_INTERNAL, "metadata store (Redis) answered unexpectedly");
     default:
         return pf_rpc_fail(call, PF_GRPC_INTERNAL, "store error %d", rc);
     }
