@@ -3,8 +3,8 @@
  * replicas can serve from one Redis.
  *
  * Data model (all times from the store clock: wall clock unless a test injects one):
- *   pf:nodes                   hash  node address -> "<node_id hex32>:<last_seen ms>"
- *   pf:b:<namespace>\0<hash>   hash  node address -> "<node_id hex32>:<register second>"
+ *   pf:nodes                   hash  node address -> "<node_id, 16 bytes>:<last_seen ms>"
+ *   pf:b:<namespace>\0<hash>   hash  node address -> "<node_id, 16 bytes>:<register second>"
  *   pf:c:{<tag>}               hash  e = keys, o = owner entries of the slot <tag> maps to
  *   pf:sweep                   string, a sweep in progress (SET NX PX: one replica sweeps)
  * Block keys carry no hash tag, so they spread over every slot (and every master); the
@@ -36,8 +36,8 @@
 const char *const rs_scripts[NSCRIPTS] = {
     /* S_HB: create, refresh, or take over a stale record. ARGV addr id now stale */
     "local v = redis.call('HGET', KEYS[1], ARGV[1])\n"
-    "if v and string.sub(v, 1, 32) ~= ARGV[2] then\n"
-    "  local seen = tonumber(string.sub(v, 34)); local now = tonumber(ARGV[3])\n"
+    "if v and string.sub(v, 1, 16) ~= ARGV[2] then\n"
+    "  local seen = tonumber(string.sub(v, 18)); local now = tonumber(ARGV[3])\n"
     "  if not (now >= seen and now - seen > tonumber(ARGV[4])) then return -1 end\n"
     "end\n"
     "redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. ':' .. ARGV[3])\n"
@@ -45,12 +45,12 @@ const char *const rs_scripts[NSCRIPTS] = {
     /* S_SESS: validate and refresh the session. ARGV addr id now */
     "local v = redis.call('HGET', KEYS[1], ARGV[1])\n"
     "if not v then return -2 end\n"
-    "if string.sub(v, 1, 32) ~= ARGV[2] then return -1 end\n"
+    "if string.sub(v, 1, 16) ~= ARGV[2] then return -1 end\n"
     "redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. ':' .. ARGV[3])\n"
     "return 0\n",
     /* S_UNREG: drop the record if its session is id. ARGV addr id */
     "local v = redis.call('HGET', KEYS[1], ARGV[1])\n"
-    "if v and string.sub(v, 1, 32) == ARGV[2] then redis.call('HDEL', KEYS[1], ARGV[1]) "
+    "if v and string.sub(v, 1, 16) == ARGV[2] then redis.call('HDEL', KEYS[1], ARGV[1]) "
     "return 1 end\n"
     "return 0\n",
     /* S_INS: upsert the owner; 0 = not a new owner, 1 = new, array = new with >= 3 owners
@@ -60,7 +60,7 @@ const char *const rs_scripts[NSCRIPTS] = {
     "if not old then\n"
     "  if redis.call('HLEN', KEYS[1]) == 1 then redis.call('HINCRBY', KEYS[2], 'e', 1) end\n"
     "  redis.call('HINCRBY', KEYS[2], 'o', 1)\n"
-    "elseif string.sub(old, 1, 32) == ARGV[2] then return 0 end\n"
+    "elseif string.sub(old, 1, 16) == ARGV[2] then return 0 end\n"
     "if ARGV[4] == '1' and redis.call('HLEN', KEYS[1]) >= 3 then\n"
     "  return redis.call('HGETALL', KEYS[1]) end\n"
     "return 1\n",
@@ -70,7 +70,7 @@ const char *const rs_scripts[NSCRIPTS] = {
     "local old = redis.call('HGET', KEYS[1], ARGV[1])\n"
     "if not old then return 0 end\n"
     "if ARGV[3] then if old ~= ARGV[3] then return 0 end\n"
-    "elseif string.sub(old, 1, 32) ~= ARGV[2] then return 0 end\n"
+    "elseif string.sub(old, 1, 16) ~= ARGV[2] then return 0 end\n"
     "redis.call('HDEL', KEYS[1], ARGV[1])\n"
     "redis.call('HINCRBY', KEYS[2], 'o', -1)\n"
     "if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('HINCRBY', KEYS[2], 'e', -1) "
@@ -105,23 +105,17 @@ static int check_hashes(const struct pf_meta_hash *h, size_t n)
     return 0;
 }
 
-void rs_hex32(const uint8_t id[16], char out[33])
+void rs_id(const uint8_t id[16], char out[PF_ID_LEN])
 {
-    static const char d[] = "0123456789abcdef";
-    for (int i = 0; i < 16; i++) {
-        out[2 * i] = d[id[i] >> 4];
-        out[2 * i + 1] = d[id[i] & 15];
-    }
-    out[32] = 0;
+    memcpy(out, id, PF_ID_LEN);
 }
 
-/* "<id hex32>:<number>" -> number; false when malformed. */
 bool rs_parse_val(const char *v, size_t len, uint64_t *num_p)
 {
-    if (len < 34 || v[32] != ':')
+    if (len < PF_ID_LEN + 2 || v[PF_ID_LEN] != ':')
         return false;
     uint64_t x = 0;
-    for (size_t i = 33; i < len; i++) {
+    for (size_t i = PF_ID_LEN + 1; i < len; i++) {
         if (v[i] < '0' || v[i] > '9')
             return false;
         x = x * 10 + (uint64_t)(v[i] - '0');
@@ -335,7 +329,8 @@ static int addr_index(struct nrec **recs, size_t *n, size_t *cap, const char *a,
 static bool owner_visible(const struct rstore *s, const struct nrec *r, const redisReply *v,
                           uint64_t now)
 {
-    return r->present && v->len >= 32 && memcmp(r->id, v->str, 32) == 0 && rs_rec_fresh(s, r, now);
+    return r->present && v->len >= PF_ID_LEN && memcmp(r->id, v->str, PF_ID_LEN) == 0 &&
+           rs_rec_fresh(s, r, now);
 }
 
 /* ------------------------------------------------------------------ ops */
@@ -345,13 +340,13 @@ int rs_heartbeat(void *impl, const char *node, const uint8_t node_id[16])
     struct rstore *s = impl;
     if (!valid_str(node, PF_META_NODE_MAX) || !node_id)
         return -EINVAL;
-    char id[33], now[24], stale[24];
-    rs_hex32(node_id, id);
+    char id[PF_ID_LEN], now[24], stale[24];
+    rs_id(node_id, id);
     int ln = snprintf(now, sizeof(now), "%llu", (unsigned long long)rs_now_ms(s));
     int ls =
         snprintf(stale, sizeof(stale), "%llu", (unsigned long long)(s->cfg.node_stale_secs * 1000));
     const char *a[4] = {node, id, now, stale};
-    size_t l[4] = {strlen(node), 32, (size_t)ln, (size_t)ls};
+    size_t l[4] = {strlen(node), PF_ID_LEN, (size_t)ln, (size_t)ls};
     long long v;
     int rc = rs_node_script(s, S_HB, a, l, 4, &v);
     if (rc)
@@ -362,11 +357,11 @@ int rs_heartbeat(void *impl, const char *node, const uint8_t node_id[16])
 /* Validates and refreshes (node, node_id). */
 static int session_check(struct rstore *s, const char *node, const uint8_t node_id[16])
 {
-    char id[33], now[24];
-    rs_hex32(node_id, id);
+    char id[PF_ID_LEN], now[24];
+    rs_id(node_id, id);
     int ln = snprintf(now, sizeof(now), "%llu", (unsigned long long)rs_now_ms(s));
     const char *a[3] = {node, id, now};
-    size_t l[3] = {strlen(node), 32, (size_t)ln};
+    size_t l[3] = {strlen(node), PF_ID_LEN, (size_t)ln};
     long long v;
     int rc = rs_node_script(s, S_SESS, a, l, 3, &v);
     if (rc)
@@ -420,12 +415,12 @@ int rs_insert(void *impl, const char *ns, const struct pf_meta_hash *h, size_t n
         rc = rs_ensure_scripts(s);
     if (rc)
         return rc;
-    char id[33], reg[24];
-    rs_hex32(node_id, id);
+    char id[PF_ID_LEN], reg[24];
+    rs_id(node_id, id);
     uint64_t now = rs_now_ms(s);
     int lr = snprintf(reg, sizeof(reg), "%llu", (unsigned long long)(now / 1000));
     const char *a[4] = {node, id, reg, reclaimable ? "1" : "0"};
-    size_t l[4] = {strlen(node), 32, (size_t)lr, 1};
+    size_t l[4] = {strlen(node), PF_ID_LEN, (size_t)lr, 1};
     struct batch b;
     rc = keys_exec(s, &b, ns, h, n, S_INS, a, l, 4);
     if (rc || !reclaimable)
@@ -479,10 +474,10 @@ int rs_remove(void *impl, const char *ns, const struct pf_meta_hash *h, size_t n
         rc = rs_ensure_scripts(s);
     if (rc)
         return rc;
-    char id[33];
-    rs_hex32(node_id, id);
+    char id[PF_ID_LEN];
+    rs_id(node_id, id);
     const char *a[2] = {node, id};
-    size_t l[2] = {strlen(node), 32};
+    size_t l[2] = {strlen(node), PF_ID_LEN};
     struct batch b;
     rc = keys_exec(s, &b, ns, h, n, S_REM, a, l, 2);
     uint64_t removed = 0;

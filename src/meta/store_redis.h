@@ -19,6 +19,7 @@
 #define NSLOTS       16384
 #define SCAN_COUNT   "1000"
 #define TIMEOUT_MS   1000u
+#define PF_ID_LEN    16 /* stored node_id bytes */
 
 enum { S_HB, S_SESS, S_UNREG, S_INS, S_REM, S_NODE_DROP, NSCRIPTS };
 
@@ -52,14 +53,15 @@ struct batch {
 struct nrec {
     const char *addr;
     size_t alen;
-    const char *id; /* 32 hex, not terminated */
+    const char *id; /* PF_ID_LEN bytes, not terminated */
     uint64_t seen_ms;
     bool present;
 };
 
 uint64_t rs_now_ms(const struct rstore *s);
-void rs_hex32(const uint8_t id[16], char out[33]);
-/* "<id hex32>:<number>" -> number; false when malformed. */
+/* The node_id as stored: its 16 raw bytes (Lua strings are binary-safe). */
+void rs_id(const uint8_t id[16], char out[PF_ID_LEN]);
+/* "<node_id 16 bytes>:<number>" -> number; false when malformed. */
 bool rs_parse_val(const char *v, size_t len, uint64_t *num_p);
 int rs_batch_alloc(struct batch *b, size_t n, size_t keybytes);
 /* Frees the storage and the replies. */

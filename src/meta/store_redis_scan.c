@@ -106,8 +106,8 @@ static int unreg_batch(struct rstore *s, redisReply *keys, void *arg)
     rc = exec_checked(s, &b, b.n);
     for (size_t i = 0; i < b.n && !rc; i++) {
         redisReply *v = b.cmd[i].reply;
-        bool mine =
-            v->type == REDIS_REPLY_STRING && v->len >= 32 && memcmp(v->str, u->args[1], 32) == 0;
+        bool mine = v->type == REDIS_REPLY_STRING && v->len >= PF_ID_LEN &&
+                    memcmp(v->str, u->args[1], PF_ID_LEN) == 0;
         if (mine) {
             nd++;
             bytes += b.koff[i + 1] - b.koff[i];
@@ -143,9 +143,9 @@ static int rs_unregister(void *impl, const char *node, const uint8_t node_id[16]
     struct rstore *s = impl;
     if (!node || !*node || strnlen(node, PF_META_NODE_MAX + 1) > PF_META_NODE_MAX || !node_id)
         return -EINVAL;
-    char id[33];
-    rs_hex32(node_id, id);
-    struct unreg_ctx u = {.args = {node, id}, .lens = {strlen(node), 32}};
+    char id[PF_ID_LEN];
+    rs_id(node_id, id);
+    struct unreg_ctx u = {.args = {node, id}, .lens = {strlen(node), PF_ID_LEN}};
     long long v;
     int rc = rs_node_script(s, S_UNREG, u.args, u.lens, 2, &v);
     if (!rc)
@@ -208,7 +208,7 @@ static int sweep_batch(struct rstore *s, redisReply *keys, void *arg)
                 bool kept = r && rs_parse_val(v->str, v->len, &reg) &&
                             (int64_t)now_s - (int64_t)reg <= (int64_t)ttl_s;
                 if (kept) {
-                    vis += pass == 0 && memcmp(r->id, v->str, 32) == 0 &&
+                    vis += pass == 0 && memcmp(r->id, v->str, PF_ID_LEN) == 0 &&
                            rs_rec_fresh(s, r, c->now_ms);
                     continue;
                 }

@@ -150,9 +150,10 @@ srcid=$("$RC" -p "$src" CLUSTER MYID) dstid=$("$RC" -p "$dst" CLUSTER MYID)
 asks() { curl -sf "http://127.0.0.1:$1/metrics" | grep -E '^pegaflow_metaserver_redis_errors_total\{kind="ask"\} ' | awk '{print $2}'; }
 ask_seen() { local a; a=$(asks "$H_ms1"); [ "${a%.*}" -gt 0 ] 2>/dev/null; }
 pf_wait_for 20 ask_seen || pf_fail "ms1 never followed an ASK (slot $slot migrating $src -> $dst)"
-seenA() { printf 'ASKING\nHGET pf:nodes %s\n' "$A" | "$RC" -p "$dst" | tail -1; } # slot not its own yet
+# ASKING first: the slot is not the importing master's own yet; --no-raw quotes the binary id
+seenA() { printf 'ASKING\nHGET pf:nodes %s\n' "$A" | "$RC" --no-raw -p "$dst" | tail -1; }
 v0=$(seenA)
-echo "$v0" | grep -qE '^[0-9a-f]{32}:[0-9]+$' || pf_fail "A's node record is not on the importing master ($v0)"
+echo "$v0" | grep -qE '^".*:[0-9]+"$' || pf_fail "A's node record is not on the importing master ($v0)"
 changed() { [ "$(seenA)" != "$v0" ]; }
 pf_wait_for 20 changed || pf_fail "A's heartbeats do not reach the importing master through ASK"
 q_has "$T_ms2" "$A 64" || pf_fail "A not visible while the node table migrates"
