@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -113,6 +114,7 @@ int pft_redis_start(struct pft_redis *r, const char *const *extra_args)
         if (pid < 0)
             return -1;
         if (pid == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL); /* dies with a crashed test, never left behind */
             if (chdir(r->dir) != 0)
                 _exit(127);
             execv(bin, (char *const *)argv);
@@ -173,6 +175,7 @@ int pft_redis_restart(struct pft_redis *r, const char *const *extra_args)
         if (pid < 0)
             return -1;
         if (pid == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL); /* dies with a crashed test, never left behind */
             if (chdir(r->dir) != 0)
                 _exit(127);
             execv(bin, (char *const *)argv);
