@@ -10,6 +10,11 @@
  * Part 2 (in-process store, no RPC): the same registration, query and unregister work
  * directly on pf_meta_store, i.e. the store's own ceiling.
  *
+ * With --store redis the same two parts run a second time against the Redis store
+ * (pegaflow-metaserver --store redis://...; the in-process part on pf_meta_store over Redis)
+ * on a redis-server the benchmark starts on a free loopback port, and memory per key is the
+ * redis-server's RSS delta (and Redis' own used_memory delta) over the registered keys.
+ *
  * Keys are 32-byte hashes (vLLM's sha256 block hashes). Blocks come in runs of 256
  * consecutive hashes (one request's prefix); run r is owned by nodes r % N and
  * (r + 1) % N .. (owners per key = --owners). Prints a table and writes JSON (--json). */
@@ -33,6 +38,7 @@
 #include "pf/meta.h"
 #include "pf/rpc.h"
 #include "pf/util.h"
+#include "pfredis.h"
 
 extern char **environ;
 
@@ -43,6 +49,8 @@ extern char **environ;
 static long nkeys = 1000000, nnodes = 8, nowners = 2, qlen = 64;
 static double qsecs = 3.0;
 static const char *ms_path, *json_path;
+static const char *store_url; /* NULL: memory store; else the Redis store on bredis */
+static struct pft_redis bredis;
 
 static uint8_t *keybytes; /* nkeys x HLEN, generated once before timing */
 
@@ -236,6 +244,7 @@ struct results {
     double rpc_insert_s, rpc_insert_per_s, rpc_q_per_s, rpc_qh_per_s, rpc_ping_per_s;
     double rpc_unregister_ms, rss_bytes_per_key;
     long rss0_kb, rss1_kb, removed_owners, q_bad;
+    double redis_rss_bytes_per_key; /* Redis store: redis-server RSS delta / keys */
     double st_insert_s, st_insert_per_s, st_q_per_s, st_unregister_ms, st_bytes_per_key;
 };
 
@@ -246,8 +255,16 @@ static int spawn_metaserver(pid_t *pid_p, int *port_p, char *logpath)
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 2, logpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-    char *argv[] = {(char *)ms_path, "--addr",        "127.0.0.1:0", "--http-addr",
-                    "127.0.0.1:0",   "--rpc-threads", "8",           NULL};
+    char *argv[] = {(char *)ms_path,
+                    "--addr",
+                    "127.0.0.1:0",
+                    "--http-addr",
+                    "127.0.0.1:0",
+                    "--rpc-threads",
+                    "8",
+                    store_url ? "--store" : NULL,
+                    (char *)store_url,
+                    NULL};
     int rc = posix_spawn(pid_p, ms_path, &fa, NULL, argv, environ);
     posix_spawn_file_actions_destroy(&fa);
     if (rc) {
@@ -307,6 +324,7 @@ static int rpc_part(struct results *r)
     }
     pf_sleep_ms(200);
     r->rss0_kb = rss_kb(pid);
+    long redis0 = store_url ? rss_kb(bredis.pid) : 0;
     pthread_t *th = calloc((size_t)nnodes, sizeof(*th));
     pthread_barrier_t start;
     pthread_barrier_init(&start, NULL, (unsigned)nnodes + 1);
@@ -330,6 +348,8 @@ static int rpc_part(struct results *r)
     pf_sleep_ms(200);
     r->rss1_kb = rss_kb(pid);
     r->rss_bytes_per_key = (double)(r->rss1_kb - r->rss0_kb) * 1024.0 / (double)nkeys;
+    if (store_url)
+        r->redis_rss_bytes_per_key = (double)(rss_kb(bredis.pid) - redis0) * 1024.0 / (double)nkeys;
     if (rc)
         goto out;
 
@@ -422,8 +442,13 @@ static void *st_query(void *arg)
 static void store_part(struct results *r)
 {
     struct pf_meta_store *st;
-    struct pf_meta_store_config cfg = {.node_stale_secs = 30, .ttl_secs = 7200};
-    pf_meta_store_create(&cfg, &st);
+    struct pf_meta_store_config cfg = {.node_stale_secs = 30, .ttl_secs = 7200, .store = store_url};
+    if (store_url)
+        pft_redis_cmd(&bredis, "FLUSHALL");
+    if (pf_meta_store_create(&cfg, &st)) {
+        fprintf(stderr, "cannot create the store\n");
+        return;
+    }
     for (long i = 0; i < nnodes; i++) {
         char name[64];
         uint8_t id[16] = {0};
@@ -431,6 +456,9 @@ static void store_part(struct results *r)
         node_name(i, name, sizeof(name));
         pf_meta_store_heartbeat(st, name, id);
     }
+    struct pf_meta_store_stats ss0;
+    pf_meta_store_get_stats(st, &ss0);
+    uint64_t bytes0 = ss0.bytes;
     struct st_thread *t = calloc((size_t)nnodes, sizeof(*t));
     pthread_t *th = calloc((size_t)nnodes, sizeof(*th));
     pthread_barrier_t start;
@@ -451,7 +479,7 @@ static void store_part(struct results *r)
     r->st_insert_per_s = (double)total / r->st_insert_s;
     struct pf_meta_store_stats ss;
     pf_meta_store_get_stats(st, &ss);
-    r->st_bytes_per_key = (double)ss.bytes / (double)nkeys;
+    r->st_bytes_per_key = (double)(ss.bytes - bytes0) / (double)nkeys;
     t0 = pf_now_ns();
     uint64_t dl = t0 + (uint64_t)(qsecs * 1e9);
     long nq = 0;
@@ -483,6 +511,7 @@ int main(int argc, char **argv)
     const char *bin = getenv("PF_BIN");
     snprintf(defpath, sizeof(defpath), "%s/pegaflow-metaserver", bin ? bin : "build/rel/bin");
     ms_path = defpath;
+    bool want_redis = false;
     for (int i = 1; i < argc; i += 2) {
         const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(k, "--keys"))
@@ -499,9 +528,12 @@ int main(int argc, char **argv)
             ms_path = v;
         else if (!strcmp(k, "--json"))
             json_path = v;
+        else if (!strcmp(k, "--store") && (!strcmp(v, "redis") || !strcmp(v, "memory")))
+            want_redis = !strcmp(v, "redis");
         else {
             fprintf(stderr, "usage: metaserver [--keys N] [--nodes N] [--owners N] [--query-len L] "
-                            "[--query-secs S] [--metaserver PATH] [--json FILE]\n");
+                            "[--query-secs S] [--metaserver PATH] [--store memory|redis] "
+                            "[--json FILE]\n");
             return 2;
         }
     }
@@ -524,6 +556,24 @@ int main(int argc, char **argv)
         return 1;
     }
     store_part(&r);
+    struct results rr = {0};
+    if (want_redis) {
+        if (pft_redis_start(&bredis, NULL)) {
+            fprintf(stderr, "--store redis: cannot start redis-server\n");
+            return 1;
+        }
+        store_url = bredis.url;
+        printf("Redis store on %s (redis-server pid %d)\n", store_url, (int)bredis.pid);
+        rc = rpc_part(&rr);
+        if (rc) {
+            fprintf(stderr, "RPC part (Redis store) failed: %d\n", rc);
+            pft_redis_stop(&bredis);
+            return 1;
+        }
+        store_part(&rr);
+        pft_redis_stop(&bredis);
+        r.q_bad += rr.q_bad;
+    }
     double regs = (double)nkeys * (double)nowners;
     printf("\n%-44s %14s %14s\n", "", "gRPC", "store only");
     printf("%-44s %14.0f %14.0f\n", "InsertBlockHashes registrations/s", r.rpc_insert_per_s,
@@ -547,7 +597,39 @@ int main(int argc, char **argv)
     printf("%-44s %14ld %14s\n", "  server RSS after registration (MiB)", r.rss1_kb / 1024, "-");
     printf("%-44s %14ld %14s\n", "UnregisterNode removed owner entries", r.removed_owners, "-");
     printf("%-44s %14ld %14s\n", "wrong query answers", r.q_bad, "-");
-    char json[2048];
+    if (want_redis) {
+        printf("\nRedis store (one redis-server, same keys and nodes)\n");
+        printf("%-44s %14s %14s\n", "", "gRPC", "store only");
+        printf("%-44s %14.0f %14.0f\n", "InsertBlockHashes registrations/s", rr.rpc_insert_per_s,
+               rr.st_insert_per_s);
+        printf("%-44s %14.2f %14.2f\n", "  time to register all (s)", rr.rpc_insert_s,
+               rr.st_insert_s);
+        printf("%-44s %14.0f %14.0f\n", "QueryPrefixBlocks queries/s", rr.rpc_q_per_s,
+               rr.st_q_per_s);
+        printf("%-44s %14.2f %14s\n", "  vs memory store over gRPC",
+               rr.rpc_q_per_s / (r.rpc_q_per_s ? r.rpc_q_per_s : 1), "-");
+        printf("%-44s %14.1f %14.1f\n", "UnregisterNode at 10^6 keys (ms)", rr.rpc_unregister_ms,
+               rr.st_unregister_ms);
+        printf("%-44s %14.1f %14s\n", "memory per key: redis-server RSS delta (B)",
+               rr.redis_rss_bytes_per_key, "-");
+        printf("%-44s %14s %14.1f\n", "memory per key: Redis used_memory delta (B)", "-",
+               rr.st_bytes_per_key);
+        printf("%-44s %14.1f %14s\n", "memory per key: MetaServer RSS delta (B)",
+               rr.rss_bytes_per_key, "-");
+        printf("%-44s %14ld %14s\n", "wrong query answers", rr.q_bad, "-");
+    }
+    char rjson[1024] = "";
+    if (want_redis)
+        snprintf(rjson, sizeof(rjson),
+                 ",\"redis\":{\"rpc_insert_registrations_per_s\":%.0f,\"rpc_query_per_s\":%.0f,"
+                 "\"rpc_unregister_ms\":%.2f,\"redis_rss_bytes_per_key\":%.1f,"
+                 "\"metaserver_rss_bytes_per_key\":%.1f,\"store_insert_registrations_per_s\":%.0f,"
+                 "\"store_query_per_s\":%.0f,\"used_memory_bytes_per_key\":%.1f,"
+                 "\"wrong_answers\":%ld}",
+                 rr.rpc_insert_per_s, rr.rpc_q_per_s, rr.rpc_unregister_ms,
+                 rr.redis_rss_bytes_per_key, rr.rss_bytes_per_key, rr.st_insert_per_s,
+                 rr.st_q_per_s, rr.st_bytes_per_key, rr.q_bad);
+    char json[4096];
     snprintf(json, sizeof(json),
              "{\"bench\":\"metaserver\",\"keys\":%ld,\"nodes\":%ld,\"owners_per_key\":%ld,"
              "\"query_len\":%ld,\"cpus\":%ld,"
@@ -556,11 +638,11 @@ int main(int argc, char **argv)
              "\"unregister_ms\":%.2f,\"removed_owners\":%ld,\"rss_bytes_per_key\":%.1f,"
              "\"rss_after_kb\":%ld,\"wrong_answers\":%ld},"
              "\"store\":{\"insert_registrations_per_s\":%.0f,\"query_per_s\":%.0f,"
-             "\"unregister_ms\":%.2f,\"store_bytes_per_key\":%.1f}}\n",
+             "\"unregister_ms\":%.2f,\"store_bytes_per_key\":%.1f}%s}\n",
              nkeys, nnodes, nowners, qlen, sysconf(_SC_NPROCESSORS_ONLN), r.rpc_insert_per_s,
              r.rpc_insert_s, r.rpc_q_per_s, r.rpc_qh_per_s, r.rpc_ping_per_s, r.rpc_unregister_ms,
              r.removed_owners, r.rss_bytes_per_key, r.rss1_kb, r.q_bad, r.st_insert_per_s,
-             r.st_q_per_s, r.st_unregister_ms, r.st_bytes_per_key);
+             r.st_q_per_s, r.st_unregister_ms, r.st_bytes_per_key, rjson);
     printf("\n%s", json);
     if (json_path) {
         FILE *f = fopen(json_path, "w");

@@ -23,6 +23,7 @@ PKGS=(
   iproute2 curl openssl
   clang-format
   clang libclang-rt-dev
+  libhiredis-dev redis-server
 )
 
 missing=()

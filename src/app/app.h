@@ -94,6 +94,7 @@ struct pf_meta_config {
     uint64_t ttl_minutes;
     uint64_t sweep_interval_secs;
     uint64_t rpc_threads;
+    char *store; /* "memory" or "redis://..." */
     char *tls_cert, *tls_key, *tls_ca;
     char *cluster_token_file;
     /* derived */

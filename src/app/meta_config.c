@@ -33,6 +33,9 @@ const struct pf_flag pf_meta_flags[] = {
       "PEM CA: require client certificates it signed (mutual TLS)"),
     F("cluster-token-file", PF_FLAG_STR, cluster_token_file, NULL, "FILE",
       "Shared secret every RPC must carry (pf-cluster-token metadata)"),
+    F("store", PF_FLAG_STR, store, "memory", "memory|redis://HOST:PORT[,HOST:PORT...]",
+      "Where the registry lives: this process's memory, or Redis / Redis Cluster (stateless "
+      "MetaServer replicas; redis://[[USER:]PASSWORD@]HOST:PORT,... for AUTH)"),
 };
 const size_t pf_meta_nflags = PF_ARRAY_SIZE(pf_meta_flags);
 
@@ -49,6 +52,12 @@ int pf_meta_config_parse(struct pf_meta_config *cfg, int argc, char **argv, char
     }
     if (cfg->sweep_interval_secs == 0) {
         snprintf(err, errlen, "--sweep-interval-secs: must be greater than 0");
+        return -EINVAL;
+    }
+    if (strcmp(cfg->store, "memory") != 0 && strncmp(cfg->store, "redis://", 8) != 0 &&
+        strncmp(cfg->store, "rediss://", 9) != 0) {
+        snprintf(err, errlen, "--store: '%.200s' is neither memory nor redis://HOST:PORT[,...]",
+                 cfg->store);
         return -EINVAL;
     }
     if (cfg->ttl_minutes * 60 < cfg->node_stale_secs) {

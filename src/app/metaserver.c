@@ -66,6 +66,7 @@ int pf_metaserver_main(int argc, char **argv)
     struct pf_meta_store_config scfg = {
         .node_stale_secs = cfg.node_stale_secs,
         .ttl_secs = cfg.ttl_minutes * 60,
+        .store = cfg.store,
     };
     rc = pf_meta_store_create(&scfg, &store);
     if (rc) {
@@ -77,6 +78,9 @@ int pf_metaserver_main(int argc, char **argv)
         pf_error("cannot start the sweep thread: %s", strerror(-rc));
         goto out;
     }
+    if (strcmp(cfg.store, "memory") != 0)
+        pf_info("store: Redis at %s (stateless: replicas may share it)",
+                strchr(cfg.store, '@') ? strchr(cfg.store, '@') + 1 : cfg.store + 8);
     pf_info("node stale after %llu s, ownership TTL %llu min, sweep every %llu s",
             (unsigned long long)cfg.node_stale_secs, (unsigned long long)cfg.ttl_minutes,
             (unsigned long long)cfg.sweep_interval_secs);

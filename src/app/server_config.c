@@ -73,9 +73,9 @@ const struct pf_flag pf_server_flags[] = {
       "NICs for inter-node transfer (e.g. mlx5_0,mlx5_1, or network interfaces with "
       "--net-backend tcp); requires --metaserver-addr",
       .flags = PF_FLAGF_MULTI),
-    F("metaserver-addr", PF_FLAG_STR, metaserver_addr, NULL, "URL",
-      "MetaServer address (e.g. http://10.0.0.100:50056); requires --nics and a routable "
-      "--addr"),
+    F("metaserver-addr", PF_FLAG_STR, metaserver_addr, NULL, "URL[,URL...]",
+      "MetaServer address (e.g. http://10.0.0.100:50056), or several replicas sharing one "
+      "Redis store, comma-separated (sticky failover); requires --nics and a routable --addr"),
     F("transfer-lock-timeout-secs", PF_FLAG_U64, transfer_lock_timeout_secs, "120", "SECS",
       "Max time blocks stay locked for a cross-node transfer", .min = 1, .max = 86400),
     F("metaserver-queue-depth", PF_FLAG_U64, metaserver_queue_depth, "4096", "N",
@@ -286,6 +286,50 @@ static bool known_backend(const char *v, const char *const *names)
     return false;
 }
 
+/* --metaserver-addr URL[,URL...] (MetaServer replicas) -> metaserver_target
+ * "host:port[,host:port...]". */
+static int server_meta_targets(struct pf_server_config *cfg, char *err, size_t errlen)
+{
+    size_t used = 0;
+    cfg->metaserver_target[0] = 0;
+    for (const char *p = cfg->metaserver_addr;;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        char url[256], t[256], e2[160];
+        if (len == 0 || len >= sizeof(url)) {
+            snprintf(err, errlen, "--metaserver-addr: empty or overlong entry in '%.200s'",
+                     cfg->metaserver_addr);
+            return -EINVAL;
+        }
+        memcpy(url, p, len);
+        url[len] = 0;
+        if (pf_url_to_target(url, t, sizeof(t)) != 0) {
+            snprintf(err, errlen,
+                     "--metaserver-addr: '%s' is not a MetaServer address like "
+                     "http://10.0.0.100:50056",
+                     url);
+            return -EINVAL;
+        }
+        if (pf_addr_check(t, e2, sizeof(e2)) != 0) {
+            snprintf(err, errlen, "--metaserver-addr: %s", e2);
+            return -EINVAL;
+        }
+        size_t tl = strlen(t);
+        if (used + tl + 2 > sizeof(cfg->metaserver_target)) {
+            snprintf(err, errlen, "--metaserver-addr: too many replicas (at most %zu bytes)",
+                     sizeof(cfg->metaserver_target) - 1);
+            return -EINVAL;
+        }
+        if (used)
+            cfg->metaserver_target[used++] = ',';
+        memcpy(cfg->metaserver_target + used, t, tl + 1);
+        used += tl;
+        if (!e)
+            return 0;
+        p = e + 1;
+    }
+}
+
 int pf_server_config_parse(struct pf_server_config *cfg, int argc, char **argv, char *err,
                            size_t errlen)
 {
@@ -318,20 +362,9 @@ int pf_server_config_parse(struct pf_server_config *cfg, int argc, char **argv, 
         return -EINVAL;
     }
     if (has_meta) {
-        rc = pf_url_to_target(cfg->metaserver_addr, cfg->metaserver_target,
-                              sizeof(cfg->metaserver_target));
-        if (rc) {
-            snprintf(err, errlen,
-                     "--metaserver-addr: '%s' is not a MetaServer address like "
-                     "http://10.0.0.100:50056",
-                     cfg->metaserver_addr);
-            return -EINVAL;
-        }
-        char e2[160];
-        if (pf_addr_check(cfg->metaserver_target, e2, sizeof(e2)) != 0) {
-            snprintf(err, errlen, "--metaserver-addr: %s", e2);
-            return -EINVAL;
-        }
+        rc = server_meta_targets(cfg, err, errlen);
+        if (rc)
+            return rc;
         if (pf_addr_is_unroutable(cfg->addr)) {
             snprintf(err, errlen,
                      "--addr: %s is not routable; with --nics and --metaserver-addr other nodes "

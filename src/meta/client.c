@@ -15,6 +15,7 @@
 #define PF_LOG_MOD "metaclient"
 #include "engine.pb-c.h"
 #include "pf/log.h"
+#include "meta/meta_internal.h"
 #include "pf/meta_client.h"
 #include "pf/metrics.h"
 #include "pf/rpc.h"
@@ -45,7 +46,7 @@ struct pf_meta_client {
 
     uint8_t uuid[16];
     char node_id[PF_UUID_STR_LEN];
-    struct pf_rpc_channel *reg_ch, *query_ch;
+    struct pf_meta_targets *tg; /* replicas, current one, their channels */
 
     pthread_mutex_t mu;
     pthread_cond_t wake;    /* thread: work arrived */
@@ -164,6 +165,7 @@ static int send_batch(struct pf_meta_client *c, enum pf_meta_op op, const char *
     struct pf_rpc_status st = {0};
     ProtobufCMessage *resp = NULL;
     int rc;
+    size_t ti = pf_meta_targets_current(c->tg);
     if (op == PF_META_OP_INSERT) {
         Pegaflow__InsertBlockHashesRequest req = PEGAFLOW__INSERT_BLOCK_HASHES_REQUEST__INIT;
         req.namespace_ = (char *)ns;
@@ -171,9 +173,9 @@ static int send_batch(struct pf_meta_client *c, enum pf_meta_op op, const char *
         req.block_hashes = (ProtobufCBinaryData *)h;
         req.node = c->advertise;
         req.node_id = c->node_id;
-        rc = pf_rpc_unary(c->reg_ch, "/pegaflow.MetaServer/InsertBlockHashes", &req.base,
-                          &pegaflow__insert_block_hashes_response__descriptor, c->rpc_timeout_ms,
-                          &resp, &st);
+        rc = pf_rpc_unary(pf_meta_targets_reg(c->tg, ti), "/pegaflow.MetaServer/InsertBlockHashes",
+                          &req.base, &pegaflow__insert_block_hashes_response__descriptor,
+                          c->rpc_timeout_ms, &resp, &st);
     } else {
         Pegaflow__RemoveBlockHashesRequest req = PEGAFLOW__REMOVE_BLOCK_HASHES_REQUEST__INIT;
         req.namespace_ = (char *)ns;
@@ -181,9 +183,9 @@ static int send_batch(struct pf_meta_client *c, enum pf_meta_op op, const char *
         req.block_hashes = (ProtobufCBinaryData *)h;
         req.node = c->advertise;
         req.node_id = c->node_id;
-        rc = pf_rpc_unary(c->reg_ch, "/pegaflow.MetaServer/RemoveBlockHashes", &req.base,
-                          &pegaflow__remove_block_hashes_response__descriptor, c->rpc_timeout_ms,
-                          &resp, &st);
+        rc = pf_rpc_unary(pf_meta_targets_reg(c->tg, ti), "/pegaflow.MetaServer/RemoveBlockHashes",
+                          &req.base, &pegaflow__remove_block_hashes_response__descriptor,
+                          c->rpc_timeout_ms, &resp, &st);
     }
     if (rc) {
         if (st.code == PF_GRPC_FAILED_PRECONDITION) {
@@ -195,6 +197,7 @@ static int send_batch(struct pf_meta_client *c, enum pf_meta_op op, const char *
                                pf_grpc_code_name(st.code), st.msg);
             return -EPROTO;
         }
+        pf_meta_targets_failed(c->tg, ti, st.code);
         session_lost(c, &st);
         return rc;
     }
@@ -234,9 +237,10 @@ static void heartbeat(struct pf_meta_client *c)
     Pegaflow__HeartbeatNodeRequest req = PEGAFLOW__HEARTBEAT_NODE_REQUEST__INIT;
     req.node = c->advertise;
     req.node_id = c->node_id;
-    int rc =
-        pf_rpc_unary(c->reg_ch, "/pegaflow.MetaServer/HeartbeatNode", &req.base,
-                     &pegaflow__heartbeat_node_response__descriptor, c->rpc_timeout_ms, &resp, &st);
+    size_t ti = pf_meta_targets_current(c->tg);
+    int rc = pf_rpc_unary(pf_meta_targets_reg(c->tg, ti), "/pegaflow.MetaServer/HeartbeatNode",
+                          &req.base, &pegaflow__heartbeat_node_response__descriptor,
+                          c->rpc_timeout_ms, &resp, &st);
     if (rc) {
         pf_metric_add(m_hb_fail, 1);
         if (st.code == PF_GRPC_FAILED_PRECONDITION)
@@ -246,7 +250,8 @@ static void heartbeat(struct pf_meta_client *c)
                                c->advertise, st.msg);
         else
             pf_log_ratelimited(PF_LOG_WARN, 10000, "MetaServer %s heartbeat failed: %s: %s",
-                               c->target, pf_grpc_code_name(st.code), st.msg);
+                               pf_meta_targets_name(c->tg, ti), pf_grpc_code_name(st.code), st.msg);
+        pf_meta_targets_failed(c->tg, ti, st.code);
         session_lost(c, &st);
         return;
     }
@@ -262,7 +267,8 @@ static void heartbeat(struct pf_meta_client *c)
     if (!c->session) {
         pf_info("MetaServer session established with %s as %s (node_id %s); heartbeat every "
                 "%llu ms",
-                c->target, c->advertise, c->node_id, (unsigned long long)period_ms);
+                pf_meta_targets_name(c->tg, ti), c->advertise, c->node_id,
+                (unsigned long long)period_ms);
         c->session = true;
         c->had_session = true;
         c->resync_pending = true;
@@ -533,14 +539,27 @@ static void *client_main(void *arg)
         req.node_id = c->node_id;
         struct pf_rpc_status st = {0};
         ProtobufCMessage *resp = NULL;
-        int rc = pf_rpc_unary(c->reg_ch, "/pegaflow.MetaServer/UnregisterNode", &req.base,
-                              &pegaflow__unregister_node_response__descriptor, UNREGISTER_MS, &resp,
-                              &st);
+        /* UNAVAILABLE may be a connection to a MetaServer that restarted since (Redis store:
+         * nothing else noticed): once more on the next replica (or the same one), all within
+         * UNREGISTER_MS */
+        size_t ti = 0;
+        int rc = -ENOTCONN;
+        uint64_t t_end = pf_now_ns() + ms_to_ns(UNREGISTER_MS);
+        for (size_t a = 0; a <= pf_meta_targets_count(c->tg) && pf_now_ns() < t_end; a++) {
+            ti = pf_meta_targets_current(c->tg);
+            rc = pf_rpc_unary(pf_meta_targets_reg(c->tg, ti), "/pegaflow.MetaServer/UnregisterNode",
+                              &req.base, &pegaflow__unregister_node_response__descriptor,
+                              (t_end - pf_now_ns()) / PF_NS_PER_MS + 1, &resp, &st);
+            if (!rc || st.code != PF_GRPC_UNAVAILABLE)
+                break;
+            pf_meta_targets_failed(c->tg, ti, st.code);
+        }
         if (rc) {
             pf_metric_add(m_unreg_fail, 1);
             pf_warn("UnregisterNode failed: %s: %s", pf_grpc_code_name(st.code), st.msg);
         } else {
-            pf_info("unregistered from MetaServer %s (%llu owner entries removed)", c->target,
+            pf_info("unregistered from MetaServer %s (%llu owner entries removed)",
+                    pf_meta_targets_name(c->tg, ti),
                     (unsigned long long)((Pegaflow__UnregisterNodeResponse *)resp)->removed_owners);
             protobuf_c_message_free_unpacked(resp, NULL);
         }
@@ -581,12 +600,9 @@ int pf_meta_client_create(const struct pf_meta_client_config *cfg, struct pf_met
     if (rc)
         goto err_free;
     pf_uuid_format(c->uuid, c->node_id);
-    rc = pf_rpc_channel_open(c->target, &c->reg_ch);
+    rc = pf_meta_targets_open(c->target, &c->tg);
     if (rc)
         goto err_free;
-    rc = pf_rpc_channel_open(c->target, &c->query_ch);
-    if (rc)
-        goto err_reg;
     pthread_mutex_init(&c->mu, NULL);
     if ((rc = pf_cond_init(&c->wake)) != 0)
         goto err_mu;
@@ -607,9 +623,7 @@ err_wake:
     pthread_cond_destroy(&c->wake);
 err_mu:
     pthread_mutex_destroy(&c->mu);
-    pf_rpc_channel_close(c->query_ch);
-err_reg:
-    pf_rpc_channel_close(c->reg_ch);
+    pf_meta_targets_close(c->tg);
 err_free:
     free(c->batch);
     free(c->ring);
@@ -723,8 +737,16 @@ int pf_meta_client_query_prefix(struct pf_meta_client *c, const char *ns,
     req.block_hashes = (ProtobufCBinaryData *)hashes;
     struct pf_rpc_status st = {0};
     ProtobufCMessage *m = NULL;
-    int rc = pf_rpc_unary(c->query_ch, "/pegaflow.MetaServer/QueryPrefixBlocks", &req.base,
+    /* on UNAVAILABLE the next replica is tried at once (each at most once) */
+    int rc = -ENOTCONN;
+    for (size_t attempt = 0; attempt < pf_meta_targets_count(c->tg); attempt++) {
+        size_t ti = pf_meta_targets_current(c->tg);
+        rc = pf_rpc_unary(pf_meta_targets_query(c->tg, ti),
+                          "/pegaflow.MetaServer/QueryPrefixBlocks", &req.base,
                           &pegaflow__query_prefix_blocks_response__descriptor, timeout_ms, &m, &st);
+        if (!rc || !pf_meta_targets_failed(c->tg, ti, st.code) || st.code != PF_GRPC_UNAVAILABLE)
+            break;
+    }
     if (rc) {
         pf_metric_add(m_query_fail, 1);
         pf_log_ratelimited(PF_LOG_DEBUG, 5000, "QueryPrefixBlocks failed: %s: %s",
@@ -806,8 +828,7 @@ void pf_meta_client_destroy(struct pf_meta_client *c)
     if (!c)
         return;
     pf_meta_client_stop(c);
-    pf_rpc_channel_close(c->query_ch);
-    pf_rpc_channel_close(c->reg_ch);
+    pf_meta_targets_close(c->tg);
     pthread_cond_destroy(&c->flushed);
     pthread_cond_destroy(&c->wake);
     pthread_mutex_destroy(&c->mu);

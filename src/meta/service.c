@@ -3,9 +3,9 @@
  * Every request field is validated before the store sees it; errors name the field.
  * Store errors map to gRPC codes: -ENOENT -> FAILED_PRECONDITION "unknown node",
  * -ESTALE -> FAILED_PRECONDITION "stale node session", -ENOMEM/-ENOSPC ->
- * RESOURCE_EXHAUSTED. Empty Insert/Remove lists get an OK RPC with status.ok=false
- * "block_hashes cannot be empty" (reference behaviour); an empty QueryPrefixBlocks list is
- * INVALID_ARGUMENT. */
+ * RESOURCE_EXHAUSTED, -ENOTCONN (Redis store unreachable) -> UNAVAILABLE. Empty Insert/Remove lists
+ * get an OK RPC with status.ok=false "block_hashes cannot be empty" (reference behaviour); an empty
+ * QueryPrefixBlocks list is INVALID_ARGUMENT. */
 #include <errno.h>
 #include <stdint.h>
 #include <pthread.h>
@@ -37,6 +37,10 @@ static int fail_store(struct pf_rpc_call *call, int rc, const char *node)
         return pf_rpc_fail(call, PF_GRPC_RESOURCE_EXHAUSTED, "too many owners for one block");
     case -EINVAL:
         return pf_rpc_fail(call, PF_GRPC_INVALID_ARGUMENT, "invalid request from node '%s'", node);
+    case -ENOTCONN:
+        return pf_rpc_fail(call, PF_GRPC_UNAVAILABLE, "metadata store (Redis) unreachable");
+    case -EPROTO:
+        return pf_rpc_fail(call, PF_GRPC_INTERNAL, "metadata store (Redis) answered unexpectedly");
     default:
         return pf_rpc_fail(call, PF_GRPC_INTERNAL, "store error %d", rc);
     }

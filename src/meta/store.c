@@ -30,6 +30,7 @@
 #include <xxhash.h>
 
 #define PF_LOG_MOD "metastore"
+#include "meta/meta_internal.h"
 #include "pf/log.h"
 #include "pf/meta.h"
 #include "pf/metrics.h"
@@ -414,6 +415,9 @@ static uint64_t sess_hash(uint32_t addr, const uint8_t uuid[16])
 /* ------------------------------------------------------------------ store */
 
 struct pf_meta_store {
+    /* another backend (--store redis://...): every call goes to ops with impl */
+    const struct pf_meta_store_ops *ops;
+    void *impl;
     struct pf_meta_store_config cfg;
     uint64_t stale_ns, ttl_ns;
     uint64_t epoch_ns; /* clock at creation: register seconds count from here */
@@ -708,6 +712,15 @@ int pf_meta_store_create(const struct pf_meta_store_config *cfg, struct pf_meta_
         return -ENOMEM;
     memset(st, 0, sizeof(*st));
     st->cfg = *cfg;
+    if (cfg->store && strcmp(cfg->store, "memory") != 0) {
+        int orc = pf_meta_redis_store_open(cfg, &st->ops, &st->impl);
+        if (orc) {
+            free(st);
+            return orc;
+        }
+        *st_p = st;
+        return 0;
+    }
     st->stale_ns = cfg->node_stale_secs * PF_NS_PER_SEC;
     st->ttl_ns = cfg->ttl_secs * PF_NS_PER_SEC;
     st->epoch_ns = now_ns(st);
@@ -741,6 +754,11 @@ void pf_meta_store_destroy(struct pf_meta_store *st)
 {
     if (!st)
         return;
+    if (st->ops) {
+        st->ops->destroy(st->impl);
+        free(st);
+        return;
+    }
     metrics_unregister(st);
     for (size_t i = 0; i < NSHARDS; i++) {
         struct shard *s = &st->shards[i];
@@ -781,6 +799,8 @@ void pf_meta_store_destroy(struct pf_meta_store *st)
 
 int pf_meta_store_heartbeat(struct pf_meta_store *st, const char *node, const uint8_t node_id[16])
 {
+    if (st->ops)
+        return st->ops->heartbeat(st->impl, node, node_id);
     size_t len;
     if (!valid_str(node, PF_META_NODE_MAX, &len) || !node_id)
         return -EINVAL;
@@ -912,6 +932,8 @@ static uint64_t shard_purge_session(struct shard *s, uint32_t sid)
 int pf_meta_store_unregister(struct pf_meta_store *st, const char *node, const uint8_t node_id[16],
                              uint64_t *removed_owners_p)
 {
+    if (st->ops)
+        return st->ops->unregister(st->impl, node, node_id, removed_owners_p);
     size_t len;
     if (!valid_str(node, PF_META_NODE_MAX, &len) || !node_id)
         return -EINVAL;
@@ -983,6 +1005,8 @@ static int begin_write(struct pf_meta_store *st, const char *ns, const char *nod
 int pf_meta_store_insert(struct pf_meta_store *st, const char *ns, const struct pf_meta_hash *h,
                          size_t n, const char *node, const uint8_t node_id[16], bool *reclaimable)
 {
+    if (st->ops)
+        return st->ops->insert(st->impl, ns, h, n, node, node_id, reclaimable);
     int rc = check_hashes(h, n);
     if (rc)
         return rc;
@@ -1093,6 +1117,8 @@ out:
 int pf_meta_store_remove(struct pf_meta_store *st, const char *ns, const struct pf_meta_hash *h,
                          size_t n, const char *node, const uint8_t node_id[16], uint64_t *removed_p)
 {
+    if (st->ops)
+        return st->ops->remove(st->impl, ns, h, n, node, node_id, removed_p);
     int rc = check_hashes(h, n);
     if (rc)
         return rc;
@@ -1139,6 +1165,8 @@ int pf_meta_store_query_prefix(struct pf_meta_store *st, const char *ns,
                                const struct pf_meta_hash *h, size_t n,
                                struct pf_meta_prefix **res_p, size_t *nres_p)
 {
+    if (st->ops)
+        return st->ops->query_prefix(st->impl, ns, h, n, res_p, nres_p);
     size_t nslen;
     if (!valid_str(ns, PF_META_NS_MAX, &nslen))
         return -EINVAL;
@@ -1250,6 +1278,10 @@ struct sweep_snap {
 
 void pf_meta_store_sweep(struct pf_meta_store *st, struct pf_meta_sweep_stats *stats_p)
 {
+    if (st->ops) {
+        st->ops->sweep(st->impl, stats_p);
+        return;
+    }
     struct pf_meta_sweep_stats stats = {0};
     struct sweep_snap sn = {0};
     pthread_mutex_lock(&st->sweep_mu);
@@ -1414,6 +1446,10 @@ out:
 
 void pf_meta_store_get_stats(struct pf_meta_store *st, struct pf_meta_store_stats *out)
 {
+    if (st->ops) {
+        st->ops->get_stats(st->impl, out);
+        return;
+    }
     memset(out, 0, sizeof(*out));
     for (size_t i = 0; i < NSHARDS; i++) {
         struct shard *s = &st->shards[i];

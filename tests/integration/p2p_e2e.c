@@ -31,6 +31,11 @@
  *              requester_id or an endpoint naming another host is refused; HTTP POST needs
  *              the admin token, GET /health and /metrics do not; a node with the wrong
  *              cluster token gets no MetaServer session
+ *   redis      issue 14: two MetaServer replicas on one redis-server (--store redis://) in
+ *              the MetaServer's namespace, nodes list both; A saves, B fetches byte-exact;
+ *              replica 1 killed (SIGKILL): B discovers and fetches new blocks through
+ *              replica 2; Redis killed: saves and queries answer, no discovery; Redis back
+ *              (empty): A re-registers by itself and B fetches again
  *
  * Security (PF_P2P_SECURITY_DIR=DIR, made by certs.sh): every process is started with
  * DIR/<tag>.crt/.key, DIR/ca.crt and DIR/token (servers also DIR/admin-token); this
@@ -48,6 +53,12 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <arpa/inet.h>
+#include <hiredis/hiredis.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 
 #include "client/pegaflow.h"
 #include "../../sim/net/tcpnet_wire.h"
@@ -70,7 +81,9 @@ struct node {
 };
 
 static struct node MS = {.tag = "ms"}, NA = {.tag = "a"}, NB = {.tag = "b"}, NC = {.tag = "c"};
-static struct node *all_nodes[] = {&MS, &NA, &NB, &NC};
+static struct node MS2 = {.tag = "ms2"}, RD = {.tag = "redis"};
+static struct node *all_nodes[] = {&MS, &NA, &NB, &NC, &MS2, &RD};
+static char meta_addrs[256]; /* --metaserver-addr of the nodes when set (else MS's) */
 
 static void kill_all(void)
 {
@@ -199,8 +212,11 @@ static void start_ms(int port, const char *stale)
 /* extra: more flags (NULL-terminated), e.g. the fault spec */
 static void start_node(struct node *n, const char *const *extra)
 {
-    char meta[128];
-    snprintf(meta, sizeof(meta), "http://%s", MS.p.addr);
+    char meta[256];
+    if (meta_addrs[0])
+        snprintf(meta, sizeof(meta), "%s", meta_addrs);
+    else
+        snprintf(meta, sizeof(meta), "http://%s", MS.p.addr);
     const char *args[48] = {"--gpu-backend", "sim",   "--sim-gpus",        "2",
                             "--nics",        n->nic,  "--net-backend",     "tcp",
                             "--log-level",   "debug", "--metaserver-addr", meta};
@@ -1155,12 +1171,142 @@ static void sc_auth(void)
     free(admin);
 }
 
+/* redis-server in the MetaServer's namespace on its IP (port 7379 in a fresh namespace, a
+ * free port on loopback), started or restarted on the same port; waits for PING. */
+static void redis_start(int *port_p)
+{
+    char ports[16], dir[512];
+    const char *logdir = getenv("PF_TEST_LOGDIR");
+    snprintf(dir, sizeof(dir), "%s/redis", logdir ? logdir : "/tmp"); /* kept with the logs */
+    if (!*port_p) {
+        *port_p = 7379;
+        if (!MS.ns[0]) {
+            int fd = socket(AF_INET, SOCK_STREAM, 0);
+            struct sockaddr_in a = {.sin_family = AF_INET};
+            socklen_t l = sizeof(a);
+            inet_pton(AF_INET, MS.ip, &a.sin_addr);
+            PFT_CHECK(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+                          getsockname(fd, (struct sockaddr *)&a, &l) == 0,
+                      "free port");
+            *port_p = ntohs(a.sin_port);
+            close(fd);
+        }
+    }
+    PFT_CHECK(mkdir(dir, 0700) == 0 || errno == EEXIST, "mkdir %s", dir);
+    snprintf(ports, sizeof(ports), "%d", *port_p);
+    const char *argv[] = {"ip",           "netns",  "exec", MS.ns,
+                          "redis-server", "--port", ports,  "--bind",
+                          MS.ip,          "--save", "",     "--appendonly",
+                          "no",           "--dir",  dir,    "--protected-mode",
+                          "no",           NULL};
+    const char *const *av = MS.ns[0] ? argv : argv + 4;
+    pid_t pid = fork();
+    PFT_CHECK(pid >= 0, "fork");
+    if (pid == 0) {
+        if (!freopen("/dev/null", "w", stdout))
+            _exit(127);
+        execvp(av[0], (char *const *)av);
+        _exit(127);
+    }
+    RD.p.pid = pid;
+    uint64_t dl = pft_now_ms() + 10000;
+    for (;;) {
+        struct timeval tv = {1, 0};
+        redisContext *c = redisConnectWithTimeout(MS.ip, *port_p, tv);
+        redisReply *r = c && !c->err ? redisCommand(c, "PING") : NULL;
+        bool ok = r && r->type == REDIS_REPLY_STATUS;
+        if (r)
+            freeReplyObject(r);
+        if (c)
+            redisFree(c);
+        if (ok)
+            break;
+        PFT_CHECK(pft_now_ms() < dl, "redis-server on %s:%d did not answer", MS.ip, *port_p);
+        usleep(20000);
+    }
+    fprintf(stderr, "  redis: redis-server on %s:%d%s%s\n", MS.ip, *port_p,
+            MS.ns[0] ? " in netns " : "", MS.ns);
+}
+
+static void sc_redis(void)
+{
+    int rport = 0;
+    redis_start(&rport);
+    char store[96];
+    snprintf(store, sizeof(store), "redis://%s:%d", MS.ip, rport);
+    const char *args[] = {"--node-stale-secs", "2", "--store", store, NULL};
+    spawn(&MS, "pegaflow-metaserver", 0, args);
+    MS2.ns[0] = 0;
+    snprintf(MS2.ns, sizeof(MS2.ns), "%s", MS.ns);
+    snprintf(MS2.ip, sizeof(MS2.ip), "%s", MS.ip);
+    spawn(&MS2, "pegaflow-metaserver", 0, args);
+    snprintf(meta_addrs, sizeof(meta_addrs), "http://%s,http://%s", MS.p.addr, MS2.p.addr);
+    start_node(&NA, NULL);
+    start_node(&NB, NULL);
+    struct pf_client *ca = connect_to(&NA), *cb = connect_to(&NB);
+    struct world wa, wb;
+    const size_t N = 8;
+    pworld(&wa, "inst-A", 1, 1, 64, SEG, 9, true);
+    pworld(&wb, "inst-B", 1, 1, 64, SEG, 0, false);
+    world_register(ca, &wa);
+    world_register(cb, &wb);
+    world_save_ok(ca, &wa, 900, 0, N);
+    wait_meta(NA.p.addr, 900, N, (long)N, 20000);
+    fetch_check(cb, &wb, "redis-1", 900, N, 0, &wa, 0, 0, (long)N, 30000);
+    /* replica 1 dies: the nodes move to replica 2, discovery goes on */
+    stop(&MS, SIGKILL);
+    struct node dead = MS;
+    MS = MS2; /* wait_meta asks MS */
+    MS2 = dead;
+    world_save_ok(ca, &wa, 1000, 10, N);
+    wait_meta(NA.p.addr, 1000, N, (long)N, 30000);
+    uint64_t dl = pft_now_ms() + 30000;
+    for (int k = 0;; k++) {
+        char req[32];
+        snprintf(req, sizeof(req), "redis-failover-%d", k);
+        if (fetch_check(cb, &wb, req, 1000, N, 0, &wa, 10, 8, -1, 30000) == N)
+            break;
+        PFT_CHECK(pft_now_ms() < dl, "B never fetched through replica 2");
+        usleep(50000);
+    }
+    fprintf(stderr, "    replica 1 killed: B discovered and fetched through replica 2\n");
+    /* Redis dies: saves and queries keep answering, no discovery */
+    kill(RD.p.pid, SIGKILL);
+    waitpid(RD.p.pid, NULL, 0);
+    RD.p.pid = 0;
+    world_save_ok(ca, &wa, 1100, 20, N);
+    fetch_check(cb, &wb, "redis-down", 1100, N, 0, &wa, 20, 16, 0, 30000);
+    wait_log(&NB, "unreachable", 20000);
+    fprintf(stderr, "    Redis killed: B degrades to local-only (Ready, 0 hits)\n");
+    /* Redis back, empty: the nodes re-register by themselves, B fetches again */
+    redis_start(&rport);
+    wait_meta(NA.p.addr, 1100, N, (long)N, 40000);
+    dl = pft_now_ms() + 40000;
+    for (int k = 0;; k++) {
+        char req[32];
+        snprintf(req, sizeof(req), "redis-back-%d", k);
+        if (fetch_check(cb, &wb, req, 1100, N, 0, &wa, 20, 24, -1, 30000) == N)
+            break;
+        PFT_CHECK(pft_now_ms() < dl, "B never fetched again after Redis came back");
+        usleep(50000);
+    }
+    fprintf(stderr, "    Redis back: A re-registered, B fetched byte-exact again\n");
+    pf_client_close(ca);
+    pf_client_close(cb);
+    stop_all();
+    meta_addrs[0] = 0;
+    kill(RD.p.pid, SIGKILL);
+    waitpid(RD.p.pid, NULL, 0);
+    RD.p.pid = 0;
+    world_free(&wa);
+    world_free(&wb);
+}
+
 static const struct pft_scenario scenarios[] = {
-    {"basic", sc_basic},   {"mutual", sc_mutual},
-    {"three", sc_three},   {"metaserver", sc_metaserver},
-    {"kill", sc_kill},     {"timeout", sc_timeout},
-    {"expire", sc_expire}, {"corrupt", sc_corrupt},
-    {"evict", sc_evict},   {"auth", sc_auth},
+    {"basic", sc_basic},           {"mutual", sc_mutual},   {"three", sc_three},
+    {"metaserver", sc_metaserver}, {"kill", sc_kill},       {"timeout", sc_timeout},
+    {"expire", sc_expire},         {"corrupt", sc_corrupt}, {"evict", sc_evict},
+    {"auth", sc_auth},             {"redis", sc_redis},
 };
 
 int main(int argc, char **argv)

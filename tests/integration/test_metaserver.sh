@@ -5,6 +5,9 @@
 # hidden after the stale period and visible again when it resumes; metrics; the MetaServer
 # is killed and restarted and the nodes re-register (resync) with no new save; a node that
 # stops is unregistered.
+# PF_META_STORE=redis (test_metaserver_on_redis.sh): the same scenario with --store redis://
+# on a redis-server started here on a free loopback port; a MetaServer restart then loses
+# nothing (the entries are visible at once, no resync needed).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"
@@ -13,6 +16,21 @@ MS=$PF_BIN/pegaflow-metaserver
 TOOL=$PF_TESTBIN/meta_tool
 NODE=$PF_TESTBIN/meta_node
 pf_tmpdir
+
+STORE_ARGS=()
+if [ "${PF_META_STORE:-memory}" = redis ]; then
+  RPORT=$(python3 -c 'import socket
+while True:
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close()
+    if p != 6379: print(p); break')
+  mkdir -p "$PF_TMP/redis"
+  pf_start redis redis-server --port "$RPORT" --bind 127.0.0.1 --dir "$PF_TMP/redis" --save "" \
+    --appendonly no --protected-mode no
+  rping() { [ "$(redis-cli -p "$RPORT" PING 2>/dev/null)" = PONG ]; }
+  pf_wait_for 10 rping || pf_fail "redis-server did not start on port $RPORT"
+  STORE_ARGS=(--store "redis://127.0.0.1:$RPORT")
+  pf_log "store: redis-server on 127.0.0.1:$RPORT"
+fi
 
 U1=11111111-1111-4111-8111-111111111111
 U2=22222222-2222-4222-8222-222222222222
@@ -27,7 +45,8 @@ done
 # ---------------------------------------------------------------- start
 start_ms() { # [grpc port] [http port] [stale secs]
   pf_start ms "$MS" --addr "127.0.0.1:${1:-0}" --http-addr "127.0.0.1:${2:-0}" \
-    --node-stale-secs "${3:-2}" --ttl-minutes 1 --sweep-interval-secs 1 --log-level debug
+    --node-stale-secs "${3:-2}" --ttl-minutes 1 --sweep-interval-secs 1 --log-level debug \
+    "${STORE_ARGS[@]}"
   GPORT=$(pf_wait_port ms grpc) || pf_fail "metaserver did not start"
   HPORT=$(pf_wait_port ms http) || pf_fail "metaserver HTTP did not start"
   T=127.0.0.1:$GPORT
@@ -115,6 +134,12 @@ pf_log "B hidden while silent, visible again after SIGCONT"
 pf_stop ms KILL >/dev/null 2>&1
 pf_log "metaserver killed (SIGKILL); restarting on port $GPORT"
 start_ms "$GPORT" "$HPORT"
+if [ ${#STORE_ARGS[@]} -gt 0 ]; then
+  # the registry is in Redis: nothing was lost, no resync is needed
+  q_has "$A 64" || pf_fail "A's entries lost across a MetaServer restart on Redis"
+  q_has "$B 32" || pf_fail "B's entries lost across a MetaServer restart on Redis"
+  pf_log "after restart on Redis: $($TOOL $T query ns0 @blk:0-99 | tr '\n' ' ') at once"
+else
 pf_wait_for 30 q_has "$A 64" || pf_fail "A not re-registered after the restart"
 pf_wait_for 30 q_has "$B 32" || pf_fail "B not re-registered after the restart"
 resync=$(curl -sf "http://127.0.0.1:$AH/metrics" | grep -E '^pegaflow_metaserver_resync_blocks_total ' | awk '{print $2}')
@@ -122,6 +147,7 @@ resync=$(curl -sf "http://127.0.0.1:$AH/metrics" | grep -E '^pegaflow_metaserver
 grep -q "session reset" "$PF_TMP/nodeA.log" || grep -q "unreachable" "$PF_TMP/nodeA.log" ||
   pf_fail "node A never noticed the restart"
 pf_log "after restart: $($TOOL $T query ns0 @blk:0-99 | tr '\n' ' ') (A resync_blocks_total=$resync)"
+fi
 
 # ---------------------------------------------------------------- stop = unregister
 pf_stop nodeA || pf_fail "node A exited non-zero"
@@ -131,4 +157,5 @@ q_has "$B 32" || pf_fail "B lost"
 pf_stop nodeB || pf_fail "node B exited non-zero"
 pf_stop ms || pf_fail "metaserver exited non-zero on SIGTERM"
 grep -q "stopped" "$PF_TMP/ms.log" || pf_fail "metaserver did not log its clean stop"
+pf_stop redis KILL >/dev/null 2>&1
 echo "PASS"

@@ -20,7 +20,7 @@
  * blocks on anything but these locks. Times come from the injected clock (NULL = monotonic).
  *
  * Errors: 0 or -errno: -EINVAL (malformed argument), -ENOENT (unknown node), -ESTALE (stale
- * node session), -ENOMEM. */
+ * node session), -ENOMEM; with a Redis store also -ENOTCONN and -EPROTO (see config.store). */
 #ifndef PF_META_H
 #define PF_META_H
 
@@ -45,7 +45,12 @@ struct pf_meta_hash {
 struct pf_meta_store_config {
     uint64_t node_stale_secs;     /* > 0 */
     uint64_t ttl_secs;            /* > 0 */
-    const struct pf_clock *clock; /* NULL = real monotonic clock; must outlive the store */
+    const struct pf_clock *clock; /* NULL = real clock; must outlive the store */
+    /* NULL or "memory": this process's memory. "redis://[[USER:]PASSWORD@]HOST:PORT[,...]":
+     * Redis or Redis Cluster (src/meta/store_redis.c; the real clock is then the wall
+     * clock, shared by every MetaServer replica). Any call on a Redis store may also fail
+     * with -ENOTCONN (Redis unreachable: UNAVAILABLE) or -EPROTO (unexpected answer). */
+    const char *store;
 };
 
 /* One node's answer to a prefix query. */

@@ -53,7 +53,8 @@
 typedef int (*pf_meta_emit_fn)(void *emit_ctx, const char *ns, const void *hash, size_t len);
 
 struct pf_meta_client_config {
-    const char *target;             /* MetaServer "host:port" (copied) */
+    const char *target;             /* MetaServer "host:port", or replicas "host:port,host:port,..."
+                                     * (copied): sticky failover to the next on UNAVAILABLE/deadline */
     const char *advertise_addr;     /* this node's routable "ip:port" as peers reach it (copied) */
     size_t queue_depth;             /* commands; 0 = PF_META_CLIENT_QUEUE_DEFAULT; at most 2^24 */
     uint64_t stale_secs_hint;       /* heartbeat period before the server answers; 0 = 30 */

@@ -225,6 +225,17 @@ static void test_p2p_ok(void **st)
     assert_int_equal(c.nics.n, 2);
     assert_string_equal(c.metaserver_target, "127.0.0.1:50056");
     pf_server_config_free(&c);
+    /* several replicas (issue 14): comma-separated URLs -> "host:port,host:port" */
+    assert_int_equal(parse(&c, err, sizeof(err), "--nics", "veth0", "--metaserver-addr",
+                           "http://10.0.0.1:50056,10.0.0.2:50057", "--addr", "127.0.0.2:50055",
+                           NULL),
+                     0);
+    assert_string_equal(c.metaserver_target, "10.0.0.1:50056,10.0.0.2:50057");
+    pf_server_config_free(&c);
+    expect_error("empty or overlong entry", "--nics", "veth0", "--metaserver-addr",
+                 "http://10.0.0.1:1,", "--addr", "127.0.0.2:1", NULL);
+    expect_error("'ftp://x:1' is not a MetaServer address", "--nics", "veth0", "--metaserver-addr",
+                 "http://10.0.0.1:1,ftp://x:1", "--addr", "127.0.0.2:1", NULL);
 }
 
 static void test_meta_flags(void **st)
@@ -249,6 +260,18 @@ static void test_meta_flags(void **st)
     char *argv4[] = {"m", "--ttl-minutes", "1", "--node-stale-secs", "61"};
     assert_int_equal(pf_meta_config_parse(&c, 5, argv4, err, sizeof(err)), -EINVAL);
     assert_non_null(strstr(err, "shorter"));
+    pf_meta_config_free(&c);
+    char *argv5[] = {"m"};
+    assert_int_equal(pf_meta_config_parse(&c, 1, argv5, err, sizeof(err)), 0);
+    assert_string_equal(c.store, "memory");
+    pf_meta_config_free(&c);
+    char *argv6[] = {"m", "--store", "redis://10.0.0.5:7000,10.0.0.6:7000"};
+    assert_int_equal(pf_meta_config_parse(&c, 3, argv6, err, sizeof(err)), 0);
+    assert_string_equal(c.store, "redis://10.0.0.5:7000,10.0.0.6:7000");
+    pf_meta_config_free(&c);
+    char *argv7[] = {"m", "--store", "mongodb://x:1"};
+    assert_int_equal(pf_meta_config_parse(&c, 3, argv7, err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "--store"));
     pf_meta_config_free(&c);
 }
 

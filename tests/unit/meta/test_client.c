@@ -450,6 +450,75 @@ static void test_absent_then_present(void **state)
     srv_stop(&s);
 }
 
+/* Two replicas (two gRPC servers over one store, as two MetaServers over one Redis): the
+ * client sticks to the first; when it dies queries go to the second at once, registration
+ * follows (resync re-registers what the lost round dropped), the switch is counted. */
+static void rpc_on(struct srv *s, struct pf_meta_store *st)
+{
+    char err[256];
+    struct pf_rpc_server_config rc = {.addr = "127.0.0.1:0",
+                                      .threads = 2,
+                                      .methods = pf_meta_methods,
+                                      .nmethods = pf_meta_nmethods,
+                                      .ctx = st,
+                                      .metric_prefix = "pegaflow_metaserver"};
+    assert_int_equal(pf_rpc_server_start(&rc, &s->rpc, &s->port, err, sizeof(err)), 0);
+}
+
+static uint64_t query_len(struct pf_meta_client *c, int hi)
+{
+    char kb[64][32];
+    struct pf_meta_hash h[64];
+    for (int i = 0; i <= hi; i++) {
+        int l = snprintf(kb[i], 32, "blk-%d", i);
+        h[i] = (struct pf_meta_hash){(size_t)l, (const uint8_t *)kb[i]};
+    }
+    struct pf_meta_prefix *res;
+    size_t nres;
+    if (pf_meta_client_query_prefix(c, "ns", h, (size_t)hi + 1, 5000, &res, &nres))
+        return UINT64_MAX;
+    uint64_t v = nres ? res[0].prefix_len : 0;
+    free(res);
+    return v;
+}
+
+static void test_failover_between_replicas(void **state)
+{
+    struct srv a = {0}, b = {0};
+    srv_start(&a, 0);
+    rpc_on(&b, a.st);
+    char target[64];
+    snprintf(target, sizeof(target), "127.0.0.1:%d,127.0.0.1:%d", a.port, b.port);
+    struct resident r = {.mu = PTHREAD_MUTEX_INITIALIZER, .lo = 0, .hi = 19};
+    struct pf_meta_client_config cfg = {.target = target,
+                                        .advertise_addr = ADDR,
+                                        .stale_secs_hint = 2,
+                                        .refresh_interval_secs = UINT64_MAX,
+                                        .enumerate_resident = enum_resident,
+                                        .cb_ctx = &r};
+    struct pf_meta_client *c;
+    assert_int_equal(pf_meta_client_create(&cfg, &c), 0);
+    assert_true(wait_visible(a.st, 0, 19, 20));
+    assert_int_equal(query_len(c, 19), 20);
+    double fo0 = metric("pegaflow_metaserver_failovers");
+    pf_rpc_server_stop(a.rpc); /* replica A dies; the store lives on behind B */
+    a.rpc = NULL;
+    assert_int_equal(query_len(c, 19), 20); /* retried on B within the call */
+    assert_true(metric("pegaflow_metaserver_failovers") >= fo0 + 1);
+    pthread_mutex_lock(&r.mu);
+    r.hi = 39;
+    pthread_mutex_unlock(&r.mu);
+    assert_int_equal(insert_range(c, 20, 39, false), 0);
+    assert_true(wait_visible(a.st, 0, 39, 40));
+    assert_int_equal(query_len(c, 39), 40);
+    /* both gone: queries fail promptly with an error */
+    pf_rpc_server_stop(b.rpc);
+    b.rpc = NULL;
+    assert_true(query_len(c, 0) == UINT64_MAX);
+    pf_meta_client_destroy(c);
+    srv_stop(&a);
+}
+
 static void test_malformed_api(void **state)
 {
     struct pf_meta_client *c;
@@ -490,6 +559,7 @@ int main(void)
         cmocka_unit_test(test_reclaimable_hint),
         cmocka_unit_test(test_hung_metaserver_never_blocks_callers),
         cmocka_unit_test(test_absent_then_present),
+        cmocka_unit_test(test_failover_between_replicas),
         cmocka_unit_test(test_malformed_api),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,6 +1,8 @@
 /* MetaServer gRPC handlers over an in-process server: validation errors name the field,
  * store errors map to FAILED_PRECONDITION, empty lists are answered as the reference does,
- * reclaimable hashes come back, and the sweeper thread runs and stops promptly. */
+ * reclaimable hashes come back, and the sweeper thread runs and stops promptly. Runs against
+ * the memory store, then the Redis store (a redis-server started here; SKIP line for that
+ * half without one), plus UNAVAILABLE (not INTERNAL) when that Redis is gone. */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -14,6 +16,10 @@
 #include "engine.pb-c.h"
 #include "pf/meta.h"
 #include "pf/metrics.h"
+#include "pfredis.h"
+
+static struct pft_redis g_redis;
+static const char *g_store; /* NULL: memory store */
 
 #define U1 "11111111-1111-4111-8111-111111111111"
 #define U2 "22222222-2222-4222-8222-222222222222"
@@ -27,7 +33,9 @@ struct fx {
 static int setup(void **state)
 {
     struct fx *f = calloc(1, sizeof(*f));
-    struct pf_meta_store_config cfg = {.node_stale_secs = 30, .ttl_secs = 600};
+    struct pf_meta_store_config cfg = {.node_stale_secs = 30, .ttl_secs = 600, .store = g_store};
+    if (g_store)
+        assert_int_equal(pft_redis_cmd(&g_redis, "FLUSHALL"), 0);
     assert_int_equal(pf_meta_store_create(&cfg, &f->st), 0);
     struct pf_rpc_server_config rc = {.addr = "127.0.0.1:0",
                                       .threads = 2,
@@ -217,6 +225,41 @@ static void test_sweeper(void **state)
     pf_meta_sweeper_stop(NULL);
 }
 
+/* Redis gone: every RPC that needs it is UNAVAILABLE, never INTERNAL; validation errors
+ * still come first (INVALID_ARGUMENT without touching Redis). */
+static void test_redis_down_unavailable(void **state)
+{
+    struct fx *f = *state;
+    assert_int_equal(pft_redis_kill(&g_redis), 0);
+    Pegaflow__HeartbeatNodeRequest hb = PEGAFLOW__HEARTBEAT_NODE_REQUEST__INIT;
+    hb.node = "10.0.0.1:1";
+    hb.node_id = U1;
+    ProtobufCMessage *r = NULL;
+    struct pf_rpc_status st;
+    assert_int_not_equal(pf_rpc_unary(f->ch, "/pegaflow.MetaServer/HeartbeatNode", &hb.base,
+                                      &pegaflow__heartbeat_node_response__descriptor, 5000, &r,
+                                      &st),
+                         0);
+    assert_int_equal(st.code, PF_GRPC_UNAVAILABLE);
+    Pegaflow__QueryPrefixBlocksRequest q = PEGAFLOW__QUERY_PREFIX_BLOCKS_REQUEST__INIT;
+    ProtobufCBinaryData h = {1, (uint8_t *)"x"};
+    q.namespace_ = "ns";
+    q.n_block_hashes = 1;
+    q.block_hashes = &h;
+    assert_int_not_equal(pf_rpc_unary(f->ch, "/pegaflow.MetaServer/QueryPrefixBlocks", &q.base,
+                                      &pegaflow__query_prefix_blocks_response__descriptor, 5000, &r,
+                                      &st),
+                         0);
+    assert_int_equal(st.code, PF_GRPC_UNAVAILABLE);
+    q.namespace_ = "";
+    assert_int_not_equal(pf_rpc_unary(f->ch, "/pegaflow.MetaServer/QueryPrefixBlocks", &q.base,
+                                      &pegaflow__query_prefix_blocks_response__descriptor, 5000, &r,
+                                      &st),
+                         0);
+    assert_int_equal(st.code, PF_GRPC_INVALID_ARGUMENT);
+    assert_int_equal(pft_redis_restart(&g_redis, NULL), 0);
+}
+
 int main(void)
 {
     pf_rpc_global_init();
@@ -225,7 +268,21 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_insert_query_reclaimable, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sweeper, setup, teardown),
     };
-    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    int rc = cmocka_run_group_tests_name("memory store", tests, NULL, NULL);
+    if (!pft_redis_available()) {
+        printf("SKIP redis store half: redis-server not installed (ci/install-deps.sh)\n");
+    } else if (pft_redis_start(&g_redis, NULL) != 0) {
+        printf("FAIL: could not start redis-server\n");
+        rc = 1;
+    } else {
+        g_store = g_redis.url;
+        rc |= cmocka_run_group_tests_name("redis store", tests, NULL, NULL);
+        const struct CMUnitTest down[] = {
+            cmocka_unit_test_setup_teardown(test_redis_down_unavailable, setup, teardown),
+        };
+        rc |= cmocka_run_group_tests_name("redis store down", down, NULL, NULL);
+        pft_redis_stop(&g_redis);
+    }
     pf_rpc_global_shutdown();
     return rc;
 }
