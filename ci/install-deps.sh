@@ -19,6 +19,7 @@ PKGS=(
   libcjson-dev
   python3-numpy python3-pytest python3-cbor2 python3-xxhash
   iproute2 curl
+  qemu-system-x86 busybox-static
   clang-format
 )
 
