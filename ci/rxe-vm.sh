@@ -47,6 +47,14 @@ if [ "${1:-}" = --guest-stage2 ]; then
   mount -t devpts devpts /dev/pts; mount -t tmpfs shm /dev/shm
   mount -t tmpfs tmp /tmp; mount -t tmpfs run /run
   mount -t configfs configfs /sys/kernel/config 2>/dev/null
+  # the read-write shares (the job directory first), after the tmpfs mounts they may sit in
+  for a in $(cat /proc/cmdline); do
+    case $a in pfshare*=*)
+      mkdir -p "${a#*=}"
+      mount -t 9p -o trans=virtio,version=9p2000.L,msize=524288 "${a%%=*}" "${a#*=}" ||
+        { echo "rxe-vm guest: 9p mount of ${a#*=} failed"; reboot -f; } ;;
+    esac
+  done
   stty -onlcr 2>/dev/null
   ulimit -l unlimited
   exec </dev/null
@@ -175,9 +183,6 @@ initrd() {
     echo 'mount -t 9p -o trans=virtio,version=9p2000.L,msize=524288,ro hostroot /host || die "9p mount of /"'
     echo 'mount -t tmpfs -o size=50% ovl /ovl && mkdir -p /ovl/up /ovl/work || die tmpfs'
     echo 'mount -t overlay -o lowerdir=/host,upperdir=/ovl/up,workdir=/ovl/work overlay /newroot || die overlay'
-    echo 'for a in $(cat /proc/cmdline); do case $a in pfshare*=*)'
-    echo '  mount -t 9p -o trans=virtio,version=9p2000.L,msize=524288 "${a%%=*}" "/newroot${a#*=}" || die "9p mount of ${a#*=}" ;;'
-    echo '  esac; done'
     echo 'umount /proc /sys /dev'
     echo 'exec switch_root /newroot /bin/bash "$stage2" --guest-stage2 "$job"'
   } >"$tmp/init"
