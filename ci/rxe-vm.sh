@@ -243,10 +243,12 @@ done
 say "booting ($acc, $mem, timeout ${timeout_s}s): $*"
 # shellcheck disable=SC2046
 if [ "$mode" = shell ]; then
-  timeout -k 5 "$timeout_s" "$QEMU" $(base_args "$acc") "${dev_args[@]}" -serial mon:stdio -append "$append"
+  timeout --foreground -k 5 "$timeout_s" "$QEMU" $(base_args "$acc") "${dev_args[@]}" -serial mon:stdio -append "$append"
   qrc=$?
 else
-  timeout -k 5 "$timeout_s" "$QEMU" $(base_args "$acc") "${dev_args[@]}" -serial stdio \
+  # --foreground: qemu stays in our process group, so a kill of the caller's group (the test
+  # runner's timeout) reaches it
+  timeout --foreground -k 5 "$timeout_s" "$QEMU" $(base_args "$acc") "${dev_args[@]}" -serial stdio \
     -append "$append" </dev/null 2>&1 | sed -u 's/\r$//'
   qrc=${PIPESTATUS[0]}
 fi
