@@ -33,8 +33,9 @@ int main(void)
     int e = errno;
     const char *want = getenv("PF_VERBS_NIC");
     if (!l || n <= 0) {
-        printf("SKIP: no RDMA device (ibv_get_device_list: %s); run ci/rxe-setup.sh on a "
-               "kernel with rdma_rxe, or set PF_VERBS_NIC on a host with mlx5\n",
+        printf("SKIP: no RDMA device (ibv_get_device_list: %s); `make test-rxe` runs this "
+               "test over soft-RoCE in a qemu guest (ci/rxe-vm.sh), or set PF_VERBS_NIC on a "
+               "host with mlx5\n",
                l   ? "empty list"
                : e ? strerror(e)
                    : "NULL");
