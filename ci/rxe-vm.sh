@@ -45,7 +45,9 @@ if [ "${1:-}" = --guest-stage2 ]; then
   mount -t proc proc /proc; mount -t sysfs sys /sys
   mount -t devtmpfs dev /dev; mkdir -p /dev/pts /dev/shm
   mount -t devpts devpts /dev/pts; mount -t tmpfs shm /dev/shm
-  mount -t tmpfs tmp /tmp; mount -t tmpfs run /run
+  # /tmp stays the overlay's (the host's /tmp, writes kept in the guest): a checkout under
+  # /tmp must stay visible. /run is fresh (netns mounts, no host state).
+  mount -t tmpfs run /run
   mount -t configfs configfs /sys/kernel/config 2>/dev/null
   # the read-write shares (the job directory first), after the tmpfs mounts they may sit in
   for a in $(cat /proc/cmdline); do
