@@ -57,12 +57,14 @@ test-python:
 	@$(TEST_ENV) tests/run.sh python $(O)
 
 # Soft-RoCE in a qemu guest (ci/rxe-vm.sh): the verbs backend's tests on real rxe devices and
-# every P2P scenario over --net-backend verbs. `make test` runs the same test with the four
+# the P2P scenarios over --net-backend verbs (all but evict and three: evict fails in the
+# guest on either backend, tcp included - a burst of saves into a 4 MiB pool outruns the
+# emulated copy threads -, three needs a third rxe device). `make test` runs the same test with the four
 # core scenarios (tests/integration/test_rxe.sh). Where the guest cannot run it prints the
 # SKIP line and exits 77 (make reports Error 77: skipped, never passed).
 test-rxe:
 	@$(MAKE) --no-print-directory -j$(NPROC) test-build
-	@$(TEST_ENV) PF_RXE_SCENARIOS="$${PF_RXE_SCENARIOS:-basic mutual metaserver kill timeout expire corrupt evict}" \
+	@$(TEST_ENV) PF_RXE_SCENARIOS="$${PF_RXE_SCENARIOS:-basic mutual metaserver kill timeout expire corrupt}" \
 		bash tests/integration/test_rxe.sh
 
 # bench/fabric and bench/p2p in the rxe guest: the verbs backend over rxe0 -> rxe1 against a
