@@ -59,7 +59,7 @@ test-python:
 # Soft-RoCE in a qemu guest (ci/rxe-vm.sh): the verbs backend's tests on real rxe devices and
 # the P2P scenarios over --net-backend verbs (all but evict and three: evict fails in the
 # guest on either backend, tcp included - a burst of saves into a 4 MiB pool outruns the
-# emulated copy threads -, three needs a third rxe device). `make test` runs the same test with the four
+# engine's insert thread on the emulated CPUs -, three needs a third rxe device). `make test` runs the same test with the four
 # core scenarios (tests/integration/test_rxe.sh). Where the guest cannot run it prints the
 # SKIP line and exits 77 (make reports Error 77: skipped, never passed).
 test-rxe:
