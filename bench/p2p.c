@@ -22,9 +22,15 @@
  * then B's QueryPrefetch is repeated back to back from Loading until Ready (client view), next
  * to B's own fetch time (pegaflow_rdma_fetch_duration_seconds) and an empty Health round trip.
  *
+ * With --backend verbs the nodes use the verbs backend on --nics A,B (default rxe0,rxe1) at
+ * --addrs A,B (default 10.77.0.1,10.77.0.2: the soft-RoCE guest of ci/rxe-vm.sh), all in
+ * this network namespace, and the raw baseline is a raw verbs READ loop on the same two
+ * devices (bench/rawverbs.h) instead of the TCP stream.
+ *
  * Usage: p2p [--size 1g] [--blocks 256k,1m,4m] [--reps 3] [--lat-reps 10] [--qps 2]
- *            [--integrity on|off] [--loopback] [--json p2p.json]        (PF_BIN: the binaries,
- * default build/rel/bin) */
+ *            [--integrity on|off] [--loopback] [--backend tcp|verbs] [--nics A,B]
+ *            [--addrs A,B] [--json p2p.json]        (PF_BIN: the binaries, default
+ * build/rel/bin) */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -48,6 +54,7 @@
 #include "pf/rpc.h"
 #include "pfnetns.h"
 #include "pftest.h"
+#include "rawverbs.h"
 
 #define MAX_BLOCKS 8
 #define MAX_REPS   32
@@ -61,6 +68,8 @@ struct opts {
     int nblocks;
     int reps, lat_reps, qps;
     bool loopback;
+    const char *backend;
+    char nics[2][64], addrs[2][40];
     const char *integrity;
     const char *json;
 };
@@ -446,6 +455,9 @@ static int parse_opts(int argc, char **argv, struct opts *o)
                        .lat_reps = 10,
                        .qps = 2,
                        .integrity = "on",
+                       .backend = "tcp",
+                       .nics = {"rxe0", "rxe1"},
+                       .addrs = {"10.77.0.1", "10.77.0.2"},
                        .json = "p2p.json"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -475,6 +487,16 @@ static int parse_opts(int argc, char **argv, struct opts *o)
             o->json = v;
         } else if (!strcmp(a, "--integrity")) {
             o->integrity = v;
+        } else if (!strcmp(a, "--backend")) {
+            if (strcmp(v, "tcp") && strcmp(v, "verbs"))
+                goto usage;
+            o->backend = v;
+        } else if (!strcmp(a, "--nics")) {
+            if (sscanf(v, "%63[^,],%63s", o->nics[0], o->nics[1]) != 2)
+                goto usage;
+        } else if (!strcmp(a, "--addrs")) {
+            if (sscanf(v, "%39[^,],%39s", o->addrs[0], o->addrs[1]) != 2)
+                goto usage;
         } else if (!strcmp(a, "--blocks")) {
             char buf[256];
             snprintf(buf, sizeof(buf), "%s", v);
@@ -492,7 +514,8 @@ static int parse_opts(int argc, char **argv, struct opts *o)
     return 0;
 usage:
     fprintf(stderr, "usage: p2p [--size BYTES] [--blocks 256k,1m,4m] [--reps N] [--lat-reps N] "
-                    "[--qps N] [--integrity on|off] [--loopback] [--json PATH]\n");
+                    "[--qps N] [--integrity on|off] [--loopback] [--backend tcp|verbs] "
+                    "[--nics A,B] [--addrs A,B] [--json PATH]\n");
     return -1;
 }
 
@@ -515,9 +538,16 @@ int main(int argc, char **argv)
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     signal(SIGPIPE, SIG_IGN);
-    bool netns = !o.loopback && geteuid() == 0 && pft_netpair_setup(&np, "pfp2p", 214) == 0;
+    bool verbs = strcmp(o.backend, "verbs") == 0;
+    bool netns =
+        !verbs && !o.loopback && geteuid() == 0 && pft_netpair_setup(&np, "pfp2p", 214) == 0;
     const char *nic_a = np.ip[0], *nic_b = np.ip[1];
-    if (netns) {
+    if (verbs) {
+        snprintf(np.ip[0], sizeof(np.ip[0]), "%s", o.addrs[0]);
+        snprintf(np.ip[1], sizeof(np.ip[1]), "%s", o.addrs[1]);
+        nic_a = o.nics[0];
+        nic_b = o.nics[1];
+    } else if (netns) {
         NA.ns = MS.ns = np.ns[0];
         NB.ns = np.ns[1];
         nic_a = np.veth[0];
@@ -528,7 +558,13 @@ int main(int argc, char **argv)
     }
     char szs[32];
     pf_format_size(o.size, szs, sizeof(szs));
-    printf("p2p bench: %s, %s per fetch, blocks", netns ? "two namespaces + veth" : "loopback",
+    char topo[200];
+    snprintf(topo, sizeof(topo), "verbs %s (A, %s) -> %s (B, %s), raw verbs READ baseline", nic_a,
+             np.ip[0], nic_b, np.ip[1]);
+    printf("p2p bench: %s, %s per fetch, blocks",
+           verbs   ? topo
+           : netns ? "two namespaces + veth"
+                   : "loopback",
            szs);
     for (int i = 0; i < o.nblocks; i++)
         printf(" %lluk", (unsigned long long)(o.blocks[i] >> 10));
@@ -562,7 +598,7 @@ int main(int argc, char **argv)
                             "--nics",
                             nic_a,
                             "--net-backend",
-                            "tcp",
+                            o.backend,
                             "--metaserver-addr",
                             meta,
                             "--qps-per-peer",
@@ -580,7 +616,7 @@ int main(int argc, char **argv)
                             "--nics",
                             nic_b,
                             "--net-backend",
-                            "tcp",
+                            o.backend,
                             "--metaserver-addr",
                             meta,
                             "--qps-per-peer",
@@ -594,6 +630,17 @@ int main(int argc, char **argv)
     raw_dst = mmap(NULL, o.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     madvise(raw_dst, o.size, MADV_HUGEPAGE); /* the same page advice as the servers' pools */
     memset(raw_dst, 0, o.size);
+    struct rv rawv;
+    uint8_t *rawsrc = NULL;
+    if (verbs) { /* the baseline: READs between the same two devices, no server involved */
+        rawsrc = mmap(NULL, o.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (rawsrc == MAP_FAILED)
+            die("mmap");
+        pft_fill(rawsrc, o.size, seed, 1);
+        int e = rv_open(&rawv, nic_a, nic_b, rawsrc, raw_dst, o.size);
+        if (e)
+            die("raw verbs baseline on %s -> %s: %s", nic_a, nic_b, strerror(-e));
+    }
     if (pf_client_connect(NA.addr, &ca) || pf_client_connect(NB.addr, &cb))
         die("connect");
     if (pf_simkv_create(o.size, 0, &kv_a) || pf_simkv_create(16ull << 20, 0, &kv_b))
@@ -619,7 +666,7 @@ int main(int argc, char **argv)
             char req[64];
             snprintf(req, sizeof(req), "tput-%llu-%d", (unsigned long long)bs, k);
             double c = 0, w = 0;
-            if (k % 2 == 1) { /* ABBA: odd rounds measure the raw streams first */
+            if (!verbs && k % 2 == 1) { /* ABBA: odd rounds measure the raw streams first */
                 c = raw_round(o.size, bs, o.qps);
                 w = raw_round(o.size, o.size, o.qps);
             }
@@ -635,11 +682,18 @@ int main(int argc, char **argv)
             r->srv[k] = (double)o.size /
                         (metric(&NB, np.ip[1], "pegaflow_rdma_fetch_duration_seconds_sum") - d0) /
                         1e9;
-            if (k % 2 == 0) {
-                c = raw_round(o.size, bs, o.qps);
-                w = raw_round(o.size, o.size, o.qps);
+            if (verbs) {
+                double v = rv_round(&rawv, o.size, bs);
+                if (v <= 0)
+                    die("raw verbs READ loop failed");
+                r->raw[k] = (double)o.size / v / 1e9;
+            } else {
+                if (k % 2 == 0) {
+                    c = raw_round(o.size, bs, o.qps);
+                    w = raw_round(o.size, o.size, o.qps);
+                }
+                r->raw[k] = (double)o.size / (c < w ? c : w) / 1e9;
             }
-            r->raw[k] = (double)o.size / (c < w ? c : w) / 1e9;
         }
         r->p2p_med = pct(r->p2p, o.reps, 0.5);
         r->raw_med = pct(r->raw, o.reps, 0.5);
@@ -696,8 +750,10 @@ int main(int argc, char **argv)
     FILE *j = fopen(o.json, "w");
     if (j) {
         fprintf(j, "{\"topology\":\"%s\",\"size\":%llu,\"qps_per_peer\":%d,\"seed\":%llu,",
-                netns ? "netns-veth" : "loopback", (unsigned long long)o.size, o.qps,
-                (unsigned long long)seed);
+                verbs   ? "verbs"
+                : netns ? "netns-veth"
+                        : "loopback",
+                (unsigned long long)o.size, o.qps, (unsigned long long)seed);
         fprintf(j, "\"health_rtt_p50_ms\":%.4f,\"throughput\":[", hp50);
         for (int bi = 0; bi < o.nblocks; bi++) {
             struct result *r = &res[bi];
@@ -735,5 +791,7 @@ int main(int argc, char **argv)
     pf_simkv_destroy(kv_a);
     pf_simkv_destroy(kv_b);
     kill_all();
+    if (verbs)
+        rv_close(&rawv);
     return 0;
 }

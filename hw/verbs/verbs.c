@@ -10,9 +10,10 @@
  * QPs follow the reference (§7.3): RC, send queue 128 WRs, up to 16 SGEs (bounded by the
  * device's max_sge_rd), a recv queue of 1, its own CQ with a completion channel,
  * max_rd_atomic = max_dest_rd_atomic = 16 (bounded by the device), min_rnr_timer 12,
- * timeout 14, retry 7, rnr retry 7; over Ethernet (RoCE) the address vector uses the remote
- * GID, the local GID index and hop limit 64. The endpoint blob carries GID, LID, QPN, PSN,
- * MTU and link layer; qp_connect moves INIT -> RTR -> RTS with path MTU = min of both ends.
+ * timeout 14, retry 7 (6 on soft-RoCE, where 7 means forever), rnr retry 7; over Ethernet (RoCE)
+ * the address vector uses the remote GID, the local GID index and hop limit 64. The endpoint blob
+ * carries GID, LID, QPN, PSN, MTU and link layer; qp_connect moves INIT -> RTR -> RTS with path MTU
+ * = min of both ends.
  *
  * post_read posts one signalled IBV_WR_RDMA_READ; at most 128 WRs are outstanding (posted and
  * not yet polled) per QP, else -EAGAIN. poll drains the CQ (RC completes in order, so each
@@ -72,6 +73,7 @@ struct verbsnic {
     int numa;
     int max_sge;
     int rd_atomic;
+    int retry_cnt; /* RC retry count for this device (see PF_VERBS_SOFT_ROCE_VENDOR) */
     pthread_rwlock_t mr_lock;
     struct verbsmr *mrs;
 };
@@ -307,15 +309,17 @@ static int verbs_nic_init(struct verbsnet *v, struct verbsnic *nic, struct ibv_d
     int rd =
         da.max_qp_rd_atom < da.max_qp_init_rd_atom ? da.max_qp_rd_atom : da.max_qp_init_rd_atom;
     nic->rd_atomic = rd <= 0 ? 1 : rd > PF_VERBS_RD_ATOMIC ? PF_VERBS_RD_ATOMIC : rd;
+    nic->retry_cnt =
+        da.vendor_id == PF_VERBS_SOFT_ROCE_VENDOR ? PF_VERBS_SOFT_ROCE_RETRY : PF_VERBS_RETRY;
     nic->numa = verbs_read_numa(api, nic->name);
     char g[64];
     verbs_gid_str(&nic->gid, g, sizeof(g));
     pf_info("verbs NIC %s: port %u (%s, LID %u, MTU %d) GID[%d] %s NUMA node %d, %d SGEs, "
-            "rd_atomic %d",
+            "rd_atomic %d, vendor 0x%x, retry %d",
             nic->name, nic->port,
             nic->port_attr.link_layer == IBV_LINK_LAYER_ETHERNET ? "Ethernet/RoCE" : "InfiniBand",
             nic->port_attr.lid, 128 << nic->port_attr.active_mtu, nic->gid_index, g, nic->numa,
-            nic->max_sge, nic->rd_atomic);
+            nic->max_sge, nic->rd_atomic, da.vendor_id, nic->retry_cnt);
     return 0;
 }
 
@@ -659,7 +663,7 @@ static int verbs_qp_connect(struct pf_net_qp *qpb, const void *ep, size_t len)
     memset(&a, 0, sizeof(a));
     a.qp_state = IBV_QPS_RTS;
     a.timeout = PF_VERBS_TIMEOUT;
-    a.retry_cnt = PF_VERBS_RETRY;
+    a.retry_cnt = (uint8_t)nic->retry_cnt;
     a.rnr_retry = PF_VERBS_RNR_RETRY;
     a.sq_psn = q->psn;
     a.max_rd_atomic = (uint8_t)nic->rd_atomic;

@@ -24,6 +24,14 @@
 #define PF_VERBS_EP_LEN    36
 #define PF_VERBS_DRAIN_MS  5000 /* invalidate: wait this long for flushes, then destroy */
 
+/* Soft-RoCE (rdma_rxe) reports this vendor ID and, unlike the IB spec and mlx5, takes a
+ * retry_cnt of 7 to mean "retry forever": a READ to a peer QP that went to the error state
+ * then never completes. The backend uses 6 there (measured in the rxe guest, ci/rxe-vm.sh:
+ * 470 retransmissions in 30 s and no error with 7; an error completion with 6). */
+
+#define PF_VERBS_SOFT_ROCE_VENDOR 0xffffffu
+#define PF_VERBS_SOFT_ROCE_RETRY  6
+
 struct pf_verbs_api {
     struct ibv_device **(*get_device_list)(int *num_devices);
     void (*free_device_list)(struct ibv_device **list);

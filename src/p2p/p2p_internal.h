@@ -96,10 +96,12 @@ struct p2p_xfer {
 
 /* Runs every READ to completion. READ i of NIC k goes to whichever QP of NIC k has room
  * (at most depth outstanding each). Returns 0 when every READ completed successfully;
- * otherwise -ETIMEDOUT (deadline), -ECANCELED (abort flag), the first failed completion's
- * status, a post error, -EPROTO (a completion nobody posted) or -EINVAL (a READ of a NIC
- * without QP; nothing is posted then). On every error return, pf_net_qp_invalidate has
- * returned for every QP of the set: no READ can write its local buffer any more. */
+ * otherwise -ETIMEDOUT (deadline, and only then), -ECANCELED (abort flag), the first failed
+ * completion's status (-EHOSTUNREACH for a completion with -ETIMEDOUT: the NIC's transport
+ * retries were exhausted, the peer is unreachable), a post error, -EPROTO (a completion nobody
+ * posted) or -EINVAL (a READ of a NIC without QP; nothing is posted then). On every error return,
+ * pf_net_qp_invalidate has returned for every QP of the set: no READ can write its local buffer any
+ * more. */
 int p2p_xfer_run(struct p2p_xfer *x, const struct p2p_read *reads, size_t n);
 
 /* ---- the module ---- */

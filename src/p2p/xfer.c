@@ -42,6 +42,10 @@ static int handle(struct xstate *s, size_t q, const struct pf_net_cqe *c, int n)
                     (unsigned long long)r, q);
             return -EPROTO;
         }
+        /* -ETIMEDOUT from the NIC is its transport giving up on the peer (verbs: retries
+         * exhausted, as when the holder died); it must not read as our own deadline */
+        if (c[i].status == -ETIMEDOUT)
+            return -EHOSTUNREACH;
         if (c[i].status)
             return c[i].status < 0 ? c[i].status : -EIO;
         if (c[i].bytes != s->reads[r].len) {

@@ -71,6 +71,8 @@
 #define TMO  10000
 #define NSTR "ns-p2p"
 
+static const char *net_backend = "tcp";
+
 /* ------------------------------------------------------------------ processes */
 
 struct node {
@@ -218,7 +220,7 @@ static void start_node(struct node *n, const char *const *extra)
     else
         snprintf(meta, sizeof(meta), "http://%s", MS.p.addr);
     const char *args[48] = {"--gpu-backend", "sim",   "--sim-gpus",        "2",
-                            "--nics",        n->nic,  "--net-backend",     "tcp",
+                            "--nics",        n->nic,  "--net-backend",     net_backend,
                             "--log-level",   "debug", "--metaserver-addr", meta};
     size_t k = 12;
     bool pool = false;
@@ -448,7 +450,9 @@ static void sc_basic(void)
     PFT_CHECK(pft_log_contains(&NA.p, "RDMA handshake from"), "A: handshake log");
     PFT_CHECK(pft_log_contains(&NB.p, "RDMA fetch req req-1"), "B: fetch log");
     PFT_CHECK(pft_log_contains(&NA.p, "MetaServer registration"), "A: MetaServer registration");
-    PFT_CHECK(pft_log_contains(&NB.p, "topology: 1 NIC(s) on backend tcp"), "B: topology log");
+    char topo[96];
+    snprintf(topo, sizeof(topo), "topology: 1 NIC(s) on backend %s", net_backend);
+    PFT_CHECK(pft_log_contains(&NB.p, topo), "B: topology log '%s'", topo);
 
     /* every metric family a P2P node exposes is documented */
     {
@@ -1319,6 +1323,27 @@ int main(int argc, char **argv)
     env_node(&NA, "A");
     env_node(&NB, "B");
     env_node(&NC, "C");
+    const char *eb = getenv("PF_P2P_NET_BACKEND");
+    if (eb && *eb)
+        net_backend = eb;
+    int a = 1;
+    for (; a + 1 < argc && strncmp(argv[a], "--", 2) == 0; a += 2) {
+        if (strcmp(argv[a], "--net-backend") == 0) {
+            net_backend = argv[a + 1];
+        } else if (strcmp(argv[a], "--nics") == 0) {
+            struct node *nodes[] = {&NA, &NB, &NC};
+            char buf[256];
+            snprintf(buf, sizeof(buf), "%s", argv[a + 1]);
+            char *save = NULL, *tok = strtok_r(buf, ",", &save);
+            for (size_t i = 0; tok && i < PF_ARRAY_SIZE(nodes);
+                 i++, tok = strtok_r(NULL, ",", &save))
+                snprintf(nodes[i]->nic, sizeof(nodes[i]->nic), "%s", tok);
+        } else {
+            fprintf(stderr, "unknown option %s\n", argv[a]);
+            return 2;
+        }
+    }
+    fprintf(stderr, "net backend %s, NICs a=%s b=%s c=%s\n", net_backend, NA.nic, NB.nic, NC.nic);
     signal(SIGPIPE, SIG_IGN);
     sec_dir = getenv("PF_P2P_SECURITY_DIR");
     if (sec_dir && !*sec_dir)
@@ -1334,5 +1359,5 @@ int main(int argc, char **argv)
         PFT_CHECK(pf_rpc_set_default_channel_opts(&o) == 0, "channel defaults");
         pf_auth_env_free(&env);
     }
-    return pft_run_scenarios(scenarios, PF_ARRAY_SIZE(scenarios), argv + 1, argc - 1);
+    return pft_run_scenarios(scenarios, PF_ARRAY_SIZE(scenarios), argv + a, argc - a);
 }

@@ -694,6 +694,26 @@ static void test_qp_attributes_and_transitions(void **st)
     vpair_close(&p);
 }
 
+/* rdma_rxe reads retry_cnt 7 as "forever" (a READ to a peer QP in the error state never
+ * completed in the rxe guest): on its vendor ID the backend uses 6; elsewhere the spec's 7. */
+static void test_soft_roce_retry(void **st)
+{
+    struct vpair p;
+    F.devs[0].attr.vendor_id = 0x02c9; /* Mellanox */
+    vpair_open(&p, "mlx5_0");
+    assert_int_equal(p.fa->rts.retry_cnt, 7);
+    assert_int_equal(p.fb->rts.retry_cnt, 7);
+    assert_int_equal(p.fb->rts.rnr_retry, 7);
+    vpair_close(&p);
+    F.devs[0].attr.vendor_id = 0xffffff; /* rdma_rxe */
+    vpair_open(&p, "mlx5_0");
+    assert_int_equal(p.fa->rts.retry_cnt, 6);
+    assert_int_equal(p.fb->rts.retry_cnt, 6);
+    assert_int_equal(p.fb->rts.rnr_retry, 7); /* RNR 7 is "forever" by the spec, and wanted */
+    assert_int_equal(p.fb->rts.timeout, 14);
+    vpair_close(&p);
+}
+
 static void test_ib_link_layer(void **st)
 {
     struct vpair p;
@@ -954,6 +974,7 @@ int main(void)
         cmocka_unit_test_setup(test_port_and_gid_selection, setup),
         cmocka_unit_test_setup(test_qp_attributes_and_transitions, setup),
         cmocka_unit_test_setup(test_ib_link_layer, setup),
+        cmocka_unit_test_setup(test_soft_roce_retry, setup),
         cmocka_unit_test_setup(test_post_and_complete, setup),
         cmocka_unit_test_setup(test_send_queue_bound, setup),
         cmocka_unit_test_setup(test_error_completion, setup),

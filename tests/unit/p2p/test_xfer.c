@@ -135,6 +135,22 @@ static void test_error_completion_invalidates(void **st)
     fx_free(&f);
 }
 
+/* A READ failing with -ETIMEDOUT (verbs: transport retries exhausted after the holder died,
+ * seen over soft-RoCE) is a peer error, not the fetch deadline: -EHOSTUNREACH, so the fetch
+ * counts it as an error and not as a timeout. */
+static void test_transport_timeout_is_not_deadline(void **st)
+{
+    struct fx f;
+    fx_init(&f, 1, 1, true);
+    f.m.complete_err_nth = 5;
+    f.m.complete_err = -ETIMEDOUT;
+    f.m.drop_from_nth = 6;
+    struct p2p_xfer x = mkx(&f, 10000, 8);
+    assert_int_equal(p2p_xfer_run(&x, f.reads, NR), -EHOSTUNREACH);
+    assert_int_equal(f.m.invalidates, (int)f.nqps);
+    fx_free(&f);
+}
+
 static void test_timeout_invalidates(void **st)
 {
     struct fx f;
@@ -232,6 +248,7 @@ int main(void)
         cmocka_unit_test(test_eagain_retried),
         cmocka_unit_test(test_error_completion_invalidates),
         cmocka_unit_test(test_timeout_invalidates),
+        cmocka_unit_test(test_transport_timeout_is_not_deadline),
         cmocka_unit_test(test_post_error),
         cmocka_unit_test(test_not_connected),
         cmocka_unit_test(test_nic_without_qp),
