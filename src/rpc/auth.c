@@ -371,6 +371,12 @@ bool pf_auth_ip_in(const char *host, const char (*ips)[PF_AUTH_IP_MAX], size_t n
             continue;
         if (memcmp(&h, &x, sizeof(h)) == 0 || (is_loopback6(&h) && is_loopback6(&x)))
             return true;
+        /* two addresses of this host: a caller on this host may speak for any of its
+         * addresses (several nodes on one host, e.g. veth pairs in one namespace, connect
+         * from whichever local address the kernel picks) */
+        bool hl = is_loopback6(&h) || if_has(&h), xl = is_loopback6(&x) || if_has(&x);
+        if (hl && xl)
+            return true;
     }
     return false;
 }
