@@ -22,7 +22,7 @@ BENCHES = {
     "ssd": ("ssd", [], ["--total", "256mb", "--rounds", "2"]),
     "fabric": ("fabric", [], ["--size", "128m", "--reps", "2"]),
     "p2p": ("p2p", [], ["--size", "128m", "--reps", "2", "--lat-reps", "3"]),
-    "metaserver": ("metaserver", [], ["--keys", "100000"]),
+    "metaserver": ("metaserver", ["--store", "redis"], ["--keys", "100000", "--store", "redis"]),
 }
 
 
@@ -127,10 +127,30 @@ def rows_meta(j):
                 "-", j["rpc"]["rss_bytes_per_key"], 64, "le", "figure in bytes, not a ratio"),
             row("MetaServer in-process prefix queries/s", f"{j['store']['query_per_s']:.0f}/s", "-",
                 j["store"]["query_per_s"], 200000, "ge", "figure in queries/s, not a ratio"),
+            *rows_meta_redis(j),
             row("MetaServer QueryPrefixBlocks over gRPC vs an empty round trip",
                 f"{j['rpc']['query_per_s']:.0f}/s", f"empty RTT {j['rpc']['empty_rtt_per_s']:.0f}/s",
                 j["rpc"]["query_per_s"] / j["rpc"]["empty_rtt_per_s"] if j["rpc"]["empty_rtt_per_s"] else None,
                 None, "ge")]
+
+
+def rows_meta_redis(j):
+    r = j.get("redis")
+    if not r:
+        return [row("MetaServer on Redis", "not measured (no redis-server?)", "-", None, None, "ge")]
+    mem = j["rpc"]
+    return [row("MetaServer on Redis: inserts over gRPC vs the memory store",
+                f"{r['rpc_insert_registrations_per_s']:.0f}/s",
+                f"memory {mem['insert_registrations_per_s']:.0f}/s",
+                r["rpc_insert_registrations_per_s"] / mem["insert_registrations_per_s"]
+                if mem["insert_registrations_per_s"] else None, None, "ge"),
+            row("MetaServer on Redis: prefix queries over gRPC vs the memory store",
+                f"{r['rpc_query_per_s']:.0f}/s", f"memory {mem['query_per_s']:.0f}/s",
+                r["rpc_query_per_s"] / mem["query_per_s"] if mem["query_per_s"] else None, None,
+                "ge"),
+            row("MetaServer on Redis: redis-server memory per key",
+                f"{r['redis_rss_bytes_per_key']:.0f} B", f"memory store {mem['rss_bytes_per_key']:.0f} B",
+                r["redis_rss_bytes_per_key"], None, "le", "figure in bytes, not a ratio")]
 
 
 EXTRACT = {"engine": rows_engine, "ssd": rows_ssd, "p2p": rows_p2p, "fabric": rows_fabric,
