@@ -501,8 +501,8 @@ static int handshake_out(struct pf_p2p *p, struct p2p_peer *e, struct p2p_conn *
     char known[8][PF_AUTH_IP_MAX];
     size_t nknown = 0;
     p2p_host_ips(e->addr, known, PF_ARRAY_SIZE(known), &nknown);
-    rc = p2p_endpoints_check(p, pm, (const char(*)[PF_AUTH_IP_MAX])known, nknown, e->addr, e2,
-                             sizeof(e2));
+    rc = p2p_endpoints_check(p, pm, (const char(*)[PF_AUTH_IP_MAX])known, nknown, false, e->addr,
+                             e2, sizeof(e2));
     if (rc) {
         snprintf(err, errlen, "peer's handshake metadata refused: %s", e2);
         pf_warn("RDMA handshake with %s: %s", e->addr, err);

@@ -237,11 +237,11 @@ void p2p_grpc_free(struct pf_p2p *p);
  * -EHOSTUNREACH. */
 int p2p_host_ips(const char *addr, char (*ips)[PF_AUTH_IP_MAX], size_t max, size_t *n_p);
 /* 0 when every endpoint of m names one of hosts (or the backend does not connect by
- * address); -EACCES (or -EINVAL for a malformed endpoint) with a message naming it. who
- * names the peer in the message. */
+ * address, or same_host and it is an address of this host); -EACCES (or -EINVAL for a
+ * malformed endpoint) with a message naming it. who names the peer in the message. */
 int p2p_endpoints_check(struct pf_p2p *p, const Pegaflow__HandshakeMetadata *m,
-                        const char (*hosts)[PF_AUTH_IP_MAX], size_t nhosts, const char *who,
-                        char *err, size_t errlen);
+                        const char (*hosts)[PF_AUTH_IP_MAX], size_t nhosts, bool same_host,
+                        const char *who, char *err, size_t errlen);
 /* Serving side: requester_id and every endpoint must be addresses the caller proved (ids:
  * pf_rpc_call_identities). 0, -EACCES or -EINVAL with a message. */
 int p2p_handshake_authorize(struct pf_p2p *p, const Pegaflow__RdmaHandshakeRequest *r,

@@ -9,7 +9,9 @@
  *   - serving side: an address the caller proved (its transport IP, or with mutual TLS an IP
  *     subjectAltName of its certificate); requester_id, the address we would later fetch
  *     from and file the connection under, must be one of them too.
- * Loopback addresses count as one host (single-host simulations on 127.0.0.x). */
+ * Loopback addresses count as one host (single-host simulations on 127.0.0.x); on the
+ * serving side, a caller connecting from an address of this host may name any address of
+ * this host (several nodes in one namespace, e.g. on veth pairs). */
 #include <errno.h>
 #include <netdb.h>
 #include <stdio.h>
@@ -48,8 +50,8 @@ int p2p_host_ips(const char *addr, char (*ips)[PF_AUTH_IP_MAX], size_t max, size
 }
 
 int p2p_endpoints_check(struct pf_p2p *p, const Pegaflow__HandshakeMetadata *m,
-                        const char (*hosts)[PF_AUTH_IP_MAX], size_t nhosts, const char *who,
-                        char *err, size_t errlen)
+                        const char (*hosts)[PF_AUTH_IP_MAX], size_t nhosts, bool same_host,
+                        const char *who, char *err, size_t errlen)
 {
     for (size_t k = 0; k < m->n_nics; k++) {
         const Pegaflow__HandshakeNic *nic = m->nics[k];
@@ -63,7 +65,7 @@ int p2p_endpoints_check(struct pf_p2p *p, const Pegaflow__HandshakeMetadata *m,
                 snprintf(err, errlen, "nics[%zu].endpoints[%zu]: malformed endpoint", k, j);
                 return -EINVAL;
             }
-            if (!pf_auth_ip_in(h, hosts, nhosts)) {
+            if (!pf_auth_ip_in(h, hosts, nhosts) && !(same_host && pf_auth_ip_local(h))) {
                 snprintf(err, errlen,
                          "nics[%zu].endpoints[%zu] names %s, which is not an address %s is "
                          "known by (%s%s)",
@@ -86,9 +88,12 @@ int p2p_handshake_authorize(struct pf_p2p *p, const Pegaflow__RdmaHandshakeReque
         snprintf(err, errlen, "requester_id: '%.64s' is not an ip:port this node can resolve", who);
         return -EINVAL;
     }
+    /* a caller on this host may speak for any of this host's addresses: nodes on veth pairs
+     * in one namespace connect from whichever local address the kernel picks */
+    bool local = nids > 0 && pf_auth_ip_local(ids[0]);
     bool proven = false;
     for (size_t i = 0; i < nreq && !proven; i++)
-        proven = pf_auth_ip_in(req_ips[i], ids, nids);
+        proven = pf_auth_ip_in(req_ips[i], ids, nids) || (local && pf_auth_ip_local(req_ips[i]));
     if (!proven) {
         snprintf(err, errlen,
                  "requester_id %.64s is not an address the caller proved (it connected from "
@@ -102,7 +107,7 @@ int p2p_handshake_authorize(struct pf_p2p *p, const Pegaflow__RdmaHandshakeReque
         NULL, r->handshake_metadata.len, r->handshake_metadata.data);
     if (!m)
         return 0; /* rejected as malformed by the handshake itself */
-    int rc = p2p_endpoints_check(p, m, ids, nids, who, err, errlen);
+    int rc = p2p_endpoints_check(p, m, ids, nids, local, who, err, errlen);
     pegaflow__handshake_metadata__free_unpacked(m, NULL);
     return rc;
 }

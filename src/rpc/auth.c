@@ -361,6 +361,12 @@ static bool is_loopback6(const struct in6_addr *a)
     return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
 }
 
+bool pf_auth_ip_local(const char *host)
+{
+    struct in6_addr h;
+    return parse_ip(host, &h) == 0 && (is_loopback6(&h) || if_has(&h));
+}
+
 bool pf_auth_ip_in(const char *host, const char (*ips)[PF_AUTH_IP_MAX], size_t n)
 {
     struct in6_addr h, x;
@@ -370,12 +376,6 @@ bool pf_auth_ip_in(const char *host, const char (*ips)[PF_AUTH_IP_MAX], size_t n
         if (parse_ip(ips[i], &x) != 0)
             continue;
         if (memcmp(&h, &x, sizeof(h)) == 0 || (is_loopback6(&h) && is_loopback6(&x)))
-            return true;
-        /* two addresses of this host: a caller on this host may speak for any of its
-         * addresses (several nodes on one host, e.g. veth pairs in one namespace, connect
-         * from whichever local address the kernel picks) */
-        bool hl = is_loopback6(&h) || if_has(&h), xl = is_loopback6(&x) || if_has(&x);
-        if (hl && xl)
             return true;
     }
     return false;

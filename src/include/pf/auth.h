@@ -92,10 +92,11 @@ struct pf_rpc_call;
 void pf_rpc_call_identities(struct pf_rpc_call *call, char (*ips)[PF_AUTH_IP_MAX], size_t max,
                             size_t *n_p);
 /* Is host (an IP literal) in ips[0..n), comparing parsed addresses (so "::ffff:1.2.3.4"
- * equals "1.2.3.4")? Two addresses of this host (loopback or an interface's) count as
- * equal: single-host simulations give nodes distinct 127.0.0.x or veth identities while
- * their connections come from whichever local address the kernel picks. */
+ * equals "1.2.3.4")? Two loopback addresses count as equal: single-host simulations give
+ * nodes distinct 127.0.0.x identities while their connections come from 127.0.0.1. */
 bool pf_auth_ip_in(const char *host, const char (*ips)[PF_AUTH_IP_MAX], size_t n);
+/* Is host (an IP literal) loopback or an address of one of this host's interfaces? */
+bool pf_auth_ip_local(const char *host);
 
 /* Checks a call to `path` by `peer` carrying `token` (NULL: none; tlen bytes) against the
  * policy: rules (NULL: every method is PEER), the credentials (NULL: none configured) and
