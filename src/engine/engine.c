@@ -109,6 +109,8 @@ void pf_engine_evicted(struct pf_engine *e, struct pf_block **blocks, size_t n, 
         pf_metric_add(e->m_reclaimed, (double)(before - after));
 }
 
+#define PF_ALLOC_FLUSH_MS 2000 /* bound of the wait for pending inserts on a full pool */
+
 int pf_engine_alloc(struct pf_engine *e, uint64_t size, int numa, struct pf_alloc **a_p)
 {
     int rc = pf_pool_alloc(e->pool, size, numa, a_p);
@@ -127,20 +129,31 @@ int pf_engine_alloc(struct pf_engine *e, uint64_t size, int numa, struct pf_allo
         return -ENOMEM;
     }
     struct pf_block *batch[512];
-    pthread_mutex_lock(&e->evict_mu);
     size_t total = 0;
-    for (;;) {
-        rc = pf_pool_alloc(e->pool, size, numa, a_p);
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) {
+            /* nothing evictable: blocks of earlier saves may still wait for the insert
+             * thread (a Save answers before they are in the cache, where they become
+             * evictable). Let it catch up, bounded, then try once more. Never called on the
+             * insert thread (saves, SSD and peer fetches allocate). */
+            pf_engine_flush(e, PF_ALLOC_FLUSH_MS);
+        }
+        pthread_mutex_lock(&e->evict_mu);
+        for (;;) {
+            rc = pf_pool_alloc(e->pool, size, numa, a_p);
+            if (rc != -ENOMEM)
+                break;
+            size_t skipped = 0;
+            size_t n = pf_cache_evict(e->cache, PF_ARRAY_SIZE(batch), batch, &skipped);
+            if (n == 0)
+                break;
+            total += n;
+            pf_engine_evicted(e, batch, n, "pressure");
+        }
+        pthread_mutex_unlock(&e->evict_mu);
         if (rc != -ENOMEM)
             break;
-        size_t skipped = 0;
-        size_t n = pf_cache_evict(e->cache, PF_ARRAY_SIZE(batch), batch, &skipped);
-        if (n == 0)
-            break;
-        total += n;
-        pf_engine_evicted(e, batch, n, "pressure");
     }
-    pthread_mutex_unlock(&e->evict_mu);
     if (rc == -ENOMEM) {
         pf_metric_add(e->m_alloc_fail, 1);
         char sz[32], cap[32], used[32];
