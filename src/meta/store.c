@@ -31,6 +31,7 @@
 
 #define PF_LOG_MOD "metastore"
 #include "meta/meta_internal.h"
+#include "meta/store_tables.h"
 #include "pf/log.h"
 #include "pf/meta.h"
 #include "pf/metrics.h"
@@ -41,9 +42,6 @@
 #define PTR_BITS     48
 #define PTR_MASK     ((1ull << PTR_BITS) - 1)
 #define TAG_OF(h)    (((h) >> 32) & 0xffffull)
-#define SLAB_PAGE    (16u << 10)
-#define SLAB_MAX     512u /* larger entries use malloc */
-#define SLAB_CLASSES (SLAB_MAX / 8 + 1)
 
 _Static_assert(sizeof(void *) == 8, "the slot encoding needs 64-bit pointers");
 
@@ -74,88 +72,6 @@ static inline size_t entry_size(size_t hlen, size_t nown)
 static inline struct owner *entry_owners(struct entry *e)
 {
     return (struct owner *)((uint8_t *)e + owners_off(e->hlen));
-}
-
-/* ------------------------------------------------------------------ slab */
-
-struct slab_page {
-    struct slab_page *next;
-    uint8_t mem[] __attribute__((aligned(8)));
-};
-
-struct slab {
-    void *free[SLAB_CLASSES];
-    uint8_t *bump;
-    size_t bump_left;
-    struct slab_page *pages;
-    size_t bytes; /* pages + large entries */
-};
-
-static inline bool slab_is_big(size_t size)
-{
-    return ((size + 7) & ~(size_t)7) > SLAB_MAX;
-}
-
-static void *slab_alloc(struct slab *sl, size_t size)
-{
-    size = (size + 7) & ~(size_t)7;
-    if (size > SLAB_MAX) {
-        void *big = malloc(size);
-        if (big)
-            sl->bytes += size;
-        return big;
-    }
-    size_t c = size / 8;
-    void *p = sl->free[c];
-    if (p) {
-        memcpy(&sl->free[c], p, sizeof(void *));
-        return p;
-    }
-    if (sl->bump_left < size) {
-        /* the tail of the old page goes to its size class */
-        if (sl->bump_left >= 16) {
-            size_t tc = sl->bump_left / 8;
-            memcpy(sl->bump, &sl->free[tc], sizeof(void *));
-            sl->free[tc] = sl->bump;
-        }
-        struct slab_page *pg = malloc(SLAB_PAGE);
-        if (!pg)
-            return NULL;
-        pg->next = sl->pages;
-        sl->pages = pg;
-        sl->bytes += SLAB_PAGE;
-        sl->bump = pg->mem;
-        sl->bump_left = SLAB_PAGE - offsetof(struct slab_page, mem);
-    }
-    p = sl->bump;
-    sl->bump += size;
-    sl->bump_left -= size;
-    return p;
-}
-
-static void slab_free(struct slab *sl, void *p, size_t size)
-{
-    size = (size + 7) & ~(size_t)7;
-    if (size > SLAB_MAX) {
-        free(p);
-        sl->bytes -= size;
-        return;
-    }
-    size_t c = size / 8;
-    memcpy(p, &sl->free[c], sizeof(void *));
-    sl->free[c] = p;
-}
-
-static void slab_destroy(struct slab *sl)
-{
-    /* malloc'ed (large) entries are freed by the caller's walk */
-    struct slab_page *pg = sl->pages;
-    while (pg) {
-        struct slab_page *n = pg->next;
-        free(pg);
-        pg = n;
-    }
-    memset(sl, 0, sizeof(*sl));
 }
 
 /* ------------------------------------------------------------------ shards */
@@ -255,7 +171,7 @@ static void shard_maybe_shrink(struct shard *s)
 
 static void entry_free(struct shard *s, struct entry *e)
 {
-    slab_free(&s->slab, e, entry_size(e->hlen, e->cap));
+    meta_slab_free(&s->slab, e, entry_size(e->hlen, e->cap));
 }
 
 /* ------------------------------------------------------------------ registry */
@@ -285,110 +201,6 @@ struct mns {
     uint32_t id;
     _Atomic uint64_t used_epoch;
 };
-
-/* id -> object array with a free-id stack, and a small open-addressing index of ids. */
-struct idtab {
-    void **v;
-    uint32_t hw; /* high water: ids < hw were handed out */
-    uint32_t cap;
-    uint32_t *freeids;
-    uint32_t nfree, freecap;
-    uint32_t live;
-    uint32_t *ix; /* open addressing over ids, NO_ID = empty; sized 2^k >= 2 * live */
-    size_t ixmask;
-};
-
-static int idtab_ix_put(struct idtab *t, uint32_t id, uint64_t h)
-{
-    size_t i = h & t->ixmask;
-    while (t->ix[i] != NO_ID)
-        i = (i + 1) & t->ixmask;
-    t->ix[i] = id;
-    return 0;
-}
-
-typedef uint64_t (*idtab_hash_fn)(const void *obj);
-
-static int idtab_ix_rebuild(struct idtab *t, size_t nslots, idtab_hash_fn hf)
-{
-    uint32_t *ix = malloc(nslots * sizeof(*ix));
-    if (!ix)
-        return -ENOMEM;
-    memset(ix, 0xff, nslots * sizeof(*ix));
-    free(t->ix);
-    t->ix = ix;
-    t->ixmask = nslots - 1;
-    for (uint32_t id = 0; id < t->hw; id++)
-        if (t->v[id])
-            idtab_ix_put(t, id, hf(t->v[id]));
-    return 0;
-}
-
-static int idtab_add(struct idtab *t, void *obj, uint64_t h, idtab_hash_fn hf, uint32_t *id_p)
-{
-    if (!t->ix || (size_t)(t->live + 1) * 2 > t->ixmask + 1) {
-        size_t n = t->ix ? (t->ixmask + 1) * 2 : 16;
-        int rc = idtab_ix_rebuild(t, n, hf);
-        if (rc)
-            return rc;
-    }
-    uint32_t id;
-    if (t->nfree) {
-        id = t->freeids[--t->nfree];
-    } else {
-        if (t->hw == t->cap) {
-            if (t->cap >= NO_ID / 2)
-                return -ENOMEM;
-            uint32_t ncap = t->cap ? t->cap * 2 : 16;
-            void **nv = realloc(t->v, ncap * sizeof(*nv));
-            if (!nv)
-                return -ENOMEM;
-            t->v = nv;
-            /* the free-id stack can hold every id, so deleting never allocates */
-            uint32_t *nf = realloc(t->freeids, ncap * sizeof(*nf));
-            if (!nf)
-                return -ENOMEM;
-            t->freeids = nf;
-            t->cap = ncap;
-        }
-        id = t->hw++;
-    }
-    t->v[id] = obj;
-    t->live++;
-    idtab_ix_put(t, id, h);
-    *id_p = id;
-    return 0;
-}
-
-/* Frees id; the index is stale until idtab_reindex (deletions happen in batches, in the
- * sweep, under the exclusive lock). */
-static void idtab_del(struct idtab *t, uint32_t id)
-{
-    t->v[id] = NULL;
-    t->live--;
-    t->freeids[t->nfree++] = id;
-}
-
-static void idtab_reindex(struct idtab *t, idtab_hash_fn hf)
-{
-    if (!t->ix)
-        return;
-    if (idtab_ix_rebuild(t, t->ixmask + 1, hf) == 0)
-        return;
-    /* no memory for a new index: rebuild in place */
-    memset(t->ix, 0xff, (t->ixmask + 1) * sizeof(*t->ix));
-    for (uint32_t id = 0; id < t->hw; id++)
-        if (t->v[id])
-            idtab_ix_put(t, id, hf(t->v[id]));
-}
-
-static void idtab_destroy(struct idtab *t)
-{
-    free(t->v);
-    free(t->freeids);
-    free(t->ix);
-    memset(t, 0, sizeof(*t));
-}
 
 static uint64_t addr_hashv(const void *o)
 {
@@ -504,7 +316,7 @@ static int addr_intern(struct pf_meta_store *st, const char *name, size_t len, s
     a->len = len;
     a->h = str_hash(name, len);
     a->cur = NO_ID;
-    if (idtab_add(&st->addrs, a, a->h, addr_hashv, &a->id))
+    if (meta_idtab_add(&st->addrs, a, a->h, addr_hashv, &a->id))
         goto err_name;
     *a_p = a;
     return 0;
@@ -529,7 +341,7 @@ static int sess_intern(struct pf_meta_store *st, struct maddr *a, const uint8_t 
     memcpy(s->uuid, uuid, 16);
     s->addr = a->id;
     s->h = sess_hash(a->id, uuid);
-    if (idtab_add(&st->sessions, s, s->h, sess_hashv, &s->id)) {
+    if (meta_idtab_add(&st->sessions, s, s->h, sess_hashv, &s->id)) {
         free(s);
         return -ENOMEM;
     }
@@ -556,7 +368,7 @@ static int ns_intern(struct pf_meta_store *st, const char *name, size_t len, str
     n->len = len;
     n->h = str_hash(name, len);
     atomic_store(&n->used_epoch, st->sweep_epoch);
-    if (idtab_add(&st->nss, n, n->h, ns_hashv, &n->id)) {
+    if (meta_idtab_add(&st->nss, n, n->h, ns_hashv, &n->id)) {
         free(n->name);
         free(n);
         return -ENOMEM;
@@ -764,11 +576,11 @@ void pf_meta_store_destroy(struct pf_meta_store *st)
         struct shard *s = &st->shards[i];
         for (size_t j = 0; j <= s->mask; j++) {
             uint64_t v = s->slots[j];
-            if (v && slab_is_big(entry_size(slot_entry(v)->hlen, slot_entry(v)->cap)))
+            if (v && meta_slab_is_big(entry_size(slot_entry(v)->hlen, slot_entry(v)->cap)))
                 entry_free(s, slot_entry(v)); /* malloc'ed */
         }
         free(s->slots);
-        slab_destroy(&s->slab);
+        meta_slab_destroy(&s->slab);
         pthread_mutex_destroy(&s->mu);
     }
     for (uint32_t i = 0; i < st->addrs.hw; i++) {
@@ -787,9 +599,9 @@ void pf_meta_store_destroy(struct pf_meta_store *st)
             free(n);
         }
     }
-    idtab_destroy(&st->addrs);
-    idtab_destroy(&st->sessions);
-    idtab_destroy(&st->nss);
+    meta_idtab_destroy(&st->addrs);
+    meta_idtab_destroy(&st->sessions);
+    meta_idtab_destroy(&st->nss);
     pthread_rwlock_destroy(&st->reg);
     pthread_mutex_destroy(&st->sweep_mu);
     free(st);
@@ -872,7 +684,7 @@ static void entry_maybe_shrink(struct shard *s, size_t i)
         cap /= 2;
     if (cap == e->cap)
         return;
-    struct entry *ne = slab_alloc(&s->slab, entry_size(e->hlen, cap));
+    struct entry *ne = meta_slab_alloc(&s->slab, entry_size(e->hlen, cap));
     if (!ne)
         return;
     memcpy(ne, e, entry_size(e->hlen, e->nown));
@@ -1038,7 +850,7 @@ int pf_meta_store_insert(struct pf_meta_store *st, const char *ns, const struct 
                     goto out;
                 }
             }
-            e = slab_alloc(&s->slab, entry_size(len, 2));
+            e = meta_slab_alloc(&s->slab, entry_size(len, 2));
             if (!e || ((uintptr_t)e >> PTR_BITS) != 0) {
                 pthread_mutex_unlock(&s->mu);
                 rc = -ENOMEM;
@@ -1075,7 +887,7 @@ int pf_meta_store_insert(struct pf_meta_store *st, const char *ns, const struct 
             } else {
                 if (e->nown == e->cap) {
                     size_t cap = e->cap * 2u > UINT16_MAX ? UINT16_MAX : e->cap * 2u;
-                    struct entry *ne = slab_alloc(&s->slab, entry_size(len, cap));
+                    struct entry *ne = meta_slab_alloc(&s->slab, entry_size(len, cap));
                     if (!ne || ((uintptr_t)ne >> PTR_BITS) != 0) {
                         pthread_mutex_unlock(&s->mu);
                         rc = -ENOMEM;
@@ -1402,7 +1214,7 @@ void pf_meta_store_sweep(struct pf_meta_store *st, struct pf_meta_sweep_stats *s
             struct maddr *a = addr_at(st, s->addr);
             if (a->cur == i)
                 continue;
-            idtab_del(&st->sessions, i);
+            meta_idtab_del(&st->sessions, i);
             a->nsess--;
             free(s);
         }
@@ -1410,7 +1222,7 @@ void pf_meta_store_sweep(struct pf_meta_store *st, struct pf_meta_sweep_stats *s
             struct maddr *a = st->addrs.v[i];
             if (!a || a->cur != NO_ID || a->nsess)
                 continue;
-            idtab_del(&st->addrs, i);
+            meta_idtab_del(&st->addrs, i);
             free(a->name);
             free(a);
         }
@@ -1418,13 +1230,13 @@ void pf_meta_store_sweep(struct pf_meta_store *st, struct pf_meta_sweep_stats *s
             struct mns *n = st->nss.v[i];
             if (!n || sn.ns_keys[i] || atomic_load(&n->used_epoch) >= sn.epoch)
                 continue;
-            idtab_del(&st->nss, i);
+            meta_idtab_del(&st->nss, i);
             free(n->name);
             free(n);
         }
-        idtab_reindex(&st->sessions, sess_hashv);
-        idtab_reindex(&st->addrs, addr_hashv);
-        idtab_reindex(&st->nss, ns_hashv);
+        meta_idtab_reindex(&st->sessions, sess_hashv);
+        meta_idtab_reindex(&st->addrs, addr_hashv);
+        meta_idtab_reindex(&st->nss, ns_hashv);
         pthread_rwlock_unlock(&st->reg);
     }
     pf_metric_add(st->c_sw_owners, (double)stats.removed_owners);
