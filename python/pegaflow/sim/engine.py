@@ -236,6 +236,9 @@ class Engine:
         self.finished_ids: set[str] = set()
         self.completed: list[ReqState] = []
         self._ctx_hash: dict[str, list[int]] = {}
+        self._first_query: dict[str, tuple[int, str]] = {}
+        self._seen: set[str] = set()
+        self._observe_queries()
         self.steps = 0
 
     # ---------------------------------------------------------------- model
@@ -314,8 +317,30 @@ class Engine:
         out, self.completed = self.completed, []
         return out
 
-    def _sched_stats(self) -> dict:
-        return getattr(getattr(self.sched, "_scheduler", None), "stats", None) or {}
+    def _observe_queries(self) -> None:
+        """Wraps the scheduler connector's client to see, per request, how many block
+        hashes its first QueryPrefetch asked for and whether the server answered: "ok",
+        "unreachable" (EngineClient turned UNAVAILABLE/DEADLINE into a miss) or an error
+        (e.g. FAILED_PRECONDITION from a restarted server that does not know the instance
+        yet). Those the server never counted in its tier metric."""
+        client = self.sched._scheduler.client
+        orig = client.query
+
+        def query(instance_id, req_id, hashes, **kw):
+            first = req_id not in self._first_query and req_id not in self._seen
+            self._seen.add(req_id)
+            try:
+                res = orig(instance_id, req_id, hashes, **kw)
+            except Exception:
+                if first:
+                    self._first_query[req_id] = (len(hashes), "error")
+                raise
+            if first:
+                self._first_query[req_id] = (
+                    len(hashes), "unreachable" if getattr(res, "unreachable", False) else "ok")
+            return res
+
+        client.query = query
 
     def _alloc(self, st: ReqState, ntokens: int) -> list[int]:
         need = cdiv(ntokens, self.m.block_size) - len(st.blocks)
@@ -384,16 +409,13 @@ class Engine:
                 st.reserved = total
             if not st.queried or (req.num_computed_tokens == 0 and not st.ext_tokens):
                 if not st.queried:
-                    s = self._sched_stats()
-                    q0, e0 = s.get("queries", 0), s.get("query_errors", 0)
                     st.first_query = time.monotonic()
                 ext, is_async = self.sched.get_num_new_matched_tokens(req, 0)
                 if not st.queried:
-                    s = self._sched_stats()
                     st.queried = True
-                    st.requested_blocks = len(req.block_hashes) if s.get("queries", 0) > q0 \
-                        else 0
-                    st.unreachable = s.get("query_errors", 0) > e0
+                    n, outcome = self._first_query.pop(st.rid, (0, "none"))
+                    st.requested_blocks = n
+                    st.unreachable = outcome != "ok"
                 if ext is None:
                     st.prefetched = True
                     skipped.append(st)
@@ -526,6 +548,7 @@ class Engine:
         st = self.states.pop(rid)
         self.pool.release(st)
         self._ctx_hash.pop(rid, None)
+        self._seen.discard(rid)
 
     def shutdown(self) -> None:
         for w in self.workers:

@@ -20,7 +20,7 @@ def _ms(s: float | None) -> str:
 def table(rows: list[dict], total: dict) -> str:
     """Blocks per tier (share of requested), MiB per tier, integrity, P2P latency."""
     head = ["node", "requested", "ram", "ssd", "remote", "miss", "MiB ram", "MiB ssd",
-            "MiB remote", "integrity", "mismatch B", "ckrej", "p2p p50 ms", "p2p p99 ms",
+            "MiB remote", "loaded", "integrity", "mismatch B", "ck-rejected", "p2p p50 ms", "p2p p99 ms",
             "prefill saved"]
     lines = []
     for r in rows + [total]:
@@ -31,7 +31,8 @@ def table(rows: list[dict], total: dict) -> str:
 
         lines.append([r["node"], str(r["requested"]), cell("ram"), cell("ssd"), cell("remote"),
                       cell("miss"), _mib(r["bytes"]["ram"]), _mib(r["bytes"]["ssd"]),
-                      _mib(r["bytes"]["remote"]), str(r["integrity_failures"]),
+                      _mib(r["bytes"]["remote"]), str(r["verified_blocks"]),
+                      str(r["integrity_failures"]),
                       str(r["bytes_mismatched"]), str(r["checksum_rejections"]),
                       _ms(r["p2p_fetch_p50_s"]), _ms(r["p2p_fetch_p99_s"]),
                       str(r["prefill_tokens_saved"])])
