@@ -560,6 +560,12 @@ class Sim:
                 "route": self.a.route, "ssd": self.a.ssd, "rate": self.a.rate,
                 "elapsed_s": elapsed, "events": self.fault_log,
                 "fault_specs": {f"n{k}": v for k, v in self.faults.items()},
+                "tmpdir": self.c.tmpdir, "state_file": self.c.state_file,
+                "pids": {"metaserver": self.ms.popen.pid if self.ms else None,
+                         "servers": [p.popen.pid for p in self.c.procs
+                                     if p.what.startswith("server")],
+                         "nodes": [p.popen.pid for p in self.drivers.values()]},
+                "namespaces": list(self.c.namespaces),
                 "nodes": rows, "total": total, "accounting_ok": total["accounting_ok"],
                 "timeline": self.timeline}
 
@@ -585,6 +591,9 @@ def main(argv: list[str] | None = None) -> int:
             a.pool_size = parse_size(a.pool_size)
         except Usage as e:
             ap.error(str(e))
+    # Ctrl-C tears down even when started in the background of a script (which starts
+    # it with SIGINT ignored)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _term)
     signal.signal(signal.SIGHUP, _term)
     sim = Sim(a)
