@@ -534,6 +534,12 @@ class Sim:
                 "p2p_fetch_p50_s": promtext.quantile(hist, 0.5),
                 "p2p_fetch_p99_s": promtext.quantile(hist, 0.99),
                 "prefill_tokens_saved": sum(d["loaded_blocks"] for d in dl) * bs,
+                # outcomes (the tiers above are the query path's decisions)
+                "ssd_delivered": int(promtext.get(m, "pegaflow_ssd_prefetch_success_total")),
+                "remote_delivered": int(promtext.get(m, "pegaflow_rdma_fetch_bytes_total")
+                                        // self.block_bytes),
+                "ssd_written_blocks": int(promtext.get(m, "pegaflow_ssd_write_bytes_total")
+                                          // self.block_bytes),
                 "requests": len(dl),
                 "faults_injected": int(sum(v for key, v in m.items() if key.startswith(
                     "pegaflow_faults_injected_total"))),
@@ -544,7 +550,8 @@ class Sim:
         for key in ("requested", "ram", "ssd", "remote", "miss", "miss_node_down",
                     "integrity_failures", "bytes_mismatched", "verified_blocks",
                     "checksum_rejections", "load_failures", "p2p_fetches",
-                    "prefill_tokens_saved", "requests", "faults_injected"):
+                    "prefill_tokens_saved", "requests", "faults_injected", "ssd_delivered",
+                    "remote_delivered", "ssd_written_blocks"):
             total[key] = sum(r[key] for r in rows)
         total["bytes"] = {t: sum(r["bytes"][t] for r in rows) for t in report.TIERS}
         allm: dict[str, float] = {}

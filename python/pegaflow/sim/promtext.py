@@ -15,6 +15,8 @@ WANTED = (
     "pegaflow_load_bytes_total",
     "pegaflow_save_bytes_total",
     "pegaflow_faults_injected_total",
+    "pegaflow_ssd_prefetch_success_total",
+    "pegaflow_ssd_write_bytes_total",
 )
 _LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)')
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')

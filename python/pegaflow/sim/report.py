@@ -18,9 +18,11 @@ def _ms(s: float | None) -> str:
 
 
 def table(rows: list[dict], total: dict) -> str:
-    """Blocks per tier (share of requested), MiB per tier, integrity, P2P latency."""
+    """Blocks per tier as the query path decided (share of requested), MiB per tier, blocks
+    the SSD and peers delivered, blocks loaded into the GPU and verified, integrity, P2P
+    latency, prefill tokens saved."""
     head = ["node", "requested", "ram", "ssd", "remote", "miss", "MiB ram", "MiB ssd",
-            "MiB remote", "loaded", "integrity", "mismatch B", "ck-rejected", "p2p p50 ms", "p2p p99 ms",
+            "MiB remote", "ssd got", "remote got", "loaded", "integrity", "mismatch B", "ck-rejected", "p2p p50 ms", "p2p p99 ms",
             "prefill saved"]
     lines = []
     for r in rows + [total]:
@@ -31,7 +33,8 @@ def table(rows: list[dict], total: dict) -> str:
 
         lines.append([r["node"], str(r["requested"]), cell("ram"), cell("ssd"), cell("remote"),
                       cell("miss"), _mib(r["bytes"]["ram"]), _mib(r["bytes"]["ssd"]),
-                      _mib(r["bytes"]["remote"]), str(r["verified_blocks"]),
+                      _mib(r["bytes"]["remote"]), str(r["ssd_delivered"]),
+                      str(r["remote_delivered"]), str(r["verified_blocks"]),
                       str(r["integrity_failures"]),
                       str(r["bytes_mismatched"]), str(r["checksum_rejections"]),
                       _ms(r["p2p_fetch_p50_s"]), _ms(r["p2p_fetch_p99_s"]),
