@@ -143,11 +143,13 @@ class Sim:
 
     def start_metaserver(self) -> None:
         m = self.c.members["ms"]
+        log = self.c.log_path("metaserver")
+        start = os.path.getsize(log) if os.path.exists(log) else 0  # a restart appends
         self.ms = self.c.spawn("metaserver", m, [
             os.path.join(self.a.bin, "pegaflow-metaserver"), "--addr", f"{m.ip}:{self.ms_port}",
             "--http-addr", f"{m.ip}:0", "--node-stale-secs", "5"])
         pat = r"gRPC listening on \S+ \(port (\d+)\)"
-        self.ms_port = int(self.c.wait_log(self.ms, pat).group(1))
+        self.ms_port = int(self.c.wait_log(self.ms, pat, start_at=start).group(1))
 
     def server_argv(self, k: int) -> list[str]:
         m, ms = self.c.members[f"n{k}"], self.c.members["ms"]
@@ -165,18 +167,21 @@ class Sim:
             argv += ["--enable-debug", "--fault-spec", ";".join(self.faults[k])]
         return argv
 
-    def start_server(self, k: int, restart: bool = False) -> None:
+    def start_server(self, k: int, wait_meta: bool = True) -> None:
+        """Starts node k's server and waits until it is ready (and, with wait_meta, holds its
+        MetaServer session: a restarted node gets one only once the MetaServer considers
+        its previous life stale, --node-stale-secs, so a restart does not wait for it)."""
+        log = self.c.log_path(f"server n{k}")
+        start = os.path.getsize(log) if os.path.exists(log) else 0  # a restart appends
         p = self.c.spawn(f"server n{k}", self.c.members[f"n{k}"], self.server_argv(k))
         self.servers[k] = p
-        start = 0
-        if restart:
-            with open(p.log, "rb") as f:
-                start = len(f.read())
-        g = int(self.c.wait_log(p, r"gRPC listening on \S+ \(port (\d+)\)").group(1))
-        h = int(self.c.wait_log(p, r"HTTP listening on \S+ \(port (\d+)\)").group(1))
+        g = int(self.c.wait_log(p, r"gRPC listening on \S+ \(port (\d+)\)",
+                                start_at=start).group(1))
+        h = int(self.c.wait_log(p, r"HTTP listening on \S+ \(port (\d+)\)",
+                                start_at=start).group(1))
         self.ports[k] = (g, h)
-        self.c.wait_log(p, r": ready\n")
-        if self.ms is not None and self.ms.popen.poll() is None:
+        self.c.wait_log(p, r": ready\n", start_at=start)
+        if wait_meta and self.ms is not None and self.ms.popen.poll() is None:
             self.c.wait_log(p, "MetaServer session established", start_at=start)
 
     def start_driver(self, k: int, seed: int) -> None:
@@ -295,8 +300,9 @@ class Sim:
             if p is not None and p.popen.poll() is None:
                 self.say(f"[{t:6.1f}s] restart node n{k}: still running, skipped")
                 return
-            self.start_server(k, restart=True)
-            self.say(f"[{t:6.1f}s] restarted node n{k}'s pegaflow-server")
+            self.start_server(k, wait_meta=False)
+            self.say(f"[{t:6.1f}s] restarted node n{k}'s pegaflow-server (ready after "
+                     f"{time.monotonic() - self.t0 - t:.1f} s)")
         elif what == "kill-metaserver":
             self.c.kill(self.ms, signal.SIGKILL)
             self.say(f"[{t:6.1f}s] killed the MetaServer (SIGKILL)")
@@ -304,7 +310,8 @@ class Sim:
             if self.ms.popen.poll() is None:
                 return
             self.start_metaserver()
-            self.say(f"[{t:6.1f}s] restarted the MetaServer")
+            self.say(f"[{t:6.1f}s] restarted the MetaServer (ready after "
+                     f"{time.monotonic() - self.t0 - t:.1f} s)")
         self.fault_log.append({"t": t, "what": f"{what.replace('-node', '')} "
                                f"{'n' + str(k) if k else 'metaserver'}".replace(
                                    "-metaserver metaserver", " metaserver")})

@@ -152,9 +152,12 @@ class Cluster:
 
     # ------------------------------------------------------------ processes
 
+    def log_path(self, what: str) -> str:
+        return os.path.join(self.tmpdir, what.replace(" ", "-") + ".log")
+
     def spawn(self, what: str, member: Member, argv: list[str], *, stdin=None, stdout=None,
               env: dict | None = None) -> Proc:
-        log = os.path.join(self.tmpdir, what.replace(" ", "-") + ".log")
+        log = self.log_path(what)
         logf = open(log, "ab")
         full = (["ip", "netns", "exec", member.ns] if member.ns else []) + argv
         p = subprocess.Popen(full, stdin=stdin if stdin is not None else subprocess.DEVNULL,

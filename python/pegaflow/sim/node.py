@@ -51,7 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     def send(obj: dict) -> None:
         proto.write(json.dumps(obj, separators=(",", ":")) + "\n")
 
+    import faulthandler
     import logging
+    import signal
+
+    faulthandler.register(signal.SIGUSR1)  # kill -USR1 PID: every thread's stack to the log
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
