@@ -3,12 +3,14 @@
 
 Usage: sim_check.py REPORT.json [PLOT.svg] [--want-events kill,restart] [--want-remote]"""
 
-import glob
 import json
 import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+from pegaflow.sim import cluster  # noqa: E402
 
 args = sys.argv[1:]
 want_events = []
@@ -61,10 +63,9 @@ for pid in pids:
             st = "?"
         if st != "Z":
             fails.append(f"process {pid} still runs")
-for pid in doc["pids"]["nodes"]:
-    left = glob.glob(f"/dev/shm/pf_simkv_{pid}_*")
-    if left:
-        fails.append(f"shared memory left: {left}")
+left = cluster.owned_shm(doc["shm_owners"])
+if left:
+    fails.append(f"shared memory left: {left}")
 if doc["namespaces"] or doc["mode"] == "netns":
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     left = [l.split()[0] for l in out.splitlines() if l.startswith("pfsim-")]

@@ -196,10 +196,11 @@ class Sim:
         argv = [sys.executable, "-m", "pegaflow.sim.node", "--host", m.ip, "--port", str(g),
                 "--metrics-url", f"http://{m.ip}:{h}/metrics", "--instance", f"sim-n{k}",
                 "--model", self.model.name, "--seed", str(seed)]
+        since = time.time()
         p = self.c.spawn(f"node n{k}", m, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          env=env)
         self.drivers[k] = p
-        self.c.shm_pids.append(p.popen.pid)
+        self.c.shm_pids.append([p.popen.pid, since])
         self.c.save_state()
         threading.Thread(target=self._reader, args=(k, p), daemon=True).start()
 
@@ -312,9 +313,8 @@ class Sim:
             self.start_metaserver()
             self.say(f"[{t:6.1f}s] restarted the MetaServer (ready after "
                      f"{time.monotonic() - self.t0 - t:.1f} s)")
-        self.fault_log.append({"t": t, "what": f"{what.replace('-node', '')} "
-                               f"{'n' + str(k) if k else 'metaserver'}".replace(
-                                   "-metaserver metaserver", " metaserver")})
+        verb = what.split("-", 1)[0]  # kill | restart
+        self.fault_log.append({"t": t, "what": f"{verb} {f'n{k}' if k else 'metaserver'}"})
         self.record_point()
 
     # ------------------------------------------------------------ the run
@@ -579,6 +579,7 @@ class Sim:
                          "servers": [p.popen.pid for p in self.c.procs
                                      if p.what.startswith("server")],
                          "nodes": [p.popen.pid for p in self.drivers.values()]},
+                "shm_owners": self.c.shm_pids,
                 "namespaces": list(self.c.namespaces),
                 "nodes": rows, "total": total, "accounting_ok": total["accounting_ok"],
                 "timeline": self.timeline}

@@ -97,7 +97,7 @@ class Cluster:
     members: dict[str, Member] = field(default_factory=dict)
     namespaces: list[str] = field(default_factory=list)
     procs: list[Proc] = field(default_factory=list)
-    shm_pids: list[int] = field(default_factory=list)
+    shm_pids: list[list] = field(default_factory=list)  # [pid, time.time() before spawn]
     keep_logs: str | None = None
 
     # ------------------------------------------------------------ state file
@@ -239,15 +239,29 @@ def tail(path: str, n: int = 20) -> str:
         return "(no log)"
 
 
-def remove_shm(pids: list[int]) -> int:
-    n = 0
-    for pid in pids:
+def owned_shm(owners: list[list]) -> list[str]:
+    """The sim KV caches (pf_simkv_<pid>_*, libpegaflow's naming) that the node processes
+    ``owners`` ([pid, time the process was started]) made: objects of an earlier process
+    with the same pid are older and not ours."""
+    out = []
+    for pid, since in owners:
         for f in glob.glob(f"/dev/shm/pf_simkv_{int(pid)}_*"):
             try:
-                os.unlink(f)
-                n += 1
+                if os.stat(f).st_mtime >= since - 1.0:
+                    out.append(f)
             except OSError:
                 pass
+    return out
+
+
+def remove_shm(owners: list[list]) -> int:
+    n = 0
+    for f in owned_shm(owners):
+        try:
+            os.unlink(f)
+            n += 1
+        except OSError:
+            pass
     return n
 
 

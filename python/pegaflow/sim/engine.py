@@ -238,6 +238,7 @@ class Engine:
         self._ctx_hash: dict[str, list[int]] = {}
         self._first_query: dict[str, tuple[int, str]] = {}
         self._seen: set[str] = set()
+        self._agg: dict[str, dict[str, int]] = {"s": {}, "r": {}}  # reports per id so far
         self._observe_queries()
         self.steps = 0
 
@@ -304,6 +305,10 @@ class Engine:
         from vllm.sampling_params import SamplingParams
         from vllm.v1.request import Request
 
+        need = cdiv(len(prompt) + max_tokens, self.m.block_size)
+        if need > self.num_blocks - 1:
+            raise ValueError(f"request {rid}: {len(prompt)} + {max_tokens} tokens need {need} "
+                             f"blocks, more than the {self.num_blocks - 1} of this engine")
         req = Request(rid, list(prompt), SamplingParams(max_tokens=max_tokens), None,
                       block_hasher=self.hasher)
         st = ReqState(rid, req, time.monotonic())
@@ -490,7 +495,6 @@ class Engine:
             fs_all.append(set(fs or ()))
             fr_all.append(set(fr or ()))
         # KVOutputAggregator: an id is done once every worker reported it
-        self._agg = getattr(self, "_agg", {"s": {}, "r": {}})
         done = {"s": set(), "r": set()}
         for kind, lists in (("s", fs_all), ("r", fr_all)):
             for ids in lists:

@@ -22,8 +22,8 @@ def table(rows: list[dict], total: dict) -> str:
     the SSD and peers delivered, blocks loaded into the GPU and verified, integrity, P2P
     latency, prefill tokens saved."""
     head = ["node", "requested", "ram", "ssd", "remote", "miss", "MiB ram", "MiB ssd",
-            "MiB remote", "ssd got", "remote got", "loaded", "integrity", "mismatch B", "ck-rejected", "p2p p50 ms", "p2p p99 ms",
-            "prefill saved"]
+            "MiB remote", "ssd got", "remote got", "loaded", "integrity", "mismatch B",
+            "ck-rejected", "p2p p50 ms", "p2p p99 ms", "prefill saved"]
     lines = []
     for r in rows + [total]:
         req = r["requested"] or 1
@@ -40,8 +40,9 @@ def table(rows: list[dict], total: dict) -> str:
                       _ms(r["p2p_fetch_p50_s"]), _ms(r["p2p_fetch_p99_s"]),
                       str(r["prefill_tokens_saved"])])
     w = [max(len(h), *(len(l[i]) for l in lines)) for i, h in enumerate(head)]
-    fmt = lambda cells: "  ".join(c.rjust(w[i]) if i else c.ljust(w[i])  # noqa: E731
-                                  for i, c in enumerate(cells))
+    def fmt(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w[i]) if i else c.ljust(w[i]) for i, c in enumerate(cells))
+
     out = [fmt(head), fmt(["-" * x for x in w])]
     out += [fmt(l) for l in lines[:-1]]
     out += [fmt(["-" * x for x in w]), fmt(lines[-1])]
