@@ -29,6 +29,24 @@ class Usage(Exception):
     pass
 
 
+def sanitizer_env(lib: str) -> dict[str, str]:
+    """A libpegaflow built with SAN=address|thread loads into the node processes' python
+    (not instrumented) only with its sanitizer runtime preloaded; Python's own allocations
+    are not leak-checked."""
+    try:
+        out = subprocess.run(["ldd", lib], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    rts = [m for m in re.findall(r"=>\s*(\S*lib(?:asan|ubsan|tsan)\.so[.\d]*)", out)]
+    if not rts:
+        return {}
+    env = {"LD_PRELOAD": " ".join(rts)}
+    if any("asan" in r for r in rts):
+        env["ASAN_OPTIONS"] = (os.environ.get("ASAN_OPTIONS", "") +
+                               ":detect_leaks=0:verify_asan_link_order=0").lstrip(":")
+    return env
+
+
 def parse_when(s: str) -> tuple[str, float]:
     """'30s', '500ms', '30' (seconds since the workload started) or '40%' (of the
     requests dispatched)."""
@@ -193,6 +211,7 @@ class Sim:
                                             + ([env["PYTHONPATH"]] if env.get("PYTHONPATH")
                                                else []))
         env["PEGAFLOW_LIB"] = self.a.lib
+        env.update(sanitizer_env(self.a.lib))
         argv = [sys.executable, "-m", "pegaflow.sim.node", "--host", m.ip, "--port", str(g),
                 "--metrics-url", f"http://{m.ip}:{h}/metrics", "--instance", f"sim-n{k}",
                 "--model", self.model.name, "--seed", str(seed)]
