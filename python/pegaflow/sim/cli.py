@@ -651,7 +651,9 @@ def main(argv: list[str] | None = None) -> int:
         # a second Ctrl-C must not stop the teardown half-way
         old = signal.signal(signal.SIGINT, signal.SIG_IGN)
         if sim.c is not None:
-            sim.c.teardown()
+            for msg in sim.c.teardown():
+                print(f"pegaflow-sim: {msg}", file=sys.stderr)
+                rc = rc or 1
         signal.signal(signal.SIGINT, old)
     return rc
 

@@ -211,10 +211,16 @@ class Cluster:
 
     # ------------------------------------------------------------ teardown
 
-    def teardown(self, quiet: bool = False) -> None:
+    def teardown(self) -> list[str]:
+        """Removes everything; returns, with the tail of their logs, the processes that
+        did not exit cleanly on SIGTERM (a sanitizer report, a shutdown bug)."""
+        unclean = []
         for p in reversed(self.procs):
             if p.popen.poll() is None:
-                self.kill(p, signal.SIGTERM, timeout_s=10.0)
+                rc = self.kill(p, signal.SIGTERM, timeout_s=10.0)
+                if rc != 0:
+                    unclean.append(f"{p.what} exited with {rc} on SIGTERM; log:\n"
+                                   f"{tail(p.log)}")
         remove_shm(self.shm_pids)
         for ns in reversed(self.namespaces):
             _kill_ns_pids(ns)
@@ -229,6 +235,7 @@ class Cluster:
             os.unlink(self.state_file)
         except FileNotFoundError:
             pass
+        return unclean
 
 
 def tail(path: str, n: int = 20) -> str:
