@@ -52,6 +52,8 @@ if len(files) > 1:
 # nothing left behind
 if os.path.exists(doc["tmpdir"]):
     fails.append(f"temporary directory {doc['tmpdir']} still exists")
+if doc.get("ssd_dir") and os.path.exists(doc["ssd_dir"]):
+    fails.append(f"SSD directory {doc['ssd_dir']} still exists")
 if os.path.exists(doc["state_file"]):
     fails.append(f"state file {doc['state_file']} still exists")
 pids = [doc["pids"]["metaserver"], *doc["pids"]["servers"], *doc["pids"]["nodes"]]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# pegaflow-sim end to end (docs/simulation.md): 3 nodes, a few hundred requests through the
-# real connector, node 2 killed at 30% and restarted at 60% of the requests. Checks: it
+# pegaflow-sim end to end (docs/simulation.md): 3 nodes with SSD files, a few hundred requests
+# through the real connector, node 2 killed at 30% and restarted at 60% of the requests. Checks: it
 # completes; ram + ssd + remote + miss = requested (per node and in total); remote hits;
 # zero integrity failures and mismatched bytes; the JSON and the SVG parse; nothing left
 # (processes, namespaces, shared memory, files). Then the teardown paths, each with the
@@ -17,6 +17,7 @@ sim() { /usr/bin/python3 -m pegaflow.sim --bin "$PF_BIN" --lib "$PF_LIB/libpegaf
 check() { /usr/bin/python3 "$PF_TOP/tests/integration/sim_check.py" "$@"; }
 
 sim --nodes 3 --requests 240 --rate 60 --seed "$SEED" --kill-node 2@30% --restart-node 2@60% \
+  --ssd on --ssd-capacity 64mb \
   --json "$PF_TMP/run.json" --plot "$PF_TMP/run.svg" >"$PF_TMP/run.log" 2>&1
 rc=$?
 cat "$PF_TMP/run.log"

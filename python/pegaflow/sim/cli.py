@@ -179,7 +179,7 @@ class Sim:
                 "--pool-size", pool, "--net-backend", "tcp", "--nics", m.nic,
                 "--metaserver-addr", f"http://{ms.ip}:{self.ms_port}"]
         if self.a.ssd == "on":
-            argv += ["--ssd-cache-path", os.path.join(self.c.tmpdir, f"n{k}.ssd"),
+            argv += ["--ssd-cache-path", self.c.ssd_path(f"n{k}.ssd"),
                      "--ssd-cache-capacity", self.a.ssd_capacity]
         if self.faults.get(k):
             argv += ["--enable-debug", "--fault-spec", ";".join(self.faults[k])]
@@ -593,7 +593,8 @@ class Sim:
                 "route": self.a.route, "ssd": self.a.ssd, "rate": self.a.rate,
                 "elapsed_s": elapsed, "events": self.fault_log,
                 "fault_specs": {f"n{k}": v for k, v in self.faults.items()},
-                "tmpdir": self.c.tmpdir, "state_file": self.c.state_file,
+                "tmpdir": self.c.tmpdir, "ssd_dir": self.c.ssd_dir,
+                "state_file": self.c.state_file,
                 "pids": {"metaserver": self.ms.popen.pid if self.ms else None,
                          "servers": [p.popen.pid for p in self.c.procs
                                      if p.what.startswith("server")],

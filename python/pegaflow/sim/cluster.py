@@ -98,13 +98,14 @@ class Cluster:
     namespaces: list[str] = field(default_factory=list)
     procs: list[Proc] = field(default_factory=list)
     shm_pids: list[list] = field(default_factory=list)  # [pid, time.time() before spawn]
+    ssd_dir: str | None = None  # where the SSD files go when tmpdir refuses O_DIRECT
     keep_logs: str | None = None
 
     # ------------------------------------------------------------ state file
 
     def save_state(self) -> None:
         st = {"pid": os.getpid(), "start": proc_start(os.getpid()), "mode": self.mode,
-              "tmpdir": self.tmpdir, "namespaces": self.namespaces,
+              "tmpdir": self.tmpdir, "ssd_dir": self.ssd_dir, "namespaces": self.namespaces,
               "procs": [{"pid": p.popen.pid, "start": p.start, "what": p.what}
                         for p in self.procs],
               "shm_pids": self.shm_pids}
@@ -151,6 +152,16 @@ class Cluster:
             self.members[tag] = Member(tag, ns, ip, inner)
 
     # ------------------------------------------------------------ processes
+
+    def ssd_path(self, name: str) -> str:
+        """A path for an SSD cache file: in tmpdir when its file system takes O_DIRECT (the
+        server refuses buffered I/O), else in a directory of its own under /var/tmp."""
+        if self.ssd_dir is None:
+            self.ssd_dir = self.tmpdir
+            if not _odirect_ok(self.tmpdir):
+                self.ssd_dir = tempfile.mkdtemp(prefix="pegaflow-sim-", dir="/var/tmp")
+                self.save_state()
+        return os.path.join(self.ssd_dir, name)
 
     def log_path(self, what: str) -> str:
         return os.path.join(self.tmpdir, what.replace(" ", "-") + ".log")
@@ -231,11 +242,28 @@ class Cluster:
             for f in glob.glob(os.path.join(self.tmpdir, "*.log")):
                 shutil.copy(f, self.keep_logs)
         shutil.rmtree(self.tmpdir, ignore_errors=True)
+        if self.ssd_dir and self.ssd_dir != self.tmpdir:
+            shutil.rmtree(self.ssd_dir, ignore_errors=True)
         try:
             os.unlink(self.state_file)
         except FileNotFoundError:
             pass
         return unclean
+
+
+def _odirect_ok(d: str) -> bool:
+    probe = os.path.join(d, ".odirect-probe")
+    try:
+        fd = os.open(probe, os.O_CREAT | os.O_RDWR | getattr(os, "O_DIRECT", 0), 0o600)
+        os.close(fd)
+        return True
+    except OSError:
+        return False
+    finally:
+        try:
+            os.unlink(probe)
+        except OSError:
+            pass
 
 
 def tail(path: str, n: int = 20) -> str:
@@ -311,6 +339,9 @@ def clean_stale(say) -> None:
                 killed += 1
         shm = remove_shm(st.get("shm_pids", []))
         tmpdir = st.get("tmpdir")
+        sd = st.get("ssd_dir")
+        if sd and sd != tmpdir and os.path.basename(sd).startswith("pegaflow-sim-"):
+            shutil.rmtree(sd, ignore_errors=True)
     names = set(st.get("namespaces", [])) if st else set()
     if os.geteuid() == 0 and shutil.which("ip"):
         r = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
