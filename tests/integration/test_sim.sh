@@ -5,7 +5,8 @@
 # zero integrity failures and mismatched bytes; the JSON and the SVG parse; nothing left
 # (processes, namespaces, shared memory, files). Then the teardown paths, each with the
 # cluster up (--keep): a crashed child (a server killed behind the simulator's back), Ctrl-C
-# (SIGINT), and kill -9 of the simulator itself, whose leftovers the next run removes.
+# (SIGINT), and kill -9 of the simulator itself, whose leftovers the next run removes (and then
+# works).
 # As root the nodes run in network namespaces; otherwise on loopback addresses.
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -91,9 +92,12 @@ keep_run kill9
 kill -KILL "$KPID"
 wait "$KPID" 2>/dev/null
 gone "$KTMP" >/dev/null && pf_fail "kill9: nothing seen left before the cleanup"
-sim --cleanup >"$PF_TMP/cleanup.log" 2>&1 || pf_fail "cleanup run failed"
+# (the next run: a small one, which must also work right after)
+sim --nodes 2 --requests 10 --rate 0 --seed "$SEED" --json "$PF_TMP/next.json" \
+  >"$PF_TMP/cleanup.log" 2>&1 || { cat "$PF_TMP/cleanup.log"; pf_fail "the next run failed"; }
 cat "$PF_TMP/cleanup.log"
 grep -q "cleaned up after a previous run (pid $KPID" "$PF_TMP/cleanup.log" ||
   pf_fail "kill9: the stale state was not found"
 gone_soon "$KTMP" || pf_fail "kill9: leftovers after the cleanup"
+check "$PF_TMP/next.json" || pf_fail "the run after the cleanup"
 echo "PASS"

@@ -53,7 +53,14 @@ def proc_start(pid: int) -> int | None:
 
 
 def _alive(pid: int, start: int | None) -> bool:
-    return start is not None and proc_start(pid) == start
+    """pid is the process that started at ``start`` and has not exited (a zombie has)."""
+    if start is None or proc_start(pid) != start:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _pdeathsig() -> None:
