@@ -280,6 +280,7 @@ class Engine:
         parallel_state.set_ranks(0, 0, 0)
 
         self.pool = BlockPool(num_blocks)
+        self.sched.bind_gpu_block_pool(self.pool)  # vLLM: Scheduler.__init__
         self.agg = Aggregator(tp)
         self.requests: dict[str, Request] = {}
         self.req_blocks: dict[str, list[KVCacheBlock]] = {}
@@ -532,6 +533,15 @@ class Engine:
                                           kv_cache_events=w.get_kv_connector_kv_cache_events()))
         return self.agg.aggregate(outs)
 
+    def _connector_finished(self, req: Request, ids: list[int]):
+        """vLLM's Scheduler._connector_finished: SupportsHMA connectors get every group's
+        block ids through request_finished_all_groups, others group 0's."""
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import supports_hma
+
+        if supports_hma(self.sched):
+            return self.sched.request_finished_all_groups(req, (ids,))
+        return self.sched.request_finished(req, ids)
+
     def _finish(self, req: Request, status: RequestStatus) -> None:
         rid = req.request_id
         req.status = status
@@ -542,7 +552,7 @@ class Engine:
                            req.num_computed_tokens // self.bs)):
             lg.snapshot[req.block_hashes[i]] = [self.read_block(w, blocks[i].block_id)
                                                 for w in range(self.tp)]
-        delay, _ = self.sched.request_finished(req, [b.block_id for b in blocks])
+        delay, _ = self._connector_finished(req, [b.block_id for b in blocks])
         self.finished_ids.add(rid)
         if delay:
             lg.delayed_free = True
@@ -622,7 +632,7 @@ class Engine:
         rid = req.request_id
         req.status = RequestStatus.FINISHED_ABORTED
         self.logs[rid].finished_status = req.status
-        delay, _ = self.sched.request_finished(
+        delay, _ = self._connector_finished(
             req, [b.block_id for b in self.req_blocks.get(rid, [])])
         self.finished_ids.add(rid)
         if delay or loading:

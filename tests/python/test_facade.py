@@ -28,8 +28,27 @@ def env(monkeypatch):
     return srv
 
 
+class _Req:
+    def __init__(self, rid):
+        self.request_id = rid
+
+
+def _spec(kind):
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+
+    bs = 16
+    if isinstance(kind, tuple):
+        kind, bs = kind
+    if kind == "full":
+        return FullAttentionSpec(block_size=bs, num_kv_heads=2, head_size=8, dtype="uint16")
+    if kind == "mamba":
+        return MambaSpec(block_size=bs, shapes=((4, 8), (2, 8, 8)), dtypes=("uint16",) * 2,
+                         mamba_cache_mode="align")
+    return kind
+
+
 def make(role, extra=None, tp=1, rank=0, groups=1, kv_lora_rank=None, engine_id="eng",
-         no_hma=True, dcp=1, pcp=1, policy="recompute", hash_algo="sha256"):
+         no_hma=True, dcp=1, pcp=1, policy="recompute", hash_algo="sha256", specs=None):
     from types import SimpleNamespace
 
     from vllm.config import (CacheConfig, KVTransferConfig, ModelConfig, ParallelConfig,
@@ -52,8 +71,11 @@ def make(role, extra=None, tp=1, rank=0, groups=1, kv_lora_rank=None, engine_id=
                                             kv_load_failure_policy=policy,
                                             kv_connector_extra_config=extra or {}))
     spec = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=8, dtype="uint16")
-    kcc = KVCacheConfig(num_blocks=8, kv_cache_tensors=[],
-                        kv_cache_groups=[KVCacheGroupSpec([f"l{g}"], spec) for g in range(groups)])
+    if specs is not None:
+        gspecs = [KVCacheGroupSpec([f"l{g}"], _spec(k)) for g, k in enumerate(specs)]
+    else:
+        gspecs = [KVCacheGroupSpec([f"l{g}"], spec) for g in range(groups)]
+    kcc = KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=gspecs)
     parallel_state.set_ranks(rank, 0, 0)
     try:
         r = KVConnectorRole.SCHEDULER if role == "s" else KVConnectorRole.WORKER
@@ -92,14 +114,33 @@ def test_properties_and_defaults(env, monkeypatch):
     assert not make("s", kv_lora_rank=512).prefer_cross_layer_blocks
 
 
-def test_hybrid_models_are_refused(env):
-    with pytest.raises(ValueError, match="one KV cache group"):
-        make("s", groups=2)
+def test_hybrid_groups_that_cannot_be_stored_are_refused(env):
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+    sw = SlidingWindowSpec(block_size=16, num_kv_heads=2, head_size=8, dtype="uint16",
+                           sliding_window=64)
+    with pytest.raises(ValueError, match="SlidingWindowSpec.*not supported"):
+        make("s", no_hma=False, specs=["full", sw])
+    with pytest.raises(ValueError, match="needs a full-attention"):
+        make("s", no_hma=False, specs=["mamba", "mamba"])
+    with pytest.raises(ValueError, match="different block sizes"):
+        make("s", no_hma=False, specs=["full", ("mamba", 32)])
 
 
-def test_hma_must_be_off_because_supports_hma_is_not_declared(env):
-    with pytest.raises(ValueError, match="does not support HMA"):
-        make("s", no_hma=False)
+def test_supports_hma_keeps_vllms_hybrid_manager(env):
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import supports_hma
+
+    s = make("s", no_hma=False, specs=["mamba", "full"])
+    assert supports_hma(s)
+    ctx = s._ctx
+    assert ctx.hybrid and ctx.prefix_group_index == 1  # the attention group is storage 0
+    assert [(g.vllm_index, g.storage_id, g.kind) for g in ctx.groups] == \
+        [(0, 1, "state"), (1, 0, "full")]
+    assert not s.prefer_cross_layer_blocks  # per-layer: layers carry their group
+    s.bind_gpu_block_pool("pool")
+    assert s._scheduler.block_pool == "pool"
+    assert s.request_finished_all_groups(_Req("x"), ([1], [2])) == (False, None)
+    s.shutdown()
 
 
 def test_bad_option_fails_startup(env):
