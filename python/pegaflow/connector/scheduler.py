@@ -198,13 +198,14 @@ class SchedulerConnector:
 
     # ---------------------------------------------------------------- server calls
 
-    def _q(self, shard: int, req_id: str, hashes, group: int = 0) -> QueryResult:
+    def _q(self, shard: int, req_id: str, hashes, group: int = 0,
+           membership: bool = False) -> QueryResult:
         self.stats["queries"] += 1
         try:
             kw = {"group_id": group} if group else {}
             res = self.clients[shard].query(
                 self.ctx.instance_id, req_id, list(hashes),
-                wait_for_full_prefix=self.ctx.wait_for_full_prefix,
+                wait_for_full_prefix=self.ctx.wait_for_full_prefix and not membership,
                 timeout_ms=self.ctx.query_timeout_ms, **kw)
         except Exception as e:  # never into vLLM: a failed query is a miss
             self.stats["query_errors"] += 1
@@ -281,11 +282,10 @@ class SchedulerConnector:
             limit, cands = k, None
             for g in self.ctx.storage_groups[1:]:
                 for s in range(nsh):
-                    r = self._q(s, f"{rid}:group-{g.storage_id}", hashes[:k], g.storage_id)
+                    r, pos = self._query_group(s, rid, g, hashes, k)
                     if r.loading:
                         loading = True
                         break
-                    pos = _positions(r, k)
                     if pos:
                         held[s].append((g.storage_id, r.lease, pos))
                     elif r.lease:
@@ -328,6 +328,25 @@ class SchedulerConnector:
             held[s][0] = (0, r.lease, tuple(range(k)))
         probe.leases, probe.hit_blocks = held, k
         return False
+
+    def _query_group(self, s: int, rid: str, g, hashes, k: int
+                     ) -> tuple[QueryResult, tuple[int, ...]]:
+        """Storage group g > 0 of shard s over the first k hashes: (answer, positions of
+        the leased blocks). Membership query by default; with wait_for_full_prefix the
+        want-set form (all-or-nothing, may fetch from SSD / peers): every block for a
+        full-attention group, the state at block k-1 for a recurrent group, falling back
+        to a membership query (RAM) when that state is not to be had."""
+        req = f"{rid}:group-{g.storage_id}"
+        asked = list(range(k))
+        if self.ctx.wait_for_full_prefix and g.kind != FULL:
+            asked = [k - 1]
+        r = self._q(s, req, [hashes[p] for p in asked], g.storage_id)
+        if (not r.loading and not r.lease and self.ctx.wait_for_full_prefix
+                and g.kind != FULL and k > 1):
+            asked = list(range(k))
+            r = self._q(s, req + ":any", hashes[:k], g.storage_id, membership=True)
+        pos = tuple(asked[i] for i in _positions(r, len(asked)) if i < len(asked))
+        return r, pos
 
     def _max_blocks(self, request: Any, num_computed_tokens: int) -> int:
         """Most blocks a load may cover: vLLM computes at least the last token itself;
