@@ -217,9 +217,10 @@ def test_abort_before_commit_releases_the_lease(world, engines, monkeypatch):
     assert e2.sched._scheduler._probes["B"] is probe
     if world.name == "fake":  # (checking it on the real server would release it)
         assert probe.lease in world.server.leases and len(world.server.leases) == 1
+    lease = probe.lease
     e2.abort("B")
     assert "B" not in e2.sched._scheduler._probes
-    assert world.lease_released(probe.lease)
+    assert world.lease_released(lease)
     e2.run()
     assert e2.idle()
 
