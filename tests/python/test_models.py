@@ -1,4 +1,5 @@
-"""Model families beyond one dense attention group, against the in-memory FakeServer:
+"""Model families beyond one dense attention group, against the in-memory FakeServer
+(always) and a real pegaflow-server with sim GPUs ([real]: skips while PF_BIN is unset):
 
   * hybrid (attention group + Mamba-style recurrent-state group): per-group registration,
     saves (every full attention block; the state block at a step's block boundary),
@@ -10,7 +11,9 @@
     mismatched shard hit counts (common-prefix re-query), a shard down (miss).
 
 Every loaded block is compared with the bytes the saving worker held (seeded data; the
-seed is printed).
+seed is printed). Checks of the fake server's internals (calls, per-key copies, leases)
+run on [fake]; [real] checks what the server exposes (hits, save bytes in /metrics, lease
+releases).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pegaflow.connector.config import FULL, STATE, CacheGroup, ConnectorContext
 from pegaflow.connector.plan import plan_of
 from pegaflow.connector.scheduler import SchedulerConnector
 from pegaflow.connector.worker import WorkerConnector
+from conftest import require_engine_server
 
 BS = 16
 N = 24  # blocks per cache
@@ -58,6 +62,164 @@ class ViewTensor(HostTensor):
 
     def raw(self):
         return self._base
+
+
+class FakeB:
+    """In-memory servers, numpy "GPU" memory."""
+
+    name = "fake"
+
+    def __init__(self, n=1):
+        self.servers = [FakeServer() for _ in range(n)]
+
+    def client(self, i=0):
+        return FakeEngineClient(self.servers[i])
+
+    def adapter(self, dev):
+        return HostDeviceAdapter(dev)
+
+    def dense(self, shape, dtype, dev=0):
+        return HostTensor(np.zeros(shape, dtype), dev)
+
+    def raw(self, nbytes, dev=0):
+        base = np.zeros(nbytes, np.uint8)
+        return base, lambda shape, stride, dtype, offset=0: ViewTensor(
+            base, shape, stride, dtype, offset, dev)
+
+    def hits(self, i, iid, hs):
+        q = self.servers[i].query(iid, "probe-hits", list(hs))
+        if q.lease:
+            self.servers[i].release(q.lease)
+        return q.num_hit_blocks
+
+    def close(self):
+        pass
+
+
+class RealB:
+    """pegaflow-server processes (--gpu-backend sim), KV caches in sim-GPU memory."""
+
+    name = "real"
+
+    def __init__(self, factory, lib, n=1):
+        from pegaflow.client.engine import EngineClient
+
+        self.lib = lib
+        self.procs = [factory(f"server{i}") for i in range(n)]
+        self._clients = []
+        self._keep = []
+        self.probe = [EngineClient(p.target, lib=lib, timeout_ms=5000) for p in self.procs]
+        require_engine_server(self.probe[0])
+
+    def client(self, i=0):
+        from pegaflow.client.engine import EngineClient
+
+        c = EngineClient(self.procs[i].target, lib=self.lib, timeout_ms=10_000,
+                         query_timeout_ms=2_000)
+        self._clients.append(c)
+        return c
+
+    def adapter(self, dev):
+        from pegaflow.device.sim import SimDeviceAdapter
+
+        return SimDeviceAdapter(dev)
+
+    def dense(self, shape, dtype, dev=0):
+        from pegaflow.device.sim import allocate_kv_caches
+
+        kv, ts = allocate_kv_caches(["t"], shape, dtype, sim_device=dev, lib=self.lib)
+        self._keep.append(kv)
+        return ts["t"]
+
+    def raw(self, nbytes, dev=0):
+        from pegaflow.device.sim import SimKV
+
+        kv = SimKV(nbytes, dev, self.lib)
+        self._keep.append(kv)
+        base = np.frombuffer(kv.buffer(0, nbytes), np.uint8)
+        return base, lambda shape, stride, dtype, offset=0: SimView(
+            kv, nbytes, shape, stride, dtype, offset)
+
+    def hits(self, i, iid, hs):
+        q = self.probe[i].query(iid, "probe-hits", list(hs))
+        if q.lease:
+            self.probe[i].release(q.lease)
+        return q.num_hit_blocks
+
+    def metric(self, i, name):
+        import re
+        import urllib.request
+
+        m = re.findall(rb"HTTP listening on \S+ \(port (\d+)\)",
+                       open(self.procs[i].log_path, "rb").read())
+        body = urllib.request.urlopen(f"http://127.0.0.1:{int(m[-1])}/metrics",
+                                      timeout=5).read().decode()
+        for line in body.splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+        raise AssertionError(f"{name} not in /metrics")
+
+    def close(self):
+        for c in self._clients + self.probe:
+            c.close()
+        for k in self._keep:
+            k.close()
+
+
+def _sim_view_class():
+    from pegaflow.device.sim import SimTensor, _Storage
+
+    class _SimView(SimTensor):
+        """A strided view at element offset ``offset`` of a whole SimKV."""
+
+        def __init__(self, kv, nbytes, shape, stride, dtype, offset=0):
+            self.kv = kv
+            self.offset = 0
+            self.dtype = np.dtype(dtype)
+            self.shape = tuple(shape)
+            self._st = tuple(stride)
+            self._eoff = offset
+            self.nbytes = nbytes
+            self._raw = kv.buffer(0, nbytes)
+            flat = np.frombuffer(self._raw, np.uint8)[offset * self.dtype.itemsize:]
+            flat = flat[:len(flat) // self.dtype.itemsize * self.dtype.itemsize]
+            self._array = np.lib.stride_tricks.as_strided(
+                flat.view(self.dtype), self.shape, [x * self.dtype.itemsize for x in stride])
+            self._Storage = _Storage
+
+        def stride(self):
+            return self._st
+
+        def storage_offset(self):
+            return self._eoff
+
+        def untyped_storage(self):
+            return self._Storage(self.nbytes)
+
+    return _SimView
+
+
+def SimView(*a, **k):
+    return _sim_view_class()(*a, **k)
+
+
+@pytest.fixture(params=["fake", "real"])
+def backend(request):
+    """backend(n): n servers of the parametrised kind."""
+    made = []
+
+    def make(n=1):
+        if request.param == "fake":
+            b = FakeB(n)
+        else:
+            b = RealB(request.getfixturevalue("server_factory"),
+                      request.getfixturevalue("engine_lib"), n)
+        made.append(b)
+        return b
+
+    yield make
+    for b in made:
+        b.close()
 
 
 class Blk:
@@ -123,18 +285,16 @@ PAGE = 2 * BS * H * D * 2  # attention page (uint16) = the state page
 GROUPS = (CacheGroup(0, 0, FULL, (ATT,), BS), CacheGroup(1, 1, STATE, (MAM,), BS))
 
 
-def hybrid_caches(dev=0):
-    """One page buffer per layer pair, as vLLM allocates hybrid caches: the attention
-    view (2, N, BS, H, D) with K and V adjacent inside a page, the state views (conv,
-    ssm) at offsets 0 and 256 bytes of each page."""
-    att_base = np.zeros(N * PAGE, np.uint8)
-    mam_base = np.zeros(N * PAGE, np.uint8)
+def hybrid_caches(B, dev=0):
+    """One page buffer per layer, as vLLM lays out hybrid caches: the attention view
+    (2, N, BS, H, D) with K and V adjacent inside a page, the state views (conv, ssm) at
+    offsets 0 and 256 bytes of each page."""
+    att_base, att_view = B.raw(N * PAGE, dev)
+    mam_base, mam_view = B.raw(N * PAGE, dev)
     half = BS * H * D  # elements
-    att = ViewTensor(att_base, (2, N, BS, H, D), (half, 2 * half, H * D, D, 1), np.uint16,
-                     device=dev)
-    conv = ViewTensor(mam_base, (N, 4, 32), (PAGE // 2, 32, 1), np.uint16, device=dev)
-    ssm = ViewTensor(mam_base, (N, 8, 8), (PAGE // 2, 8, 1), np.uint16, offset=128,
-                     device=dev)
+    att = att_view((2, N, BS, H, D), (half, 2 * half, H * D, D, 1), np.uint16)
+    conv = mam_view((N, 4, 32), (PAGE // 2, 32, 1), np.uint16)
+    ssm = mam_view((N, 8, 8), (PAGE // 2, 8, 1), np.uint16, 128)
     return {ATT: att, MAM: [conv, ssm]}, att_base, mam_base
 
 
@@ -143,19 +303,18 @@ def page(base, b):
 
 
 class Hybrid:
-    def __init__(self, srv, iid, **kw):
-        self.srv = srv
+    def __init__(self, B, iid, **kw):
+        self.B = B
         ctx = ConnectorContext(iid, "ns-hybrid", BS, groups=GROUPS, cross_layer_blocks=False,
                                **kw)
-        self.s = SchedulerConnector(ctx, FakeEngineClient(srv), session=False)
-        self.w = WorkerConnector(ctx, FakeEngineClient(srv), HostDeviceAdapter(0),
-                                 save_thread=False)
-        kv, self.att, self.mam = hybrid_caches()
+        self.s = SchedulerConnector(ctx, B.client(), session=False)
+        self.w = WorkerConnector(ctx, B.client(), B.adapter(0), save_thread=False)
+        kv, self.att, self.mam = hybrid_caches(B)
         self.w.register_kv_caches(kv)
 
     def save_steps(self, rid, hs, ntok, att_ids, mam_ids, steps, r):
-        """Prefill in ``steps`` (token counts); fills the blocks written with seeded data
-        and returns {hash: page bytes} per group."""
+        """Prefill in ``steps`` (token counts), writing seeded data into the blocks each
+        step fills (the state block when the step ends on a block boundary)."""
         req = Req(rid, hs, ntok)
         assert self.s.get_num_new_matched_tokens(req, 0) == (0, False)
         self.s.update_state_after_alloc(req, Blocks(att_ids, mam_ids), 0)
@@ -181,108 +340,149 @@ class Hybrid:
             self.s.update_state_after_alloc(req, Blocks(att_ids, mam_ids), got[0])
         plan = self.s.build_connector_meta(SO())
         self.w.start_load_kv(plan)
-        return got, plan, self.w.get_finished(set()), self.w.get_block_ids_with_load_errors()
+        fin = wait_finished(self.w, rid) if plan.loads else (None, None)
+        return got, plan, fin, self.w.get_block_ids_with_load_errors()
+
+    def close(self):
+        self.w.shutdown(unregister=False)
+        self.s.shutdown()
 
 
-def test_hybrid_saves_both_groups_and_loads_them_byte_exact():
+def wait_finished(w, rid, timeout=10.0):
+    """get_finished until ``rid`` is reported receiving (the real server's load thread
+    completes asynchronously)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        fs, fr = w.get_finished(set())
+        if fr and rid in fr:
+            return fs, fr
+        time.sleep(0.005)
+    raise AssertionError(f"load of {rid} not reported within {timeout} s")
+
+
+def q_calls(B, i=0, **match):
+    return [c[1] for c in B.servers[i].calls if c[0] == "query"
+            and all(c[1].get(k) == v for k, v in match.items())]
+
+
+def test_hybrid_saves_both_groups_and_loads_them_byte_exact(backend):
     r = rng()
-    srv = FakeServer()
-    a = Hybrid(srv, "A")
+    B = backend()
+    a = Hybrid(B, "A")
     hs = hashes("p", 5)
     att_a = [1, 2, 3, 4, 5, 6]
     mam_a = [0, 0, 0, 0, 9, 10]  # align mode: older states null, the state after 80 tokens
     a.save_steps("a", hs, 85, att_a, mam_a, [80, 5], r)
-    saves = [c[1]["layers"] for c in srv.calls if c[0] == "save"]
-    assert saves == [[(ATT, [1, 2, 3, 4, 5], hs), (MAM, [9], [hs[4]])]]  # once, one sync
-    # B: another vLLM on the same node
-    b = Hybrid(srv, "B")
+    if B.name == "fake":
+        saves = [c[1]["layers"] for c in B.servers[0].calls if c[0] == "save"]
+        assert saves == [[(ATT, [1, 2, 3, 4, 5], hs), (MAM, [9], [hs[4]])]]
+    b = Hybrid(B, "B")  # another vLLM on the same node
     att_b = [11, 12, 13, 14, 15, 16]
     mam_b = [0, 0, 0, 0, 17, 18]
     got, plan, (_, recv), errs = b.load("b", hs, 85, att_b, mam_b)
     assert got == (80, True) and recv == {"b"} and errs == set()
-    groups = [c[1] for c in srv.calls if c[0] == "query" and c[1]["req_id"].startswith("b")]
-    assert [(q["group"], q["n"]) for q in groups] == [(0, 5), (1, 5)]
     lg = plan.loads["b"].leases_for(0)
     assert [(x.group, x.targets) for x in lg] == [(0, (11, 12, 13, 14, 15)), (1, (17,))]
     for sa, sb in zip(att_a[:5], att_b[:5]):
         assert bytes(page(b.att, sb)) == bytes(page(a.att, sa))
     assert bytes(page(b.mam, 17)) == bytes(page(a.mam, 9))
-    assert not srv.leases  # both leases consumed by the one worker
+    assert not page(b.mam, 18).any()  # the running block is not written
+    if B.name == "fake":
+        assert [(q["group"], q["n"]) for q in q_calls(B) if q["req_id"].startswith("b")] == \
+            [(0, 5), (1, 5)]
+        assert not B.servers[0].leases  # both leases consumed by the one worker
+    a.close()
+    b.close()
 
 
-def test_hybrid_membership_gap_moves_the_resume_point_back():
+def test_hybrid_membership_gap_moves_the_resume_point_back(backend):
     r = rng()
-    srv = FakeServer()
-    a = Hybrid(srv, "A")
+    B = backend()
+    a = Hybrid(B, "A")
     hs = hashes("g", 5)
     # steps of 48 and 37 tokens: a state at block 2 only (85 is not a block boundary)
     a.save_steps("a", hs, 85, [1, 2, 3, 4, 5, 6], [0, 0, 7, 0, 0, 8], [48, 37], r)
-    b = Hybrid(srv, "B")
+    b = Hybrid(B, "B")
     got, plan, (_, recv), errs = b.load("b", hs, 85, [11, 12, 13, 0, 0, 0],
                                         [0, 0, 17, 0, 0, 0])
     assert got == (48, True) and recv == {"b"} and not errs
-    q0 = [c[1] for c in srv.calls if c[0] == "query" and c[1]["group"] == 0
-          and c[1]["req_id"] == "b"]
-    assert [q["n"] for q in q0] == [5, 3]  # re-queried for exactly the common prefix
     assert bytes(page(b.mam, 17)) == bytes(page(a.mam, 7))
     assert [bytes(page(b.att, x)) for x in (11, 12, 13)] == \
         [bytes(page(a.att, x)) for x in (1, 2, 3)]
-    assert not srv.leases  # the 5-block lease was released, the others consumed
+    assert b.s.stats["releases"] == 1  # the 5-block prefix lease, after the 3-block one
+    if B.name == "fake":
+        assert [q["n"] for q in q_calls(B, group=0, req_id="b")] == [5, 3]
+        assert not B.servers[0].leases
+    a.close()
+    b.close()
 
 
-def test_hybrid_without_any_state_is_a_miss_and_releases_the_prefix_lease():
+def test_hybrid_without_any_state_is_a_miss_and_releases_the_prefix_lease(backend):
     r = rng()
-    srv = FakeServer()
-    a = Hybrid(srv, "A")
+    B = backend()
+    a = Hybrid(B, "A")
     hs = hashes("m", 3)
     a.save_steps("a", hs, 55, [1, 2, 3, 4], [0, 0, 0, 0], [55], r)  # never on a boundary
-    b = Hybrid(srv, "B")
+    assert B.hits(0, "A", hs) == 3  # the attention blocks are there
+    b = Hybrid(B, "B")
     got, plan, _, _ = b.load("b", hs, 55, [5, 6, 7, 8], [0, 0, 9, 10])
-    assert got == (0, False) and not plan.loads and not srv.leases
+    assert got == (0, False) and not plan.loads
+    assert b.s.stats["releases"] == 1 and b.s.stats["release_errors"] == 0
+    a.close()
+    b.close()
 
 
-def test_hybrid_destination_without_a_stored_state_fails_the_commit():
+def test_hybrid_destination_without_a_stored_state_fails_the_commit(backend):
     r = rng()
-    srv = FakeServer()
-    a = Hybrid(srv, "A")
+    B = backend()
+    a = Hybrid(B, "A")
     hs = hashes("d", 5)
     a.save_steps("a", hs, 85, [1, 2, 3, 4, 5, 6], [0, 0, 0, 0, 9, 10], [80, 5], r)
-    b = Hybrid(srv, "B")
+    b = Hybrid(B, "B")
     # vLLM allocated a real state block at position 1 too: nothing stored there
     got, plan, (_, recv), errs = b.load("b", hs, 85, [11, 12, 13, 14, 15, 16],
                                         [0, 19, 0, 0, 17, 18])
     assert got == (80, True)
     assert plan.loads["b"].lease is None and recv == {"b"}
     assert errs == {11, 12, 13, 14, 15, 19, 17}  # every destination block, both groups
-    assert not srv.leases
+    assert b.s.stats["commit_failures"] == 1 and b.s.stats["release_errors"] == 0
+    if B.name == "fake":
+        assert not B.servers[0].leases
+    a.close()
+    b.close()
 
 
-def test_hybrid_want_set_asks_for_the_resume_state_then_falls_back():
+def test_hybrid_want_set_asks_for_the_resume_state_then_falls_back(backend):
     r = rng()
-    srv = FakeServer()
-    a = Hybrid(srv, "A")
+    B = backend()
+    a = Hybrid(B, "A")
     hs = hashes("w", 5)
     a.save_steps("a", hs, 85, [1, 2, 3, 4, 5, 6], [0, 0, 7, 0, 0, 8], [48, 37], r)
-    b = Hybrid(srv, "B", wait_for_full_prefix=True)
+    b = Hybrid(B, "B", wait_for_full_prefix=True)
     got, plan, (_, recv), _ = b.load("b", hs, 85, [11, 12, 13, 0, 0, 0], [0, 0, 17, 0, 0, 0])
-    g1 = [c[1] for c in srv.calls if c[0] == "query" and c[1]["group"] == 1]
-    # the want-set (the state at block 4) is short: a membership query finds block 2's
-    assert [(q["req_id"], q["n"]) for q in g1] == [("b:group-1", 1), ("b:group-1:any", 5)]
     assert got == (48, True) and recv == {"b"}
     assert bytes(page(b.mam, 17)) == bytes(page(a.mam, 7))
+    if B.name == "fake":
+        # the want-set (the state at block 4) is short: a membership query finds block 2's
+        assert [(q["req_id"], q["n"]) for q in q_calls(B, group=1)] == \
+            [("b:group-1", 1), ("b:group-1:any", 5)]
+    a.close()
+    b.close()
 
 
 def test_hybrid_state_group_loading_answer_is_polled():
     r = rng()
-    srv = FakeServer()
-    a = Hybrid(srv, "A")
+    B = FakeB()
+    a = Hybrid(B, "A")
     hs = hashes("l", 5)
     a.save_steps("a", hs, 85, [1, 2, 3, 4, 5, 6], [0, 0, 0, 0, 9, 10], [80, 5], r)
-    b = Hybrid(srv, "B")
-    srv.loading["b:group-1"] = 1
+    b = Hybrid(B, "B")
+    B.servers[0].loading["b:group-1"] = 1
     req = Req("b", hs, 85)
     assert b.s.get_num_new_matched_tokens(req, 0) == (None, False)
-    assert not srv.leases  # the prefix lease of the unfinished answer was released
+    assert not B.servers[0].leases  # the prefix lease of the unfinished answer was released
     assert b.s.get_num_new_matched_tokens(req, 0) == (80, True)
 
 
@@ -299,84 +499,114 @@ def mla_ctx(rank, tp, iid, split=False):
                             mla_layer_split=split, transfer_mode=1, cross_layer_blocks=False)
 
 
-def mla_ranks(srv, tp, iid, split=False):
+def mla_ranks(B, tp, iid, split=False):
     ws = []
     for rank in range(tp):
-        w = WorkerConnector(mla_ctx(rank, tp, iid, split), FakeEngineClient(srv),
-                            HostDeviceAdapter(rank), save_thread=False)
+        w = WorkerConnector(mla_ctx(rank, tp, iid, split), B.client(), B.adapter(rank),
+                            save_thread=False)
         names = MLA_LAYERS if not split else [MLA_LAYERS[rank % len(MLA_LAYERS)]]
-        kv = {n: HostTensor(np.zeros((N, BS, LAT), np.uint16), rank) for n in names}
+        kv = {n: B.dense((N, BS, LAT), np.uint16, rank) for n in names}
         w.register_kv_caches(kv)
         ws.append((w, kv))
     return ws
 
 
-def test_mla_tp4_page_first_stores_each_block_once_and_every_rank_loads_it():
+def test_mla_tp4_page_first_stores_each_block_once_and_every_rank_loads_it(backend):
+    from pegaflow.connector.plan import LoadIntent, SaveIntent, StepPlan
+
     r = rng()
-    srv = FakeServer()
-    ws = mla_ranks(srv, 4, "A")
-    args = srv.calls[0][1]["args"]
-    assert args.page_first and args.tp_size == 1 and args.world_size == 4
+    B = backend()
+    ws = mla_ranks(B, 4, "A")
     ids = list(range(1, 9))
     hs = hashes("mla", 8)
     data = {n: r.integers(0, 65536, (N, BS, LAT), dtype=np.uint16) for n in MLA_LAYERS}
     for w, kv in ws:  # MLA: every rank holds the same KV
         for n, t in kv.items():
             t.numpy()[...] = data[n]
-    from pegaflow.connector.plan import SaveIntent, StepPlan
-
     plan = StepPlan(saves={"a": SaveIntent(tuple(ids), tuple(hs))})
     for w, _ in ws:
         w.wait_for_save(plan)
-    saved = [(c[1]["device_id"], c[1]["layers"][0][1]) for c in srv.calls if c[0] == "save"]
-    assert saved == [(0, [4, 8]), (1, [1, 5]), (2, [2, 6]), (3, [3, 7])]  # 1/4 each
-    assert all(srv.slot_writes[("ns-mla", h)] == len(MLA_LAYERS) for h in hs)  # once
+    for w, _ in ws:
+        assert w.wait_saves_idle(10)
+    # each rank copied 1/4 of the blocks: every block once
+    assert [w.stats["saved_blocks"] for w, _ in ws] == [2, 2, 2, 2]
+    page_bytes = BS * LAT * 2
+    if B.name == "fake":
+        args = B.servers[0].calls[0][1]["args"]
+        assert args.page_first and args.tp_size == 1 and args.world_size == 4
+        saved = [(c[1]["device_id"], c[1]["layers"][0][1]) for c in B.servers[0].calls
+                 if c[0] == "save"]
+        assert saved == [(0, [4, 8]), (1, [1, 5]), (2, [2, 6]), (3, [3, 7])]
+        assert all(B.servers[0].slot_writes[("ns-mla", h)] == len(MLA_LAYERS) for h in hs)
+    else:
+        # a collapsed-but-not-striped layout would copy 4x this (one slot per rank)
+        assert B.metric(0, "pegaflow_save_bytes_total") == len(hs) * len(MLA_LAYERS) * page_bytes
     # every rank reports every hash (the scheduler counts 4 workers per block)
     assert all(sorted(x[1] for x in w.event_log.take()) == sorted(hs) for w, _ in ws)
+    assert B.hits(0, "A", hs) == 8
     # B (another instance, 4 ranks) loads all 8 blocks on every rank
-    wb = mla_ranks(srv, 4, "B")
-    q = srv.query("B", "b", hs)
+    wb = mla_ranks(B, 4, "B")
+    c = B.client()
+    q = c.query("B", "b", hs)
     assert q.num_hit_blocks == 8
-    from pegaflow.connector.plan import LoadIntent
-
     dest = tuple(range(10, 18))
     lp = StepPlan(loads={"b": LoadIntent(dest, q.lease, 8 * BS)})
     for w, kv in wb:
         w.start_load_kv(lp)
-        assert w.get_finished(set()) == (None, {"b"})
+        assert wait_finished(w, "b")[1] == {"b"} and not w.get_block_ids_with_load_errors()
         for n, t in kv.items():
             assert np.array_equal(t.numpy()[list(dest)], data[n][ids])
-    assert not srv.leases  # 4 shares consumed
+    from pegaflow.client.errors import FailedPrecondition
+
+    with pytest.raises(FailedPrecondition):  # its 4 shares were consumed
+        c.release(q.lease)
+    for w, _ in ws + wb:
+        w.shutdown(unregister=False)
 
 
-def test_mla_layer_split_ranks_each_save_their_layers():
-    r = rng()
-    srv = FakeServer()
-    ws = mla_ranks(srv, 2, "A", split=True)
+def test_mla_layer_split_ranks_each_save_their_layers(backend):
     from pegaflow.connector.plan import SaveIntent, StepPlan
 
+    r = rng()
+    B = backend()
+    ws = mla_ranks(B, 2, "A", split=True)
     hs = hashes("split", 3)
     for w, kv in ws:
         for t in kv.values():
             t.numpy()[...] = r.integers(0, 65536, (N, BS, LAT), dtype=np.uint16)
     plan = StepPlan(saves={"a": SaveIntent((1, 2, 3), tuple(hs))})
     ws[0][0].wait_for_save(plan)
-    assert srv.query("A", "q0", hs).num_hit_blocks == 0  # rank 1's layer is missing
+    assert ws[0][0].wait_saves_idle(10)
+    if B.name == "fake":  # (the real server seals blocks asynchronously)
+        assert B.hits(0, "A", hs) == 0  # rank 1's layer is missing
     ws[1][0].wait_for_save(plan)
-    saved = [(c[1]["device_id"], [x[0] for x in c[1]["layers"]], c[1]["layers"][0][1])
-             for c in srv.calls if c[0] == "save"]
-    assert saved == [(0, [MLA_LAYERS[0]], [1, 2, 3]), (1, [MLA_LAYERS[1]], [1, 2, 3])]
-    q = srv.query("A", "q1", hs)
-    assert q.num_hit_blocks == 3
-    srv.release(q.lease)
+    assert ws[1][0].wait_saves_idle(10)
+    assert [w.stats["saved_blocks"] for w, _ in ws] == [3, 3]
+    if B.name == "fake":
+        saved = [(c[1]["device_id"], [x[0] for x in c[1]["layers"]], c[1]["layers"][0][1])
+                 for c in B.servers[0].calls if c[0] == "save"]
+        assert saved == [(0, [MLA_LAYERS[0]], [1, 2, 3]), (1, [MLA_LAYERS[1]], [1, 2, 3])]
+    wait_hits(B, 0, "A", hs, 3)
+    for w, _ in ws:
+        w.shutdown(unregister=False)
+
+
+def wait_hits(B, i, iid, hs, n, timeout=10.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if B.hits(i, iid, hs) == n:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"{n} blocks not visible on server {i} within {timeout} s")
 
 
 def test_page_first_refuses_split_kv_layouts():
     srv = FakeServer()
     w = WorkerConnector(mla_ctx(0, 1, "X"), FakeEngineClient(srv), HostDeviceAdapter(0),
                         save_thread=False)
-    ctx = w.ctx
-    object.__setattr__(ctx, "is_mla", False)  # a (2, N, ...) K/V split tensor
+    object.__setattr__(w.ctx, "is_mla", False)  # a (2, N, ...) K/V split tensor
     with pytest.raises(ValueError, match="page-first"):
         w.register_kv_caches({"l": HostTensor(np.zeros((2, N, BS, 2, 8), np.uint16))})
 
@@ -397,16 +627,16 @@ class Sharded:
     """One vLLM with TP=4 over two hosts: a scheduler with one client per server and
     four workers, ranks 0-1 on server 0, ranks 2-3 on server 1."""
 
-    def __init__(self, servers, iid, r):
-        self.servers = servers
-        self.s = SchedulerConnector(shard_ctx(iid, 0, 0), [FakeEngineClient(x) for x in servers],
+    def __init__(self, B, iid, r):
+        self.B = B
+        self.s = SchedulerConnector(shard_ctx(iid, 0, 0), [B.client(0), B.client(1)],
                                     session=True, session_thread=False)
         self.ws = []
         for rank in range(4):
             sh, lr = divmod(rank, 2)
-            w = WorkerConnector(shard_ctx(iid, sh, lr), FakeEngineClient(servers[sh]),
-                                HostDeviceAdapter(rank), save_thread=False)
-            kv = {n: HostTensor(np.zeros((2, N, BS, 2, 8), np.uint16), rank) for n in DL}
+            w = WorkerConnector(shard_ctx(iid, sh, lr), B.client(sh), B.adapter(rank),
+                                save_thread=False)
+            kv = {n: B.dense((2, N, BS, 2, 8), np.uint16, rank) for n in DL}
             w.register_kv_caches(kv)
             self.ws.append((w, kv))
         self.r = r
@@ -416,14 +646,20 @@ class Sharded:
             for t in kv.values():
                 t.numpy()[...] = self.r.integers(0, 65536, t.shape, dtype=np.uint16)
 
-    def save(self, rid, hs, ids):
+    def save(self, rid, hs, ids, shard1_blocks=None):
+        """Saves ``ids``; shard 1's workers only the first ``shard1_blocks``."""
         req = Req(rid, hs, len(hs) * BS + 3)
         self.s.get_num_new_matched_tokens(req, 0)
         self.s.update_state_after_alloc(req, Blocks(ids + [0]), 0)
         plan = self.s.build_connector_meta(SO(new=[NewReq(rid, (ids + [0],), 0)],
                                               sched={rid: req.num_tokens}))
-        for w, _ in self.ws:
-            w.wait_for_save(plan)
+        from pegaflow.connector.plan import SaveIntent, StepPlan
+
+        it = plan.saves[rid]
+        cut = len(ids) if shard1_blocks is None else shard1_blocks
+        short = StepPlan(saves={rid: SaveIntent(it.block_ids[:cut], it.block_hashes[:cut])})
+        for rank, (w, _) in enumerate(self.ws):
+            w.wait_for_save(plan if rank < 2 else short)
 
     def load(self, rid, hs, ids):
         req = Req(rid, hs, len(hs) * BS + 3)
@@ -434,60 +670,80 @@ class Sharded:
         res = []
         for w, _ in self.ws:
             w.start_load_kv(plan)
-            res.append(w.get_finished(set()))
+            res.append(wait_finished(w, rid) if plan.loads else w.get_finished(set()))
         return got, plan, res
 
+    def close(self):
+        for w, _ in self.ws:
+            w.shutdown(unregister=False)
+        self.s.shutdown()
 
-def test_two_servers_each_hold_half_a_tp_group_and_serve_one_request():
+
+def test_two_servers_each_hold_half_a_tp_group_and_serve_one_request(backend):
     r = rng()
-    srvs = [FakeServer(), FakeServer()]
-    a = Sharded(srvs, "A", r)
-    assert [x.count("session_open") for x in srvs] == [1, 1]
-    assert srvs[1].instances["A"].namespace == "ns:tp-shard-1-of-2"
-    assert srvs[0].instances["A"].world_size == 2
+    B = backend(2)
+    a = Sharded(B, "A", r)
+    assert all(x is not None and x.alive() for x in a.s.sessions)  # one Session per server
     a.fill()
     hs = hashes("t", 4)
     a.save("a", hs, [1, 2, 3, 4])
-    b = Sharded(srvs, "B", r)
+    wait_hits(B, 0, "A", hs, 4)
+    wait_hits(B, 1, "A", hs, 4)
+    if B.name == "fake":
+        assert B.servers[1].instances["A"].namespace == "ns:tp-shard-1-of-2"
+        assert B.servers[0].instances["A"].world_size == 2
+    b = Sharded(B, "B", r)
     got, plan, res = b.load("b", hs, [5, 6, 7, 8])
     assert got == (4 * BS, True) and all(x == (None, {"b"}) for x in res)
     it = plan.loads["b"]
     l0, l1 = it.leases_for(0)[0].lease, it.leases_for(1)[0].lease
     assert l0 != l1  # one lease per shard, each from its own server
     for (wa, kva), (wb, kvb) in zip(a.ws, b.ws):
+        assert not wb.get_block_ids_with_load_errors()
         for n in DL:
             assert np.array_equal(kvb[n].numpy()[:, 5:9], kva[n].numpy()[:, 1:5])
-    assert not srvs[0].leases and not srvs[1].leases
+    from pegaflow.client.errors import FailedPrecondition
+
+    for i, lease in ((0, l0), (1, l1)):  # each consumed by its shard's two workers
+        with pytest.raises(FailedPrecondition):
+            B.probe[i].release(lease) if B.name == "real" else B.client(i).release(lease)
+    a.close()
+    b.close()
 
 
-def test_mismatched_shard_hits_requery_the_common_prefix():
+def test_mismatched_shard_hits_requery_the_common_prefix(backend):
     r = rng()
-    srvs = [FakeServer(), FakeServer()]
-    a = Sharded(srvs, "A", r)
+    B = backend(2)
+    a = Sharded(B, "A", r)
     a.fill()
     hs = hashes("mm", 4)
-    a.save("a", hs, [1, 2, 3, 4])
-    del srvs[1].blocks[("ns:tp-shard-1-of-2", hs[3])]  # shard 1 lost block 3
-    b = Sharded(srvs, "B", r)
+    a.save("a", hs, [1, 2, 3, 4], shard1_blocks=3)  # shard 1 holds 3 blocks, shard 0 four
+    wait_hits(B, 0, "A", hs, 4)
+    wait_hits(B, 1, "A", hs, 3)
+    b = Sharded(B, "B", r)
     got, plan, res = b.load("b", hs, [5, 6, 7, 8])
     assert got == (3 * BS, True) and all(x == (None, {"b"}) for x in res)
-    q = [(c[1]["req_id"], c[1]["n"]) for c in srvs[0].calls if c[0] == "query"
-         and c[1]["req_id"].startswith("b")]
-    assert q == [("b", 4), ("b:tp-common-3", 3)]
+    assert b.s.stats["releases"] == 1  # shard 0's 4-block lease
     for (wa, kva), (wb, kvb) in zip(a.ws, b.ws):
         assert np.array_equal(kvb[DL[0]].numpy()[:, 5:8], kva[DL[0]].numpy()[:, 1:4])
-    assert not srvs[0].leases and not srvs[1].leases  # the 4-block lease released
+        assert not kvb[DL[0]].numpy()[:, 8].any()
+    if B.name == "fake":
+        q = [(c["req_id"], c["n"]) for c in q_calls(B, 0) if c["req_id"].startswith("b")]
+        assert q == [("b", 4), ("b:tp-common-3", 3)]
+        assert not B.servers[0].leases and not B.servers[1].leases
+    a.close()
+    b.close()
 
 
 def test_a_shard_that_lost_the_common_prefix_on_requery_is_a_miss():
     r = rng()
-    srvs = [FakeServer(), FakeServer()]
-    a = Sharded(srvs, "A", r)
+    B = FakeB(2)
+    srvs = B.servers
+    a = Sharded(B, "A", r)
     a.fill()
     hs = hashes("rq", 4)
-    a.save("a", hs, [1, 2, 3, 4])
-    del srvs[1].blocks[("ns:tp-shard-1-of-2", hs[3])]
-    b = Sharded(srvs, "B", r)
+    a.save("a", hs, [1, 2, 3, 4], shard1_blocks=3)
+    b = Sharded(B, "B", r)
     orig = srvs[0].query
 
     def evicting(instance_id, req_id, hashes_, *a, **k):
@@ -502,15 +758,21 @@ def test_a_shard_that_lost_the_common_prefix_on_requery_is_a_miss():
     assert not srvs[0].leases and not srvs[1].leases
 
 
-def test_a_shard_down_degrades_to_a_miss():
+def test_a_shard_down_degrades_to_a_miss(backend):
     r = rng()
-    srvs = [FakeServer(), FakeServer()]
-    a = Sharded(srvs, "A", r)
+    B = backend(2)
+    a = Sharded(B, "A", r)
     a.fill()
     hs = hashes("dn", 4)
     a.save("a", hs, [1, 2, 3, 4])
-    b = Sharded(srvs, "B", r)
-    srvs[1].down = True
+    wait_hits(B, 0, "A", hs, 4)
+    b = Sharded(B, "B", r)
+    if B.name == "fake":
+        B.servers[1].down = True
+    else:
+        B.procs[1].kill()
     got, plan, _ = b.load("b", hs, [5, 6, 7, 8])
     assert got == (0, False) and not plan.loads
-    assert not srvs[0].leases  # shard 0's lease released
+    assert b.s.stats["releases"] == 1 and b.s.stats["release_errors"] == 0  # shard 0's lease
+    if B.name == "fake":
+        assert not B.servers[0].leases
