@@ -48,7 +48,8 @@ def _spec(kind):
 
 
 def make(role, extra=None, tp=1, rank=0, groups=1, kv_lora_rank=None, engine_id="eng",
-         no_hma=True, dcp=1, pcp=1, policy="recompute", hash_algo="sha256", specs=None):
+         no_hma=True, dcp=1, pcp=1, policy="recompute", hash_algo="sha256", specs=None,
+         num_blocks=8):
     from types import SimpleNamespace
 
     from vllm.config import (CacheConfig, KVTransferConfig, ModelConfig, ParallelConfig,
@@ -75,7 +76,7 @@ def make(role, extra=None, tp=1, rank=0, groups=1, kv_lora_rank=None, engine_id=
         gspecs = [KVCacheGroupSpec([f"l{g}"], _spec(k)) for g, k in enumerate(specs)]
     else:
         gspecs = [KVCacheGroupSpec([f"l{g}"], spec) for g in range(groups)]
-    kcc = KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=gspecs)
+    kcc = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=gspecs)
     parallel_state.set_ranks(rank, 0, 0)
     try:
         r = KVConnectorRole.SCHEDULER if role == "s" else KVConnectorRole.WORKER
@@ -429,3 +430,48 @@ def test_router_events_use_vllms_hash_form_and_fit_older_event_classes(monkeypat
     monkeypatch.delenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES")
     (old,) = facade._router_events(rec[:1])
     assert old.block_hashes == [h] and old.token_ids == [1, 2] and old.block_size == 16
+
+
+def test_hybrid_worker_registers_each_layer_with_its_storage_group(env):
+    from test_models import ATT, MAM, FakeB, hybrid_caches
+
+    from test_models import N
+
+    w = make("w", no_hma=False, specs=["mamba", "full"], num_blocks=N)
+    kv, _, _ = hybrid_caches(FakeB())
+    w.register_kv_caches({"l0": kv[MAM], "l1": kv[ATT]})  # vLLM: a list per state layer
+    args = [c[1]["args"] for c in env.calls if c[0] == "register"][0]
+    assert [(l.name, l.group_id, l.segments, l.bytes_per_block) for l in args.layers] == \
+        [("l0", 1, 1, 1024), ("l1", 0, 1, 1024)]
+    assert not args.page_first
+    assert w._worker.group_layers == {1: ["l0"], 0: ["l1"]}
+    w.shutdown()
+
+
+def test_mla_worker_registers_page_first(env):
+    w = make("w", kv_lora_rank=512, tp=2, rank=1)
+    w.register_kv_caches({"l0": HostTensor(np.zeros((8, 16, 72), np.uint16), 1)})
+    args = [c[1]["args"] for c in env.calls if c[0] == "register"][0]
+    assert args.page_first and (args.tp_rank, args.tp_size, args.world_size) == (0, 1, 2)
+    assert w._ctx.stripe_saves and w._ctx.transfer_mode == 1
+    w.shutdown()
+
+
+def test_tp_shard_workers_talk_to_their_shards_server(monkeypatch):
+    import pegaflow.connector._facade as facade
+
+    srvs = {"h0:1": FakeServer(), "h1:1": FakeServer()}
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    monkeypatch.setattr(facade, "_make_client", lambda ctx, ep: FakeEngineClient(srvs[ep]))
+    monkeypatch.setattr(facade, "_device_adapter_for",
+                        lambda t, client: HostDeviceAdapter(getattr(t, "dev", 0)))
+    extra = {"pegaflow.tp_shard_endpoints": ["h0:1", "h1:1"]}
+    s = make("s", extra=extra, tp=4)
+    assert [x.count("session_open") for x in srvs.values()] == [1, 1]
+    assert len(s._scheduler.clients) == 2
+    w = make("w", extra=extra, tp=4, rank=3)
+    w.register_kv_caches({"l0": HostTensor(np.zeros((2, 8, 16, 2, 8), np.uint16), 3)})
+    assert not srvs["h0:1"].instances and srvs["h1:1"].instances["eng"].world_size == 2
+    assert srvs["h1:1"].instances["eng"].namespace.endswith(":tp-shard-1-of-2")
+    s.shutdown()
+    w.shutdown()
