@@ -5,7 +5,9 @@ lives at ``base + i * block_stride + s * kv_stride``, with ``bytes_per_block`` =
 of ONE segment, ``segments`` 1 or 2, and the block stride implied by the layout
 (contiguous: segments * bytes_per_block; split K/V: bytes_per_block).
 
-Two shapes, as the reference infers them (worker ``_infer_kv_cache_registration``):
+Three shapes; the first two as the reference infers them (worker
+``_infer_kv_cache_registration``), the third vLLM's layout for attention layers of hybrid
+models:
 
 * KV-first, non-MLA, ``shape[0] == 2`` (FlashAttention ``(2, N, block, heads, dim)``,
   NHD or HND strides): ``num_blocks = shape[1]``, ``bytes_per_block = stride[1] * elt``,
@@ -13,6 +15,11 @@ Two shapes, as the reference infers them (worker ``_infer_kv_cache_registration`
 * blocks-first, everything else (FlashInfer ``(N, 2, block, heads, dim)``, MLA
   ``(N, block, dim)``, the cross-layer tensor): ``num_blocks = shape[0]``,
   ``bytes_per_block = stride[0] * elt``, 1 segment.
+* ``(2, N, ...)`` with ``stride[0] < stride[1]`` (hybrid models: K and V of a block are
+  adjacent inside one page shared with recurrent-state layers): ``num_blocks = shape[1]``,
+  ``bytes_per_block = stride[1] * elt`` (the page), 1 segment.
+* recurrent-state layers (``state_layout``): vLLM's list of state tensors viewing one
+  page per block; registered as the page.
 
 When the attention kernel's block is smaller than the scheduler's (vLLM then allocates
 ``k = block_size // kernel_block`` physical rows per logical block, consecutively), k
