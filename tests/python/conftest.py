@@ -163,8 +163,9 @@ def _servers(tmp_path):
         pytest.skip("SKIP: PF_BIN is unset (run through `make test`): no pegaflow-server")
     started: list[ServerProc] = []
 
-    def start(name: str = "server", port: int = 0) -> ServerProc:
-        s = ServerProc(str(tmp_path / f"{name}.log"), port=port)
+    def start(name: str = "server", port: int = 0, extra_args: tuple[str, ...] = ()
+              ) -> ServerProc:
+        s = ServerProc(str(tmp_path / f"{name}.log"), extra_args=tuple(extra_args), port=port)
         started.append(s)
         return s.start()
 

@@ -101,11 +101,11 @@ class RealB:
 
     name = "real"
 
-    def __init__(self, factory, lib, n=1):
+    def __init__(self, factory, lib, n=1, extra_args=()):
         from pegaflow.client.engine import EngineClient
 
         self.lib = lib
-        self.procs = [factory(f"server{i}") for i in range(n)]
+        self.procs = [factory(f"server{i}", extra_args=extra_args) for i in range(n)]
         self._clients = []
         self._keep = []
         self.probe = [EngineClient(p.target, lib=lib, timeout_ms=5000) for p in self.procs]
@@ -146,14 +146,18 @@ class RealB:
             self.probe[i].release(q.lease)
         return q.num_hit_blocks
 
-    def metric(self, i, name):
+    def http(self, i, path, method="GET"):
         import re
         import urllib.request
 
         m = re.findall(rb"HTTP listening on \S+ \(port (\d+)\)",
                        open(self.procs[i].log_path, "rb").read())
-        body = urllib.request.urlopen(f"http://127.0.0.1:{int(m[-1])}/metrics",
-                                      timeout=5).read().decode()
+        req = urllib.request.Request(f"http://127.0.0.1:{int(m[-1])}{path}", method=method,
+                                     data=b"" if method == "POST" else None)
+        return urllib.request.urlopen(req, timeout=5).read().decode()
+
+    def metric(self, i, name):
+        body = self.http(i, "/metrics")
         for line in body.splitlines():
             if line.startswith(name + " ") or line.startswith(name + "{"):
                 return float(line.rsplit(" ", 1)[1])
@@ -791,3 +795,112 @@ def test_a_shard_down_degrades_to_a_miss(backend):
     assert b.s.stats["releases"] == 1 and b.s.stats["release_errors"] == 0  # shard 0's lease
     if B.name == "fake":
         assert not B.servers[0].leases
+
+
+# ------------------------------------------------------------------ through the SSD tier
+
+
+@pytest.fixture
+def ssd_backend(server_factory, engine_lib, tmp_path):
+    b = RealB(server_factory, engine_lib, 1,
+              extra_args=("--ssd-cache-path", str(tmp_path / "ssd.dat"),
+                          "--ssd-cache-capacity", "64mb"))
+    yield b
+    b.close()
+
+
+def evict_ram_after_ssd_writes(B, timeout=15.0):
+    """Waits until the SSD writer has nothing pending, then drops every block from RAM
+    (the SSD copies stay), so the next query must prefetch from SSD."""
+    import json
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (B.metric(0, "pegaflow_ssd_write_bytes_total") > 0
+                and B.metric(0, "pegaflow_ssd_write_queue_pending") == 0
+                and B.metric(0, "pegaflow_ssd_write_inflight") == 0):
+            break
+        time.sleep(0.02)
+    else:
+        raise AssertionError("SSD writes did not settle")
+    out = json.loads(B.http(0, "/cache/memory/cleanup", "POST"))
+    assert out["evicted_blocks"] > 0, out
+
+
+def poll_matched(s, req, timeout=15.0):
+    """get_num_new_matched_tokens until the server stops answering Loading."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    loading = 0
+    while time.monotonic() < deadline:
+        got = s.get_num_new_matched_tokens(req, 0)
+        if got[0] is not None:
+            return got, loading
+        loading += 1
+        time.sleep(0.01)
+    raise AssertionError("still Loading")
+
+
+def test_hybrid_round_trips_through_ssd(ssd_backend):
+    r = rng()
+    B = ssd_backend
+    a = Hybrid(B, "A")
+    hs = hashes("ssd-h", 5)
+    a.save_steps("a", hs, 85, [1, 2, 3, 4, 5, 6], [0, 0, 0, 0, 9, 10], [80, 5], r)
+    evict_ram_after_ssd_writes(B)
+    # the want-set form goes through the prefetch machinery (a membership query is RAM)
+    b = Hybrid(B, "B", wait_for_full_prefix=True)
+    req = Req("b", hs, 85)
+    got, loading = poll_matched(b.s, req)
+    assert got == (80, True) and loading >= 1
+    b.s.update_state_after_alloc(req, Blocks([11, 12, 13, 14, 15, 16], [0, 0, 0, 0, 17, 18]),
+                                 80)
+    plan = b.s.build_connector_meta(SO())
+    b.w.start_load_kv(plan)
+    assert wait_finished(b.w, "b")[1] == {"b"} and not b.w.get_block_ids_with_load_errors()
+    for sa, sb in zip([1, 2, 3, 4, 5], [11, 12, 13, 14, 15]):
+        assert bytes(page(b.att, sb)) == bytes(page(a.att, sa))
+    assert bytes(page(b.mam, 17)) == bytes(page(a.mam, 9))
+    assert B.metric(0, "pegaflow_ssd_prefetch_success_total") >= 6
+    a.close()
+    b.close()
+
+
+def test_mla_page_first_round_trips_through_ssd(ssd_backend):
+    from pegaflow.connector.plan import SaveIntent, StepPlan
+
+    r = rng()
+    B = ssd_backend
+    ws = mla_ranks(B, 2, "A")
+    ids = list(range(1, 7))
+    hs = hashes("ssd-mla", 6)
+    data = {n: r.integers(0, 65536, (N, BS, LAT), dtype=np.uint16) for n in MLA_LAYERS}
+    for w, kv in ws:
+        for n, t in kv.items():
+            t.numpy()[...] = data[n]
+    plan = StepPlan(saves={"a": SaveIntent(tuple(ids), tuple(hs))})
+    for w, _ in ws:
+        w.wait_for_save(plan)
+    wait_hits(B, 0, "A", hs, 6)
+    evict_ram_after_ssd_writes(B)
+    wb = mla_ranks(B, 2, "B")
+    sched = SchedulerConnector(ConnectorContext("B", "ns-mla", BS, tp_size=1, world_size=2,
+                                                is_mla=True, collapse_mla_tp=True,
+                                                page_first=True, cross_layer_blocks=False),
+                               B.client(), session=False)
+    req = Req("b", hs, 6 * BS + 1)
+    got, loading = poll_matched(sched, req)
+    assert got == (6 * BS, True) and loading >= 1
+    dest = [10, 11, 12, 13, 14, 15, 16]
+    sched.update_state_after_alloc(req, Blocks(dest), got[0])
+    lp = sched.build_connector_meta(SO())
+    for w, kv in wb:
+        w.start_load_kv(lp)
+        assert wait_finished(w, "b")[1] == {"b"} and not w.get_block_ids_with_load_errors()
+        for n, t in kv.items():
+            assert np.array_equal(t.numpy()[dest[:6]], data[n][ids])
+    for w, _ in ws + wb:
+        w.shutdown(unregister=False)
+    sched.shutdown()
