@@ -126,6 +126,16 @@ def test_hybrid_groups_that_cannot_be_stored_are_refused(env):
         make("s", no_hma=False, specs=["mamba", "mamba"])
     with pytest.raises(ValueError, match="different block sizes"):
         make("s", no_hma=False, specs=["full", ("mamba", 32)])
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    none = MambaSpec(block_size=16, shapes=((4, 8),), dtypes=("uint16",))  # main's default
+    with pytest.raises(ValueError, match="mamba_cache_mode='none'"):
+        make("s", no_hma=False, specs=["full", none])
+    every = MambaSpec(block_size=16, shapes=((4, 8),), dtypes=("uint16",),
+                      mamba_cache_mode="all")
+    s = make("s", no_hma=False, specs=["full", every])
+    assert [g.kind for g in s._ctx.groups] == ["full", "full"]  # every block needed
+    s.shutdown()
 
 
 def test_supports_hma_keeps_vllms_hybrid_manager(env):

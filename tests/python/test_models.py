@@ -307,9 +307,9 @@ def page(base, b):
 
 
 class Hybrid:
-    def __init__(self, B, iid, **kw):
+    def __init__(self, B, iid, groups=GROUPS, **kw):
         self.B = B
-        ctx = ConnectorContext(iid, "ns-hybrid", BS, groups=GROUPS, cross_layer_blocks=False,
+        ctx = ConnectorContext(iid, "ns-hybrid", BS, groups=groups, cross_layer_blocks=False,
                                **kw)
         self.s = SchedulerConnector(ctx, B.client(), session=False)
         self.w = WorkerConnector(ctx, B.client(), B.adapter(0), save_thread=False)
@@ -327,7 +327,11 @@ class Hybrid:
             for b in att_ids[done // BS:(done + n + BS - 1) // BS]:
                 page(self.att, b)[:] = r.integers(0, 256, PAGE, dtype=np.uint8)
             end = done + n
-            if end % BS == 0 and mam_ids[end // BS - 1]:
+            if self.s.ctx.groups[1].kind == FULL:
+                for b in mam_ids[done // BS:end // BS]:
+                    if b:
+                        page(self.mam, b)[:] = r.integers(0, 256, PAGE, dtype=np.uint8)
+            elif end % BS == 0 and mam_ids[end // BS - 1]:
                 page(self.mam, mam_ids[end // BS - 1])[:] = r.integers(0, 256, PAGE,
                                                                        dtype=np.uint8)
             so = SO(new=[NewReq(rid, (att_ids, mam_ids), 0)] if i == 0 else [],
@@ -337,8 +341,9 @@ class Hybrid:
             done = end
         full = done // BS
         wait_hits(self.B, 0, self.s.ctx.instance_id, hs[:full], full)
+        every = self.s.ctx.groups[1].kind == FULL
         states = [i for i in range(full) if i < len(mam_ids) and mam_ids[i]
-                  and (i + 1) * BS in _ends(steps)]
+                  and (every or (i + 1) * BS in _ends(steps))]
         wait_hits(self.B, 0, self.s.ctx.instance_id, hs[:full], len(states), group=1)
         return req
 
@@ -487,6 +492,29 @@ def test_hybrid_want_set_asks_for_the_resume_state_then_falls_back(backend):
                 if q["req_id"].startswith("b")] == [("b:group-1", 1), ("b:group-1:any", 5)]
     a.close()
     b.close()
+
+
+def test_a_second_full_attention_group_needs_every_block_of_the_prefix():
+    from fakes import group_key
+
+    r = rng()
+    B = FakeB()
+    groups = (GROUPS[0], CacheGroup(1, 1, FULL, (MAM,), BS))  # e.g. mamba_cache_mode "all"
+    a = Hybrid(B, "A", groups=groups)
+    hs = hashes("f2", 5)
+    a.save_steps("a", hs, 85, [1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12], [80, 5], r)
+    saves = [c[1]["layers"] for c in B.servers[0].calls if c[0] == "save"]
+    assert saves[0][1] == (MAM, [7, 8, 9, 10, 11], hs)
+    del B.servers[0].blocks[("ns-hybrid", group_key(hs[3], 1))]  # a gap at block 3
+    b = Hybrid(B, "B", groups=groups)
+    got, plan, (_, recv), errs = b.load("b", hs, 85, [13, 14, 15, 0, 0, 0],
+                                        [16, 17, 18, 0, 0, 0])
+    assert got == (48, True) and recv == {"b"} and not errs  # the leading run: 3 blocks
+    lg = plan.loads["b"].leases_for(0)
+    assert [(x.group, x.targets) for x in lg] == [(0, (13, 14, 15)), (1, (16, 17, 18, None))]
+    assert [bytes(page(b.mam, x)) for x in (16, 17, 18)] == \
+        [bytes(page(a.mam, x)) for x in (7, 8, 9)]
+    assert not B.servers[0].leases
 
 
 def test_hybrid_state_group_loading_answer_is_polled():

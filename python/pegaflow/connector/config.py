@@ -327,7 +327,14 @@ def _spec_kind(spec: Any) -> str | None:
     if "SlidingWindowSpec" in names or "ChunkedLocalAttentionSpec" in names:
         return None  # only the window is kept: not a prefix, not a single state
     if "MambaSpec" in names:
-        return STATE
+        mode = str(getattr(spec, "mamba_cache_mode", "align") or "none")
+        if mode == "all":
+            return FULL  # a state at every block boundary: every block is kept and needed
+        if mode == "align":
+            return STATE
+        raise ValueError(f"PegaKVConnector: a MambaSpec group with mamba_cache_mode={mode!r} "
+                         "keeps no per-block states to store; run vLLM with prefix caching "
+                         "of Mamba states (mamba_cache_mode 'align' or 'all')")
     if "FullAttentionSpec" in names or "MLAAttentionSpec" in names:
         if getattr(spec, "sliding_window", None) or getattr(spec, "attention_chunk_size", None):
             return None
