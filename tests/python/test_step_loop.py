@@ -46,8 +46,9 @@ class FakeWorld:
     def lease_released(self, lease: bytes) -> bool:
         return lease not in self.server.leases
 
-    def visible(self, instance_id: str, hashes) -> int:
-        q = self.server.query(instance_id, "probe-" + uuid.uuid4().hex, list(hashes))
+    def visible(self, instance_id: str, hashes, group: int = 0) -> int:
+        q = self.server.query(instance_id, "probe-" + uuid.uuid4().hex, list(hashes), False,
+                              group)
         if q.lease:
             self.server.release(q.lease)
         return q.num_hit_blocks
@@ -86,8 +87,9 @@ class RealWorld:
             return True
         return False
 
-    def visible(self, instance_id: str, hashes) -> int:
-        q = self.client.query_raw(instance_id, "probe-" + uuid.uuid4().hex, list(hashes))
+    def visible(self, instance_id: str, hashes, group: int = 0) -> int:
+        q = self.client.query_raw(instance_id, "probe-" + uuid.uuid4().hex, list(hashes),
+                                  group_id=group)
         if q.lease:
             self.client.release(q.lease)
         return 0 if q.loading else q.num_hit_blocks
@@ -126,13 +128,14 @@ def engines(world, monkeypatch):
             pass
 
 
-def wait_visible(world, engine, req, n=None, timeout=10.0):
-    n = len(req.block_hashes) if n is None else n
+def wait_visible(world, engine, req, n=None, timeout=10.0, group=0, hashes=None):
+    hashes = req.block_hashes if hashes is None else hashes
+    n = len(hashes) if n is None else n
     deadline = time.monotonic() + timeout
     got = 0
     while time.monotonic() < deadline:
         got = world.visible(engine.vllm_config.kv_transfer_config.engine_id,
-                            req.block_hashes[:n])
+                            hashes[:n] if hashes is req.block_hashes else hashes, group)
         if got >= n:
             return
         time.sleep(0.01)
@@ -533,3 +536,49 @@ def test_kv_events_need_every_worker(engines, monkeypatch):
     e1.add_request("C", PROMPT_A[:32] + [9] * 16, max_tokens=1)
     e1.run()  # C hits A's blocks? no: one worker lacks them, so the query misses
     e1.shutdown()
+
+
+# ------------------------------------------------------------------ hybrid
+
+
+def test_hybrid_attention_and_state_groups_through_the_step_loop(world, engines, monkeypatch):
+    """An attention group and a Mamba-style state group (vLLM's hybrid manager on,
+    SupportsHMA): A prefills in two chunks ending on block boundaries (states after 4
+    and 5 blocks saved), B resumes at 4 blocks (5 would leave no token to compute) with
+    the state of block 3 loaded byte-exact, then computes the rest."""
+    e1 = engines(hybrid=True)
+    assert not e1.cross and e1.sched._ctx.hybrid
+    a = e1.add_request("A", PROMPT_A, max_tokens=4)
+    e1.run()
+    la = e1.logs["A"]
+    assert la.delayed_free and la.freed and la.loaded_blocks == 0
+    wait_visible(world, e1, a)
+    wait_visible(world, e1, a, n=2, group=1, hashes=a.block_hashes[3:5])
+    e2 = engines(hybrid=True)
+    e2.add_request("B", PROMPT_A, max_tokens=4)
+    e2.run()
+    lb = e2.logs["B"]
+    assert lb.loaded_blocks == 4 and lb.states_checked == 1 and not lb.load_failed
+    for h, per_worker in lb.loaded.items():
+        assert per_worker == la.snapshot[h]
+    assert e2.sched._scheduler.stats["hit_tokens"] == 64
+    assert e2.requests["B"].output_token_ids == e1.requests["A"].output_token_ids
+    assert e2.free_block_count() == e2.num_blocks - 1
+
+
+def test_hybrid_prefix_shorter_than_the_saved_states(world, engines, monkeypatch):
+    """C shares 3 blocks with A; A's states exist after 4 and 5 blocks only: no resume
+    point inside the shared prefix, so C computes everything (the prefix lease is
+    released), and its own saves then add states at its chunk boundaries."""
+    e1 = engines(hybrid=True)
+    a = e1.add_request("A", PROMPT_A, max_tokens=2)
+    e1.run()
+    wait_visible(world, e1, a, n=2, group=1, hashes=a.block_hashes[3:5])
+    e2 = engines(hybrid=True)
+    prompt_c = PROMPT_A[:48] + [9 + i for i in range(40)]
+    e2.add_request("C", prompt_c, max_tokens=2)
+    e2.run()
+    lc = e2.logs["C"]
+    assert lc.loaded_blocks == 0 and lc.states_checked == 0
+    st = e2.sched._scheduler.stats
+    assert st["hits"] == 0 and st["releases"] == 1 and st["release_errors"] == 0
