@@ -18,6 +18,8 @@ releases).
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -101,11 +103,16 @@ class RealB:
 
     name = "real"
 
-    def __init__(self, factory, lib, n=1, extra_args=()):
+    def __init__(self, factory, lib, n=1, extra_args=(), per_server=None):
         from pegaflow.client.engine import EngineClient
 
         self.lib = lib
-        self.procs = [factory(f"server{i}", extra_args=extra_args) for i in range(n)]
+        self.procs = []
+        for i in range(n):
+            kw = per_server(i) if per_server else {}
+            self.procs.append(factory(f"server{i}", extra_args=tuple(extra_args)
+                                      + tuple(kw.get("extra_args", ())),
+                                      host=kw.get("host", "127.0.0.1")))
         self._clients = []
         self._keep = []
         self.probe = [EngineClient(p.target, lib=lib, timeout_ms=5000) for p in self.procs]
@@ -320,7 +327,7 @@ class Hybrid:
         """Prefill in ``steps`` (token counts), writing seeded data into the blocks each
         step fills (the state block when the step ends on a block boundary)."""
         req = Req(rid, hs, ntok)
-        assert self.s.get_num_new_matched_tokens(req, 0) == (0, False)
+        assert poll_matched(self.s, req)[0] == (0, False)  # (P2P nodes may say Loading)
         self.s.update_state_after_alloc(req, Blocks(att_ids, mam_ids), 0)
         done = 0
         for i, n in enumerate(steps):
@@ -918,6 +925,136 @@ def test_mla_page_first_round_trips_through_ssd(ssd_backend):
                                                 is_mla=True, collapse_mla_tp=True,
                                                 page_first=True, cross_layer_blocks=False),
                                B.client(), session=False)
+    req = Req("b", hs, 6 * BS + 1)
+    got, loading = poll_matched(sched, req)
+    assert got == (6 * BS, True) and loading >= 1
+    dest = [10, 11, 12, 13, 14, 15, 16]
+    sched.update_state_after_alloc(req, Blocks(dest), got[0])
+    lp = sched.build_connector_meta(SO())
+    for w, kv in wb:
+        w.start_load_kv(lp)
+        assert wait_finished(w, "b")[1] == {"b"} and not w.get_block_ids_with_load_errors()
+        for n, t in kv.items():
+            assert np.array_equal(t.numpy()[dest[:6]], data[n][ids])
+    for w, _ in ws + wb:
+        w.shutdown(unregister=False)
+    sched.shutdown()
+
+
+# ------------------------------------------------------------------ across nodes (P2P)
+
+
+@pytest.fixture
+def p2p_backend(server_factory, engine_lib, tmp_path):
+    """A MetaServer and two nodes on loopback addresses 127.0.0.2 / 127.0.0.3 with the
+    TCP fabric: node 1 fetches what node 0 holds over P2P."""
+    import re
+    import subprocess
+    import time
+
+    from conftest import pf_bin
+
+    log = tmp_path / "meta.log"
+    meta = subprocess.Popen([os.path.join(pf_bin(), "pegaflow-metaserver"), "--addr",
+                             "127.0.0.1:0", "--http-addr", "127.0.0.1:0"],
+                            stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 20
+        port = None
+        while time.monotonic() < deadline and port is None:
+            m = re.findall(rb"gRPC listening on \S+ \(port (\d+)\)", log.read_bytes())
+            if m:
+                port = int(m[-1])
+            elif meta.poll() is not None:
+                raise RuntimeError("pegaflow-metaserver exited: " + log.read_text())
+            else:
+                time.sleep(0.02)
+        assert port, "pegaflow-metaserver did not report its port"
+
+        def node(i):
+            addr = f"127.0.0.{2 + i}"
+            return {"host": addr, "extra_args": ("--nics", addr, "--net-backend", "tcp",
+                                                 "--metaserver-addr", f"127.0.0.1:{port}")}
+
+        b = RealB(server_factory, engine_lib, 2, per_server=node)
+        yield b
+        b.close()
+    finally:
+        meta.kill()
+        meta.wait(timeout=10)
+
+
+def wait_registered(B, i, n, timeout=15.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if B.metric(i, "pegaflow_metaserver_registration_blocks_total") >= n:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"node {i} did not register {n} blocks with the MetaServer")
+
+
+class _OnNode:
+    """A backend view whose client() talks to node i of a multi-node backend."""
+
+    def __init__(self, B, i):
+        self.B, self.i = B, i
+
+    def client(self, i=0):
+        return self.B.client(self.i)
+
+    def hits(self, i, iid, hs, group=0):
+        return self.B.hits(self.i, iid, hs, group)
+
+    def __getattr__(self, name):
+        return getattr(self.B, name)
+
+
+def test_hybrid_crosses_p2p(p2p_backend):
+    r = rng()
+    B = p2p_backend
+    a = Hybrid(_OnNode(B, 0), "A")
+    hs = hashes("p2p-h", 5)
+    a.save_steps("a", hs, 85, [1, 2, 3, 4, 5, 6], [0, 0, 0, 0, 9, 10], [80, 5], r)
+    wait_registered(B, 0, 6)  # 5 attention blocks + 1 state
+    b = Hybrid(_OnNode(B, 1), "B", wait_for_full_prefix=True)
+    req = Req("b", hs, 85)
+    got, loading = poll_matched(b.s, req)
+    assert got == (80, True) and loading >= 1
+    b.s.update_state_after_alloc(req, Blocks([11, 12, 13, 14, 15, 16], [0, 0, 0, 0, 17, 18]),
+                                 80)
+    b.w.start_load_kv(b.s.build_connector_meta(SO()))
+    assert wait_finished(b.w, "b")[1] == {"b"} and not b.w.get_block_ids_with_load_errors()
+    for sa, sb in zip([1, 2, 3, 4, 5], [11, 12, 13, 14, 15]):
+        assert bytes(page(b.att, sb)) == bytes(page(a.att, sa))
+    assert bytes(page(b.mam, 17)) == bytes(page(a.mam, 9))
+    a.close()
+    b.close()
+
+
+def test_mla_page_first_crosses_p2p(p2p_backend):
+    from pegaflow.connector.plan import SaveIntent, StepPlan
+
+    r = rng()
+    B = p2p_backend
+    ws = mla_ranks(_OnNode(B, 0), 2, "A")
+    ids = list(range(1, 7))
+    hs = hashes("p2p-mla", 6)
+    data = {n: r.integers(0, 65536, (N, BS, LAT), dtype=np.uint16) for n in MLA_LAYERS}
+    for w, kv in ws:
+        for n, t in kv.items():
+            t.numpy()[...] = data[n]
+    plan = StepPlan(saves={"a": SaveIntent(tuple(ids), tuple(hs))})
+    for w, _ in ws:
+        w.wait_for_save(plan)
+    wait_registered(B, 0, 6)
+    on1 = _OnNode(B, 1)
+    wb = mla_ranks(on1, 2, "B")
+    sched = SchedulerConnector(ConnectorContext("B", "ns-mla", BS, tp_size=1, world_size=2,
+                                                is_mla=True, collapse_mla_tp=True,
+                                                page_first=True, cross_layer_blocks=False),
+                               on1.client(), session=False)
     req = Req("b", hs, 6 * BS + 1)
     got, loading = poll_matched(sched, req)
     assert got == (6 * BS, True) and loading >= 1
