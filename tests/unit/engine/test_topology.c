@@ -221,12 +221,12 @@ static void test_page_first_replicas(void **st)
     assert_int_equal(slot(&t, "m.2", 0), 0);
     topo_free(&t);
 
-    /* unpadded (no SSD): sizes as registered */
+    /* without an SSD tier the page is the same: pages mean the same on every node */
     topo_init(&t, 1, true);
     add_worker(&t, 0, 0, ls, 3, false);
     seal_ok(&t);
-    assert_int_equal(t.in.shard_bytes[0], 2824);
-    assert_int_equal(t.in.topo[2].offset, 1324);
+    assert_int_equal(t.in.shard_bytes[0], 3072);
+    assert_int_equal(t.in.topo[2].offset, 1536);
     topo_free(&t);
 }
 
@@ -249,13 +249,13 @@ static void test_page_first_split(void **st)
     assert_int_equal(t.w[3]->shard, 0);
     assert_int_equal(t.w[0]->shard, 1);
     assert_int_equal(t.w[2]->shard, 1);
-    assert_int_equal(t.in.shard_bytes[0], 400);
-    assert_int_equal(t.in.shard_bytes[1], 300);
+    assert_int_equal(t.in.shard_bytes[0], 1024); /* 512-padded layers */
+    assert_int_equal(t.in.shard_bytes[1], 1024);
     assert_int_equal(slot(&t, "m.1", 0), 0);
     assert_int_equal(slot(&t, "m.2", 0), 1);
-    assert_int_equal(t.in.topo[1].offset, 100); /* m.1 after m.0 */
+    assert_int_equal(t.in.topo[1].offset, 512); /* m.1 after m.0 */
     assert_int_equal(t.in.topo[2].offset, 0);   /* m.2 opens shard 1 */
-    assert_int_equal(t.in.topo[3].offset, 100);
+    assert_int_equal(t.in.topo[3].offset, 512);
     topo_free(&t);
 }
 
