@@ -284,6 +284,21 @@ static void sc_hybrid(void)
     int64_t rdst[3] = {50, 51, 52}, bad[3] = {33, 34, 35};
     struct lw_item wrong = {.lease = r.lease, .n = 3, .targets = {bad, NULL}};
     EXPECT(lw_load(c, &D, 0, 2, &wrong, 1, NULL), INV, "does not match the registered layout");
+    {
+        /* one layer group must stay inside one storage group */
+        const char *names[2] = {"a.0", "r.conv"};
+        size_t gsz = 2, cnt = 3;
+        struct pf_load_item li = {
+            .lease = r.lease, .lease_len = PF_LEASE_LEN, .targets = rdst, .group_counts = &cnt};
+        struct pf_loadstate *ls;
+        PFT_CHECK(pf_loadstate_create(&ls) == 0, "loadstate");
+        EXPECT(pf_client_load(c, D.id, 0, 0, pf_loadstate_name(ls), names, &gsz, 1, &li, 1, TMO),
+               INV,
+               "load group 0 mixes storage groups: layer a.0 is in group 0, layer r.conv in "
+               "group 1");
+        PFT_CHECK(pf_loadstate_get(ls) == -1, "a refused load must set the state to -1");
+        pf_loadstate_destroy(ls);
+    }
     struct lw_item it = {.lease = r.lease, .n = 3, .targets = {NULL, rdst}};
     for (int d = 0; d < 2; d++) {
         lw_load_ok(c, &D, d, 2, &it, 1);
@@ -391,8 +406,8 @@ static void sc_ssd(void)
     int ld[2];
     lw_hybrid_fetch(c, &HD, &H, "ssd-hy-1", 8, rpos, rid, 3, 30, ld);
     PFT_CHECK(ld[0] >= 1 && ld[1] >= 1,
-              "both groups must load from SSD (Loading answers: attention %d, recurrent %d)",
-              ld[0], ld[1]);
+              "both groups must load from SSD (Loading answers: attention %d, recurrent %d)", ld[0],
+              ld[1]);
     fprintf(stderr, "  ssd: hybrid attention prefix and recurrent want-set back from SSD "
                     "byte-exact\n");
     pf_client_close(c);
