@@ -110,7 +110,8 @@ struct pf_topo_layer {
     uint32_t group;  /* storage group (layer_group_ids) */
     uint32_t index;  /* layer-first: rank among its group's layers; page-first: its shard */
     uint64_t offset; /* page-first: byte offset of the layer in its shard's page */
-    uint64_t bytes;  /* host bytes the layer takes per block (padded, all segments) */
+    uint64_t bytes;  /* host bytes per block: layer-first host_stride x segments, page-first
+                      * the copy length padded to 512 */
 };
 
 struct pf_instance {
@@ -265,7 +266,8 @@ int pf_engine_remove_instance(struct pf_engine *e, const char *id, size_t *ntens
  * slots. Page-first (MLA): every distinct layer set a worker registered is a shard (equal
  * sets are replicas, disjoint sets a layer split), shards ordered by their smallest layer id;
  * a block has one slot per shard, a page holding the shard's layers in layer-id order at
- * prefix sums of their padded host sizes. */
+ * prefix sums of their sizes padded to 512 bytes (whether or not the server has an SSD
+ * tier, so that a page means the same on every node). */
 
 /* Builds w->by_name (the name index pf_worker_layer bisects). 0 or -ENOMEM. */
 int pf_worker_index_layers(struct pf_worker *w);

@@ -155,6 +155,30 @@ static int import_layers(struct pf_engine *e, const struct pf_engine_register *r
     return 0;
 }
 
+/* The page-first rules one registration can break on its own (the rest is checked when the
+ * instance seals, pf_topology_seal). */
+static int check_page_first(const struct pf_worker *w, char *err, size_t errlen)
+{
+    for (size_t i = 0; i < w->nlayers; i++) {
+        const struct pf_layer_reg *l = &w->layers[i];
+        if (l->lay.nseg > 1) {
+            snprintf(err, errlen,
+                     "page_first does not support split K/V layers (layer %s on device %d has K "
+                     "and V %llu bytes apart)",
+                     l->name, w->device_id, (unsigned long long)l->lay.kv_stride);
+            return -EINVAL;
+        }
+        if (l->group != 0) {
+            snprintf(err, errlen,
+                     "page_first does not support hybrid storage groups (layer %s has "
+                     "layer_group_id %u)",
+                     l->name, l->group);
+            return -EINVAL;
+        }
+    }
+    return 0;
+}
+
 static int check_request(struct pf_engine *e, const struct pf_engine_register *r, char *err,
                          size_t errlen)
 {
@@ -180,6 +204,14 @@ static int check_request(struct pf_engine *e, const struct pf_engine_register *r
     }
     if (r->tp_size > 256 || r->world_size > 4096) {
         snprintf(err, errlen, "tp_size %u / world_size %u too large", r->tp_size, r->world_size);
+        return -EINVAL;
+    }
+    if (r->page_first && r->tp_size != 1) {
+        snprintf(err, errlen,
+                 "page_first needs tp_size 1 (MLA KV is identical on every TP rank: register "
+                 "every rank with tp_rank 0, tp_size 1 and world_size = the number of ranks), "
+                 "got tp_size %u",
+                 r->tp_size);
         return -EINVAL;
     }
     if (r->transfer_mode != PF_COPY_MODE_DIRECT && r->transfer_mode != PF_COPY_MODE_KERNEL) {
@@ -259,6 +291,8 @@ int pf_engine_register(struct pf_engine *e, const struct pf_engine_register *r, 
         goto err_worker;
     }
     rc = import_layers(e, r, w, err, errlen);
+    if (rc == 0 && r->page_first)
+        rc = check_page_first(w, err, errlen);
     if (rc == 0)
         rc = pf_worker_index_layers(w);
     if (rc)

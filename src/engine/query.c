@@ -205,7 +205,7 @@ int pf_engine_query(struct pf_engine *e, const struct pf_engine_query *q,
     const char *req = q->req_id;
     if (want_set) {
         /* the want-set of group g has its own task next to the request's prefix task */
-        size_t len = strlen(q->req_id) + 16;
+        size_t len = strlen(q->req_id) + 24;
         task_req = malloc(len);
         if (!task_req) {
             rc = -ENOMEM;

@@ -278,7 +278,7 @@ int pf_engine_save(struct pf_engine *e, const char *instance_id, uint32_t tp_ran
     rc = validate(e, in, w, tp_rank, layers, nlayers, plans, &total, err, errlen);
     if (rc)
         goto out;
-    if (in->page_first) {
+    if (in->page_first && nlayers > 0) { /* an empty save stays a no-op */
         rc = check_pages(w, layers, nlayers, plans, err, errlen);
         if (rc)
             goto out;

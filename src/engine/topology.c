@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "engine/engine_internal.h"
+#include "pf/common.h"
 
 struct pf_layer_reg *pf_worker_layer(struct pf_worker *w, const char *name)
 {
@@ -180,7 +181,10 @@ static int check_layers(struct pf_instance *in, char *err, size_t errlen)
             first_pp[slot_rank] = w->pp_rank;
         }
         in->topo[li].group = first->group;
-        in->topo[li].bytes = first->lay.host_stride * first->lay.nseg;
+        /* page-first pages pad every layer to 512 bytes whether or not this server has an
+         * SSD tier, so a page means the same on every node (P2P) */
+        in->topo[li].bytes = in->page_first ? pf_round_up(first->lay.copy_len, 512)
+                                            : first->lay.host_stride * first->lay.nseg;
         if (in->page_first)
             continue;
         for (uint32_t r = 0; r < in->tp_size; r++)

@@ -31,6 +31,9 @@
  *              requester_id or an endpoint naming another host is refused; HTTP POST needs
  *              the admin token, GET /health and /metrics do not; a node with the wrong
  *              cluster token gets no MetaServer session
+ *   layouts    issue 15: MLA page-first replicas (striped saves), layer-split shards and a
+ *              hybrid model (attention prefix + recurrent want-set) fetched by B from A,
+ *              byte-exact on every device
  *   redis      issue 14: two MetaServer replicas on one redis-server (--store redis://) in
  *              the MetaServer's namespace, nodes list both; A saves, B fetches byte-exact;
  *              replica 1 killed (SIGKILL): B discovers and fetches new blocks through
@@ -67,6 +70,7 @@
 #include "pf/rpc.h"
 #include "pftest.h"
 #include "world.h"
+#include "layouts.h"
 
 #define TMO  10000
 #define NSTR "ns-p2p"
@@ -352,7 +356,7 @@ static struct pf_client *connect_to(struct node *n)
 }
 
 /* MetaServer QueryPrefixBlocks: prefix_len of node addr for hashes [h0, h0+n), 0 if absent. */
-static long meta_prefix(const char *node_addr, uint64_t h0, size_t n)
+static long meta_prefix_ns(const char *ns, const char *node_addr, uint64_t h0, size_t n)
 {
     struct pf_rpc_channel *ch;
     PFT_CHECK(pf_rpc_channel_open(MS.p.addr, &ch) == 0, "channel");
@@ -363,7 +367,7 @@ static long meta_prefix(const char *node_addr, uint64_t h0, size_t n)
         b[i] = (ProtobufCBinaryData){HLEN, hs + i * HLEN};
     }
     Pegaflow__QueryPrefixBlocksRequest req = PEGAFLOW__QUERY_PREFIX_BLOCKS_REQUEST__INIT;
-    req.namespace_ = (char *)NSTR;
+    req.namespace_ = (char *)ns;
     req.n_block_hashes = n;
     req.block_hashes = b;
     ProtobufCMessage *resp = NULL;
@@ -384,15 +388,21 @@ static long meta_prefix(const char *node_addr, uint64_t h0, size_t n)
     return v;
 }
 
-static void wait_meta(const char *node_addr, uint64_t h0, size_t n, long want, uint64_t tmo)
+static void wait_meta_ns(const char *ns, const char *node_addr, uint64_t h0, size_t n, long want,
+                         uint64_t tmo)
 {
     uint64_t dl = pft_now_ms() + tmo;
     long v;
-    while ((v = meta_prefix(node_addr, h0, n)) != want) {
+    while ((v = meta_prefix_ns(ns, node_addr, h0, n)) != want) {
         PFT_CHECK(pft_now_ms() < dl, "MetaServer lists %s with prefix %ld, want %ld", node_addr, v,
                   want);
         usleep(20000);
     }
+}
+
+static void wait_meta(const char *node_addr, uint64_t h0, size_t n, long want, uint64_t tmo)
+{
+    wait_meta_ns(NSTR, node_addr, h0, n, want, tmo);
 }
 
 static void sync_pair_start(void)
@@ -1306,11 +1316,75 @@ static void sc_redis(void)
     world_free(&wb);
 }
 
+/* Issue 15 §2 layouts across nodes: B fetches from A, in one namespace per layout, pages of
+ * MLA page-first replicas (striped saves), layer-split shards, and a hybrid model's
+ * attention prefix and recurrent want-set; every device of B loads byte-exact. */
+static void sc_layouts(void)
+{
+    sync_pair_start();
+    struct pf_client *ca = connect_to(&NA), *cb = connect_to(&NB);
+    const size_t N = 16;
+    uint32_t ids[16];
+    uint64_t hp[16];
+    for (size_t i = 0; i < N; i++) {
+        ids[i] = (uint32_t)i + 1;
+        hp[i] = ids[i];
+    }
+    static const char *const ns[2] = {"ns-p2p-mla", "ns-p2p-split"};
+    for (int split = 0; split < 2; split++) {
+        struct lworld a, b;
+        lw_mla(&a, split ? "split-A" : "mla-A", ns[split], 2, split, 64, 11 + (uint64_t)split,
+               true);
+        lw_mla(&b, split ? "split-B" : "mla-B", ns[split], 2, split, 64, 11 + (uint64_t)split,
+               false);
+        lw_register(ca, &a);
+        lw_register(cb, &b);
+        lw_save_striped(ca, &a, ids, N);
+        lw_wait_sealed(ca, a.id, hp, N);
+        wait_meta_ns(ns[split], NA.p.addr, 1, N, (long)N, 20000);
+        int loading = lw_fetch_all(cb, &b, &a, split ? "lay-split" : "lay-mla", ids, N, 20);
+        PFT_CHECK(loading >= 1, "%s: B must fetch from A (answer Loading)", ns[split]);
+        fprintf(stderr, "    %s: %zu pages fetched from A, byte-exact on both devices of B\n",
+                split ? "layer-split shards" : "page-first replicas", N);
+        lw_free(&a);
+        lw_free(&b);
+    }
+    struct lworld ha, hb;
+    lw_hybrid(&ha, "hy-A", "ns-p2p-hy", 2, 64, 13, true);
+    lw_hybrid(&hb, "hy-B", "ns-p2p-hy", 2, 64, 13, false);
+    lw_register(ca, &ha);
+    lw_register(cb, &hb);
+    uint64_t rpos[3] = {1, 4, 6}, apos[8];
+    uint32_t rid[3] = {20, 21, 22};
+    for (size_t i = 0; i < 8; i++)
+        apos[i] = i;
+    lw_hybrid_save(ca, &ha, 8, rpos, rid, 3);
+    lw_wait_sealed(ca, ha.id, apos, 8);
+    wait_meta_ns("ns-p2p-hy", NA.p.addr, 0, 8, 8, 20000);
+    int ld[2];
+    lw_hybrid_fetch(cb, &hb, &ha, "lay-hy", 8, rpos, rid, 3, 0, ld);
+    PFT_CHECK(ld[0] >= 1 && ld[1] >= 1,
+              "both groups must come from A (Loading answers: attention %d, recurrent %d)", ld[0],
+              ld[1]);
+    PFT_CHECK(node_metric(&NB, "pegaflow_rdma_fetch_total{status=\"ok\"}") == 4,
+              "B: %g successful fetches, want 4",
+              node_metric(&NB, "pegaflow_rdma_fetch_total{status=\"ok\"}"));
+    fprintf(stderr, "    hybrid: attention prefix and recurrent want-set fetched from A, "
+                    "byte-exact\n");
+    lw_free(&ha);
+    lw_free(&hb);
+    pf_client_close(ca);
+    pf_client_close(cb);
+    stop_all();
+}
+
 static const struct pft_scenario scenarios[] = {
-    {"basic", sc_basic},           {"mutual", sc_mutual},   {"three", sc_three},
-    {"metaserver", sc_metaserver}, {"kill", sc_kill},       {"timeout", sc_timeout},
-    {"expire", sc_expire},         {"corrupt", sc_corrupt}, {"evict", sc_evict},
-    {"auth", sc_auth},             {"redis", sc_redis},
+    {"basic", sc_basic},   {"mutual", sc_mutual},
+    {"three", sc_three},   {"metaserver", sc_metaserver},
+    {"kill", sc_kill},     {"timeout", sc_timeout},
+    {"expire", sc_expire}, {"corrupt", sc_corrupt},
+    {"evict", sc_evict},   {"auth", sc_auth},
+    {"redis", sc_redis},   {"layouts", sc_layouts},
 };
 
 int main(int argc, char **argv)
