@@ -443,9 +443,9 @@ def test_router_events_use_vllms_hash_form_and_fit_older_event_classes(monkeypat
 
 
 def test_hybrid_worker_registers_each_layer_with_its_storage_group(env):
-    from test_models import ATT, MAM, FakeB, hybrid_caches
+    from modelkit import ATT, MAM, FakeB, hybrid_caches
 
-    from test_models import N
+    from modelkit import N
 
     w = make("w", no_hma=False, specs=["mamba", "full"], num_blocks=N)
     kv, _, _ = hybrid_caches(FakeB())
