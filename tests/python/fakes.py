@@ -410,6 +410,7 @@ class FakeServer:
     def load(self, instance_id, tp_rank, device_id, load_state_shm, groups, loads) -> None:
         m = "pf_client_load"
         self._gate("load", instance_id=instance_id, device_id=device_id,
+                   groups=[list(g) for g in groups],
                    loads=[(bytes(l.lease), [list(g) for g in l.block_ids_by_group])
                           for l in loads])
         self._sweep()

@@ -4,7 +4,10 @@ the want-set form, Loading answers, a second full-attention group ([fake] and [r
 
 from __future__ import annotations
 
-from modelkit import ATT, BS, GROUPS, MAM, FakeB, Hybrid, Req, hashes, page, q_calls, rng
+import pytest
+
+from modelkit import (ATT, BS, GROUPS, MAM, FakeB, Hybrid, Req, hashes, page, q_calls, rng,
+                      wait_finished)
 from modelkit import backend  # noqa: F401 (fixtures)
 from pegaflow.connector.config import FULL, CacheGroup
 
@@ -149,3 +152,37 @@ def test_hybrid_state_group_loading_answer_is_polled():
     assert b.s.get_num_new_matched_tokens(req, 0) == (None, False)
     assert not B.servers[0].leases  # the prefix lease of the unfinished answer was released
     assert b.s.get_num_new_matched_tokens(req, 0) == (80, True)
+
+
+def test_a_worker_without_layers_of_a_group_still_consumes_its_lease_share(backend):
+    """PP: a stage holding no state layer gets the state group's lease too; its Load names
+    no layer (nothing copied), so every share of the lease is consumed."""
+    from pegaflow.connector.plan import GroupLease, LoadIntent, StepPlan
+
+    r = rng()
+    B = backend()
+    a = Hybrid(B, "A")
+    hs = hashes("pp", 2)
+    a.save_steps("a", hs, 40, [1, 2, 3], [0, 4, 5], [32, 8], r)
+    c = B.client()
+    q0 = c.query("A", "x", hs)
+    q1 = c.query("A", "x:g1", hs, group_id=1)
+    assert q0.num_hit_blocks == 2 and q1.hit_positions == (1,)
+    w = a.w
+    w.group_layers = {0: w.group_layers[0]}  # as on a stage without the state layer
+    page(a.att, 7)[:] = 0
+    leases = ((GroupLease(0, q0.lease, (7, 8)), GroupLease(1, q1.lease, (9,))),)
+    w.start_load_kv(StepPlan(loads={"b": LoadIntent((7, 8, 9), q0.lease, 2 * BS, leases)}))
+    assert wait_finished(w, "b")[1] == {"b"} and not w.get_block_ids_with_load_errors()
+    assert bytes(page(a.att, 7)) == bytes(page(a.att, 1))
+    if B.name == "fake":
+        assert [x[1]["groups"] for x in B.servers[0].calls if x[0] == "load"] == \
+            [[[ATT]], [[]]]
+        assert not B.servers[0].leases
+    else:
+        from pegaflow.client.errors import FailedPrecondition
+
+        for lease in (q0.lease, q1.lease):  # each one's single share consumed
+            with pytest.raises(FailedPrecondition):
+                c.release(lease)
+    a.close()

@@ -300,12 +300,13 @@ class WorkerConnector:
 
     def _submit_load(self, group: int, items: list[LeaseLoad],
                      req_blocks: dict[str, tuple[int, ...]], nblocks: int) -> None:
-        layers = self.group_layers.get(group) if self.registered else None
-        if not layers:
+        if not self.registered:
             self._release_all(items)
-            self._fail_load(req_blocks, "KV caches are not registered" if not self.registered
-                            else f"no layer of storage group {group} is registered here")
+            self._fail_load(req_blocks, "KV caches are not registered")
             return
+        # A worker without layers of this group (a PP stage holding none of them) still
+        # sends the Load, with no layer: it consumes its share of the lease, copies nothing.
+        layers = self.group_layers.get(group, [])
         self.stats["loads"] += 1
         try:
             state = self._new_load_state()
