@@ -36,6 +36,11 @@ when a newer one is allocated (vLLM does not tell the connector); a load of k bl
 null state blocks except at position k-1. Every loaded state is compared with the state
 the model defines for that prefix (``ReqLog.states_checked``).
 
+MLA mode (``mla=True``): the model config has ``kv_lora_rank``; each layer's cache is
+``(N, block, heads * head_dim * 2)`` (one latent row per token), identical on every TP
+rank (the KV values do not depend on the worker), so the connector registers page-first
+and stripes saves across ranks.
+
 Backends: FakeBackend (in-memory FakeServer, numpy "GPU") and RealBackend (the C server
 with sim KV caches over libpegaflow's shared memory).
 """
@@ -43,6 +48,7 @@ with sim KV caches over libpegaflow's shared memory).
 from __future__ import annotations
 
 import hashlib
+from types import SimpleNamespace
 import pickle
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -220,7 +226,7 @@ class Engine:
                  head_dim: int = 8, token_budget: int = 64, policy: str = "recompute",
                  extra_config: dict | None = None, seed: int = 1234,
                  report_preempted: bool = True, stats_mode: str = "main",
-                 hybrid: bool = False):
+                 hybrid: bool = False, mla: bool = False):
         self.backend = backend
         self.tp = tp
         self.L = layers
@@ -236,6 +242,7 @@ class Engine:
         self.report_preempted = report_preempted  # False: SchedulerOutput without them
         self.layer_names = [f"model.layers.{i}.self_attn.attn" for i in range(layers)]
         self.hybrid = hybrid
+        self.mla = mla
         self.mamba_name = f"model.layers.{layers}.mixer"
         self.state_elems = 2 * block_size * heads * head_dim  # one page, like attention
         kv_cache_utils.init_none_hash(sha256)
@@ -246,7 +253,9 @@ class Engine:
         self.vllm_config = VllmConfig(
             model_config=ModelConfig(model="pegaflow-test/tiny", dtype="torch.float16",
                                      num_kv_heads=heads * tp, head_size=head_dim,
-                                     num_hidden_layers=layers),
+                                     num_hidden_layers=layers,
+                                     hf_text_config=SimpleNamespace(
+                                         kv_lora_rank=512 if mla else None)),
             cache_config=CacheConfig(block_size=block_size),
             parallel_config=ParallelConfig(tensor_parallel_size=tp),
             scheduler_config=SchedulerConfig(disable_hybrid_kv_cache_manager=not hybrid),
@@ -291,7 +300,8 @@ class Engine:
                 w.register_cross_layers_kv_cache(t["ALL_LAYERS"], None)
             else:
                 self.cross = False
-                shape = (2, num_blocks, block_size, heads, head_dim)
+                shape = ((num_blocks, block_size, 2 * heads * head_dim) if mla
+                         else (2, num_blocks, block_size, heads, head_dim))
                 keep, t = backend.alloc(r, shape, self.layer_names)
                 regs = dict(t)
                 if hybrid:
@@ -337,6 +347,8 @@ class Engine:
         return hs
 
     def _kv_values(self, worker: int, h: int) -> np.ndarray:
+        if self.mla:
+            worker = 0  # MLA: the latent KV is the same on every TP rank
         rng = np.random.default_rng([self.seed, worker, h & 0xFFFFFFFFFFFF])
         return rng.integers(0, 65536, size=(self.L, 2, self.heads, self.head_dim),
                             dtype=np.uint32).astype(DTYPE)
@@ -396,6 +408,8 @@ class Engine:
             a, cross = self._arr(w, l)
             if cross:
                 a[block, l, :, slot] = vals[l]
+            elif self.mla:
+                a[block, slot] = vals[l].reshape(-1)
             else:
                 a[:, block, slot] = vals[l]
 
@@ -403,7 +417,8 @@ class Engine:
         out = []
         for l in range(self.L):
             a, cross = self._arr(w, l)
-            out.append((a[block, l] if cross else a[:, block]).tobytes())
+            out.append((a[block, l] if cross else a[block] if self.mla
+                        else a[:, block]).tobytes())
         return b"".join(out)
 
     def zero_caches(self) -> None:

@@ -582,3 +582,28 @@ def test_hybrid_prefix_shorter_than_the_saved_states(world, engines, monkeypatch
     assert lc.loaded_blocks == 0 and lc.states_checked == 0
     st = e2.sched._scheduler.stats
     assert st["hits"] == 0 and st["releases"] == 1 and st["release_errors"] == 0
+
+
+# ------------------------------------------------------------------ MLA
+
+
+def test_mla_tp4_through_the_step_loop(world, engines, monkeypatch):
+    """MLA on TP=4 through the facade: page-first registration, each rank saves 1/4 of
+    the blocks, every block counts as stored once all four reported it (KV events), and
+    another vLLM's four ranks load every block byte-exact."""
+    e1 = engines(mla=True, tp=4)
+    ctx = e1.workers[1]._ctx
+    assert ctx.page_first and ctx.stripe_saves and (ctx.tp_size, ctx.world_size) == (1, 4)
+    a = e1.add_request("A", PROMPT_A, max_tokens=3)
+    e1.run()
+    wait_visible(world, e1, a)
+    saved = [w._worker.stats["saved_blocks"] for w in e1.workers]
+    assert sum(saved) == 5 and max(saved) <= 2  # blocks of A split over the ranks
+    stored = {h for ev in e1.events if type(ev).__name__ == "BlockStored"
+              for h in ev.block_hashes}
+    assert stored >= set(a.block_hashes[:5])
+    e2 = engines(mla=True, tp=4)
+    e2.add_request("B", PROMPT_A, max_tokens=3)
+    e2.run()
+    assert_loaded_equal(e2, "B", e1.logs["A"].snapshot, 5)
+    assert e2.requests["B"].output_token_ids == e1.requests["A"].output_token_ids

@@ -216,9 +216,6 @@ class SchedulerConnector:
             return QueryResult.miss(unreachable=not isinstance(e, FailedPrecondition))
         return res
 
-    def _query(self, req_id: str, hashes) -> QueryResult:
-        return self._q(0, req_id, hashes)
-
     def _release(self, lease: bytes, why: str, shard: int = 0) -> None:
         if not lease:
             return
