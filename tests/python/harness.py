@@ -140,6 +140,27 @@ class RealBackend:
         return SimDeviceAdapter(tensor.sim_device)
 
 
+class ShardedBackend:
+    """One backend per server endpoint (``pegaflow.tp_shard_endpoints``): clients go to
+    the endpoint's server; KV memory comes from the first backend."""
+
+    sharded = True
+
+    def __init__(self, by_endpoint: dict[str, Any]):
+        self.by_endpoint = dict(by_endpoint)
+        self.first = next(iter(self.by_endpoint.values()))
+        self.name = self.first.name
+
+    def client(self, endpoint: str):
+        return self.by_endpoint[endpoint].client()
+
+    def alloc(self, rank, shape, names):
+        return self.first.alloc(rank, shape, names)
+
+    def adapter(self, tensor, client):
+        return self.first.adapter(tensor, client)
+
+
 # ------------------------------------------------------------------ engine model
 
 
@@ -247,7 +268,8 @@ class Engine:
         self.state_elems = 2 * block_size * heads * head_dim  # one page, like attention
         kv_cache_utils.init_none_hash(sha256)
         self.hasher = get_request_block_hasher(block_size, sha256)
-        patch(facade, "_make_client", lambda ctx, endpoint: backend.client())
+        patch(facade, "_make_client", lambda ctx, endpoint: backend.client(endpoint)
+              if getattr(backend, "sharded", False) else backend.client())
         patch(facade, "_device_adapter_for", backend.adapter)
 
         self.vllm_config = VllmConfig(

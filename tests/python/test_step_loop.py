@@ -607,3 +607,84 @@ def test_mla_tp4_through_the_step_loop(world, engines, monkeypatch):
     e2.run()
     assert_loaded_equal(e2, "B", e1.logs["A"].snapshot, 5)
     assert e2.requests["B"].output_token_ids == e1.requests["A"].output_token_ids
+
+
+# ------------------------------------------------------------------ TP over two hosts
+
+
+def test_tp_group_over_two_servers_through_the_step_loop(world, monkeypatch):
+    """TP=4 over two servers (pegaflow.tp_shard_endpoints): ranks 0-1 register with
+    server 0, ranks 2-3 with server 1, each as a local TP=2 topology; B (another vLLM)
+    loads A's blocks with one lease per shard; with server 1 killed, C misses and
+    recomputes, with the same outputs."""
+    from fakes import FakeServer
+    from harness import ShardedBackend
+
+    from pegaflow.client.engine import EngineClient
+
+    if world.name == "fake":
+        srv2 = FakeServer(clock=time.monotonic)
+        b2 = FakeBackend(srv2)
+        eps = ["fake-0:1", "fake-1:1"]
+
+        def visible2(iid, hs):
+            q = srv2.query(iid, "probe-" + uuid.uuid4().hex, list(hs))
+            if q.lease:
+                srv2.release(q.lease)
+            return q.num_hit_blocks
+
+        def kill2():
+            srv2.down = True
+    else:
+        proc2 = world.factory("server-b")
+        b2 = RealBackend(proc2.target, world.lib)
+        eps = [world.srv.target, proc2.target]
+        c2 = EngineClient(proc2.target, lib=world.lib, timeout_ms=5000)
+
+        def visible2(iid, hs):
+            q = c2.query_raw(iid, "probe-" + uuid.uuid4().hex, list(hs))
+            if q.lease:
+                c2.release(q.lease)
+            return 0 if q.loading else q.num_hit_blocks
+
+        def kill2():
+            proc2.kill()
+    backend = ShardedBackend({eps[0]: world.backend, eps[1]: b2})
+    made = []
+
+    def engine(iid):
+        e = Engine(backend, monkeypatch.setattr, instance_id=iid, tp=4,
+                   extra_config={"pegaflow.tp_shard_endpoints": eps})
+        made.append(e)
+        return e
+
+    try:
+        e1 = engine("tp-a")
+        w3 = e1.workers[3]._ctx
+        assert (w3.shard_index, w3.tp_rank, w3.tp_size, w3.world_size) == (1, 1, 2, 2)
+        assert w3.namespace.endswith(":tp-shard-1-of-2")
+        assert all(s is not None for s in e1.sched._scheduler.sessions)
+        a = e1.add_request("A", PROMPT_A, max_tokens=3)
+        e1.run()
+        wait_visible(world, e1, a)
+        deadline = time.monotonic() + 10
+        while visible2("tp-a", a.block_hashes[:5]) < 5:
+            assert time.monotonic() < deadline, "shard 1 never held A's blocks"
+            time.sleep(0.01)
+        e2 = engine("tp-b")
+        e2.add_request("B", PROMPT_A, max_tokens=3)
+        e2.run()
+        assert_loaded_equal(e2, "B", e1.logs["A"].snapshot, 5)
+        assert e2.requests["B"].output_token_ids == e1.requests["A"].output_token_ids
+        e3 = engine("tp-c")  # (registration with a server that is down fails start-up)
+        kill2()
+        e3.add_request("C", PROMPT_A, max_tokens=3)
+        e3.run()
+        assert e3.logs["C"].loaded_blocks == 0 and not e3.logs["C"].load_failed
+        assert e3.requests["C"].output_token_ids == e1.requests["A"].output_token_ids
+    finally:
+        for e in made:
+            try:
+                e.shutdown()
+            except Exception:
+                pass
