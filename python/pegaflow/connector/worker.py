@@ -286,9 +286,12 @@ class WorkerConnector:
                 continue
             for gl in leases:
                 items, reqs, count = by_group.setdefault(gl.group, ([], {}, [0]))
-                items.append(LeaseLoad(gl.lease, [list(gl.targets)]))
+                # vLLM's null block 0 (skipped sliding-window / older state positions)
+                # is never a destination
+                targets = [None if not t else t for t in gl.targets]
+                items.append(LeaseLoad(gl.lease, [targets]))
                 reqs[rid] = it.block_ids
-                count[0] += sum(1 for t in gl.targets if t is not None)
+                count[0] += sum(1 for t in targets if t is not None)
             self._req_loads[rid] = self._req_loads.get(rid, 0) + len({gl.group for gl in leases})
         if failed:
             for rid in failed:
