@@ -108,3 +108,74 @@ def test_a_shard_down_degrades_to_a_miss(backend):
     assert b.s.stats["releases"] == 1 and b.s.stats["release_errors"] == 0  # shard 0's lease
     if B.name == "fake":
         assert not B.servers[0].leases
+
+
+def test_hybrid_model_over_two_servers_reconciles_groups_and_shards():
+    """TP=2 over two servers with a hybrid model: the resume point must hold on every
+    shard for every group; shard 1 lacks the state after 5 blocks, so both resume at 3
+    (the state both hold), with one lease per group per shard."""
+    from fakes import group_key
+    from modelkit import GROUPS, PAGE, SO, Blocks, Cached, NewReq, Req, hybrid_caches, page
+    from pegaflow.connector.config import ConnectorContext
+    from pegaflow.connector.scheduler import SchedulerConnector
+    from pegaflow.connector.worker import WorkerConnector
+
+    r = rng()
+    B = FakeB(2)
+
+    def ctx(iid, shard):
+        return ConnectorContext(iid, f"ns:tp-shard-{shard}-of-2", BS, tp_size=1,
+                                world_size=1, physical_tp_rank=shard, local_tp_rank=0,
+                                local_tp_size=1, num_shards=2, shard_index=shard,
+                                groups=GROUPS, cross_layer_blocks=False)
+
+    def vllm(iid):
+        s = SchedulerConnector(ctx(iid, 0), [B.client(0), B.client(1)], session=False)
+        ws = []
+        for shard in range(2):
+            w = WorkerConnector(ctx(iid, shard), B.client(shard), B.adapter(shard),
+                                save_thread=False)
+            kv, att, mam = hybrid_caches(B, shard)
+            w.register_kv_caches(kv)
+            ws.append((w, att, mam))
+        return s, ws
+
+    hs = hashes("hs", 5)
+    sa, wa = vllm("A")
+    att_ids, mam_ids = [1, 2, 3, 4, 5, 6], [0, 0, 7, 0, 8, 9]
+    req = Req("a", hs, 85)
+    assert sa.get_num_new_matched_tokens(req, 0) == (0, False)
+    sa.update_state_after_alloc(req, Blocks(att_ids, mam_ids), 0)
+    done = 0
+    for i, n in enumerate([48, 32, 5]):  # states after 3 and 5 blocks
+        for w, att, mam in wa:
+            for b in att_ids[done // BS:(done + n + BS - 1) // BS]:
+                page(att, b)[:] = r.integers(0, 256, PAGE, dtype=np.uint8)
+            if (done + n) % BS == 0:
+                page(mam, mam_ids[(done + n) // BS - 1])[:] = r.integers(0, 256, PAGE,
+                                                                         dtype=np.uint8)
+        so = SO(new=[NewReq("a", (att_ids, mam_ids), 0)] if i == 0 else [],
+                cached=Cached(["a"], [None], [done]) if i else None, sched={"a": n})
+        meta = sa.build_connector_meta(so)
+        for w, _, _ in wa:
+            w.wait_for_save(meta)
+        done += n
+    del B.servers[1].blocks[("ns:tp-shard-1-of-2", group_key(hs[4], 1))]
+    sb, wb = vllm("B")
+    rb = Req("b", hs, 85)
+    got = sb.get_num_new_matched_tokens(rb, 0)
+    assert got == (48, True)
+    sb.update_state_after_alloc(rb, Blocks([11, 12, 13, 0, 0, 0], [0, 0, 17, 0, 0, 0]), 48)
+    plan = sb.build_connector_meta(SO())
+    it = plan.loads["b"]
+    # shard 0's state lease also pins the state after 5 blocks (no target), shard 1's not
+    assert [(g.group, g.targets) for g in it.leases_for(0)] == \
+        [(0, (11, 12, 13)), (1, (17, None))]
+    assert [(g.group, g.targets) for g in it.leases_for(1)] == [(0, (11, 12, 13)), (1, (17,))]
+    for (w, att, mam), (_, att_a, mam_a) in zip(wb, wa):
+        w.start_load_kv(plan)
+        assert w.get_finished(set()) == (None, {"b"}) and not w.get_block_ids_with_load_errors()
+        assert bytes(page(mam, 17)) == bytes(page(mam_a, 7))
+        assert [bytes(page(att, x)) for x in (11, 12, 13)] == \
+            [bytes(page(att_a, x)) for x in (1, 2, 3)]
+    assert not B.servers[0].leases and not B.servers[1].leases
