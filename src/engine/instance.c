@@ -1,5 +1,6 @@
 /* Instances: registration (IPC import, layout validation, rollback), the registering ->
- * sealed lifecycle, topology and slots (reference §2.1, §3.2), lookup and removal.
+ * sealed lifecycle (reference §2.1), lookup and removal. Sealing itself (layer ids, storage
+ * groups, page-first shards, slots; reference §3.2) is topology.c.
  *
  * The instance table is guarded by an rwlock; lookups take a reference that RPC handlers
  * drop when done, so an instance removed while a request uses it is destroyed by the last
