@@ -33,7 +33,7 @@
  *              cluster token gets no MetaServer session
  *   layouts    issue 15: MLA page-first replicas (striped saves), layer-split shards and a
  *              hybrid model (attention prefix + recurrent want-set) fetched by B from A,
- *              byte-exact on every device
+ *              byte-exact on every device; A has an SSD tier (padded host segments), B none
  *   redis      issue 14: two MetaServer replicas on one redis-server (--store redis://) in
  *              the MetaServer's namespace, nodes list both; A saves, B fetches byte-exact;
  *              replica 1 killed (SIGKILL): B discovers and fetches new blocks through
@@ -60,8 +60,10 @@
 #include <arpa/inet.h>
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
+#include <linux/io_uring.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 
 #include "client/pegaflow.h"
 #include "../../sim/net/tcpnet_wire.h"
@@ -1319,9 +1321,33 @@ static void sc_redis(void)
 /* Issue 15 §2 layouts across nodes: B fetches from A, in one namespace per layout, pages of
  * MLA page-first replicas (striped saves), layer-split shards, and a hybrid model's
  * attention prefix and recurrent want-set; every device of B loads byte-exact. */
+static bool io_uring_usable(void)
+{
+    struct io_uring_params p;
+    memset(&p, 0, sizeof(p));
+    long fd = syscall(__NR_io_uring_setup, 2, &p);
+    if (fd < 0)
+        return false;
+    close((int)fd);
+    return true;
+}
+
 static void sc_layouts(void)
 {
-    sync_pair_start();
+    /* A has an SSD tier (512-padded host segments), B has none: a page must mean the same
+     * on both (the split layout's 1000-byte layer) */
+    char dir[512] = "", ssd[600] = "";
+    const char *logdir = getenv("PF_TEST_LOGDIR");
+    snprintf(dir, sizeof(dir), "%s/layouts-ssd.XXXXXX", logdir ? logdir : "/tmp");
+    bool with_ssd = io_uring_usable() && mkdtemp(dir) != NULL;
+    if (!with_ssd)
+        fprintf(stderr, "    SKIP (SSD on A only): io_uring is not usable here; A runs "
+                        "without an SSD tier\n");
+    snprintf(ssd, sizeof(ssd), "%s/a.dat", dir);
+    const char *ssd_args[] = {"--ssd-cache-path", ssd, "--ssd-cache-capacity", "64mb", NULL};
+    start_ms(0, "30");
+    start_node(&NA, with_ssd ? ssd_args : NULL);
+    start_node(&NB, NULL);
     struct pf_client *ca = connect_to(&NA), *cb = connect_to(&NB);
     const size_t N = 16;
     uint32_t ids[16];
@@ -1376,6 +1402,10 @@ static void sc_layouts(void)
     pf_client_close(ca);
     pf_client_close(cb);
     stop_all();
+    if (with_ssd) {
+        unlink(ssd);
+        rmdir(dir);
+    }
 }
 
 static const struct pft_scenario scenarios[] = {
