@@ -93,11 +93,13 @@ def pf_bin() -> str | None:
 class ServerProc:
     """A pegaflow-server on loopback with ports chosen by the kernel."""
 
-    def __init__(self, log_path: str, extra_args: tuple[str, ...] = (), port: int = 0):
+    def __init__(self, log_path: str, extra_args: tuple[str, ...] = (), port: int = 0,
+                 host: str = "127.0.0.1"):
         b = pf_bin()
         self.log_path = log_path
+        self.host = host
         self.args = [os.path.join(b, "pegaflow-server"), "--gpu-backend", "sim",
-                     "--pool-size", "256mb", "--addr", f"127.0.0.1:{port}",
+                     "--pool-size", "256mb", "--addr", f"{host}:{port}",
                      "--http-addr", "127.0.0.1:0", *extra_args]
         self.proc = None
         self.port = None
@@ -122,7 +124,7 @@ class ServerProc:
 
     @property
     def target(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def log(self) -> str:
         with open(self.log_path, "rb") as f:
@@ -163,8 +165,10 @@ def _servers(tmp_path):
         pytest.skip("SKIP: PF_BIN is unset (run through `make test`): no pegaflow-server")
     started: list[ServerProc] = []
 
-    def start(name: str = "server", port: int = 0) -> ServerProc:
-        s = ServerProc(str(tmp_path / f"{name}.log"), port=port)
+    def start(name: str = "server", port: int = 0, extra_args: tuple[str, ...] = (),
+              host: str = "127.0.0.1") -> ServerProc:
+        s = ServerProc(str(tmp_path / f"{name}.log"), extra_args=tuple(extra_args), port=port,
+                       host=host)
         started.append(s)
         return s.start()
 
