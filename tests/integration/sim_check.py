@@ -56,6 +56,8 @@ if doc.get("ssd_dir") and os.path.exists(doc["ssd_dir"]):
     fails.append(f"SSD directory {doc['ssd_dir']} still exists")
 if os.path.exists(doc["state_file"]):
     fails.append(f"state file {doc['state_file']} still exists")
+elif os.path.exists(os.path.dirname(doc["state_file"])):
+    fails.append(f"state directory {os.path.dirname(doc['state_file'])} still exists")
 pids = [doc["pids"]["metaserver"], *doc["pids"]["servers"], *doc["pids"]["nodes"]]
 for pid in pids:
     if pid and os.path.exists(f"/proc/{pid}"):

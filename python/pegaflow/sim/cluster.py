@@ -251,11 +251,20 @@ class Cluster:
         shutil.rmtree(self.tmpdir, ignore_errors=True)
         if self.ssd_dir and self.ssd_dir != self.tmpdir:
             shutil.rmtree(self.ssd_dir, ignore_errors=True)
-        try:
-            os.unlink(self.state_file)
-        except FileNotFoundError:
-            pass
+        _remove_state(self.state_file)
         return unclean
+
+
+def _remove_state(path: str) -> None:
+    """The state file and its directory (when nothing else is in it)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    try:
+        os.rmdir(os.path.dirname(path))
+    except OSError:
+        pass
 
 
 def _odirect_ok(d: str) -> bool:
@@ -366,10 +375,7 @@ def clean_stale(say) -> None:
         say(f"pegaflow-sim: cleaned up after a previous run (pid {st.get('pid') if st else '?'}"
             f", no longer running): {killed} processes, {nss} namespaces, {shm} shared-memory "
             f"objects{', ' + tmpdir if tmpdir else ''}")
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+    _remove_state(path)
 
 
 def new_cluster(mode: str, keep_logs: str | None) -> Cluster:
