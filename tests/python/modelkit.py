@@ -162,7 +162,8 @@ class RealB:
 
         m = re.findall(rb"HTTP listening on \S+ \(port (\d+)\)",
                        open(self.procs[i].log_path, "rb").read())
-        req = urllib.request.Request(f"http://127.0.0.1:{int(m[-1])}{path}", method=method,
+        p = self.procs[i]
+        req = urllib.request.Request(f"http://{p.http_host}:{int(m[-1])}{path}", method=method,
                                      data=b"" if method == "POST" else None)
         return urllib.request.urlopen(req, timeout=5).read().decode()
 
