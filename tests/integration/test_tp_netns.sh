@@ -117,7 +117,7 @@ ip -n "$NB" link set "pftpvb$id" up
 # on may still reach host 1 once its link is back and leave a lease nobody releases
 # (held until the lease TTL or, here, C's unregistration).
 left=$(grep -aoE 'unregistered instance tp-c: .* [0-9]+ lease' "$PF_TMP/srvb.log" | grep -oE '[0-9]+ lease$')
-pf_log "host 1 held ${left:-?}(s) of C when C unregistered (a late query's lease, if 1)"
+pf_log "host 1 held ${left:-?}(s) of C when C unregistered (a late query whose lease was not released, if 1)"
 pf_stop srva || pf_fail "server A exit status $?"
 pf_stop srvb || pf_fail "server B exit status $?"
 
