@@ -103,3 +103,26 @@ pf_stop() {
   eval "PF_PID_$name="
   return $rc
 }
+
+# pf_python_san_env DIR: sets the array PF_PY_SAN_ENV to what an uninstrumented python needs
+# before it loads a sanitizer build of libpegaflow (PF_SAN): the runtime preloaded and reports
+# written to DIR/san.* (check them with pf_python_san_check DIR). Empty without PF_SAN.
+pf_python_san_env() {
+  PF_PY_SAN_ENV=()
+  case "${PF_SAN:-}" in
+    *address*) PF_PY_SAN_ENV=(LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)"
+                              ASAN_OPTIONS=detect_leaks=0:verify_asan_link_order=0:abort_on_error=1:log_path=$1/san) ;;
+    *thread*) PF_PY_SAN_ENV=(LD_PRELOAD="$(gcc -print-file-name=libtsan.so)"
+                             TSAN_OPTIONS="${TSAN_OPTIONS:-}:log_path=$1/san") ;;
+  esac
+}
+
+# pf_python_san_check DIR: fails the test when the python process wrote a sanitizer report.
+pf_python_san_check() {
+  local r
+  for r in "$1"/san.*; do
+    [ -e "$r" ] || continue
+    head -n 40 "$r" | sed 's/^/        | /'
+    pf_fail "sanitizer report from the python process: $r"
+  done
+}

@@ -96,10 +96,13 @@ drive() { # LOGNAME N ENV... -- PYTEST ARGS...
   while [ "$1" != -- ]; do envs+=("$1"); shift; done
   shift
   local log="$PF_TMP/$name.log"
+  pf_python_san_env "$PF_TMP"
+  envs+=("${PF_PY_SAN_ENV[@]}")
   (cd "$PF_TOP" && ip netns exec "$NC" env "${envs[@]}" timeout --kill-after=5 120 \
     /usr/bin/python3 -m pytest -q -s -rs -p no:cacheprovider --basetemp="$PF_TMP/$name.d" \
     "$@") >"$log" 2>&1
   local rc=$?
+  pf_python_san_check "$PF_TMP"
   local sum='[0-9]+ (passed|failed|skipped|error|deselected)'
   grep -aE "^seed |^saved |^C with|^SKIPPED|$sum" "$log" | sed 's/^/  /'
   [ $rc -eq 0 ] || pf_fail "$name: pytest exit $rc"
