@@ -73,7 +73,7 @@ test-python:
 # SKIP line and exits 77 (make reports Error 77: skipped, never passed).
 test-rxe:
 	@$(MAKE) --no-print-directory -j$(NPROC) test-build
-	@$(TEST_ENV) PF_RXE_SCENARIOS="$${PF_RXE_SCENARIOS:-basic mutual metaserver kill timeout expire corrupt}" \
+	@$(TEST_ENV) PF_RXE_SCENARIOS="$${PF_RXE_SCENARIOS:-basic mutual metaserver kill timeout expire corrupt evict}" \
 		bash tests/integration/test_rxe.sh
 
 # bench/fabric and bench/p2p in the rxe guest: the verbs backend over rxe0 -> rxe1 against a

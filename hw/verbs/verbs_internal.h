@@ -82,4 +82,105 @@ int pf_verbs_pick_gid(const struct ibv_gid_entry *ents, int n);
  * -EREMOTEIO for remote access/operation errors, -ETIMEDOUT for retry exhaustion). */
 int pf_verbs_wc_errno(enum ibv_wc_status st);
 
+/* ---- shared by verbs.c (devices, regions, ops table) and verbs_qp.c (queue pairs) */
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+
+#include "pf/util.h"
+
+#define VERBS_EP_MAGIC   0x45564650u /* "PFVE" */
+#define VERBS_EP_VERSION 1u
+#define VERBS_MAX_NICS   16
+#define VERBS_MAX_READ   (1ull << 31)
+
+struct verbsnic;
+
+struct verbsmr {
+    struct pf_net_mr base;
+    struct verbsnic *nic;
+    struct ibv_mr *mr;
+    unsigned access;
+    struct verbsmr *next;
+};
+
+struct verbsnic {
+    struct verbsnet *net;
+    char name[64];
+    struct ibv_context *ctx;
+    struct ibv_pd *pd;
+    uint8_t port;
+    struct ibv_port_attr port_attr;
+    union ibv_gid gid;
+    int gid_index;
+    int numa;
+    int max_sge;
+    int rd_atomic;
+    int retry_cnt; /* RC retry count for this device (see PF_VERBS_SOFT_ROCE_VENDOR) */
+    pthread_rwlock_t mr_lock;
+    struct verbsmr *mrs;
+};
+
+struct verbsnet {
+    struct pf_net base;
+    const struct pf_verbs_api *api;
+    int nnics;
+    struct verbsnic *nics;
+};
+
+enum verbsqp_state { VQ_INIT, VQ_RTS, VQ_ERR };
+
+struct verbsout {
+    uint64_t wr_id, len;
+};
+
+struct verbsqp {
+    struct pf_net_qp base;
+    struct verbsnic *nic;
+    const struct pf_verbs_api *api;
+    struct ibv_comp_channel *ch;
+    struct ibv_cq *cq;
+    struct ibv_qp *qp;
+    uint32_t psn;
+    int evfd;
+    pthread_mutex_t mu;
+    int state;
+    bool armed;
+    uint32_t out_head, out_count; /* posted, not completed (post order) */
+    struct verbsout out[PF_VERBS_SQ_DEPTH];
+    uint32_t sw_head, sw_count; /* completed, not yet returned by poll */
+    struct pf_net_cqe sw[PF_VERBS_SQ_DEPTH];
+};
+
+static inline struct verbsnet *verbs_of(struct pf_net *n)
+{
+    return pf_container_of(n, struct verbsnet, base);
+}
+
+static inline struct verbsqp *verbs_qp(struct pf_net_qp *q)
+{
+    return pf_container_of(q, struct verbsqp, base);
+}
+
+/* ibv functions return an errno (positive), or -1 with errno set, depending on provider. */
+static inline int verbs_rc(int rc)
+{
+    if (rc == 0)
+        return 0;
+    if (rc > 0)
+        return -rc;
+    return errno ? -errno : -EIO;
+}
+
+/* Queue pairs (verbs_qp.c): the pf_net_ops QP entries, as documented in verbs.c. */
+int pf_verbs_qp_create(struct pf_net *n, int i, struct pf_net_qp **qp_p);
+int pf_verbs_qp_local_endpoint(struct pf_net_qp *qpb, void *buf, size_t cap, size_t *len_p);
+int pf_verbs_qp_connect(struct pf_net_qp *qpb, const void *ep, size_t len);
+int pf_verbs_post_read(struct pf_net_qp *qpb, const struct pf_net_sge *sge, size_t nsge,
+                       uint64_t raddr, uint32_t rkey, uint64_t wr_id);
+int pf_verbs_poll(struct pf_net_qp *qpb, struct pf_net_cqe *out, size_t max, uint64_t timeout_ms);
+void pf_verbs_qp_invalidate(struct pf_net_qp *qpb);
+void pf_verbs_qp_destroy(struct pf_net_qp *qpb);
+
 #endif

@@ -1,4 +1,4 @@
-/* Fuzz target: the TCP fabric's serving side (sim/net/tcpnet.c), i.e. the frames a remote
+/* Fuzz target: the TCP fabric's serving side (sim/net/tcpnet_serve.c), i.e. the frames a remote
  * peer sends to a NIC: HELLO, then READ requests, over a real loopback connection to a
  * "tcp" NIC on 127.0.0.1 with one QP and two 4 KiB regions (one remote-readable, one
  * registered without remote read).

@@ -1,4 +1,4 @@
-/* Fuzz target: the TCP fabric's requesting side (sim/net/tcpnet.c qp_connect and the
+/* Fuzz target: the TCP fabric's requesting side (sim/net/tcpnet_qp.c qp_connect and the
  * receive thread), i.e. what a remote NIC answers: the HELLO_ACK and the READ response
  * stream. The target plays that remote NIC itself on a loopback listener: a helper thread
  * accepts the QP's connection, reads its HELLO and each READ request, and answers with

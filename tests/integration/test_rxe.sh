@@ -8,7 +8,7 @@
 #                  QP invalidation mid-READ, all across the veth
 #   p2p            p2p_e2e with --net-backend verbs --nics rxe0,rxe1 (node A on rxe0, B on
 #                  rxe1, MetaServer on 127.0.0.1): the same scenario code as on the TCP fabric
-#                  (PF_RXE_SCENARIOS, default: basic kill metaserver corrupt)
+#                  (PF_RXE_SCENARIOS, default: basic kill metaserver corrupt evict)
 # Logs: $PF_RXE_LOGS (default <build>/test-logs/rxe/), shared read-write with the guest.
 # Exits 77 with a SKIP line where the guest cannot run (ci/rxe-vm.sh says why), in sanitizer
 # variants (the emulated guest is too slow for them within the test budget) and with PF_RXE=0.
@@ -59,7 +59,7 @@ mkdir -p "$logs/p2p"
 # shellcheck disable=SC2086
 step p2p 360 env PF_TEST_LOGDIR="$logs/p2p" PF_P2P_IP_MS=127.0.0.1 PF_P2P_IP_A=10.77.0.1 \
   PF_P2P_IP_B=10.77.0.2 PF_P2P_IP_C=127.0.0.4 \
-  "$PF_TESTBIN/p2p_e2e" --net-backend verbs --nics rxe0,rxe1 ${PF_RXE_SCENARIOS:-basic kill metaserver corrupt}
+  "$PF_TESTBIN/p2p_e2e" --net-backend verbs --nics rxe0,rxe1 ${PF_RXE_SCENARIOS:-basic kill metaserver corrupt evict}
 grep -aE '^scenario |passed in' "$logs/p2p.log" | sed 's/^/        /'
 rdma statistic show link rxe1/1 2>/dev/null | head -n 3
 [ $fails -eq 0 ] && echo "rxe: all passed" || echo "rxe: $fails step(s) failed"

@@ -1,0 +1,472 @@
+/* verbs NET backend, queue pairs (design: the header comment of verbs.c): RC QP creation,
+ * the endpoint blob, INIT -> RTR -> RTS, post_read, poll, invalidate and destroy. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#define PF_LOG_MOD "verbs"
+#include "pf/clock.h"
+#include "pf/hal.h"
+#include "pf/log.h"
+#include "pf/util.h"
+
+#include "verbs_internal.h"
+
+/* ---------------------------------------------------------------- QPs */
+
+int pf_verbs_qp_create(struct pf_net *n, int i, struct pf_net_qp **qp_p)
+{
+    struct verbsnet *v = verbs_of(n);
+    const struct pf_verbs_api *api = v->api;
+    if (i < 0 || i >= v->nnics)
+        return -EINVAL;
+    struct verbsnic *nic = &v->nics[i];
+    struct verbsqp *q = calloc(1, sizeof(*q));
+    if (!q)
+        return -ENOMEM;
+    q->nic = nic;
+    q->api = api;
+    q->base.net = n;
+    q->base.nic = i;
+    int rc = pf_random_bytes(&q->psn, sizeof(q->psn));
+    if (rc)
+        goto err_free;
+    q->psn &= 0xffffff;
+    q->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (q->evfd < 0) {
+        rc = -errno;
+        goto err_free;
+    }
+    errno = 0;
+    q->ch = api->create_comp_channel(nic->ctx);
+    if (!q->ch) {
+        rc = errno ? -errno : -ENOMEM;
+        pf_error("verbs %s: create completion channel: %s", nic->name, strerror(-rc));
+        goto err_evfd;
+    }
+    int fl = fcntl(q->ch->fd, F_GETFL);
+    if (fl < 0 || fcntl(q->ch->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+        rc = -errno;
+        goto err_ch;
+    }
+    q->cq = api->create_cq(nic->ctx, PF_VERBS_SQ_DEPTH + 1, q, q->ch, 0);
+    if (!q->cq) {
+        rc = errno ? -errno : -ENOMEM;
+        pf_error("verbs %s: create CQ: %s", nic->name, strerror(-rc));
+        goto err_ch;
+    }
+    struct ibv_qp_init_attr ia = {
+        .send_cq = q->cq,
+        .recv_cq = q->cq,
+        .qp_type = IBV_QPT_RC,
+        .sq_sig_all = 0,
+        .cap = {.max_send_wr = PF_VERBS_SQ_DEPTH,
+                .max_recv_wr = 1,
+                .max_send_sge = (uint32_t)nic->max_sge,
+                .max_recv_sge = 1},
+    };
+    q->qp = api->create_qp(nic->pd, &ia);
+    if (!q->qp) {
+        rc = errno ? -errno : -ENOMEM;
+        pf_error("verbs %s: create RC QP: %s", nic->name, strerror(-rc));
+        goto err_cq;
+    }
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
+                            .pkey_index = 0,
+                            .port_num = nic->port,
+                            .qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ |
+                                               IBV_ACCESS_REMOTE_WRITE};
+    rc = verbs_rc(api->modify_qp(
+        q->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
+    if (rc) {
+        pf_error("verbs %s: QP to INIT: %s", nic->name, strerror(-rc));
+        goto err_qp;
+    }
+    pthread_mutex_init(&q->mu, NULL);
+    q->state = VQ_INIT;
+    *qp_p = &q->base;
+    return 0;
+
+err_qp:
+    api->destroy_qp(q->qp);
+err_cq:
+    api->destroy_cq(q->cq);
+err_ch:
+    api->destroy_comp_channel(q->ch);
+err_evfd:
+    close(q->evfd);
+err_free:
+    free(q);
+    return rc;
+}
+
+int pf_verbs_qp_local_endpoint(struct pf_net_qp *qpb, void *buf, size_t cap, size_t *len_p)
+{
+    struct verbsqp *q = verbs_qp(qpb);
+    if (!buf || cap < PF_VERBS_EP_LEN)
+        return -ENOSPC;
+    if (!q->qp) /* destroyed by an invalidate whose flushes never came */
+        return -ENOTCONN;
+    uint8_t *p = buf;
+    memset(p, 0, PF_VERBS_EP_LEN);
+    uint32_t magic = VERBS_EP_MAGIC, qpn = q->qp->qp_num, psn = q->psn;
+    uint16_t lid = q->nic->port_attr.lid;
+    for (int k = 0; k < 4; k++) {
+        p[k] = (uint8_t)(magic >> (8 * k));
+        p[24 + k] = (uint8_t)(qpn >> (8 * k));
+        p[28 + k] = (uint8_t)(psn >> (8 * k));
+    }
+    p[4] = VERBS_EP_VERSION;
+    p[5] = (uint8_t)q->nic->port_attr.active_mtu;
+    p[6] = q->nic->port_attr.link_layer;
+    memcpy(p + 8, q->nic->gid.raw, 16);
+    p[32] = (uint8_t)lid;
+    p[33] = (uint8_t)(lid >> 8);
+    *len_p = PF_VERBS_EP_LEN;
+    return 0;
+}
+
+int pf_verbs_qp_connect(struct pf_net_qp *qpb, const void *ep, size_t len)
+{
+    struct verbsqp *q = verbs_qp(qpb);
+    struct verbsnic *nic = q->nic;
+    const uint8_t *p = ep;
+    if (!ep || len != PF_VERBS_EP_LEN)
+        return -EINVAL;
+    uint32_t magic = 0, qpn = 0, psn = 0;
+    for (int k = 3; k >= 0; k--) {
+        magic = magic << 8 | p[k];
+        qpn = qpn << 8 | p[24 + k];
+        psn = psn << 8 | p[28 + k];
+    }
+    uint16_t lid = (uint16_t)(p[32] | p[33] << 8);
+    enum ibv_mtu mtu = (enum ibv_mtu)p[5];
+    if (magic != VERBS_EP_MAGIC || p[4] != VERBS_EP_VERSION || mtu < IBV_MTU_256 ||
+        mtu > IBV_MTU_4096 || psn > 0xffffff || qpn > 0xffffff) {
+        pf_warn("verbs %s: qp_connect: malformed endpoint", nic->name);
+        return -EINVAL;
+    }
+    if (p[6] != nic->port_attr.link_layer) {
+        pf_warn("verbs %s: qp_connect: peer link layer %u differs from ours (%u)", nic->name, p[6],
+                nic->port_attr.link_layer);
+        return -EINVAL;
+    }
+    pthread_mutex_lock(&q->mu);
+    int rc = 0;
+    if (q->state != VQ_INIT) {
+        rc = q->state == VQ_ERR ? -ENOTCONN : -EISCONN;
+        goto out;
+    }
+    struct ibv_qp_attr a;
+    memset(&a, 0, sizeof(a));
+    a.qp_state = IBV_QPS_RTR;
+    a.path_mtu = mtu < nic->port_attr.active_mtu ? mtu : nic->port_attr.active_mtu;
+    a.dest_qp_num = qpn;
+    a.rq_psn = psn;
+    a.max_dest_rd_atomic = (uint8_t)nic->rd_atomic;
+    a.min_rnr_timer = PF_VERBS_MIN_RNR;
+    a.ah_attr.dlid = lid;
+    a.ah_attr.sl = 0;
+    a.ah_attr.src_path_bits = 0;
+    a.ah_attr.port_num = nic->port;
+    if (nic->port_attr.link_layer == IBV_LINK_LAYER_ETHERNET) {
+        a.ah_attr.is_global = 1;
+        memcpy(a.ah_attr.grh.dgid.raw, p + 8, 16);
+        a.ah_attr.grh.sgid_index = (uint8_t)nic->gid_index;
+        a.ah_attr.grh.hop_limit = PF_VERBS_HOP_LIMIT;
+    }
+    rc = verbs_rc(q->api->modify_qp(q->qp, &a,
+                                    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                        IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+                                        IBV_QP_MIN_RNR_TIMER));
+    if (rc) {
+        pf_warn("verbs %s: QP 0x%x to RTR: %s", nic->name, q->qp->qp_num, strerror(-rc));
+        goto out;
+    }
+    memset(&a, 0, sizeof(a));
+    a.qp_state = IBV_QPS_RTS;
+    a.timeout = PF_VERBS_TIMEOUT;
+    a.retry_cnt = (uint8_t)nic->retry_cnt;
+    a.rnr_retry = PF_VERBS_RNR_RETRY;
+    a.sq_psn = q->psn;
+    a.max_rd_atomic = (uint8_t)nic->rd_atomic;
+    rc =
+        verbs_rc(q->api->modify_qp(q->qp, &a,
+                                   IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                       IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC));
+    if (rc) {
+        pf_warn("verbs %s: QP 0x%x to RTS: %s", nic->name, q->qp->qp_num, strerror(-rc));
+        goto out;
+    }
+    q->state = VQ_RTS;
+    pf_debug("verbs %s: QP 0x%x connected to QP 0x%x (LID %u)", nic->name, q->qp->qp_num, qpn, lid);
+out:
+    pthread_mutex_unlock(&q->mu);
+    return rc;
+}
+
+int pf_verbs_post_read(struct pf_net_qp *qpb, const struct pf_net_sge *sge, size_t nsge,
+                       uint64_t raddr, uint32_t rkey, uint64_t wr_id)
+{
+    struct verbsqp *q = verbs_qp(qpb);
+    struct verbsnic *nic = q->nic;
+    if (!sge || nsge == 0 || nsge > (size_t)nic->max_sge)
+        return -EINVAL;
+    struct ibv_sge isge[PF_VERBS_MAX_SGE];
+    uint64_t total = 0;
+    pthread_rwlock_rdlock(&nic->mr_lock);
+    for (size_t i = 0; i < nsge; i++) {
+        uint64_t a = (uint64_t)(uintptr_t)sge[i].addr, end;
+        bool ok = sge[i].addr && sge[i].len > 0 && sge[i].len <= UINT32_MAX &&
+                  pf_add_ok(a, sge[i].len, &end) && pf_add_ok(total, sge[i].len, &total);
+        const struct verbsmr *m = nic->mrs;
+        for (; ok && m; m = m->next)
+            if (m->base.lkey == sge[i].lkey && (m->access & PF_NET_ACCESS_LOCAL_WRITE) &&
+                a >= (uint64_t)(uintptr_t)m->base.addr &&
+                end <= (uint64_t)(uintptr_t)m->base.addr + m->base.len)
+                break;
+        if (!ok || !m) {
+            pthread_rwlock_unlock(&nic->mr_lock);
+            pf_log_ratelimited(PF_LOG_WARN, 1000,
+                               "verbs %s: post_read: SGE %zu (%p+%llu lkey 0x%08x) is not "
+                               "inside a locally writable region",
+                               nic->name, i, sge[i].addr, (unsigned long long)sge[i].len,
+                               sge[i].lkey);
+            return -EINVAL;
+        }
+        isge[i] = (struct ibv_sge){.addr = a, .length = (uint32_t)sge[i].len, .lkey = sge[i].lkey};
+    }
+    pthread_rwlock_unlock(&nic->mr_lock);
+    if (total > VERBS_MAX_READ)
+        return -EINVAL;
+    struct ibv_send_wr wr, *bad = NULL;
+    memset(&wr, 0, sizeof(wr));
+    wr.wr_id = wr_id;
+    wr.sg_list = isge;
+    wr.num_sge = (int)nsge;
+    wr.opcode = IBV_WR_RDMA_READ;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = raddr;
+    wr.wr.rdma.rkey = rkey;
+    int rc = 0;
+    pthread_mutex_lock(&q->mu);
+    if (q->state != VQ_RTS) {
+        rc = -ENOTCONN;
+    } else if (q->out_count + q->sw_count >= PF_VERBS_SQ_DEPTH) {
+        rc = -EAGAIN;
+    } else {
+        rc = verbs_rc(q->api->post_send(q->qp, &wr, &bad));
+        if (rc == -ENOMEM) /* send queue full in the provider */
+            rc = -EAGAIN;
+        if (rc == 0) {
+            q->out[(q->out_head + q->out_count) % PF_VERBS_SQ_DEPTH] =
+                (struct verbsout){wr_id, total};
+            q->out_count++;
+        } else if (rc != -EAGAIN) {
+            pf_log_ratelimited(PF_LOG_WARN, 1000, "verbs %s: ibv_post_send: %s", nic->name,
+                               strerror(-rc));
+        }
+    }
+    pthread_mutex_unlock(&q->mu);
+    return rc;
+}
+
+/* Turns a work completion into a record, matching it with its posted WR. Caller holds mu. */
+static struct pf_net_cqe verbs_take(struct verbsqp *q, const struct ibv_wc *wc)
+{
+    struct pf_net_cqe c = {.wr_id = wc->wr_id, .status = pf_verbs_wc_errno(wc->status)};
+    uint32_t k = 0;
+    while (k < q->out_count && q->out[(q->out_head + k) % PF_VERBS_SQ_DEPTH].wr_id != wc->wr_id)
+        k++;
+    if (k < q->out_count) {
+        uint32_t at = (q->out_head + k) % PF_VERBS_SQ_DEPTH;
+        if (c.status == 0)
+            c.bytes = q->out[at].len;
+        /* RC completes in order: k is 0 unless wr_ids repeat; keep the ring compact */
+        for (uint32_t j = k; j > 0; j--)
+            q->out[(q->out_head + j) % PF_VERBS_SQ_DEPTH] =
+                q->out[(q->out_head + j - 1) % PF_VERBS_SQ_DEPTH];
+        q->out_head = (q->out_head + 1) % PF_VERBS_SQ_DEPTH;
+        q->out_count--;
+    }
+    if (c.status && c.status != -ECANCELED && q->state != VQ_ERR) {
+        pf_log_ratelimited(PF_LOG_WARN, 1000,
+                           "verbs %s: QP 0x%x READ failed: %s (%s): QP in error state",
+                           q->nic->name, q->qp ? q->qp->qp_num : 0, ibv_wc_status_str(wc->status),
+                           strerror(-c.status));
+        q->state = VQ_ERR;
+    }
+    return c;
+}
+
+/* Moves completions from the CQ to the software queue. Caller holds mu. 0 or -errno. */
+static int verbs_drain_cq(struct verbsqp *q)
+{
+    if (!q->qp)
+        return 0;
+    struct ibv_wc wc[32];
+    for (;;) {
+        int room = PF_VERBS_SQ_DEPTH - (int)q->sw_count;
+        if (room <= 0)
+            return 0;
+        int n = q->api->poll_cq(q->cq, room < 32 ? room : 32, wc);
+        if (n < 0)
+            return -EIO;
+        for (int i = 0; i < n; i++) {
+            q->sw[(q->sw_head + q->sw_count) % PF_VERBS_SQ_DEPTH] = verbs_take(q, &wc[i]);
+            q->sw_count++;
+        }
+        if (n < 32)
+            return 0;
+    }
+}
+
+int pf_verbs_poll(struct pf_net_qp *qpb, struct pf_net_cqe *out, size_t max, uint64_t timeout_ms)
+{
+    struct verbsqp *q = verbs_qp(qpb);
+    if (max == 0)
+        return 0;
+    if (!out)
+        return -EINVAL;
+    uint64_t deadline = timeout_ms > UINT64_MAX / PF_NS_PER_MS / 2
+                            ? UINT64_MAX / 2
+                            : pf_now_ns() + timeout_ms * PF_NS_PER_MS;
+    for (;;) {
+        pthread_mutex_lock(&q->mu);
+        int rc = verbs_drain_cq(q);
+        size_t n = 0;
+        while (n < max && q->sw_count) {
+            out[n++] = q->sw[q->sw_head];
+            q->sw_head = (q->sw_head + 1) % PF_VERBS_SQ_DEPTH;
+            q->sw_count--;
+        }
+        if (n > 0 || rc) {
+            pthread_mutex_unlock(&q->mu);
+            return n > 0 ? (int)n : rc;
+        }
+        if (q->state == VQ_ERR && q->out_count == 0) {
+            pthread_mutex_unlock(&q->mu);
+            return -ENOTCONN;
+        }
+        uint64_t now = pf_now_ns();
+        if (timeout_ms == 0 || now >= deadline) {
+            pthread_mutex_unlock(&q->mu);
+            return 0;
+        }
+        if (!q->armed && q->qp) {
+            rc = verbs_rc(q->api->req_notify_cq(q->cq, 0));
+            if (rc) {
+                pthread_mutex_unlock(&q->mu);
+                return rc;
+            }
+            q->armed = true;
+            pthread_mutex_unlock(&q->mu);
+            continue; /* poll once more: a completion may have raced the arming */
+        }
+        pthread_mutex_unlock(&q->mu);
+        uint64_t ms = (deadline - now + PF_NS_PER_MS - 1) / PF_NS_PER_MS;
+        struct pollfd pf[2] = {{.fd = q->ch->fd, .events = POLLIN},
+                               {.fd = q->evfd, .events = POLLIN}};
+        int r = poll(pf, 2, ms > 60000 ? 60000 : (int)ms);
+        if (r < 0 && errno != EINTR)
+            return -errno;
+        if (r > 0 && (pf[0].revents & POLLIN)) {
+            struct ibv_cq *ecq;
+            void *ectx;
+            pthread_mutex_lock(&q->mu);
+            if (q->api->get_cq_event(q->ch, &ecq, &ectx) == 0) {
+                q->api->ack_cq_events(ecq, 1);
+                q->armed = false;
+            }
+            pthread_mutex_unlock(&q->mu);
+        }
+        if (r > 0 && (pf[1].revents & POLLIN)) {
+            uint64_t v;
+            if (read(q->evfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+                return -errno;
+        }
+    }
+}
+
+void pf_verbs_qp_invalidate(struct pf_net_qp *qpb)
+{
+    struct verbsqp *q = verbs_qp(qpb);
+    struct verbsnic *nic = q->nic;
+    pthread_mutex_lock(&q->mu);
+    bool was_err = q->state == VQ_ERR;
+    q->state = VQ_ERR;
+    if (q->qp && (!was_err || q->out_count)) {
+        struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+        int rc = verbs_rc(q->api->modify_qp(q->qp, &a, IBV_QP_STATE));
+        if (rc)
+            pf_error("verbs %s: QP 0x%x to ERR: %s", nic->name, q->qp->qp_num, strerror(-rc));
+        /* every outstanding WR completes or flushes; until then the HCA may still DMA */
+        uint64_t deadline = pf_now_ns() + q->api->drain_ms * PF_NS_PER_MS;
+        unsigned sleep_us = 10;
+        while (q->out_count > 0 && rc == 0) {
+            uint32_t before = q->out_count;
+            if (verbs_drain_cq(q)) {
+                rc = -EIO;
+                break;
+            }
+            if (q->out_count == 0)
+                break;
+            if (pf_now_ns() >= deadline) {
+                rc = -ETIMEDOUT;
+                break;
+            }
+            if (q->out_count == before) {
+                struct timespec ts = {0, (long)sleep_us * 1000};
+                nanosleep(&ts, NULL);
+                sleep_us = sleep_us < 1000 ? sleep_us * 2 : 1000;
+            }
+        }
+        if (q->out_count > 0) {
+            /* no flush: destroying the QP is the remaining way to stop the HCA */
+            pf_error("verbs %s: QP 0x%x: %u WRs not flushed (%s): destroying the QP", nic->name,
+                     q->qp->qp_num, q->out_count, strerror(-rc));
+            int drc = verbs_rc(q->api->destroy_qp(q->qp));
+            if (drc)
+                pf_error("verbs %s: ibv_destroy_qp: %s", nic->name, strerror(-drc));
+            q->qp = NULL;
+            while (q->out_count > 0) {
+                struct ibv_wc wc = {.wr_id = q->out[q->out_head].wr_id,
+                                    .status = IBV_WC_WR_FLUSH_ERR};
+                q->sw[(q->sw_head + q->sw_count) % PF_VERBS_SQ_DEPTH] = verbs_take(q, &wc);
+                q->sw_count++;
+            }
+        }
+    }
+    pthread_mutex_unlock(&q->mu);
+    uint64_t one = 1;
+    if (write(q->evfd, &one, sizeof(one)) < 0)
+        pf_debug("verbs %s: waking poller: %s", nic->name, strerror(errno));
+}
+
+void pf_verbs_qp_destroy(struct pf_net_qp *qpb)
+{
+    if (!qpb)
+        return;
+    struct verbsqp *q = verbs_qp(qpb);
+    const struct pf_verbs_api *api = q->api;
+    pf_verbs_qp_invalidate(qpb);
+    if (q->qp) {
+        int rc = verbs_rc(api->destroy_qp(q->qp));
+        if (rc)
+            pf_error("verbs %s: ibv_destroy_qp: %s", q->nic->name, strerror(-rc));
+    }
+    int rc = verbs_rc(api->destroy_cq(q->cq));
+    if (rc)
+        pf_error("verbs %s: ibv_destroy_cq: %s", q->nic->name, strerror(-rc));
+    api->destroy_comp_channel(q->ch);
+    close(q->evfd);
+    pthread_mutex_destroy(&q->mu);
+    free(q);
+}
