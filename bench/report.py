@@ -4,6 +4,7 @@ and writes report.md and report.json: for each path the figure, its baseline, th
 (min/median/max over the benchmark's runs) and the target.
 
     python3 bench/report.py [--out build/bench] [--bin build/rel] [--quick] [--from DIR]
+                            [--repeat N] [--merge R1.json R2.json ...]
 
 Each benchmark measures its baseline in the same run, interleaved (see bench/README.md);
 this script only runs them and tabulates. A benchmark that fails or cannot run here (e.g.
@@ -225,11 +226,16 @@ def write_report(results, errors, outdir, meta):
             rows.extend(dict(r, bench=name) for r in EXTRACT[name](j))
         except (KeyError, TypeError, ZeroDivisionError) as e:
             errors[name] = f"unexpected JSON ({e!r})"
+    return write_rows(rows, errors, outdir, meta)
+
+
+def write_rows(rows, errors, outdir, meta):
     doc = {"meta": meta, "rows": rows, "errors": errors, "not_measured": NOT_YET}
     with open(os.path.join(outdir, "report.json"), "w") as f:
         json.dump(doc, f, indent=2)
     lines = ["# PegaFlow benchmark report", "",
-             f"{meta['date']} on {meta['host']} ({meta['cpus']} CPUs){' — quick run' if meta['quick'] else ''}.",
+             f"{meta['date']} on {meta['host']} ({meta['cpus']} CPUs){' — quick run' if meta['quick'] else ''}"
+             f"{', ' + str(meta['runs']) + ' runs merged' if meta.get('runs', 1) > 1 else ''}.",
              "Every ratio is against a baseline measured in the same run (bench/README.md).", "",
              "| bench | path | figure | baseline | ratio (min / median / max) | target | met |",
              "|---|---|---|---|---|---|---|"]
@@ -249,6 +255,40 @@ def write_report(results, errors, outdir, meta):
     return rows
 
 
+def merge_runs(docs):
+    """Rows of several whole runs (report.json documents) as one: per path the ratio is
+    min / median / max of the runs' medians, figure and baseline from the run whose median
+    is the median; a path missing from a run counts in `runs` only where present."""
+    by, order = {}, []
+    for d in docs:
+        for r in d["rows"]:
+            key = (r["bench"], r["path"])
+            if key not in by:
+                by[key] = []
+                order.append(key)
+            by[key].append(r)
+    rows = []
+    for key in order:
+        rs = by[key]
+        meds = [r["ratio"][1] for r in rs if r["ratio"] is not None]
+        mid = sorted(rs, key=lambda r: r["ratio"][1] if r["ratio"] is not None else 0)[len(rs) // 2]
+        out = dict(mid)
+        out["runs"] = len(rs)
+        if meds:
+            out["ratio"] = [min(meds), statistics.median(meds), max(meds)]
+            t = out["target"]
+            if t is not None:
+                m = out["ratio"][1]
+                out["met"] = m >= t if out["better"] == "ge" else m <= t
+            out["note"] = (out["note"] + "; " if out["note"] else "") + \
+                f"min/median/max of {len(meds)} runs' medians"
+        rows.append(out)
+    errors = {}
+    for d in docs:
+        errors.update(d.get("errors", {}))
+    return rows, errors
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="build/bench")
@@ -256,8 +296,32 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--from", dest="src", help="read <name>.json from DIR instead of running")
     ap.add_argument("--only", help="comma-separated benchmarks")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run everything N times (OUT/run-I/) and merge the runs")
+    ap.add_argument("--merge", nargs="+", metavar="REPORT_JSON",
+                    help="merge the report.json of earlier runs instead of running")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
+    if a.repeat > 1 and not a.merge:
+        docs = []
+        for i in range(a.repeat):
+            sub = os.path.join(a.out, f"run-{i + 1}")
+            args = [sys.executable, os.path.abspath(__file__), "--out", sub, "--bin", a.bin]
+            args += (["--quick"] if a.quick else []) + (["--only", a.only] if a.only else [])
+            subprocess.call(args, stdout=subprocess.DEVNULL)
+            docs.append(os.path.join(sub, "report.json"))
+        a.merge = docs
+    if a.merge:
+        docs = []
+        for path in a.merge:
+            with open(path) as f:
+                docs.append(json.load(f))
+        rows, errors = merge_runs(docs)
+        meta = dict(docs[0]["meta"], runs=len(docs),
+                    date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+        write_rows(rows, errors, a.out, meta)
+        print(open(os.path.join(a.out, "report.md")).read())
+        return 0 if rows else 1
     names = a.only.split(",") if a.only else list(BENCHES)
     results, errors = {}, {}
     for n in names:

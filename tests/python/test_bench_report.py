@@ -77,3 +77,25 @@ def test_report_rows_of_the_newer_benchmarks(tmp_path):
     assert e["ratio"] == [0.4, 0.45, 0.5]
     assert "gpu" in doc["errors"]  # no gpu.json: named, never left out
     assert "Not measured yet" not in (out / "report.md").read_text()
+
+
+def test_merge_of_several_runs(tmp_path):
+    """--merge: per path min / median / max of the runs' medians; met from the median."""
+    docs = []
+    for i, med in enumerate([0.5, 0.9, 0.7]):
+        doc = {"meta": {"date": "d", "host": "h", "cpus": 2, "quick": True},
+               "rows": [{"bench": "ssd", "path": "p", "figure": f"{med}", "baseline": "b",
+                         "ratio": [med - 0.1, med, med + 0.1], "target": 0.8, "better": "ge",
+                         "met": med >= 0.8, "note": ""}],
+               "errors": {}}
+        path = tmp_path / f"r{i}.json"
+        path.write_text(json.dumps(doc))
+        docs.append(str(path))
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, os.path.join(TOP, "bench", "report.py"), "--out", str(out),
+                        "--merge", *docs], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    row = json.loads((out / "report.json").read_text())["rows"][0]
+    assert row["ratio"] == [0.5, 0.7, 0.9] and row["runs"] == 3
+    assert row["met"] is False and row["figure"] == "0.7"
+    assert "3 runs merged" in (out / "report.md").read_text()
