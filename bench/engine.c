@@ -332,7 +332,7 @@ int main(int argc, char **argv)
         }
     }
     if (runs < 1)
-        runs = quick ? 1 : 3;
+        runs = 3; /* also --quick: one run per size is too noisy on a shared VM */
     /* the baseline's memcpy runs with glibc's non-temporal threshold at one block (the
      * fastest block-sized memcpy on this machine): re-exec once with the tunable set */
     if (!getenv("GLIBC_TUNABLES")) {
