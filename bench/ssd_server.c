@@ -23,6 +23,8 @@
  * Every round compares every loaded byte (server and raw) with the source and clears the
  * destination before the next read. Ratios are min/median/max of the per-round ratios.
  * Usage: ssd_server [--dir DIR] [--total SIZE] [--block-size SIZE] [--rounds N] [--json FILE]
+ *                   [--server-arg ARG]... (up to 8 more pegaflow-server arguments, e.g. to
+ *                   try other --ssd-write-inflight depths; the raw side keeps 2 and 16)
  * The server is $PF_BIN/pegaflow-server (default build/rel/bin). */
 #include <signal.h>
 #include <stdbool.h>
@@ -203,7 +205,7 @@ static double raw_read(const char *path, const uint8_t *src, uint8_t *kv, uint8_
 static void usage(void)
 {
     fprintf(stderr, "usage: ssd_server [--dir DIR] [--total SIZE] [--block-size SIZE] "
-                    "[--rounds N] [--json FILE]\n");
+                    "[--rounds N] [--json FILE] [--server-arg ARG]...\n");
     exit(2);
 }
 
@@ -213,6 +215,8 @@ int main(int argc, char **argv)
     const char *dir = tmp ? tmp : "/tmp";
     uint64_t total = 1ull << 30, bs = 1 << 20;
     int rounds = 3;
+    const char *extra[8];
+    int nextra = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v)
@@ -229,6 +233,8 @@ int main(int argc, char **argv)
             rounds = atoi(v);
         else if (strcmp(a, "--json") == 0)
             json = v;
+        else if (strcmp(a, "--server-arg") == 0 && nextra < 8)
+            extra[nextra++] = v;
         else
             usage();
         i++;
@@ -255,7 +261,17 @@ int main(int argc, char **argv)
                           "64",
                           "--log-level",
                           "info",
+                          NULL,
+                          NULL,
+                          NULL,
+                          NULL,
+                          NULL,
+                          NULL,
+                          NULL,
+                          NULL,
                           NULL};
+    for (int i = 0; i < nextra; i++)
+        args[12 + i] = extra[i];
     struct pft_proc s;
     if (pft_start(&s, "pegaflow-server", "127.0.0.1", args))
         return 1;

@@ -81,12 +81,15 @@ static void handle_items(struct pf_engine *e, struct pf_insert_batch *bt)
     size_t npub = 0;
     for (size_t i = 0; i < bt->n; i++) {
         struct pf_insert_item *it = &bt->items[i];
-        if (pf_cache_contains(e->cache, &it->key)) {
+        uint64_t h = pf_key_hash(&it->key);
+        struct pf_inflight *f = inflight_find(e, &it->key, h);
+        /* only a slot that would start a block asks the cache (one lock and hash per block,
+         * not per slot); a key that became resident while its block was in flight is
+         * dropped when that block seals (the cache keeps the resident one) */
+        if (!f && pf_cache_contains(e->cache, &it->key)) {
             slot_release(&it->s); /* late duplicate of a resident block */
             continue;
         }
-        uint64_t h = pf_key_hash(&it->key);
-        struct pf_inflight *f = inflight_find(e, &it->key, h);
         if (!f) {
             f = calloc(1, sizeof(*f));
             struct pf_block *b = f ? pf_block_new(&it->key, (uint16_t)bt->total_slots) : NULL;
