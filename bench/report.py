@@ -248,6 +248,8 @@ def write_rows(rows, errors, outdir, meta):
     if errors:
         lines += ["", "## Benchmarks that did not produce figures", ""]
         lines += [f"- `{k}`: {v}" for k, v in sorted(errors.items())]
+    lines += ["", "What limits each target that is not met, with profiles, and what was tried: "
+              "bench/README.md, \"Closing the gaps\"."]
     if NOT_YET:
         lines += ["", "## Not measured yet", ""] + [f"- {x}" for x in NOT_YET]
     with open(os.path.join(outdir, "report.md"), "w") as f:
