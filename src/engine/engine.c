@@ -139,17 +139,12 @@ int pf_engine_alloc(struct pf_engine *e, uint64_t size, int numa, struct pf_allo
             pf_engine_flush(e, PF_ALLOC_FLUSH_MS);
         }
         pthread_mutex_lock(&e->evict_mu);
-        /* evict few blocks first, twice as many each time the pool still says no: a miss
-         * costs about as many blocks as the allocation needs, not a whole batch (blocks the
-         * SSD writer has not written yet would be lost with them) */
-        size_t want = 1;
         for (;;) {
             rc = pf_pool_alloc(e->pool, size, numa, a_p);
             if (rc != -ENOMEM)
                 break;
             size_t skipped = 0;
-            size_t n = pf_cache_evict(e->cache, want, batch, &skipped);
-            want = PF_MIN_OF(2 * want, PF_ARRAY_SIZE(batch));
+            size_t n = pf_cache_evict(e->cache, PF_ARRAY_SIZE(batch), batch, &skipped);
             if (n == 0)
                 break;
             total += n;

@@ -1,7 +1,7 @@
 /* The engine in-process with the sim GPU: sealing (a block is visible only when every slot
  * of every rank arrived), duplicate and late saves, in-flight GC, backing tiers and prefetch
- * tasks (Loading -> Ready, promotion class, promoted callback, misses), hooks,
- * unregister dropping leases, and how many blocks an allocation under pressure evicts. */
+ * tasks (Loading -> Ready, promotion class, promoted callback, misses), hooks, and
+ * unregister dropping leases. */
 #include <errno.h>
 #include <stdatomic.h>
 #include <setjmp.h>
@@ -308,42 +308,6 @@ static void test_tier(void **st)
     assert_int_equal(after.blocks[0] + after.blocks[1], before.blocks[0] + before.blocks[1]);
 }
 
-/* A full pool makes an allocation evict about as many blocks as it needs, not a whole
- * eviction batch (which emptied the cache and dropped blocks still queued for SSD). */
-static void test_pressure_evicts_few(void **st)
-{
-    struct pf_engine_cleanup_result cr;
-    pf_engine_cleanup_memory(F.e, &cr);
-    const uint64_t bs = 1 << 20;
-    size_t n = 0;
-    for (uint64_t id = 1000;; id++) {
-        struct pf_alloc *a;
-        if (pf_pool_alloc(F.e->pool, bs, -1, &a) != 0)
-            break; /* the pool is full (no eviction in pf_pool_alloc) */
-        struct pf_block_key k;
-        pf_key_make(F.ns, &id, sizeof(id), &k);
-        struct pf_block *b = pf_block_new(&k, 1);
-        b->slots[0] =
-            (struct pf_slot){.k = a->ptr, .ka = a, .seg_len = bs, .seg_stride = bs, .nseg = 1};
-        pf_block_finish(b);
-        assert_int_equal(pf_cache_insert(pf_engine_cache(F.e), b, PF_CLASS_RETAINED), 1);
-        pf_block_put(b);
-        n++;
-    }
-    assert_true(n >= 8);
-    struct pf_cache_stats before, after;
-    pf_cache_stats(pf_engine_cache(F.e), &before);
-    struct pf_alloc *a;
-    assert_int_equal(pf_engine_alloc(F.e, bs, -1, &a), 0);
-    pf_cache_stats(pf_engine_cache(F.e), &after);
-    uint64_t gone = before.blocks[0] + before.blocks[1] - after.blocks[0] - after.blocks[1];
-    printf("pool of %zu blocks full: one block-size allocation evicted %llu\n", n,
-           (unsigned long long)gone);
-    assert_true(gone >= 1 && gone <= 2);
-    pf_alloc_put(a);
-    pf_engine_cleanup_memory(F.e, &cr);
-}
-
 static int sealed_seen, evicted_seen;
 static void on_sealed(void *ctx, struct pf_block *const *b, size_t n)
 {
@@ -401,7 +365,6 @@ int main(void)
         cmocka_unit_test(test_inflight_gc),
         cmocka_unit_test(test_tier),
         cmocka_unit_test(test_hooks_and_unregister),
-        cmocka_unit_test(test_pressure_evicts_few),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
