@@ -31,12 +31,6 @@ static void save_free(struct pf_xfer *x)
     free(c);
 }
 
-/* With integrity on, a save's copy runs in chunks of about this many bytes (whole slots), and
- * the handler checksums each chunk's slots while the device copies the next one: the bytes
- * are hashed right after they land (still in cache), and the insert thread only inserts.
- * 2 MiB chunks cost more in hand-offs than they saved with 64 KiB blocks (bench/README.md). */
-#define SAVE_CHUNK_BYTES (8u << 20)
-
 static void chunk_free(struct pf_xfer *c)
 {
     pf_xfer_put(c->ctx); /* the whole save's transfer, owner of the allocations */
@@ -59,7 +53,7 @@ static int save_copy(struct pf_engine *e, struct pf_worker *w, struct pf_xfer *x
 {
     *queued_p = true;
     int rc;
-    if (!e->cfg.integrity || x->bytes <= SAVE_CHUNK_BYTES) {
+    if (!e->cfg.integrity || x->bytes <= e->cfg.save_chunk_bytes) {
         rc = pf_gpu_worker_submit(w->gw, x);
         if (rc) {
             *queued_p = false;
@@ -83,7 +77,7 @@ static int save_copy(struct pf_engine *e, struct pf_worker *w, struct pf_xfer *x
     for (size_t i = 0; i < b->n;) {
         size_t d0 = d;
         uint64_t bytes = 0;
-        while (i < b->n && (bytes == 0 || bytes < SAVE_CHUNK_BYTES)) {
+        while (i < b->n && (bytes == 0 || bytes < e->cfg.save_chunk_bytes)) {
             for (uint8_t g = 0; g < b->items[i].s.nseg; g++)
                 bytes += x->descs[d++].len;
             i++;

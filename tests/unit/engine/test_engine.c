@@ -42,7 +42,9 @@ static int setup(void **st)
                                   .pool_size = 16 << 20,
                                   .integrity = true,
                                   .skip_memcheck = true,
-                                  .inflight_ttl_ns = 300 * PF_NS_PER_MS};
+                                  .inflight_ttl_ns = 300 * PF_NS_PER_MS,
+                                  /* saves of 3+ blocks copy and checksum in chunks */
+                                  .save_chunk_bytes = 2 * SEG + 1};
     assert_int_equal(pf_engine_create(&ec, &F.e, err, sizeof(err)), 0);
     for (int r = 0; r < 2; r++) {
         assert_int_equal(pf_simkv_create(NB * SEG, r, &F.kv[r]), 0);
@@ -145,19 +147,25 @@ static void test_sealing(void **st)
     assert_int_equal(pf_engine_flush(F.e, 5000), 0);
     assert_int_equal(query("i1", "r", 0, 4, &res), 0);
     assert_int_equal(res.num_hit_blocks, 4);
+    /* every block's slots carry the checksum of their bytes (the 4-block saves were copied
+     * and checksummed in chunks of 3 slots and 1) */
     struct pf_block *b[4];
-    struct pf_block_key k;
+    struct pf_block_key k[4];
     uint32_t ns;
     assert_int_equal(pf_ns_lookup("ns", &ns), 0);
-    pf_key_make(ns, H[0], 32, &k);
-    assert_int_equal(pf_cache_prefix(pf_engine_cache(F.e), &k, 1, b), 1);
-    assert_int_equal(b[0]->nslots, 2);
-    for (int s = 0; s < 2; s++) {
-        assert_true(b[0]->slots[s].has_checksum);
-        assert_true(pf_slot_verify(&b[0]->slots[s], b[0]->slots[s].checksum));
-        assert_memory_equal(b[0]->slots[s].k, pf_simkv_ptr(F.kv[s]), SEG); /* slot = tp_rank */
+    for (int i = 0; i < 4; i++)
+        pf_key_make(ns, H[i], 32, &k[i]);
+    assert_int_equal(pf_cache_prefix(pf_engine_cache(F.e), k, 4, b), 4);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(b[i]->nslots, 2);
+        for (int s = 0; s < 2; s++) {
+            assert_true(b[i]->slots[s].has_checksum);
+            assert_true(pf_slot_verify(&b[i]->slots[s], b[i]->slots[s].checksum));
+            /* slot = tp_rank, block i = block id i */
+            assert_memory_equal(b[i]->slots[s].k, (uint8_t *)pf_simkv_ptr(F.kv[s]) + i * SEG, SEG);
+        }
+        pf_block_put(b[i]);
     }
-    pf_block_put(b[0]);
     release(&res);
 }
 
