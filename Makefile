@@ -3,6 +3,7 @@
 #   make                 build binaries and libpegaflow
 #   make test            install missing deps, build, run unit + integration + python tests
 #   make run             install missing deps, build, start pegaflow-server on defaults (sim GPU)
+#   make demo            install missing deps, build, run pegaflow-sim (a 3-node cluster, a workload, a fault)
 #   make test SAN=address,undefined | SAN=thread   sanitizer builds (own output dir)
 #   make coverage        gcov/lcov build + tests, prints line and branch coverage
 #   make deb | wheel     pegaflow_<version>_<arch>.deb, the connector wheel (build/rel/pkg/)
@@ -36,3 +37,4 @@ include mk/test.mk
 include mk/fuzz.mk
 include mk/targets.mk
 include mk/package.mk
+include mk/sim.mk

@@ -16,7 +16,8 @@ FUZZ_BINDIR := build/fuzz/tests/fuzz
 FUZZ_HELPERS := tests/fuzz/guard.c tests/fuzz/fake_rpc.c
 FUZZ_WRAPS := -Wl,--wrap=getaddrinfo,--wrap=connect,--wrap=mmap \
 	-Wl,--wrap=pf_rpc_fail,--wrap=pf_rpc_respond,--wrap=pf_rpc_call_peer \
-	-Wl,--wrap=pf_rpc_call_expired,--wrap=pf_rpc_call_identities
+	-Wl,--wrap=pf_rpc_call_expired,--wrap=pf_rpc_call_identities \
+	-Wl,--wrap=pf_rpc_call_on_cancel
 FUZZ_SECONDS ?= 180
 FUZZ_TEST_SECONDS ?= 5
 FUZZ_MAKE = $(MAKE) --no-print-directory FUZZ=1 HAVE_CUDA=0 HAVE_VERBS=0 SAN= COVERAGE=

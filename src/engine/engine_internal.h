@@ -108,7 +108,17 @@ struct pf_worker {
     struct pf_layer_reg *layers;
     size_t nlayers;
     uint32_t *by_name; /* indices of layers sorted by name (pf_worker_layer bisects) */
+    uint32_t shard;    /* page-first: the shard (slot) its layer set forms, after sealing */
     struct pf_gpu_worker *gw;
+};
+
+/* Where one layer (by layer id) of a sealed instance lives in a block (topology.c). */
+struct pf_topo_layer {
+    uint32_t group;  /* storage group (layer_group_ids) */
+    uint32_t index;  /* layer-first: rank among its group's layers; page-first: its shard */
+    uint64_t offset; /* page-first: byte offset of the layer in its shard's page */
+    uint64_t bytes;  /* host bytes per block: layer-first host_stride x segments, page-first
+                      * the copy length padded to 512 */
 };
 
 struct pf_instance {
@@ -124,7 +134,12 @@ struct pf_instance {
     _Atomic bool sealed;
     char **layer_names; /* sorted, after sealing */
     size_t nlayer_names;
-    uint32_t total_slots;
+    struct pf_topo_layer *topo; /* per layer id, after sealing */
+    uint32_t ngroups;           /* storage groups (dense ids 0..ngroups-1) */
+    uint32_t *group_slots;      /* slots per block of each storage group */
+    uint32_t nshards;           /* page-first: shards (= slots per block) */
+    uint64_t *shard_bytes;      /* page-first: bytes of each shard's page */
+    uint32_t total_slots;       /* group 0's slots per block */
     _Atomic int refs;
 };
 
@@ -133,6 +148,7 @@ struct pf_instance {
 struct pf_insert_item {
     struct pf_block_key key;
     uint16_t slot;
+    uint16_t nslots;  /* slots of the block (its storage group's slot count) */
     struct pf_slot s; /* holds allocation references */
 };
 
@@ -144,7 +160,6 @@ struct pf_insert_barrier {
 };
 
 struct pf_insert_batch {
-    uint32_t total_slots;
     size_t n;
     int kind; /* 0 items, 1 barrier */
     struct pf_engine *e;
@@ -247,10 +262,53 @@ struct pf_worker *pf_instance_worker(struct pf_instance *in, int32_t device_id);
 /* 0 when every worker of the instance has registered (sealed, acquire); else -EINVAL with
  * "registration incomplete: n/world_size workers registered" in err. */
 int pf_instance_check_sealed(struct pf_engine *e, struct pf_instance *in, char *err, size_t errlen);
-/* Slot of (layer name, tp_rank) in a sealed instance, or -1. */
-int pf_instance_slot(const struct pf_instance *in, const char *layer, uint32_t tp_rank);
 struct pf_layer_reg *pf_worker_layer(struct pf_worker *w, const char *name);
 int pf_engine_remove_instance(struct pf_engine *e, const char *id, size_t *ntensors_p);
+
+/* topology.c: sealing and slot arithmetic (reference §3.2).
+ *
+ * Layer-first (default): layer id = rank of the name among all registered names; a layer of
+ * storage group g that is the k-th of g's layers (in layer-id order) has slot
+ * k * tp_size + tp_rank, and a block of group g has group_slots[g] = layers(g) * tp_size
+ * slots. Page-first (MLA): every distinct layer set a worker registered is a shard (equal
+ * sets are replicas, disjoint sets a layer split), shards ordered by their smallest layer id;
+ * a block has one slot per shard, a page holding the shard's layers in layer-id order at
+ * prefix sums of their sizes padded to 512 bytes (whether or not the server has an SSD
+ * tier, so that a page means the same on every node). */
+
+/* Builds w->by_name (the name index pf_worker_layer bisects). 0 or -ENOMEM. */
+int pf_worker_index_layers(struct pf_worker *w);
+/* Seals the topology of in from its workers: validates it (messages name the layers,
+ * devices or ids at fault; -EINVAL) and fills layer_names, topo, groups, shards, the
+ * workers' layer ids and shards. On error nothing is left allocated. -ENOMEM possible. */
+int pf_topology_seal(struct pf_instance *in, char *err, size_t errlen);
+/* Frees what pf_topology_seal allocated. */
+void pf_topology_free(struct pf_instance *in);
+/* Layer id of name in a sealed instance, or -1. */
+int pf_instance_layer_id(const struct pf_instance *in, const char *name);
+/* Slot of (layer id, tp_rank) inside blocks of the layer's storage group. */
+static inline uint32_t pf_instance_slot_of(const struct pf_instance *in, int layer_id,
+                                           uint32_t tp_rank)
+{
+    const struct pf_topo_layer *t = &in->topo[layer_id];
+    return in->page_first ? t->index : t->index * in->tp_size + tp_rank;
+}
+/* Slots per block of storage group g (g < ngroups). */
+static inline uint32_t pf_instance_group_slots(const struct pf_instance *in, uint32_t g)
+{
+    return in->page_first ? in->nshards : in->group_slots[g];
+}
+/* Slot of (layer name, tp_rank) in a sealed instance, or -1. */
+int pf_instance_slot(const struct pf_instance *in, const char *layer, uint32_t tp_rank);
+/* The cache key of hash in storage group g: the hash itself for group 0, the hash with the
+ * 4-byte big-endian group id appended for g > 0 (reference §2.3). -EINVAL when the hash is
+ * empty or the key would exceed PF_HASH_MAX bytes. */
+int pf_group_key(uint32_t ns, const void *hash, size_t len, uint32_t g, struct pf_block_key *k_p);
+/* The longest hash pf_group_key accepts for group g. */
+static inline size_t pf_group_hash_max(uint32_t g)
+{
+    return g ? PF_HASH_MAX - 4 : PF_HASH_MAX;
+}
 
 /* insert.c */
 int pf_insert_start(struct pf_engine *e);

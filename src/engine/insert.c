@@ -92,7 +92,7 @@ static void handle_items(struct pf_engine *e, struct pf_insert_batch *bt)
         }
         if (!f) {
             f = calloc(1, sizeof(*f));
-            struct pf_block *b = f ? pf_block_new(&it->key, (uint16_t)bt->total_slots) : NULL;
+            struct pf_block *b = f ? pf_block_new(&it->key, it->nslots) : NULL;
             if (!b) {
                 free(f);
                 slot_release(&it->s);
@@ -101,13 +101,13 @@ static void handle_items(struct pf_engine *e, struct pf_insert_batch *bt)
             }
             f->b = b;
             f->created_ns = now;
-            f->remaining = bt->total_slots;
+            f->remaining = it->nslots;
             pf_htable_insert(&e->inflight, &f->hnode, h);
-        } else if (f->b->nslots != bt->total_slots) {
+        } else if (f->b->nslots != it->nslots) {
             pf_log_ratelimited(PF_LOG_WARN, 10000,
                                "slot count mismatch for an in-flight block (%u vs %u): the "
                                "namespace is shared by incompatible KV layouts; dropping",
-                               f->b->nslots, bt->total_slots);
+                               f->b->nslots, it->nslots);
             slot_release(&it->s);
             continue;
         }

@@ -1,5 +1,6 @@
 /* Instances: registration (IPC import, layout validation, rollback), the registering ->
- * sealed lifecycle, topology and slots (reference §2.1, §3.2), lookup and removal.
+ * sealed lifecycle (reference §2.1), lookup and removal. Sealing itself (layer ids, storage
+ * groups, page-first shards, slots; reference §3.2) is topology.c.
  *
  * The instance table is guarded by an rwlock; lookups take a reference that RPC handlers
  * drop when done, so an instance removed while a request uses it is destroyed by the last
@@ -42,9 +43,7 @@ static size_t instance_free(struct pf_instance *in)
     size_t n = 0;
     for (size_t i = 0; i < in->nworkers; i++)
         n += worker_free(in->workers[i]);
-    for (size_t i = 0; i < in->nlayer_names; i++)
-        free(in->layer_names[i]);
-    free(in->layer_names);
+    pf_topology_free(in);
     free(in->workers);
     free(in->id);
     free(in->ns);
@@ -101,163 +100,9 @@ int pf_instance_check_sealed(struct pf_engine *e, struct pf_instance *in, char *
     return -EINVAL;
 }
 
-struct pf_layer_reg *pf_worker_layer(struct pf_worker *w, const char *name)
-{
-    size_t lo = 0, hi = w->by_name ? w->nlayers : 0;
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        struct pf_layer_reg *l = &w->layers[w->by_name[mid]];
-        int c = strcmp(l->name, name);
-        if (c == 0)
-            return l;
-        if (c < 0)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return NULL;
-}
-
-/* Index sort without qsort_r: the comparator reaches the names through a thread-local
- * pointer that index_layers sets around its qsort call. */
-static _Thread_local const struct pf_layer_reg *sort_layers;
-
-static int cmp_layer_idx(const void *a, const void *b)
-{
-    return strcmp(sort_layers[*(const uint32_t *)a].name, sort_layers[*(const uint32_t *)b].name);
-}
-
-static int index_layers(struct pf_worker *w)
-{
-    w->by_name = malloc((w->nlayers ? w->nlayers : 1) * sizeof(*w->by_name));
-    if (!w->by_name)
-        return -ENOMEM;
-    for (size_t i = 0; i < w->nlayers; i++)
-        w->by_name[i] = (uint32_t)i;
-    sort_layers = w->layers;
-    qsort(w->by_name, w->nlayers, sizeof(*w->by_name), cmp_layer_idx);
-    sort_layers = NULL;
-    return 0;
-}
-
-static int layer_index(const struct pf_instance *in, const char *name)
-{
-    size_t lo = 0, hi = in->nlayer_names;
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        int c = strcmp(in->layer_names[mid], name);
-        if (c == 0)
-            return (int)mid;
-        if (c < 0)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return -1;
-}
-
-int pf_instance_slot(const struct pf_instance *in, const char *layer, uint32_t tp_rank)
-{
-    int li = layer_index(in, layer);
-    if (li < 0 || tp_rank >= in->tp_size)
-        return -1;
-    return li * (int)in->tp_size + (int)tp_rank;
-}
-
 static int cmp_str(const void *a, const void *b)
 {
     return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-/* Seals the topology: sorted layer names, consistency across workers, slot coverage. */
-static int seal(struct pf_instance *in, char *err, size_t errlen)
-{
-    size_t cap = 0;
-    for (size_t i = 0; i < in->nworkers; i++)
-        cap += in->workers[i]->nlayers;
-    char **names = calloc(cap ? cap : 1, sizeof(*names));
-    if (!names)
-        return -ENOMEM;
-    size_t n = 0;
-    for (size_t i = 0; i < in->nworkers; i++)
-        for (size_t j = 0; j < in->workers[i]->nlayers; j++)
-            names[n++] = in->workers[i]->layers[j].name;
-    qsort(names, n, sizeof(*names), cmp_str);
-    size_t u = 0;
-    for (size_t i = 0; i < n; i++)
-        if (u == 0 || strcmp(names[u - 1], names[i]) != 0)
-            names[u++] = names[i];
-    int rc = 0;
-    /* per layer: consistent geometry, every tp_rank covered, replicas agree on pp_rank */
-    for (size_t li = 0; li < u && rc == 0; li++) {
-        const struct pf_layer_reg *first = NULL;
-        uint32_t first_pp[256];
-        bool covered[256] = {false};
-        for (size_t i = 0; i < in->nworkers && rc == 0; i++) {
-            struct pf_worker *w = in->workers[i];
-            struct pf_layer_reg *l = pf_worker_layer(w, names[li]);
-            if (!l)
-                continue;
-            if (!first) {
-                first = l;
-            } else if (l->lay.copy_len != first->lay.copy_len || l->lay.nseg != first->lay.nseg ||
-                       l->lay.host_stride != first->lay.host_stride) {
-                snprintf(err, errlen,
-                         "layer %s is registered with different block geometry on different "
-                         "devices",
-                         names[li]);
-                rc = -EINVAL;
-                break;
-            }
-            if (covered[w->tp_rank] && first_pp[w->tp_rank] != w->pp_rank) {
-                snprintf(err, errlen,
-                         "layer %s tp_rank %u is registered by devices with different pp_rank",
-                         names[li], w->tp_rank);
-                rc = -EINVAL;
-                break;
-            }
-            covered[w->tp_rank] = true;
-            first_pp[w->tp_rank] = w->pp_rank;
-        }
-        for (uint32_t r = 0; r < in->tp_size && rc == 0; r++)
-            if (!covered[r]) {
-                snprintf(err, errlen, "layer %s has no registration for tp_rank %u", names[li], r);
-                rc = -EINVAL;
-            }
-    }
-    if (rc == 0 && (uint64_t)u * in->tp_size > UINT16_MAX) {
-        snprintf(err, errlen, "%zu layers x tp_size %u exceed %u slots per block", u, in->tp_size,
-                 UINT16_MAX);
-        rc = -EINVAL;
-    }
-    if (rc) {
-        free(names);
-        return rc;
-    }
-    char **owned = calloc(u ? u : 1, sizeof(*owned));
-    if (!owned) {
-        free(names);
-        return -ENOMEM;
-    }
-    for (size_t i = 0; i < u; i++) {
-        owned[i] = strdup(names[i]);
-        if (!owned[i]) {
-            while (i--)
-                free(owned[i]);
-            free(owned);
-            free(names);
-            return -ENOMEM;
-        }
-    }
-    free(names);
-    in->layer_names = owned;
-    in->nlayer_names = u;
-    for (size_t i = 0; i < in->nworkers; i++)
-        for (size_t j = 0; j < in->workers[i]->nlayers; j++)
-            in->workers[i]->layers[j].layer_id = layer_index(in, in->workers[i]->layers[j].name);
-    in->total_slots = (uint32_t)(u * in->tp_size);
-    atomic_store_explicit(&in->sealed, true, memory_order_release);
-    return 0;
 }
 
 static int find_device(struct pf_engine *e, int32_t device_id, int *hal_p, int *numa_p)
@@ -311,6 +156,30 @@ static int import_layers(struct pf_engine *e, const struct pf_engine_register *r
     return 0;
 }
 
+/* The page-first rules one registration can break on its own (the rest is checked when the
+ * instance seals, pf_topology_seal). */
+static int check_page_first(const struct pf_worker *w, char *err, size_t errlen)
+{
+    for (size_t i = 0; i < w->nlayers; i++) {
+        const struct pf_layer_reg *l = &w->layers[i];
+        if (l->lay.nseg > 1) {
+            snprintf(err, errlen,
+                     "page_first does not support split K/V layers (layer %s on device %d has K "
+                     "and V %llu bytes apart)",
+                     l->name, w->device_id, (unsigned long long)l->lay.kv_stride);
+            return -EINVAL;
+        }
+        if (l->group != 0) {
+            snprintf(err, errlen,
+                     "page_first does not support hybrid storage groups (layer %s has "
+                     "layer_group_id %u)",
+                     l->name, l->group);
+            return -EINVAL;
+        }
+    }
+    return 0;
+}
+
 static int check_request(struct pf_engine *e, const struct pf_engine_register *r, char *err,
                          size_t errlen)
 {
@@ -338,8 +207,12 @@ static int check_request(struct pf_engine *e, const struct pf_engine_register *r
         snprintf(err, errlen, "tp_size %u / world_size %u too large", r->tp_size, r->world_size);
         return -EINVAL;
     }
-    if (r->page_first) {
-        snprintf(err, errlen, "page_first layouts are not supported yet");
+    if (r->page_first && r->tp_size != 1) {
+        snprintf(err, errlen,
+                 "page_first needs tp_size 1 (MLA KV is identical on every TP rank: register "
+                 "every rank with tp_rank 0, tp_size 1 and world_size = the number of ranks), "
+                 "got tp_size %u",
+                 r->tp_size);
         return -EINVAL;
     }
     if (r->transfer_mode != PF_COPY_MODE_DIRECT && r->transfer_mode != PF_COPY_MODE_KERNEL) {
@@ -360,11 +233,11 @@ static int check_request(struct pf_engine *e, const struct pf_engine_register *r
             snprintf(err, errlen, "layer %zu has an empty name", i);
             return -EINVAL;
         }
-        if (r->layers[i].group_id != 0) {
+        if (r->layers[i].group_id >= PF_ENGINE_MAX_LAYERS) {
             snprintf(err, errlen,
-                     "layer_group_ids other than 0 (hybrid cache groups) are not supported yet "
-                     "(layer %s has group %u)",
-                     r->layers[i].name, r->layers[i].group_id);
+                     "layer %s has storage group %u; layer_group_ids must be dense 0..N-1 with "
+                     "N <= %u",
+                     r->layers[i].name, r->layers[i].group_id, PF_ENGINE_MAX_LAYERS);
             return -EINVAL;
         }
     }
@@ -419,8 +292,10 @@ int pf_engine_register(struct pf_engine *e, const struct pf_engine_register *r, 
         goto err_worker;
     }
     rc = import_layers(e, r, w, err, errlen);
+    if (rc == 0 && r->page_first)
+        rc = check_page_first(w, err, errlen);
     if (rc == 0)
-        rc = index_layers(w);
+        rc = pf_worker_index_layers(w);
     if (rc)
         goto err_worker;
     rc = pf_gpu_worker_create(e->gpu, w->hal_dev, w->numa, w->device_id, &w->gw);
@@ -438,9 +313,10 @@ int pf_engine_register(struct pf_engine *e, const struct pf_engine_register *r, 
         if (in->tp_size != r->tp_size || in->world_size != r->world_size ||
             in->page_first != r->page_first) {
             snprintf(err, errlen,
-                     "topology mismatch for instance %s: registered tp_size=%u world_size=%u, "
-                     "request tp_size=%u world_size=%u",
-                     in->id, in->tp_size, in->world_size, r->tp_size, r->world_size);
+                     "topology mismatch for instance %s: registered tp_size=%u world_size=%u "
+                     "page_first=%d, request tp_size=%u world_size=%u page_first=%d",
+                     in->id, in->tp_size, in->world_size, in->page_first, r->tp_size, r->world_size,
+                     r->page_first);
             rc = -EPERM;
             goto err_unlock;
         }
@@ -505,7 +381,7 @@ int pf_engine_register(struct pf_engine *e, const struct pf_engine_register *r, 
     in->workers[in->nworkers++] = w;
     size_t nworkers = in->nworkers; /* for the log line, read under the lock */
     if (in->nworkers == in->world_size) {
-        rc = seal(in, err, errlen);
+        rc = pf_topology_seal(in, err, errlen);
         if (rc) {
             in->workers[--in->nworkers] = NULL;
             if (created) {
@@ -516,9 +392,16 @@ int pf_engine_register(struct pf_engine *e, const struct pf_engine_register *r, 
             }
             goto err_unlock;
         }
-        pf_info("instance %s sealed: namespace %s, %zu layer(s) x tp %u = %u slot(s) per "
-                "block, %u worker(s)",
-                in->id, in->ns, in->nlayer_names, in->tp_size, in->total_slots, in->world_size);
+        atomic_store_explicit(&in->sealed, true, memory_order_release);
+        if (in->page_first)
+            pf_info("instance %s sealed: namespace %s, page-first, %zu layer(s) in %u shard(s) "
+                    "= %u slot(s) per block, %u worker(s)",
+                    in->id, in->ns, in->nlayer_names, in->nshards, in->nshards, in->world_size);
+        else
+            pf_info("instance %s sealed: namespace %s, %zu layer(s) x tp %u, %u storage "
+                    "group(s), group 0 = %u slot(s) per block, %u worker(s)",
+                    in->id, in->ns, in->nlayer_names, in->tp_size, in->ngroups, in->total_slots,
+                    in->world_size);
     }
     pthread_rwlock_unlock(&e->inst_lock);
     pf_info("registered instance %s device %d (tp_rank %u pp_rank %u): %zu layer(s), %zu/%u "

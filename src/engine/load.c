@@ -60,11 +60,14 @@ static int keep_blocks(struct load_ctx *c, struct pf_block **b, size_t n)
     return 0;
 }
 
-/* Counts copy descriptors (and validates the plan) for one lease's blocks. */
+/* Counts copy descriptors (and validates the plan) for one lease's blocks. gsg[g] is the
+ * storage group of layer group g (-1: the group names no layer). A block is checked only
+ * against the layer groups it has a destination in: the lease of a group-1 query carries
+ * "no destination" for the attention groups and the other way round. */
 static int plan_lease(struct pf_instance *in, struct pf_worker *w, uint32_t tp_rank,
-                      const struct pf_engine_load *l, const struct pf_engine_load_lease *ll,
-                      struct pf_block **blocks, size_t nb, struct pf_xfer *x, bool emit,
-                      size_t *ndesc_p, char *err, size_t errlen)
+                      const struct pf_engine_load *l, const int64_t *gsg,
+                      const struct pf_engine_load_lease *ll, struct pf_block **blocks, size_t nb,
+                      struct pf_xfer *x, bool emit, size_t *ndesc_p, char *err, size_t errlen)
 {
     if (ll->ngroups != l->ngroups) {
         snprintf(err, errlen,
@@ -81,22 +84,27 @@ static int plan_lease(struct pf_instance *in, struct pf_worker *w, uint32_t tp_r
                      t->n);
             return -EINVAL;
         }
+        if (gsg[g] < 0)
+            continue;
+        uint32_t want_slots = pf_instance_group_slots(in, (uint32_t)gsg[g]);
         for (size_t j = 0; j < nb; j++) {
-            if (blocks[j]->nslots != in->total_slots) {
-                snprintf(err, errlen,
-                         "leased block has %u slots but instance %s has %u: the namespace is "
-                         "shared by incompatible KV layouts",
-                         blocks[j]->nslots, in->id, in->total_slots);
-                return -EINVAL;
-            }
             int64_t target = t->block_ids[j];
             if (target < 0)
                 continue;
+            if (blocks[j]->nslots != want_slots) {
+                snprintf(err, errlen,
+                         "leased block has %u slots but storage group %lld of instance %s has "
+                         "%u: the lease belongs to another storage group, or the namespace is "
+                         "shared by incompatible KV layouts",
+                         blocks[j]->nslots, (long long)gsg[g], in->id, want_slots);
+                return -EINVAL;
+            }
             for (size_t k = 0; k < l->groups[g].n; k++) {
                 const char *name = l->groups[g].layer_names[k];
                 struct pf_layer_reg *lr = pf_worker_layer(w, name);
-                int slot = pf_instance_slot(in, name, tp_rank);
-                const struct pf_slot *s = &blocks[j]->slots[slot];
+                const struct pf_topo_layer *tl = &in->topo[lr->layer_id];
+                const struct pf_slot *s =
+                    &blocks[j]->slots[pf_instance_slot_of(in, lr->layer_id, tp_rank)];
                 if ((uint64_t)target >= lr->lay.num_blocks) {
                     snprintf(err, errlen,
                              "layer %s: destination block id %lld out of range "
@@ -104,19 +112,30 @@ static int plan_lease(struct pf_instance *in, struct pf_worker *w, uint32_t tp_r
                              name, (long long)target, (unsigned long long)lr->lay.num_blocks);
                     return -EINVAL;
                 }
-                if (s->seg_len != lr->lay.copy_len || s->nseg != lr->lay.nseg || !s->k) {
-                    snprintf(err, errlen,
-                             "layer %s: stored slot (%u x %u bytes) does not match the "
-                             "registered layout (%u x %llu bytes)",
-                             name, s->nseg, s->seg_len, lr->lay.nseg,
-                             (unsigned long long)lr->lay.copy_len);
+                bool fits = in->page_first
+                                ? s->nseg == 1 && s->seg_len == in->shard_bytes[tl->index]
+                                : s->seg_len == lr->lay.copy_len && s->nseg == lr->lay.nseg;
+                if (!fits || !s->k) {
+                    if (in->page_first)
+                        snprintf(err, errlen,
+                                 "layer %s: stored page (%u x %u bytes) does not match the "
+                                 "registered shard page (%llu bytes)",
+                                 name, s->nseg, s->seg_len,
+                                 (unsigned long long)in->shard_bytes[tl->index]);
+                    else
+                        snprintf(err, errlen,
+                                 "layer %s: stored slot (%u x %u bytes) does not match the "
+                                 "registered layout (%u x %llu bytes)",
+                                 name, s->nseg, s->seg_len, lr->lay.nseg,
+                                 (unsigned long long)lr->lay.copy_len);
                     return -EINVAL;
                 }
                 for (uint32_t seg = 0; seg < lr->lay.nseg; seg++) {
                     if (emit) {
+                        char *host = in->page_first ? (char *)s->k + tl->offset : seg ? s->v : s->k;
                         x->descs[x->n++] = (struct pf_copy_desc){
                             .dev = pf_layout_addr(&lr->lay, (uint64_t)target, seg),
-                            .host = seg ? s->v : s->k,
+                            .host = host,
                             .len = lr->lay.copy_len};
                         x->bytes += lr->lay.copy_len;
                     }
@@ -150,7 +169,8 @@ int pf_engine_load(struct pf_engine *e, const struct pf_engine_load *l, char *er
         size_t n;
     } *leased = NULL;
     size_t nleased = 0;
-    bool *seen = NULL; /* per registered layer: named by the request */
+    bool *seen = NULL;   /* per registered layer: named by the request */
+    int64_t *gsg = NULL; /* per layer group: its storage group, -1 while it names no layer */
     if (!l->instance_id || !*l->instance_id) {
         snprintf(err, errlen, "instance_id must not be empty");
         rc = -EINVAL;
@@ -184,11 +204,13 @@ int pf_engine_load(struct pf_engine *e, const struct pf_engine_load *l, char *er
         goto fail;
     }
     seen = calloc(w->nlayers ? w->nlayers : 1, sizeof(*seen));
-    if (!seen) {
+    gsg = malloc(l->ngroups * sizeof(*gsg));
+    if (!seen || !gsg) {
         rc = -ENOMEM;
         goto fail;
     }
-    for (size_t g = 0; g < l->ngroups; g++)
+    for (size_t g = 0; g < l->ngroups; g++) {
+        gsg[g] = -1;
         for (size_t k = 0; k < l->groups[g].n; k++) {
             const char *name = l->groups[g].layer_names[k];
             struct pf_layer_reg *lr = name ? pf_worker_layer(w, name) : NULL;
@@ -204,7 +226,18 @@ int pf_engine_load(struct pf_engine *e, const struct pf_engine_load *l, char *er
                 goto fail;
             }
             seen[lr - w->layers] = true;
+            int64_t sg = in->topo[lr->layer_id].group;
+            if (gsg[g] >= 0 && gsg[g] != sg) {
+                snprintf(err, errlen,
+                         "load group %zu mixes storage groups: layer %s is in group %lld, layer "
+                         "%s in group %lld",
+                         g, l->groups[g].layer_names[0], (long long)gsg[g], name, (long long)sg);
+                rc = -EINVAL;
+                goto fail;
+            }
+            gsg[g] = sg;
         }
+    }
     leased = calloc(l->nloads ? l->nloads : 1, sizeof(*leased));
     if (!leased) {
         rc = -ENOMEM;
@@ -219,8 +252,8 @@ int pf_engine_load(struct pf_engine *e, const struct pf_engine_load *l, char *er
         if (rc)
             goto fail;
         nleased = i + 1;
-        rc = plan_lease(in, w, l->tp_rank, l, &l->loads[i], leased[i].b, leased[i].n, NULL, false,
-                        &ndesc, err, errlen);
+        rc = plan_lease(in, w, l->tp_rank, l, gsg, &l->loads[i], leased[i].b, leased[i].n, NULL,
+                        false, &ndesc, err, errlen);
         if (rc)
             goto fail;
     }
@@ -261,8 +294,8 @@ int pf_engine_load(struct pf_engine *e, const struct pf_engine_load *l, char *er
     }
     size_t dummy = 0;
     for (size_t i = 0; i < l->nloads; i++) {
-        plan_lease(in, w, l->tp_rank, l, &l->loads[i], leased[i].b, leased[i].n, x, true, &dummy,
-                   err, errlen);
+        plan_lease(in, w, l->tp_rank, l, gsg, &l->loads[i], leased[i].b, leased[i].n, x, true,
+                   &dummy, err, errlen);
         rc = keep_blocks(c, leased[i].b, leased[i].n);
         if (rc)
             goto fail;
@@ -282,6 +315,7 @@ int pf_engine_load(struct pf_engine *e, const struct pf_engine_load *l, char *er
     pf_xfer_put(x);
     free(leased);
     free(seen);
+    free(gsg);
     pf_instance_put(in);
     return rc;
 fail:
@@ -303,6 +337,7 @@ fail:
     }
     free(leased);
     free(seen);
+    free(gsg);
     pf_xfer_put(x);
     pf_instance_put(in);
     return rc;

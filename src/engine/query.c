@@ -2,7 +2,15 @@
  * run of resident blocks from the first hash. A Ready answer with hits pins those blocks
  * with a lease (one share per worker of the instance). A RAM miss leaves no state behind,
  * so the same req_id can hit later. Backing tiers (SSD, peers) start a per-req_id
- * background task and answer Loading; without them the answer is Ready at once. */
+ * background task and answer Loading; without them the answer is Ready at once.
+ *
+ * Storage groups g > 0 (hybrid models) key blocks by hash + big-endian g. Without
+ * wait_for_full_prefix the query is a membership test against RAM: every position answers
+ * on its own, hit_positions lists the hits ascending and the lease pins exactly those
+ * blocks in that order. With it the query is an all-or-nothing want-set through the same
+ * prefetch machinery (its task keyed apart from the request's group-0 task): Ready with a
+ * lease and hit_positions 0..n-1 when every block is there, else Ready with the count
+ * found, no lease and no positions. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,10 +38,34 @@ static void record_hll(struct pf_engine *e, struct pf_instance *in, const struct
     } while (done < nmiss);
 }
 
+/* hit_positions 0..n-1 (want-set answers). */
+static int positions_all(struct pf_engine_query_result *res, size_t n)
+{
+    res->hit_positions = malloc((n ? n : 1) * sizeof(*res->hit_positions));
+    if (!res->hit_positions)
+        return -ENOMEM;
+    for (size_t i = 0; i < n; i++)
+        res->hit_positions[i] = (uint32_t)i;
+    res->nhit_positions = n;
+    return 0;
+}
+
+static int finish_task_lease(struct pf_engine *e, struct pf_instance *in,
+                             struct pf_prefetch_task *t, size_t total,
+                             struct pf_engine_query_result *res, char *err, size_t errlen);
+
+/* A complete want-set: positions 0..n-1 and a lease over the whole set. */
+static int lease_all(struct pf_engine *e, struct pf_instance *in, struct pf_prefetch_task *t,
+                     size_t total, struct pf_engine_query_result *res, char *err, size_t errlen)
+{
+    int rc = positions_all(res, total);
+    return rc ? rc : finish_task_lease(e, in, t, total, res, err, errlen);
+}
+
 /* Promotes a finished task's blocks into RAM and answers Ready with a lease over the RAM
  * prefix at task start plus the fetched run. */
 static int finish_task(struct pf_engine *e, struct pf_instance *in, struct pf_prefetch_task *t,
-                       struct pf_engine_query_result *res, char *err, size_t errlen)
+                       bool want_set, struct pf_engine_query_result *res, char *err, size_t errlen)
 {
     size_t total = t->nprefix + t->nfetched;
     if (t->nfetched && t->tier >= 0) {
@@ -52,9 +84,19 @@ static int finish_task(struct pf_engine *e, struct pf_instance *in, struct pf_pr
             tier->promoted(tier->ctx, t->fetched, t->nfetched);
     }
     res->num_hit_blocks = (uint32_t)total;
+    if (want_set)
+        return total == t->nprefix + t->n ? lease_all(e, in, t, total, res, err, errlen) : 0;
     record_hll(e, in, t->keys + t->nfetched, t->n - t->nfetched, t->nprefix + t->n);
     if (total == 0)
         return 0;
+    return finish_task_lease(e, in, t, total, res, err, errlen);
+}
+
+/* A lease over the task's RAM prefix and fetched run (the lease takes the references). */
+static int finish_task_lease(struct pf_engine *e, struct pf_instance *in,
+                             struct pf_prefetch_task *t, size_t total,
+                             struct pf_engine_query_result *res, char *err, size_t errlen)
+{
     struct pf_block **all = malloc(total * sizeof(*all));
     if (!all)
         return -ENOMEM;
@@ -63,6 +105,39 @@ static int finish_task(struct pf_engine *e, struct pf_instance *in, struct pf_pr
     t->nprefix = t->nfetched = 0; /* the lease takes the references */
     int rc = pf_lease_create(e->leases, in->id, all, total, in->world_size, res->lease);
     free(all);
+    if (rc) {
+        snprintf(err, errlen, "cannot create a lease: %s", strerror(-rc));
+        return rc;
+    }
+    res->has_lease = true;
+    return 0;
+}
+
+/* Group > 0 without wait_for_full_prefix: each position on its own, against RAM. */
+static int query_members(struct pf_engine *e, struct pf_instance *in,
+                         const struct pf_block_key *keys, struct pf_block **blocks, size_t n,
+                         struct pf_engine_query_result *res, char *err, size_t errlen)
+{
+    size_t hits = pf_cache_lookup_each(e->cache, keys, n, blocks);
+    pf_child_add(pf_metric_child1(e->m_tier, "ram"), (double)hits);
+    pf_child_add(pf_metric_child1(e->m_tier, "miss"), (double)(n - hits));
+    res->num_hit_blocks = (uint32_t)hits;
+    if (hits == 0)
+        return 0;
+    res->hit_positions = malloc(hits * sizeof(*res->hit_positions));
+    if (!res->hit_positions) {
+        for (size_t i = 0; i < n; i++)
+            pf_block_put(blocks[i]);
+        return -ENOMEM;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (blocks[i]) {
+            res->hit_positions[k] = (uint32_t)i;
+            blocks[k++] = blocks[i];
+        }
+    res->nhit_positions = k;
+    int rc = pf_lease_create(e->leases, in->id, blocks, k, in->world_size, res->lease);
     if (rc) {
         snprintf(err, errlen, "cannot create a lease: %s", strerror(-rc));
         return rc;
@@ -91,11 +166,20 @@ int pf_engine_query(struct pf_engine *e, const struct pf_engine_query *q,
     int rc = 0;
     struct pf_block_key *keys = NULL;
     struct pf_block **blocks = NULL;
-    if (q->group_id != 0) {
-        snprintf(err, errlen, "group_id %u: hybrid cache groups are not supported yet",
-                 q->group_id);
-        rc = -EINVAL;
-        goto out;
+    char *task_req = NULL;
+    uint32_t g = q->group_id;
+    if (g != 0) {
+        rc = pf_instance_check_sealed(e, in, err, errlen);
+        if (rc)
+            goto out;
+        if (g >= in->ngroups) {
+            snprintf(err, errlen,
+                     "group_id %u is not a storage group of instance %s (it has %u: "
+                     "0..%u)",
+                     g, in->id, in->ngroups, in->ngroups - 1);
+            rc = -EINVAL;
+            goto out;
+        }
     }
     if (q->n == 0)
         goto out; /* Ready, 0 hits, no lease */
@@ -106,17 +190,34 @@ int pf_engine_query(struct pf_engine *e, const struct pf_engine_query *q,
         goto out;
     }
     for (size_t i = 0; i < q->n; i++) {
-        if (pf_key_make(in->ns_id, q->hashes[i].data, q->hashes[i].len, &keys[i]) != 0) {
-            snprintf(err, errlen, "block hash %zu has %zu bytes (1..%d allowed)", i,
-                     q->hashes[i].len, PF_HASH_MAX);
+        if (pf_group_key(in->ns_id, q->hashes[i].data, q->hashes[i].len, g, &keys[i]) != 0) {
+            snprintf(err, errlen, "block hash %zu has %zu bytes (1..%zu allowed)", i,
+                     q->hashes[i].len, pf_group_hash_max(g));
             rc = -EINVAL;
             goto out;
         }
     }
+    if (g != 0 && !q->wait_for_full_prefix) {
+        rc = query_members(e, in, keys, blocks, q->n, res, err, errlen);
+        goto out;
+    }
+    bool want_set = g != 0;
+    const char *req = q->req_id;
+    if (want_set) {
+        /* the want-set of group g has its own task next to the request's prefix task */
+        size_t len = strlen(q->req_id) + 24;
+        task_req = malloc(len);
+        if (!task_req) {
+            rc = -ENOMEM;
+            goto out;
+        }
+        snprintf(task_req, len, "%s\x1fgroup%u", q->req_id, g);
+        req = task_req;
+    }
     /* a finished background fetch for this req_id answers first (with its original
      * hashes, as the reference does); a running one answers Loading */
     struct pf_prefetch_task *t = NULL;
-    int st = e->ntiers ? pf_prefetch_take(e, q->instance_id, q->req_id, &t) : 0;
+    int st = e->ntiers ? pf_prefetch_take(e, q->instance_id, req, &t) : 0;
     if (st == 2 && t->n && t->keys[0].ns != in->ns_id) {
         /* left by an earlier registration of this instance id in another namespace */
         pf_prefetch_task_put(t);
@@ -128,20 +229,22 @@ int pf_engine_query(struct pf_engine *e, const struct pf_engine_query *q,
         goto out;
     }
     if (st == 2) {
-        rc = finish_task(e, in, t, res, err, errlen);
+        rc = finish_task(e, in, t, want_set, res, err, errlen);
         pf_prefetch_task_put(t);
         goto out;
     }
     size_t hits = pf_cache_prefix(e->cache, keys, q->n, blocks);
-    pf_metric_add(e->m_hits, (double)hits);
-    pf_metric_add(e->m_misses, (double)(q->n - hits));
+    if (!want_set) {
+        pf_metric_add(e->m_hits, (double)hits);
+        pf_metric_add(e->m_misses, (double)(q->n - hits));
+    }
     pf_child_add(pf_metric_child1(e->m_tier, "ram"), (double)hits);
     if (hits < q->n && e->ntiers) {
         size_t cnt = 0;
-        int tier = pf_prefetch_probe(e, q->req_id, keys + hits, q->n - hits,
-                                     q->wait_for_full_prefix, &cnt);
-        if (tier >= 0 && pf_prefetch_begin(e, q->instance_id, q->req_id, keys + hits, q->n - hits,
-                                           blocks, hits, q->wait_for_full_prefix) == 0) {
+        bool full = q->wait_for_full_prefix;
+        int tier = pf_prefetch_probe(e, req, keys + hits, q->n - hits, full, &cnt);
+        if (tier >= 0 && pf_prefetch_begin(e, q->instance_id, req, keys + hits, q->n - hits, blocks,
+                                           hits, full) == 0) {
             pf_child_add(pf_metric_child1(e->m_tier, e->tiers[tier].name), (double)cnt);
             pf_child_add(pf_metric_child1(e->m_tier, "miss"), (double)(q->n - hits - cnt));
             res->loading = true;
@@ -149,8 +252,19 @@ int pf_engine_query(struct pf_engine *e, const struct pf_engine_query *q,
         }
     }
     pf_child_add(pf_metric_child1(e->m_tier, "miss"), (double)(q->n - hits));
-    record_hll(e, in, keys + hits, q->n - hits, q->n);
     res->num_hit_blocks = (uint32_t)hits;
+    if (want_set && hits < q->n) {
+        for (size_t i = 0; i < hits; i++) /* a partial want-set is a miss: no lease */
+            pf_block_put(blocks[i]);
+        goto out;
+    }
+    if (!want_set)
+        record_hll(e, in, keys + hits, q->n - hits, q->n);
+    if (want_set && (rc = positions_all(res, hits)) != 0) {
+        for (size_t i = 0; i < hits; i++)
+            pf_block_put(blocks[i]);
+        goto out;
+    }
     if (hits > 0) {
         rc = pf_lease_create(e->leases, in->id, blocks, hits, in->world_size, res->lease);
         if (rc) {
@@ -159,8 +273,15 @@ int pf_engine_query(struct pf_engine *e, const struct pf_engine_query *q,
         }
         res->has_lease = true;
     }
-    pf_trace("query %s/%s: %zu of %zu blocks resident", q->instance_id, q->req_id, hits, q->n);
+    pf_trace("query %s/%s group %u: %zu of %zu blocks resident", q->instance_id, q->req_id, g, hits,
+             q->n);
 out:
+    if (rc) {
+        free(res->hit_positions);
+        res->hit_positions = NULL;
+        res->nhit_positions = 0;
+    }
+    free(task_req);
     free(keys);
     free(blocks);
     pf_instance_put(in);

@@ -1,9 +1,11 @@
-/* Save (reference §2.2, §3.5): validate, drop blocks already resident, allocate pinned
- * memory (one allocation per layer per segment for the whole call, or one per block with
- * --blockwise-alloc), run the D2H copies on the device's save thread and wait for them (with
+/* Save (reference §2.2, §3.3, §3.5): validate, drop blocks already resident, allocate pinned
+ * memory (layer-first: one allocation per layer per segment for the whole call, or one per
+ * block with --blockwise-alloc; page-first: one page per block holding every layer of the
+ * worker's shard), run the D2H copies on the device's save thread and wait for them (with
  * integrity on: in chunks, each chunk's slots checksummed here while the next one copies),
- * then hand the slots to the insert thread, which seals blocks when all their slots
- * arrived. */
+ * then hand the slots to the insert thread, which seals blocks when all their slots arrived.
+ * Keys carry the layer's storage group (pf_group_key) and every slot its group's slot count,
+ * so each storage group seals against its own slots. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,7 +55,12 @@ static int save_copy(struct pf_engine *e, struct pf_worker *w, struct pf_xfer *x
 {
     *queued_p = true;
     int rc;
-    if (!e->cfg.integrity || x->bytes <= e->cfg.save_chunk_bytes) {
+    /* chunks are cut at item boundaries: only when item i owns exactly its nseg descriptors,
+     * in order (layer-first saves; a page-first page has one descriptor per layer) */
+    size_t per_item = 0;
+    for (size_t i = 0; i < b->n; i++)
+        per_item += b->items[i].s.nseg;
+    if (!e->cfg.integrity || x->bytes <= e->cfg.save_chunk_bytes || per_item != x->n) {
         rc = pf_gpu_worker_submit(w->gw, x);
         if (rc) {
             *queued_p = false;
@@ -122,6 +129,8 @@ static int save_copy(struct pf_engine *e, struct pf_worker *w, struct pf_xfer *x
 struct plan {
     struct pf_layer_reg *l;
     int slot;
+    uint32_t group;
+    uint16_t nslots; /* slots of the blocks this layer saves into */
     size_t n;
     uint32_t *ids;
     struct pf_block_key *keys;
@@ -178,7 +187,9 @@ static int validate(struct pf_engine *e, struct pf_instance *in, struct pf_worke
         }
         seen[l - w->layers] = true;
         plans[i].l = l;
-        plans[i].slot = pf_instance_slot(in, L->name, tp_rank);
+        plans[i].group = in->topo[l->layer_id].group;
+        plans[i].slot = (int)pf_instance_slot_of(in, l->layer_id, tp_rank);
+        plans[i].nslots = (uint16_t)pf_instance_group_slots(in, plans[i].group);
         plans[i].ids = malloc((L->nids ? L->nids : 1) * sizeof(uint32_t));
         plans[i].keys = malloc((L->nids ? L->nids : 1) * sizeof(struct pf_block_key));
         if (!plans[i].ids || !plans[i].keys) {
@@ -192,10 +203,10 @@ static int validate(struct pf_engine *e, struct pf_instance *in, struct pf_worke
                 rc = -EINVAL;
                 goto out;
             }
-            if (pf_key_make(in->ns_id, L->hashes[j].data, L->hashes[j].len, &plans[i].keys[j]) !=
-                0) {
-                snprintf(err, errlen, "layer %s: block hash %zu has %zu bytes (1..%d allowed)",
-                         L->name, j, L->hashes[j].len, PF_HASH_MAX);
+            if (pf_group_key(in->ns_id, L->hashes[j].data, L->hashes[j].len, plans[i].group,
+                             &plans[i].keys[j]) != 0) {
+                snprintf(err, errlen, "layer %s: block hash %zu has %zu bytes (1..%zu allowed)",
+                         L->name, j, L->hashes[j].len, pf_group_hash_max(plans[i].group));
                 rc = -EINVAL;
                 goto out;
             }
@@ -229,11 +240,89 @@ static size_t dedup(struct pf_engine *e, struct plan *plans, size_t nplans)
     return left;
 }
 
+/* A page-first save writes whole pages: every layer of the worker's shard, all with the
+ * same block list (reference §3.2). */
+static int check_pages(struct pf_worker *w, const struct pf_engine_save_layer *layers,
+                       size_t nlayers, const struct plan *plans, char *err, size_t errlen)
+{
+    if (nlayers != w->nlayers) {
+        const char *missing = "?";
+        for (size_t k = 0; k < w->nlayers; k++) {
+            bool named = false;
+            for (size_t i = 0; i < nlayers && !named; i++)
+                named = plans[i].l == &w->layers[k];
+            if (!named) {
+                missing = w->layers[k].name;
+                break;
+            }
+        }
+        snprintf(err, errlen,
+                 "page_first: a save must cover all %zu layers of device %d's shard, got %zu "
+                 "(layer %s is missing)",
+                 w->nlayers, w->device_id, nlayers, missing);
+        return -EINVAL;
+    }
+    for (size_t i = 1; i < nlayers; i++) {
+        bool same = plans[i].n == plans[0].n;
+        for (size_t j = 0; same && j < plans[0].n; j++)
+            same = plans[i].ids[j] == plans[0].ids[j] &&
+                   pf_key_eq(&plans[i].keys[j], &plans[0].keys[j]);
+        if (!same) {
+            snprintf(err, errlen,
+                     "page_first: layer %s saves another block list than layer %s (every layer "
+                     "of a page-first save needs the same block ids and hashes)",
+                     layers[i].name, layers[0].name);
+            return -EINVAL;
+        }
+    }
+    return 0;
+}
+
 static int add_alloc(struct save_ctx *c, struct pf_alloc *a, size_t cap)
 {
     if (c->nallocs == cap)
         return -ENOSPC;
     c->allocs[c->nallocs++] = a;
+    return 0;
+}
+
+/* Page-first: one page allocation per block (reference §3.3) holding every layer of the
+ * worker's shard at its offset; the padding between layers is zeroed so the slot checksum
+ * covers defined bytes. */
+static int build_pages(struct pf_engine *e, struct pf_instance *in, struct pf_worker *w,
+                       const struct plan *plans, size_t nlayers, int numa, struct pf_xfer *x,
+                       struct save_ctx *sc, size_t cap, struct pf_insert_batch *batch)
+{
+    uint64_t page = in->shard_bytes[w->shard];
+    for (size_t j = 0; j < plans[0].n; j++) {
+        struct pf_alloc *a;
+        int rc = pf_engine_alloc(e, page, numa, &a);
+        if (rc == 0)
+            rc = add_alloc(sc, a, cap);
+        if (rc)
+            return rc;
+        pf_alloc_get(a); /* the slot's reference */
+        struct pf_insert_item *it = &batch->items[batch->n++];
+        it->key = plans[0].keys[j];
+        it->slot = (uint16_t)w->shard;
+        it->nslots = (uint16_t)in->nshards;
+        it->s = (struct pf_slot){.k = a->ptr,
+                                 .ka = a,
+                                 .seg_len = (uint32_t)page,
+                                 .seg_stride = (uint32_t)page,
+                                 .nseg = 1,
+                                 .numa = (int16_t)w->numa};
+        for (size_t i = 0; i < nlayers; i++) {
+            const struct pf_layout *lay = &plans[i].l->lay;
+            const struct pf_topo_layer *t = &in->topo[plans[i].l->layer_id];
+            char *host = (char *)a->ptr + t->offset;
+            if (t->bytes > lay->copy_len)
+                memset(host + lay->copy_len, 0, t->bytes - lay->copy_len);
+            x->descs[x->n++] = (struct pf_copy_desc){
+                .dev = pf_layout_addr(lay, plans[0].ids[j], 0), .host = host, .len = lay->copy_len};
+            x->bytes += lay->copy_len;
+        }
+    }
     return 0;
 }
 
@@ -282,11 +371,22 @@ int pf_engine_save(struct pf_engine *e, const char *instance_id, uint32_t tp_ran
     rc = validate(e, in, w, tp_rank, layers, nlayers, plans, &total, err, errlen);
     if (rc)
         goto out;
-    size_t left = dedup(e, plans, nlayers);
+    if (in->page_first && nlayers > 0) { /* an empty save stays a no-op */
+        rc = check_pages(w, layers, nlayers, plans, err, errlen);
+        if (rc)
+            goto out;
+    }
+    /* page-first: every plan names the same blocks, the first one stands for the pages */
+    size_t nplans = in->page_first ? 1 : nlayers;
+    size_t left = dedup(e, plans, nplans);
     if (left == 0)
         goto out;                 /* everything already resident (or empty save) */
-    uint64_t need = 0, piece = 0; /* all new bytes; the largest per-layer segment piece */
-    for (size_t i = 0; i < nlayers; i++) {
+    uint64_t need = 0, piece = 0; /* all new bytes; the largest contiguous piece */
+    if (in->page_first) {
+        piece = in->shard_bytes[w->shard];
+        need = (uint64_t)left * piece;
+    }
+    for (size_t i = 0; i < nplans && !in->page_first; i++) {
         uint64_t seg = (uint64_t)plans[i].n * plans[i].l->lay.host_stride;
         need += seg * plans[i].l->lay.nseg;
         piece = seg > piece ? seg : piece;
@@ -307,10 +407,10 @@ int pf_engine_save(struct pf_engine *e, const char *instance_id, uint32_t tp_ran
     /* allocations and copy descriptors */
     size_t ndesc = 0;
     for (size_t i = 0; i < nlayers; i++)
-        ndesc += plans[i].n * plans[i].l->lay.nseg;
+        ndesc += plans[in->page_first ? 0 : i].n * plans[i].l->lay.nseg;
     x = pf_xfer_new(PF_COPY_D2H, w->mode, ndesc);
     struct save_ctx *sc = calloc(1, sizeof(*sc));
-    size_t cap = e->cfg.blockwise_alloc ? ndesc : nlayers * 2;
+    size_t cap = in->page_first ? left : e->cfg.blockwise_alloc ? ndesc : nlayers * 2;
     if (sc)
         sc->allocs = calloc(cap ? cap : 1, sizeof(*sc->allocs));
     if (!x || !sc || !sc->allocs) {
@@ -327,9 +427,13 @@ int pf_engine_save(struct pf_engine *e, const char *instance_id, uint32_t tp_ran
         rc = -ENOMEM;
         goto out;
     }
-    batch->total_slots = in->total_slots;
     int numa = pf_pool_region_index(e->pool, w->numa) >= 0 ? w->numa : -1;
-    for (size_t i = 0; i < nlayers; i++) {
+    if (in->page_first) {
+        rc = build_pages(e, in, w, plans, nlayers, numa, x, sc, cap, batch);
+        if (rc)
+            goto alloc_fail;
+    }
+    for (size_t i = 0; i < nlayers && !in->page_first; i++) {
         struct plan *p = &plans[i];
         const struct pf_layout *lay = &p->l->lay;
         if (p->n == 0)
@@ -348,6 +452,7 @@ int pf_engine_save(struct pf_engine *e, const char *instance_id, uint32_t tp_ran
             struct pf_insert_item *it = &batch->items[batch->n++];
             it->key = p->keys[j];
             it->slot = (uint16_t)p->slot;
+            it->nslots = p->nslots;
             it->s.seg_len = (uint32_t)lay->copy_len;
             it->s.seg_stride = (uint32_t)lay->host_stride;
             it->s.nseg = (uint8_t)lay->nseg;

@@ -119,4 +119,12 @@ struct pf_rpc_channel *pf_meta_targets_reg(const struct pf_meta_targets *t, size
 struct pf_rpc_channel *pf_meta_targets_query(const struct pf_meta_targets *t, size_t i);
 bool pf_meta_targets_failed(struct pf_meta_targets *t, size_t i, int grpc_code);
 
+/* The node's MetaServer client (client.c) as client_query.c uses it: whether stop was
+ * called; its replica set (owned by the client); a failed query (counted; when unreachable
+ * is set and a session is up, the heartbeat runs at once to confirm the outage). */
+struct pf_meta_client;
+bool pf_meta_client_stopping(struct pf_meta_client *c);
+struct pf_meta_targets *pf_meta_client_targets(struct pf_meta_client *c);
+void pf_meta_client_query_failed(struct pf_meta_client *c, bool unreachable);
+
 #endif

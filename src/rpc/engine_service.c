@@ -245,6 +245,14 @@ static int copy_str(const struct pf_wire_field *f, char *out, size_t cap)
     return memchr(out, '\0', f->len) ? -1 : 0;
 }
 
+static void undo_lease(void *ctx, const void *arg, size_t len)
+{
+    char err[ERRLEN] = "";
+    struct pf_bytes lease = {arg, len};
+    if (pf_engine_release(ctx, &lease, err, sizeof(err)) == 0)
+        pf_debug("a QueryPrefetch caller went away before its answer: lease released");
+}
+
 static int h_query(void *ctx, struct pf_rpc_call *call, const uint8_t *data, size_t len)
 {
     struct pf_engine_service *svc = ctx;
@@ -299,11 +307,24 @@ static int h_query(void *ctx, struct pf_rpc_call *call, const uint8_t *data, siz
             hashes[k++] = (struct pf_bytes){f.data, f.len};
     q.hashes = hashes;
     q.n = nh;
+    /* A query whose caller already gave up (a deadline passed while the call waited for a
+     * handler thread, or a link that came back late) must not pin blocks: its lease would
+     * reach nobody and hold the blocks until the lease TTL. */
+    if (pf_rpc_call_expired(call)) {
+        free(hashes);
+        pf_debug("QueryPrefetch %s/%s arrived past its caller's deadline: not run", inst, req);
+        return pf_rpc_fail(call, PF_GRPC_DEADLINE_EXCEEDED,
+                           "the caller's deadline passed before the query ran");
+    }
     struct pf_engine_query_result res;
     int rc = pf_engine_query(svc->engine, &q, &res, err, sizeof(err));
     free(hashes);
     if (rc)
         return fail_errno(call, rc, err);
+    /* a caller that is gone by the time the answer leaves never learns the lease: release
+     * it then instead of leaving the blocks pinned until the lease TTL */
+    if (res.has_lease)
+        (void)pf_rpc_call_on_cancel(call, undo_lease, svc->engine, res.lease, sizeof(res.lease));
     Pegaflow__QueryResponse resp = PEGAFLOW__QUERY_RESPONSE__INIT;
     Pegaflow__QueryLoading loading = PEGAFLOW__QUERY_LOADING__INIT;
     Pegaflow__QueryReady ready = PEGAFLOW__QUERY_READY__INIT;

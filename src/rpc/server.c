@@ -64,6 +64,12 @@ struct pf_rpc_call {
     void *stream_ctx;
     _Atomic int pstate;
     _Atomic bool gone; /* the caller cancelled or disconnected (pf_rpc_call_expired) */
+    /* pf_rpc_call_on_cancel: whoever exchanges undo_fn to NULL first runs it */
+    _Atomic(pf_rpc_undo_fn) undo_fn;
+    void *undo_ctx;
+    bool undo_set;
+    size_t undo_len;
+    uint8_t undo_arg[PF_RPC_UNDO_MAX];
     char *peer;
     grpc_metadata park_md;
 } __attribute__((aligned(8)));
@@ -154,6 +160,32 @@ bool pf_rpc_call_expired(struct pf_rpc_call *call)
         return true;
     gpr_timespec dl = call->details.deadline;
     return gpr_time_cmp(gpr_now(dl.clock_type), dl) > 0;
+}
+
+static void run_undo(struct pf_rpc_call *c)
+{
+    pf_rpc_undo_fn fn = atomic_exchange(&c->undo_fn, (pf_rpc_undo_fn)NULL);
+    if (fn)
+        fn(c->undo_ctx, c->undo_arg, c->undo_len);
+}
+
+int pf_rpc_call_on_cancel(struct pf_rpc_call *call, pf_rpc_undo_fn fn, void *ctx, const void *arg,
+                          size_t len)
+{
+    if (!fn || len > PF_RPC_UNDO_MAX || (len && !arg))
+        return -EINVAL;
+    if (call->undo_set) /* only the handler registers: a plain flag */
+        return -EBUSY;
+    call->undo_set = true;
+    call->undo_ctx = ctx;
+    call->undo_len = len;
+    if (len)
+        memcpy(call->undo_arg, arg, len);
+    atomic_store(&call->undo_fn, fn);
+    /* the watcher sets gone before it looks for an undo: either it sees fn, or we see gone */
+    if (atomic_load(&call->gone))
+        run_undo(call);
+    return 0;
 }
 
 /* The caller's address without the port ("ipv4:10.0.0.1:5555" -> "ipv4:10.0.0.1"). */
@@ -468,8 +500,10 @@ static void on_closed(struct pf_rpc_call *c)
     struct pf_rpc_server *s = c->srv;
     /* the close batch also completes on a normal end of the request stream: only a
      * cancellation means the caller is gone */
-    if (c->cancelled)
+    if (c->cancelled) {
         atomic_store(&c->gone, true);
+        run_undo(c);
+    }
     int old = atomic_exchange(&c->pstate, PS_CLOSED_EARLY);
     if (old == PS_OPENING)
         return; /* the opening thread sees PS_CLOSED_EARLY and finishes the call */

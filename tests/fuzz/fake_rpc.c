@@ -1,5 +1,6 @@
 /* Fake RPC call for the fuzz targets (see fuzz.h): the --wrap'ed pf_rpc_fail,
- * pf_rpc_respond, pf_rpc_call_peer, pf_rpc_call_expired and pf_rpc_call_identities record
+ * pf_rpc_respond, pf_rpc_call_peer, pf_rpc_call_expired, pf_rpc_call_on_cancel and
+ * pf_rpc_call_identities record
  * the handler's answer in struct pf_rpc_call and describe a loopback caller. Every
  * pf_rpc_call_* accessor a handler uses must be wrapped here (and in FUZZ_WRAPS). */
 #include <stdarg.h>
@@ -16,6 +17,8 @@ int __wrap_pf_rpc_fail(struct pf_rpc_call *call, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 const char *__wrap_pf_rpc_call_peer(struct pf_rpc_call *call);
 bool __wrap_pf_rpc_call_expired(struct pf_rpc_call *call);
+int __wrap_pf_rpc_call_on_cancel(struct pf_rpc_call *call, pf_rpc_undo_fn fn, void *ctx,
+                                 const void *arg, size_t len);
 void __wrap_pf_rpc_call_identities(struct pf_rpc_call *call, char (*ips)[PF_AUTH_IP_MAX],
                                    size_t max, size_t *n_p);
 
@@ -78,6 +81,15 @@ const char *__wrap_pf_rpc_call_peer(struct pf_rpc_call *call)
 bool __wrap_pf_rpc_call_expired(struct pf_rpc_call *call)
 {
     return false;
+}
+
+/* ... so an undo never runs; the contract's argument checks still apply */
+int __wrap_pf_rpc_call_on_cancel(struct pf_rpc_call *call, pf_rpc_undo_fn fn, void *ctx,
+                                 const void *arg, size_t len)
+{
+    if (!fn || len > PF_RPC_UNDO_MAX || (len && !arg))
+        fz_fail("pf_rpc_call_on_cancel with fn=%p len=%zu", (void *)fn, len);
+    return 0;
 }
 
 /* the caller has proven its loopback transport address, nothing else (no TLS) */

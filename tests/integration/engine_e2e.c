@@ -217,12 +217,15 @@ static void sc_errors(void)
     EXPECT(pf_client_register(c, &b, TMO), INV, "device 7 is not managed");
     b = a;
     b.page_first = 1;
-    EXPECT(pf_client_register(c, &b, TMO), INV, "not supported yet");
+    EXPECT(pf_client_register(c, &b, TMO), INV, "page_first needs tp_size 1");
+    b.tp_size = 1;
+    b.world_size = 1;
+    EXPECT(pf_client_register(c, &b, TMO), INV, "page_first does not support split K/V layers");
     struct pf_layer_desc bad[2] = {d[0], d[1]};
-    bad[1].group_id = 1;
+    bad[1].group_id = 4096;
     b = a;
     b.layers = bad;
-    EXPECT(pf_client_register(c, &b, TMO), INV, "not supported yet");
+    EXPECT(pf_client_register(c, &b, TMO), INV, "must be dense 0..N-1");
     bad[1] = d[1];
     bad[1].num_blocks = 17;
     EXPECT(pf_client_register(c, &b, TMO), INV, "layout needs");
@@ -306,7 +309,7 @@ static void sc_errors(void)
     EXPECT(pf_client_query(c, "nope", "r", hs, NULL, HLEN, 2, 0, 0, &res, NULL, 0, TMO), FP,
            "not found");
     EXPECT(pf_client_query(c, "err-inst", "r", hs, NULL, HLEN, 2, 0, 3, &res, NULL, 0, TMO), INV,
-           "not supported yet");
+           "group_id 3 is not a storage group");
     uint32_t biglen[1] = {41};
     uint8_t big[41] = {0};
     EXPECT(pf_client_query(c, "err-inst", "r", big, biglen, 0, 1, 0, 0, &res, NULL, 0, TMO), INV,

@@ -16,6 +16,12 @@
  *                linearly and the duplicate is named
  *   http         ?id (no value) and ?idd=x on /instances/cleanup are 400 and remove nothing;
  *                /health%00 is 404
+ *   late_query   with one RPC thread held by a Save (fault-plan delay), a QueryPrefetch whose
+ *                300 ms deadline passes in the queue pins nothing when its turn comes
+ *                (pegaflow_leases_active stays 0; gRPC drops such a call before the handler,
+ *                and the handler checks the deadline too); a timely query then hits. A query
+ *                whose caller goes away while it runs has its lease released by
+ *                pf_rpc_call_on_cancel (unit/rpc/test_limits: test_undo_on_cancel)
  *   junk         seeded random and truncated bodies on every method of both services from
  *                64 concurrent clients: no INTERNAL/UNKNOWN answer, no crash, no hang
  * Usage: hostile <scenario>... (default: all). Seed: PF_TEST_SEED. */
@@ -509,6 +515,88 @@ static void junk_against(const char *addr, const struct pf_rpc_method *methods, 
     free(t);
 }
 
+struct save_arg {
+    const char *addr;
+    struct world *w;
+    int rc;
+};
+
+static void *late_save(void *p)
+{
+    struct save_arg *a = p;
+    struct pf_client *c2;
+    a->rc = pf_client_connect(a->addr, &c2);
+    if (a->rc == 0) {
+        a->rc = world_save(c2, a->w, 900, 0, 2);
+        pf_client_close(c2);
+    }
+    return NULL;
+}
+
+static double leases_active(const struct pft_proc *s)
+{
+    char *body = NULL;
+    PFT_CHECK(pft_http(s->http_host, s->http_port, "GET", "/metrics", &body) == 200, "metrics");
+    const char *m = strstr(body, "\npegaflow_leases_active ");
+    PFT_CHECK(m, "no pegaflow_leases_active in /metrics");
+    double v = strtod(m + strlen("\npegaflow_leases_active "), NULL);
+    free(body);
+    return v;
+}
+
+static void sc_late_query(void)
+{
+    /* the second D2H batch (the thread's Save below) waits 1.5 s while holding the server's
+     * only RPC thread */
+    const char *args[] = {"--gpu-backend",
+                          "sim",
+                          "--pool-size",
+                          "32mb",
+                          "--sim-gpus",
+                          "1",
+                          "--rpc-threads",
+                          "1",
+                          "--log-level",
+                          "debug",
+                          "--enable-debug",
+                          "--fault-spec",
+                          "gpu.d2h:nth=2,delay=1500",
+                          NULL};
+    struct pft_proc s;
+    struct pf_client *c;
+    start_server(args, &s, &c);
+    struct world W, S;
+    world_ready(c, &W, "late-inst", 2, 800, 4);
+    world_init(&S, "late-save", "ns-hostile", 1, 1, KV_CONTIG, 4, 4096, true);
+    world_register(c, &S);
+    struct save_arg sa = {.addr = s.addr, .w = &S};
+    pthread_t th;
+    PFT_CHECK(pthread_create(&th, NULL, late_save, &sa) == 0, "thread");
+    PFT_CHECK(pft_wait_log(&s, "injected fault on gpu.d2h", TMO), "the held save never started");
+    uint8_t hs[4 * HLEN];
+    for (size_t i = 0; i < 4; i++)
+        hash_of(800 + i, hs + i * HLEN);
+    struct pf_query_result res;
+    int rc = pf_client_query(c, "late-inst", "late", hs, NULL, HLEN, 4, 0, 0, &res, NULL, 0, 300);
+    PFT_CHECK(rc != 0, "a query queued behind a 1.5 s save answered within its 300 ms deadline");
+    pthread_join(th, NULL);
+    PFT_CHECK(sa.rc == 0, "held save: %d", sa.rc);
+    /* the one RPC thread takes calls in arrival order: once this answers, the late query
+     * has had its turn */
+    alive(c, "a late query");
+    PFT_CHECK(leases_active(&s) == 0, "a query nobody waits for pinned blocks: %g leases",
+              leases_active(&s));
+    PFT_CHECK(query(c, "late-inst", "timely", 800, 4, &res) == 0 && res.num_hit_blocks == 4,
+              "timely query");
+    PFT_CHECK(leases_active(&s) == 1, "the timely query's lease");
+    pf_client_release(c, res.lease, res.lease_len, TMO);
+    alive(c, "a late query");
+    world_free(&S);
+    world_free(&W);
+    stop_server(&s, c);
+    fprintf(stderr, "  late_query: a query past its deadline pins nothing\n");
+}
+
 static void sc_junk(void)
 {
     const char *ma[] = {NULL};
@@ -648,6 +736,7 @@ int main(int argc, char **argv)
                                              {"strings", sc_strings},
                                              {"caps", sc_caps},
                                              {"http", sc_http},
+                                             {"late_query", sc_late_query},
                                              {"junk", sc_junk},
                                              {"meta_burst", sc_meta_burst}};
     return pft_run_scenarios(sc, sizeof(sc) / sizeof(sc[0]), argv + 1, argc - 1);

@@ -31,6 +31,9 @@
  *              requester_id or an endpoint naming another host is refused; HTTP POST needs
  *              the admin token, GET /health and /metrics do not; a node with the wrong
  *              cluster token gets no MetaServer session
+ *   layouts    issue 15: MLA page-first replicas (striped saves), layer-split shards and a
+ *              hybrid model (attention prefix + recurrent want-set) fetched by B from A,
+ *              byte-exact on every device; A has an SSD tier (padded host segments), B none
  *   redis      issue 14: two MetaServer replicas on one redis-server (--store redis://) in
  *              the MetaServer's namespace, nodes list both; A saves, B fetches byte-exact;
  *              replica 1 killed (SIGKILL): B discovers and fetches new blocks through
@@ -57,8 +60,10 @@
 #include <arpa/inet.h>
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
+#include <linux/io_uring.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 
 #include "client/pegaflow.h"
 #include "../../sim/net/tcpnet_wire.h"
@@ -67,350 +72,10 @@
 #include "pf/rpc.h"
 #include "pftest.h"
 #include "world.h"
-
-#define TMO  10000
-#define NSTR "ns-p2p"
-
-static const char *net_backend = "tcp";
-
-/* ------------------------------------------------------------------ processes */
-
-struct node {
-    const char *tag;
-    char ns[64], ip[40], nic[64];
-    char sock[300]; /* its --local-addr (with PF_P2P_SECURITY_DIR) */
-    struct pft_proc p;
-};
-
-static struct node MS = {.tag = "ms"}, NA = {.tag = "a"}, NB = {.tag = "b"}, NC = {.tag = "c"};
-static struct node MS2 = {.tag = "ms2"}, RD = {.tag = "redis"};
-static struct node *all_nodes[] = {&MS, &NA, &NB, &NC, &MS2, &RD};
-static char meta_addrs[256]; /* --metaserver-addr of the nodes when set (else MS's) */
-
-static void kill_all(void)
-{
-    for (size_t i = 0; i < PF_ARRAY_SIZE(all_nodes); i++)
-        if (all_nodes[i]->p.pid > 0) {
-            kill(all_nodes[i]->p.pid, SIGKILL);
-            waitpid(all_nodes[i]->p.pid, NULL, 0);
-            all_nodes[i]->p.pid = 0;
-        }
-}
-
-static void env_node(struct node *n, const char *up)
-{
-    char k[64];
-    const char *v;
-    snprintf(k, sizeof(k), "PF_P2P_NS_%s", up);
-    v = getenv(k);
-    snprintf(n->ns, sizeof(n->ns), "%s", v ? v : "");
-    snprintf(k, sizeof(k), "PF_P2P_IP_%s", up);
-    v = getenv(k);
-    PFT_CHECK(v && *v, "%s is not set (run through p2p_netns.sh)", k);
-    snprintf(n->ip, sizeof(n->ip), "%s", v);
-    snprintf(k, sizeof(k), "PF_P2P_NIC_%s", up);
-    v = getenv(k);
-    snprintf(n->nic, sizeof(n->nic), "%s", v ? v : n->ip);
-}
-
-static const char *sec_dir;        /* PF_P2P_SECURITY_DIR */
-static const char *token_override; /* cluster token file of the next spawn (auth scenario) */
-
-/* Starts bin in the node's namespace with args (NULL-terminated, --addr/--http-addr added on
- * port gport/0 of the node's IP; the security flags with PF_P2P_SECURITY_DIR) and waits for
- * its "ready" line. */
-static void spawn(struct node *n, const char *bin, int gport, const char *const *args)
-{
-    char sec[6][600];
-    static int seq;
-    const char *dir = getenv("PF_BIN"), *logdir = getenv("PF_TEST_LOGDIR");
-    char path[512], addr[96], haddr[96];
-    snprintf(path, sizeof(path), "%s/%s", dir ? dir : "build/rel/bin", bin);
-    snprintf(addr, sizeof(addr), "%s:%d", n->ip, gport);
-    snprintf(haddr, sizeof(haddr), "%s:0", n->ip);
-    memset(&n->p, 0, sizeof(n->p));
-    snprintf(n->p.log, sizeof(n->p.log), "%s/%s-%d.log", logdir ? logdir : "/tmp", n->tag, seq++);
-    const char *argv[64];
-    size_t k = 0;
-    if (n->ns[0]) {
-        argv[k++] = "ip";
-        argv[k++] = "netns";
-        argv[k++] = "exec";
-        argv[k++] = n->ns;
-    }
-    argv[k++] = path;
-    argv[k++] = "--addr";
-    argv[k++] = addr;
-    argv[k++] = "--http-addr";
-    argv[k++] = haddr;
-    if (sec_dir) {
-        snprintf(sec[0], sizeof(sec[0]), "--tls-cert=%s/%s.crt", sec_dir, n->tag);
-        snprintf(sec[1], sizeof(sec[1]), "--tls-key=%s/%s.key", sec_dir, n->tag);
-        snprintf(sec[2], sizeof(sec[2]), "--tls-ca=%s/ca.crt", sec_dir);
-        snprintf(sec[3], sizeof(sec[3]), "--cluster-token-file=%s",
-                 token_override ? token_override : "");
-        if (!token_override)
-            snprintf(sec[3], sizeof(sec[3]), "--cluster-token-file=%s/token", sec_dir);
-        snprintf(sec[4], sizeof(sec[4]), "--admin-token-file=%s/admin-token", sec_dir);
-        snprintf(n->sock, sizeof(n->sock), "unix:%s/%s-%d.sock", logdir ? logdir : "/tmp", n->tag,
-                 seq);
-        snprintf(sec[5], sizeof(sec[5]), "--local-addr=%s", n->sock);
-        bool server = strcmp(bin, "pegaflow-server") == 0;
-        for (int i = 0; i < (server ? 6 : 4); i++)
-            argv[k++] = sec[i];
-    }
-    for (size_t i = 0; args && args[i] && k < 62; i++)
-        argv[k++] = args[i];
-    argv[k] = NULL;
-    pid_t pid = fork();
-    PFT_CHECK(pid >= 0, "fork");
-    if (pid == 0) {
-        FILE *f = freopen(n->p.log, "w", stdout);
-        if (f)
-            dup2(fileno(stdout), 2);
-        if (n->ns[0])
-            execvp("ip", (char *const *)argv);
-        else
-            execv(path, (char *const *)argv);
-        fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
-        _exit(127);
-    }
-    n->p.pid = pid;
-    snprintf(n->p.http_host, sizeof(n->p.http_host), "%s", n->ip);
-    uint64_t dl = pft_now_ms() + 30000;
-    for (;;) {
-        char *log = pft_read_file(n->p.log);
-        if (log) {
-            n->p.grpc_port = pft_port_after(log, "gRPC listening on");
-            n->p.http_port = pft_port_after(log, "HTTP listening on");
-            bool ready = strstr(log, ": ready\n") != NULL;
-            free(log);
-            if (ready && n->p.grpc_port && n->p.http_port)
-                break;
-        }
-        int st;
-        bool dead = waitpid(pid, &st, WNOHANG) == pid;
-        if (dead || pft_now_ms() >= dl) {
-            char *l = pft_read_file(n->p.log);
-            fprintf(stderr, "%s did not start; log:\n%s\n", n->tag, l ? l : "");
-            free(l);
-            if (dead)
-                n->p.pid = 0;
-            PFT_CHECK(false, "%s (%s) did not start", n->tag, bin);
-        }
-        usleep(20000);
-    }
-    snprintf(n->p.addr, sizeof(n->p.addr), "%s:%d", n->ip, n->p.grpc_port);
-    fprintf(stderr, "  %s: %s on %s (http %d)%s%s\n", n->tag, bin, n->p.addr, n->p.http_port,
-            n->ns[0] ? " in netns " : "", n->ns);
-}
-
-static void start_ms(int port, const char *stale)
-{
-    const char *args[] = {"--node-stale-secs", stale, "--log-level", "debug", NULL};
-    spawn(&MS, "pegaflow-metaserver", port, args);
-}
-
-/* extra: more flags (NULL-terminated), e.g. the fault spec */
-static void start_node(struct node *n, const char *const *extra)
-{
-    char meta[256];
-    if (meta_addrs[0])
-        snprintf(meta, sizeof(meta), "%s", meta_addrs);
-    else
-        snprintf(meta, sizeof(meta), "http://%s", MS.p.addr);
-    const char *args[48] = {"--gpu-backend", "sim",   "--sim-gpus",        "2",
-                            "--nics",        n->nic,  "--net-backend",     net_backend,
-                            "--log-level",   "debug", "--metaserver-addr", meta};
-    size_t k = 12;
-    bool pool = false;
-    for (size_t i = 0; extra && extra[i] && k < 44; i++) {
-        pool |= strcmp(extra[i], "--pool-size") == 0;
-        args[k++] = extra[i];
-    }
-    if (!pool) {
-        args[k++] = "--pool-size";
-        args[k++] = "64mb";
-    }
-    args[k] = NULL;
-    spawn(n, "pegaflow-server", 0, args);
-    /* fetching needs the node's own MetaServer session (no discovery without it) */
-    PFT_CHECK(pft_wait_log(&n->p, "MetaServer session established", 20000),
-              "%s: no MetaServer session", n->tag);
-}
-
-static void stop(struct node *n, int sig)
-{
-    if (n->p.pid <= 0)
-        return;
-    int rc = pft_stop(&n->p, sig, 20000);
-    if (sig == SIGTERM || sig == SIGINT)
-        PFT_CHECK(rc == 0, "%s exited with %d after SIG%s", n->tag, rc,
-                  sig == SIGTERM ? "TERM" : "INT");
-    n->p.pid = 0;
-}
-
-/* A series of n's /metrics; 0 while it has not been exposed yet. */
-static double node_metric(struct node *n, const char *name)
-{
-    return metric_or(&n->p, name, 0);
-}
-
-static void wait_metric(struct node *n, const char *name, double want, bool at_least,
-                        uint64_t timeout_ms)
-{
-    uint64_t dl = pft_now_ms() + timeout_ms;
-    double v;
-    for (;;) {
-        v = node_metric(n, name);
-        if (at_least ? v >= want : v == want)
-            return;
-        PFT_CHECK(pft_now_ms() < dl, "%s: %s = %g after %llu ms, want %s%g", n->tag, name, v,
-                  (unsigned long long)timeout_ms, at_least ? ">= " : "", want);
-        usleep(20000);
-    }
-}
-
-static int log_count(struct node *n, const char *s)
-{
-    char *l = pft_read_file(n->p.log);
-    int c = 0;
-    for (char *p = l; p && (p = strstr(p, s)); p++)
-        c++;
-    free(l);
-    return c;
-}
-
-static void wait_log(struct node *n, const char *s, uint64_t timeout_ms)
-{
-    PFT_CHECK(pft_wait_log(&n->p, s, timeout_ms), "%s never logged '%s' (log %s)", n->tag, s,
-              n->p.log);
-}
-
-/* ------------------------------------------------------------------ KV worlds */
-
-/* Worlds come from world.h: split K/V layout, this test's namespace, a tag per source world. */
-static void pworld(struct world *w, const char *id, int tp, int nlayers, uint64_t nblocks,
-                   uint64_t seg, uint64_t tag, bool fill)
-{
-    world_init_tagged(w, id, NSTR, tp, nlayers, KV_SPLIT, nblocks, seg, tag, fill);
-}
-
-/* Queries until Ready (deadline timeout_ms); *loading_p counts Loading answers. Every
- * QueryPrefetch itself must answer within its RPC deadline (TMO). */
-static struct pf_query_result query_until_ready(struct pf_client *c, const char *inst,
-                                                const char *req, uint64_t h0, size_t n,
-                                                int wait_full, uint64_t timeout_ms, int *loading_p)
-{
-    struct pf_query_result res;
-    uint64_t dl = pft_now_ms() + timeout_ms;
-    int loading = 0;
-    for (;;) {
-        uint64_t t0 = pft_now_ms();
-        int rc = query_wf(c, inst, req, h0, n, wait_full, &res);
-        PFT_CHECK(rc == 0, "query %s/%s: %s", inst, req, pf_last_error_message());
-        PFT_CHECK(pft_now_ms() - t0 < TMO, "QueryPrefetch took %llu ms",
-                  (unsigned long long)(pft_now_ms() - t0));
-        if (!res.loading)
-            break;
-        loading++;
-        PFT_CHECK(pft_now_ms() < dl, "query %s/%s still Loading after %llu ms", inst, req,
-                  (unsigned long long)timeout_ms);
-        usleep(5000);
-    }
-    if (loading_p)
-        *loading_p = loading;
-    return res;
-}
-
-/* Query on the requester until Ready, check the hit count, load and compare every byte. */
-static uint32_t fetch_check(struct pf_client *c, struct world *dst, const char *req, uint64_t h0,
-                            size_t n, int wait_full, struct world *src, uint32_t src_first,
-                            uint32_t dst_first, long want_hits, uint64_t timeout_ms)
-{
-    int loading = 0;
-    struct pf_query_result res =
-        query_until_ready(c, dst->id, req, h0, n, wait_full, timeout_ms, &loading);
-    if (want_hits >= 0)
-        PFT_CHECK(res.num_hit_blocks == (uint32_t)want_hits, "%s: %u hits, want %ld", req,
-                  res.num_hit_blocks, want_hits);
-    if (res.num_hit_blocks) {
-        PFT_CHECK(res.lease_len == PF_LEASE_LEN, "%s: hits without a lease", req);
-        world_load_ok(c, dst, res.lease, res.num_hit_blocks, dst_first);
-        compare(src, src_first, dst, dst_first, res.num_hit_blocks);
-    }
-    fprintf(stderr, "    %s: %u of %zu block(s) after %d Loading answer(s)%s\n", req,
-            res.num_hit_blocks, n, loading, res.num_hit_blocks ? ", byte-exact" : "");
-    return res.num_hit_blocks;
-}
-
-static struct pf_client *connect_to(struct node *n)
-{
-    struct pf_client *c;
-    PFT_CHECK(pf_client_connect(n->p.addr, &c) == 0, "connect %s", n->p.addr);
-    return c;
-}
-
-/* MetaServer QueryPrefixBlocks: prefix_len of node addr for hashes [h0, h0+n), 0 if absent. */
-static long meta_prefix(const char *node_addr, uint64_t h0, size_t n)
-{
-    struct pf_rpc_channel *ch;
-    PFT_CHECK(pf_rpc_channel_open(MS.p.addr, &ch) == 0, "channel");
-    uint8_t *hs = malloc(n * HLEN);
-    ProtobufCBinaryData *b = malloc(n * sizeof(*b));
-    for (size_t i = 0; i < n; i++) {
-        hash_of(h0 + i, hs + i * HLEN);
-        b[i] = (ProtobufCBinaryData){HLEN, hs + i * HLEN};
-    }
-    Pegaflow__QueryPrefixBlocksRequest req = PEGAFLOW__QUERY_PREFIX_BLOCKS_REQUEST__INIT;
-    req.namespace_ = (char *)NSTR;
-    req.n_block_hashes = n;
-    req.block_hashes = b;
-    ProtobufCMessage *resp = NULL;
-    struct pf_rpc_status st;
-    long v = -1;
-    if (pf_rpc_unary(ch, "/pegaflow.MetaServer/QueryPrefixBlocks", &req.base,
-                     &pegaflow__query_prefix_blocks_response__descriptor, 3000, &resp, &st) == 0) {
-        const Pegaflow__QueryPrefixBlocksResponse *r = (const void *)resp;
-        v = 0;
-        for (size_t i = 0; i < r->n_nodes; i++)
-            if (strcmp(r->nodes[i]->node, node_addr) == 0)
-                v = (long)r->nodes[i]->prefix_len;
-        protobuf_c_message_free_unpacked(resp, NULL);
-    }
-    free(hs);
-    free(b);
-    pf_rpc_channel_close(ch);
-    return v;
-}
-
-static void wait_meta(const char *node_addr, uint64_t h0, size_t n, long want, uint64_t tmo)
-{
-    uint64_t dl = pft_now_ms() + tmo;
-    long v;
-    while ((v = meta_prefix(node_addr, h0, n)) != want) {
-        PFT_CHECK(pft_now_ms() < dl, "MetaServer lists %s with prefix %ld, want %ld", node_addr, v,
-                  want);
-        usleep(20000);
-    }
-}
-
-static void sync_pair_start(void)
-{
-    start_ms(0, "30");
-    start_node(&NA, NULL);
-    start_node(&NB, NULL);
-}
-
-static void stop_all(void)
-{
-    stop(&NB, SIGTERM);
-    stop(&NC, SIGTERM);
-    stop(&NA, SIGTERM);
-    stop(&MS, SIGTERM);
-}
-
-#define SEG 16384 /* bytes per segment: a block is tp * layers * 2 * SEG */
+#include "layouts.h"
+#include "p2p_cluster.h"
+#include "p2p_auth.h"
+#include "p2p_redis.h"
 
 /* ------------------------------------------------------------------ scenarios */
 
@@ -877,440 +542,100 @@ static void sc_evict(void)
     world_free(&wb);
 }
 
-/* ------------------------------------------------------------------ auth */
-
-static char *sec_file(const char *name)
+static bool io_uring_usable(void)
 {
-    char path[600];
-    snprintf(path, sizeof(path), "%s/%s", sec_dir, name);
-    char *t = pft_read_file(path);
-    PFT_CHECK(t, "cannot read %s", path);
-    return t;
+    struct io_uring_params p;
+    memset(&p, 0, sizeof(p));
+    long fd = syscall(__NR_io_uring_setup, 2, &p);
+    if (fd < 0)
+        return false;
+    close((int)fd);
+    return true;
 }
 
-/* Credentials of one attempt: which certificate (NULL: none), which token (NULL: none). */
-struct cred {
-    const char *what;
-    bool tls;
-    const char *cert; /* "t" (ours), "rogue" (another CA) or NULL */
-    const char *token;
-};
-
-/* One unary call to target with cred; returns the gRPC code (message in msg). */
-static int call_as(const char *target, const struct cred *c, const char *path,
-                   const ProtobufCMessage *req, const ProtobufCMessageDescriptor *rd, char *msg,
-                   size_t msglen)
+static void sc_layouts(void)
 {
-    struct pf_rpc_channel_opts o = {.tls = c->tls, .token = c->token};
-    char *ca = NULL, *crt = NULL, *key = NULL;
-    if (c->tls)
-        o.ca_pem = ca = sec_file("ca.crt");
-    if (c->cert) {
-        char f[64];
-        snprintf(f, sizeof(f), "%s.crt", c->cert);
-        o.cert_pem = crt = sec_file(f);
-        snprintf(f, sizeof(f), "%s.key", c->cert);
-        o.key_pem = key = sec_file(f);
-    }
-    struct pf_rpc_channel *ch;
-    PFT_CHECK(pf_rpc_channel_open_opts(target, &o, &ch) == 0, "channel %s", target);
-    ProtobufCMessage *resp = NULL;
-    struct pf_rpc_status st = {0};
-    pf_rpc_unary(ch, path, req, rd, 5000, &resp, &st);
-    if (resp)
-        protobuf_c_message_free_unpacked(resp, NULL);
-    pf_rpc_channel_close(ch);
-    snprintf(msg, msglen, "%s", st.msg);
-    free(ca);
-    free(crt);
-    free(key);
-    return st.code;
-}
-
-static void expect_code(const char *target, const struct cred *c, const char *path,
-                        const ProtobufCMessage *req, const ProtobufCMessageDescriptor *rd, int want,
-                        const char *want_msg)
-{
-    char msg[PF_RPC_ERRMSG];
-    int code = call_as(target, c, path, req, rd, msg, sizeof(msg));
-    PFT_CHECK(code == want, "%s %s as '%s': %s (%s), want %s", target, path, c->what,
-              pf_grpc_code_name(code), msg, pf_grpc_code_name(want));
-    PFT_CHECK(!want_msg || strstr(msg, want_msg), "%s %s as '%s': message '%s' lacks '%s'", target,
-              path, c->what, msg, want_msg);
-    fprintf(stderr, "    %-44s %-26s -> %s\n", path + 10, c->what, pf_grpc_code_name(code));
-}
-
-/* HTTP status of curl -X method on n's path with an optional bearer token. */
-static int http_as(struct node *n, const char *method, const char *path, const char *bearer)
-{
-    char cmd[1024], out[16] = "";
-    snprintf(cmd, sizeof(cmd),
-             "curl -s -o /dev/null -w '%%{http_code}' -X %s %s%s%s 'http://%s:%d%s'", method,
-             bearer ? "-H 'Authorization: Bearer " : "", bearer ? bearer : "", bearer ? "'" : "",
-             n->p.http_host, n->p.http_port, path);
-    FILE *f = popen(cmd, "r");
-    PFT_CHECK(f, "popen curl");
-    if (!fgets(out, sizeof(out), f))
-        out[0] = '\0';
-    pclose(f);
-    return atoi(out);
-}
-
-static void trim(char *s)
-{
-    size_t n = strlen(s);
-    while (n && (s[n - 1] == '\n' || s[n - 1] == ' '))
-        s[--n] = '\0';
-}
-
-static void sc_auth(void)
-{
-    PFT_CHECK(sec_dir, "the auth scenario needs PF_P2P_SECURITY_DIR (run test_auth.sh)");
-    bool netns = NA.ns[0] != '\0';
-    char *tok = sec_file("token"), *wrong = sec_file("wrong-token"),
-         *admin = sec_file("admin-token");
-    trim(tok);
-    trim(wrong);
-    trim(admin);
-
-    /* TLS and tokens end to end: A saves, B discovers it at the MetaServer and fetches */
-    sync_pair_start();
-    PFT_CHECK(pft_log_contains(&MS.p, "mutual TLS") && pft_log_contains(&NA.p, "mutual TLS"),
-              "listeners without mutual TLS");
-    PFT_CHECK(!pft_log_contains(&NA.p, "without authentication") &&
-                  !pft_log_contains(&MS.p, "without authentication"),
-              "a secured listener warned that it is open");
-    struct pf_client *ca = connect_to(&NA), *cb = connect_to(&NB);
-    struct world wa, wb;
-    const size_t N = 8;
-    pworld(&wa, "inst-A", 1, 2, 32, SEG, 1, true);
-    pworld(&wb, "inst-B", 1, 2, 32, SEG, 2, true);
-    world_register(ca, &wa);
-    world_register(cb, &wb);
-    world_save_ok(ca, &wa, 0, 0, N);
-    wait_meta(NA.p.addr, 0, N, (long)N, 20000);
-    fetch_check(cb, &wb, "req-auth", 0, N, 0, &wa, 0, 0, (long)N, 30000);
-    PFT_CHECK(node_metric(&NB, "pegaflow_rdma_fetch_total{status=\"ok\"}") == 1, "no P2P fetch");
-
-    /* the MetaServer and a node's peer RPCs: every wrong credential is refused */
-    const struct cred good = {"mTLS + token", true, "t", tok},
-                      notok = {"mTLS, no token", true, "t", NULL},
-                      badtok = {"mTLS, wrong token", true, "t", wrong},
-                      rogue = {"cert of another CA + token", true, "rogue", tok},
-                      nocert = {"TLS without cert + token", true, NULL, tok},
-                      plain = {"plaintext + token", false, NULL, tok};
-    uint8_t h[HLEN];
-    hash_of(0, h);
-    ProtobufCBinaryData hb = {HLEN, h};
-    Pegaflow__QueryPrefixBlocksRequest qp = PEGAFLOW__QUERY_PREFIX_BLOCKS_REQUEST__INIT;
-    qp.namespace_ = (char *)NSTR;
-    qp.n_block_hashes = 1;
-    qp.block_hashes = &hb;
-    Pegaflow__ReleaseTransferLockRequest rl = PEGAFLOW__RELEASE_TRANSFER_LOCK_REQUEST__INIT;
-    rl.transfer_session_id = (char *)"00000000-0000-4000-8000-000000000000";
-    struct {
-        const char *target, *path;
-        const ProtobufCMessage *req;
-        const ProtobufCMessageDescriptor *rd;
-    } peer_rpcs[] = {
-        {MS.p.addr, "/pegaflow.MetaServer/QueryPrefixBlocks", &qp.base,
-         &pegaflow__query_prefix_blocks_response__descriptor},
-        {NA.p.addr, "/pegaflow.Engine/ReleaseTransferLock", &rl.base,
-         &pegaflow__release_transfer_lock_response__descriptor},
-    };
-    for (size_t i = 0; i < PF_ARRAY_SIZE(peer_rpcs); i++) {
-        const char *t = peer_rpcs[i].target, *pa = peer_rpcs[i].path;
-        expect_code(t, &good, pa, peer_rpcs[i].req, peer_rpcs[i].rd, PF_GRPC_OK, NULL);
-        expect_code(t, &notok, pa, peer_rpcs[i].req, peer_rpcs[i].rd, PF_GRPC_UNAUTHENTICATED,
-                    "needs the cluster token");
-        expect_code(t, &badtok, pa, peer_rpcs[i].req, peer_rpcs[i].rd, PF_GRPC_UNAUTHENTICATED,
-                    "wrong cluster token");
-        expect_code(t, &rogue, pa, peer_rpcs[i].req, peer_rpcs[i].rd, PF_GRPC_UNAVAILABLE, NULL);
-        expect_code(t, &nocert, pa, peer_rpcs[i].req, peer_rpcs[i].rd, PF_GRPC_UNAVAILABLE, NULL);
-        expect_code(t, &plain, pa, peer_rpcs[i].req, peer_rpcs[i].rd, PF_GRPC_UNAVAILABLE, NULL);
-    }
-
-    /* worker RPCs: from another host only with the token; over the Unix socket without */
-    Pegaflow__UnregisterRequest ur = PEGAFLOW__UNREGISTER_REQUEST__INIT;
-    ur.instance_id = (char *)"nobody";
-    Pegaflow__ShutdownRequest sd = PEGAFLOW__SHUTDOWN_REQUEST__INIT;
-    const char *unreg = "/pegaflow.Engine/UnregisterContext";
-    char msg[PF_RPC_ERRMSG];
-    int code = call_as(NA.p.addr, &good, unreg, &ur.base,
-                       &pegaflow__unregister_response__descriptor, msg, sizeof(msg));
-    PFT_CHECK(code != PF_GRPC_PERMISSION_DENIED && code != PF_GRPC_UNAUTHENTICATED &&
-                  code != PF_GRPC_UNAVAILABLE,
-              "UnregisterContext with the token: %s (%s)", pf_grpc_code_name(code), msg);
-    if (netns) {
-        expect_code(NA.p.addr, &notok, unreg, &ur.base, &pegaflow__unregister_response__descriptor,
-                    PF_GRPC_PERMISSION_DENIED, "only served to callers on this host");
-        expect_code(NA.p.addr, &notok, "/pegaflow.Engine/Shutdown", &sd.base,
-                    &pegaflow__shutdown_response__descriptor, PF_GRPC_PERMISSION_DENIED, NULL);
-        PFT_CHECK(kill(NA.p.pid, 0) == 0 && !pft_log_contains(&NA.p, "Shutdown requested"),
-                  "A obeyed a refused Shutdown");
-    }
-    if (netns) {
-        /* Session (a parked stream) from another host without the token: refused, and the
-         * refusal is a status, not an accepted stream */
-        struct pf_rpc_channel_opts so = {.tls = true};
-        char *sca = sec_file("ca.crt"), *scrt = sec_file("t.crt"), *skey = sec_file("t.key");
-        so.ca_pem = sca;
-        so.cert_pem = scrt;
-        so.key_pem = skey;
-        struct pf_rpc_channel *sch;
-        PFT_CHECK(pf_rpc_channel_open_opts(NA.p.addr, &so, &sch) == 0, "channel");
-        Pegaflow__SessionRequest sr = PEGAFLOW__SESSION_REQUEST__INIT;
-        sr.instance_id = (char *)"inst-A";
-        struct pf_rpc_stream *ss = NULL;
-        struct pf_rpc_status sst = {0};
-        int src = pf_rpc_stream_open(sch, "/pegaflow.Engine/Session", &sr.base, 5000, &ss, &sst);
-        PFT_CHECK(src != 0 && sst.code == PF_GRPC_PERMISSION_DENIED,
-                  "Session from another host without the token: rc %d %s (%s)", src,
-                  pf_grpc_code_name(sst.code), sst.msg);
-        pf_rpc_channel_close(sch);
-        free(sca);
-        free(scrt);
-        free(skey);
-        fprintf(stderr, "    %-44s %-26s -> %s\n", "Engine/Session", "mTLS, no token",
-                pf_grpc_code_name(sst.code));
-    }
-    const struct cred unix_none = {"unix socket, nothing", false, NULL, NULL};
-    code = call_as(NA.sock, &unix_none, unreg, &ur.base, &pegaflow__unregister_response__descriptor,
-                   msg, sizeof(msg));
-    PFT_CHECK(code != PF_GRPC_PERMISSION_DENIED && code != PF_GRPC_UNAUTHENTICATED &&
-                  code != PF_GRPC_UNAVAILABLE,
-              "UnregisterContext over %s: %s (%s)", NA.sock, pf_grpc_code_name(code), msg);
-    fprintf(stderr, "    UnregisterContext over the Unix socket, no credentials -> %s\n",
-            pf_grpc_code_name(code));
-
-    /* RdmaHandshake: requester_id must be the caller's proven address, endpoints too */
-    if (netns) {
-        uint8_t ep[TCPNET_EP_LEN];
-        struct tcpnet_ep e = {.port = 9, .token = 1};
-        inet_pton(AF_INET, MS.ip, e.ip); /* another host than the caller */
-        tcpnet_ep_encode(ep, &e);
-        ProtobufCBinaryData eps[2] = {{sizeof(ep), ep}, {sizeof(ep), ep}};
-        Pegaflow__HandshakeMemRegion reg = PEGAFLOW__HANDSHAKE_MEM_REGION__INIT, *regp = &reg;
-        reg.addr = 4096;
-        reg.length = 4096;
-        Pegaflow__HandshakeNic nic = PEGAFLOW__HANDSHAKE_NIC__INIT, *nicp = &nic;
-        nic.n_endpoints = 2;
-        nic.endpoints = eps;
-        nic.n_regions = 1;
-        nic.regions = &regp;
-        Pegaflow__HandshakeMetadata md = PEGAFLOW__HANDSHAKE_METADATA__INIT;
-        md.backend = (char *)"tcp";
-        md.n_nics = 1;
-        md.nics = &nicp;
-        md.qps_per_nic = 2;
-        uint8_t blob[512];
-        size_t blen = pegaflow__handshake_metadata__pack(&md, blob);
-        Pegaflow__RdmaHandshakeRequest hs = PEGAFLOW__RDMA_HANDSHAKE_REQUEST__INIT;
-        hs.handshake_metadata = (ProtobufCBinaryData){blen, blob};
-        hs.requester_id = NB.p.addr; /* spoofed: we are not B */
-        expect_code(NA.p.addr, &good, "/pegaflow.Engine/RdmaHandshake", &hs.base,
-                    &pegaflow__rdma_handshake_response__descriptor, PF_GRPC_PERMISSION_DENIED,
-                    "not an address the caller proved");
-        char self[64];
-        snprintf(self, sizeof(self), "%s:9", getenv("PF_P2P_IP_T") ? getenv("PF_P2P_IP_T") : "");
-        hs.requester_id = self;
-        expect_code(NA.p.addr, &good, "/pegaflow.Engine/RdmaHandshake", &hs.base,
-                    &pegaflow__rdma_handshake_response__descriptor, PF_GRPC_PERMISSION_DENIED,
-                    MS.ip);
-        /* proven by the certificate only (test_auth.sh puts 10.77.0.200 in t's
-         * subjectAltName; no host has it): authorised, so A tries the endpoint, which names
-         * the client's own address where nothing listens on port 9 */
-        inet_pton(AF_INET, getenv("PF_P2P_IP_T"), e.ip);
-        tcpnet_ep_encode(ep, &e);
-        hs.handshake_metadata.len = pegaflow__handshake_metadata__pack(&md, blob);
-        hs.requester_id = (char *)"10.77.0.200:9";
-        expect_code(NA.p.addr, &good, "/pegaflow.Engine/RdmaHandshake", &hs.base,
-                    &pegaflow__rdma_handshake_response__descriptor, PF_GRPC_UNAVAILABLE,
-                    "cannot connect QP");
-    }
-
-    /* HTTP: POST needs the admin token; GET /health and /metrics stay open */
-    PFT_CHECK(http_as(&NA, "POST", "/cache/memory/cleanup", NULL) == 401, "POST without token");
-    PFT_CHECK(http_as(&NA, "POST", "/cache/memory/cleanup", wrong) == 401, "POST wrong token");
-    PFT_CHECK(http_as(&NA, "POST", "/instances/cleanup?id=nobody", tok) == 401,
-              "POST with the cluster token instead of the admin token");
-    PFT_CHECK(http_as(&NA, "POST", "/cache/memory/cleanup", admin) == 200, "POST admin token");
-    PFT_CHECK(http_as(&NA, "GET", "/health", NULL) == 200, "GET /health");
-    PFT_CHECK(http_as(&NA, "GET", "/metrics", NULL) == 200, "GET /metrics");
-    fprintf(stderr, "    HTTP: POST 401 without/with a wrong token, 200 with it; GET open\n");
-
-    /* a node with the wrong cluster token gets no MetaServer session */
-    char wpath[600];
-    snprintf(wpath, sizeof(wpath), "%s/wrong-token", sec_dir);
-    token_override = wpath;
-    char meta[128];
-    snprintf(meta, sizeof(meta), "http://%s", MS.p.addr);
-    const char *cargs[] = {"--gpu-backend",
-                           "sim",
-                           "--sim-gpus",
-                           "1",
-                           "--nics",
-                           NC.nic,
-                           "--net-backend",
-                           "tcp",
-                           "--pool-size",
-                           "16mb",
-                           "--metaserver-addr",
-                           meta,
-                           NULL};
-    spawn(&NC, "pegaflow-server", 0, cargs);
-    token_override = NULL;
-    wait_log(&NC, "heartbeat failed: UNAUTHENTICATED", 20000);
-    PFT_CHECK(!pft_log_contains(&NC.p, "MetaServer session established"),
-              "C got a session with the wrong token");
-    fprintf(stderr, "    node with the wrong cluster token: heartbeat UNAUTHENTICATED\n");
-
-    pf_client_close(ca);
-    pf_client_close(cb);
-    stop_all();
-    world_free(&wa);
-    world_free(&wb);
-    free(tok);
-    free(wrong);
-    free(admin);
-}
-
-/* redis-server in the MetaServer's namespace on its IP (port 7379 in a fresh namespace, a
- * free port on loopback), started or restarted on the same port; waits for PING. */
-static void redis_start(int *port_p)
-{
-    char ports[16], dir[512];
+    /* A has an SSD tier (512-padded host segments), B has none: a page must mean the same
+     * on both (the split layout's 1000-byte layer) */
+    char dir[512] = "", ssd[600] = "";
     const char *logdir = getenv("PF_TEST_LOGDIR");
-    snprintf(dir, sizeof(dir), "%s/redis", logdir ? logdir : "/tmp"); /* kept with the logs */
-    if (!*port_p) {
-        *port_p = 7379;
-        if (!MS.ns[0]) {
-            int fd = socket(AF_INET, SOCK_STREAM, 0);
-            struct sockaddr_in a = {.sin_family = AF_INET};
-            socklen_t l = sizeof(a);
-            inet_pton(AF_INET, MS.ip, &a.sin_addr);
-            PFT_CHECK(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
-                          getsockname(fd, (struct sockaddr *)&a, &l) == 0,
-                      "free port");
-            *port_p = ntohs(a.sin_port);
-            close(fd);
-        }
-    }
-    PFT_CHECK(mkdir(dir, 0700) == 0 || errno == EEXIST, "mkdir %s", dir);
-    snprintf(ports, sizeof(ports), "%d", *port_p);
-    const char *argv[] = {"ip",           "netns",  "exec", MS.ns,
-                          "redis-server", "--port", ports,  "--bind",
-                          MS.ip,          "--save", "",     "--appendonly",
-                          "no",           "--dir",  dir,    "--protected-mode",
-                          "no",           NULL};
-    const char *const *av = MS.ns[0] ? argv : argv + 4;
-    pid_t pid = fork();
-    PFT_CHECK(pid >= 0, "fork");
-    if (pid == 0) {
-        if (!freopen("/dev/null", "w", stdout))
-            _exit(127);
-        execvp(av[0], (char *const *)av);
-        _exit(127);
-    }
-    RD.p.pid = pid;
-    uint64_t dl = pft_now_ms() + 10000;
-    for (;;) {
-        struct timeval tv = {1, 0};
-        redisContext *c = redisConnectWithTimeout(MS.ip, *port_p, tv);
-        redisReply *r = c && !c->err ? redisCommand(c, "PING") : NULL;
-        bool ok = r && r->type == REDIS_REPLY_STATUS;
-        if (r)
-            freeReplyObject(r);
-        if (c)
-            redisFree(c);
-        if (ok)
-            break;
-        PFT_CHECK(pft_now_ms() < dl, "redis-server on %s:%d did not answer", MS.ip, *port_p);
-        usleep(20000);
-    }
-    fprintf(stderr, "  redis: redis-server on %s:%d%s%s\n", MS.ip, *port_p,
-            MS.ns[0] ? " in netns " : "", MS.ns);
-}
-
-static void sc_redis(void)
-{
-    int rport = 0;
-    redis_start(&rport);
-    char store[96];
-    snprintf(store, sizeof(store), "redis://%s:%d", MS.ip, rport);
-    const char *args[] = {"--node-stale-secs", "2", "--store", store, NULL};
-    spawn(&MS, "pegaflow-metaserver", 0, args);
-    MS2.ns[0] = 0;
-    snprintf(MS2.ns, sizeof(MS2.ns), "%s", MS.ns);
-    snprintf(MS2.ip, sizeof(MS2.ip), "%s", MS.ip);
-    spawn(&MS2, "pegaflow-metaserver", 0, args);
-    snprintf(meta_addrs, sizeof(meta_addrs), "http://%s,http://%s", MS.p.addr, MS2.p.addr);
-    start_node(&NA, NULL);
+    snprintf(dir, sizeof(dir), "%s/layouts-ssd.XXXXXX", logdir ? logdir : "/tmp");
+    bool with_ssd = io_uring_usable() && mkdtemp(dir) != NULL;
+    if (!with_ssd)
+        fprintf(stderr, "    SKIP (SSD on A only): io_uring is not usable here; A runs "
+                        "without an SSD tier\n");
+    snprintf(ssd, sizeof(ssd), "%s/a.dat", dir);
+    const char *ssd_args[] = {"--ssd-cache-path", ssd, "--ssd-cache-capacity", "64mb", NULL};
+    start_ms(0, "30");
+    start_node(&NA, with_ssd ? ssd_args : NULL);
     start_node(&NB, NULL);
     struct pf_client *ca = connect_to(&NA), *cb = connect_to(&NB);
-    struct world wa, wb;
-    const size_t N = 8;
-    pworld(&wa, "inst-A", 1, 1, 64, SEG, 9, true);
-    pworld(&wb, "inst-B", 1, 1, 64, SEG, 0, false);
-    world_register(ca, &wa);
-    world_register(cb, &wb);
-    world_save_ok(ca, &wa, 900, 0, N);
-    wait_meta(NA.p.addr, 900, N, (long)N, 20000);
-    fetch_check(cb, &wb, "redis-1", 900, N, 0, &wa, 0, 0, (long)N, 30000);
-    /* replica 1 dies: the nodes move to replica 2, discovery goes on */
-    stop(&MS, SIGKILL);
-    struct node dead = MS;
-    MS = MS2; /* wait_meta asks MS */
-    MS2 = dead;
-    world_save_ok(ca, &wa, 1000, 10, N);
-    wait_meta(NA.p.addr, 1000, N, (long)N, 30000);
-    uint64_t dl = pft_now_ms() + 30000;
-    for (int k = 0;; k++) {
-        char req[32];
-        snprintf(req, sizeof(req), "redis-failover-%d", k);
-        if (fetch_check(cb, &wb, req, 1000, N, 0, &wa, 10, 8, -1, 30000) == N)
-            break;
-        PFT_CHECK(pft_now_ms() < dl, "B never fetched through replica 2");
-        usleep(50000);
+    const size_t N = 16;
+    uint32_t ids[16];
+    uint64_t hp[16];
+    for (size_t i = 0; i < N; i++) {
+        ids[i] = (uint32_t)i + 1;
+        hp[i] = ids[i];
     }
-    fprintf(stderr, "    replica 1 killed: B discovered and fetched through replica 2\n");
-    /* Redis dies: saves and queries keep answering, no discovery */
-    kill(RD.p.pid, SIGKILL);
-    waitpid(RD.p.pid, NULL, 0);
-    RD.p.pid = 0;
-    world_save_ok(ca, &wa, 1100, 20, N);
-    fetch_check(cb, &wb, "redis-down", 1100, N, 0, &wa, 20, 16, 0, 30000);
-    wait_log(&NB, "unreachable", 20000);
-    fprintf(stderr, "    Redis killed: B degrades to local-only (Ready, 0 hits)\n");
-    /* Redis back, empty: the nodes re-register by themselves, B fetches again */
-    redis_start(&rport);
-    wait_meta(NA.p.addr, 1100, N, (long)N, 40000);
-    dl = pft_now_ms() + 40000;
-    for (int k = 0;; k++) {
-        char req[32];
-        snprintf(req, sizeof(req), "redis-back-%d", k);
-        if (fetch_check(cb, &wb, req, 1100, N, 0, &wa, 20, 24, -1, 30000) == N)
-            break;
-        PFT_CHECK(pft_now_ms() < dl, "B never fetched again after Redis came back");
-        usleep(50000);
+    static const char *const ns[2] = {"ns-p2p-mla", "ns-p2p-split"};
+    for (int split = 0; split < 2; split++) {
+        struct lworld a, b;
+        lw_mla(&a, split ? "split-A" : "mla-A", ns[split], 2, split, 64, 11 + (uint64_t)split,
+               true);
+        lw_mla(&b, split ? "split-B" : "mla-B", ns[split], 2, split, 64, 11 + (uint64_t)split,
+               false);
+        lw_register(ca, &a);
+        lw_register(cb, &b);
+        lw_save_striped(ca, &a, ids, N);
+        lw_wait_sealed(ca, a.id, hp, N);
+        wait_meta_ns(ns[split], NA.p.addr, 1, N, (long)N, 20000);
+        int loading = lw_fetch_all(cb, &b, &a, split ? "lay-split" : "lay-mla", ids, N, 20);
+        PFT_CHECK(loading >= 1, "%s: B must fetch from A (answer Loading)", ns[split]);
+        fprintf(stderr, "    %s: %zu pages fetched from A, byte-exact on both devices of B\n",
+                split ? "layer-split shards" : "page-first replicas", N);
+        lw_free(&a);
+        lw_free(&b);
     }
-    fprintf(stderr, "    Redis back: A re-registered, B fetched byte-exact again\n");
+    struct lworld ha, hb;
+    lw_hybrid(&ha, "hy-A", "ns-p2p-hy", 2, 64, 13, true);
+    lw_hybrid(&hb, "hy-B", "ns-p2p-hy", 2, 64, 13, false);
+    lw_register(ca, &ha);
+    lw_register(cb, &hb);
+    uint64_t rpos[3] = {1, 4, 6}, apos[8];
+    uint32_t rid[3] = {20, 21, 22};
+    for (size_t i = 0; i < 8; i++)
+        apos[i] = i;
+    lw_hybrid_save(ca, &ha, 8, rpos, rid, 3);
+    lw_wait_sealed(ca, ha.id, apos, 8);
+    wait_meta_ns("ns-p2p-hy", NA.p.addr, 0, 8, 8, 20000);
+    int ld[2];
+    lw_hybrid_fetch(cb, &hb, &ha, "lay-hy", 8, rpos, rid, 3, 0, ld);
+    PFT_CHECK(ld[0] >= 1 && ld[1] >= 1,
+              "both groups must come from A (Loading answers: attention %d, recurrent %d)", ld[0],
+              ld[1]);
+    PFT_CHECK(node_metric(&NB, "pegaflow_rdma_fetch_total{status=\"ok\"}") == 4,
+              "B: %g successful fetches, want 4",
+              node_metric(&NB, "pegaflow_rdma_fetch_total{status=\"ok\"}"));
+    fprintf(stderr, "    hybrid: attention prefix and recurrent want-set fetched from A, "
+                    "byte-exact\n");
+    lw_free(&ha);
+    lw_free(&hb);
     pf_client_close(ca);
     pf_client_close(cb);
     stop_all();
-    meta_addrs[0] = 0;
-    kill(RD.p.pid, SIGKILL);
-    waitpid(RD.p.pid, NULL, 0);
-    RD.p.pid = 0;
-    world_free(&wa);
-    world_free(&wb);
+    if (with_ssd) {
+        unlink(ssd);
+        rmdir(dir);
+    }
 }
 
 static const struct pft_scenario scenarios[] = {
-    {"basic", sc_basic},           {"mutual", sc_mutual},   {"three", sc_three},
-    {"metaserver", sc_metaserver}, {"kill", sc_kill},       {"timeout", sc_timeout},
-    {"expire", sc_expire},         {"corrupt", sc_corrupt}, {"evict", sc_evict},
-    {"auth", sc_auth},             {"redis", sc_redis},
+    {"basic", sc_basic},   {"mutual", sc_mutual},
+    {"three", sc_three},   {"metaserver", sc_metaserver},
+    {"kill", sc_kill},     {"timeout", sc_timeout},
+    {"expire", sc_expire}, {"corrupt", sc_corrupt},
+    {"evict", sc_evict},   {"auth", sc_auth},
+    {"redis", sc_redis},   {"layouts", sc_layouts},
 };
 
 int main(int argc, char **argv)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # P2P end to end with real processes, each node in its own network namespace (loopback
 # without root): byte-exact fetch (Loading -> Ready), reuse of connections in both directions,
-# wait_for_full_prefix, simultaneous mutual fetches, three nodes, and the MetaServer killed and
-# restarted (issue 4's two-server scenario with real servers). See p2p_e2e.c.
-exec bash "$(dirname "$0")/p2p_netns.sh" basic mutual three metaserver "$@"
+# wait_for_full_prefix, simultaneous mutual fetches, three nodes, the MetaServer killed and
+# restarted (issue 4's two-server scenario with real servers), and the issue 15 layouts (MLA
+# page-first, layer-split, hybrid groups) across nodes. See p2p_e2e.c.
+exec bash "$(dirname "$0")/p2p_netns.sh" basic mutual three metaserver layouts "$@"

@@ -8,6 +8,10 @@
   by hand without a build, those tests skip with the reason.
 * The real server comes from PF_BIN (set by `make test`); tests needing it skip when
   PF_BIN is unset.
+* PF_TEST_NETNS="NS0=IP0,NS1=IP1,..." (set by tests/integration/test_tp_netns.sh only):
+  the k-th server a test starts runs in network namespace NSk (``ip netns exec``), gRPC
+  and HTTP bound to IPk, so two servers are two "hosts" reached over veth links. Unset
+  (every other run): servers on loopback as before.
 """
 
 from __future__ import annotations
@@ -91,14 +95,22 @@ def pf_bin() -> str | None:
 
 
 class ServerProc:
-    """A pegaflow-server on loopback with ports chosen by the kernel."""
+    """A pegaflow-server on loopback with ports chosen by the kernel; with ``netns``, in
+    that network namespace (``ip netns exec``, which execs the server: same pid), its
+    HTTP listener on ``host`` too."""
 
-    def __init__(self, log_path: str, extra_args: tuple[str, ...] = (), port: int = 0):
+    def __init__(self, log_path: str, extra_args: tuple[str, ...] = (), port: int = 0,
+                 host: str = "127.0.0.1", netns: str | None = None):
         b = pf_bin()
         self.log_path = log_path
+        self.host = host
+        self.netns = netns
+        self.http_host = host if netns else "127.0.0.1"
         self.args = [os.path.join(b, "pegaflow-server"), "--gpu-backend", "sim",
-                     "--pool-size", "256mb", "--addr", f"127.0.0.1:{port}",
-                     "--http-addr", "127.0.0.1:0", *extra_args]
+                     "--pool-size", "256mb", "--addr", f"{host}:{port}",
+                     "--http-addr", f"{self.http_host}:0", *extra_args]
+        if netns:
+            self.args = ["ip", "netns", "exec", netns, *self.args]
         self.proc = None
         self.port = None
 
@@ -122,7 +134,7 @@ class ServerProc:
 
     @property
     def target(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def log(self) -> str:
         with open(self.log_path, "rb") as f:
@@ -158,13 +170,31 @@ def plain_server_factory(tmp_path, lib):
     yield from _servers(tmp_path)
 
 
+def netns_spaces() -> list[tuple[str, str]]:
+    """PF_TEST_NETNS as [(namespace, address), ...] (empty when unset)."""
+    out = []
+    items = (x.strip() for x in os.environ.get("PF_TEST_NETNS", "").split(","))
+    for item in filter(None, items):
+        ns, sep, ip = item.partition("=")
+        if not sep or not ns or not ip:
+            raise ValueError(f"PF_TEST_NETNS: expected NS=IP, got {item!r}")
+        out.append((ns, ip))
+    return out
+
+
 def _servers(tmp_path):
     if not pf_bin():
         pytest.skip("SKIP: PF_BIN is unset (run through `make test`): no pegaflow-server")
     started: list[ServerProc] = []
+    spaces = netns_spaces()
 
-    def start(name: str = "server", port: int = 0) -> ServerProc:
-        s = ServerProc(str(tmp_path / f"{name}.log"), port=port)
+    def start(name: str = "server", port: int = 0, extra_args: tuple[str, ...] = (),
+              host: str = "127.0.0.1") -> ServerProc:
+        ns = None
+        if spaces:  # the k-th server of this test in the k-th namespace
+            ns, host = spaces[len(started) % len(spaces)]
+        s = ServerProc(str(tmp_path / f"{name}.log"), extra_args=tuple(extra_args), port=port,
+                       host=host, netns=ns)
         started.append(s)
         return s.start()
 

@@ -10,6 +10,13 @@ completion modes). It moves real bytes: tensors are numpy arrays (HostTensor) re
 through HostDeviceAdapter, so the step-loop harness can check loaded blocks byte by byte
 without the C server.
 
+Hybrid storage groups (layer_group_ids): a block of group g is complete when every
+(layer of g, tp rank) slot is stored; keys of groups > 0 carry the 4-byte big-endian group
+id; group > 0 queries are membership queries (hit_positions, a lease of exactly those
+blocks) or, with wait_for_full_prefix, all-or-nothing want-sets. Page-first instances
+(MLA): a save must cover every layer of the worker's shard with one block list.
+``slot_writes`` counts the bytes copies per key (a block stored once has one per slot).
+
 FakeEngineClient exposes exactly EngineClient's method surface (and its query miss
 mapping); one per simulated process, all sharing one FakeServer.
 """
@@ -152,6 +159,7 @@ class _Layer:
     bpb: int
     kv_stride: int
     segments: int
+    group: int = 0
 
     @property
     def block_stride(self) -> int:
@@ -187,13 +195,22 @@ class _Instance:
     tp_size: int
     world_size: int
     workers: dict[int, _Worker] = field(default_factory=dict)
+    page_first: bool = False
 
     @property
     def sealed(self) -> bool:
         return len(self.workers) >= self.world_size
 
-    def slots(self) -> set[tuple[str, int]]:
-        return {(name, w.tp_rank) for w in self.workers.values() for name in w.layers}
+    def slots(self, group: int = 0) -> set[tuple[str, int]]:
+        return {(name, w.tp_rank) for w in self.workers.values()
+                for name, l in w.layers.items() if l.group == group}
+
+    def groups(self) -> set[int]:
+        return {l.group for w in self.workers.values() for l in w.layers.values()}
+
+
+def group_key(h: bytes, group: int) -> bytes:
+    return bytes(h) if group == 0 else bytes(h) + group.to_bytes(4, "big")
 
 
 @dataclass
@@ -202,6 +219,7 @@ class _Lease:
     keys: list[tuple[str, bytes]]
     shares: int
     expiry: float
+    group: int = 0
 
 
 class FakeServer:
@@ -220,6 +238,7 @@ class FakeServer:
         self.sessions: dict[str, int] = {}
         self.calls: list[tuple[str, dict]] = []
         self.pending_states: list[ShmLoadState] = []
+        self.slot_writes: dict[tuple[str, bytes], int] = {}
 
     # helpers
     def _gate(self, method: str, **kw) -> None:
@@ -275,8 +294,10 @@ class FakeServer:
             raise error_for(m, -22, INVALID_ARGUMENT, "no layers")
         inst = self.instances.get(a.instance_id)
         if inst is None:
-            inst = self.instances[a.instance_id] = _Instance(a.namespace, a.tp_size, a.world_size)
-        elif inst.tp_size != a.tp_size or inst.world_size != a.world_size:
+            inst = self.instances[a.instance_id] = _Instance(a.namespace, a.tp_size, a.world_size,
+                                                             page_first=bool(a.page_first))
+        elif (inst.tp_size != a.tp_size or inst.world_size != a.world_size
+              or inst.page_first != bool(a.page_first)):
             raise error_for(m, -1, FAILED_PRECONDITION, "topology mismatch")
         if a.device_id in inst.workers:
             raise error_for(m, -22, INVALID_ARGUMENT,
@@ -290,8 +311,10 @@ class FakeServer:
                 t = _registry[int(l.ipc[5:])]
             if l.segments == 2 and l.kv_stride_bytes < l.bytes_per_block:
                 raise error_for(m, -22, INVALID_ARGUMENT, "overlap")
+            if a.page_first and (l.segments != 1 or l.group_id != 0):
+                raise error_for(m, -22, INVALID_ARGUMENT, "page_first needs one segment, group 0")
             layers[l.name] = _Layer(l.name, t, l.num_blocks, l.bytes_per_block,
-                                    l.kv_stride_bytes, l.segments)
+                                    l.kv_stride_bytes, l.segments, int(l.group_id))
         inst.workers[a.device_id] = _Worker(a.device_id, a.tp_rank, a.pp_rank, layers)
 
     def save(self, instance_id, tp_rank, pp_rank, device_id, layers) -> None:
@@ -310,30 +333,37 @@ class FakeServer:
         w = inst.workers.get(device_id)
         if w is None or w.tp_rank != tp_rank or w.pp_rank != pp_rank:
             raise error_for(m, -1, FAILED_PRECONDITION, f"device {device_id} not registered")
-        slots = inst.slots()
+        if inst.page_first:
+            names = {sl.name for sl in layers}
+            lists = {tuple(sl.block_ids) for sl in layers}
+            if names != set(w.layers) or len(lists) != 1:
+                raise error_for(m, -22, INVALID_ARGUMENT, "a page-first save must cover every "
+                                "layer of its shard with one block list")
         for sl in layers:
             lay = w.layers.get(sl.name)
             if lay is None:
                 raise error_for(m, -22, INVALID_ARGUMENT, f"layer {sl.name} not registered")
             if len(sl.block_ids) != len(sl.block_hashes):
                 raise error_for(m, -22, INVALID_ARGUMENT, "length mismatch")
+            slots = inst.slots(lay.group)
             for b, h in zip(sl.block_ids, sl.block_hashes):
                 if not 0 <= b < lay.num_blocks:
                     raise error_for(m, -22, INVALID_ARGUMENT, f"block {b} out of range")
-                key = (inst.namespace, bytes(h))
+                key = (inst.namespace, group_key(h, lay.group))
                 entry = self.blocks.get(key)
                 if entry is not None and set(entry) >= slots:
                     continue  # resident
                 data = lay.read(b) if lay.tensor is not None else b""
                 self.blocks.setdefault(key, {})[(sl.name, w.tp_rank)] = data
+                self.slot_writes[key] = self.slot_writes.get(key, 0) + 1
 
-    def _complete(self, inst: _Instance, key: tuple[str, bytes]) -> bool:
+    def _complete(self, inst: _Instance, key: tuple[str, bytes], group: int = 0) -> bool:
         e = self.blocks.get(key)
-        return e is not None and set(e) >= inst.slots()
+        return e is not None and set(e) >= inst.slots(group)
 
     def query(self, instance_id, req_id, hashes, wait_for_full_prefix=False, group_id=0):
         m = "pf_client_query"
-        self._gate("query", instance_id=instance_id, req_id=req_id, n=len(hashes))
+        self._gate("query", instance_id=instance_id, req_id=req_id, n=len(hashes), group=group_id)
         self._sweep()
         if not req_id:
             raise error_for(m, -22, INVALID_ARGUMENT, "req_id must not be empty")
@@ -341,6 +371,21 @@ class FakeServer:
         if self.loading.get(req_id, 0) > 0:
             self.loading[req_id] -= 1
             return QueryResult(loading=True)
+        if group_id:
+            if group_id not in inst.groups():
+                raise error_for(m, -22, INVALID_ARGUMENT, f"unknown group id {group_id}")
+            pos = [i for i, h in enumerate(hashes)
+                   if self._complete(inst, (inst.namespace, group_key(h, group_id)), group_id)]
+            if wait_for_full_prefix and len(pos) != len(hashes):
+                return QueryResult(False, len(pos), b"")  # a short want-set: no lease
+            if not pos:
+                return QueryResult(False, 0, b"")
+            lease = os.urandom(16)
+            self.leases[lease] = _Lease(instance_id, [(inst.namespace, group_key(hashes[i],
+                                                                                  group_id))
+                                                      for i in pos], inst.world_size,
+                                        self.clock() + LEASE_TTL_S, group_id)
+            return QueryResult(False, len(pos), lease, tuple(pos))
         keys = []
         for h in hashes:
             k = (inst.namespace, bytes(h))
@@ -365,6 +410,7 @@ class FakeServer:
     def load(self, instance_id, tp_rank, device_id, load_state_shm, groups, loads) -> None:
         m = "pf_client_load"
         self._gate("load", instance_id=instance_id, device_id=device_id,
+                   groups=[list(g) for g in groups],
                    loads=[(bytes(l.lease), [list(g) for g in l.block_ids_by_group])
                           for l in loads])
         self._sweep()
@@ -393,16 +439,21 @@ class FakeServer:
                     del self.leases[bytes(ll.lease)]
                 if len(ll.block_ids_by_group) != len(groups):
                     raise error_for(m, -22, INVALID_ARGUMENT, "group count mismatch")
-                targets = ll.block_ids_by_group[0]
-                if len(targets) != len(lease.keys):
-                    raise error_for(m, -22, INVALID_ARGUMENT,
-                                    f"query lease block count {len(lease.keys)} does not "
-                                    f"match destination block count {len(targets)}")
-                for key, b in zip(lease.keys, targets):
-                    if b is None:
-                        continue
-                    for name in groups[0]:
-                        copies.append((w.layers[name], b, self.blocks[key][(name, w.tp_rank)]))
+                for gi, targets in enumerate(ll.block_ids_by_group):
+                    if len(targets) != len(lease.keys):
+                        raise error_for(m, -22, INVALID_ARGUMENT,
+                                        f"query lease block count {len(lease.keys)} does not "
+                                        f"match destination block count {len(targets)}")
+                    for key, b in zip(lease.keys, targets):
+                        if b is None:
+                            continue
+                        for name in groups[gi]:
+                            lay = w.layers[name]
+                            if lay.group != lease.group:
+                                raise error_for(m, -22, INVALID_ARGUMENT,
+                                                f"layer {name} (storage group {lay.group}) "
+                                                f"in a load of group {lease.group} blocks")
+                            copies.append((lay, b, self.blocks[key][(name, w.tp_rank)]))
         except Exception:
             state.set(-1)
             state.close()

@@ -28,6 +28,19 @@ prefix up to p (so identical prefixes produce identical KV, as in a real model) 
 sampled token likewise (greedy decoding). Block contents can therefore be checked byte
 for byte: a loaded block must equal what the saving request wrote.
 
+Hybrid mode (``hybrid=True``): a second KV cache group of one Mamba-style layer
+(MambaSpec, mamba_cache_mode "align", one page per block, its own block pool): the
+request's state lives in the block of the position holding its last computed token;
+positions before the newest state are null (block 0) and an older state block is freed
+when a newer one is allocated (vLLM does not tell the connector); a load of k blocks gets
+null state blocks except at position k-1. Every loaded state is compared with the state
+the model defines for that prefix (``ReqLog.states_checked``).
+
+MLA mode (``mla=True``): the model config has ``kv_lora_rank``; each layer's cache is
+``(N, block, heads * head_dim * 2)`` (one latent row per token), identical on every TP
+rank (the KV values do not depend on the worker), so the connector registers page-first
+and stripes saves across ranks.
+
 Backends: FakeBackend (in-memory FakeServer, numpy "GPU") and RealBackend (the C server
 with sim KV caches over libpegaflow's shared memory).
 """
@@ -35,6 +48,7 @@ with sim KV caches over libpegaflow's shared memory).
 from __future__ import annotations
 
 import hashlib
+from types import SimpleNamespace
 import pickle
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -126,6 +140,27 @@ class RealBackend:
         return SimDeviceAdapter(tensor.sim_device)
 
 
+class ShardedBackend:
+    """One backend per server endpoint (``pegaflow.tp_shard_endpoints``): clients go to
+    the endpoint's server; KV memory comes from the first backend."""
+
+    sharded = True
+
+    def __init__(self, by_endpoint: dict[str, Any]):
+        self.by_endpoint = dict(by_endpoint)
+        self.first = next(iter(self.by_endpoint.values()))
+        self.name = self.first.name
+
+    def client(self, endpoint: str):
+        return self.by_endpoint[endpoint].client()
+
+    def alloc(self, rank, shape, names):
+        return self.first.alloc(rank, shape, names)
+
+    def adapter(self, tensor, client):
+        return self.first.adapter(tensor, client)
+
+
 # ------------------------------------------------------------------ engine model
 
 
@@ -201,6 +236,7 @@ class ReqLog:
     snapshot: dict[bytes, list[bytes]] = field(default_factory=dict)  # hash -> per worker
     loaded: dict[bytes, list[bytes]] = field(default_factory=dict)
     preemptions: int = 0
+    states_checked: int = 0  # loaded recurrent states compared (hybrid)
 
 
 class Engine:
@@ -210,7 +246,8 @@ class Engine:
                  layers: int = 2, num_blocks: int = 48, block_size: int = 16, heads: int = 2,
                  head_dim: int = 8, token_budget: int = 64, policy: str = "recompute",
                  extra_config: dict | None = None, seed: int = 1234,
-                 report_preempted: bool = True, stats_mode: str = "main"):
+                 report_preempted: bool = True, stats_mode: str = "main",
+                 hybrid: bool = False, mla: bool = False):
         self.backend = backend
         self.tp = tp
         self.L = layers
@@ -225,18 +262,25 @@ class Engine:
         self.events: list = []  # KV events the scheduler published
         self.report_preempted = report_preempted  # False: SchedulerOutput without them
         self.layer_names = [f"model.layers.{i}.self_attn.attn" for i in range(layers)]
+        self.hybrid = hybrid
+        self.mla = mla
+        self.mamba_name = f"model.layers.{layers}.mixer"
+        self.state_elems = 2 * block_size * heads * head_dim  # one page, like attention
         kv_cache_utils.init_none_hash(sha256)
         self.hasher = get_request_block_hasher(block_size, sha256)
-        patch(facade, "_make_client", lambda ctx, endpoint: backend.client())
+        patch(facade, "_make_client", lambda ctx, endpoint: backend.client(endpoint)
+              if getattr(backend, "sharded", False) else backend.client())
         patch(facade, "_device_adapter_for", backend.adapter)
 
         self.vllm_config = VllmConfig(
             model_config=ModelConfig(model="pegaflow-test/tiny", dtype="torch.float16",
                                      num_kv_heads=heads * tp, head_size=head_dim,
-                                     num_hidden_layers=layers),
+                                     num_hidden_layers=layers,
+                                     hf_text_config=SimpleNamespace(
+                                         kv_lora_rank=512 if mla else None)),
             cache_config=CacheConfig(block_size=block_size),
             parallel_config=ParallelConfig(tensor_parallel_size=tp),
-            scheduler_config=SchedulerConfig(disable_hybrid_kv_cache_manager=True),
+            scheduler_config=SchedulerConfig(disable_hybrid_kv_cache_manager=not hybrid),
             kv_transfer_config=KVTransferConfig(
                 kv_connector="PegaKVConnector", kv_role="kv_both",
                 kv_connector_module_path="pegaflow.connector", engine_id=instance_id,
@@ -246,10 +290,17 @@ class Engine:
         spec = FullAttentionSpec(block_size=block_size, num_kv_heads=heads,
                                  head_size=head_dim, dtype=DTYPE)
         page = 2 * block_size * heads * head_dim * np.dtype(DTYPE).itemsize
+        groups = [KVCacheGroupSpec(list(self.layer_names), spec)]
+        if hybrid:
+            from vllm.v1.kv_cache_interface import MambaSpec
+
+            groups.append(KVCacheGroupSpec([self.mamba_name], MambaSpec(
+                block_size=block_size, shapes=((self.state_elems,),), dtypes=(DTYPE,),
+                mamba_cache_mode="align")))
         self.kv_cache_config = KVCacheConfig(
             num_blocks=num_blocks,
             kv_cache_tensors=[KVCacheTensor(num_blocks * page, [n]) for n in self.layer_names],
-            kv_cache_groups=[KVCacheGroupSpec(list(self.layer_names), spec)])
+            kv_cache_groups=groups)
         self.num_blocks = num_blocks
 
         parallel_state.set_ranks(0, 0, 0)
@@ -271,15 +322,26 @@ class Engine:
                 w.register_cross_layers_kv_cache(t["ALL_LAYERS"], None)
             else:
                 self.cross = False
-                shape = (2, num_blocks, block_size, heads, head_dim)
+                shape = ((num_blocks, block_size, 2 * heads * head_dim) if mla
+                         else (2, num_blocks, block_size, heads, head_dim))
                 keep, t = backend.alloc(r, shape, self.layer_names)
-                w.register_kv_caches(t)
+                regs = dict(t)
+                if hybrid:
+                    mkeep, m = backend.alloc(r, (num_blocks, self.state_elems),
+                                             [self.mamba_name])
+                    self._keep.append(mkeep)
+                    t = {**t, **m}
+                    regs[self.mamba_name] = [m[self.mamba_name]]  # vLLM: a list of states
+                w.register_kv_caches(regs)
             self._keep.append(keep)
             self.kv.append(t)
             self.workers.append(w)
         parallel_state.set_ranks(0, 0, 0)
 
         self.pool = BlockPool(num_blocks)
+        self.mpool = BlockPool(num_blocks)  # the state group's blocks
+        self.mam: dict[str, list[KVCacheBlock]] = {}  # per position; null = mpool.null
+        self.sched.bind_gpu_block_pool(self.pool)  # vLLM: Scheduler.__init__
         self.agg = Aggregator(tp)
         self.requests: dict[str, Request] = {}
         self.req_blocks: dict[str, list[KVCacheBlock]] = {}
@@ -307,9 +369,52 @@ class Engine:
         return hs
 
     def _kv_values(self, worker: int, h: int) -> np.ndarray:
+        if self.mla:
+            worker = 0  # MLA: the latent KV is the same on every TP rank
         rng = np.random.default_rng([self.seed, worker, h & 0xFFFFFFFFFFFF])
         return rng.integers(0, 65536, size=(self.L, 2, self.heads, self.head_dim),
                             dtype=np.uint32).astype(DTYPE)
+
+    def _state_values(self, worker: int, h: int) -> np.ndarray:
+        """The recurrent state after the token whose prefix hash is h."""
+        rng = np.random.default_rng([self.seed, 7, worker, h & 0xFFFFFFFFFFFF])
+        return rng.integers(0, 65536, size=self.state_elems, dtype=np.uint32).astype(DTYPE)
+
+    def _mam_extend(self, req: Request, ntokens: int) -> list[int] | None:
+        """State table after computing up to ``ntokens``: positions up to the one holding
+        the last token, null except that one (a real block); an older real block is
+        freed and nulled. Returns the ids of the appended positions; None: no block."""
+        rid = req.request_id
+        t = self.mam.setdefault(rid, [])
+        end = cdiv(ntokens, self.bs) - 1
+        before = len(t)
+        while len(t) <= end:
+            t.append(self.mpool.null)
+        if end >= 0 and t[end].block_id == 0:
+            got = self.mpool.alloc(1)
+            if got is None:
+                del t[before:]
+                return None
+            t[end] = got[0]
+        for i in range(len(t)):
+            if i != end and t[i].block_id != 0 and i < end:
+                self.mpool.release([t[i]])
+                t[i] = self.mpool.null
+        return [b.block_id for b in t[before:]]
+
+    def _groups(self, rid: str, attn_ids: list[int], mam_new: list[int] | None = None,
+                whole: bool = False):
+        """Block ids per group as vLLM ships them (hybrid: attention, state)."""
+        if not self.hybrid:
+            return (attn_ids,)
+        mam = [b.block_id for b in self.mam.get(rid, [])] if whole else list(mam_new or [])
+        return (attn_ids, mam)
+
+    def _blocks(self, rid: str) -> KVCacheBlocks:
+        groups = [list(self.req_blocks.get(rid, []))]
+        if self.hybrid:
+            groups.append(list(self.mam.get(rid, [])))
+        return KVCacheBlocks(tuple(groups))
 
     def _sample(self, req: Request) -> int:
         h = self._prefix_hashes(req, req.num_tokens)[-1]
@@ -325,6 +430,8 @@ class Engine:
             a, cross = self._arr(w, l)
             if cross:
                 a[block, l, :, slot] = vals[l]
+            elif self.mla:
+                a[block, slot] = vals[l].reshape(-1)
             else:
                 a[:, block, slot] = vals[l]
 
@@ -332,7 +439,8 @@ class Engine:
         out = []
         for l in range(self.L):
             a, cross = self._arr(w, l)
-            out.append((a[block, l] if cross else a[:, block]).tobytes())
+            out.append((a[block, l] if cross else a[block] if self.mla
+                        else a[:, block]).tobytes())
         return b"".join(out)
 
     def zero_caches(self) -> None:
@@ -350,6 +458,10 @@ class Engine:
             for pos in range(start, start + n):
                 b = blocks[rid][pos // self.bs]
                 self._write_token(w, b, pos % self.bs, self._kv_values(w, hs[pos]))
+            if self.hybrid and n > 0:
+                sb = self.mam[rid][cdiv(start + n, self.bs) - 1].block_id
+                assert sb != 0, "the state of the last computed token has no block"
+                self.kv[w][self.mamba_name].numpy()[sb] = self._state_values(w, hs[start + n - 1])
 
     # ---------------------------------------------------------------- API
 
@@ -375,6 +487,7 @@ class Engine:
 
     def _free(self, rid: str) -> None:
         self.pool.release(self.req_blocks.pop(rid, []))
+        self.mpool.release([b for b in self.mam.pop(rid, []) if b.block_id != 0])
         self.logs[rid].freed = True
 
     def _preempt(self, req: Request, preempted: set[str]) -> None:
@@ -404,6 +517,15 @@ class Engine:
             for i in range(min(nb, len(req.block_hashes))):
                 b = self.req_blocks[rid][i].block_id
                 lg.loaded[req.block_hashes[i]] = [self.read_block(w, b) for w in range(self.tp)]
+            if self.hybrid and nb > 0:
+                # the state at the resume point is the model's state after nb blocks
+                sb = self.mam[rid][nb - 1].block_id
+                hs = self._prefix_hashes(req, nb * self.bs)
+                for w in range(self.tp):
+                    got = self.kv[w][self.mamba_name].numpy()[sb]
+                    assert np.array_equal(got, self._state_values(w, hs[nb * self.bs - 1])), \
+                        f"{rid}: loaded state of block {nb - 1} differs (worker {w})"
+                lg.states_checked += 1
         req.num_computed_tokens = n
         req.status = RequestStatus.PREEMPTED if req.num_preemptions else RequestStatus.WAITING
 
@@ -428,9 +550,12 @@ class Engine:
                     break
             if req not in self.running:
                 continue
+            mam_new = self._mam_extend(req, req.num_computed_tokens + n) if self.hybrid else []
+            assert mam_new is not None, "state pool exhausted"
             new_ids = [b.block_id for b in self.req_blocks[req.request_id][before:]]
             cached.req_ids.append(req.request_id)
-            cached.new_block_ids.append((new_ids,) if new_ids else None)
+            cached.new_block_ids.append(self._groups(req.request_id, new_ids, mam_new)
+                                        if new_ids or mam_new else None)
             cached.new_token_ids.append([])
             cached.num_computed_tokens.append(req.num_computed_tokens)
             cached.num_output_tokens.append(req.num_output_tokens)
@@ -462,8 +587,9 @@ class Engine:
                 if not self._ensure_blocks(req, ext):
                     skipped.append(req)
                     break
-                blocks = KVCacheBlocks((list(self.req_blocks[rid]),))
-                self.sched.update_state_after_alloc(req, blocks, ext)
+                if self.hybrid:
+                    assert self._mam_extend(req, ext) is not None
+                self.sched.update_state_after_alloc(req, self._blocks(rid), ext)
                 req.num_computed_tokens = ext
                 req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
                 skipped.append(req)
@@ -473,20 +599,22 @@ class Engine:
             if not self._ensure_blocks(req, req.num_computed_tokens + n):
                 skipped.append(req)
                 break
-            self.sched.update_state_after_alloc(
-                req, KVCacheBlocks((list(self.req_blocks[rid]),)), 0)
+            if self.hybrid:
+                assert self._mam_extend(req, req.num_computed_tokens + n) is not None
+            self.sched.update_state_after_alloc(req, self._blocks(rid), 0)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             ids = [b.block_id for b in self.req_blocks[rid]]
             if resumed:
                 cached.req_ids.append(rid)
                 cached.resumed_req_ids.add(rid)
-                cached.new_block_ids.append((ids,))
+                cached.new_block_ids.append(self._groups(rid, ids, whole=True))
                 cached.new_token_ids.append([])
                 cached.num_computed_tokens.append(req.num_computed_tokens)
                 cached.num_output_tokens.append(req.num_output_tokens)
             else:
-                new_reqs.append(NewRequestData.from_request(req, (ids,)))
+                new_reqs.append(NewRequestData.from_request(req, self._groups(rid, ids,
+                                                                              whole=True)))
             nsched[rid] = n
             pre[rid] = req.num_computed_tokens
             budget -= n
@@ -513,6 +641,8 @@ class Engine:
         forward = so.total_num_scheduled_tokens > 0
         # block tables as the workers know them for this step
         tables = {rid: [b.block_id for b in self.req_blocks[rid]] for rid in so.num_scheduled_tokens}
+        for rid in so.num_scheduled_tokens:  # (the state table as of this step)
+            self.mam.setdefault(rid, [])
         for i, w in enumerate(self.workers):
             # vLLM's order per worker: pre_forward (handle_preemptions, bind, start_load_kv)
             # -> forward -> post_forward (wait_for_save, get_finished, errors, clear)
@@ -532,6 +662,16 @@ class Engine:
                                           kv_cache_events=w.get_kv_connector_kv_cache_events()))
         return self.agg.aggregate(outs)
 
+    def _connector_finished(self, req: Request, ids: list[int]):
+        """vLLM's Scheduler._connector_finished: SupportsHMA connectors get every group's
+        block ids through request_finished_all_groups, others group 0's."""
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import supports_hma
+
+        if supports_hma(self.sched):
+            return self.sched.request_finished_all_groups(
+                req, self._groups(req.request_id, ids, whole=True))
+        return self.sched.request_finished(req, ids)
+
     def _finish(self, req: Request, status: RequestStatus) -> None:
         rid = req.request_id
         req.status = status
@@ -542,7 +682,7 @@ class Engine:
                            req.num_computed_tokens // self.bs)):
             lg.snapshot[req.block_hashes[i]] = [self.read_block(w, blocks[i].block_id)
                                                 for w in range(self.tp)]
-        delay, _ = self.sched.request_finished(req, [b.block_id for b in blocks])
+        delay, _ = self._connector_finished(req, [b.block_id for b in blocks])
         self.finished_ids.add(rid)
         if delay:
             lg.delayed_free = True
@@ -622,7 +762,7 @@ class Engine:
         rid = req.request_id
         req.status = RequestStatus.FINISHED_ABORTED
         self.logs[rid].finished_status = req.status
-        delay, _ = self.sched.request_finished(
+        delay, _ = self._connector_finished(
             req, [b.block_id for b in self.req_blocks.get(rid, [])])
         self.finished_ids.add(rid)
         if delay or loading:

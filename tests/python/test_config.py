@@ -64,7 +64,9 @@ def test_extra_config_and_env_precedence():
     ({"pegaflow.port": "x"}, "integer"),
     ({"pegaflow.port": 70000}, "TCP port"),
     ({"pegaflow.wait_for_full_prefix": "maybe"}, "boolean"),
-    ({"pegaflow.tp_shard_endpoints": ["a:1", "b:1"]}, "tp_shard_endpoints"),
+    ({"pegaflow.tp_shard_endpoints": ["a:1", "a:1"]}, "distinct"),
+    ({"pegaflow.tp_shard_endpoints": ["a:1", "b"]}, "no port"),
+    ({"pegaflow.tp_shard_endpoints": 5}, "list of endpoints"),
     ({"pegaflow.query_timeout_ms": 0}, ">= 1"),
 ])
 def test_bad_options_fail_at_startup(extra, match):
@@ -147,7 +149,11 @@ def test_context_for_dense_and_mla():
     assert c.virtual_block_size == 16 and c.instance_id == "eng-1"
     m = cfg.build_context(vcfg(tp=4, kv_lora_rank=512), o, tp_rank=3, env={})
     assert m.is_mla and m.collapse_mla_tp and (m.tp_rank, m.tp_size) == (0, 1)
-    assert m.world_size == 4 and m.transfer_mode == 1 and m.skip_save
+    # page-first replicas (one group, no DCP, no PP): rank 3 of 4 stripes its saves
+    assert m.world_size == 4 and m.transfer_mode == 1 and not m.skip_save
+    assert m.page_first and m.stripe_saves and (m.local_rank, m.local_size) == (3, 4)
+    pp = cfg.build_context(vcfg(tp=4, pp=2, kv_lora_rank=512), o, tp_rank=3, env={})
+    assert not pp.page_first and pp.skip_save  # PP: not page-first, rank 0 copies
     assert m.namespace != c.namespace
     d = cfg.build_context(vcfg(tp=4, kv_lora_rank=512, dcp=2), o, tp_rank=3, dcp_rank=1, env={})
     assert (d.tp_rank, d.tp_size) == (1, 2) and not d.skip_save
@@ -177,3 +183,44 @@ def test_unix_socket_host_is_the_endpoint():
     assert o.endpoint == "unix:/tmp/p.sock"
     with pytest.raises(ValueError, match="socket path"):
         cfg.parse_options({"pegaflow.host": "unix:"}, env={})
+
+
+def test_tp_shards_split_ranks_into_local_topologies():
+    o = cfg.parse_options({"pegaflow.tp_shard_endpoints": ["http://h0:1", "h1:2"]}, env={})
+    assert o.endpoints == ("http://h0:1", "h1:2")
+    base = cfg.build_context(vcfg(tp=4), cfg.parse_options({}, env={}), env={})
+    ctxs = [cfg.build_context(vcfg(tp=4), o, tp_rank=r, env={}) for r in range(4)]
+    assert [(c.shard_index, c.tp_rank, c.tp_size, c.world_size) for c in ctxs] == \
+        [(0, 0, 2, 2), (0, 1, 2, 2), (1, 0, 2, 2), (1, 1, 2, 2)]
+    # the factor tp_size is the shard-local size, then the shard suffix
+    local = cfg.derive_namespace(cfg.namespace_factors(vcfg(tp=4), 2, 1, 1, True))
+    assert ctxs[0].namespace == f"{local}:tp-shard-0-of-2"
+    assert ctxs[3].namespace == f"{local}:tp-shard-1-of-2" != base.namespace
+    assert ctxs[0].namespace_of_shard(1) == ctxs[3].namespace
+    assert ctxs[3].namespace_for(False).endswith(":tp-shard-1-of-2")
+    # one endpoint in the list is just the endpoint
+    one = cfg.parse_options({"pegaflow.tp_shard_endpoints": ["h:7"]}, env={})
+    assert one.endpoints == ("h:7",) and not one.shard_endpoints
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(tp=4, pp=2), "TP-only"),
+    (dict(tp=3), "divisible"),
+    (dict(tp=4, dcp=2), "TP-only"),
+])
+def test_tp_shards_need_tp_only_parallelism(kw, match):
+    o = cfg.parse_options({"pegaflow.tp_shard_endpoints": ["a:1", "b:1"]}, env={})
+    with pytest.raises(ValueError, match=match):
+        cfg.build_context(vcfg(**kw), o, env={})
+
+
+def test_mla_layer_split_needs_page_first():
+    o = cfg.parse_options({}, env={})
+    v = vcfg(tp=2, kv_lora_rank=512)
+    v.additional_config = {"mla_layer_split_kv_cache": True}
+    c = cfg.build_context(v, o, tp_rank=1, env={})
+    assert c.page_first and c.mla_layer_split and not c.stripe_saves and not c.skip_save
+    v2 = vcfg(tp=2, pp=2, kv_lora_rank=512)
+    v2.additional_config = {"mla_layer_split_kv_cache": True}
+    with pytest.raises(ValueError, match="page-first"):
+        cfg.build_context(v2, o, env={})

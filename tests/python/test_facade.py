@@ -28,8 +28,28 @@ def env(monkeypatch):
     return srv
 
 
+class _Req:
+    def __init__(self, rid):
+        self.request_id = rid
+
+
+def _spec(kind):
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+
+    bs = 16
+    if isinstance(kind, tuple):
+        kind, bs = kind
+    if kind == "full":
+        return FullAttentionSpec(block_size=bs, num_kv_heads=2, head_size=8, dtype="uint16")
+    if kind == "mamba":
+        return MambaSpec(block_size=bs, shapes=((4, 8), (2, 8, 8)), dtypes=("uint16",) * 2,
+                         mamba_cache_mode="align")
+    return kind
+
+
 def make(role, extra=None, tp=1, rank=0, groups=1, kv_lora_rank=None, engine_id="eng",
-         no_hma=True, dcp=1, pcp=1, policy="recompute", hash_algo="sha256"):
+         no_hma=True, dcp=1, pcp=1, policy="recompute", hash_algo="sha256", specs=None,
+         num_blocks=8):
     from types import SimpleNamespace
 
     from vllm.config import (CacheConfig, KVTransferConfig, ModelConfig, ParallelConfig,
@@ -52,8 +72,11 @@ def make(role, extra=None, tp=1, rank=0, groups=1, kv_lora_rank=None, engine_id=
                                             kv_load_failure_policy=policy,
                                             kv_connector_extra_config=extra or {}))
     spec = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=8, dtype="uint16")
-    kcc = KVCacheConfig(num_blocks=8, kv_cache_tensors=[],
-                        kv_cache_groups=[KVCacheGroupSpec([f"l{g}"], spec) for g in range(groups)])
+    if specs is not None:
+        gspecs = [KVCacheGroupSpec([f"l{g}"], _spec(k)) for g, k in enumerate(specs)]
+    else:
+        gspecs = [KVCacheGroupSpec([f"l{g}"], spec) for g in range(groups)]
+    kcc = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=gspecs)
     parallel_state.set_ranks(rank, 0, 0)
     try:
         r = KVConnectorRole.SCHEDULER if role == "s" else KVConnectorRole.WORKER
@@ -92,14 +115,43 @@ def test_properties_and_defaults(env, monkeypatch):
     assert not make("s", kv_lora_rank=512).prefer_cross_layer_blocks
 
 
-def test_hybrid_models_are_refused(env):
-    with pytest.raises(ValueError, match="one KV cache group"):
-        make("s", groups=2)
+def test_hybrid_groups_that_cannot_be_stored_are_refused(env):
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+    sw = SlidingWindowSpec(block_size=16, num_kv_heads=2, head_size=8, dtype="uint16",
+                           sliding_window=64)
+    with pytest.raises(ValueError, match="SlidingWindowSpec.*not supported"):
+        make("s", no_hma=False, specs=["full", sw])
+    with pytest.raises(ValueError, match="needs a full-attention"):
+        make("s", no_hma=False, specs=["mamba", "mamba"])
+    with pytest.raises(ValueError, match="different block sizes"):
+        make("s", no_hma=False, specs=["full", ("mamba", 32)])
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    none = MambaSpec(block_size=16, shapes=((4, 8),), dtypes=("uint16",))  # main's default
+    with pytest.raises(ValueError, match="mamba_cache_mode='none'"):
+        make("s", no_hma=False, specs=["full", none])
+    every = MambaSpec(block_size=16, shapes=((4, 8),), dtypes=("uint16",),
+                      mamba_cache_mode="all")
+    s = make("s", no_hma=False, specs=["full", every])
+    assert [g.kind for g in s._ctx.groups] == ["full", "full"]  # every block needed
+    s.shutdown()
 
 
-def test_hma_must_be_off_because_supports_hma_is_not_declared(env):
-    with pytest.raises(ValueError, match="does not support HMA"):
-        make("s", no_hma=False)
+def test_supports_hma_keeps_vllms_hybrid_manager(env):
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import supports_hma
+
+    s = make("s", no_hma=False, specs=["mamba", "full"])
+    assert supports_hma(s)
+    ctx = s._ctx
+    assert ctx.hybrid and ctx.prefix_group_index == 1  # the attention group is storage 0
+    assert [(g.vllm_index, g.storage_id, g.kind) for g in ctx.groups] == \
+        [(0, 1, "state"), (1, 0, "full")]
+    assert not s.prefer_cross_layer_blocks  # per-layer: layers carry their group
+    s.bind_gpu_block_pool("pool")
+    assert s._scheduler.block_pool == "pool"
+    assert s.request_finished_all_groups(_Req("x"), ([1], [2])) == (False, None)
+    s.shutdown()
 
 
 def test_bad_option_fails_startup(env):
@@ -388,3 +440,48 @@ def test_router_events_use_vllms_hash_form_and_fit_older_event_classes(monkeypat
     monkeypatch.delenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES")
     (old,) = facade._router_events(rec[:1])
     assert old.block_hashes == [h] and old.token_ids == [1, 2] and old.block_size == 16
+
+
+def test_hybrid_worker_registers_each_layer_with_its_storage_group(env):
+    from modelkit import ATT, MAM, FakeB, hybrid_caches
+
+    from modelkit import N
+
+    w = make("w", no_hma=False, specs=["mamba", "full"], num_blocks=N)
+    kv, _, _ = hybrid_caches(FakeB())
+    w.register_kv_caches({"l0": kv[MAM], "l1": kv[ATT]})  # vLLM: a list per state layer
+    args = [c[1]["args"] for c in env.calls if c[0] == "register"][0]
+    assert [(l.name, l.group_id, l.segments, l.bytes_per_block) for l in args.layers] == \
+        [("l0", 1, 1, 1024), ("l1", 0, 1, 1024)]
+    assert not args.page_first
+    assert w._worker.group_layers == {1: ["l0"], 0: ["l1"]}
+    w.shutdown()
+
+
+def test_mla_worker_registers_page_first(env):
+    w = make("w", kv_lora_rank=512, tp=2, rank=1)
+    w.register_kv_caches({"l0": HostTensor(np.zeros((8, 16, 72), np.uint16), 1)})
+    args = [c[1]["args"] for c in env.calls if c[0] == "register"][0]
+    assert args.page_first and (args.tp_rank, args.tp_size, args.world_size) == (0, 1, 2)
+    assert w._ctx.stripe_saves and w._ctx.transfer_mode == 1
+    w.shutdown()
+
+
+def test_tp_shard_workers_talk_to_their_shards_server(monkeypatch):
+    import pegaflow.connector._facade as facade
+
+    srvs = {"h0:1": FakeServer(), "h1:1": FakeServer()}
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    monkeypatch.setattr(facade, "_make_client", lambda ctx, ep: FakeEngineClient(srvs[ep]))
+    monkeypatch.setattr(facade, "_device_adapter_for",
+                        lambda t, client: HostDeviceAdapter(getattr(t, "dev", 0)))
+    extra = {"pegaflow.tp_shard_endpoints": ["h0:1", "h1:1"]}
+    s = make("s", extra=extra, tp=4)
+    assert [x.count("session_open") for x in srvs.values()] == [1, 1]
+    assert len(s._scheduler.clients) == 2
+    w = make("w", extra=extra, tp=4, rank=3)
+    w.register_kv_caches({"l0": HostTensor(np.zeros((2, 8, 16, 2, 8), np.uint16), 3)})
+    assert not srvs["h0:1"].instances and srvs["h1:1"].instances["eng"].world_size == 2
+    assert srvs["h1:1"].instances["eng"].namespace.endswith(":tp-shard-1-of-2")
+    s.shutdown()
+    w.shutdown()

@@ -109,3 +109,46 @@ def test_padded_blocks_are_copied_whole():
     t = FakeTensor((N, BS, H, D // 2), stride=(BS * H * D, H * D // 2, D // 2, 1))
     with pytest.raises(LayoutError, match="storage has"):
         lay(t)
+
+
+# ------------------------------------------------------------------ hybrid models
+
+
+def test_hybrid_attention_view_over_pages_is_one_segment():
+    # vLLM's hybrid layout: logical (2, N, BS, H, D), K and V of a block adjacent in a
+    # page shared with state layers (page >= 2 * BLOCK)
+    half = BS * H * D
+    page = 2 * half + 256  # padded to the state page
+    l = lay(FakeTensor((2, N, BS, H, D), (half, page, H * D, D, 1), nbytes=N * page * 2))
+    assert (l.num_blocks, l.bytes_per_block, l.kv_stride_bytes, l.segments) == \
+        (N, page * 2, 0, 1)
+    with pytest.raises(LayoutError, match="K and V span"):  # pages too small for K+V
+        lay(FakeTensor((2, N, BS, H, D), (half, half + 8, H * D, D, 1)))
+
+
+def test_state_layout_is_one_page_per_block():
+    from pegaflow.connector.layout import state_layout
+
+    page = 1024  # elements (uint16): conv (4, 32) at 0, ssm (8, 8) at 128
+    conv = FakeTensor((N, 4, 32), (page, 32, 1), nbytes=N * page * 2)
+    ssm = FakeTensor((N, 8, 8), (page, 8, 1), storage_offset=128, nbytes=N * page * 2)
+    l = state_layout([describe(conv), describe(ssm)])
+    assert (l.num_blocks, l.bytes_per_block, l.segments) == (N, page * 2, 1)
+    # (2, ...) state tensors are block-first too, not K/V
+    two = FakeTensor((2, 4, 32), (page, 32, 1), nbytes=2 * page * 2)
+    assert state_layout([describe(two)]).num_blocks == 2
+    with pytest.raises(LayoutError, match="block stride"):
+        state_layout([describe(conv), describe(FakeTensor((N, 8, 8), (page // 2, 8, 1),
+                                                          storage_offset=128,
+                                                          nbytes=N * page * 2))])
+    with pytest.raises(LayoutError, match="does not fit"):
+        state_layout([describe(conv), describe(FakeTensor((N, 8, 8), (page, 8, 1),
+                                                          storage_offset=page - 8,
+                                                          nbytes=N * page * 2))])
+    with pytest.raises(LayoutError, match="blocks, the first"):
+        state_layout([describe(conv), describe(FakeTensor((N - 1, 8, 8), (page, 8, 1),
+                                                          nbytes=N * page * 2))])
+    with pytest.raises(LayoutError, match="storage_offset"):
+        state_layout([describe(ssm)])
+    with pytest.raises(LayoutError, match="vLLM allocated 3"):
+        state_layout([describe(conv)], expected_num_blocks=3)

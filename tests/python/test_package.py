@@ -59,7 +59,7 @@ assert "vllm" not in sys.modules
 cls = getattr(m, "PegaKVConnector")
 assert "vllm" in sys.modules and "torch" not in sys.modules
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, supports_hma
-assert issubclass(cls, KVConnectorBase_V1) and not supports_hma(cls)
+assert issubclass(cls, KVConnectorBase_V1) and supports_hma(cls)
 print(cls.__module__)
 """
     r = _run(code, [STUB_DIR])

@@ -46,8 +46,9 @@ class FakeWorld:
     def lease_released(self, lease: bytes) -> bool:
         return lease not in self.server.leases
 
-    def visible(self, instance_id: str, hashes) -> int:
-        q = self.server.query(instance_id, "probe-" + uuid.uuid4().hex, list(hashes))
+    def visible(self, instance_id: str, hashes, group: int = 0) -> int:
+        q = self.server.query(instance_id, "probe-" + uuid.uuid4().hex, list(hashes), False,
+                              group)
         if q.lease:
             self.server.release(q.lease)
         return q.num_hit_blocks
@@ -86,8 +87,9 @@ class RealWorld:
             return True
         return False
 
-    def visible(self, instance_id: str, hashes) -> int:
-        q = self.client.query_raw(instance_id, "probe-" + uuid.uuid4().hex, list(hashes))
+    def visible(self, instance_id: str, hashes, group: int = 0) -> int:
+        q = self.client.query_raw(instance_id, "probe-" + uuid.uuid4().hex, list(hashes),
+                                  group_id=group)
         if q.lease:
             self.client.release(q.lease)
         return 0 if q.loading else q.num_hit_blocks
@@ -126,13 +128,14 @@ def engines(world, monkeypatch):
             pass
 
 
-def wait_visible(world, engine, req, n=None, timeout=10.0):
-    n = len(req.block_hashes) if n is None else n
+def wait_visible(world, engine, req, n=None, timeout=10.0, group=0, hashes=None):
+    hashes = req.block_hashes if hashes is None else hashes
+    n = len(hashes) if n is None else n
     deadline = time.monotonic() + timeout
     got = 0
     while time.monotonic() < deadline:
         got = world.visible(engine.vllm_config.kv_transfer_config.engine_id,
-                            req.block_hashes[:n])
+                            hashes[:n] if hashes is req.block_hashes else hashes, group)
         if got >= n:
             return
         time.sleep(0.01)
@@ -217,9 +220,10 @@ def test_abort_before_commit_releases_the_lease(world, engines, monkeypatch):
     assert e2.sched._scheduler._probes["B"] is probe
     if world.name == "fake":  # (checking it on the real server would release it)
         assert probe.lease in world.server.leases and len(world.server.leases) == 1
+    lease = probe.lease
     e2.abort("B")
     assert "B" not in e2.sched._scheduler._probes
-    assert world.lease_released(probe.lease)
+    assert world.lease_released(lease)
     e2.run()
     assert e2.idle()
 
@@ -532,3 +536,155 @@ def test_kv_events_need_every_worker(engines, monkeypatch):
     e1.add_request("C", PROMPT_A[:32] + [9] * 16, max_tokens=1)
     e1.run()  # C hits A's blocks? no: one worker lacks them, so the query misses
     e1.shutdown()
+
+
+# ------------------------------------------------------------------ hybrid
+
+
+def test_hybrid_attention_and_state_groups_through_the_step_loop(world, engines, monkeypatch):
+    """An attention group and a Mamba-style state group (vLLM's hybrid manager on,
+    SupportsHMA): A prefills in two chunks ending on block boundaries (states after 4
+    and 5 blocks saved), B resumes at 4 blocks (5 would leave no token to compute) with
+    the state of block 3 loaded byte-exact, then computes the rest."""
+    e1 = engines(hybrid=True)
+    assert not e1.cross and e1.sched._ctx.hybrid
+    a = e1.add_request("A", PROMPT_A, max_tokens=4)
+    e1.run()
+    la = e1.logs["A"]
+    assert la.delayed_free and la.freed and la.loaded_blocks == 0
+    wait_visible(world, e1, a)
+    wait_visible(world, e1, a, n=2, group=1, hashes=a.block_hashes[3:5])
+    e2 = engines(hybrid=True)
+    e2.add_request("B", PROMPT_A, max_tokens=4)
+    e2.run()
+    lb = e2.logs["B"]
+    assert lb.loaded_blocks == 4 and lb.states_checked == 1 and not lb.load_failed
+    for h, per_worker in lb.loaded.items():
+        assert per_worker == la.snapshot[h]
+    assert e2.sched._scheduler.stats["hit_tokens"] == 64
+    assert e2.requests["B"].output_token_ids == e1.requests["A"].output_token_ids
+    assert e2.free_block_count() == e2.num_blocks - 1
+
+
+def test_hybrid_prefix_shorter_than_the_saved_states(world, engines, monkeypatch):
+    """C shares 3 blocks with A; A's states exist after 4 and 5 blocks only: no resume
+    point inside the shared prefix, so C computes everything (the prefix lease is
+    released), and its own saves then add states at its chunk boundaries."""
+    e1 = engines(hybrid=True)
+    a = e1.add_request("A", PROMPT_A, max_tokens=2)
+    e1.run()
+    wait_visible(world, e1, a, n=2, group=1, hashes=a.block_hashes[3:5])
+    e2 = engines(hybrid=True)
+    prompt_c = PROMPT_A[:48] + [9 + i for i in range(40)]
+    e2.add_request("C", prompt_c, max_tokens=2)
+    e2.run()
+    lc = e2.logs["C"]
+    assert lc.loaded_blocks == 0 and lc.states_checked == 0
+    st = e2.sched._scheduler.stats
+    assert st["hits"] == 0 and st["releases"] == 1 and st["release_errors"] == 0
+
+
+# ------------------------------------------------------------------ MLA
+
+
+def test_mla_tp4_through_the_step_loop(world, engines, monkeypatch):
+    """MLA on TP=4 through the facade: page-first registration, each rank saves 1/4 of
+    the blocks, every block counts as stored once all four reported it (KV events), and
+    another vLLM's four ranks load every block byte-exact."""
+    e1 = engines(mla=True, tp=4)
+    ctx = e1.workers[1]._ctx
+    assert ctx.page_first and ctx.stripe_saves and (ctx.tp_size, ctx.world_size) == (1, 4)
+    a = e1.add_request("A", PROMPT_A, max_tokens=3)
+    e1.run()
+    wait_visible(world, e1, a)
+    saved = [w._worker.stats["saved_blocks"] for w in e1.workers]
+    assert sum(saved) == 5 and max(saved) <= 2  # blocks of A split over the ranks
+    stored = {h for ev in e1.events if type(ev).__name__ == "BlockStored"
+              for h in ev.block_hashes}
+    assert stored >= set(a.block_hashes[:5])
+    e2 = engines(mla=True, tp=4)
+    e2.add_request("B", PROMPT_A, max_tokens=3)
+    e2.run()
+    assert_loaded_equal(e2, "B", e1.logs["A"].snapshot, 5)
+    assert e2.requests["B"].output_token_ids == e1.requests["A"].output_token_ids
+
+
+# ------------------------------------------------------------------ TP over two hosts
+
+
+def test_tp_group_over_two_servers_through_the_step_loop(world, monkeypatch):
+    """TP=4 over two servers (pegaflow.tp_shard_endpoints): ranks 0-1 register with
+    server 0, ranks 2-3 with server 1, each as a local TP=2 topology; B (another vLLM)
+    loads A's blocks with one lease per shard; with server 1 killed, C misses and
+    recomputes, with the same outputs."""
+    from fakes import FakeServer
+    from harness import ShardedBackend
+
+    from pegaflow.client.engine import EngineClient
+
+    if world.name == "fake":
+        srv2 = FakeServer(clock=time.monotonic)
+        b2 = FakeBackend(srv2)
+        eps = ["fake-0:1", "fake-1:1"]
+
+        def visible2(iid, hs):
+            q = srv2.query(iid, "probe-" + uuid.uuid4().hex, list(hs))
+            if q.lease:
+                srv2.release(q.lease)
+            return q.num_hit_blocks
+
+        def kill2():
+            srv2.down = True
+    else:
+        proc2 = world.factory("server-b")
+        b2 = RealBackend(proc2.target, world.lib)
+        eps = [world.srv.target, proc2.target]
+        c2 = EngineClient(proc2.target, lib=world.lib, timeout_ms=5000)
+
+        def visible2(iid, hs):
+            q = c2.query_raw(iid, "probe-" + uuid.uuid4().hex, list(hs))
+            if q.lease:
+                c2.release(q.lease)
+            return 0 if q.loading else q.num_hit_blocks
+
+        def kill2():
+            proc2.kill()
+    backend = ShardedBackend({eps[0]: world.backend, eps[1]: b2})
+    made = []
+
+    def engine(iid):
+        e = Engine(backend, monkeypatch.setattr, instance_id=iid, tp=4,
+                   extra_config={"pegaflow.tp_shard_endpoints": eps})
+        made.append(e)
+        return e
+
+    try:
+        e1 = engine("tp-a")
+        w3 = e1.workers[3]._ctx
+        assert (w3.shard_index, w3.tp_rank, w3.tp_size, w3.world_size) == (1, 1, 2, 2)
+        assert w3.namespace.endswith(":tp-shard-1-of-2")
+        assert all(s is not None for s in e1.sched._scheduler.sessions)
+        a = e1.add_request("A", PROMPT_A, max_tokens=3)
+        e1.run()
+        wait_visible(world, e1, a)
+        deadline = time.monotonic() + 10
+        while visible2("tp-a", a.block_hashes[:5]) < 5:
+            assert time.monotonic() < deadline, "shard 1 never held A's blocks"
+            time.sleep(0.01)
+        e2 = engine("tp-b")
+        e2.add_request("B", PROMPT_A, max_tokens=3)
+        e2.run()
+        assert_loaded_equal(e2, "B", e1.logs["A"].snapshot, 5)
+        assert e2.requests["B"].output_token_ids == e1.requests["A"].output_token_ids
+        e3 = engine("tp-c")  # (registration with a server that is down fails start-up)
+        kill2()
+        e3.add_request("C", PROMPT_A, max_tokens=3)
+        e3.run()
+        assert e3.logs["C"].loaded_blocks == 0 and not e3.logs["C"].load_failed
+        assert e3.requests["C"].output_token_ids == e1.requests["A"].output_token_ids
+    finally:
+        for e in made:
+            try:
+                e.shutdown()
+            except Exception:
+                pass

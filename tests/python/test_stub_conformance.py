@@ -91,6 +91,8 @@ SPEC: list[tuple[str, str, str]] = (
        ("vllm.v1.kv_cache_interface", "KVCacheGroupSpec", "fields"),
        ("vllm.v1.kv_cache_interface", "FullAttentionSpec", "exists"),
        ("vllm.v1.kv_cache_interface", "MLAAttentionSpec", "exists"),
+       ("vllm.v1.kv_cache_interface", "MambaSpec", "exists"),
+       ("vllm.v1.kv_cache_interface", "SlidingWindowSpec", "exists"),
        ("vllm.v1.request", "RequestStatus", "enum"),
        ("vllm.v1.request", "Request.append_output_token_ids", "sig"),
        ("vllm.v1.request", "Request.num_tokens", "exists"),

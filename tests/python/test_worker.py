@@ -328,3 +328,15 @@ def test_reregistration_is_rate_limited_while_the_server_is_away():
     x.clock.advance(10)
     x.w.start_load_kv(StepPlan())
     assert x.server.count("register") == 3 and x.w.stats["reregistrations"] == 1
+
+
+def test_null_block_destinations_get_no_target():
+    from pegaflow.connector.plan import LoadIntent, StepPlan
+
+    x = W().register()
+    _save(x, {"a": ([1, 2], [h(1), h(2)])})
+    q = x.server.query("inst", "q", [h(1), h(2)])
+    x.w.start_load_kv(StepPlan(loads={"b": LoadIntent((0, 5), q.lease, 2 * BS)}))
+    assert x.w.get_finished(set()) == (None, {"b"})
+    loads = [c[1]["loads"] for c in x.server.calls if c[0] == "load"]
+    assert loads == [[(q.lease, [[None, 5]])]]

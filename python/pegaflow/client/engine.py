@@ -265,11 +265,13 @@ class EngineClient:
               wait_for_full_prefix: bool = False, group_id: int = 0,
               timeout_ms: int | None = None) -> QueryResult:
         """QueryPrefetch with the reference client's contract: UNAVAILABLE and
-        DEADLINE_EXCEEDED become a miss (Ready 0, no lease); other errors raise."""
+        DEADLINE_EXCEEDED become a miss (Ready 0, no lease); other errors raise. Groups
+        > 0 return every hit position (membership answers)."""
         try:
             return self.query_raw(instance_id, req_id, hashes,
                                   wait_for_full_prefix=wait_for_full_prefix,
-                                  group_id=group_id, timeout_ms=timeout_ms)
+                                  group_id=group_id, timeout_ms=timeout_ms,
+                                  hit_cap=len(hashes) if group_id else 0)
         except Exception as e:
             if is_unreachable(e):
                 log.debug("query %s: server unreachable, treated as a miss: %s", req_id, e)

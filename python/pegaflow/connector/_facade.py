@@ -18,8 +18,18 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
+try:  # every vLLM with connectors v1 since ~0.10; absent: the connector is not HMA
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
+except ImportError:  # pragma: no cover - old vLLM
+    SupportsHMA = None
+
 from pegaflow.connector import stats as pstats
-from pegaflow.connector.config import ConnectorContext, build_context, parse_options
+from pegaflow.connector.config import (
+    ConnectorContext,
+    build_context,
+    describe_cache_groups,
+    parse_options,
+)
 from pegaflow.connector.plan import StepPlan, plan_of
 from pegaflow.connector.scheduler import SchedulerConnector
 from pegaflow.connector.worker import WorkerConnector
@@ -291,20 +301,21 @@ class _LazyDevice:
         return getattr(dev, name)
 
 
-class PegaKVConnector(KVConnectorBase_V1):
+_HMA_BASES = (SupportsHMA,) if SupportsHMA is not None else ()
+
+
+class PegaKVConnector(KVConnectorBase_V1, *_HMA_BASES):
     """vLLM v1 KV connector for pegaflow-server (module path ``pegaflow.connector``).
 
-    Not SupportsHMA: only single-group (full attention / MLA) models are handled; vLLM
-    disables its hybrid KV cache manager for connectors that do not declare it.
+    SupportsHMA: hybrid models (full-attention + Mamba-style recurrent-state groups) keep
+    vLLM's hybrid KV cache manager; vLLM then calls request_finished_all_groups (for
+    every model, one group included) instead of request_finished.
     """
 
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None):
         super().__init__(vllm_config, role, kv_cache_config)
         options = parse_options(vllm_config.kv_transfer_config)
-        groups = tuple(getattr(kv_cache_config, "kv_cache_groups", None) or ())
-        if len(groups) > 1:
-            raise ValueError(f"PegaKVConnector supports one KV cache group; this model has "
-                             f"{len(groups)} (hybrid models are not supported yet)")
+        groups = describe_cache_groups(kv_cache_config)
         seed_warning = _hash_seed_warning(vllm_config)
         if seed_warning:
             log.warning(seed_warning)
@@ -317,21 +328,35 @@ class PegaKVConnector(KVConnectorBase_V1):
         ctx = build_context(vllm_config, options, num_cache_groups=max(1, len(groups)),
                             tp_rank=tp_rank, pp_rank=pp_rank, dcp_rank=dcp_rank,
                             cross_layer_supported=_base_has_cross_layer_hooks(),
-                            hash_block_size=_hash_block_size(vllm_config, kv_cache_config))
+                            hash_block_size=_hash_block_size(vllm_config, kv_cache_config),
+                            groups=groups)
+        if ctx.hybrid and ctx.virtual_block_size != groups[0].block_size:
+            raise ValueError(f"PegaKVConnector: vLLM hashes every {ctx.virtual_block_size} "
+                             f"tokens but the hybrid KV cache groups have blocks of "
+                             f"{groups[0].block_size}; one block hash must cover one block")
         self._ctx = ctx
         self._prefer_cross_layer = ctx.cross_layer_blocks
-        self._client = _make_client(ctx, options.endpoint)
         self._scheduler: SchedulerConnector | None = None
         self._worker: WorkerConnector | None = None
         if role == KVConnectorRole.SCHEDULER:
-            self._scheduler = SchedulerConnector(ctx, self._client)
+            # one client (and Session) per TP shard server
+            self._clients = [_make_client(ctx, e) for e in options.endpoints]
+            self._client = self._clients[0]
+            self._scheduler = SchedulerConnector(
+                ctx, self._clients if len(self._clients) > 1 else self._client)
         else:
+            endpoint = options.endpoints[ctx.shard_index]
+            self._client = _make_client(ctx, endpoint)
+            self._clients = [self._client]
             self._device = _LazyDevice(self._client)
             self._worker = WorkerConnector(
                 ctx, self._client, self._device,
                 expected_num_blocks=getattr(kv_cache_config, "num_blocks", None))
-        log.info("PegaKVConnector %s: server %s, instance %s, namespace %s, mode %s",
-                 role.name, options.endpoint, ctx.instance_id, ctx.namespace, ctx.mode)
+        log.info("PegaKVConnector %s: server %s, instance %s, namespace %s, mode %s%s%s",
+                 role.name, ", ".join(options.endpoints) if role == KVConnectorRole.SCHEDULER
+                 else options.endpoints[ctx.shard_index], ctx.instance_id, ctx.namespace,
+                 ctx.mode, f", {len(groups)} KV cache groups" if ctx.hybrid else "",
+                 ", MLA page-first" if ctx.page_first else "")
 
     # ---------------------------------------------------------------- properties
 
@@ -426,6 +451,18 @@ class PegaKVConnector(KVConnectorBase_V1):
             return False, None
         return self._scheduler.request_finished(request, block_ids)
 
+    def request_finished_all_groups(self, request: Any, block_ids: tuple[list[int], ...]
+                                    ) -> tuple[bool, dict[str, Any] | None]:
+        """SupportsHMA: called instead of request_finished, once, with every group's
+        blocks. True holds them until every worker reported the request's saves."""
+        if self._scheduler is None:
+            return False, None
+        return self._scheduler.request_finished_all_groups(request, block_ids)
+
+    def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
+        if self._scheduler is not None:
+            self._scheduler.bind_gpu_block_pool(gpu_block_pool)
+
     def take_events(self) -> Iterable[Any]:
         """BlockStored / BlockRemoved for blocks in PegaFlow on this node (scheduler)."""
         if self._scheduler is None:
@@ -479,6 +516,8 @@ class PegaKVConnector(KVConnectorBase_V1):
             self._scheduler.shutdown()
         if self._worker is not None:
             self._worker.shutdown()
-        client, self._client = getattr(self, "_client", None), None
-        if client is not None and hasattr(client, "close"):
-            client.close()
+        clients, self._clients = getattr(self, "_clients", None) or [], []
+        self._client = None
+        for client in clients:
+            if client is not None and hasattr(client, "close"):
+                client.close()

@@ -27,8 +27,16 @@ Security (docs/security.md) is read by libpegaflow itself from the environment:
   env PEGAFLOW_TLS_CERT/_KEY    client certificate for a server with --tls-ca (mutual TLS)
   env PEGAFLOW_TOKEN_FILE       the cluster token, for a worker not on the server's host
 
-Reference options this connector does not implement: ``pegaflow.tp_shard_endpoints``
-with more than one endpoint raises at start-up; ``pegaflow.pd_tail_save`` /
+  pegaflow.tp_shard_endpoints   list of n server endpoints ("host:port", "http://host:port"
+                                or "unix:PATH"), one per host when one TP group spans n
+                                hosts: global TP ranks are split into n contiguous groups,
+                                group i registers with endpoint i as a local TP topology
+                                under namespace "{base}:tp-shard-{i}-of-{n}" (TP-only
+                                parallelism; one endpoint = pegaflow.host/port)
+  vLLM additional_config mla_layer_split_kv_cache  MLA: each TP rank holds a disjoint
+                                subset of the layers (page-first layer-split shards)
+
+Reference options this connector does not implement: ``pegaflow.pd_tail_save`` /
 ``pegaflow.pd_tail_load`` set to true raise at start-up (false is accepted).
 """
 
@@ -113,10 +121,17 @@ class ConnectorOptions:
     load_timeout_s: float = LOAD_TIMEOUT_DEFAULT_S
     query_timeout_ms: int = DEFAULT_QUERY_TIMEOUT_MS
     rpc_timeout_ms: int = DEFAULT_RPC_TIMEOUT_MS
+    # pegaflow.tp_shard_endpoints with more than one entry (else empty: ``endpoint``)
+    shard_endpoints: tuple[str, ...] = ()
 
     @property
     def read_enabled(self) -> bool:
         return self.mode == READ_WRITE
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        """Every server this connector talks to: one per TP shard (one without shards)."""
+        return self.shard_endpoints or (self.endpoint,)
 
 
 def _extra_dict(kv_transfer_config: Any) -> dict:
@@ -158,13 +173,9 @@ def parse_options(kv_transfer_config: Any, env: Mapping[str, str] | None = None)
     else:
         backend = None
 
-    shards = extra.get("pegaflow.tp_shard_endpoints")
-    if shards is not None and not (isinstance(shards, (list, tuple)) and len(shards) <= 1):
-        raise ValueError("pegaflow.tp_shard_endpoints (one server per host for cross-host TP) "
-                         "is not supported by this connector; use one endpoint")
+    shards = _parse_shard_endpoints(extra.get("pegaflow.tp_shard_endpoints"))
     if shards:
-        host_port = str(shards[0])
-        endpoint = host_port
+        endpoint = shards[0]
     elif host.startswith("unix:"):
         if len(host) == len("unix:"):
             raise ValueError("pegaflow.host: unix: needs a socket path (unix:/run/pegaflow.sock)")
@@ -193,7 +204,31 @@ def parse_options(kv_transfer_config: Any, env: Mapping[str, str] | None = None)
                                    "pegaflow.query_timeout_ms"),
         rpc_timeout_ms=parse_int(extra.get("pegaflow.rpc_timeout_ms", DEFAULT_RPC_TIMEOUT_MS),
                                  "pegaflow.rpc_timeout_ms"),
+        shard_endpoints=tuple(shards) if len(shards) > 1 else (),
     )
+
+
+def _parse_shard_endpoints(v: Any) -> list[str]:
+    """``pegaflow.tp_shard_endpoints``: a list (or a comma-separated string) of distinct
+    endpoints; None/empty = not set."""
+    key = "pegaflow.tp_shard_endpoints"
+    if v is None or v == "" or v == []:
+        return []
+    if isinstance(v, str):
+        v = [p for p in (x.strip() for x in v.split(",")) if p]
+    if not isinstance(v, (list, tuple)):
+        raise ValueError(f"{key}: expected a list of endpoints, got {v!r}")
+    out = []
+    for e in v:
+        e = str(e).strip().rstrip("/")
+        if not e:
+            raise ValueError(f"{key}: empty endpoint in {v!r}")
+        if not e.startswith("unix:") and ":" not in e.split("//")[-1]:
+            raise ValueError(f"{key}: endpoint {e!r} has no port (expected host:port)")
+        out.append(e)
+    if len(set(out)) != len(out):
+        raise ValueError(f"{key}: endpoints must be distinct, got {out}")
+    return out
 
 
 # ------------------------------------------------------------------ identity
@@ -262,6 +297,85 @@ def derive_namespace(factors: Mapping[str, Any]) -> str:
     return hashlib.sha256(str(sorted(factors.items())).encode()).hexdigest()[:8]
 
 
+# ------------------------------------------------------------------ cache groups
+
+FULL = "full"  # attention over every earlier token: every block of the prefix is needed
+STATE = "state"  # recurrent state (Mamba / linear attention): the block at the resume point
+
+
+@dataclass(frozen=True)
+class CacheGroup:
+    """One vLLM KV cache group as the connector stores it.
+
+    ``storage_id`` is the server's storage group (``layer_group_ids``): 0 for the first
+    full-attention group (queried as a prefix), then 1.. for the others in vLLM's order
+    (membership queries). ``kind`` says which of a group's blocks a resume point needs."""
+
+    vllm_index: int
+    storage_id: int
+    kind: str
+    layer_names: tuple[str, ...]
+    block_size: int
+
+
+def _spec_kind(spec: Any) -> str | None:
+    names = [c.__name__ for c in type(spec).__mro__]
+    if "UniformTypeKVCacheSpecs" in names:
+        inner = list(getattr(spec, "kv_cache_specs", {}).values())
+        kinds = {_spec_kind(x) for x in inner}
+        return kinds.pop() if len(kinds) == 1 else None
+    if "SlidingWindowSpec" in names or "ChunkedLocalAttentionSpec" in names:
+        return None  # only the window is kept: not a prefix, not a single state
+    if "MambaSpec" in names:
+        mode = str(getattr(spec, "mamba_cache_mode", "align") or "none")
+        if mode == "all":
+            return FULL  # a state at every block boundary: every block is kept and needed
+        if mode == "align":
+            return STATE
+        raise ValueError(f"PegaKVConnector: a MambaSpec group with mamba_cache_mode={mode!r} "
+                         "keeps no per-block states to store; run vLLM with prefix caching "
+                         "of Mamba states (mamba_cache_mode 'align' or 'all')")
+    if "FullAttentionSpec" in names or "MLAAttentionSpec" in names:
+        if getattr(spec, "sliding_window", None) or getattr(spec, "attention_chunk_size", None):
+            return None
+        return FULL
+    return None
+
+
+def describe_cache_groups(kv_cache_config: Any) -> tuple[CacheGroup, ...]:
+    """vLLM's ``kv_cache_config.kv_cache_groups`` as CacheGroups (empty when vLLM gave
+    none). Raises ValueError for a hybrid model this connector cannot store: a group that
+    is neither full attention nor a recurrent state (sliding window, chunked local), no
+    full-attention group, or groups whose block sizes differ."""
+    groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or ())
+    if len(groups) <= 1:
+        return tuple(CacheGroup(0, 0, FULL, tuple(getattr(g, "layer_names", ()) or ()),
+                                int(getattr(g.kv_cache_spec, "block_size", 0) or 0))
+                     for g in groups)
+    kinds = []
+    for i, g in enumerate(groups):
+        k = _spec_kind(g.kv_cache_spec)
+        if k is None:
+            raise ValueError(f"PegaKVConnector: KV cache group {i} "
+                             f"({type(g.kv_cache_spec).__name__}) is not supported in a hybrid "
+                             "model; supported: full attention / MLA groups and Mamba-style "
+                             "recurrent-state groups")
+        kinds.append(k)
+    if FULL not in kinds:
+        raise ValueError("PegaKVConnector: a hybrid model needs a full-attention KV cache "
+                         "group (its blocks are the prefix the server matches)")
+    sizes = {int(g.kv_cache_spec.block_size) for g in groups}
+    if len(sizes) != 1:
+        raise ValueError(f"PegaKVConnector: hybrid KV cache groups with different block sizes "
+                         f"({sorted(sizes)}) are not supported; one block hash must cover one "
+                         "block of every group")
+    first = kinds.index(FULL)
+    order = [first] + [i for i in range(len(groups)) if i != first]
+    sid = {vi: n for n, vi in enumerate(order)}
+    return tuple(CacheGroup(i, sid[i], kinds[i], tuple(g.layer_names),
+                            int(g.kv_cache_spec.block_size)) for i, g in enumerate(groups))
+
+
 # ------------------------------------------------------------------ context
 
 
@@ -300,6 +414,63 @@ class ConnectorContext:
     # itself is the one of the layout expected (``cross_layer_blocks``).
     namespace_cross_layer: str = ""
     namespace_per_layer: str = ""
+    # TP across hosts: this process's shard (workers) and the number of shards
+    num_shards: int = 1
+    shard_index: int = 0
+    # physical TP rank / size within the shard (the server's local TP topology);
+    # None: physical_tp_rank / tp_size
+    local_tp_rank: int | None = None
+    local_tp_size: int | None = None
+    # MLA page-first registration (one cache group, no DCP, no PP) and its layer split
+    page_first: bool = False
+    mla_layer_split: bool = False
+    # vLLM's KV cache groups (empty: one group, all layers, storage group 0)
+    groups: tuple[CacheGroup, ...] = ()
+
+    @property
+    def local_rank(self) -> int:
+        return self.physical_tp_rank if self.local_tp_rank is None else self.local_tp_rank
+
+    @property
+    def local_size(self) -> int:
+        return self.tp_size if self.local_tp_size is None else self.local_tp_size
+
+    def namespace_of_shard(self, i: int) -> str:
+        """The namespace shard i registers under (this one without shards)."""
+        if self.num_shards <= 1:
+            return self.namespace
+        return shard_namespace(self.namespace.rsplit(":tp-shard-", 1)[0], i, self.num_shards)
+
+    @property
+    def hybrid(self) -> bool:
+        return len(self.groups) > 1
+
+    @property
+    def storage_groups(self) -> tuple[CacheGroup, ...]:
+        """The groups ordered by storage id (storage group 0 first)."""
+        return tuple(sorted(self.groups, key=lambda g: g.storage_id))
+
+    @property
+    def prefix_group_index(self) -> int:
+        """vLLM index of the group whose blocks are queried as a prefix (storage 0)."""
+        for g in self.groups:
+            if g.storage_id == 0:
+                return g.vllm_index
+        return 0
+
+    def layer_group(self, name: str) -> int:
+        """Storage group of a registered layer (0 when vLLM named no groups)."""
+        for g in self.groups:
+            if name in g.layer_names:
+                return g.storage_id
+        return 0
+
+    @property
+    def stripe_saves(self) -> bool:
+        """Page-first MLA replicas: rank r of the shard saves the blocks with
+        ``block_id % local_tp_size == r`` (all layers of those pages); together the
+        ranks store every block once."""
+        return self.page_first and not self.mla_layer_split and self.local_size > 1
 
     @property
     def virtual_block_size(self) -> int:
@@ -321,8 +492,11 @@ class ConnectorContext:
 
     @property
     def skip_save(self) -> bool:
-        """Collapsed MLA: every TP rank holds the same KV; only TP rank 0 copies it."""
-        return self.collapse_mla_tp and self.dcp_world_size <= 1 and self.physical_tp_rank != 0
+        """Collapsed MLA not registered page-first (PP > 1): every TP rank holds the same
+        KV; only TP rank 0 copies it. (Page-first replicas stripe instead; layer-split
+        ranks each hold their own layers.)"""
+        return (self.collapse_mla_tp and self.dcp_world_size <= 1 and not self.page_first
+                and not self.mla_layer_split and self.local_rank != 0)
 
     @property
     def cross_layer_name(self) -> str:
@@ -332,30 +506,65 @@ class ConnectorContext:
 def build_context(vllm_config: Any, options: ConnectorOptions, *, num_cache_groups: int = 1,
                   tp_rank: int = 0, pp_rank: int = 0, dcp_rank: int = 0,
                   env: Mapping[str, str] | None = None, cross_layer_supported: bool = True,
-                  hash_block_size: int | None = None) -> ConnectorContext:
+                  hash_block_size: int | None = None,
+                  groups: tuple[CacheGroup, ...] = ()) -> ConnectorContext:
     """Context of one connector process. Scheduler processes pass ranks 0.
 
     ``cross_layer_supported``: vLLM's base class has the cross-layer hooks (a base
     without them only ever calls register_kv_caches). ``hash_block_size``: tokens per
     block hash as vLLM resolved them (None: vLLM predates resolve_kv_cache_block_sizes).
+    ``groups``: describe_cache_groups(kv_cache_config).
     """
     pc = vllm_config.parallel_config
     tp_size = int(pc.tensor_parallel_size)
-    world_size = int(getattr(pc, "world_size", None) or tp_size * pc.pipeline_parallel_size)
+    pp_size = int(pc.pipeline_parallel_size)
+    world_size = int(getattr(pc, "world_size", None) or tp_size * pp_size)
     dcp = int(getattr(pc, "decode_context_parallel_size", 1) or 1)
     pcp = int(getattr(pc, "prefill_context_parallel_size", 1) or 1)
+    num_cache_groups = max(num_cache_groups, len(groups))
+    if len(groups) > 1 and (dcp > 1 or pcp > 1):
+        raise ValueError("PegaKVConnector: hybrid KV cache groups with decode/prefill context "
+                         "parallelism are not supported")
+    # TP shards across hosts: ranks [i*local, (i+1)*local) register with endpoint i.
+    n = len(options.shard_endpoints) or 1
+    local_tp = tp_size
+    shard = 0
+    if n > 1:
+        if pp_size != 1 or dcp != 1 or pcp != 1 or world_size != tp_size:
+            raise ValueError(
+                f"pegaflow.tp_shard_endpoints ({n} endpoints) needs TP-only parallelism; this "
+                f"vLLM has tp={tp_size} pp={pp_size} dcp={dcp} pcp={pcp} world={world_size}")
+        if tp_size % n:
+            raise ValueError(f"pegaflow.tp_shard_endpoints: tensor_parallel_size {tp_size} "
+                             f"is not divisible into {n} equal shards")
+        local_tp = tp_size // n
+        shard = int(tp_rank) // local_tp
+        world_size = local_tp
+    local_rank = int(tp_rank) % local_tp
     is_mla = detect_mla(vllm_config)
     collapse = is_mla and num_cache_groups <= 1
-    eff_tp_size = max(1, dcp) if collapse else tp_size
-    eff_tp_rank = dcp_rank if collapse else tp_rank
+    eff_tp_size = max(1, dcp) if collapse else local_tp
+    eff_tp_rank = dcp_rank if collapse else local_rank
+    additional = getattr(vllm_config, "additional_config", None) or {}
+    layer_split = bool(is_mla and additional.get("mla_layer_split_kv_cache", False))
+    # Page-first (reference §3.2): set only for MLA, a single cache group, no DCP, no PP.
+    page_first = bool(collapse and dcp <= 1 and pp_size == 1)
+    if layer_split and not page_first:
+        raise ValueError("mla_layer_split_kv_cache needs page-first MLA registration (one KV "
+                         "cache group, no decode context parallelism, no pipeline "
+                         "parallelism)")
     if dcp > 1 and not is_mla:
         log.warning("DCP with a non-MLA model (dcp=%d): ranks are keyed by TP rank only", dcp)
     backend = options.transfer_backend or ("kernel" if is_mla else "direct")
     # Cross-layer registration is expected only where vLLM can do it and the connector
     # asks for it (never for MLA); the factor must describe the layout registered.
-    cross = bool(options.cross_layer_blocks and not is_mla and cross_layer_supported)
+    cross = bool(options.cross_layer_blocks and not is_mla and cross_layer_supported
+                 and num_cache_groups <= 1)
     ns_cross = derive_namespace(namespace_factors(vllm_config, eff_tp_size, dcp, pcp, True))
     ns_layers = derive_namespace(namespace_factors(vllm_config, eff_tp_size, dcp, pcp, False))
+    if n > 1:
+        ns_cross = shard_namespace(ns_cross, shard, n)
+        ns_layers = shard_namespace(ns_layers, shard, n)
     return ConnectorContext(
         instance_id=resolve_instance_id(vllm_config, env),
         namespace=ns_cross if cross else ns_layers,
@@ -380,4 +589,16 @@ def build_context(vllm_config: Any, options: ConnectorOptions, *, num_cache_grou
         query_timeout_ms=options.query_timeout_ms,
         rpc_timeout_ms=options.rpc_timeout_ms,
         load_timeout_s=options.load_timeout_s,
+        num_shards=n,
+        shard_index=shard,
+        local_tp_rank=local_rank,
+        local_tp_size=local_tp,
+        page_first=page_first,
+        mla_layer_split=layer_split,
+        groups=tuple(groups) if len(groups) > 1 else (),
     )
+
+
+def shard_namespace(base: str, i: int, n: int) -> str:
+    """Namespace of TP shard i of n (reference §2.9)."""
+    return f"{base}:tp-shard-{i}-of-{n}"

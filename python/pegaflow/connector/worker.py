@@ -20,6 +20,17 @@ neither vLLM nor torch.
   registered layer. Save failures are logged; the request lifecycle still completes.
 * handle_preemptions: waits until saves reading preempted requests' blocks completed,
   before vLLM reuses the blocks.
+* Hybrid models: each layer registers with its storage group (``layer_group_ids``);
+  recurrent-state layers (vLLM passes a list of state tensors viewing one page per block)
+  register as one page-sized segment. Loads go as one Load RPC per storage group with
+  leases (its layers, the lease's targets); saves send each group's blocks for that
+  group's layers, synchronously (vLLM may free an older recurrent state block before a
+  background save would have copied it).
+* MLA page-first (one group, no DCP/PP): registered ``page_first``; replicas stripe
+  their saves (rank r of the shard saves the blocks with ``block_id % local_tp_size ==
+  r``), so every block is copied once; with ``mla_layer_split_kv_cache`` each rank holds
+  (and saves) its own layers. Every rank loads every block.
+* TP shards: the worker talks to its shard's server only and uses its shard's leases.
 * Recovery: when Save or Load fails because the server does not have this worker
   registered (it restarted), the worker registers its KV caches again (same IPC handles; at most every
   ``reregister_interval_s``), so a running vLLM resumes caching once every worker of the
@@ -40,7 +51,7 @@ from pegaflow.client.errors import FailedPrecondition, InvalidArgument, VersionM
 from pegaflow.client.loadstate import create_load_state, state_is_success
 from pegaflow.connector.config import ConnectorContext
 from pegaflow.connector.events import WorkerEventLog
-from pegaflow.connector.layout import infer_layout
+from pegaflow.connector.layout import infer_layout, state_layout
 from pegaflow.connector.plan import plan_of
 from pegaflow.connector.stats import StatsRecorder
 from pegaflow.connector.util import RateLimitedLog
@@ -53,6 +64,8 @@ class _PendingLoad:
     state: Any
     req_blocks: dict[str, tuple[int, ...]]
     started: float
+    nblocks: int = 0  # blocks this Load writes (per layer of its group)
+    block_bytes: int = 0  # bytes of one block over the group's layers
 
 
 @dataclass
@@ -60,6 +73,8 @@ class _SaveTask:
     req_ids: tuple[str, ...]
     block_ids: list[int]
     hashes: list[bytes]
+    # storage group > 0 -> (block ids, hashes)
+    groups: dict[int, tuple[list[int], list[bytes]]] | None = None
 
 
 _STOP = object()
@@ -90,6 +105,8 @@ class WorkerConnector:
             lambda: create_load_state(getattr(client, "lib", None)))
         self._expected_blocks = expected_num_blocks
         self.layers: list[str] = []
+        self.group_layers: dict[int, list[str]] = {}  # storage group -> layer names
+        self._group_bytes: dict[int, int] = {}  # storage group -> bytes of one block
         self.registered = False
         self.namespace = ctx.namespace  # of the registered layout, once registered
         self._reg_args: RegisterArgs | None = None
@@ -100,6 +117,8 @@ class WorkerConnector:
         self._rl = RateLimitedLog(log, clock=clock)
         # loads
         self._pending: list[_PendingLoad] = []
+        self._req_loads: dict[str, int] = {}  # request -> its Loads not yet complete
+        self._req_failed: dict[str, tuple[int, ...]] = {}  # request -> blocks, once failed
         self._recving: set[str] = set()
         self._load_errors: set[int] = set()
         # saves
@@ -141,14 +160,25 @@ class WorkerConnector:
             raise ValueError("no KV cache tensors to register")
         regs = []
         for name, t, cross in tensors:
-            info = self.device.tensor_info(t)
-            lay = infer_layout(info, is_mla=self.ctx.is_mla, cross_layer=cross,
-                               logical_block_size=self.ctx.block_size,
-                               expected_num_blocks=self._expected_blocks, name=name)
+            if isinstance(t, (list, tuple)):
+                # recurrent-state layer: its state tensors view one page per block
+                if not t:
+                    raise ValueError(f"{name}: empty list of state tensors")
+                lay = state_layout([self.device.tensor_info(x) for x in t],
+                                   expected_num_blocks=self._expected_blocks, name=name)
+                t = t[0]
+            else:
+                info = self.device.tensor_info(t)
+                lay = infer_layout(info, is_mla=self.ctx.is_mla, cross_layer=cross,
+                                   logical_block_size=self.ctx.block_size,
+                                   expected_num_blocks=self._expected_blocks, name=name)
+            if self.ctx.page_first and lay.segments != 1:
+                raise ValueError(f"{name}: page-first (MLA) registration needs one segment "
+                                 "per block, this layout has split K/V")
             regs.append(LayerRegistration(
                 name=name, ipc=self.device.export_ipc(t), num_blocks=lay.num_blocks,
                 bytes_per_block=lay.bytes_per_block, kv_stride_bytes=lay.kv_stride_bytes,
-                segments=lay.segments))
+                segments=lay.segments, group_id=self.ctx.layer_group(name)))
         # The namespace names the layout registered here (vLLM may fall back to per-layer
         # tensors although cross-layer blocks were asked for, e.g. on a base class or a
         # model that cannot do them), so incompatible layouts never share keys.
@@ -158,7 +188,7 @@ class WorkerConnector:
             tp_rank=self.ctx.tp_rank, tp_size=self.ctx.tp_size,
             world_size=self.ctx.world_size, pp_rank=self.ctx.pp_rank,
             device_id=self.device_id, layers=regs, transfer_mode=self.ctx.transfer_mode,
-            page_first=False, client_version=self.ctx.client_version)
+            page_first=self.ctx.page_first, client_version=self.ctx.client_version)
         try:
             self.client.register(args, timeout_ms=self.ctx.rpc_timeout_ms)
         except VersionMismatch as e:
@@ -170,7 +200,13 @@ class WorkerConnector:
                 f"RegisterContextBatch failed for instance {self.ctx.instance_id} device "
                 f"{self.device_id} layers [{', '.join(r.name for r in regs)}]: {e}") from e
         self.layers = [r.name for r in regs]
-        self._block_bytes = sum(r.bytes_per_block * r.segments for r in regs)
+        self.group_layers = {}
+        self._group_bytes = {}
+        for r in regs:
+            self.group_layers.setdefault(r.group_id, []).append(r.name)
+            self._group_bytes[r.group_id] = (self._group_bytes.get(r.group_id, 0)
+                                             + r.bytes_per_block * r.segments)
+        self._block_bytes = self._group_bytes.get(0, 0)
         self.registered = True
         self._reg_args = args
         self.namespace = namespace
@@ -213,13 +249,26 @@ class WorkerConnector:
     # ---------------------------------------------------------------- loads
 
     def _fail_load(self, req_blocks: Mapping[str, tuple[int, ...]], why: str) -> None:
+        """Load(s) of these requests failed: their blocks become load errors; a request
+        is reported finished once none of its Loads is still running."""
         self.stats["load_failures"] += 1
         self.recorder.add("load_failures")
         for rid, blocks in req_blocks.items():
-            self._load_errors.update(blocks)
-            self._recving.add(rid)
+            self._req_failed[rid] = tuple(blocks)
+            self._load_done(rid)
         self._rl(logging.WARNING, "load", "KV load of %d request(s) failed, vLLM recomputes "
                  "their blocks: %s", len(req_blocks), why)
+
+    def _load_done(self, rid: str) -> None:
+        n = self._req_loads.get(rid, 1) - 1
+        if n > 0:
+            self._req_loads[rid] = n
+            return
+        self._req_loads.pop(rid, None)
+        failed = self._req_failed.pop(rid, None)
+        if failed is not None:
+            self._load_errors.update(failed)
+        self._recving.add(rid)
 
     def start_load_kv(self, metadata: Any) -> None:
         plan = plan_of(metadata)
@@ -228,21 +277,39 @@ class WorkerConnector:
         if not plan.loads:
             return
         failed: dict[str, tuple[int, ...]] = {}
-        items: list[LeaseLoad] = []
-        req_blocks: dict[str, tuple[int, ...]] = {}
+        # storage group -> (items, request -> all its destination blocks)
+        by_group: dict[int, tuple[list[LeaseLoad], dict[str, tuple[int, ...]], list[int]]] = {}
         for rid, it in plan.loads.items():
-            if it.lease is None or not it.block_ids:
+            leases = it.leases_for(self.ctx.shard_index) if it.block_ids else ()
+            if not leases:
                 failed[rid] = it.block_ids
                 continue
-            items.append(LeaseLoad(it.lease, [list(it.block_ids)]))
-            req_blocks[rid] = it.block_ids
+            for gl in leases:
+                items, reqs, count = by_group.setdefault(gl.group, ([], {}, [0]))
+                # vLLM's null block 0 (skipped sliding-window / older state positions)
+                # is never a destination
+                targets = [None if not t else t for t in gl.targets]
+                items.append(LeaseLoad(gl.lease, [targets]))
+                reqs[rid] = it.block_ids
+                count[0] += sum(1 for t in targets if t is not None)
+            self._req_loads[rid] = self._req_loads.get(rid, 0) + len({gl.group for gl in leases})
         if failed:
+            for rid in failed:
+                self._req_loads.setdefault(rid, 1)
             self._fail_load(failed, "the scheduler could not commit the load")
-        if not items:
-            return
+        for group in sorted(by_group):
+            items, reqs, count = by_group[group]
+            self._submit_load(group, items, reqs, count[0])
+
+    def _submit_load(self, group: int, items: list[LeaseLoad],
+                     req_blocks: dict[str, tuple[int, ...]], nblocks: int) -> None:
         if not self.registered:
+            self._release_all(items)
             self._fail_load(req_blocks, "KV caches are not registered")
             return
+        # A worker without layers of this group (a PP stage holding none of them) still
+        # sends the Load, with no layer: it consumes its share of the lease, copies nothing.
+        layers = self.group_layers.get(group, [])
         self.stats["loads"] += 1
         try:
             state = self._new_load_state()
@@ -252,7 +319,7 @@ class WorkerConnector:
             return
         try:
             self.client.load(self.ctx.instance_id, self.ctx.tp_rank, self.device_id,
-                             state.name, [self.layers], items,
+                             state.name, [list(layers)], items,
                              timeout_ms=self.ctx.rpc_timeout_ms)
         except Exception as e:
             state.close()
@@ -260,7 +327,8 @@ class WorkerConnector:
             self._fail_load(req_blocks, str(e))
             self._note_failure(e)
             return
-        self._pending.append(_PendingLoad(state, req_blocks, self._clock()))
+        self._pending.append(_PendingLoad(state, req_blocks, self._clock(), nblocks,
+                                          self._group_bytes.get(group, 0)))
 
     def _release_all(self, items: list[LeaseLoad]) -> None:
         for it in items:
@@ -287,13 +355,14 @@ class WorkerConnector:
                 self.recorder.add("load_timeouts")
                 self._fail_load(p.req_blocks, f"not complete after {self.ctx.load_timeout_s:.0f} s")
             elif state_is_success(st):
-                self._recving.update(p.req_blocks)
-                n = sum(len(b) for b in p.req_blocks.values())
+                for rid in p.req_blocks:
+                    self._load_done(rid)
+                n = p.nblocks
                 self.stats["loaded_blocks"] += n
                 rec = self.recorder
                 rec.add("load_success")
                 rec.add("load_blocks", n)
-                rec.add("load_bytes", n * self._block_bytes)
+                rec.add("load_bytes", n * p.block_bytes)
                 rec.observe("load_op_blocks", n)
                 # submission to the poll that saw it complete (get_finished runs once
                 # per step, so this is an upper bound by at most one step)
@@ -315,24 +384,28 @@ class WorkerConnector:
         plan = plan_of(metadata)
         if not plan.saves:
             return
-        ids: list[int] = []
-        hashes: list[bytes] = []
-        seen: set[bytes] = set()
+        per: dict[int, tuple[list[int], list[bytes], set[bytes]]] = {}
         for it in plan.saves.values():
-            for b, h in zip(it.block_ids, it.block_hashes):
-                if b == 0 or h in seen:  # null block; same block twice in one batch
-                    continue
-                seen.add(h)
-                ids.append(b)
-                hashes.append(h)
-        task = _SaveTask(tuple(plan.saves), ids, hashes)
+            for g, (bids, hs) in it.by_group().items():
+                ids, hashes, seen = per.setdefault(g, ([], [], set()))
+                for b, h in zip(bids, hs):
+                    if b == 0 or h in seen:  # null block; same block twice in one batch
+                        continue
+                    seen.add(h)
+                    ids.append(b)
+                    hashes.append(h)
+        ids, hashes, _ = per.pop(0, ([], [], set()))
+        task = _SaveTask(tuple(plan.saves), ids, hashes,
+                         {g: (v[0], v[1]) for g, v in per.items() if v[0]} or None)
         with self._cv:
             for rid in task.req_ids:
                 self._outstanding[rid] = self._outstanding.get(rid, 0) + 1
                 self._save_reqs.add(rid)
-        if self._q is not None:
+        if self._q is not None and not self.ctx.hybrid:
             self._q.put(task)
         else:
+            # hybrid: vLLM frees an older recurrent-state block as soon as a newer one
+            # exists, without telling the connector; copy before returning.
             self._run_saves([task])
 
     def _save_loop(self) -> None:
@@ -358,41 +431,69 @@ class WorkerConnector:
             if stop:
                 return
 
-    def _run_saves(self, batch: list[_SaveTask]) -> None:
-        ids: list[int] = []
-        hashes: list[bytes] = []
-        seen: set[bytes] = set()
+    def _merge(self, batch: list[_SaveTask]) -> dict[int, tuple[list[int], list[bytes]]]:
+        per: dict[int, tuple[list[int], list[bytes], set[bytes]]] = {}
         for t in batch:
-            for b, h in zip(t.block_ids, t.hashes):
-                if h not in seen:
-                    seen.add(h)
-                    ids.append(b)
-                    hashes.append(h)
+            groups = {0: (t.block_ids, t.hashes)}
+            groups.update(t.groups or {})
+            for g, (bids, hs) in groups.items():
+                ids, hashes, seen = per.setdefault(g, ([], [], set()))
+                for b, h in zip(bids, hs):
+                    if h not in seen:
+                        seen.add(h)
+                        ids.append(b)
+                        hashes.append(h)
+        return {g: (v[0], v[1]) for g, v in per.items() if v[0]}
+
+    def _stripe(self, ids: list[int], hashes: list[bytes]) -> tuple[list[int], list[bytes]]:
+        """Page-first MLA replicas: this rank's share of the blocks."""
+        if not self.ctx.stripe_saves:
+            return ids, hashes
+        n, r = self.ctx.local_size, self.ctx.local_rank
+        keep = [(b, h) for b, h in zip(ids, hashes) if b % n == r]
+        return [k[0] for k in keep], [k[1] for k in keep]
+
+    def _run_saves(self, batch: list[_SaveTask]) -> None:
+        per = self._merge(batch)
+        all_hashes = per.get(0, ([], []))[1]
+        mine = {g: self._stripe(*v) for g, v in per.items()}
+        layers = []
+        nblocks = nbytes = 0
+        for g, (ids, hashes) in sorted(mine.items()):
+            if not ids:
+                continue
+            names = self.group_layers.get(g, self.layers if g == 0 else [])
+            layers.extend(SaveLayer(name, ids, hashes) for name in names)
+            if names:
+                nblocks += len(ids)
+                nbytes += len(ids) * self._group_bytes.get(g, 0)
         try:
-            if ids and self.registered and not self.ctx.skip_save:
+            if layers and self.registered and not self.ctx.skip_save:
                 t0 = self._clock()
                 self.device.synchronize()
-                layers = [SaveLayer(name, ids, hashes) for name in self.layers]
                 self.client.save(self.ctx.instance_id, self.ctx.tp_rank, self.ctx.pp_rank,
                                  self.device_id, layers, timeout_ms=self.ctx.rpc_timeout_ms)
                 self.stats["saves"] += 1
-                self.stats["saved_blocks"] += len(ids)
+                self.stats["saved_blocks"] += nblocks
                 rec = self.recorder
                 rec.add("save_success")
-                rec.add("save_blocks", len(ids))
-                rec.add("save_bytes", len(ids) * self._block_bytes)
-                rec.observe("save_op_blocks", len(ids))
+                rec.add("save_blocks", nblocks)
+                rec.add("save_bytes", nbytes)
+                rec.observe("save_op_blocks", nblocks)
                 rec.observe("save_duration_s", max(0.0, self._clock() - t0))
-                self.event_log.saved(hashes)
-            elif ids and self.registered:
-                # skip_save (MLA replica): rank 0 copies; report the same hashes so the
-                # scheduler's "all workers saved it" rule is decided by rank 0's result
-                self.event_log.saved(hashes)
+                # (striped replicas report every hash of the batch: together they stored
+                # it, and each rank's own report decides whether it counts as stored)
+                self.event_log.saved(all_hashes)
+            elif per and self.registered:
+                # skip_save (MLA replica), or a striped rank with nothing of its own:
+                # report the same hashes so the scheduler's "all workers saved it" rule
+                # is decided by the ranks that copied
+                self.event_log.saved(all_hashes)
         except Exception as e:
             self.stats["save_failures"] += 1
             self.recorder.add("save_failures")
             self._rl(logging.WARNING, "save", "Save of %d block(s) failed (they stay "
-                     "uncached): %s", len(ids), e)
+                     "uncached): %s", nblocks, e)
             self._note_failure(e)
         finally:
             with self._cv:
@@ -455,7 +556,7 @@ class WorkerConnector:
         for p in self._pending:
             p.state.close()
         self._pending = []
-        if (unregister and self.registered and self.ctx.physical_tp_rank == 0
+        if (unregister and self.registered and self.ctx.local_rank == 0
                 and self.ctx.pp_rank == 0):
             try:
                 self.client.unregister(self.ctx.instance_id, timeout_ms=self.ctx.query_timeout_ms)

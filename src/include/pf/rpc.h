@@ -149,6 +149,16 @@ int pf_rpc_fail(struct pf_rpc_call *call, int code, const char *fmt, ...) PF_PRI
 /* True once the caller cancelled or went away, or the call's deadline passed: a long
  * handler checks it between steps and stops (its answer would reach nobody). */
 bool pf_rpc_call_expired(struct pf_rpc_call *call);
+/* Undo for state a handler created that only its answer hands over (a query's lease): if
+ * the call ends cancelled (the caller went away or its deadline passed before the answer
+ * was delivered), fn(ctx, arg, len) runs once, on an RPC thread, with a copy of arg. If
+ * the call is already known cancelled it runs now, on the calling thread. At most one per
+ * call. 0; -EINVAL (len > PF_RPC_UNDO_MAX or no fn); -EBUSY (one is already registered).
+ * A call the client completed normally never runs it. */
+#define PF_RPC_UNDO_MAX 32
+typedef void (*pf_rpc_undo_fn)(void *ctx, const void *arg, size_t len);
+int pf_rpc_call_on_cancel(struct pf_rpc_call *call, pf_rpc_undo_fn fn, void *ctx, const void *arg,
+                          size_t len);
 /* Peer address of the call ("ipv4:1.2.3.4:5678"), valid during the handler. */
 const char *pf_rpc_call_peer(struct pf_rpc_call *call);
 

@@ -1,6 +1,7 @@
 /* RPC server limits: wire validation before decoding (NUL bytes, string and repeated caps),
  * the decode memory budget, the bounded class of network-waiting handlers (server-wide and
- * per caller) that can never occupy the threads other calls need, and call expiry. */
+ * per caller) that can never occupy the threads other calls need, call expiry, and the undo
+ * of a cancelled call (pf_rpc_call_on_cancel). */
 #include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -22,6 +23,7 @@
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv; /* monotonic (pf_cond_init), as pf_deadline_ms expects */
 static int entered, released_flag, saw_expired;
+static int undone, undo_bytes_ok, reg_rc[3];
 
 static int respond_ok(struct pf_rpc_call *call, const char *msg)
 {
@@ -64,6 +66,39 @@ static int h_expiry(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage 
     return respond_ok(call, "late");
 }
 
+static void undo(void *ctx, const void *arg, size_t len)
+{
+    static const uint8_t want[16] = "lease-0123456789";
+    pthread_mutex_lock(&mu);
+    undone++;
+    undo_bytes_ok = ctx == (void *)&undone && len == 16 && memcmp(arg, want, 16) == 0;
+    pthread_cond_broadcast(&cv);
+    pthread_mutex_unlock(&mu);
+}
+
+/* instance_id picks when the undo is registered: "fast" (answer at once), "before" (then wait
+ * for the caller's deadline), "after" (wait for it first: the undo runs at registration) */
+static int h_undo(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *m)
+{
+    const Pegaflow__UnregisterRequest *r = (const void *)m;
+    uint8_t big[PF_RPC_UNDO_MAX + 1] = {0};
+    bool after = strcmp(r->instance_id, "after") == 0;
+    uint64_t dl = pf_now_ns() + 5000000000ull;
+    if (after)
+        while (!pf_rpc_call_expired(call) && pf_now_ns() < dl)
+            pf_sleep_ms(5);
+    int a = pf_rpc_call_on_cancel(call, undo, &undone, big, sizeof(big));
+    int b = pf_rpc_call_on_cancel(call, undo, &undone, "lease-0123456789", 16);
+    int c = pf_rpc_call_on_cancel(call, undo, &undone, "lease-0123456789", 16);
+    pthread_mutex_lock(&mu);
+    reg_rc[0] = a, reg_rc[1] = b, reg_rc[2] = c;
+    pthread_mutex_unlock(&mu);
+    if (strcmp(r->instance_id, "before") == 0)
+        while (!pf_rpc_call_expired(call) && pf_now_ns() < dl)
+            pf_sleep_ms(5);
+    return respond_ok(call, "answer");
+}
+
 static const struct pf_rpc_method methods[] = {
     {.path = "/pegaflow.Engine/UnregisterContext",
      .metric_name = "echo",
@@ -78,6 +113,10 @@ static const struct pf_rpc_method methods[] = {
      .metric_name = "expiry",
      .req_desc = &pegaflow__unregister_request__descriptor,
      .unary = h_expiry},
+    {.path = "/pegaflow.Engine/QueryPrefetch",
+     .metric_name = "undo",
+     .req_desc = &pegaflow__unregister_request__descriptor,
+     .unary = h_undo},
     {.path = "/pegaflow.Engine/RegisterContextBatch",
      .metric_name = "register",
      .req_desc = &pegaflow__register_context_request__descriptor,
@@ -104,7 +143,7 @@ static void start(struct srv *v, int threads, int net_slots, uint64_t req_memory
     snprintf(target, sizeof(target), "127.0.0.1:%d", port);
     assert_int_equal(pf_rpc_channel_open(target, &v->ch), 0);
     pthread_mutex_lock(&mu);
-    entered = released_flag = saw_expired = 0;
+    entered = released_flag = saw_expired = undone = undo_bytes_ok = 0;
     pthread_mutex_unlock(&mu);
 }
 
@@ -301,6 +340,39 @@ static void test_expired_call(void **state)
     stop(&v);
 }
 
+/* ---- undo of a cancelled call */
+
+static void test_undo_on_cancel(void **state)
+{
+    static const char *const modes[] = {"before", "after"};
+    for (size_t i = 0; i < 2; i++) {
+        struct srv v;
+        start(&v, 2, 0, 0);
+        struct pf_rpc_status st;
+        assert_int_equal(call(&v, "/pegaflow.Engine/QueryPrefetch", modes[i], 200, &st),
+                         -ETIMEDOUT);
+        assert_true(wait_until(&undone, 1, 10000));
+        stop(&v); /* every call finished: a second run of the undo would show now */
+        pthread_mutex_lock(&mu);
+        assert_int_equal(undone, 1);
+        assert_true(undo_bytes_ok);
+        assert_int_equal(reg_rc[0], -EINVAL);
+        assert_int_equal(reg_rc[1], 0);
+        assert_int_equal(reg_rc[2], -EBUSY);
+        pthread_mutex_unlock(&mu);
+    }
+    /* answered in time: the undo never runs */
+    struct srv v;
+    start(&v, 2, 0, 0);
+    struct pf_rpc_status st;
+    assert_int_equal(call(&v, "/pegaflow.Engine/QueryPrefetch", "fast", 5000, &st), 0);
+    stop(&v);
+    pthread_mutex_lock(&mu);
+    assert_int_equal(undone, 0);
+    assert_int_equal(reg_rc[1], 0);
+    pthread_mutex_unlock(&mu);
+}
+
 /* ---- pf_rpc_validate directly */
 
 static void test_validate_direct(void **state)
@@ -359,6 +431,7 @@ int main(void)
         cmocka_unit_test(test_nul_and_long_strings),
         cmocka_unit_test(test_memory_budget),
         cmocka_unit_test(test_expired_call),
+        cmocka_unit_test(test_undo_on_cancel),
         cmocka_unit_test(test_network_bound_per_caller),
         cmocka_unit_test(test_network_bound_server_wide),
     };

@@ -26,6 +26,30 @@ class MLAAttentionSpec(FullAttentionSpec):
     cache_dtype_str: str | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class SlidingWindowSpec(AttentionSpec):
+    sliding_window: int
+
+
+@dataclass(frozen=True)
+class MambaSpec(KVCacheSpec):
+    """Recurrent state (Mamba / linear attention): one page per block holds every state
+    tensor of the layer (conv, ssm, ...), at prefix-sum offsets. (main types ``dtypes``
+    as torch dtypes and ``mamba_type`` as an enum; the stub keeps plain values.)"""
+
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[Any, ...]
+    page_size_padded: int | None = None
+    mamba_type: str = "mamba2"
+    mamba_cache_mode: str = "none"
+    num_speculative_blocks: int = 0
+
+
+@dataclass(frozen=True)
+class UniformTypeKVCacheSpecs(KVCacheSpec):
+    kv_cache_specs: dict[str, KVCacheSpec]
+
+
 @dataclass
 class KVCacheTensor:
     size: int

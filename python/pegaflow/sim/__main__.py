@@ -1,0 +1,5 @@
+import sys
+
+from pegaflow.sim.cli import main
+
+sys.exit(main())
