@@ -215,11 +215,12 @@ static void *rpc_query(void *arg)
     return NULL;
 }
 
-static int run_queries(struct pf_rpc_channel **chs, bool ping, double *qps, double *hps, long *bad)
+static int run_queries(struct pf_rpc_channel **chs, bool ping, double secs, double *qps,
+                       double *hps, long *bad)
 {
     struct q_thread *q = calloc((size_t)nnodes, sizeof(*q));
     pthread_t *th = calloc((size_t)nnodes, sizeof(*th));
-    uint64_t t0 = pf_now_ns(), dl = t0 + (uint64_t)(qsecs * 1e9);
+    uint64_t t0 = pf_now_ns(), dl = t0 + (uint64_t)(secs * 1e9);
     for (long i = 0; i < nnodes; i++) {
         q[i] = (struct q_thread){.ch = chs[i], .ping = ping, .deadline = dl, .seed = (unsigned)i};
         pthread_create(&th[i], NULL, rpc_query, &q[i]);
@@ -246,7 +247,27 @@ struct results {
     long rss0_kb, rss1_kb, removed_owners, q_bad;
     double redis_rss_bytes_per_key; /* Redis store: redis-server RSS delta / keys */
     double st_insert_s, st_insert_per_s, st_q_per_s, st_unregister_ms, st_bytes_per_key;
+    double q_vs_empty[3];  /* min/median/max of the per-slice query/empty-RTT rate ratios */
+    double st_q_spread[3]; /* in-process queries/s: min/median/max over the slices */
 };
+
+#define QSLICES 4 /* query measurements alternate with their baseline: ABBA slices */
+
+static int cmpd(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void spread(const double *v, int n, double out[3])
+{
+    double c[QSLICES];
+    memcpy(c, v, (size_t)n * sizeof(*c));
+    qsort(c, (size_t)n, sizeof(*c), cmpd);
+    out[0] = c[0];
+    out[1] = n % 2 ? c[n / 2] : (c[n / 2 - 1] + c[n / 2]) / 2;
+    out[2] = c[n - 1];
+}
 
 static int spawn_metaserver(pid_t *pid_p, int *port_p, char *logpath)
 {
@@ -353,10 +374,28 @@ static int rpc_part(struct results *r)
     if (rc)
         goto out;
 
-    run_queries(chs, false, &r->rpc_q_per_s, &r->rpc_qh_per_s, &r->q_bad);
-    double dummy;
-    long bad2;
-    run_queries(chs, true, &r->rpc_ping_per_s, &dummy, &bad2);
+    /* prefix queries and the empty round trip in alternating slices (ABBA): load drift on
+     * this shared machine moves both alike */
+    double qv[QSLICES], hv[QSLICES], pv[QSLICES], rv[QSLICES], dummy, sp[3];
+    r->q_bad = 0;
+    for (int k = 0; k < QSLICES; k++) {
+        long bad = 0, bad2;
+        bool ping_first = k % 2 == 1;
+        if (ping_first)
+            run_queries(chs, true, qsecs / QSLICES, &pv[k], &dummy, &bad2);
+        run_queries(chs, false, qsecs / QSLICES, &qv[k], &hv[k], &bad);
+        if (!ping_first)
+            run_queries(chs, true, qsecs / QSLICES, &pv[k], &dummy, &bad2);
+        r->q_bad += bad;
+        rv[k] = pv[k] > 0 ? qv[k] / pv[k] : 0;
+    }
+    spread(qv, QSLICES, sp);
+    r->rpc_q_per_s = sp[1];
+    spread(hv, QSLICES, sp);
+    r->rpc_qh_per_s = sp[1];
+    spread(pv, QSLICES, sp);
+    r->rpc_ping_per_s = sp[1];
+    spread(rv, QSLICES, r->q_vs_empty);
 
     /* UnregisterNode of node 0: a full scan */
     char name[64], uuid[PF_UUID_STR_LEN];
@@ -480,18 +519,23 @@ static void store_part(struct results *r)
     struct pf_meta_store_stats ss;
     pf_meta_store_get_stats(st, &ss);
     r->st_bytes_per_key = (double)(ss.bytes - bytes0) / (double)nkeys;
-    t0 = pf_now_ns();
-    uint64_t dl = t0 + (uint64_t)(qsecs * 1e9);
-    long nq = 0;
-    for (long i = 0; i < nnodes; i++) {
-        t[i] = (struct st_thread){.st = st, .id = i, .deadline = dl};
-        pthread_create(&th[i], NULL, st_query, &t[i]);
+    double qv[QSLICES];
+    for (int k = 0; k < QSLICES; k++) {
+        t0 = pf_now_ns();
+        uint64_t dl = t0 + (uint64_t)(qsecs / QSLICES * 1e9);
+        long nq = 0;
+        for (long i = 0; i < nnodes; i++) {
+            t[i] = (struct st_thread){.st = st, .id = i + k * nnodes, .deadline = dl};
+            pthread_create(&th[i], NULL, st_query, &t[i]);
+        }
+        for (long i = 0; i < nnodes; i++) {
+            pthread_join(th[i], NULL);
+            nq += t[i].n;
+        }
+        qv[k] = (double)nq / secs_since(t0);
     }
-    for (long i = 0; i < nnodes; i++) {
-        pthread_join(th[i], NULL);
-        nq += t[i].n;
-    }
-    r->st_q_per_s = (double)nq / secs_since(t0);
+    spread(qv, QSLICES, r->st_q_spread);
+    r->st_q_per_s = r->st_q_spread[1];
     char name[64];
     uint8_t id[16] = {0};
     id[0] = 1;
@@ -586,6 +630,8 @@ int main(int argc, char **argv)
            "-");
     printf("%-44s %14.2f %14s\n", "  query cost vs empty round trip",
            r.rpc_ping_per_s / (r.rpc_q_per_s ? r.rpc_q_per_s : 1), "-");
+    printf("%-44s %4.2f/%4.2f/%4.2f %14s\n", "  query/empty rate, min/median/max of slices",
+           r.q_vs_empty[0], r.q_vs_empty[1], r.q_vs_empty[2], "-");
     printf("%-44s %14.1f %14.1f\n", "UnregisterNode at 10^6 keys (ms)", r.rpc_unregister_ms,
            r.st_unregister_ms);
     printf("%-44s %14.1f %14s\n", "memory per key: server RSS delta / keys (B)",
@@ -597,6 +643,13 @@ int main(int argc, char **argv)
     printf("%-44s %14ld %14s\n", "  server RSS after registration (MiB)", r.rss1_kb / 1024, "-");
     printf("%-44s %14ld %14s\n", "UnregisterNode removed owner entries", r.removed_owners, "-");
     printf("%-44s %14ld %14s\n", "wrong query answers", r.q_bad, "-");
+    printf("method: %ld keys of %u B, %ld owners each, %ld node threads; gRPC prefix queries of "
+           "%ld hashes and the empty round trip (1-hash query on an unknown namespace) in %d "
+           "alternating slices (ABBA) of %.2f s, medians and min/median/max of the per-slice "
+           "ratios; every answer checked (owners, prefix length); memory = server RSS delta over "
+           "registration / keys; in-process = pf_meta_store calls from the same threads, %d "
+           "slices\n",
+           nkeys, HLEN, nowners, nnodes, qlen, QSLICES, qsecs / QSLICES, QSLICES);
     if (want_redis) {
         printf("\nRedis store (one redis-server, same keys and nodes)\n");
         printf("%-44s %14s %14s\n", "", "gRPC", "store only");
@@ -636,13 +689,16 @@ int main(int argc, char **argv)
              "\"rpc\":{\"insert_registrations_per_s\":%.0f,\"insert_seconds\":%.3f,"
              "\"query_per_s\":%.0f,\"query_hashes_per_s\":%.0f,\"empty_rtt_per_s\":%.0f,"
              "\"unregister_ms\":%.2f,\"removed_owners\":%ld,\"rss_bytes_per_key\":%.1f,"
-             "\"rss_after_kb\":%ld,\"wrong_answers\":%ld},"
+             "\"rss_after_kb\":%ld,\"wrong_answers\":%ld,"
+             "\"query_vs_empty\":[%.3f,%.3f,%.3f]},"
              "\"store\":{\"insert_registrations_per_s\":%.0f,\"query_per_s\":%.0f,"
+             "\"query_per_s_spread\":[%.0f,%.0f,%.0f],"
              "\"unregister_ms\":%.2f,\"store_bytes_per_key\":%.1f}%s}\n",
              nkeys, nnodes, nowners, qlen, sysconf(_SC_NPROCESSORS_ONLN), r.rpc_insert_per_s,
              r.rpc_insert_s, r.rpc_q_per_s, r.rpc_qh_per_s, r.rpc_ping_per_s, r.rpc_unregister_ms,
-             r.removed_owners, r.rss_bytes_per_key, r.rss1_kb, r.q_bad, r.st_insert_per_s,
-             r.st_q_per_s, r.st_unregister_ms, r.st_bytes_per_key, rjson);
+             r.removed_owners, r.rss_bytes_per_key, r.rss1_kb, r.q_bad, r.q_vs_empty[0],
+             r.q_vs_empty[1], r.q_vs_empty[2], r.st_insert_per_s, r.st_q_per_s, r.st_q_spread[0],
+             r.st_q_spread[1], r.st_q_spread[2], r.st_unregister_ms, r.st_bytes_per_key, rjson);
     printf("\n%s", json);
     if (json_path) {
         FILE *f = fopen(json_path, "w");

@@ -15,6 +15,10 @@
  *   tier read       pf_ssd_fetch of the committed blocks from several threads (like the
  *                   engine's prefetch threads): budget, staging allocation, vectored reads,
  *                   ring check and per-slot xxh3 verification
+ * Every round writes bytes of its own (the source slots are refilled with a round pattern and
+ * re-checksummed), checks that every block of the round is in the index (a prefix probe of
+ * its keys), compares every byte of every fetched block with the round's source inside the
+ * timed tier read, and the untimed read-hot pass compares every block of the tier's file.
  * Phases alternate raw/tier for --rounds rounds (ABBA order: even rounds raw first, odd
  * rounds tier first, each read two phases after its write); the table shows the median of
  * each and the tier/raw ratio (target >= 0.85). A JSON result goes to --json (default stdout after
@@ -67,9 +71,10 @@ static double secs(uint64_t ns)
 /* ---- raw O_DIRECT through io_uring ---- */
 
 /* Transfers total bytes of path in bs requests, qd in flight, from/into nbuf rotating
- * block-size buffers of buf. */
+ * block-size buffers of buf. Reads with expect compare every block, as it completes, with
+ * expect (bs bytes; every block of the file holds the same image) and clear it. */
 static double raw_run(const char *path, bool wr, uint64_t total, uint64_t bs, unsigned qd,
-                      uint8_t *buf, uint64_t nbuf)
+                      uint8_t *buf, uint64_t nbuf, const uint8_t *expect)
 {
     int fd = open(path, (wr ? O_RDWR | O_CREAT : O_RDONLY) | O_DIRECT | O_CLOEXEC, 0644);
     if (fd < 0)
@@ -91,6 +96,7 @@ static double raw_run(const char *path, bool wr, uint64_t total, uint64_t bs, un
                 io_uring_prep_write(sqe, fd, p, (unsigned)bs, sub * bs);
             else
                 io_uring_prep_read(sqe, fd, p, (unsigned)bs, sub * bs);
+            io_uring_sqe_set_data64(sqe, sub);
             sub++;
             inflight++;
         }
@@ -101,6 +107,15 @@ static double raw_run(const char *path, bool wr, uint64_t total, uint64_t bs, un
         while (io_uring_peek_cqe(&ring, &cqe) == 0) {
             if (cqe->res != (int)bs)
                 die("raw I/O", cqe->res < 0 ? cqe->res : EIO);
+            if (expect) {
+                uint8_t *p = buf + (io_uring_cqe_get_data64(cqe) % nbuf) * bs;
+                if (memcmp(p, expect, bs) != 0) {
+                    fprintf(stderr, "bench/ssd: raw read of block %llu: wrong bytes\n",
+                            (unsigned long long)io_uring_cqe_get_data64(cqe));
+                    exit(1);
+                }
+                memset(p, 0, 64); /* a stale buffer cannot pass the next check */
+            }
             io_uring_cqe_seen(&ring, cqe);
             inflight--;
             done++;
@@ -124,6 +139,7 @@ struct tier {
     struct pf_ssd *ssd;
     struct pf_alloc **src; /* one allocation per slot (K and V), shared by all blocks */
     uint64_t stride;
+    uint8_t *img; /* this round's bytes of one block as the tier lays it out on disk */
 };
 
 static struct pf_block_key key_of(uint64_t id)
@@ -177,14 +193,16 @@ static double tier_write(struct tier *t, uint64_t first_id, uint64_t n, const ui
     if (rc)
         die("pf_ssd_flush", rc);
     double rate = (double)(n * t->o->block) / secs(pf_now_ns() - t0);
-    struct pf_ssd_stats st;
-    pf_ssd_stats(t->ssd, &st);
-    /* committed is a gauge of index entries (the ring overwrites earlier rounds): a floor
-     * only. Every block of this round is proven by tier_read, which fetches each of them by
-     * key and fails the run on any miss, and verifies every slot's checksum. */
-    if (st.committed < n) {
-        fprintf(stderr, "bench/ssd: only %llu of %llu blocks committed\n",
-                (unsigned long long)st.committed, (unsigned long long)n);
+    /* every block of this round is in the index (a prefix probe of the round's own keys;
+     * tier_read then fetches each and compares every byte) */
+    struct pf_block_key *keys = malloc(n * sizeof(*keys));
+    for (uint64_t i = 0; i < n; i++)
+        keys[i] = key_of(first_id + i);
+    size_t have = pf_ssd_probe(t->ssd, keys, n);
+    free(keys);
+    if (have != n) {
+        fprintf(stderr, "bench/ssd: only %zu of %llu blocks of this round committed\n", have,
+                (unsigned long long)n);
         exit(1);
     }
     for (uint64_t i = 0; i < n; i++)
@@ -218,8 +236,20 @@ static void *fetch_main(void *arg)
             fprintf(stderr, "bench/ssd: fetch got %zu of %zu blocks\n", got, m);
             exit(1);
         }
-        for (size_t k = 0; k < got; k++)
+        for (size_t k = 0; k < got; k++) {
+            /* every byte of every fetched block against this round's source */
+            const struct pf_block *b = out[k];
+            for (uint16_t sl = 0; sl < b->nslots; sl++) {
+                const uint8_t *want = j->t->img + (uint64_t)sl * 2 * j->t->stride;
+                if (memcmp(b->slots[sl].k, want, j->t->stride) != 0 ||
+                    memcmp(b->slots[sl].v, want + j->t->stride, j->t->stride) != 0) {
+                    fprintf(stderr, "bench/ssd: fetched block %llu slot %u: wrong bytes\n",
+                            (unsigned long long)(j->first_id + i + k), sl);
+                    exit(1);
+                }
+            }
             pf_block_put(out[k]);
+        }
         j->got += got;
     }
     free(keys);
@@ -250,7 +280,7 @@ static double raw_read_staged(struct tier *t, const char *path, uint64_t nbuf)
     struct pf_alloc *a;
     if (pf_pool_alloc(t->pool, nbuf * t->o->block, -1, &a) != 0)
         die("raw read buffer in the pool", ENOMEM);
-    double r = raw_run(path, false, t->o->total, t->o->block, t->o->rinflight, a->ptr, nbuf);
+    double r = raw_run(path, false, t->o->total, t->o->block, t->o->rinflight, a->ptr, nbuf, NULL);
     pf_alloc_put(a);
     return r;
 }
@@ -352,15 +382,12 @@ int main(int argc, char **argv)
     }
     t.src = calloc(o.slots, sizeof(*t.src));
     uint64_t *sums = calloc(o.slots, sizeof(*sums));
-    for (uint32_t i = 0; i < o.slots; i++) {
+    for (uint32_t i = 0; i < o.slots; i++)
         if (pf_pool_alloc(t.pool, 2 * t.stride, -1, &t.src[i]) != 0)
             die("source slot", ENOMEM);
-        uint8_t *p = t.src[i]->ptr;
-        for (uint64_t j = 0; j < 2 * t.stride; j++)
-            p[j] = (uint8_t)(j * 29 + i * 7 + 1);
-        struct pf_slot s = {.k = p, .v = p + t.stride, .seg_len = (uint32_t)t.stride, .nseg = 2};
-        sums[i] = pf_slot_compute_checksum(&s);
-    }
+    t.img = malloc(o.block);
+    if (!t.img)
+        die("block image", ENOMEM);
     pf_hal_init();
     char chosen[64];
     rc = pf_hal_blk_open("uring", NULL, &t.blk, chosen, sizeof(chosen), err, sizeof(err));
@@ -418,20 +445,30 @@ int main(int argc, char **argv)
     memset(hbuf, 0, hbufs * o.block);
     double rw[99], tw[99], rr[99], tr[99], rh[99];
     for (int r = 0; r < o.rounds; r++) {
+        /* this round's bytes (and checksums): a block of an earlier round cannot pass */
+        for (uint32_t i = 0; i < o.slots; i++) {
+            uint8_t *p = t.src[i]->ptr;
+            for (uint64_t j = 0; j < 2 * t.stride; j++)
+                p[j] = (uint8_t)(j * 29 + i * 7 + 1 + (uint64_t)r * 13 + (j >> 12) * r);
+            struct pf_slot sl = {
+                .k = p, .v = p + t.stride, .seg_len = (uint32_t)t.stride, .nseg = 2};
+            sums[i] = pf_slot_compute_checksum(&sl);
+            memcpy(t.img + (uint64_t)i * 2 * t.stride, p, 2 * t.stride);
+        }
         /* ABBA: who goes first alternates, and each read is two phases after its write,
          * so device caching and drift favour neither side */
         if (r % 2 == 0) {
-            rw[r] = raw_run(raw_path, true, o.total, o.block, o.winflight, wbuf, wbufs);
+            rw[r] = raw_run(raw_path, true, o.total, o.block, o.winflight, wbuf, wbufs, NULL);
             tw[r] = tier_write(&t, (uint64_t)r * n, n, sums);
             rr[r] = raw_read_staged(&t, tier_path, rbufs);
             tr[r] = tier_read(&t, (uint64_t)r * n, n);
         } else {
             tw[r] = tier_write(&t, (uint64_t)r * n, n, sums);
-            rw[r] = raw_run(raw_path, true, o.total, o.block, o.winflight, wbuf, wbufs);
+            rw[r] = raw_run(raw_path, true, o.total, o.block, o.winflight, wbuf, wbufs, NULL);
             tr[r] = tier_read(&t, (uint64_t)r * n, n);
             rr[r] = raw_read_staged(&t, tier_path, rbufs);
         }
-        rh[r] = raw_run(tier_path, false, o.total, o.block, o.rinflight, hbuf, hbufs);
+        rh[r] = raw_run(tier_path, false, o.total, o.block, o.rinflight, hbuf, hbufs, t.img);
         fprintf(stderr,
                 "  round %d: write raw %.2f tier %.2f GB/s, read raw %.2f tier %.2f GB/s "
                 "(raw into a hot %llu MiB buffer %.2f)\n",
@@ -469,6 +506,7 @@ int main(int argc, char **argv)
     pf_alloc_put(wa);
     pf_pool_destroy(t.pool);
     free(t.src);
+    free(t.img);
     free(sums);
     free(hbuf);
     unlink(tier_path);

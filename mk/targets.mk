@@ -24,9 +24,11 @@ coverage:
 	@ci/coverage-report.sh build/cov
 
 # `make bench`: build, run every benchmark, write build/bench/report.md and report.json
-# (QUICK=1: smaller sizes, a smoke run; the figures then mean little). bench-build: build only.
+# (QUICK=1: smaller sizes, a smoke run; the figures then mean little; REPEAT=N: N whole runs,
+# merged as min/median/max of the runs' medians). bench-build: build only.
 bench: bench-build
-	@/usr/bin/python3 bench/report.py --out build/bench --bin $(O) $(if $(QUICK),--quick)
+	@/usr/bin/python3 bench/report.py --out build/bench --bin $(O) $(if $(QUICK),--quick) \
+		$(if $(REPEAT),--repeat $(REPEAT))
 
 bench-build:
 	@$(MAKE) --no-print-directory -j$(NPROC) all $(BENCH_BINS)

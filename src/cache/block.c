@@ -10,6 +10,7 @@
 #include "pf/block.h"
 #include "pf/pool.h"
 #include "pf/slab.h"
+#include "pf/util.h"
 
 struct pf_block *pf_block_new(const struct pf_block_key *key, uint16_t nslots)
 {
@@ -62,12 +63,8 @@ bool pf_block_upgrade(struct pf_block *b)
 
 uint64_t pf_slot_compute_checksum(const struct pf_slot *s)
 {
-    XXH3_state_t st;
-    XXH3_64bits_reset(&st);
-    XXH3_64bits_update(&st, s->k, s->seg_len);
-    if (s->nseg > 1 && s->v)
-        XXH3_64bits_update(&st, s->v, s->seg_len);
-    return XXH3_64bits_digest(&st);
+    return pf_checksum2(s->k, s->seg_len, s->nseg > 1 ? s->v : NULL,
+                        s->nseg > 1 && s->v ? s->seg_len : 0);
 }
 
 void pf_block_checksum(struct pf_block *b)

@@ -47,6 +47,13 @@ static inline pf_devptr_t pf_layout_addr(const struct pf_layout *l, uint64_t blo
 
 /* ---- per-(instance, GPU) copy threads (gpu_worker.c) ---- */
 
+/* With integrity on, a save's copy runs in chunks of about this many bytes (whole slots) and
+ * the Save handler checksums each chunk's slots while the device copies the next one (the
+ * bytes are hashed right after they land, still in cache; the insert thread only inserts).
+ * 2 MiB chunks cost more in hand-offs than they saved with 64 KiB blocks (bench/README.md).
+ * pf_engine_config.save_chunk_bytes overrides it (tests). */
+#define PF_SAVE_CHUNK_BYTES (8u << 20)
+
 struct pf_xfer;
 typedef void (*pf_xfer_done_fn)(struct pf_xfer *x);
 

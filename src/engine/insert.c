@@ -2,11 +2,12 @@
  *
  * Save handlers post one batch per Save call (key, slot index, slot memory). This single
  * thread owns the in-flight map (key -> partially filled block). A block becomes visible
- * only when every slot of it has arrived; it is then checksummed (xxh3 per slot, off the
- * Save RPC's critical path), inserted into the RAM cache as retained and handed to the
- * sealed-block hooks (MetaServer advertisement, SSD write). Slots for keys already resident
- * and slots already filled (late duplicates, replicas) are dropped. In-flight blocks older
- * than the in-flight TTL (5 min) are garbage-collected. */
+ * only when every slot of it has arrived; a slot the Save handler has not checksummed (it
+ * checksums slots chunk by chunk while they are copied) is checksummed here; the block is
+ * then inserted into the RAM cache as retained and handed to the sealed-block hooks
+ * (MetaServer advertisement, SSD write). Slots for keys already resident and slots already
+ * filled (late duplicates, replicas) are dropped. In-flight blocks older than the in-flight
+ * TTL (5 min) are garbage-collected. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,8 +57,12 @@ static void inflight_drop(struct pf_engine *e, struct pf_inflight *f)
  * collected (with a reference) for the sealed hooks. */
 static void seal(struct pf_engine *e, struct pf_block *b, struct pf_block **pub, size_t *npub)
 {
-    if (e->cfg.integrity)
-        pf_block_checksum(b);
+    if (e->cfg.integrity) /* Save checksums its slots as they land; anything else here */
+        for (uint16_t i = 0; i < b->nslots; i++)
+            if (!b->slots[i].has_checksum) {
+                b->slots[i].checksum = pf_slot_compute_checksum(&b->slots[i]);
+                b->slots[i].has_checksum = 1;
+            }
     pf_block_finish(b);
     int rc = pf_cache_insert(e->cache, b, PF_CLASS_RETAINED);
     if (rc == 1 && pub) {
@@ -76,12 +81,15 @@ static void handle_items(struct pf_engine *e, struct pf_insert_batch *bt)
     size_t npub = 0;
     for (size_t i = 0; i < bt->n; i++) {
         struct pf_insert_item *it = &bt->items[i];
-        if (pf_cache_contains(e->cache, &it->key)) {
+        uint64_t h = pf_key_hash(&it->key);
+        struct pf_inflight *f = inflight_find(e, &it->key, h);
+        /* only a slot that would start a block asks the cache (one lock and hash per block,
+         * not per slot); a key that became resident while its block was in flight is
+         * dropped when that block seals (the cache keeps the resident one) */
+        if (!f && pf_cache_contains(e->cache, &it->key)) {
             slot_release(&it->s); /* late duplicate of a resident block */
             continue;
         }
-        uint64_t h = pf_key_hash(&it->key);
-        struct pf_inflight *f = inflight_find(e, &it->key, h);
         if (!f) {
             f = calloc(1, sizeof(*f));
             struct pf_block *b = f ? pf_block_new(&it->key, it->nslots) : NULL;

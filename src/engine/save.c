@@ -1,10 +1,11 @@
 /* Save (reference §2.2, §3.3, §3.5): validate, drop blocks already resident, allocate pinned
  * memory (layer-first: one allocation per layer per segment for the whole call, or one per
  * block with --blockwise-alloc; page-first: one page per block holding every layer of the
- * worker's shard), run one D2H batch on the device's save thread and wait for it, then hand
- * the slots to the insert thread, which seals blocks when all their slots arrived. Keys carry
- * the layer's storage group (pf_group_key) and every slot its group's slot count, so each
- * storage group seals against its own slots. */
+ * worker's shard), run the D2H copies on the device's save thread and wait for them (with
+ * integrity on: in chunks, each chunk's slots checksummed here while the next one copies),
+ * then hand the slots to the insert thread, which seals blocks when all their slots arrived.
+ * Keys carry the layer's storage group (pf_group_key) and every slot its group's slot count,
+ * so each storage group seals against its own slots. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +31,98 @@ static void save_free(struct pf_xfer *x)
         pf_alloc_put(c->allocs[i]);
     free(c->allocs);
     free(c);
+}
+
+static void chunk_free(struct pf_xfer *c)
+{
+    pf_xfer_put(c->ctx); /* the whole save's transfer, owner of the allocations */
+}
+
+static void checksum_items(struct pf_insert_batch *b, size_t from, size_t to)
+{
+    for (size_t i = from; i < to; i++) {
+        b->items[i].s.checksum = pf_slot_compute_checksum(&b->items[i].s);
+        b->items[i].s.has_checksum = 1;
+    }
+}
+
+/* Runs x's copies on the device's save thread and waits; with integrity on, also writes each
+ * item's checksum (pipelined by chunk). Each chunk holds a reference to x, so x's
+ * allocations outlive every chunk, also one that never completes. *queued_p is false when
+ * nothing could be queued. Returns 0 or the first chunk's error. */
+static int save_copy(struct pf_engine *e, struct pf_worker *w, struct pf_xfer *x,
+                     struct pf_insert_batch *b, bool *queued_p)
+{
+    *queued_p = true;
+    int rc;
+    /* chunks are cut at item boundaries: only when item i owns exactly its nseg descriptors,
+     * in order (layer-first saves; a page-first page has one descriptor per layer) */
+    size_t per_item = 0;
+    for (size_t i = 0; i < b->n; i++)
+        per_item += b->items[i].s.nseg;
+    if (!e->cfg.integrity || x->bytes <= e->cfg.save_chunk_bytes || per_item != x->n) {
+        rc = pf_gpu_worker_submit(w->gw, x);
+        if (rc) {
+            *queued_p = false;
+            return rc;
+        }
+        rc = pf_xfer_wait(x, e->cfg.copy_timeout_ms);
+        if (rc == 0 && e->cfg.integrity)
+            checksum_items(b, 0, b->n);
+        return rc;
+    }
+    struct pf_xfer **ch = calloc(b->n, sizeof(*ch));
+    size_t *end = calloc(b->n, sizeof(*end));
+    if (!ch || !end) {
+        free(ch);
+        free(end);
+        *queued_p = false;
+        return -ENOMEM;
+    }
+    size_t nch = 0, d = 0;
+    rc = 0;
+    for (size_t i = 0; i < b->n;) {
+        size_t d0 = d;
+        uint64_t bytes = 0;
+        while (i < b->n && (bytes == 0 || bytes < e->cfg.save_chunk_bytes)) {
+            for (uint8_t g = 0; g < b->items[i].s.nseg; g++)
+                bytes += x->descs[d++].len;
+            i++;
+        }
+        struct pf_xfer *c = pf_xfer_new(x->dir, x->mode, d - d0);
+        if (!c) {
+            rc = -ENOMEM;
+            break;
+        }
+        memcpy(c->descs, x->descs + d0, (d - d0) * sizeof(*c->descs));
+        c->n = d - d0;
+        c->bytes = bytes;
+        atomic_fetch_add(&x->refs, 1);
+        c->ctx = x;
+        c->free_fn = chunk_free;
+        rc = pf_gpu_worker_submit(w->gw, c);
+        if (rc) {
+            pf_xfer_put(c);
+            break;
+        }
+        ch[nch] = c;
+        end[nch++] = i;
+    }
+    if (nch == 0)
+        *queued_p = false;
+    size_t from = 0;
+    for (size_t k = 0; k < nch; k++) {
+        if (rc == 0) {
+            rc = pf_xfer_wait(ch[k], e->cfg.copy_timeout_ms);
+            if (rc == 0)
+                checksum_items(b, from, end[k]);
+        }
+        from = end[k];
+        pf_xfer_put(ch[k]); /* a chunk still running keeps the worker's reference */
+    }
+    free(ch);
+    free(end);
+    return rc;
 }
 
 /* One layer's share of the save after dedup. */
@@ -392,12 +485,12 @@ int pf_engine_save(struct pf_engine *e, const char *instance_id, uint32_t tp_ran
             }
         }
     }
-    rc = pf_gpu_worker_submit(w->gw, x);
-    if (rc) {
+    bool queued;
+    rc = save_copy(e, w, x, batch, &queued);
+    if (rc && !queued) {
         snprintf(err, errlen, "cannot queue the D2H copy: %s", strerror(-rc));
         goto out;
     }
-    rc = pf_xfer_wait(x, e->cfg.copy_timeout_ms);
     if (rc == -EFAULT) {
         /* the client's memory, not the server: it shrank or removed a registered tensor */
         snprintf(err, errlen,

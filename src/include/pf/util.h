@@ -28,6 +28,11 @@ const char *pf_errno_name(int err);
 uint64_t pf_hash64(const void *data, size_t len);
 uint64_t pf_hash64_seed(const void *data, size_t len, uint64_t seed);
 
+/* xxh3-64 of a[0..alen) followed by b[0..blen) (b may be NULL), through libxxhash's run-time
+ * dispatch to the widest vector unit (src/common/checksum_fast.c): the same value as any other
+ * xxh3-64 of those bytes. Thread-safe, no allocation. */
+uint64_t pf_checksum2(const void *a, size_t alen, const void *b, size_t blen);
+
 /* Streaming xxh3-64 checksum over several segments. */
 struct pf_checksum {
     void *state; /* XXH3_state_t* */

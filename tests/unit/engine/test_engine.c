@@ -42,7 +42,9 @@ static int setup(void **st)
                                   .pool_size = 16 << 20,
                                   .integrity = true,
                                   .skip_memcheck = true,
-                                  .inflight_ttl_ns = 300 * PF_NS_PER_MS};
+                                  .inflight_ttl_ns = 300 * PF_NS_PER_MS,
+                                  /* saves of 3+ blocks copy and checksum in chunks */
+                                  .save_chunk_bytes = 2 * SEG + 1};
     assert_int_equal(pf_engine_create(&ec, &F.e, err, sizeof(err)), 0);
     for (int r = 0; r < 2; r++) {
         assert_int_equal(pf_simkv_create(NB * SEG, r, &F.kv[r]), 0);
@@ -145,19 +147,25 @@ static void test_sealing(void **st)
     assert_int_equal(pf_engine_flush(F.e, 5000), 0);
     assert_int_equal(query("i1", "r", 0, 4, &res), 0);
     assert_int_equal(res.num_hit_blocks, 4);
+    /* every block's slots carry the checksum of their bytes (the 4-block saves were copied
+     * and checksummed in chunks of 3 slots and 1) */
     struct pf_block *b[4];
-    struct pf_block_key k;
+    struct pf_block_key k[4];
     uint32_t ns;
     assert_int_equal(pf_ns_lookup("ns", &ns), 0);
-    pf_key_make(ns, H[0], 32, &k);
-    assert_int_equal(pf_cache_prefix(pf_engine_cache(F.e), &k, 1, b), 1);
-    assert_int_equal(b[0]->nslots, 2);
-    for (int s = 0; s < 2; s++) {
-        assert_true(b[0]->slots[s].has_checksum);
-        assert_true(pf_slot_verify(&b[0]->slots[s], b[0]->slots[s].checksum));
-        assert_memory_equal(b[0]->slots[s].k, pf_simkv_ptr(F.kv[s]), SEG); /* slot = tp_rank */
+    for (int i = 0; i < 4; i++)
+        pf_key_make(ns, H[i], 32, &k[i]);
+    assert_int_equal(pf_cache_prefix(pf_engine_cache(F.e), k, 4, b), 4);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(b[i]->nslots, 2);
+        for (int s = 0; s < 2; s++) {
+            assert_true(b[i]->slots[s].has_checksum);
+            assert_true(pf_slot_verify(&b[i]->slots[s], b[i]->slots[s].checksum));
+            /* slot = tp_rank, block i = block id i */
+            assert_memory_equal(b[i]->slots[s].k, (uint8_t *)pf_simkv_ptr(F.kv[s]) + i * SEG, SEG);
+        }
+        pf_block_put(b[i]);
     }
-    pf_block_put(b[0]);
     release(&res);
 }
 
@@ -358,6 +366,61 @@ static void test_hooks_and_unregister(void **st)
     assert_int_equal(pf_pool_used(pf_engine_pool(F.e)), 0);
 }
 
+/* A page-first save (one page per block holding both layers: two descriptors per slot) is
+ * never cut into checksum chunks by slot count: every page holds both layers' bytes and
+ * carries their checksum. */
+static void test_page_first_checksums(void **st)
+{
+    struct pf_engine_layer l[2];
+    for (int i = 0; i < 2; i++) {
+        l[i] = (struct pf_engine_layer){
+            .name = i ? "m.1" : "m.0", .num_blocks = NB / 2, .bytes_per_block = SEG, .segments = 1};
+        l[i].ipc.kind = PF_IPC_SIM_SHM;
+        l[i].ipc.offset = (uint64_t)i * (NB / 2) * SEG;
+        l[i].ipc.size = (NB / 2) * SEG;
+        l[i].ipc.sim_device = 0;
+        snprintf(l[i].ipc.shm_name, sizeof(l[i].ipc.shm_name), "%s", pf_simkv_name(F.kv[0]));
+    }
+    struct pf_engine_register r = {.instance_id = "pf",
+                                   .namespace_ = "pf-ns",
+                                   .client_version = PF_VERSION,
+                                   .tp_size = 1,
+                                   .world_size = 1,
+                                   .page_first = true,
+                                   .layers = l,
+                                   .nlayers = 2};
+    char err[256];
+    assert_int_equal(pf_engine_register(F.e, &r, err, sizeof(err)), 0);
+    uint32_t ids[4];
+    struct pf_bytes hs[4];
+    for (int i = 0; i < 4; i++) {
+        ids[i] = (uint32_t)i;
+        hs[i] = (struct pf_bytes){H[50 + i], 32};
+    }
+    struct pf_engine_save_layer sl[2] = {
+        {.name = "m.0", .block_ids = ids, .nids = 4, .hashes = hs, .nhashes = 4},
+        {.name = "m.1", .block_ids = ids, .nids = 4, .hashes = hs, .nhashes = 4}};
+    assert_int_equal(pf_engine_save(F.e, "pf", 0, 0, 0, sl, 2, err, sizeof(err)), 0);
+    assert_int_equal(pf_engine_flush(F.e, 5000), 0);
+    uint32_t ns;
+    assert_int_equal(pf_ns_lookup("pf-ns", &ns), 0);
+    const uint8_t *kv = pf_simkv_ptr(F.kv[0]);
+    for (int i = 0; i < 4; i++) {
+        struct pf_block_key k;
+        pf_key_make(ns, H[50 + i], 32, &k);
+        struct pf_block *b;
+        assert_int_equal(pf_cache_prefix(pf_engine_cache(F.e), &k, 1, &b), 1);
+        assert_int_equal(b->nslots, 1);
+        assert_true(b->slots[0].has_checksum);
+        assert_true(pf_slot_verify(&b->slots[0], b->slots[0].checksum));
+        const uint8_t *page = b->slots[0].k;
+        assert_memory_equal(page, kv + i * SEG, SEG);
+        assert_memory_equal(page + SEG, kv + (NB / 2) * SEG + i * SEG, SEG);
+        pf_block_put(b);
+    }
+    assert_int_equal(pf_engine_unregister(F.e, "pf", err, sizeof(err)), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -365,6 +428,7 @@ int main(void)
         cmocka_unit_test(test_inflight_gc),
         cmocka_unit_test(test_tier),
         cmocka_unit_test(test_hooks_and_unregister),
+        cmocka_unit_test(test_page_first_checksums),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

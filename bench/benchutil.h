@@ -1,0 +1,174 @@
+/* Helpers shared by the benchmarks (header-only: every bench/<name>.c is its own program).
+ * Timing, spreads of per-run ratios, /metrics reading, raw O_DIRECT io_uring transfers and
+ * registering one contiguous sim-GPU layer. Every helper exits the program with a message on
+ * failure (a benchmark has no recovery path). */
+#ifndef PF_BENCHUTIL_H
+#define PF_BENCHUTIL_H
+
+#include <errno.h>
+#include <fcntl.h>
+#include <liburing.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client/pegaflow.h"
+#include "pftest.h"
+
+static inline double bu_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+static inline int bu_cmpd(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* min / median / max of v[0..n) (v is not reordered). */
+static inline void bu_spread(const double *v, int n, double out[3])
+{
+    double *c = malloc((size_t)n * sizeof(*c));
+    memcpy(c, v, (size_t)n * sizeof(*c));
+    qsort(c, (size_t)n, sizeof(*c), bu_cmpd);
+    out[0] = c[0];
+    out[1] = n % 2 ? c[n / 2] : (c[n / 2 - 1] + c[n / 2]) / 2;
+    out[2] = c[n - 1];
+    free(c);
+}
+
+static inline void bu_die(const char *bench, const char *what)
+{
+    fprintf(stderr, "bench/%s: %s: %s (%d)\n", bench, what, pf_last_error_message(),
+            pf_last_error_code());
+    pft_fail_cleanup();
+    exit(1);
+}
+
+/* GET /metrics (malloc'ed body; exits on failure). */
+static inline char *bu_metrics(const struct pft_proc *s)
+{
+    char *body = NULL;
+    int st = -1;
+    for (int i = 0; i < 50 && st != 200; i++) { /* a busy server may refuse a connection */
+        free(body);
+        body = NULL;
+        st = pft_http(s->http_host, s->http_port, "GET", "/metrics", &body);
+        if (st != 200)
+            usleep(10000);
+    }
+    if (st != 200 || !body) {
+        fprintf(stderr, "bench: GET /metrics failed (status %d): %s\n", st, strerror(errno));
+        pft_fail_cleanup();
+        exit(1);
+    }
+    return body;
+}
+
+/* The value of one series (name with labels as exposed) in a /metrics body; -1 if absent. */
+__attribute__((noinline)) static double bu_metric_in(const char *body, const char *name)
+{
+    char key[256];
+    snprintf(key, sizeof(key), "\n%s ", name);
+    const char *p = strstr(body, key);
+    if (!p)
+        return -1;
+    size_t off = (size_t)(p - body) + strlen(key);
+    return strtod(body + off, NULL);
+}
+
+static inline double bu_metric(const struct pft_proc *s, const char *name)
+{
+    char *body = bu_metrics(s);
+    double v = bu_metric_in(body, name);
+    free(body);
+    return v;
+}
+
+/* Registers one contiguous layer "ALL_LAYERS" of nb blocks of bs bytes over kv. */
+static inline int bu_register(struct pf_client *c, const char *inst, const char *ns,
+                              struct pf_simkv *kv, uint64_t nb, uint64_t bs, uint64_t tmo)
+{
+    uint8_t ipc[512];
+    size_t ipclen;
+    if (pf_simkv_ipc(kv, 0, nb * bs, ipc, sizeof(ipc), &ipclen))
+        return -EINVAL;
+    struct pf_layer_desc d = {.name = "ALL_LAYERS",
+                              .ipc = ipc,
+                              .ipc_len = ipclen,
+                              .num_blocks = nb,
+                              .bytes_per_block = bs,
+                              .segments = 1};
+    struct pf_register_args a = {.instance_id = inst,
+                                 .namespace_ = ns,
+                                 .tp_size = 1,
+                                 .world_size = 1,
+                                 .device_id = 0,
+                                 .layers = &d,
+                                 .nlayers = 1};
+    return pf_client_register(c, &a, tmo);
+}
+
+/* Raw O_DIRECT transfer of len bytes of path at offset 0 in bs-sized io_uring requests, qd in
+ * flight, from/into buf (len bytes, page aligned). Returns bytes/s; exits on any error or
+ * short transfer. */
+static inline double bu_raw_uring(const char *path, int write, uint8_t *buf, uint64_t len,
+                                  uint64_t bs, unsigned qd)
+{
+    int fd = open(path, (write ? O_RDWR | O_CREAT : O_RDONLY) | O_DIRECT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        fprintf(stderr, "bench: open %s: %s\n", path, strerror(errno));
+        exit(1);
+    }
+    if (write && fallocate(fd, 0, 0, (off_t)len) != 0 && ftruncate(fd, (off_t)len) != 0) {
+        fprintf(stderr, "bench: size %s: %s\n", path, strerror(errno));
+        exit(1);
+    }
+    struct io_uring ring;
+    int rc = io_uring_queue_init(qd, &ring, 0);
+    if (rc < 0) {
+        fprintf(stderr, "bench: io_uring_queue_init: %s\n", strerror(-rc));
+        exit(1);
+    }
+    uint64_t n = len / bs, sub = 0, done = 0;
+    unsigned inflight = 0;
+    double t0 = bu_now();
+    while (done < n) {
+        while (inflight < qd && sub < n) {
+            struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
+            if (write)
+                io_uring_prep_write(sqe, fd, buf + sub * bs, (unsigned)bs, sub * bs);
+            else
+                io_uring_prep_read(sqe, fd, buf + sub * bs, (unsigned)bs, sub * bs);
+            sub++;
+            inflight++;
+        }
+        rc = io_uring_submit_and_wait(&ring, 1);
+        if (rc < 0 && rc != -EINTR) {
+            fprintf(stderr, "bench: io_uring_submit_and_wait: %s\n", strerror(-rc));
+            exit(1);
+        }
+        struct io_uring_cqe *cqe;
+        while (io_uring_peek_cqe(&ring, &cqe) == 0) {
+            if (cqe->res != (int)bs) {
+                fprintf(stderr, "bench: raw I/O on %s: %s\n", path,
+                        cqe->res < 0 ? strerror(-cqe->res) : "short transfer");
+                exit(1);
+            }
+            io_uring_cqe_seen(&ring, cqe);
+            inflight--;
+            done++;
+        }
+    }
+    double t = bu_now() - t0;
+    io_uring_queue_exit(&ring);
+    close(fd);
+    return (double)(n * bs) / t;
+}
+
+#endif

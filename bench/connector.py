@@ -1,0 +1,361 @@
+#!/usr/bin/env python3
+"""bench/connector: the Python connector's per-step cost against the same libpegaflow calls
+made directly, through one real pegaflow-server (sim GPU), same run, interleaved.
+
+Each round runs vLLM-shaped steps through the connector (tests/python/harness.py: vLLM's
+scheduler/worker call order around PegaKVConnector, KV caches in sim-GPU shared memory):
+a saving instance computes --requests prompts of --blocks blocks (one prefill step each,
+KV of every layer saved), then a second instance receives the same prompts and loads them
+(query -> lease -> load, every loaded byte compared with what the saver wrote). Saves run
+synchronously in wait_for_save (the save thread is off) so that every call is inside a hook.
+
+  connector  wall time inside the connector's hooks (top-level calls from the harness, both
+             roles: get_num_new_matched_tokens, build_connector_meta, start_load_kv,
+             wait_for_save, get_finished, ...). The harness's own model and scheduler work
+             is not counted.
+  direct     the libpegaflow calls the connector made in that run (save, query, release,
+             load; recorded at the EngineClient binding, the thin ctypes layer over
+             libpegaflow), replayed back to back on the same instances with the same
+             arguments (leases mapped to the replay's own). Neither side counts a load's
+             transfer (the connector posts it and later sees it done; the replay waits for
+             it untimed before the next call), nor the wait until the saves are queryable.
+
+Between the two the server's RAM cache is emptied (POST /cache/memory/cleanup), so both
+start from the same state and no save is deduplicated. Rounds alternate who goes first
+(ABBA; a direct-first round replays the previous round's recording). Ratio: direct /
+connector time (1.0: the connector adds nothing), min/median/max over rounds.
+
+    python3 bench/connector.py [--rounds 5] [--requests 8] [--blocks 8] [--layers 8]
+                               [--json FILE]
+Environment: PF_BIN (pegaflow-server), PEGAFLOW_LIB (libpegaflow.so; default build/rel).
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib.util
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOP = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(TOP, "python"))
+sys.path.insert(0, os.path.join(TOP, "tests", "python"))
+if importlib.util.find_spec("vllm") is None:
+    sys.path.insert(0, os.path.join(TOP, "tests", "python", "vllm_stub"))
+
+os.environ.setdefault("PYTHONHASHSEED", "0")
+
+
+class Server:
+    def __init__(self, bindir: str, logdir: str):
+        self.log_path = os.path.join(logdir, "connector-server.log")
+        self.log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [os.path.join(bindir, "pegaflow-server"), "--gpu-backend", "sim", "--pool-size",
+             "1gb", "--addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"],
+            stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            text = open(self.log_path, "rb").read()
+            g = re.findall(rb"gRPC listening on \S+ \(port (\d+)\)", text)
+            h = re.findall(rb"HTTP listening on \S+ \(port (\d+)\)", text)
+            if g and h and b": ready" in text:
+                self.port, self.http = int(g[-1]), int(h[-1])
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.02)
+        raise RuntimeError("pegaflow-server did not start:\n" + open(self.log_path).read())
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def cleanup_ram(self) -> None:
+        req = urllib.request.Request(f"http://127.0.0.1:{self.http}/cache/memory/cleanup",
+                                     method="POST", data=b"")
+        with urllib.request.urlopen(req, timeout=30) as r:
+            r.read()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+REPLAYED = ("save", "query", "query_raw", "release", "load")
+
+
+class Recorder:
+    """Wraps an EngineClient: records the replayable calls (name, args, result)."""
+
+    def __init__(self, client, calls: list):
+        self._c = client
+        self._calls = calls
+
+    def __getattr__(self, name):
+        fn = getattr(self._c, name)
+        if name not in REPLAYED:
+            return fn
+
+        def call(*a, **kw):
+            r = fn(*a, **kw)
+            self._calls.append((name, a, kw, r))
+            return r
+
+        return call
+
+
+class HookTimer:
+    """Wall time of top-level calls into the connector objects (nested calls not twice)."""
+
+    def __init__(self):
+        self.total = 0.0
+        self.depth = 0
+
+    def wrap(self, obj) -> None:
+        for name in dir(type(obj)):
+            if name.startswith("_") or name in ("role", "prefer_cross_layer_blocks",
+                                                "requires_kv_delivery"):
+                continue
+            attr = getattr(type(obj), name, None)
+            if not callable(attr) or isinstance(attr, property):
+                continue
+            fn = getattr(obj, name)
+            setattr(obj, name, self._timed(fn))
+
+    def _timed(self, fn):
+        @functools.wraps(fn)
+        def call(*a, **kw):
+            if self.depth:
+                return fn(*a, **kw)
+            self.depth += 1
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.total += time.perf_counter() - t0
+                self.depth -= 1
+
+        return call
+
+
+def prompts(round_no: int, n: int, tokens: int) -> list[list[int]]:
+    return [[(round_no * 7919 + r * 104729 + t * 31) % 30000 + 1 for t in range(tokens)]
+            for r in range(n)]
+
+
+def connector_run(args, srv, lib, round_no, patch):
+    """One connector round; returns (hook seconds, steps, recorded calls, engines)."""
+    import pegaflow.connector.worker as worker_mod
+    from harness import Engine, RealBackend
+
+    calls: list = []
+    backend = RealBackend(srv.target, lib)
+    make = backend.client
+    backend.client = lambda: Recorder(make(), calls)
+    timer = HookTimer()
+    kw = dict(tp=1, layers=args.layers, num_blocks=max(64, 2 * args.requests * args.blocks + 8),
+              block_size=16, heads=4, head_dim=64, token_budget=args.blocks * 16 * args.requests)
+    saver = Engine(backend, patch, instance_id=f"bench-save-{round_no}", **kw)
+    loader = Engine(backend, patch, instance_id=f"bench-load-{round_no}", **kw)
+    for e in (saver, loader):
+        timer.wrap(e.sched)
+        for w in e.workers:
+            timer.wrap(w)
+    ps = prompts(round_no, args.requests, args.blocks * 16 + 1)
+    for i, p in enumerate(ps):
+        saver.add_request(f"s{round_no}-{i}", p, max_tokens=1)
+    steps = saver.run(timeout_s=120)
+    # the saves are sealed before the loader asks (a query would otherwise miss)
+    probe = make()
+    want = [bytes(h) for i in range(len(ps))
+            for h in saver.requests[f"s{round_no}-{i}"].block_hashes[:args.blocks]]
+    wait_queryable(probe, f"bench-load-{round_no}", want)
+    probe.close()
+    calls.append(("barrier", (f"bench-load-{round_no}", want), {}, None))
+    for i, p in enumerate(ps):
+        loader.add_request(f"l{round_no}-{i}", p, max_tokens=1)
+    steps += loader.run(timeout_s=120)
+    for i in range(len(ps)):
+        lg = loader.logs[f"l{round_no}-{i}"]
+        snap = saver.logs[f"s{round_no}-{i}"].snapshot
+        if lg.loaded_blocks < args.blocks:
+            raise RuntimeError(f"request {i}: loaded {lg.loaded_blocks} of {args.blocks} blocks")
+        for h, blocks in lg.loaded.items():
+            if blocks != snap[h]:
+                raise RuntimeError(f"request {i}: loaded bytes differ from the saved ones")
+    del worker_mod
+    return timer.total, steps, calls, (saver, loader)
+
+
+def wait_queryable(client, instance_id: str, hashes: list, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        q = client.query_raw(instance_id, "probe", hashes)
+        if q.lease:
+            client.release(q.lease)
+        if not q.loading and q.num_hit_blocks == len(hashes):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"saved blocks not queryable after {timeout_s} s")
+        time.sleep(0.002)
+
+
+def replay(calls, client, lib, deadline_s=60.0) -> float:
+    """The recorded calls, back to back; returns seconds (waits for visibility between the
+    save and load halves are not counted, as in the connector run)."""
+    import dataclasses
+
+    from pegaflow.client.loadstate import create_load_state, state_is_done, state_is_success
+
+    leases: dict[bytes, bytes] = {}
+    total = 0.0
+    for name, a, kw, rec in calls:
+        if name == "barrier":  # untimed: the saves are sealed before the loads begin
+            wait_queryable(client, *a)
+            continue
+        a = list(a)
+        if name == "release":
+            a[0] = leases.get(a[0], a[0])
+        st = None
+        if name == "load":
+            st = create_load_state(lib)
+            a[3] = st.name
+            a[5] = [dataclasses.replace(ll, lease=leases.get(ll.lease, ll.lease)) for ll in a[5]]
+        t0 = time.perf_counter()
+        r = getattr(client, name)(*a, **kw)
+        total += time.perf_counter() - t0
+        if st is not None:
+            # untimed, as in the connector, whose hooks post a load and later see it done
+            dl = time.monotonic() + deadline_s
+            while not state_is_done(st.get()):
+                if time.monotonic() > dl:
+                    raise RuntimeError("replayed load not done")
+            ok = state_is_success(st.get())
+            st.close()
+            if not ok:
+                raise RuntimeError("replayed load failed")
+        if name in ("query", "query_raw") and rec is not None and rec.lease and r.lease:
+            leases[rec.lease] = r.lease
+        elif name in ("query", "query_raw") and r.lease and not (rec and rec.lease):
+            client.release(r.lease)  # the connector got no lease here: do not hold one
+    for new in leases.values():
+        try:
+            client.release(new)
+        except Exception:
+            pass
+    return total
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--requests", type=int, default=8)
+    ap.add_argument("--blocks", type=int, default=8)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    bindir = os.environ.get("PF_BIN", os.path.join(TOP, "build", "rel", "bin"))
+    libpath = os.environ.get("PEGAFLOW_LIB", os.path.join(TOP, "build", "rel", "lib",
+                                                          "libpegaflow.so"))
+    from pegaflow.client import _lib
+    from pegaflow.client.engine import EngineClient
+    import pegaflow.connector.worker as worker_mod
+
+    lib = _lib.load_library(libpath)
+    # saves inside wait_for_save (no background thread): every call is inside a hook
+    orig_init = worker_mod.WorkerConnector.__init__
+
+    def sync_init(self, *x, **kw):
+        kw["save_thread"] = False
+        orig_init(self, *x, **kw)
+
+    worker_mod.WorkerConnector.__init__ = sync_init
+    undo = []
+
+    def patch(obj, name, value):
+        undo.append((obj, name, getattr(obj, name)))
+        setattr(obj, name, value)
+
+    logdir = tempfile.mkdtemp(prefix="pf-bench-connector-")
+    srv = Server(bindir, logdir)
+    direct = EngineClient(srv.target, lib=lib, timeout_ms=30000)
+    conn_s, direct_s, ratios, steps_l, ncalls = [], [], [], [], []
+    keep = []
+    try:
+        prev = None
+        for r in range(-1, a.rounds):  # round -1: warm-up, untimed
+            direct_first = r >= 0 and r % 2 == 1 and prev is not None
+            d = None
+            if direct_first:
+                srv.cleanup_ram()
+                d = replay(prev, direct, lib)
+            srv.cleanup_ram()
+            c, steps, calls, engines = connector_run(a, srv, lib, r + 1, patch)
+            keep.append(engines)
+            if not direct_first:
+                srv.cleanup_ram()
+                d = replay(calls, direct, lib)
+            prev = calls
+            if r < 0:
+                continue
+            conn_s.append(c)
+            direct_s.append(d)
+            ratios.append(d / c)
+            steps_l.append(steps)
+            ncalls.append(sum(1 for x in calls if x[0] != "barrier"))
+            print(f"  round {r + 1}: connector {c * 1e3:.1f} ms in hooks over {steps} steps, "
+                  f"direct {d * 1e3:.1f} ms for {ncalls[-1]} calls, ratio {d / c:.2f}",
+                  file=sys.stderr, flush=True)
+    finally:
+        for engs in keep:
+            for e in engs:
+                try:
+                    e.shutdown()
+                except Exception:
+                    pass
+        direct.close()
+        srv.stop()
+        for obj, name, v in reversed(undo):
+            setattr(obj, name, v)
+    med_c, med_d = statistics.median(conn_s), statistics.median(direct_s)
+    steps = statistics.median(steps_l)
+    rs = [min(ratios), statistics.median(ratios), max(ratios)]
+    per_step = (med_c - med_d) / steps * 1e6 if steps else 0.0
+    print(f"{'path':<44} {'connector ms':>12} {'direct ms':>10} {'min':>6} {'median':>6} "
+          f"{'max':>6}")
+    print(f"{'save+load of vLLM-shaped steps':<44} {med_c * 1e3:>12.1f} {med_d * 1e3:>10.1f} "
+          f"{rs[0]:>6.2f} {rs[1]:>6.2f} {rs[2]:>6.2f}")
+    print(f"connector overhead: {(med_c - med_d) * 1e3:.2f} ms per round, {per_step:.0f} us per "
+          f"computing step ({steps:.0f} steps, {statistics.median(ncalls):.0f} libpegaflow calls "
+          f"per round)")
+    print(f"method: {a.rounds} rounds ABBA (odd rounds replay first), warm-up untimed; "
+          f"{a.requests} requests x {a.blocks} blocks of 16 tokens, {a.layers} layers, TP 1, "
+          f"sim GPU; connector = wall time inside its hooks (saves synchronous), direct = the "
+          f"same recorded libpegaflow calls replayed through the ctypes binding (load transfers "
+          f"and the wait for sealed saves untimed on both sides); RAM cache emptied before each; every loaded byte compared with the saved one; "
+          f"ratio = direct / connector")
+    doc = {"bench": "connector", "rounds": a.rounds, "requests": a.requests,
+           "blocks": a.blocks, "layers": a.layers, "connector_ms": med_c * 1e3,
+           "direct_ms": med_d * 1e3, "ratio": rs, "steps": steps,
+           "overhead_us_per_step": per_step, "calls": statistics.median(ncalls)}
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(doc, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,384 @@
+/* bench/ssd_server: the SSD tier through a real pegaflow-server (sim GPU, default SSD flags:
+ * 2 writes and 16 reads in flight) against raw O_DIRECT io_uring I/O of the same bytes, in
+ * the same block-size requests at the same depths, on the same file system, same run.
+ *   server write  Save of --total bytes of seeded KV (one contiguous layer, --block-size
+ *                 blocks) in saves of 1/32 of it, back to back, timed from the first Save
+ *                 until the SSD writer has written every block (pegaflow_ssd_write_bytes_total
+ *                 polled every ms): copy into the pool, seal with checksums, queue, write. The
+ *                 pool holds the whole set (1.25x), so no block can be evicted before its
+ *                 write, and the write queue holds all 32 saves (--ssd-write-queue-depth 64;
+ *                 the default 8 drops sealed batches of a burst faster than the disk): the
+ *                 bench never waits between saves, and polls nothing until the last one
+ *   server read   after POST /cache/memory/cleanup (RAM empty, SSD copies stay): windows of
+ *                 half the pool are queried until Ready (SSD prefetch with checksum
+ *                 verification) and loaded into a second instance, timed from the first
+ *                 query to the last load done
+ *   raw write     the same bytes to a file of the same file system, O_DIRECT, one block per
+ *                 request, 2 in flight: the faster of writing from the source KV memory and
+ *                 from a huge-page-advised buffer like the pool (physically contiguous memory
+ *                 makes fewer segments per request)
+ *   raw read      that file back, 16 in flight: the faster of reading into the destination KV
+ *                 memory and into the huge-page buffer (both compared with the source)
+ * Rounds alternate who goes first (ABBA) and each read comes two phases after its write.
+ * Every round compares every loaded byte (server and raw) with the source and clears the
+ * destination before the next read. Ratios are min/median/max of the per-round ratios.
+ * Usage: ssd_server [--dir DIR] [--total SIZE] [--block-size SIZE] [--rounds N] [--json FILE]
+ *                   [--server-arg ARG]... (up to 8 more pegaflow-server arguments, e.g. to
+ *                   try other --ssd-write-inflight depths; the raw side keeps 2 and 16)
+ * The server is $PF_BIN/pegaflow-server (default build/rel/bin). */
+#include <signal.h>
+#include <stdbool.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#include "benchutil.h"
+#include "pf/config.h"
+
+#define TMO    120000
+#define WBYTES "pegaflow_ssd_write_bytes_total"
+#define WFAIL  "pegaflow_ssd_write_failures_total"
+#define WFULL  "pegaflow_ssd_write_queue_full_total"
+
+static void die(const char *what)
+{
+    bu_die("ssd_server", what);
+}
+
+static void hash_of(uint64_t tag, uint64_t i, uint8_t *h)
+{
+    pft_fill(h, 32, tag, i);
+}
+
+/* Blocks the SSD writer has written since base (exits on write failures or drops). */
+static double written(const struct pft_proc *s, double base, uint64_t bs)
+{
+    char *m = bu_metrics(s);
+    double fail = bu_metric_in(m, WFAIL), full = bu_metric_in(m, WFULL);
+    double w = (bu_metric_in(m, WBYTES) - base) / (double)bs;
+    free(m);
+    if (fail > 0 || full > 0) {
+        fprintf(stderr, "bench/ssd_server: SSD writes failed or were dropped (%s %.0f, %s %.0f)\n",
+                WFAIL, fail, WFULL, full);
+        pft_fail_cleanup();
+        exit(1);
+    }
+    return w;
+}
+
+static void wait_written(const struct pft_proc *s, double base, uint64_t bs, uint64_t n)
+{
+    double dl = bu_now() + 60;
+    while (written(s, base, bs) < (double)n - 0.01) {
+        if (bu_now() > dl) {
+            fprintf(stderr,
+                    "bench/ssd_server: %.1f of %llu blocks written after 60 s (pending %.0f, "
+                    "in flight %.0f, insertions %.0f, rejections %.0f, used %.0f)\n",
+                    written(s, base, bs), (unsigned long long)n,
+                    bu_metric(s, "pegaflow_ssd_write_queue_pending"),
+                    bu_metric(s, "pegaflow_ssd_write_inflight"),
+                    bu_metric(s, "pegaflow_cache_block_insertions_total"),
+                    bu_metric(s, "pegaflow_cache_block_admission_rejections_total"),
+                    bu_metric(s, "pegaflow_pool_used_bytes"));
+            die("SSD writer did not finish");
+        }
+        usleep(1000);
+    }
+}
+
+/* Saves blocks [0, nb) (block id i, hash (tag, i)) in chunks; returns seconds until all of
+ * them are on SSD. */
+static double server_write(struct pf_client *c, const struct pft_proc *s, uint64_t tag, uint64_t nb,
+                           uint64_t bs, uint64_t chunk)
+{
+    uint32_t *ids = malloc(chunk * sizeof(*ids));
+    uint8_t *hs = malloc(chunk * 32);
+    double base = bu_metric(s, WBYTES);
+    double t0 = bu_now();
+    for (uint64_t h = 0; h < nb; h += chunk) {
+        uint64_t k = nb - h < chunk ? nb - h : chunk;
+        for (uint64_t i = 0; i < k; i++) {
+            ids[i] = (uint32_t)(h + i);
+            hash_of(tag, h + i, hs + i * 32);
+        }
+        struct pf_save_layer sl = {
+            .name = "ALL_LAYERS", .block_ids = ids, .hashes = hs, .hash_len = 32, .n = k};
+        if (pf_client_save(c, "src", 0, 0, 0, &sl, 1, TMO))
+            die("save");
+    }
+    wait_written(s, base, bs, nb);
+    double t = bu_now() - t0;
+    free(ids);
+    free(hs);
+    return t;
+}
+
+/* Queries windows of blocks (tag, 0..nb) until Ready and loads them into "dst" block ids
+ * 0..nb; returns seconds; *via_ssd_p counts windows that answered Loading first. */
+static double server_read(struct pf_client *c, uint64_t tag, uint64_t nb, uint64_t win,
+                          int *via_ssd_p)
+{
+    uint8_t *hs = malloc(win * 32);
+    int64_t *targets = malloc(win * sizeof(*targets));
+    const char *names[1] = {"ALL_LAYERS"};
+    int via = 0;
+    double t0 = bu_now();
+    for (uint64_t h = 0; h < nb; h += win) {
+        uint64_t k = nb - h < win ? nb - h : win;
+        for (uint64_t i = 0; i < k; i++) {
+            hash_of(tag, h + i, hs + i * 32);
+            targets[i] = (int64_t)(h + i);
+        }
+        struct pf_query_result r;
+        double dl = bu_now() + 60;
+        bool loading = false;
+        for (;;) {
+            if (pf_client_query(c, "dst", "bench", hs, NULL, 32, k, 0, 0, &r, NULL, 0, TMO))
+                die("query");
+            if (!r.loading)
+                break;
+            loading = true;
+            if (bu_now() > dl)
+                die("query still Loading after 60 s");
+            usleep(200);
+        }
+        via += loading;
+        if (r.num_hit_blocks != k) {
+            fprintf(stderr, "bench/ssd_server: window at %llu: %u of %llu blocks hit\n",
+                    (unsigned long long)h, r.num_hit_blocks, (unsigned long long)k);
+            pft_fail_cleanup();
+            exit(1);
+        }
+        size_t gsz = 1, cnt = k;
+        struct pf_load_item it = {
+            .lease = r.lease, .lease_len = r.lease_len, .targets = targets, .group_counts = &cnt};
+        struct pf_loadstate *ls;
+        if (pf_loadstate_create(&ls))
+            die("load state");
+        if (pf_client_load(c, "dst", 0, 0, pf_loadstate_name(ls), names, &gsz, 1, &it, 1, TMO))
+            die("load");
+        if (pf_loadstate_wait(ls, TMO) != 1)
+            die("load did not complete");
+        pf_loadstate_destroy(ls);
+    }
+    double t = bu_now() - t0;
+    free(hs);
+    free(targets);
+    *via_ssd_p = via;
+    return t;
+}
+
+static void check_bytes(const uint8_t *want, uint8_t *got, uint64_t len, const char *what)
+{
+    if (memcmp(want, got, len) != 0) {
+        uint64_t i = 0;
+        while (want[i] == got[i])
+            i++;
+        fprintf(stderr, "bench/ssd_server: %s: byte %llu differs\n", what, (unsigned long long)i);
+        pft_fail_cleanup();
+        exit(1);
+    }
+    memset(got, 0, len);
+}
+
+/* Seconds of the faster raw write of the same bytes: from the KV memory, or from the
+ * huge-page buffer; 2 in flight like the tier. */
+static double raw_write(const char *path, uint8_t *kv, uint8_t *thp, uint64_t total, uint64_t bs)
+{
+    double a = bu_raw_uring(path, 1, kv, total, bs, 2),
+           b = bu_raw_uring(path, 1, thp, total, bs, 2);
+    return (double)total / (a > b ? a : b);
+}
+
+/* Seconds of the faster raw read of the file: into the KV memory or into the huge-page
+ * buffer; 16 in flight like the tier; both checked against the source and cleared. */
+static double raw_read(const char *path, const uint8_t *src, uint8_t *kv, uint8_t *thp,
+                       uint64_t total, uint64_t bs)
+{
+    double a = bu_raw_uring(path, 0, kv, total, bs, 16);
+    check_bytes(src, kv, total, "raw read into the KV memory");
+    double b = bu_raw_uring(path, 0, thp, total, bs, 16);
+    if (memcmp(thp, src, total) != 0)
+        die("raw read into the huge-page buffer: wrong bytes");
+    return (double)total / (a > b ? a : b);
+}
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: ssd_server [--dir DIR] [--total SIZE] [--block-size SIZE] "
+                    "[--rounds N] [--json FILE] [--server-arg ARG]...\n");
+    exit(2);
+}
+
+int main(int argc, char **argv)
+{
+    const char *tmp = getenv("TMPDIR"), *json = NULL;
+    const char *dir = tmp ? tmp : "/tmp";
+    uint64_t total = 1ull << 30, bs = 1 << 20;
+    int rounds = 3;
+    const char *extra[8];
+    int nextra = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v)
+            usage();
+        if (strcmp(a, "--dir") == 0)
+            dir = v;
+        else if (strcmp(a, "--total") == 0) {
+            if (pf_parse_size(v, &total))
+                usage();
+        } else if (strcmp(a, "--block-size") == 0) {
+            if (pf_parse_size(v, &bs))
+                usage();
+        } else if (strcmp(a, "--rounds") == 0)
+            rounds = atoi(v);
+        else if (strcmp(a, "--json") == 0)
+            json = v;
+        else if (strcmp(a, "--server-arg") == 0 && nextra < 8)
+            extra[nextra++] = v;
+        else
+            usage();
+        i++;
+    }
+    if (bs < 4096 || bs % 4096 || total < 16 * bs || rounds < 1 || rounds > 99)
+        usage();
+    uint64_t nb = total / bs;
+    total = nb * bs;
+    uint64_t pool = total + total / 4, chunk = nb / 32, win = nb / 8;
+    char poolarg[32], cap[32], spath[1024], rpath[1024];
+    snprintf(poolarg, sizeof(poolarg), "%llu", (unsigned long long)pool);
+    snprintf(cap, sizeof(cap), "%llu", (unsigned long long)(2 * total));
+    snprintf(spath, sizeof(spath), "%s/pf-bench-ssd-server.dat", dir);
+    snprintf(rpath, sizeof(rpath), "%s/pf-bench-ssd-server-raw.dat", dir);
+    const char *args[] = {"--gpu-backend",
+                          "sim",
+                          "--pool-size",
+                          poolarg,
+                          "--ssd-cache-path",
+                          spath,
+                          "--ssd-cache-capacity",
+                          cap,
+                          "--ssd-write-queue-depth",
+                          "64",
+                          "--log-level",
+                          "info",
+                          NULL,
+                          NULL,
+                          NULL,
+                          NULL,
+                          NULL,
+                          NULL,
+                          NULL,
+                          NULL,
+                          NULL};
+    for (int i = 0; i < nextra; i++)
+        args[12 + i] = extra[i];
+    struct pft_proc s;
+    if (pft_start(&s, "pegaflow-server", "127.0.0.1", args))
+        return 1;
+    struct pf_client *c;
+    if (pf_client_connect(s.addr, &c))
+        die("connect");
+    struct pf_simkv *src, *dst;
+    if (pf_simkv_create(total, 0, &src) || pf_simkv_create(total, 0, &dst))
+        die("simkv");
+    uint8_t *sp = pf_simkv_ptr(src), *dp = pf_simkv_ptr(dst);
+    uint64_t seed = pft_seed();
+    pft_fill(sp, total, seed, 1);
+    memset(dp, 0, total);
+    if (bu_register(c, "src", "bench", src, nb, bs, TMO) ||
+        bu_register(c, "dst", "bench", dst, nb, bs, TMO))
+        die("register");
+    fprintf(stderr,
+            "bench/ssd_server: %s, %llu MiB in %llu KiB blocks, pool %llu MiB, %d round(s), "
+            "seed %llu\n",
+            dir, (unsigned long long)(total >> 20), (unsigned long long)(bs >> 10),
+            (unsigned long long)(pool >> 20), rounds, (unsigned long long)seed);
+    /* the same bytes in memory of the pool's kind (anonymous, huge pages advised): raw I/O
+     * from/into it is faster when the KV memory's pages are scattered (more segments per
+     * request); each round's raw figure is the faster of the two */
+    uint8_t *thp = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (thp == MAP_FAILED)
+        die("mmap");
+    madvise(thp, total, MADV_HUGEPAGE);
+    memcpy(thp, sp, total);
+    double sw[99], rw[99], sr[99], rr[99], wr[99], rdr[99];
+    for (int r = -1; r < rounds; r++) { /* round -1: warm-up (first faults, file layout) */
+        uint64_t tag = 1000 + (uint64_t)(r + 1);
+        double tsw, trw, tsr, trr;
+        int via = 0;
+        bool raw_first = r >= 0 && r % 2 == 0;
+        if (raw_first) {
+            trw = raw_write(rpath, sp, thp, total, bs);
+            tsw = server_write(c, &s, tag, nb, bs, chunk);
+            trr = raw_read(rpath, sp, dp, thp, total, bs);
+            if (pft_http(s.http_host, s.http_port, "POST", "/cache/memory/cleanup", NULL) != 200)
+                die("memory cleanup");
+            tsr = server_read(c, tag, nb, win, &via);
+            check_bytes(sp, dp, total, "server load from SSD");
+        } else {
+            tsw = server_write(c, &s, tag, nb, bs, chunk);
+            trw = raw_write(rpath, sp, thp, total, bs);
+            if (pft_http(s.http_host, s.http_port, "POST", "/cache/memory/cleanup", NULL) != 200)
+                die("memory cleanup");
+            tsr = server_read(c, tag, nb, win, &via);
+            check_bytes(sp, dp, total, "server load from SSD");
+            trr = raw_read(rpath, sp, dp, thp, total, bs);
+        }
+        if (via == 0)
+            die("no window went through the SSD tier (RAM cleanup did not take?)");
+        pft_http(s.http_host, s.http_port, "POST", "/cache/memory/cleanup", NULL);
+        if (r < 0)
+            continue;
+        sw[r] = (double)total / tsw / 1e9;
+        rw[r] = (double)total / trw / 1e9;
+        sr[r] = (double)total / tsr / 1e9;
+        rr[r] = (double)total / trr / 1e9;
+        wr[r] = sw[r] / rw[r];
+        rdr[r] = sr[r] / rr[r];
+        fprintf(stderr,
+                "  round %d: write server %.2f raw %.2f GB/s, read server %.2f raw %.2f GB/s "
+                "(%d window(s) via SSD)\n",
+                r + 1, sw[r], rw[r], sr[r], rr[r], via);
+    }
+    double msw[3], mrw[3], msr[3], mrr[3], mwr[3], mrd[3];
+    bu_spread(sw, rounds, msw);
+    bu_spread(rw, rounds, mrw);
+    bu_spread(sr, rounds, msr);
+    bu_spread(rr, rounds, mrr);
+    bu_spread(wr, rounds, mwr);
+    bu_spread(rdr, rounds, mrd);
+    printf("%-34s %11s %9s %6s %6s %6s\n", "phase", "server GB/s", "raw GB/s", "min", "median",
+           "max");
+    printf("%-34s %11.3f %9.3f %6.2f %6.2f %6.2f\n", "save -> on SSD (2 writes in flight)", msw[1],
+           mrw[1], mwr[0], mwr[1], mwr[2]);
+    printf("%-34s %11.3f %9.3f %6.2f %6.2f %6.2f\n", "evict -> load from SSD (16 reads)", msr[1],
+           mrr[1], mrd[0], mrd[1], mrd[2]);
+    printf("method: %d rounds ABBA (even rounds raw first), warm-up round untimed; %llu MiB in "
+           "%llu KiB blocks, pool %llu MiB, server defaults (integrity on, 2 writes / 16 reads in "
+           "flight) but a write queue of 64 batches (the bench's 32 saves never wait); raw = "
+           "io_uring O_DIRECT one block per request at the same depths, the faster "
+           "of from/into the same KV memory and from/into huge-page-advised memory, a file of %s; "
+           "every round memcmp's all loaded bytes\n",
+           rounds, (unsigned long long)(total >> 20), (unsigned long long)(bs >> 10),
+           (unsigned long long)(pool >> 20), dir);
+    FILE *js = json ? fopen(json, "w") : NULL;
+    if (js) {
+        fprintf(js,
+                "{\"bench\":\"ssd_server\",\"dir\":\"%s\",\"block_bytes\":%llu,\"bytes\":%llu,"
+                "\"rounds\":%d,\"seed\":%llu,"
+                "\"write\":{\"server_gbs\":%.3f,\"raw_gbs\":%.3f,\"ratio\":[%.3f,%.3f,%.3f]},"
+                "\"read\":{\"server_gbs\":%.3f,\"raw_gbs\":%.3f,\"ratio\":[%.3f,%.3f,%.3f]}}\n",
+                dir, (unsigned long long)bs, (unsigned long long)total, rounds,
+                (unsigned long long)seed, msw[1], mrw[1], mwr[0], mwr[1], mwr[2], msr[1], mrr[1],
+                mrd[0], mrd[1], mrd[2]);
+        fclose(js);
+    }
+    pf_client_close(c);
+    pf_simkv_destroy(src);
+    pf_simkv_destroy(dst);
+    munmap(thp, total);
+    int rc = pft_stop(&s, SIGTERM, 60000);
+    unlink(spath);
+    unlink(rpath);
+    return rc == 0 ? 0 : 1;
+}
