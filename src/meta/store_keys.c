@@ -1,0 +1,309 @@
+/* MetaServer memory store, keys (layout: store.c, store_internal.h): insert and remove of
+ * a node's block hashes, and prefix queries over the owners still visible. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PF_LOG_MOD "metastore"
+#include "meta/meta_internal.h"
+#include "meta/store_internal.h"
+#include "meta/store_tables.h"
+#include "pf/log.h"
+#include "pf/meta.h"
+#include "pf/metrics.h"
+
+/* ------------------------------------------------------------------ keys */
+
+/* Shared lock held; validates the session and resolves the namespace (interning it when
+ * intern is set, which may drop and retake the lock). */
+static int begin_write(struct pf_meta_store *st, const char *ns, const char *node,
+                       const uint8_t node_id[16], bool intern, uint64_t *now_p, struct msess **s_p,
+                       struct mns **n_p)
+{
+    size_t nlen, nslen;
+    if (!meta_store_valid_str(node, PF_META_NODE_MAX, &nlen) ||
+        !meta_store_valid_str(ns, PF_META_NS_MAX, &nslen) || !node_id)
+        return -EINVAL;
+    for (int attempt = 0;; attempt++) {
+        uint64_t now = now_ns(st);
+        int rc = meta_store_session_check(st, node, nlen, node_id, now, s_p);
+        if (rc)
+            return rc;
+        struct mns *n = meta_store_ns_find(st, ns, nslen);
+        if (n || !intern) {
+            if (n && atomic_load_explicit(&n->used_epoch, memory_order_relaxed) != st->sweep_epoch)
+                atomic_store(&n->used_epoch, st->sweep_epoch);
+            *now_p = now;
+            *n_p = n;
+            return 0;
+        }
+        if (attempt > 0)
+            return -ENOMEM;
+        pthread_rwlock_unlock(&st->reg);
+        pthread_rwlock_wrlock(&st->reg);
+        rc = meta_store_ns_intern(st, ns, nslen, &n);
+        pthread_rwlock_unlock(&st->reg);
+        pthread_rwlock_rdlock(&st->reg);
+        if (rc)
+            return rc;
+    }
+}
+
+int pf_meta_store_insert(struct pf_meta_store *st, const char *ns, const struct pf_meta_hash *h,
+                         size_t n, const char *node, const uint8_t node_id[16], bool *reclaimable)
+{
+    if (st->ops)
+        return st->ops->insert(st->impl, ns, h, n, node, node_id, reclaimable);
+    int rc = meta_store_check_hashes(h, n);
+    if (rc)
+        return rc;
+    uint64_t now;
+    struct msess *sess;
+    struct mns *nsp;
+    pthread_rwlock_rdlock(&st->reg);
+    rc = begin_write(st, ns, node, node_id, true, &now, &sess, &nsp);
+    if (rc)
+        goto out;
+    uint32_t now_s = now_secs(st, now), sid = sess->id, aid = sess->addr;
+    for (size_t i = 0; i < n; i++) {
+        const uint8_t *key = h[i].data;
+        size_t len = h[i].len;
+        uint64_t kh = key_hash(nsp->id, key, len);
+        struct shard *s = shard_of(st, kh);
+        bool is_new = false;
+        pthread_mutex_lock(&s->mu);
+        size_t empty = 0; /* set by meta_store_shard_find on a miss */
+        ptrdiff_t at = meta_store_shard_find(s, kh, nsp->id, key, len, &empty);
+        struct entry *e;
+        if (at < 0) {
+            if ((s->count + 1) * 5 > (s->mask + 1) * 4) {
+                if (meta_store_shard_resize(s, (s->mask + 1) * 2) == 0)
+                    meta_store_shard_find(s, kh, nsp->id, key, len, &empty);
+                else if (s->count + 1 > s->mask) {
+                    pthread_mutex_unlock(&s->mu);
+                    rc = -ENOMEM;
+                    goto out;
+                }
+            }
+            e = meta_slab_alloc(&s->slab, entry_size(len, 2));
+            if (!e || ((uintptr_t)e >> PTR_BITS) != 0) {
+                pthread_mutex_unlock(&s->mu);
+                rc = -ENOMEM;
+                goto out;
+            }
+            e->khash = (uint32_t)kh;
+            e->ns = nsp->id;
+            e->hlen = (uint16_t)len;
+            e->nown = 1;
+            e->cap = 2;
+            memcpy(e->data, key, len);
+            struct owner *o = entry_owners(e);
+            o[0].sess = sid;
+            o[0].reg_s = now_s;
+            s->slots[empty] = slot_make(e, kh);
+            s->count++;
+            s->owners++;
+            is_new = true;
+        } else {
+            e = slot_entry(s->slots[at]);
+            struct owner *o = entry_owners(e);
+            size_t k;
+            for (k = 0; k < e->nown; k++)
+                if (sess_at(st, o[k].sess)->addr == aid)
+                    break;
+            if (k < e->nown) {
+                is_new = o[k].sess != sid;
+                o[k].sess = sid;
+                o[k].reg_s = now_s;
+            } else if (e->nown == UINT16_MAX) {
+                pthread_mutex_unlock(&s->mu);
+                rc = -ENOSPC;
+                goto out;
+            } else {
+                if (e->nown == e->cap) {
+                    size_t cap = e->cap * 2u > UINT16_MAX ? UINT16_MAX : e->cap * 2u;
+                    struct entry *ne = meta_slab_alloc(&s->slab, entry_size(len, cap));
+                    if (!ne || ((uintptr_t)ne >> PTR_BITS) != 0) {
+                        pthread_mutex_unlock(&s->mu);
+                        rc = -ENOMEM;
+                        goto out;
+                    }
+                    memcpy(ne, e, entry_size(len, e->nown));
+                    ne->cap = (uint16_t)cap;
+                    s->slots[at] = slot_make(ne, kh);
+                    meta_store_entry_free(s, e);
+                    e = ne;
+                }
+                struct owner *no = entry_owners(e);
+                no[e->nown].sess = sid;
+                no[e->nown].reg_s = now_s;
+                e->nown++;
+                s->owners++;
+                is_new = true;
+            }
+        }
+        if (reclaimable) {
+            bool r = false;
+            if (is_new) {
+                struct owner *o = entry_owners(e);
+                unsigned vis = 0;
+                for (size_t k = 0; k < e->nown && vis < 3; k++)
+                    if (owner_visible(st, o[k].sess, now))
+                        vis++;
+                r = vis >= 3;
+            }
+            reclaimable[i] = r;
+        }
+        pthread_mutex_unlock(&s->mu);
+    }
+out:
+    pthread_rwlock_unlock(&st->reg);
+    return rc;
+}
+
+int pf_meta_store_remove(struct pf_meta_store *st, const char *ns, const struct pf_meta_hash *h,
+                         size_t n, const char *node, const uint8_t node_id[16], uint64_t *removed_p)
+{
+    if (st->ops)
+        return st->ops->remove(st->impl, ns, h, n, node, node_id, removed_p);
+    int rc = meta_store_check_hashes(h, n);
+    if (rc)
+        return rc;
+    uint64_t now, removed = 0;
+    struct msess *sess;
+    struct mns *nsp;
+    pthread_rwlock_rdlock(&st->reg);
+    rc = begin_write(st, ns, node, node_id, false, &now, &sess, &nsp);
+    if (rc || !nsp)
+        goto out;
+    uint32_t sid = sess->id;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t kh = key_hash(nsp->id, h[i].data, h[i].len);
+        struct shard *s = shard_of(st, kh);
+        pthread_mutex_lock(&s->mu);
+        ptrdiff_t at = meta_store_shard_find(s, kh, nsp->id, h[i].data, h[i].len, NULL);
+        if (at >= 0) {
+            struct entry *e = slot_entry(s->slots[at]);
+            struct owner *o = entry_owners(e);
+            size_t k;
+            for (k = 0; k < e->nown && o[k].sess != sid; k++)
+                ;
+            if (k < e->nown) {
+                removed++;
+                if (meta_store_entry_drop_owner(s, (size_t)at, k))
+                    meta_store_shard_maybe_shrink(s);
+            }
+        }
+        pthread_mutex_unlock(&s->mu);
+    }
+out:
+    pthread_rwlock_unlock(&st->reg);
+    if (rc == 0)
+        *removed_p = removed;
+    return rc;
+}
+
+struct prefix_acc {
+    uint32_t addr;
+    uint64_t len;
+};
+
+int pf_meta_store_query_prefix(struct pf_meta_store *st, const char *ns,
+                               const struct pf_meta_hash *h, size_t n,
+                               struct pf_meta_prefix **res_p, size_t *nres_p)
+{
+    if (st->ops)
+        return st->ops->query_prefix(st->impl, ns, h, n, res_p, nres_p);
+    size_t nslen;
+    if (!meta_store_valid_str(ns, PF_META_NS_MAX, &nslen))
+        return -EINVAL;
+    int rc = meta_store_check_hashes(h, n);
+    if (rc)
+        return rc;
+    struct prefix_acc stackacc[16], *acc = stackacc;
+    size_t nacc = 0, capacc = PF_ARRAY_SIZE(stackacc);
+    struct pf_meta_prefix *res = NULL;
+    size_t nres = 0;
+    pthread_rwlock_rdlock(&st->reg);
+    uint64_t now = now_ns(st);
+    struct mns *nsp = meta_store_ns_find(st, ns, nslen);
+    for (size_t i = 0; nsp && i < n; i++) {
+        uint64_t kh = key_hash(nsp->id, h[i].data, h[i].len);
+        struct shard *s = shard_of(st, kh);
+        bool any = false;
+        size_t alive = 0;
+        pthread_mutex_lock(&s->mu);
+        ptrdiff_t at = meta_store_shard_find(s, kh, nsp->id, h[i].data, h[i].len, NULL);
+        if (at >= 0) {
+            struct entry *e = slot_entry(s->slots[at]);
+            struct owner *o = entry_owners(e);
+            for (size_t k = 0; k < e->nown; k++) {
+                if (!owner_visible(st, o[k].sess, now))
+                    continue;
+                any = true;
+                uint32_t aid = sess_at(st, o[k].sess)->addr;
+                size_t j;
+                for (j = 0; j < nacc && acc[j].addr != aid; j++)
+                    ;
+                if (j < nacc) {
+                    if (acc[j].len == i) {
+                        acc[j].len++;
+                        alive++;
+                    }
+                } else if (i == 0) {
+                    if (nacc == capacc) {
+                        size_t nc = capacc * 2;
+                        struct prefix_acc *na = malloc(nc * sizeof(*na));
+                        if (!na) {
+                            pthread_mutex_unlock(&s->mu);
+                            rc = -ENOMEM;
+                            goto out;
+                        }
+                        memcpy(na, acc, nacc * sizeof(*na));
+                        if (acc != stackacc)
+                            free(acc);
+                        acc = na;
+                        capacc = nc;
+                    }
+                    acc[nacc].addr = aid;
+                    acc[nacc].len = 1;
+                    nacc++;
+                    alive++;
+                }
+            }
+        }
+        pthread_mutex_unlock(&s->mu);
+        if (!any || alive == 0)
+            break;
+    }
+    /* one allocation: the array, then the node strings */
+    size_t bytes = 0;
+    for (size_t j = 0; j < nacc; j++)
+        bytes += sizeof(*res) + addr_at(st, acc[j].addr)->len + 1;
+    if (nacc) {
+        res = malloc(bytes);
+        if (!res) {
+            rc = -ENOMEM;
+            goto out;
+        }
+        char *p = (char *)(res + nacc);
+        for (size_t j = 0; j < nacc; j++) {
+            struct maddr *a = addr_at(st, acc[j].addr);
+            memcpy(p, a->name, a->len + 1);
+            res[j].node = p;
+            res[j].prefix_len = acc[j].len;
+            p += a->len + 1;
+        }
+        nres = nacc;
+    }
+out:
+    pthread_rwlock_unlock(&st->reg);
+    if (acc != stackacc)
+        free(acc);
+    if (rc == 0) {
+        *res_p = res;
+        *nres_p = nres;
+    }
+    return rc;
+}
