@@ -502,7 +502,9 @@ static void on_closed(struct pf_rpc_call *c)
      * cancellation means the caller is gone */
     if (c->cancelled) {
         atomic_store(&c->gone, true);
-        run_undo(c);
+        /* not for the server's own cancel_all at stop: those callers may have their answer */
+        if (!atomic_load(&s->stopping))
+            run_undo(c);
     }
     int old = atomic_exchange(&c->pstate, PS_CLOSED_EARLY);
     if (old == PS_OPENING)

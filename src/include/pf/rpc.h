@@ -154,7 +154,8 @@ bool pf_rpc_call_expired(struct pf_rpc_call *call);
  * was delivered), fn(ctx, arg, len) runs once, on an RPC thread, with a copy of arg. If
  * the call is already known cancelled it runs now, on the calling thread. At most one per
  * call. 0; -EINVAL (len > PF_RPC_UNDO_MAX or no fn); -EBUSY (one is already registered).
- * A call the client completed normally never runs it. */
+ * A call the client completed normally never runs it, nor does pf_rpc_server_stop cancelling
+ * the calls still open (the process is going away; their callers may have the answer). */
 #define PF_RPC_UNDO_MAX 32
 typedef void (*pf_rpc_undo_fn)(void *ctx, const void *arg, size_t len);
 int pf_rpc_call_on_cancel(struct pf_rpc_call *call, pf_rpc_undo_fn fn, void *ctx, const void *arg,

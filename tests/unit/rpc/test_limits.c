@@ -23,7 +23,7 @@
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv; /* monotonic (pf_cond_init), as pf_deadline_ms expects */
 static int entered, released_flag, saw_expired;
-static int undone, undo_bytes_ok, reg_rc[3];
+static int undone, undo_bytes_ok, undo_go, reg_rc[3]; /* undo_go: the client gave up */
 
 static int respond_ok(struct pf_rpc_call *call, const char *msg)
 {
@@ -53,6 +53,16 @@ static int h_hang(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *m
     return respond_ok(call, "released");
 }
 
+/* blocks (bounded) until the test saw its client give up */
+static void wait_go(void)
+{
+    struct timespec dl = pf_deadline_ms(10000);
+    pthread_mutex_lock(&mu);
+    while (!undo_go && pthread_cond_timedwait(&cv, &mu, &dl) == 0)
+        ;
+    pthread_mutex_unlock(&mu);
+}
+
 /* waits (bounded) for its caller's deadline to pass and reports what it saw */
 static int h_expiry(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *m)
 {
@@ -63,6 +73,7 @@ static int h_expiry(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage 
     saw_expired = pf_rpc_call_expired(call) ? 1 : -1;
     pthread_cond_broadcast(&cv);
     pthread_mutex_unlock(&mu);
+    wait_go(); /* an answer sent before the client's own timer fired would reach it */
     return respond_ok(call, "late");
 }
 
@@ -76,17 +87,20 @@ static void undo(void *ctx, const void *arg, size_t len)
     pthread_mutex_unlock(&mu);
 }
 
-/* instance_id picks when the undo is registered: "fast" (answer at once), "before" (then wait
- * for the caller's deadline), "after" (wait for it first: the undo runs at registration) */
+/* instance_id picks when the undo is registered: "fast" (answer at once), "before" (then
+ * block until the caller has given up), "after" (block until then, and until the call
+ * counts as expired here too, then register: the undo may run at registration) */
 static int h_undo(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *m)
 {
     const Pegaflow__UnregisterRequest *r = (const void *)m;
     uint8_t big[PF_RPC_UNDO_MAX + 1] = {0};
     bool after = strcmp(r->instance_id, "after") == 0;
-    uint64_t dl = pf_now_ns() + 5000000000ull;
-    if (after)
+    uint64_t dl = pf_now_ns() + 10000000000ull;
+    if (after) {
+        wait_go();
         while (!pf_rpc_call_expired(call) && pf_now_ns() < dl)
             pf_sleep_ms(5);
+    }
     int a = pf_rpc_call_on_cancel(call, undo, &undone, big, sizeof(big));
     int b = pf_rpc_call_on_cancel(call, undo, &undone, "lease-0123456789", 16);
     int c = pf_rpc_call_on_cancel(call, undo, &undone, "lease-0123456789", 16);
@@ -94,8 +108,7 @@ static int h_undo(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *m
     reg_rc[0] = a, reg_rc[1] = b, reg_rc[2] = c;
     pthread_mutex_unlock(&mu);
     if (strcmp(r->instance_id, "before") == 0)
-        while (!pf_rpc_call_expired(call) && pf_now_ns() < dl)
-            pf_sleep_ms(5);
+        wait_go();
     return respond_ok(call, "answer");
 }
 
@@ -143,7 +156,7 @@ static void start(struct srv *v, int threads, int net_slots, uint64_t req_memory
     snprintf(target, sizeof(target), "127.0.0.1:%d", port);
     assert_int_equal(pf_rpc_channel_open(target, &v->ch), 0);
     pthread_mutex_lock(&mu);
-    entered = released_flag = saw_expired = undone = undo_bytes_ok = 0;
+    entered = released_flag = saw_expired = undone = undo_bytes_ok = undo_go = 0;
     pthread_mutex_unlock(&mu);
 }
 
@@ -333,6 +346,10 @@ static void test_expired_call(void **state)
     start(&v, 2, 0, 0);
     struct pf_rpc_status st;
     assert_int_equal(call(&v, "/pegaflow.Engine/Release", "x", 200, &st), -ETIMEDOUT);
+    pthread_mutex_lock(&mu);
+    undo_go = 1;
+    pthread_cond_broadcast(&cv);
+    pthread_mutex_unlock(&mu);
     assert_true(wait_until(&saw_expired, 1, 10000));
     pthread_mutex_lock(&mu);
     assert_int_equal(saw_expired, 1);
@@ -351,6 +368,10 @@ static void test_undo_on_cancel(void **state)
         struct pf_rpc_status st;
         assert_int_equal(call(&v, "/pegaflow.Engine/QueryPrefetch", modes[i], 200, &st),
                          -ETIMEDOUT);
+        pthread_mutex_lock(&mu);
+        undo_go = 1; /* the client gave up: the handler may go on */
+        pthread_cond_broadcast(&cv);
+        pthread_mutex_unlock(&mu);
         assert_true(wait_until(&undone, 1, 10000));
         stop(&v); /* every call finished: a second run of the undo would show now */
         pthread_mutex_lock(&mu);
@@ -365,7 +386,7 @@ static void test_undo_on_cancel(void **state)
     struct srv v;
     start(&v, 2, 0, 0);
     struct pf_rpc_status st;
-    assert_int_equal(call(&v, "/pegaflow.Engine/QueryPrefetch", "fast", 5000, &st), 0);
+    assert_int_equal(call(&v, "/pegaflow.Engine/QueryPrefetch", "fast", 30000, &st), 0);
     stop(&v);
     pthread_mutex_lock(&mu);
     assert_int_equal(undone, 0);
