@@ -153,11 +153,11 @@ static struct pf_block_key key_of(uint64_t id)
 static struct pf_block *make_block(struct tier *t, uint64_t id, const uint64_t *sums)
 {
     struct pf_block_key k = key_of(id);
-    struct pf_block *b = pf_block_new(&k, (uint16_t)t->o->slots);
-    if (!b)
+    struct pf_slot *sl = calloc(t->o->slots, sizeof(*sl));
+    if (!sl)
         die("block", ENOMEM);
     for (uint32_t i = 0; i < t->o->slots; i++) {
-        struct pf_slot *s = &b->slots[i];
+        struct pf_slot *s = &sl[i];
         s->k = t->src[i]->ptr;
         s->v = (uint8_t *)t->src[i]->ptr + t->stride;
         s->ka = s->va = t->src[i];
@@ -169,7 +169,11 @@ static struct pf_block *make_block(struct tier *t, uint64_t id, const uint64_t *
         s->checksum = sums[i];
         s->has_checksum = 1;
     }
-    pf_block_finish(b);
+    struct pf_block *b;
+    int rc = pf_block_pack(NULL, &k, (uint16_t)t->o->slots, sl, &b);
+    if (rc)
+        die("block", -rc);
+    free(sl);
     return b;
 }
 
@@ -241,8 +245,8 @@ static void *fetch_main(void *arg)
             const struct pf_block *b = out[k];
             for (uint16_t sl = 0; sl < b->nslots; sl++) {
                 const uint8_t *want = j->t->img + (uint64_t)sl * 2 * j->t->stride;
-                if (memcmp(b->slots[sl].k, want, j->t->stride) != 0 ||
-                    memcmp(b->slots[sl].v, want + j->t->stride, j->t->stride) != 0) {
+                if (memcmp(pf_slot_k(b, sl), want, j->t->stride) != 0 ||
+                    memcmp(pf_slot_v(b, sl), want + j->t->stride, j->t->stride) != 0) {
                     fprintf(stderr, "bench/ssd: fetched block %llu slot %u: wrong bytes\n",
                             (unsigned long long)(j->first_id + i + k), sl);
                     exit(1);

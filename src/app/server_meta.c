@@ -16,13 +16,15 @@
 static void send_runs(struct pf_meta_client *mc, struct pf_block *const *b, size_t n, bool insert)
 {
     struct pf_meta_hash hs[512];
+    struct pf_block_key keys[512]; /* block records keep long hashes in two pieces */
     size_t i = 0;
     while (i < n) {
-        uint32_t ns = b[i]->key.ns;
+        uint32_t ns = pf_block_ns(b[i]);
         size_t k = 0;
-        while (i < n && b[i]->key.ns == ns && k < PF_ARRAY_SIZE(hs)) {
-            hs[k].data = b[i]->key.hash;
-            hs[k].len = b[i]->key.len;
+        while (i < n && pf_block_ns(b[i]) == ns && k < PF_ARRAY_SIZE(hs)) {
+            keys[k] = pf_block_key(b[i]);
+            hs[k].data = keys[k].hash;
+            hs[k].len = keys[k].len;
             k++;
             i++;
         }
@@ -92,8 +94,10 @@ struct enum_ctx {
 static void emit_block(void *ctx, const struct pf_block *b)
 {
     struct enum_ctx *ec = ctx;
-    if (ec->rc == 0)
-        ec->rc = ec->emit(ec->emit_ctx, pf_ns_name(b->key.ns), b->key.hash, b->key.len);
+    if (ec->rc != 0)
+        return;
+    struct pf_block_key key = pf_block_key(b);
+    ec->rc = ec->emit(ec->emit_ctx, pf_ns_name(key.ns), key.hash, key.len);
 }
 
 static int enumerate_resident(void *ctx, pf_meta_emit_fn emit, void *emit_ctx)

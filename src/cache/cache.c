@@ -79,7 +79,7 @@ static struct pf_block *find(struct pf_cache *c, const struct pf_block_key *k, u
     pf_htable_for_each_hash(&c->index, n, h)
     {
         struct pf_block *b = pf_container_of(n, struct pf_block, hnode);
-        if (pf_key_eq(&b->key, k))
+        if (pf_block_key_eq(b, k))
             return b;
     }
     return NULL;
@@ -90,7 +90,7 @@ static void unlink_block(struct pf_cache *c, struct pf_block *b)
     pf_htable_remove(&c->index, &b->hnode);
     pf_list_del(&b->lru);
     c->nblocks[b->cls]--;
-    c->nbytes[b->cls] -= b->footprint;
+    c->nbytes[b->cls] -= pf_block_footprint(b);
     b->resident = 0;
 }
 
@@ -200,10 +200,12 @@ static struct pf_block *victim(struct pf_cache *c)
 
 int pf_cache_insert(struct pf_cache *c, struct pf_block *b, enum pf_block_class cls)
 {
-    uint64_t h = pf_key_hash(&b->key);
+    struct pf_block_key key = pf_block_key(b);
+    uint64_t h = pf_key_hash(&key);
+    uint64_t footprint = pf_block_footprint(b);
     int rc;
     pthread_mutex_lock(&c->mu);
-    struct pf_block *old = find(c, &b->key, h);
+    struct pf_block *old = find(c, &key, h);
     if (old) {
         hit(c, old, h);
         rc = 0;
@@ -213,7 +215,7 @@ int pf_cache_insert(struct pf_cache *c, struct pf_block *b, enum pf_block_class 
         pf_tinylfu_touch(c->lfu, h);
         struct pf_block *v = victim(c);
         if (v &&
-            pf_tinylfu_estimate(c->lfu, h) < pf_tinylfu_estimate(c->lfu, pf_key_hash(&v->key))) {
+            pf_tinylfu_estimate(c->lfu, h) < pf_tinylfu_estimate(c->lfu, pf_block_key_hash(v))) {
             pf_metric_add(c->m_rejects, 1);
             rc = -EACCES;
             goto out;
@@ -222,11 +224,11 @@ int pf_cache_insert(struct pf_cache *c, struct pf_block *b, enum pf_block_class 
     pf_block_get(b);
     b->cls = (uint8_t)cls;
     b->resident = 1;
-    b->inserted_ns = pf_now_ns();
+    pf_block_stamp(b, pf_now_ns());
     pf_htable_insert(&c->index, &b->hnode, h);
     pf_list_add(&c->cls[cls], &b->lru);
     c->nblocks[cls]++;
-    c->nbytes[cls] += b->footprint;
+    c->nbytes[cls] += footprint;
     pf_metric_add(c->m_inserts, 1);
     publish(c);
     rc = 1;
@@ -298,13 +300,14 @@ size_t pf_cache_mark_reclaimable(struct pf_cache *c, const struct pf_block_key *
         struct pf_block *b = find(c, &keys[i], pf_key_hash(&keys[i]));
         if (!b || b->cls == PF_CLASS_RECLAIMABLE)
             continue;
+        uint64_t footprint = pf_block_footprint(b);
         pf_list_del(&b->lru);
         c->nblocks[b->cls]--;
-        c->nbytes[b->cls] -= b->footprint;
+        c->nbytes[b->cls] -= footprint;
         b->cls = PF_CLASS_RECLAIMABLE;
         pf_list_add(&c->cls[b->cls], &b->lru);
         c->nblocks[b->cls]++;
-        c->nbytes[b->cls] += b->footprint;
+        c->nbytes[b->cls] += footprint;
         moved++;
     }
     if (moved)

@@ -56,7 +56,7 @@ void pf_htable_insert(struct pf_htable *t, struct pf_hnode *n, uint64_t hash)
         abort(); /* 128 bytes: nothing sensible to do */
     if (t->count >= t->mask + 1)
         grow(t);
-    n->hash = hash;
+    n->hash = (uint32_t)hash;
     size_t b = hash & t->mask;
     n->next = t->buckets[b];
     t->buckets[b] = n;

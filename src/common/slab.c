@@ -8,7 +8,8 @@
 #include "pf/slab.h"
 
 #define CHUNK   (2u << 20)
-#define NCLASS  (PF_SLAB_MAX / 64)
+#define GRAIN   PF_SLAB_GRAIN
+#define NCLASS  (PF_SLAB_MAX / GRAIN)
 #define BIG_MIN (1u << 20)
 
 struct free_obj {
@@ -53,17 +54,17 @@ static void *chunk_new(void)
 
 void *pf_slab_alloc(size_t size)
 {
-    if (size > SIZE_MAX - 63)
+    if (size > SIZE_MAX - (GRAIN - 1))
         return NULL; /* would round up to 0 */
-    size_t r = (size + 63) & ~(size_t)63;
+    size_t r = (size + GRAIN - 1) & ~(size_t)(GRAIN - 1);
     if (SLAB_BYPASS || r == 0 || r > PF_SLAB_MAX) {
-        void *p = aligned_alloc(64, r ? r : 64);
+        void *p = aligned_alloc(GRAIN, r ? r : GRAIN);
         if (p)
-            memset(p, 0, r ? r : 64);
+            memset(p, 0, r ? r : GRAIN);
         return p;
     }
     pthread_once(&once, init);
-    struct klass *k = &classes[r / 64 - 1];
+    struct klass *k = &classes[r / GRAIN - 1];
     void *p = NULL;
     pthread_mutex_lock(&k->mu);
     if (k->free) {
@@ -92,12 +93,12 @@ void pf_slab_free(void *p, size_t size)
 {
     if (!p)
         return;
-    size_t r = (size + 63) & ~(size_t)63;
+    size_t r = (size + GRAIN - 1) & ~(size_t)(GRAIN - 1);
     if (SLAB_BYPASS || r == 0 || r > PF_SLAB_MAX) {
         free(p);
         return;
     }
-    struct klass *k = &classes[r / 64 - 1];
+    struct klass *k = &classes[r / GRAIN - 1];
     struct free_obj *o = p;
     pthread_mutex_lock(&k->mu);
     o->next = k->free;

@@ -95,7 +95,7 @@ void pf_engine_evicted(struct pf_engine *e, struct pf_block **blocks, size_t n, 
     struct pf_metric_child *res = pf_metric_child1(e->m_residence, reason);
     bool pressure = strcmp(reason, "pressure") == 0;
     for (size_t i = 0; i < n; i++) {
-        pf_child_observe(res, (double)(now - blocks[i]->inserted_ns) / 1e9);
+        pf_child_observe(res, (double)pf_block_age_ns(blocks[i], now) / 1e9);
         if (pressure)
             pf_child_add(pf_metric_child1(e->m_evict_class, cls[blocks[i]->cls & 1]), 1);
     }
@@ -181,10 +181,10 @@ void pf_engine_cleanup_memory(struct pf_engine *e, struct pf_engine_cleanup_resu
     uint64_t now = pf_now_ns();
     struct pf_metric_child *res = pf_metric_child1(e->m_residence, "cleanup");
     for (size_t i = 0; i < n; i++) {
-        r->evicted_bytes += all[i]->footprint;
+        r->evicted_bytes += pf_block_footprint(all[i]);
         if (pf_block_strong(all[i]) > 1)
             r->still_referenced_blocks++;
-        pf_child_observe(res, (double)(now - all[i]->inserted_ns) / 1e9);
+        pf_child_observe(res, (double)pf_block_age_ns(all[i], now) / 1e9);
         pf_block_put(all[i]);
     }
     free(all);

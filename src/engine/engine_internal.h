@@ -161,7 +161,8 @@ struct pf_insert_barrier {
 
 struct pf_insert_batch {
     size_t n;
-    int kind; /* 0 items, 1 barrier */
+    size_t cap; /* items allocated (pf_insert_batch_new) */
+    int kind;   /* 0 items, 1 barrier */
     struct pf_engine *e;
     struct pf_insert_barrier *barrier;
     struct pf_insert_item items[];
@@ -314,6 +315,11 @@ static inline size_t pf_group_hash_max(uint32_t g)
 int pf_insert_start(struct pf_engine *e);
 void pf_insert_stop(struct pf_engine *e);
 int pf_insert_post(struct pf_engine *e, struct pf_insert_batch *b);
+/* A zeroed batch with room for cap items, or NULL. Large batches (a Save of thousands of
+ * blocks x layers: ~112 bytes a slot) are mapped and unmapped whole, so a backlog of them
+ * does not stay in the heap once processed. pf_insert_batch_free accepts NULL. */
+struct pf_insert_batch *pf_insert_batch_new(size_t cap);
+void pf_insert_batch_free(struct pf_insert_batch *b);
 
 /* prefetch.c */
 int pf_prefetch_start(struct pf_engine *e);

@@ -7,8 +7,11 @@
  * then inserted into the RAM cache as retained and handed to the sealed-block hooks
  * (MetaServer advertisement, SSD write). Slots for keys already resident and slots already
  * filled (late duplicates, replicas) are dropped. In-flight blocks older than the in-flight
- * TTL (5 min) are garbage-collected. */
+ * TTL (5 min) are garbage-collected. An in-flight block keeps its slots in the wide form
+ * (struct pf_slot); sealing packs them into the compact block record, sharing one
+ * allocation table among the blocks of a batch (pf_block_packer). */
 #include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,13 +19,16 @@
 #include "engine/engine_internal.h"
 #include "pf/clock.h"
 #include "pf/log.h"
+#include "pf/slab.h"
 
 struct pf_inflight {
     struct pf_hnode hnode;
     uint64_t created_ns;
     uint32_t remaining;
+    uint16_t nslots;
     uint64_t bytes;
-    struct pf_block *b; /* slots filled as they arrive */
+    struct pf_block_key key;
+    struct pf_slot slots[]; /* filled as they arrive (ka != NULL) */
 };
 
 static void slot_release(struct pf_slot *s)
@@ -39,7 +45,7 @@ static struct pf_inflight *inflight_find(struct pf_engine *e, const struct pf_bl
     pf_htable_for_each_hash(&e->inflight, n, h)
     {
         struct pf_inflight *f = pf_container_of(n, struct pf_inflight, hnode);
-        if (pf_key_eq(&f->b->key, k))
+        if (pf_key_eq(&f->key, k))
             return f;
     }
     return NULL;
@@ -49,22 +55,33 @@ static void inflight_drop(struct pf_engine *e, struct pf_inflight *f)
 {
     pf_htable_remove(&e->inflight, &f->hnode);
     e->inflight_bytes -= f->bytes;
-    pf_block_put(f->b); /* releases the filled slots' allocations */
+    for (uint16_t i = 0; i < f->nslots; i++)
+        slot_release(&f->slots[i]);
     free(f);
 }
 
-/* Publishes a completed block; consumes the caller's reference. Newly resident blocks are
+/* Packs and publishes a completed in-flight block and frees f. Newly resident blocks are
  * collected (with a reference) for the sealed hooks. */
-static void seal(struct pf_engine *e, struct pf_block *b, struct pf_block **pub, size_t *npub)
+static void seal(struct pf_engine *e, struct pf_block_packer *pk, struct pf_inflight *f,
+                 struct pf_block **pub, size_t *npub)
 {
     if (e->cfg.integrity) /* Save checksums its slots as they land; anything else here */
-        for (uint16_t i = 0; i < b->nslots; i++)
-            if (!b->slots[i].has_checksum) {
-                b->slots[i].checksum = pf_slot_compute_checksum(&b->slots[i]);
-                b->slots[i].has_checksum = 1;
+        for (uint16_t i = 0; i < f->nslots; i++)
+            if (!f->slots[i].has_checksum) {
+                f->slots[i].checksum = pf_slot_compute_checksum(&f->slots[i]);
+                f->slots[i].has_checksum = 1;
             }
-    pf_block_finish(b);
-    int rc = pf_cache_insert(e->cache, b, PF_CLASS_RETAINED);
+    struct pf_block *b;
+    int rc = pf_block_pack(pk, &f->key, f->nslots, f->slots, &b);
+    if (rc) {
+        pf_log_ratelimited(PF_LOG_ERROR, 10000, "cannot pack a sealed block: %s", strerror(-rc));
+        for (uint16_t i = 0; i < f->nslots; i++)
+            slot_release(&f->slots[i]);
+        free(f);
+        return;
+    }
+    free(f);
+    rc = pf_cache_insert(e->cache, b, PF_CLASS_RETAINED);
     if (rc == 1 && pub) {
         pub[(*npub)++] = b; /* keep our reference for the hooks */
         return;
@@ -79,6 +96,7 @@ static void handle_items(struct pf_engine *e, struct pf_insert_batch *bt)
     uint64_t now = pf_now_ns();
     struct pf_block **pub = e->nhooks ? malloc(bt->n * sizeof(*pub)) : NULL;
     size_t npub = 0;
+    struct pf_block_packer pk = {0};
     for (size_t i = 0; i < bt->n; i++) {
         struct pf_insert_item *it = &bt->items[i];
         uint64_t h = pf_key_hash(&it->key);
@@ -91,27 +109,26 @@ static void handle_items(struct pf_engine *e, struct pf_insert_batch *bt)
             continue;
         }
         if (!f) {
-            f = calloc(1, sizeof(*f));
-            struct pf_block *b = f ? pf_block_new(&it->key, it->nslots) : NULL;
-            if (!b) {
-                free(f);
+            f = calloc(1, sizeof(*f) + (size_t)it->nslots * sizeof(f->slots[0]));
+            if (!f) {
                 slot_release(&it->s);
                 pf_log_ratelimited(PF_LOG_ERROR, 10000, "out of memory assembling a block");
                 continue;
             }
-            f->b = b;
+            f->key = it->key;
+            f->nslots = it->nslots;
             f->created_ns = now;
             f->remaining = it->nslots;
             pf_htable_insert(&e->inflight, &f->hnode, h);
-        } else if (f->b->nslots != it->nslots) {
+        } else if (f->nslots != it->nslots) {
             pf_log_ratelimited(PF_LOG_WARN, 10000,
                                "slot count mismatch for an in-flight block (%u vs %u): the "
                                "namespace is shared by incompatible KV layouts; dropping",
-                               f->b->nslots, it->nslots);
+                               f->nslots, it->nslots);
             slot_release(&it->s);
             continue;
         }
-        struct pf_slot *dst = &f->b->slots[it->slot];
+        struct pf_slot *dst = &f->slots[it->slot];
         if (dst->ka) {
             slot_release(&it->s); /* already filled (replica or duplicate save) */
             continue;
@@ -121,13 +138,12 @@ static void handle_items(struct pf_engine *e, struct pf_insert_batch *bt)
         f->bytes += bytes;
         e->inflight_bytes += bytes;
         if (--f->remaining == 0) {
-            struct pf_block *b = f->b;
             e->inflight_bytes -= f->bytes;
             pf_htable_remove(&e->inflight, &f->hnode);
-            free(f);
-            seal(e, b, pub, &npub);
+            seal(e, &pk, f, pub, &npub);
         }
     }
+    pf_block_packer_done(&pk);
     pf_metric_set(e->m_inflight_bytes, (double)e->inflight_bytes);
     if (npub) {
         pf_engine_run_sealed_hooks(e, pub, npub);
@@ -191,7 +207,7 @@ static void *insert_main(void *arg)
             } else {
                 handle_items(e, b);
             }
-            free(b);
+            pf_insert_batch_free(b);
         }
         uint64_t now = pf_now_ns();
         if (now - last_gc >= PF_MIN_OF(e->cfg.inflight_ttl_ns / 4, 10 * PF_NS_PER_SEC)) {
@@ -239,13 +255,34 @@ void pf_insert_stop(struct pf_engine *e)
     pf_queue_destroy(&e->insert_q);
 }
 
+static size_t batch_bytes(size_t cap)
+{
+    return sizeof(struct pf_insert_batch) + cap * sizeof(struct pf_insert_item);
+}
+
+struct pf_insert_batch *pf_insert_batch_new(size_t cap)
+{
+    if (cap > (SIZE_MAX - sizeof(struct pf_insert_batch)) / sizeof(struct pf_insert_item))
+        return NULL;
+    struct pf_insert_batch *b = pf_big_calloc(1, batch_bytes(cap));
+    if (b)
+        b->cap = cap;
+    return b;
+}
+
+void pf_insert_batch_free(struct pf_insert_batch *b)
+{
+    if (b)
+        pf_big_free(b, 1, batch_bytes(b->cap));
+}
+
 int pf_insert_post(struct pf_engine *e, struct pf_insert_batch *b)
 {
     int rc = pf_queue_push(&e->insert_q, b);
     if (rc) {
         for (size_t i = 0; i < b->n; i++)
             slot_release(&b->items[i].s);
-        free(b);
+        pf_insert_batch_free(b);
     }
     return rc;
 }
@@ -253,10 +290,10 @@ int pf_insert_post(struct pf_engine *e, struct pf_insert_batch *b)
 int pf_engine_flush(struct pf_engine *e, uint64_t timeout_ms)
 {
     struct pf_insert_barrier *br = calloc(1, sizeof(*br));
-    struct pf_insert_batch *b = calloc(1, sizeof(*b));
+    struct pf_insert_batch *b = pf_insert_batch_new(0);
     if (!br || !b) {
         free(br);
-        free(b);
+        pf_insert_batch_free(b);
         return -ENOMEM;
     }
     pthread_mutex_init(&br->mu, NULL);
@@ -266,7 +303,7 @@ int pf_engine_flush(struct pf_engine *e, uint64_t timeout_ms)
     b->barrier = br;
     int rc = pf_queue_push(&e->insert_q, b);
     if (rc) {
-        free(b);
+        pf_insert_batch_free(b);
         atomic_fetch_sub(&br->refs, 1);
         barrier_put(br);
         return rc;

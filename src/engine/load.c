@@ -103,8 +103,9 @@ static int plan_lease(struct pf_instance *in, struct pf_worker *w, uint32_t tp_r
                 const char *name = l->groups[g].layer_names[k];
                 struct pf_layer_reg *lr = pf_worker_layer(w, name);
                 const struct pf_topo_layer *tl = &in->topo[lr->layer_id];
-                const struct pf_slot *s =
-                    &blocks[j]->slots[pf_instance_slot_of(in, lr->layer_id, tp_rank)];
+                struct pf_slot sv, *s = &sv;
+                pf_block_slot(blocks[j], (uint16_t)pf_instance_slot_of(in, lr->layer_id, tp_rank),
+                              s);
                 if ((uint64_t)target >= lr->lay.num_blocks) {
                     snprintf(err, errlen,
                              "layer %s: destination block id %lld out of range "

@@ -26,7 +26,7 @@ static uint64_t blocks_bytes(struct pf_block *const *b, size_t n)
 {
     uint64_t sum = 0;
     for (size_t i = 0; i < n; i++)
-        sum += b[i] ? b[i]->footprint : 0;
+        sum += b[i] ? pf_block_footprint(b[i]) : 0;
     return sum;
 }
 

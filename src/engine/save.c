@@ -422,7 +422,7 @@ int pf_engine_save(struct pf_engine *e, const char *instance_id, uint32_t tp_ran
     }
     x->ctx = sc;
     x->free_fn = save_free;
-    batch = calloc(1, sizeof(*batch) + left * sizeof(struct pf_insert_item));
+    batch = pf_insert_batch_new(left);
     if (!batch) {
         rc = -ENOMEM;
         goto out;
@@ -544,7 +544,7 @@ out:
             pf_alloc_put(batch->items[i].s.ka);
             pf_alloc_put(batch->items[i].s.va);
         }
-        free(batch);
+        pf_insert_batch_free(batch);
     }
     pf_xfer_put(x);
     plans_free(plans, nlayers);

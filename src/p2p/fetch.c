@@ -577,13 +577,13 @@ static size_t build_blocks(struct fetch *f, struct pf_block **out, size_t *bad_p
     }
     for (size_t j = 0; j < f->k && j < first_bad; j++) {
         const Pegaflow__TransferBlockInfo *bi = r->blocks[j];
-        struct pf_block *b = pf_block_new(&f->keys[j], (uint16_t)bi->n_slots);
-        if (!b)
+        struct pf_slot *slots = calloc(bi->n_slots ? bi->n_slots : 1, sizeof(*slots));
+        if (!slots)
             break;
         size_t pos = f->spos[f->sbase[j]];
         for (size_t s = 0; s < bi->n_slots; s++) {
             const Pegaflow__TransferSlotInfo *si = bi->slots[s];
-            struct pf_slot *sl = &b->slots[s];
+            struct pf_slot *sl = &slots[s];
             const struct seg *k = &f->segs[f->where[pos++]];
             sl->k = k->local;
             sl->ka = f->chunks[k->chunk].a;
@@ -607,7 +607,19 @@ static size_t build_blocks(struct fetch *f, struct pf_block **out, size_t *bad_p
                 sl->has_checksum = 1;
             }
         }
-        pf_block_finish(b);
+        struct pf_block *b = NULL;
+        int prc = pf_block_pack(NULL, &f->keys[j], (uint16_t)bi->n_slots, slots, &b);
+        if (prc) {
+            for (size_t s = 0; s < bi->n_slots; s++) {
+                pf_alloc_put(slots[s].ka);
+                pf_alloc_put(slots[s].va);
+            }
+            free(slots);
+            pf_log_ratelimited(PF_LOG_WARN, 10000, "fetched block cannot be packed: %s",
+                               strerror(-prc));
+            break;
+        }
+        free(slots);
         out[got++] = b;
     }
     if (bad) {
@@ -777,8 +789,11 @@ out:
     if (got) {
         uint64_t bytes = 0;
         for (size_t i = 0; i < got; i++)
-            for (uint16_t s = 0; s < out[i]->nslots; s++)
-                bytes += (uint64_t)out[i]->slots[s].seg_len * out[i]->slots[s].nseg;
+            for (uint16_t s = 0; s < out[i]->nslots; s++) {
+                struct pf_slot sl;
+                pf_block_slot(out[i], s, &sl);
+                bytes += (uint64_t)sl.seg_len * sl.nseg;
+            }
         pf_metric_add(p->m_bytes, (double)bytes);
         atomic_fetch_add(&p->st_blocks, got);
         atomic_fetch_add(&p->st_bytes, bytes);

@@ -114,12 +114,14 @@ static int serve_query(struct pf_p2p *p, const Pegaflow__QueryBlocksForTransferR
     for (size_t j = 0; j < k; j++) {
         const struct pf_block *b = found[j];
         pegaflow__transfer_block_info__init(&bi[j]);
-        memcpy(hb + j * PF_HASH_MAX, b->key.hash, b->key.len);
-        bi[j].block_hash = (ProtobufCBinaryData){b->key.len, hb + j * PF_HASH_MAX};
+        struct pf_block_key key = pf_block_key(b);
+        memcpy(hb + j * PF_HASH_MAX, key.hash, key.len);
+        bi[j].block_hash = (ProtobufCBinaryData){key.len, hb + j * PF_HASH_MAX};
         bi[j].n_slots = b->nslots;
         bi[j].slots = sp + s;
         for (uint16_t q = 0; q < b->nslots; q++, s++) {
-            const struct pf_slot *sl = &b->slots[q];
+            struct pf_slot slv, *sl = &slv;
+            pf_block_slot(b, q, sl);
             pegaflow__transfer_slot_info__init(&si[s]);
             si[s].k_ptr = (uint64_t)(uintptr_t)sl->k;
             si[s].k_size = sl->seg_len;

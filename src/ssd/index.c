@@ -99,7 +99,8 @@ static void prune(struct ssd_index *x, uint32_t sh)
 int ssd_index_begin(struct ssd_index *x, const struct pf_block *b, uint64_t len,
                     struct ssd_place *p_p)
 {
-    if (ssd_index_find(x, &b->key))
+    struct pf_block_key key = pf_block_key(b);
+    if (ssd_index_find(x, &key))
         return -EEXIST;
     uint32_t sh = x->next_shard % x->nshards;
     uint64_t start, tail;
@@ -113,7 +114,7 @@ int ssd_index_begin(struct ssd_index *x, const struct pf_block *b, uint64_t len,
     ssd_ring_alloc(&x->shards[sh].ring, len, &start, &off);
     x->next_shard = (sh + 1) % x->nshards;
     prune(x, sh);
-    e->key = b->key;
+    e->key = key;
     e->shard = sh;
     e->state = SSD_WRITING;
     e->nslots = b->nslots;
@@ -121,7 +122,8 @@ int ssd_index_begin(struct ssd_index *x, const struct pf_block *b, uint64_t len,
     e->off = off;
     e->len = len;
     for (uint16_t i = 0; i < b->nslots; i++) {
-        const struct pf_slot *s = &b->slots[i];
+        struct pf_slot sv, *s = &sv;
+        pf_block_slot(b, i, s);
         e->slots[i] = (struct ssd_slot_meta){
             .checksum = s->checksum,
             .seg_len = s->seg_len,

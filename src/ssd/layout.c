@@ -17,7 +17,8 @@ uint64_t ssd_block_disk_len(const struct pf_block *b)
 {
     uint64_t len = 0;
     for (uint16_t i = 0; i < b->nslots; i++) {
-        const struct pf_slot *s = &b->slots[i];
+        struct pf_slot sv, *s = &sv;
+        pf_block_slot(b, i, s);
         if (s->nseg == 0 || s->nseg > 2 || !s->k || (s->nseg == 2 && !s->v))
             return 0;
         if (s->seg_stride == 0 || s->seg_stride % PF_BLK_ALIGN != 0 || s->seg_len > s->seg_stride)
@@ -33,7 +34,8 @@ int ssd_block_iov(const struct pf_block *b, struct iovec *iov)
 {
     int n = 0;
     for (uint16_t i = 0; i < b->nslots; i++) {
-        const struct pf_slot *s = &b->slots[i];
+        struct pf_slot sv, *s = &sv;
+        pf_block_slot(b, i, s);
         for (uint8_t g = 0; g < s->nseg; g++) {
             uint8_t *p = g ? s->v : s->k;
             if (n > 0 && (uint8_t *)iov[n - 1].iov_base + iov[n - 1].iov_len == p) {
@@ -50,11 +52,11 @@ struct pf_block *ssd_block_rebuild(const struct pf_block_key *key, const struct 
                                    uint16_t nslots, uint8_t *const *base,
                                    struct pf_alloc *const *allocs)
 {
-    struct pf_block *b = pf_block_new(key, nslots);
-    if (!b)
+    struct pf_slot *slots = calloc(nslots ? nslots : 1, sizeof(*slots));
+    if (!slots)
         return NULL;
     for (uint16_t i = 0; i < nslots; i++) {
-        struct pf_slot *s = &b->slots[i];
+        struct pf_slot *s = &slots[i];
         s->k = base[i];
         s->ka = allocs[i];
         pf_alloc_get(allocs[i]);
@@ -70,16 +72,22 @@ struct pf_block *ssd_block_rebuild(const struct pf_block_key *key, const struct 
         s->numa = m[i].numa;
         s->nseg = m[i].nseg;
     }
-    pf_block_finish(b);
+    struct pf_block *b = NULL;
+    if (pf_block_pack(NULL, key, nslots, slots, &b) != 0) {
+        for (uint16_t i = 0; i < nslots; i++) {
+            pf_alloc_put(slots[i].ka);
+            pf_alloc_put(slots[i].va);
+        }
+        b = NULL;
+    }
+    free(slots);
     return b;
 }
 
 int ssd_block_verify(const struct pf_block *b)
 {
-    for (uint16_t i = 0; i < b->nslots; i++) {
-        const struct pf_slot *s = &b->slots[i];
-        if (s->has_checksum && !pf_slot_verify(s, s->checksum))
+    for (uint16_t i = 0; i < b->nslots; i++)
+        if (!pf_block_slot_verify(b, i))
             return i;
-    }
     return -1;
 }

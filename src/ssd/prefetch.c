@@ -534,11 +534,12 @@ static void log_integrity(struct pf_ssd *s, const struct pf_block *b, int slot,
                           const struct ssd_place *p)
 {
     char hex[2 * PF_HASH_MAX + 1];
-    pf_hex_encode(b->key.hash, b->key.len < 8 ? b->key.len : 8, hex);
+    struct pf_block_key key = pf_block_key(b);
+    pf_hex_encode(key.hash, key.len < 8 ? key.len : 8, hex);
     pf_log_ratelimited(PF_LOG_WARN, 1000,
                        "integrity: block %s... (namespace %s) read from %s at offset %llu fails "
                        "its checksum in slot %d: treated as a miss, SSD entry dropped",
-                       hex, pf_ns_name(b->key.ns), s->paths[p->shard], (unsigned long long)p->off,
+                       hex, pf_ns_name(key.ns), s->paths[p->shard], (unsigned long long)p->off,
                        slot);
 }
 
@@ -603,8 +604,9 @@ size_t pf_ssd_fetch(struct pf_ssd *s, const struct pf_block_key *keys, size_t n,
         if (bad >= 0) {
             pf_child_add(s->m.integrity, 1);
             log_integrity(s, b, bad, &rb->place[i]);
+            struct pf_block_key key = pf_block_key(b);
             pthread_mutex_lock(&s->mu);
-            ssd_index_remove(&s->idx, &b->key, &rb->place[i]);
+            ssd_index_remove(&s->idx, &key, &rb->place[i]);
             pthread_mutex_unlock(&s->mu);
             break;
         }

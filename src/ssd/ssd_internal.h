@@ -143,7 +143,7 @@ static inline uint64_t ssd_slot_disk_len(const struct ssd_slot_meta *m)
 }
 /* Rebuilds a sealed block from its entry geometry and the staging addresses of each slot
  * (slot i's bytes at base[i], segments seg_stride apart) inside allocs[i] (a reference is
- * taken per segment). NULL on ENOMEM. */
+ * taken per segment). NULL on ENOMEM or when the entry's geometry cannot be packed. */
 struct pf_block *ssd_block_rebuild(const struct pf_block_key *key, const struct ssd_slot_meta *m,
                                    uint16_t nslots, uint8_t *const *base,
                                    struct pf_alloc *const *allocs);

@@ -88,8 +88,9 @@ static int start_write(struct writer *w, struct pf_block *b)
                            "written to SSD");
         goto skip;
     }
+    struct pf_block_key key = pf_block_key(b);
     pthread_mutex_lock(&s->mu);
-    if (ssd_index_find(&s->idx, &b->key)) {
+    if (ssd_index_find(&s->idx, &key)) {
         pthread_mutex_unlock(&s->mu);
         goto skip; /* duplicates are not rewritten */
     }
@@ -194,10 +195,11 @@ static void commit_front(struct writer *w, bool force)
         if (!ssd_io_done(&sl->io) && !timed_out && !force)
             break;
         bool ok = ssd_io_done(&sl->io) && ssd_io_ok(&sl->io);
+        struct pf_block_key key = pf_block_key(sl->b);
         pthread_mutex_lock(&s->mu);
-        int rc = ok ? ssd_index_commit(&s->idx, &sl->b->key, &sl->place) : -EIO;
+        int rc = ok ? ssd_index_commit(&s->idx, &key, &sl->place) : -EIO;
         if (rc)
-            ssd_index_remove(&s->idx, &sl->b->key, &sl->place);
+            ssd_index_remove(&s->idx, &key, &sl->place);
         pthread_mutex_unlock(&s->mu);
         if (ok && rc == 0) {
             pf_metric_add(s->m.w_bytes, (double)sl->io.len);

@@ -1,16 +1,38 @@
 /* KV blocks in pinned host memory.
  *
- * A block is the unit the cache indexes: key (namespace id, hash bytes) -> total_slots
- * slots in slot order, each slot one worker's share of one layer (or of the cross-layer
+ * A block is the unit the cache indexes: key (namespace id, hash bytes) -> nslots slots in
+ * slot order, each slot one worker's share of one layer (or of the cross-layer
  * pseudo-layer): one segment (K, or the whole block) or two (K and V). Slot bytes live in
  * pool allocations that the block references (several blocks may share one allocation).
- * Each slot carries an xxh3-64 checksum of its data bytes (K then V), computed when the
- * block is sealed (DESIGN §5).
+ * Each slot carries an xxh3-64 checksum of its data bytes (K then V), computed before the
+ * block is packed (DESIGN §5).
  *
  * Sealed blocks are immutable and refcounted like Rust's Arc: `strong` references keep the
- * data alive; `weak` references (the SSD write queue) keep only the struct alive and can be
+ * data alive; `weak` references (the SSD write queue) keep only the record alive and can be
  * upgraded while strong > 0. The cache owns one strong reference while the block is
- * resident. The struct is 112 bytes + 56 bytes per slot, 64-byte aligned. */
+ * resident.
+ *
+ * Record encoding. Builders describe slots in the wide form (struct pf_slot, 56 bytes) and
+ * pf_block_pack() encodes them into one compact record; readers decode with
+ * pf_block_slot() / pf_slot_k() / pf_slot_v(), never touching the layout:
+ *   - a 92-byte header (struct pf_block) whose first 56 bytes hold what a lookup touches
+ *     (chain link, 32-bit hash, namespace id, strong count, key length, up to 32 hash
+ *     bytes inline); longer hashes put their remaining bytes first in the tail;
+ *   - the allocations: the distinct pool allocations the slots use, in first-use order; one
+ *     is referenced directly, several through a refcounted table (struct pf_allocset) that
+ *     blocks with the same allocations share (pf_block_packer: all blocks of one Save call);
+ *   - per slot 8 bytes of checksum (no checksum array when no slot has one);
+ *   - geometry (seg_len, seg_stride, numa, nseg, has_checksum): one 8-byte record when
+ *     every slot agrees, else one per slot; 12-byte records when a stride exceeds seg_len
+ *     by 64 KiB or more or a NUMA node is outside [-1, 63];
+ *   - per slot one reference per segment (two when any slot has two): allocation index in
+ *     the high bits, byte offset in that allocation in the low `refbits` bits; 4 bytes when
+ *     every reference fits 32 bits, else 8 bytes. Packing refuses (-ERANGE) an offset that
+ *     does not fit 64 bits minus the index bits.
+ * Records come from the slab in 16-byte classes. One cross-layer slot with a 32-byte hash
+ * and a checksum: 92 + 8 + 8 + 4 = 112 bytes; 32 one-segment layer slots: 92 + 32 * 8 + 8 +
+ * 32 * 4 = 484 (496 with the class), vs 192 and 1,920 for the former 56-byte slot records.
+ * The cache index adds 8 bytes of bucket per block. */
 #ifndef PF_BLOCK_H
 #define PF_BLOCK_H
 
@@ -22,7 +44,8 @@
 #include "pf/htable.h"
 #include "pf/list.h"
 
-#define PF_HASH_MAX 40 /* vLLM hashes are 32 (sha256) or 16 (xxh3-128) bytes, + 4 group bytes */
+#define PF_HASH_MAX          40 /* vLLM hashes are 32 (sha256) or 16 (xxh3-128) bytes, + 4 group bytes */
+#define PF_BLOCK_HASH_INLINE 32 /* hash bytes kept in the header; the rest go to the tail */
 
 struct pf_alloc;
 
@@ -32,11 +55,12 @@ struct pf_block_key {
     uint8_t hash[PF_HASH_MAX];
 };
 
+/* The wide slot form builders fill and pf_block_slot() returns. */
 struct pf_slot {
     void *k;             /* segment 0 (K, or the whole slot) */
     void *v;             /* segment 1 (V), NULL for one segment */
-    struct pf_alloc *ka; /* allocation holding k (one reference) */
-    struct pf_alloc *va; /* allocation holding v (one reference), NULL when v is NULL */
+    struct pf_alloc *ka; /* allocation holding k (builders: one reference) */
+    struct pf_alloc *va; /* allocation holding v (builders: one reference), NULL when v is NULL */
     uint64_t checksum;   /* xxh3-64 of k[0..seg_len) then v[0..seg_len) */
     uint32_t seg_len;    /* data bytes per segment */
     uint32_t seg_stride; /* bytes reserved per segment (>= seg_len; 512-padded with SSD) */
@@ -50,29 +74,56 @@ enum pf_block_class {
     PF_CLASS_RECLAIMABLE = 1, /* fetched from a peer or redundant in the cluster */
 };
 
-/* Layout: everything a cache lookup touches (index node, reference count, access mark, key
- * up to a 32-byte hash) sits in the first 64 bytes, and blocks are 64-byte aligned, so a hit
- * costs one cache line of the block. */
+/* Format bits (pf_block.fmt). */
+#define PF_BLK_SINGLE   0x01 /* allocs is one struct pf_alloc *, else a struct pf_allocset * */
+#define PF_BLK_CSUM     0x02 /* the tail has nslots checksums */
+#define PF_BLK_GEO_SLOT 0x04 /* one geometry record per slot, else one for all */
+#define PF_BLK_GEO_WIDE 0x08 /* 12-byte geometry records, else 8-byte */
+#define PF_BLK_REF8     0x10 /* 8-byte references, else 4-byte */
+#define PF_BLK_TWOSEG   0x20 /* two references per slot, else one */
+
 struct pf_block {
-    struct pf_hnode hnode; /* cache index (owned by the cache) */
+    struct pf_hnode hnode; /* cache index (owned by the cache); hnode.user = namespace id */
     _Atomic uint32_t strong;
+    uint8_t keylen;
     uint8_t accessed; /* hit since it was last examined by eviction (cache lock) */
     uint8_t cls;
-    uint8_t resident; /* in the cache index (cache lock) */
-    uint8_t pad0;
-    struct pf_block_key key;
-    /* -- second cache line -- */
+    uint8_t resident;                   /* in the cache index (cache lock) */
+    uint8_t hash[PF_BLOCK_HASH_INLINE]; /* key bytes [0, min(keylen, 32)) */
     _Atomic uint32_t weak;
-    uint16_t nslots;
+    uint32_t inserted; /* pf_now_ns() >> 24 when inserted (cache; ~16.8 ms units) */
+    /* -- second cache line -- */
     struct pf_list lru; /* class recency list (owned by the cache) */
-    uint64_t inserted_ns;
-    uint64_t footprint; /* sum of seg_stride over segments */
-    struct pf_slot slots[];
+    void *allocs;       /* see PF_BLK_SINGLE */
+    uint16_t nslots;
+    uint8_t fmt;
+    uint8_t refbits; /* offset bits of a reference */
+    uint8_t tail[];  /* [hash overflow][checksums][geometry][references] */
 };
 
-/* Allocates a block with nslots empty slots: strong = 1, weak = 1 (the implicit weak
- * reference of the strong holders). NULL on ENOMEM. */
-struct pf_block *pf_block_new(const struct pf_block_key *key, uint16_t nslots);
+/* A table of distinct allocations shared by blocks (one reference on each allocation). */
+struct pf_allocset {
+    _Atomic uint32_t refs;
+    uint32_t n;
+    struct pf_alloc *a[];
+};
+
+/* Remembers the last allocation table built so that blocks with the same allocations share
+ * it. Zero-initialise; release with pf_block_packer_done. Not thread-safe (one per thread or
+ * call). */
+struct pf_block_packer {
+    struct pf_allocset *last;
+};
+void pf_block_packer_done(struct pf_block_packer *pk);
+
+/* Packs nslots wide slots into a new block: strong = 1, weak = 1 (the implicit weak
+ * reference of the strong holders). Each slot needs k and ka (ka->ptr <= k), nseg 1 or 2
+ * and, with two, v and va. On success the block owns the slots' allocation references and
+ * slots[i].ka/va are set to NULL; on failure the caller keeps them. pk may be NULL.
+ * Errors: -EINVAL (a slot breaks the rules above; nslots 0; key length 0 or above
+ * PF_HASH_MAX), -ERANGE (an offset does not fit the reference encoding), -ENOMEM. */
+int pf_block_pack(struct pf_block_packer *pk, const struct pf_block_key *key, uint16_t nslots,
+                  struct pf_slot *slots, struct pf_block **b_p);
 
 static inline void pf_block_get(struct pf_block *b)
 {
@@ -92,13 +143,45 @@ static inline uint32_t pf_block_strong(const struct pf_block *b)
     return atomic_load_explicit(&((struct pf_block *)b)->strong, memory_order_acquire);
 }
 
-/* Computes the slot checksums (xxh3 of each slot's data bytes). */
-void pf_block_checksum(struct pf_block *b);
-/* Verifies slot i against `expected`; false on mismatch. */
+/* Decodes slot i (i < nslots) into the wide form; ka/va name the allocations without a
+ * reference (valid while the caller holds a strong reference). */
+void pf_block_slot(const struct pf_block *b, uint16_t i, struct pf_slot *s);
+/* Segment 0 / segment 1 (NULL for one segment) of slot i. */
+void *pf_slot_k(const struct pf_block *b, uint16_t i);
+void *pf_slot_v(const struct pf_block *b, uint16_t i);
+/* Sum of seg_stride * nseg over the slots (the bytes the block pins). */
+uint64_t pf_block_footprint(const struct pf_block *b);
+/* Record bytes (what the slab hands out for it). */
+size_t pf_block_record_size(const struct pf_block *b);
+
+static inline uint32_t pf_block_ns(const struct pf_block *b)
+{
+    return b->hnode.user;
+}
+/* The block's key. */
+struct pf_block_key pf_block_key(const struct pf_block *b);
+bool pf_block_key_eq(const struct pf_block *b, const struct pf_block_key *k);
+/* pf_key_hash of the block's key. */
+uint64_t pf_block_key_hash(const struct pf_block *b);
+
+/* Residence stamp (pf_now_ns() units): set when inserted; age in ns, correct up to ~2.28
+ * years. */
+static inline void pf_block_stamp(struct pf_block *b, uint64_t now_ns)
+{
+    b->inserted = (uint32_t)(now_ns >> 24);
+}
+static inline uint64_t pf_block_age_ns(const struct pf_block *b, uint64_t now_ns)
+{
+    return (uint64_t)(uint32_t)((uint32_t)(now_ns >> 24) - b->inserted) << 24;
+}
+
+/* Checksum of a wide slot's data bytes; verification against `expected`. */
 bool pf_slot_verify(const struct pf_slot *s, uint64_t expected);
 uint64_t pf_slot_compute_checksum(const struct pf_slot *s);
-/* Recomputes the footprint from the slots. */
-void pf_block_finish(struct pf_block *b);
+/* Sets checksum and has_checksum on every slot of a wide array (builders). */
+void pf_slots_checksum(struct pf_slot *slots, size_t n);
+/* Verifies slot i of a block against its stored checksum; true when it has none. */
+bool pf_block_slot_verify(const struct pf_block *b, uint16_t i);
 
 /* Keys. */
 uint64_t pf_key_hash(const struct pf_block_key *k);

@@ -1,7 +1,9 @@
 /* Intrusive chained hash table keyed by a caller-computed 64-bit hash.
  * The table stores nodes embedded in the caller's objects; key comparison is the caller's
  * (walk the chain with pf_htable_for_each_hash). Grows by doubling at load factor 1.
- * Not thread-safe: callers lock. Memory: 8 bytes per bucket + 16 bytes per node. */
+ * Not thread-safe: callers lock. Memory: 8 bytes per bucket + 16 bytes per node. A node keeps
+ * the low 32 bits of the hash (chains compare those before the caller compares keys) and
+ * leaves 4 bytes (`user`) to the embedding object, which the table never touches. */
 #ifndef PF_HTABLE_H
 #define PF_HTABLE_H
 
@@ -10,7 +12,8 @@
 
 struct pf_hnode {
     struct pf_hnode *next;
-    uint64_t hash;
+    uint32_t hash; /* low 32 bits of the caller's hash */
+    uint32_t user; /* the embedding object's (the block cache keeps the namespace id here) */
 };
 
 struct pf_htable {
@@ -37,7 +40,7 @@ static inline struct pf_hnode *pf_htable_bucket(const struct pf_htable *t, uint6
 /* Iterate nodes whose stored hash equals h: for (n = ...; n; n = next-with-same-hash) */
 #define pf_htable_for_each_hash(t, n, h)                                                           \
     for ((n) = pf_htable_bucket((t), (h)); (n); (n) = (n)->next)                                   \
-        if ((n)->hash == (h))
+        if ((n)->hash == (uint32_t)(h))
 
 /* Visits every node; fn may not modify the table. */
 #define pf_htable_for_each(t, i, n)                                                                \

@@ -25,13 +25,18 @@ static struct pf_block_key key(uint32_t ns, uint32_t i)
     return k;
 }
 
+/* Blocks of one 100-byte slot in a static stand-in allocation whose count never drops to 0
+ * (no pool behind it). */
+static uint8_t fake_mem[4096];
+static struct pf_alloc fake = {.ptr = fake_mem, .size = sizeof(fake_mem), .refs = 1u << 30};
+
 static struct pf_block *blk(uint32_t ns, uint32_t i)
 {
     struct pf_block_key k = key(ns, i);
-    struct pf_block *b = pf_block_new(&k, 1);
-    b->slots[0].seg_len = b->slots[0].seg_stride = 100;
-    b->slots[0].nseg = 1;
-    pf_block_finish(b);
+    pf_alloc_get(&fake);
+    struct pf_slot s = {.k = fake_mem, .ka = &fake, .seg_len = 100, .seg_stride = 100, .nseg = 1};
+    struct pf_block *b;
+    assert_int_equal(pf_block_pack(NULL, &k, 1, &s, &b), 0);
     return b;
 }
 
@@ -57,7 +62,7 @@ static void test_prefix_and_classes(void **st)
     struct pf_block *out[12];
     assert_int_equal(pf_cache_prefix(c, keys, 12, out), 10);
     for (int i = 0; i < 10; i++) {
-        assert_true(pf_key_eq(&out[i]->key, &keys[i]));
+        assert_true(pf_block_key_eq(out[i], &keys[i]));
         assert_int_equal(pf_block_strong(out[i]), 2);
         pf_block_put(out[i]);
     }
@@ -98,7 +103,7 @@ static void test_eviction_order(void **st)
     /* reclaimable first (3, 5; 1 is pinned), then the oldest retained (2) */
     uint32_t got[3];
     for (size_t i = 0; i < n; i++) {
-        memcpy(&got[i], ev[i]->key.hash, 4);
+        memcpy(&got[i], pf_block_key(ev[i]).hash, 4);
         pf_block_put(ev[i]);
     }
     assert_int_equal(got[0], 3);
@@ -123,7 +128,7 @@ static void test_cleanup_and_hints(void **st)
     struct pf_block_key keys[4];
     for (uint32_t i = 0; i < 4; i++) {
         struct pf_block *b = blk(1, i);
-        keys[i] = b->key;
+        keys[i] = pf_block_key(b);
         pf_cache_insert(c, b, PF_CLASS_RETAINED);
         pf_block_put(b);
     }
@@ -169,12 +174,12 @@ static void test_tinylfu(void **st)
     assert_int_equal(pf_cache_create(&cfg, &c), 0);
     struct pf_block *hot = blk(1, 1);
     assert_int_equal(pf_cache_insert(c, hot, PF_CLASS_RETAINED), 1);
-    struct pf_block_key hk = hot->key;
+    struct pf_block_key hk = pf_block_key(hot);
     for (int i = 0; i < 10; i++)
         pf_cache_prefix(c, &hk, 1, NULL);
     struct pf_block *cold = blk(1, 2);
     assert_int_equal(pf_cache_insert(c, cold, PF_CLASS_RETAINED), -EACCES);
-    struct pf_block_key ck = cold->key;
+    struct pf_block_key ck = pf_block_key(cold);
     assert_false(pf_cache_contains(c, &ck));
     pf_block_put(hot);
     pf_block_put(cold);
@@ -190,14 +195,16 @@ static void test_block_refs(void **st)
     struct pf_alloc *a;
     assert_int_equal(pf_pool_alloc(p, 4096, -1, &a), 0);
     struct pf_block_key k = key(1, 1);
-    struct pf_block *b = pf_block_new(&k, 1);
-    b->slots[0] =
+    struct pf_slot s =
         (struct pf_slot){.k = a->ptr, .ka = a, .seg_len = 4096, .seg_stride = 4096, .nseg = 1};
     memset(a->ptr, 7, 4096);
-    pf_block_checksum(b);
-    assert_true(pf_slot_verify(&b->slots[0], b->slots[0].checksum));
+    pf_slots_checksum(&s, 1);
+    struct pf_block *b;
+    assert_int_equal(pf_block_pack(NULL, &k, 1, &s, &b), 0);
+    assert_null(s.ka); /* the block took the reference */
+    assert_true(pf_block_slot_verify(b, 0));
     ((char *)a->ptr)[100] ^= 1;
-    assert_false(pf_slot_verify(&b->slots[0], b->slots[0].checksum));
+    assert_false(pf_block_slot_verify(b, 0));
     pf_block_weak_get(b);
     assert_true(pf_block_upgrade(b));
     pf_block_put(b);

@@ -159,10 +159,12 @@ static void test_sealing(void **st)
     for (int i = 0; i < 4; i++) {
         assert_int_equal(b[i]->nslots, 2);
         for (int s = 0; s < 2; s++) {
-            assert_true(b[i]->slots[s].has_checksum);
-            assert_true(pf_slot_verify(&b[i]->slots[s], b[i]->slots[s].checksum));
+            struct pf_slot sl;
+            pf_block_slot(b[i], (uint16_t)s, &sl);
+            assert_true(sl.has_checksum);
+            assert_true(pf_slot_verify(&sl, sl.checksum));
             /* slot = tp_rank, block i = block id i */
-            assert_memory_equal(b[i]->slots[s].k, (uint8_t *)pf_simkv_ptr(F.kv[s]) + i * SEG, SEG);
+            assert_memory_equal(sl.k, (uint8_t *)pf_simkv_ptr(F.kv[s]) + i * SEG, SEG);
         }
         pf_block_put(b[i]);
     }
@@ -213,17 +215,16 @@ static size_t tier_fetch(void *ctx, const char *req, const struct pf_block_key *
     for (size_t i = 0; i < c; i++) {
         struct pf_alloc *a;
         assert_int_equal(pf_engine_alloc(F.e, SEG, -1, &a), 0);
-        struct pf_block *b = pf_block_new(&k[i], 2);
+        struct pf_slot sl[2];
         for (int s = 0; s < 2; s++) {
             if (s)
                 pf_alloc_get(a);
-            b->slots[s] = (struct pf_slot){
+            sl[s] = (struct pf_slot){
                 .k = a->ptr, .ka = a, .seg_len = SEG, .seg_stride = SEG, .nseg = 1};
         }
         memset(a->ptr, 0x40 + (int)i, SEG);
-        pf_block_checksum(b);
-        pf_block_finish(b);
-        out[i] = b;
+        pf_slots_checksum(sl, 2);
+        assert_int_equal(pf_block_pack(NULL, &k[i], 2, sl, &out[i]), 0);
     }
     return c;
 }
@@ -411,9 +412,11 @@ static void test_page_first_checksums(void **st)
         struct pf_block *b;
         assert_int_equal(pf_cache_prefix(pf_engine_cache(F.e), &k, 1, &b), 1);
         assert_int_equal(b->nslots, 1);
-        assert_true(b->slots[0].has_checksum);
-        assert_true(pf_slot_verify(&b->slots[0], b->slots[0].checksum));
-        const uint8_t *page = b->slots[0].k;
+        struct pf_slot s0;
+        pf_block_slot(b, 0, &s0);
+        assert_true(s0.has_checksum);
+        assert_true(pf_slot_verify(&s0, s0.checksum));
+        const uint8_t *page = s0.k;
         assert_memory_equal(page, kv + i * SEG, SEG);
         assert_memory_equal(page + SEG, kv + (NB / 2) * SEG + i * SEG, SEG);
         pf_block_put(b);

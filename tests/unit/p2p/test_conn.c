@@ -229,7 +229,6 @@ static void node_up(struct node *n, int tag)
         for (int k = 0; k < 32; k++)
             h[k] = (uint8_t)(tag * 101 + i * 3 + k);
         pf_key_make(n->ns, h, 32, &n->keys[i]);
-        struct pf_block *b = pf_block_new(&n->keys[i], 1);
         struct pf_alloc *a;
         assert_int_equal(pf_engine_alloc(n->e, 2 * SEG, -1, &a), 0);
         for (int v = 0; v < 2; v++)
@@ -237,7 +236,7 @@ static void node_up(struct node *n, int tag)
                 n->data[i][v][j] = (uint8_t)(j * 7 + i * 13 + v * 5 + tag);
         memcpy(a->ptr, n->data[i][0], SEG);
         memcpy((uint8_t *)a->ptr + SEG, n->data[i][1], SEG);
-        struct pf_slot *s = &b->slots[0];
+        struct pf_slot sl = {0}, *s = &sl;
         s->k = a->ptr;
         s->v = (uint8_t *)a->ptr + SEG;
         s->ka = a;
@@ -246,8 +245,9 @@ static void node_up(struct node *n, int tag)
         s->seg_len = s->seg_stride = SEG;
         s->nseg = 2;
         s->numa = -1;
-        pf_block_checksum(b);
-        pf_block_finish(b);
+        pf_slots_checksum(s, 1);
+        struct pf_block *b;
+        assert_int_equal(pf_block_pack(NULL, &n->keys[i], 1, s, &b), 0);
         assert_int_equal(pf_cache_insert(pf_engine_cache(n->e), b, PF_CLASS_RETAINED), 1);
         pf_block_put(b);
     }
@@ -283,9 +283,9 @@ static void check_from(struct job *j)
     struct node *o = j->self->other;
     assert_int_equal(j->got, NB);
     for (int i = 0; i < NB; i++) {
-        assert_true(pf_key_eq(&j->out[i]->key, &o->keys[i]));
-        assert_memory_equal(j->out[i]->slots[0].k, o->data[i][0], SEG);
-        assert_memory_equal(j->out[i]->slots[0].v, o->data[i][1], SEG);
+        assert_true(pf_block_key_eq(j->out[i], &o->keys[i]));
+        assert_memory_equal(pf_slot_k(j->out[i], 0), o->data[i][0], SEG);
+        assert_memory_equal(pf_slot_v(j->out[i], 0), o->data[i][1], SEG);
         pf_block_put(j->out[i]);
     }
 }

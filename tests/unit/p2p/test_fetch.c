@@ -390,10 +390,11 @@ static size_t fetch(const char *req, size_t n, bool all, struct pf_block **out)
 static void check_blocks(struct pf_block **out, size_t n)
 {
     for (size_t j = 0; j < n; j++) {
-        assert_true(pf_key_eq(&out[j]->key, &F.keys[j]));
+        assert_true(pf_block_key_eq(out[j], &F.keys[j]));
         assert_int_equal(out[j]->nslots, SLOTS);
         for (int s = 0; s < SLOTS; s++) {
-            const struct pf_slot *sl = &out[j]->slots[s];
+            struct pf_slot slv, *sl = &slv;
+            pf_block_slot(out[j], (uint16_t)s, sl);
             assert_int_equal(sl->nseg, 2);
             assert_int_equal(sl->seg_len, SEGLEN);
             assert_int_equal(sl->seg_stride % 512, 0);

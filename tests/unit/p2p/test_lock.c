@@ -15,17 +15,26 @@
 #include <cmocka.h>
 
 #include "pf/block.h"
+#include "pf/pool.h"
 #include "pf/metrics.h"
 #include "pf/p2p.h"
 
 #define SEC PF_NS_PER_SEC
+
+/* Blocks of one slot in a static stand-in allocation whose count never drops to 0. */
+static uint8_t fake_mem[64];
+static struct pf_alloc fake = {.ptr = fake_mem, .size = sizeof(fake_mem), .refs = 1u << 30};
 
 static struct pf_block *mkblock(int i)
 {
     struct pf_block_key k;
     uint8_t h[8] = {(uint8_t)i, (uint8_t)(i >> 8), 1, 2, 3, 4, 5, 6};
     pf_key_make(0, h, sizeof(h), &k);
-    return pf_block_new(&k, 1);
+    pf_alloc_get(&fake);
+    struct pf_slot s = {.k = fake_mem, .ka = &fake, .seg_len = 64, .seg_stride = 64, .nseg = 1};
+    struct pf_block *b;
+    assert_int_equal(pf_block_pack(NULL, &k, 1, &s, &b), 0);
+    return b;
 }
 
 static double active(void)

@@ -69,28 +69,30 @@ static void up(uint64_t lock_secs, int nnics)
             F.h[i][k] = (uint8_t)(i * 17 + k);
         struct pf_block_key key;
         pf_key_make(F.ns, F.h[i], 32, &key);
-        struct pf_block *b = pf_block_new(&key, 2);
+        struct pf_slot sl[2];
         struct pf_alloc *a;
         assert_int_equal(pf_engine_alloc(F.e, 3 * SEG, -1, &a), 0);
         memset(a->ptr, i + 1, 3 * SEG);
-        b->slots[0] = (struct pf_slot){.k = a->ptr,
-                                       .v = (uint8_t *)a->ptr + SEG,
-                                       .ka = a,
-                                       .va = a,
-                                       .seg_len = SEG,
-                                       .seg_stride = SEG,
-                                       .numa = 0,
-                                       .nseg = 2};
+        sl[0] = (struct pf_slot){.k = a->ptr,
+                                 .v = (uint8_t *)a->ptr + SEG,
+                                 .ka = a,
+                                 .va = a,
+                                 .seg_len = SEG,
+                                 .seg_stride = SEG,
+                                 .numa = 0,
+                                 .nseg = 2};
         pf_alloc_get(a); /* three segment references: the allocation's own + 2 */
         pf_alloc_get(a);
-        b->slots[1] = (struct pf_slot){.k = (uint8_t *)a->ptr + 2 * SEG,
-                                       .ka = a,
-                                       .seg_len = SEG,
-                                       .seg_stride = SEG,
-                                       .numa = -1, /* unknown: PF_WIRE_NUMA_NONE on the wire */
-                                       .nseg = 1};
-        pf_block_checksum(b);
-        pf_block_finish(b);
+        sl[1] = (struct pf_slot){.k = (uint8_t *)a->ptr + 2 * SEG,
+                                 .ka = a,
+                                 .seg_len = SEG,
+                                 .seg_stride = SEG,
+                                 .numa = -1, /* unknown: PF_WIRE_NUMA_NONE on the wire */
+                                 .nseg = 1};
+        pf_slots_checksum(sl, 2);
+        struct pf_block *b;
+        assert_int_equal(pf_block_pack(NULL, &key, 2, sl, &b), 0); /* mixed geometry */
+        assert_true(b->fmt & PF_BLK_GEO_SLOT);
         assert_int_equal(pf_cache_insert(pf_engine_cache(F.e), b, PF_CLASS_RETAINED), 1);
         F.b[i] = b;
         pf_block_put(b);
@@ -178,17 +180,20 @@ static void test_query_and_release(void **st)
         assert_memory_equal(b->block_hash.data, F.h[want[j]], 32);
         assert_int_equal(b->n_slots, 2);
         const Pegaflow__TransferSlotInfo *s0 = b->slots[0], *s1 = b->slots[1];
-        assert_true(s0->k_ptr == (uint64_t)(uintptr_t)blk->slots[0].k);
-        assert_true(s0->v_ptr == (uint64_t)(uintptr_t)blk->slots[0].v);
+        struct pf_slot b0, b1;
+        pf_block_slot(blk, 0, &b0);
+        pf_block_slot(blk, 1, &b1);
+        assert_true(s0->k_ptr == (uint64_t)(uintptr_t)b0.k);
+        assert_true(s0->v_ptr == (uint64_t)(uintptr_t)b0.v);
         assert_int_equal(s0->k_size, SEG);
         assert_int_equal(s0->v_size, SEG);
         assert_int_equal(s0->numa_node, 0);
         assert_true(s0->has_checksum);
-        assert_true(s0->checksum == blk->slots[0].checksum);
+        assert_true(s0->checksum == b0.checksum);
         assert_true(s1->numa_node == PF_WIRE_NUMA_NONE);
         assert_int_equal(s1->v_ptr, 0); /* one segment */
         assert_int_equal(s1->v_size, 0);
-        assert_true(s1->checksum == blk->slots[1].checksum);
+        assert_true(s1->checksum == b1.checksum);
         assert_int_equal(pf_block_strong(blk), 2); /* cache + lock */
     }
     assert_true(pf_metric_value_of("pegaflow_transfer_lock_active", NULL) == a0 + 4);

@@ -110,6 +110,9 @@ static inline struct pf_block_key ssdt_key(uint32_t id)
     return k;
 }
 
+/* A pointer to (a copy of) block b's key, for calls that take a key pointer. */
+#define SSDT_KEY(b) ((struct pf_block_key[]){pf_block_key(b)})
+
 /* A sealed block of nslots slots of nseg segments of seg_len bytes (stride rounded up to
  * 512), bytes from (seed, id). scatter: one allocation per segment with a gap after each
  * (no two segments adjacent); else one allocation for the whole block in disk order. */
@@ -117,8 +120,8 @@ static inline struct pf_block *ssdt_block(struct ssdt *t, uint32_t id, uint16_t 
                                           uint32_t seg_len, uint8_t nseg, bool scatter)
 {
     struct pf_block_key k = ssdt_key(id);
-    struct pf_block *b = pf_block_new(&k, nslots);
-    assert_non_null(b);
+    struct pf_slot sl[64];
+    memset(sl, 0, sizeof(sl));
     uint32_t stride = (seg_len + 511) / 512 * 512;
     struct pf_alloc *whole = NULL, *pads[2 * 64];
     size_t npads = 0;
@@ -126,7 +129,7 @@ static inline struct pf_block *ssdt_block(struct ssdt *t, uint32_t id, uint16_t 
     if (!scatter)
         assert_int_equal(pf_pool_alloc(t->pool, (uint64_t)stride * nseg * nslots, -1, &whole), 0);
     for (uint16_t i = 0; i < nslots; i++) {
-        struct pf_slot *s = &b->slots[i];
+        struct pf_slot *s = &sl[i];
         s->seg_len = seg_len;
         s->seg_stride = stride;
         s->nseg = nseg;
@@ -157,18 +160,22 @@ static inline struct pf_block *ssdt_block(struct ssdt *t, uint32_t id, uint16_t 
     pf_alloc_put(whole);
     for (size_t i = 0; i < npads; i++)
         pf_alloc_put(pads[i]);
-    pf_block_checksum(b);
-    pf_block_finish(b);
+    pf_slots_checksum(sl, nslots);
+    struct pf_block *b;
+    assert_int_equal(pf_block_pack(NULL, &k, nslots, sl, &b), 0);
     return b;
 }
 
 /* Same key, geometry and data bytes (seg_len of each segment). */
 static inline bool ssdt_same(const struct pf_block *a, const struct pf_block *b)
 {
-    if (!pf_key_eq(&a->key, &b->key) || a->nslots != b->nslots)
+    struct pf_block_key ka = pf_block_key(a);
+    if (!pf_block_key_eq(b, &ka) || a->nslots != b->nslots)
         return false;
     for (uint16_t i = 0; i < a->nslots; i++) {
-        const struct pf_slot *x = &a->slots[i], *y = &b->slots[i];
+        struct pf_slot xs, ys, *x = &xs, *y = &ys;
+        pf_block_slot(a, i, x);
+        pf_block_slot(b, i, y);
         if (x->seg_len != y->seg_len || x->seg_stride != y->seg_stride || x->nseg != y->nseg ||
             x->numa != y->numa || x->checksum != y->checksum || x->has_checksum != y->has_checksum)
             return false;

@@ -9,32 +9,46 @@
 
 #include <cmocka.h>
 
+#include "pf/pool.h"
 #include "ssd/ssd_internal.h"
 
-/* A block with geometry only (the index never touches data). */
+#define SSDT_KEY(b) ((struct pf_block_key[]){pf_block_key(b)})
+
+/* A block with geometry only (the index never touches data): its slots point into a static
+ * stand-in allocation whose count never drops to 0. */
+static uint8_t fake_mem[1 << 16];
+static struct pf_alloc fake = {.ptr = fake_mem, .size = sizeof(fake_mem), .refs = 1u << 30};
+
 static struct pf_block *mkblock(uint32_t id, uint16_t nslots, uint32_t stride)
 {
     struct pf_block_key k;
     assert_int_equal(pf_key_make(1, &id, sizeof(id), &k), 0);
-    struct pf_block *b = pf_block_new(&k, nslots);
-    assert_non_null(b);
+    struct pf_slot s[16];
+    assert_true(nslots <= 16);
     for (uint16_t i = 0; i < nslots; i++) {
-        b->slots[i].seg_len = stride - 7;
-        b->slots[i].seg_stride = stride;
-        b->slots[i].nseg = (uint8_t)(1 + i % 2);
-        b->slots[i].numa = (int16_t)(i % 3 - 1);
-        b->slots[i].checksum = 0x1000u + id * 16u + i;
-        b->slots[i].has_checksum = 1;
+        pf_alloc_get(&fake);
+        s[i] = (struct pf_slot){.k = fake_mem,
+                                .ka = &fake,
+                                .seg_len = stride - 7,
+                                .seg_stride = stride,
+                                .nseg = (uint8_t)(1 + i % 2),
+                                .numa = (int16_t)(i % 3 - 1),
+                                .checksum = 0x1000u + id * 16u + i,
+                                .has_checksum = 1};
+        if (s[i].nseg == 2) {
+            pf_alloc_get(&fake);
+            s[i].v = fake_mem + stride;
+            s[i].va = &fake;
+        }
     }
+    struct pf_block *b;
+    assert_int_equal(pf_block_pack(NULL, &k, nslots, s, &b), 0);
     return b;
 }
 
 static uint64_t disk_len(const struct pf_block *b)
 {
-    uint64_t n = 0;
-    for (uint16_t i = 0; i < b->nslots; i++)
-        n += (uint64_t)b->slots[i].seg_stride * b->slots[i].nseg;
-    return n;
+    return pf_block_footprint(b);
 }
 
 static void test_two_phase(void **st)
@@ -42,10 +56,11 @@ static void test_two_phase(void **st)
     struct ssd_index x;
     assert_int_equal(ssd_index_init(&x, 1, 8192), 0);
     struct pf_block *b = mkblock(1, 3, 512);
+    struct pf_block_key bk = pf_block_key(b);
     struct ssd_place p;
     assert_int_equal(ssd_index_begin(&x, b, disk_len(b), &p), 0);
     assert_int_equal(p.len, 3 * 512 + 512);
-    struct ssd_entry *e = ssd_index_find(&x, &b->key);
+    struct ssd_entry *e = ssd_index_find(&x, &bk);
     assert_non_null(e);
     assert_int_equal(e->state, SSD_WRITING);
     /* geometry, NUMA and checksums are kept per slot */
@@ -58,16 +73,16 @@ static void test_two_phase(void **st)
         assert_int_equal(e->slots[i].checksum, 0x1010u + i);
     }
     /* WRITING is not readable */
-    assert_int_equal(ssd_index_prefix(&x, &b->key, 1), 0);
+    assert_int_equal(ssd_index_prefix(&x, &bk, 1), 0);
     /* duplicates are refused in both states */
     struct ssd_place p2;
     assert_int_equal(ssd_index_begin(&x, b, disk_len(b), &p2), -EEXIST);
-    assert_int_equal(ssd_index_commit(&x, &b->key, &p), 0);
-    assert_int_equal(ssd_index_find(&x, &b->key)->state, SSD_COMMITTED);
-    assert_int_equal(ssd_index_prefix(&x, &b->key, 1), 1);
+    assert_int_equal(ssd_index_commit(&x, &bk, &p), 0);
+    assert_int_equal(ssd_index_find(&x, &bk)->state, SSD_COMMITTED);
+    assert_int_equal(ssd_index_prefix(&x, &bk, 1), 1);
     assert_int_equal(ssd_index_begin(&x, b, disk_len(b), &p2), -EEXIST);
     /* committing twice is refused */
-    assert_int_equal(ssd_index_commit(&x, &b->key, &p), -ENOENT);
+    assert_int_equal(ssd_index_commit(&x, &bk, &p), -ENOENT);
     assert_int_equal(x.ncommitted, 1);
     assert_int_equal(x.nwriting, 0);
     ssd_index_destroy(&x);
@@ -79,15 +94,16 @@ static void test_failed_write_removed(void **st)
     struct ssd_index x;
     assert_int_equal(ssd_index_init(&x, 1, 8192), 0);
     struct pf_block *b = mkblock(2, 1, 1024);
+    struct pf_block_key bk = pf_block_key(b);
     struct ssd_place p;
     assert_int_equal(ssd_index_begin(&x, b, 1024, &p), 0);
     /* a place that is not this write's is not touched */
     struct ssd_place other = p;
     other.start += 512;
-    assert_false(ssd_index_remove(&x, &b->key, &other));
-    assert_int_equal(ssd_index_commit(&x, &b->key, &other), -ENOENT);
-    assert_true(ssd_index_remove(&x, &b->key, &p));
-    assert_null(ssd_index_find(&x, &b->key));
+    assert_false(ssd_index_remove(&x, &bk, &other));
+    assert_int_equal(ssd_index_commit(&x, &bk, &other), -ENOENT);
+    assert_true(ssd_index_remove(&x, &bk, &p));
+    assert_null(ssd_index_find(&x, &bk));
     assert_int_equal(x.nwriting, 0);
     /* and the key can be written again */
     assert_int_equal(ssd_index_begin(&x, b, 1024, &p), 0);
@@ -107,18 +123,18 @@ static void test_fifo_invalidation(void **st)
         b[i] = mkblock(100 + i, 1, 1024);
         assert_int_equal(ssd_index_begin(&x, b[i], 1024, &p[i]), 0);
         assert_int_equal(p[i].off, (i % 4) * 1024);
-        assert_int_equal(ssd_index_commit(&x, &b[i]->key, &p[i]), 0);
+        assert_int_equal(ssd_index_commit(&x, SSDT_KEY(b[i]), &p[i]), 0);
         /* never more than a lap of entries */
         assert_true(x.ncommitted <= 4);
     }
     for (uint32_t i = 0; i < 10; i++) {
         bool live = i >= 6;
-        assert_int_equal(ssd_index_find(&x, &b[i]->key) != NULL, live);
+        assert_int_equal(ssd_index_find(&x, SSDT_KEY(b[i])) != NULL, live);
         assert_int_equal(ssd_index_intact(&x, &p[i]), live);
     }
     /* an overwritten key can be written again */
     assert_int_equal(ssd_index_begin(&x, b[0], 1024, &p[0]), 0);
-    assert_null(ssd_index_find(&x, &b[6]->key)); /* which overwrote the oldest live one */
+    assert_null(ssd_index_find(&x, SSDT_KEY(b[6]))); /* which overwrote the oldest live one */
     ssd_index_destroy(&x);
     for (int i = 0; i < 10; i++)
         pf_block_put(b[i]);
@@ -129,6 +145,7 @@ static void test_overtaken_writing(void **st)
     struct ssd_index x;
     assert_int_equal(ssd_index_init(&x, 1, 2048), 0);
     struct pf_block *a = mkblock(7, 1, 1024), *b = mkblock(8, 1, 2048);
+    struct pf_block_key bk = pf_block_key(b);
     struct ssd_place pa, pb;
     assert_int_equal(ssd_index_begin(&x, a, 1024, &pa), 0);
     /* peek tells the writer that b would overtake a */
@@ -140,8 +157,8 @@ static void test_overtaken_writing(void **st)
     assert_int_equal(ssd_index_begin(&x, b, 2048, &pb), 0);
     /* a was pruned while WRITING: its commit fails, b's works */
     assert_int_equal(x.overtaken, 1);
-    assert_int_equal(ssd_index_commit(&x, &a->key, &pa), -ENOENT);
-    assert_int_equal(ssd_index_commit(&x, &b->key, &pb), 0);
+    assert_int_equal(ssd_index_commit(&x, SSDT_KEY(a), &pa), -ENOENT);
+    assert_int_equal(ssd_index_commit(&x, &bk, &pb), 0);
     ssd_index_destroy(&x);
     pf_block_put(a);
     pf_block_put(b);
@@ -165,7 +182,7 @@ static void test_round_robin_and_oversize(void **st)
     uint64_t start, tail;
     assert_int_equal(ssd_index_peek(&x, 5120, &sh, &start, &tail), -E2BIG);
     assert_int_equal(ssd_index_begin(&x, b[6], 5120, &p), -E2BIG);
-    assert_null(ssd_index_find(&x, &b[6]->key));
+    assert_null(ssd_index_find(&x, SSDT_KEY(b[6])));
     /* an oversize block does not consume a turn */
     assert_int_equal(ssd_index_peek(&x, 1024, &sh, &start, &tail), 0);
     assert_int_equal(sh, 0);
@@ -183,7 +200,7 @@ static void test_prefix(void **st)
     struct ssd_place p[6];
     for (uint32_t i = 0; i < 6; i++) {
         b[i] = mkblock(400 + i, 2, 512);
-        keys[i] = b[i]->key;
+        keys[i] = pf_block_key(b[i]);
         if (i != 4)
             assert_int_equal(ssd_index_begin(&x, b[i], disk_len(b[i]), &p[i]), 0);
         if (i != 2 && i != 4)

@@ -49,7 +49,7 @@ static void setup_store(struct setup *s, size_t n, uint64_t pool, const char *fa
     s->n = n;
     for (uint32_t i = 0; i < n; i++) {
         s->b[i] = blk(&s->t, 500 + i);
-        s->k[i] = s->b[i]->key;
+        s->k[i] = pf_block_key(s->b[i]);
     }
     ssdt_write(&s->t, s->b, n);
 }
@@ -233,7 +233,7 @@ static void test_overwritten_during_read(void **st)
         pf_metric_value_of("pegaflow_integrity_failures_total", (const char *[]){"ssd"}) - i0, 0);
     /* the survivors are served */
     struct pf_block *out[4];
-    struct pf_block_key rest[4] = {s.k[1], s.k[2], s.k[3], n->key};
+    struct pf_block_key rest[4] = {s.k[1], s.k[2], s.k[3], pf_block_key(n)};
     assert_int_equal(pf_ssd_fetch(s.t.ssd, rest, 4, false, out), 4);
     assert_true(ssdt_same(s.b[3], out[2]) && ssdt_same(n, out[3]));
     put_all(out, 4);

@@ -108,7 +108,7 @@ static void test_file_layout(void **st)
     for (uint32_t i = 0; i < 6; i++)
         assert_int_equal(t.ssd->idx.shards[i].ring.head, 2 * 8192);
     for (int i = 0; i < 12; i++) {
-        struct ssd_entry *e = ssd_index_find(&t.ssd->idx, &b[i]->key);
+        struct ssd_entry *e = ssd_index_find(&t.ssd->idx, SSDT_KEY(b[i]));
         assert_non_null(e);
         assert_int_equal(e->shard, i % 6);
         pf_block_put(b[i]);
@@ -124,11 +124,11 @@ static void test_restart_is_empty(void **st)
     ssdt_open(&t, &c);
     struct pf_block *b = ssdt_block(&t, 800, 2, 4096, 2, false);
     ssdt_write(&t, &b, 1);
-    assert_int_equal(pf_ssd_probe(t.ssd, &b->key, 1), 1);
+    assert_int_equal(pf_ssd_probe(t.ssd, SSDT_KEY(b), 1), 1);
     pf_ssd_destroy(t.ssd);
     /* the same file again: truncated, nothing indexed, nothing readable */
     ssdt_open(&t, &c);
-    assert_int_equal(pf_ssd_probe(t.ssd, &b->key, 1), 0);
+    assert_int_equal(pf_ssd_probe(t.ssd, SSDT_KEY(b), 1), 0);
     assert_int_equal(ssdt_stats(&t).committed, 0);
     char path[400];
     snprintf(path, sizeof(path), "%s/cache.dat", t.dir);

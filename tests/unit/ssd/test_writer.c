@@ -25,13 +25,13 @@ static void test_weak_refs(void **st)
     assert_int_equal(pf_ssd_offer(t.ssd, b, 2), 0);
     /* the writer holds block 1 (write in flight); block 2 waits as a weak reference */
     SSDT_WAIT(gate_submitted(t.gate, PF_BLK_WRITE) == 1);
-    struct pf_block_key k2 = b[1]->key;
+    struct pf_block_key k2 = pf_block_key(b[1]);
     pf_block_put(b[1]); /* evicted and freed while queued: its memory returns now */
     assert_int_equal(pf_pool_used(t.pool), one);
     gate_hold(t.gate, PF_BLK_WRITE, false);
     assert_int_equal(pf_ssd_flush(t.ssd, 10000), 0);
     assert_int_equal(ssdt_stats(&t).committed, 1);
-    assert_int_equal(pf_ssd_probe(t.ssd, &b[0]->key, 1), 1);
+    assert_int_equal(pf_ssd_probe(t.ssd, SSDT_KEY(b[0]), 1), 1);
     assert_int_equal(pf_ssd_probe(t.ssd, &k2, 1), 0);
     /* the writer's strong reference ended with the write */
     assert_int_equal(pf_block_strong(b[0]), 1);
@@ -70,7 +70,7 @@ static void test_queue_full_and_inflight(void **st)
     assert_int_equal(ssdt_metric("pegaflow_ssd_write_queue_pending"), 0);
     assert_int_equal(ssdt_metric("pegaflow_ssd_write_inflight"), 0);
     for (int i = 0; i < 8; i++) {
-        assert_int_equal(pf_ssd_probe(t.ssd, &b[i]->key, 1), i < 6);
+        assert_int_equal(pf_ssd_probe(t.ssd, SSDT_KEY(b[i]), 1), i < 6);
         pf_block_put(b[i]);
     }
     ssdt_fini(&t);
@@ -93,15 +93,13 @@ static void test_duplicates_and_oversize(void **st)
     assert_int_equal(ssdt_metric("pegaflow_ssd_write_bytes") - w0, 32768);
     assert_int_equal(ssdt_stats(&t).committed, 1);
     /* larger than the shard: dropped, the next one is written */
-    struct pf_block *big = ssdt_block(&t, 21, 4, 8192, 2, false); /* 64 KiB + */
-    big->slots[3].seg_stride = 16384;
+    struct pf_block *big = ssdt_block(&t, 21, 5, 8192, 2, false); /* 80 KiB */
     struct pf_block *b = blk(&t, 22);
     struct pf_block *two[2] = {big, b};
     ssdt_write(&t, two, 2);
-    assert_int_equal(pf_ssd_probe(t.ssd, &big->key, 1), 0);
-    assert_int_equal(pf_ssd_probe(t.ssd, &b->key, 1), 1);
+    assert_int_equal(pf_ssd_probe(t.ssd, SSDT_KEY(big), 1), 0);
+    assert_int_equal(pf_ssd_probe(t.ssd, SSDT_KEY(b), 1), 1);
     assert_int_equal(ssdt_stats(&t).committed, 2);
-    big->slots[3].seg_stride = 8192;
     pf_block_put(a);
     pf_block_put(a2);
     pf_block_put(big);
@@ -127,10 +125,10 @@ static void test_failed_writes(void **st)
     assert_int_equal(ssdt_stats(&t).committed, 3);
     assert_int_equal(ssdt_stats(&t).writing, 0);
     for (int i = 0; i < 5; i++)
-        assert_int_equal(pf_ssd_probe(t.ssd, &b[i]->key, 1), i != 1 && i != 3);
+        assert_int_equal(pf_ssd_probe(t.ssd, SSDT_KEY(b[i]), 1), i != 1 && i != 3);
     /* a failed block is written again when offered again */
     ssdt_write(&t, &b[1], 1);
-    assert_int_equal(pf_ssd_probe(t.ssd, &b[1]->key, 1), 1);
+    assert_int_equal(pf_ssd_probe(t.ssd, SSDT_KEY(b[1]), 1), 1);
     for (int i = 0; i < 5; i++)
         pf_block_put(b[i]);
     ssdt_fini(&t);
@@ -159,7 +157,7 @@ static void test_no_overtaking_in_flight(void **st)
     /* the last lap is intact and byte-exact */
     struct pf_block_key keys[4];
     for (int i = 0; i < 4; i++)
-        keys[i] = b[i]->key;
+        keys[i] = pf_block_key(b[i]);
     assert_int_equal(pf_ssd_probe(t.ssd, keys, 2), 0);
     struct pf_block *out[2];
     assert_int_equal(pf_ssd_fetch(t.ssd, keys + 2, 2, false, out), 2);
@@ -185,7 +183,7 @@ static void test_write_timeout(void **st)
     /* the write fails after its timeout; the entry goes */
     SSDT_WAIT(ssdt_metric("pegaflow_ssd_write_failures") - f0 == 1);
     assert_int_equal(pf_ssd_flush(t.ssd, 10000), 0);
-    assert_int_equal(pf_ssd_probe(t.ssd, &b->key, 1), 0);
+    assert_int_equal(pf_ssd_probe(t.ssd, SSDT_KEY(b), 1), 0);
     assert_int_equal(ssdt_stats(&t).writing, 0);
     /* the device still owns the block's memory: referenced until the completion */
     assert_int_equal(pf_block_strong(b), 2);
@@ -214,11 +212,11 @@ static void test_lost_write_stalls_no_shard_forever(void **st)
     for (int i = 0; i < N; i++) /* one at a time: each lands before the next is placed */
         ssdt_write(&t, &b[i], 1);
     assert_true(ssdt_metric("pegaflow_ssd_write_failures") - f0 >= 1);
-    assert_int_equal(pf_ssd_probe(t.ssd, &b[0]->key, 1), 0);
+    assert_int_equal(pf_ssd_probe(t.ssd, SSDT_KEY(b[0]), 1), 0);
     /* the newest block is on the disk and reads back byte-exact */
-    assert_int_equal(pf_ssd_probe(t.ssd, &b[N - 1]->key, 1), 1);
+    assert_int_equal(pf_ssd_probe(t.ssd, SSDT_KEY(b[N - 1]), 1), 1);
     struct pf_block *out[1];
-    assert_int_equal(pf_ssd_fetch(t.ssd, &b[N - 1]->key, 1, false, out), 1);
+    assert_int_equal(pf_ssd_fetch(t.ssd, SSDT_KEY(b[N - 1]), 1, false, out), 1);
     assert_true(ssdt_same(b[N - 1], out[0]));
     pf_block_put(out[0]);
     assert_true(ssdt_stats(&t).committed >= 2);
@@ -243,9 +241,9 @@ static void test_stop_is_bounded(void **st)
     pf_ssd_stop(t.ssd); /* gives up on the held writes after a grace; drops the queue */
     assert_int_equal(pf_ssd_flush(t.ssd, 1000), -ESHUTDOWN);
     assert_int_equal(pf_ssd_offer(t.ssd, b, 1), -ESHUTDOWN);
-    assert_int_equal(pf_ssd_probe(t.ssd, &b[0]->key, 1), 0);
+    assert_int_equal(pf_ssd_probe(t.ssd, SSDT_KEY(b[0]), 1), 0);
     struct pf_block *out[1];
-    assert_int_equal(pf_ssd_fetch(t.ssd, &b[0]->key, 1, false, out), 0);
+    assert_int_equal(pf_ssd_fetch(t.ssd, SSDT_KEY(b[0]), 1, false, out), 0);
     pf_ssd_stop(t.ssd); /* idempotent */
     for (int i = 0; i < 3; i++) {
         assert_int_equal(pf_block_strong(b[i]), 1); /* no reference left behind */
