@@ -399,9 +399,8 @@ int pf_block_pack(struct pf_block_packer *pk, const struct pf_block_key *key, ui
             if (seg < s->nseg) {
                 const void *p = seg ? s->v : s->k;
                 struct pf_alloc *a = seg ? s->va : s->ka;
-                r = (uint64_t)idx[(size_t)i * refs_per_slot(fmt) + seg] << refbits;
-                if (refbits >= 64)
-                    r = 0;
+                if (refbits < 64) /* 64: one allocation, the whole reference is offset */
+                    r = (uint64_t)idx[(size_t)i * refs_per_slot(fmt) + seg] << refbits;
                 r |= (uint64_t)((uintptr_t)p - (uintptr_t)a->ptr);
             }
             uint8_t *q = rp + ((size_t)i * refs_per_slot(fmt) + seg) * rs;
