@@ -143,6 +143,12 @@ static inline uint32_t pf_block_strong(const struct pf_block *b)
     return atomic_load_explicit(&((struct pf_block *)b)->strong, memory_order_acquire);
 }
 
+/* Weak references beyond the strong holders' implicit one: the SSD write queue's. */
+static inline uint32_t pf_block_weak(const struct pf_block *b)
+{
+    return atomic_load_explicit(&((struct pf_block *)b)->weak, memory_order_acquire);
+}
+
 /* Decodes slot i (i < nslots) into the wide form; ka/va name the allocations without a
  * reference (valid while the caller holds a strong reference). */
 void pf_block_slot(const struct pf_block *b, uint16_t i, struct pf_slot *s);
