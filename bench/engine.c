@@ -13,7 +13,9 @@
  *      carrying the same request bytes (target p50 <= 1.5x for 4096 hashes)
  *   4. server memory per resident block at 10^6 blocks (RSS delta / blocks), with one
  *      cross-layer slot and with 32 per-layer slots
- * Usage: engine [--json FILE] [--quick] [--runs N]. The server runs as a separate process
+ * Usage: engine [--json FILE] [--quick] [--runs N] [--meta]; --meta runs only 3 and 4 (no
+ * memcpy limits, no 1 GiB buffers: ~1.3 GiB of pool and 16 MiB of KV instead of ~6 GiB in
+ * all). The server runs as a separate process
  * ($PF_BIN/pegaflow-server, default build/rel/bin). */
 #include <dirent.h>
 #include <errno.h>
@@ -393,7 +395,7 @@ static void wait_resident(struct pf_client *c, const char *inst, uint64_t tag, u
 int main(int argc, char **argv)
 {
     const char *json = NULL;
-    int quick = 0, runs = 0;
+    int quick = 0, runs = 0, meta_only = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--json") == 0 && i + 1 < argc)
             json = argv[++i];
@@ -401,8 +403,10 @@ int main(int argc, char **argv)
             quick = 1;
         else if (strcmp(argv[i], "--runs") == 0 && i + 1 < argc)
             runs = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--meta") == 0)
+            meta_only = 1;
         else {
-            fprintf(stderr, "usage: engine [--quick] [--runs N] [--json FILE]\n");
+            fprintf(stderr, "usage: engine [--quick] [--runs N] [--json FILE] [--meta]\n");
             return 2;
         }
     }
@@ -422,11 +426,14 @@ int main(int argc, char **argv)
     if (js)
         fprintf(js, "{\n");
 
+    struct pf_simkv *src = NULL, *dst = NULL;
+    double memcpy_gbs = 0, xxh_gbs = 0, t0;
+    if (meta_only)
+        goto server;
     /* ---- machine limits ---- */
     uint8_t *a = aligned_alloc(4096, TOTAL), *b = aligned_alloc(4096, TOTAL);
     pft_fill(a, TOTAL, 1, 1);
-    memset(b, 0, TOTAL); /* both buffers faulted in before timing */
-    double memcpy_gbs = 0, t0;
+    memset(b, 0, TOTAL);          /* both buffers faulted in before timing */
     for (int r = 0; r < 3; r++) { /* best of 3: the machine's single-thread limit */
         t0 = now_s();
         memcpy(r % 2 ? a : b, r % 2 ? b : a, TOTAL);
@@ -437,13 +444,14 @@ int main(int argc, char **argv)
     t0 = now_s();
     volatile uint64_t sink = XXH3_64bits_dispatch(a, TOTAL); /* as the server's checksums */
     (void)sink;
-    double xxh_gbs = (double)TOTAL / (now_s() - t0) / 1e9;
+    xxh_gbs = (double)TOTAL / (now_s() - t0) / 1e9;
     free(a);
     free(b);
     printf("machine: memcpy %.2f GB/s (1 thread), xxh3 %.2f GB/s (%.2fx memcpy)\n", memcpy_gbs,
            xxh_gbs, xxh_gbs / memcpy_gbs);
 
     /* ---- server ---- */
+server:;
     char pool[32];
     snprintf(pool, sizeof(pool), "%llumb", (unsigned long long)(TOTAL * 5 / 4 >> 20));
     const char *args[] = {"--gpu-backend", "sim", "--pool-size", pool, "--log-level", "info", NULL};
@@ -453,7 +461,8 @@ int main(int argc, char **argv)
     struct pf_client *c;
     if (pf_client_connect(s.addr, &c))
         die("connect");
-    struct pf_simkv *src, *dst;
+    if (meta_only)
+        goto meta;
     if (pf_simkv_create(TOTAL, 0, &src) || pf_simkv_create(TOTAL, 0, &dst))
         die("simkv");
     pft_fill(pf_simkv_ptr(src), TOTAL, 2, 2);
@@ -596,6 +605,7 @@ int main(int argc, char **argv)
         fprintf(js, "  ],\n");
 
     /* ---- 10^6 resident blocks: memory per block, query latency ---- */
+meta:;
     const uint64_t mbs = 512;
     struct pf_simkv *small;
     if (pf_simkv_create(16384 * mbs, 0, &small))

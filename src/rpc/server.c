@@ -366,7 +366,7 @@ static void on_new_call(struct pf_rpc_call *c)
  * its many small pieces (a Save of 4,096 blocks x 32 layers has 131,072 hashes) neither
  * cost a malloc and a free each nor stay behind in the RPC thread's heap. Pieces past the
  * mapping fall back to malloc. */
-#define ARENA_MIN (1u << 20)
+#define ARENA_MIN (8u << 20)
 
 struct arena {
     char *base;
