@@ -2,8 +2,9 @@
  * The table stores nodes embedded in the caller's objects; key comparison is the caller's
  * (walk the chain with pf_htable_for_each_hash). Grows by doubling at load factor 1.
  * Not thread-safe: callers lock. Memory: 8 bytes per bucket + 16 bytes per node. A node keeps
- * the low 32 bits of the hash (chains compare those before the caller compares keys) and
- * leaves 4 bytes (`user`) to the embedding object, which the table never touches. */
+ * the low 32 bits of the hash (chains compare those before the caller compares keys; buckets
+ * are chosen from them, so a table stays below 2^32 buckets) and leaves 4 bytes (`user`) to
+ * the embedding object, which the table never touches. */
 #ifndef PF_HTABLE_H
 #define PF_HTABLE_H
 
