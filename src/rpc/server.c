@@ -21,7 +21,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <netdb.h>
@@ -361,59 +360,6 @@ static void on_new_call(struct pf_rpc_call *c)
         call_unref(c);
 }
 
-/* Decode arena: a request of ARENA_MIN decode-budget bytes or more decodes into one
- * anonymous mapping of its budget (bump allocation, unmapped whole after the handler), so
- * its many small pieces (a Save of 4,096 blocks x 32 layers has 131,072 hashes) neither
- * cost a malloc and a free each nor stay behind in the RPC thread's heap. Pieces past the
- * mapping fall back to malloc. */
-#define ARENA_MIN (8u << 20)
-
-struct arena {
-    char *base;
-    size_t cap, used;
-};
-
-static void *arena_alloc(void *ad, size_t n)
-{
-    struct arena *a = ad;
-    size_t r = (n + 15) & ~(size_t)15;
-    if (r >= n && a->cap - a->used >= r) {
-        void *p = a->base + a->used;
-        a->used += r;
-        return p;
-    }
-    return malloc(n);
-}
-
-static void arena_free(void *ad, void *p)
-{
-    struct arena *a = ad;
-    if ((char *)p >= a->base && (char *)p < a->base + a->cap)
-        return;
-    free(p);
-}
-
-/* Maps the arena for a request of budget cost; NULL (plain malloc) when small or unmappable. */
-static ProtobufCAllocator *arena_open(struct arena *a, ProtobufCAllocator *pa, uint64_t cost)
-{
-    if (cost < ARENA_MIN || cost > SIZE_MAX)
-        return NULL;
-    void *p = mmap(NULL, (size_t)cost, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED)
-        return NULL;
-    *a = (struct arena){.base = p, .cap = (size_t)cost};
-    *pa = (ProtobufCAllocator){.alloc = arena_alloc, .free = arena_free, .allocator_data = a};
-    return pa;
-}
-
-static void arena_close(struct arena *a)
-{
-    if (a->base)
-        munmap(a->base, a->cap);
-    a->base = NULL;
-}
-
 /* Returns a request's budget and network slot; gives freed heap back to the system
  * after a large request, so a burst of big decodes does not leave the RSS high. */
 static void req_done(struct pf_rpc_server *s, const struct pf_rpc_method *m, const char *host,
@@ -485,13 +431,13 @@ static void on_request(struct pf_rpc_call *c)
             pf_rpc_fail(c, PF_GRPC_INTERNAL, "handler failed");
         goto done_unary;
     }
-    struct arena ar = {0};
+    struct pf_rpc_arena ar = {0};
     ProtobufCAllocator pa;
-    ProtobufCAllocator *alloc = arena_open(&ar, &pa, cost);
+    ProtobufCAllocator *alloc = pf_rpc_arena_open(&ar, &pa, cost);
     ProtobufCMessage *req = protobuf_c_message_unpack(m->req_desc, alloc, len, data);
     grpc_slice_unref(sl);
     if (!req) {
-        arena_close(&ar);
+        pf_rpc_arena_close(&ar);
         pf_rpc_fail(c, PF_GRPC_INVALID_ARGUMENT, "malformed %s (protobuf decoding failed)",
                     m->req_desc->short_name);
         if (stream) {
@@ -504,7 +450,7 @@ static void on_request(struct pf_rpc_call *c)
     if (!stream) {
         int rc = m->unary(s->cfg.ctx, c, req);
         protobuf_c_message_free_unpacked(req, alloc);
-        arena_close(&ar);
+        pf_rpc_arena_close(&ar);
         if (rc == 0 && !c->send)
             pf_rpc_fail(c, PF_GRPC_INTERNAL, "handler produced no response");
         else if (rc != 0 && c->code == 0)
@@ -516,7 +462,7 @@ static void on_request(struct pf_rpc_call *c)
     atomic_store(&c->pstate, PS_OPENING);
     int rc = m->stream_open(s->cfg.ctx, c, req, &c->stream_ctx);
     protobuf_c_message_free_unpacked(req, alloc);
-    arena_close(&ar);
+    pf_rpc_arena_close(&ar);
     if (rc != 0) {
         if (c->code == 0)
             pf_rpc_fail(c, PF_GRPC_INTERNAL, "stream open failed");
