@@ -1,7 +1,8 @@
 /* RPC server limits: wire validation before decoding (NUL bytes, string and repeated caps),
  * the decode memory budget, the bounded class of network-waiting handlers (server-wide and
  * per caller) that can never occupy the threads other calls need, call expiry, and the undo
- * of a cancelled call (pf_rpc_call_on_cancel). */
+ * of a cancelled call (pf_rpc_call_on_cancel), and the decode arena of large requests
+ * (directly and through the server, every byte of a 3 MB request checked). */
 #include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -18,6 +19,7 @@
 #include "pf/clock.h"
 #include "pf/rpc.h"
 #include "pf/thread.h"
+#include "rpc/rpc_internal.h"
 #include "rpc/validate.h"
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -112,6 +114,38 @@ static int h_undo(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *m
     return respond_ok(call, "answer");
 }
 
+/* Layer name i of the large request: 1000 bytes from (seed, i). */
+static void big_name(char *s, uint32_t seed, size_t i)
+{
+    uint64_t x = seed * 0x9e3779b97f4a7c15ull + i * 0xbf58476d1ce4e5b9ull + 1;
+    for (size_t j = 0; j < 1000; j++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        s[j] = (char)('a' + x % 26);
+    }
+    s[1000] = 0;
+}
+
+static uint32_t big_seed;
+
+/* checks every name of a large RegisterContextRequest and answers "<n> ok" or the first bad
+ * index */
+static int h_names(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *m)
+{
+    const Pegaflow__RegisterContextRequest *r = (const void *)m;
+    char want[1001], msg[64];
+    size_t bad = SIZE_MAX;
+    for (size_t i = 0; i < r->n_layer_names && bad == SIZE_MAX; i++) {
+        big_name(want, big_seed, i);
+        if (strcmp(r->layer_names[i], want) != 0)
+            bad = i;
+    }
+    if (bad == SIZE_MAX)
+        snprintf(msg, sizeof(msg), "%zu ok", r->n_layer_names);
+    else
+        snprintf(msg, sizeof(msg), "bad at %zu", bad);
+    return respond_ok(call, msg);
+}
+
 static const struct pf_rpc_method methods[] = {
     {.path = "/pegaflow.Engine/UnregisterContext",
      .metric_name = "echo",
@@ -134,6 +168,10 @@ static const struct pf_rpc_method methods[] = {
      .metric_name = "register",
      .req_desc = &pegaflow__register_context_request__descriptor,
      .unary = h_echo},
+    {.path = "/pegaflow.Engine/Save",
+     .metric_name = "names",
+     .req_desc = &pegaflow__register_context_request__descriptor,
+     .unary = h_names},
 };
 
 struct srv {
@@ -340,6 +378,68 @@ static void test_memory_budget(void **state)
     stop(&v);
 }
 
+static void test_arena_direct(void **state)
+{
+    struct pf_rpc_arena a = {0};
+    ProtobufCAllocator pa;
+    assert_null(pf_rpc_arena_open(&a, &pa, PF_RPC_ARENA_MIN - 1)); /* small: plain malloc */
+    assert_null(a.base);
+    pf_rpc_arena_close(&a);
+    ProtobufCAllocator *al = pf_rpc_arena_open(&a, &pa, PF_RPC_ARENA_MIN);
+    assert_non_null(al);
+    enum { N = 120 };
+    void *p[N + 1];
+    for (int i = 0; i < N; i++) { /* 120 x 64 KiB: all but the last 512 KiB */
+        p[i] = al->alloc(al->allocator_data, (64u << 10) - 1);
+        assert_non_null(p[i]);
+        assert_true((char *)p[i] >= a.base && (char *)p[i] < a.base + a.cap);
+        assert_int_equal((uintptr_t)p[i] % 16, 0);
+        memset(p[i], i, (64u << 10) - 1);
+    }
+    p[N] = al->alloc(al->allocator_data, 1u << 20); /* past the mapping: malloc */
+    assert_non_null(p[N]);
+    assert_true((char *)p[N] < a.base || (char *)p[N] >= a.base + a.cap);
+    memset(p[N], 7, 1u << 20);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(((unsigned char *)p[i])[(64u << 10) - 2], i);
+    for (int i = 0; i <= N; i++)
+        al->free(al->allocator_data, p[i]);
+    pf_rpc_arena_close(&a);
+    assert_null(a.base);
+}
+
+static void test_large_request_decodes(void **state)
+{
+    struct srv v;
+    start(&v, 2, 0, 0);
+    big_seed = (uint32_t)pf_now_ns();
+    printf("seed %u\n", big_seed);
+    Pegaflow__RegisterContextRequest r = PEGAFLOW__REGISTER_CONTEXT_REQUEST__INIT;
+    size_t n = 3000; /* ~3 MB: x4 decode budget is past PF_RPC_ARENA_MIN */
+    char **names = calloc(n, sizeof(*names));
+    for (size_t i = 0; i < n; i++) {
+        names[i] = malloc(1001);
+        big_name(names[i], big_seed, i);
+    }
+    r.layer_names = names;
+    r.n_layer_names = n;
+    for (int rep = 0; rep < 3; rep++) { /* the arena is unmapped and mapped anew each time */
+        ProtobufCMessage *resp = NULL;
+        struct pf_rpc_status st;
+        int rc = pf_rpc_unary(v.ch, "/pegaflow.Engine/Save", &r.base,
+                              &pegaflow__unregister_response__descriptor, 20000, &resp, &st);
+        assert_int_equal(rc, 0);
+        const Pegaflow__UnregisterResponse *u = (const void *)resp;
+        assert_non_null(u->status);
+        assert_string_equal(u->status->message, "3000 ok");
+        protobuf_c_message_free_unpacked(resp, NULL);
+    }
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+    stop(&v);
+}
+
 static void test_expired_call(void **state)
 {
     struct srv v;
@@ -451,6 +551,8 @@ int main(void)
         cmocka_unit_test(test_validate_direct),
         cmocka_unit_test(test_nul_and_long_strings),
         cmocka_unit_test(test_memory_budget),
+        cmocka_unit_test(test_arena_direct),
+        cmocka_unit_test(test_large_request_decodes),
         cmocka_unit_test(test_expired_call),
         cmocka_unit_test(test_undo_on_cancel),
         cmocka_unit_test(test_network_bound_per_caller),
