@@ -411,8 +411,8 @@ static void test_arena_direct(void **state)
 static void test_large_request_decodes(void **state)
 {
     struct srv v;
+    big_seed = (uint32_t)pf_now_ns(); /* before the RPC threads start: they read it */
     start(&v, 2, 0, 0);
-    big_seed = (uint32_t)pf_now_ns();
     printf("seed %u\n", big_seed);
     Pegaflow__RegisterContextRequest r = PEGAFLOW__REGISTER_CONTEXT_REQUEST__INIT;
     size_t n = 3000; /* ~3 MB: x4 decode budget is past PF_RPC_ARENA_MIN */
