@@ -23,12 +23,17 @@ uint8_t *pf_wire_encode_query(const char *instance_id, const char *req_id, const
         return NULL;
     if (li)
         p = pf_wire_put_len_field(p, 1, instance_id, li);
-    if (!hash_lens && hash_len < 0x80) {
-        /* one length for all: key and length are the same two bytes before every hash */
+    if (!hash_lens && (hash_len == 32 || hash_len == 16)) {
+        /* vLLM's hash sizes: key and length are the same two bytes before every hash, and
+         * a copy of constant size is two vector moves (a variable-size copy of 32 bytes
+         * was compiled to `rep movsq`, ~40 ns each on this CPU) */
         for (size_t i = 0; i < n; i++) {
             *p++ = 2 << 3 | 2;
             *p++ = (uint8_t)hash_len;
-            memcpy(p, hashes + i * hash_len, hash_len);
+            if (hash_len == 32)
+                memcpy(p, hashes + i * 32, 32);
+            else
+                memcpy(p, hashes + i * 16, 16);
             p += hash_len;
         }
     } else {
