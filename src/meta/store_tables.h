@@ -4,7 +4,7 @@
  *     per size up to ARENA_MAX_UNITS; it grows by mapping a larger region and copying, so
  *     offsets stay valid across growth but pointers into it do not survive an allocation;
  *     never shrinks (freed entries are reused); not thread-safe (under the shard's mutex);
- *   - regions: zeroed tables that are mapped (not malloc'ed) from 16 KiB up, so a table
+ *   - regions: zeroed tables that are mapped (not malloc'ed) from 4 KiB up, so a table
  *     freed on resize goes back to the system instead of fragmenting the heap;
  *   - an id table: id -> object array with a free-id stack and an open-addressing index of
  *     ids by the objects' hashes (hash function given per call); not thread-safe (under
