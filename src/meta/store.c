@@ -155,6 +155,8 @@ int meta_store_shard_resize(struct shard *s, uint32_t nslots)
     meta_region_free(s->ix, (size_t)s->n * sizeof(*s->ix));
     s->ix = ns;
     s->n = nslots;
+    atomic_store_explicit(&s->ix_hint, ns, memory_order_relaxed);
+    atomic_store_explicit(&s->n_hint, nslots, memory_order_relaxed);
     return 0;
 }
 

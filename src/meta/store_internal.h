@@ -108,7 +108,18 @@ struct shard {
     size_t owners;    /* owner entries */
     size_t big_bytes; /* struct big allocations */
     struct arena arena;
+    /* ix and n for prefetching without the mutex (may be stale: a prefetch never faults) */
+    _Atomic(uint32_t *) ix_hint;
+    _Atomic uint32_t n_hint;
 } __attribute__((aligned(64)));
+
+/* Starts loading the index slot where hash h's probe begins; no lock needed. */
+static inline void shard_prefetch(struct shard *s, uint64_t h)
+{
+    uint32_t *ix = atomic_load_explicit(&s->ix_hint, memory_order_relaxed);
+    uint32_t n = atomic_load_explicit(&s->n_hint, memory_order_relaxed);
+    __builtin_prefetch(ix + home_of(h, n));
+}
 
 static inline void entry_view(const struct shard *s, uint32_t off, struct eview *v)
 {

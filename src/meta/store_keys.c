@@ -210,9 +210,15 @@ int pf_meta_store_query_prefix(struct pf_meta_store *st, const char *ns,
     pthread_rwlock_rdlock(&st->reg);
     uint64_t now = now_ns(st);
     struct mns *nsp = meta_store_ns_find(st, ns, nslen);
+    /* the next hash's index slot loads while this one is looked up */
+    uint64_t kh_next = nsp ? key_hash(nsp->id, h[0].data, h[0].len) : 0;
     for (size_t i = 0; nsp && i < n; i++) {
-        uint64_t kh = key_hash(nsp->id, h[i].data, h[i].len);
+        uint64_t kh = kh_next;
         struct shard *s = shard_of(st, kh);
+        if (i + 1 < n) {
+            kh_next = key_hash(nsp->id, h[i + 1].data, h[i + 1].len);
+            shard_prefetch(shard_of(st, kh_next), kh_next);
+        }
         bool any = false;
         size_t alive = 0;
         pthread_mutex_lock(&s->mu);
