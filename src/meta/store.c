@@ -143,6 +143,8 @@ int meta_store_shard_resize(struct shard *s, uint32_t nslots)
     if (!ns)
         return -ENOMEM;
     for (size_t i = 0; s->ix && i < s->n; i++) {
+        if (i + 8 < s->n && s->ix[i + 8])
+            __builtin_prefetch(meta_arena_at(&s->arena, s->ix[i + 8] & OFF_MASK));
         uint32_t v = s->ix[i];
         if (!v)
             continue;

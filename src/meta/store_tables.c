@@ -37,7 +37,7 @@ static int arena_grow(struct arena *a, uint32_t need)
 {
     if (need > ARENA_LIMIT_UNITS)
         return -ENOMEM;
-    uint64_t ncap = a->cap ? (uint64_t)a->cap + a->cap / 2 : (REGION_MIN / ARENA_UNIT);
+    uint64_t ncap = a->cap ? (uint64_t)a->cap * 2 : (REGION_MIN / ARENA_UNIT);
     if (ncap < need)
         ncap = need;
     ncap = (ncap + PAGE_BYTES / ARENA_UNIT - 1) & ~(uint64_t)(PAGE_BYTES / ARENA_UNIT - 1);

@@ -2,7 +2,7 @@
  *   - an arena: one private anonymous mapping per shard holding the shard's entries,
  *     addressed by offsets in 4-byte units (u32; 0 is never handed out), with a free list
  *     per size up to ARENA_MAX_UNITS; it grows by mapping a larger region and copying, so
- *     offsets stay valid across growth but pointers into it do not survive an allocation;
+ *     offsets stay valid across growth (2x) but pointers into it do not survive an allocation;
  *     never shrinks (freed entries are reused); not thread-safe (under the shard's mutex);
  *   - regions: zeroed tables that are mapped (not malloc'ed) from 4 KiB up, so a table
  *     freed on resize goes back to the system instead of fragmenting the heap;
