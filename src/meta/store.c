@@ -10,7 +10,7 @@
  *     entries and a linear-probing index of 4-byte slots: the entry's arena offset (26 bits,
  *     in 4-byte units) with 6 more hash bits on top, so a probe dereferences an entry only
  *     on a 1/64 false match. Any slot count works (home = multiply-shift of 32 hash bits);
- *     the index grows by 1.25x at 0.8 load, so it costs 5-6.3 bytes a key. Nothing stores
+ *     the index grows by 1.5x at 0.8 load, so it costs 5-7.5 bytes a key. Nothing stores
  *     the key's hash: resizing and deletion (backward shift, no tombstones) recompute it.
  *   - A small entry (hash <= 127 bytes, <= 16 owner slots) is {u32 header: namespace id
  *     (22 bits), hash length (7 bits), log2 owner capacity (3 bits); hash bytes padded to 4;

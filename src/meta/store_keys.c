@@ -77,7 +77,7 @@ int pf_meta_store_insert(struct pf_meta_store *st, const char *ns, const struct 
         ptrdiff_t at = meta_store_shard_find(s, kh, nsp->id, key, len, &empty);
         if (at < 0) {
             if ((s->count + 1) * 5 > (size_t)s->n * 4) {
-                uint32_t grown = s->n + (s->n / 4 > 16 ? s->n / 4 : 16);
+                uint32_t grown = s->n + (s->n / 2 > 16 ? s->n / 2 : 16);
                 if (meta_store_shard_resize(s, grown) == 0)
                     meta_store_shard_find(s, kh, nsp->id, key, len, &empty);
                 else if (s->count + 1 >= s->n) {
