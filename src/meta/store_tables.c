@@ -10,8 +10,9 @@
 
 /* ------------------------------------------------------------------ regions */
 
-#define REGION_MIN (4u << 10) /* smaller tables come from calloc */
-#define PAGE_BYTES 4096u
+#define REGION_MIN  (256u << 10) /* smaller tables come from calloc */
+#define ARENA_FIRST (64u << 10)  /* first mapping (virtual: pages count once touched) */
+#define PAGE_BYTES  4096u
 
 void *meta_region_alloc(size_t bytes)
 {
@@ -37,7 +38,7 @@ static int arena_grow(struct arena *a, uint32_t need)
 {
     if (need > ARENA_LIMIT_UNITS)
         return -ENOMEM;
-    uint64_t ncap = a->cap ? (uint64_t)a->cap * 2 : (REGION_MIN / ARENA_UNIT);
+    uint64_t ncap = a->cap ? (uint64_t)a->cap * 2 : (ARENA_FIRST / ARENA_UNIT);
     if (ncap < need)
         ncap = need;
     ncap = (ncap + PAGE_BYTES / ARENA_UNIT - 1) & ~(uint64_t)(PAGE_BYTES / ARENA_UNIT - 1);

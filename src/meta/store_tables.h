@@ -4,8 +4,9 @@
  *     per size up to ARENA_MAX_UNITS; it grows by mapping a larger region and copying, so
  *     offsets stay valid across growth (2x) but pointers into it do not survive an allocation;
  *     never shrinks (freed entries are reused); not thread-safe (under the shard's mutex);
- *   - regions: zeroed tables that are mapped (not malloc'ed) from 4 KiB up, so a table
- *     freed on resize goes back to the system instead of fragmenting the heap;
+ *   - regions: zeroed tables, mapped (not malloc'ed) from 256 KiB up, so a large table
+ *     freed on resize goes back to the system; smaller ones come from calloc (a mapping
+ *     each would cost a page fault per page and a TLB shootdown per resize);
  *   - an id table: id -> object array with a free-id stack and an open-addressing index of
  *     ids by the objects' hashes (hash function given per call); not thread-safe (under
  *     the registry lock). */
