@@ -15,6 +15,7 @@
  *      cross-layer slot and with 32 per-layer slots
  * Usage: engine [--json FILE] [--quick] [--runs N]. The server runs as a separate process
  * ($PF_BIN/pegaflow-server, default build/rel/bin). */
+#include <dirent.h>
 #include <errno.h>
 #include <stdbool.h>
 #include <immintrin.h>
@@ -68,6 +69,80 @@ static long rss_kb(pid_t pid)
     if (f)
         fclose(f);
     return v;
+}
+
+/* CPU time of the server's threads (ns, from /proc/PID/task/TID/schedstat), summed by thread
+ * name (numbered threads of one kind, "rpc-3", count as "rpc"); for PF_BENCH_VERBOSE's split
+ * of where a save's CPU goes, which a busy machine distorts far less than wall time. */
+#define CPU_KINDS 24
+struct cpu_split {
+    size_t n;
+    char name[CPU_KINDS][20];
+    uint64_t ns[CPU_KINDS];
+};
+
+static void server_cpu(pid_t pid, struct cpu_split *c)
+{
+    char dir[64], path[384], comm[32];
+    memset(c, 0, sizeof(*c));
+    snprintf(dir, sizeof(dir), "/proc/%d/task", (int)pid);
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        if (de->d_name[0] == '.')
+            continue;
+        unsigned long long ns = 0;
+        snprintf(path, sizeof(path), "%s/%s/schedstat", dir, de->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        int ok = fscanf(f, "%llu", &ns) == 1;
+        fclose(f);
+        snprintf(path, sizeof(path), "%s/%s/comm", dir, de->d_name);
+        f = fopen(path, "r");
+        if (!f || !ok || !fgets(comm, sizeof(comm), f)) {
+            if (f)
+                fclose(f);
+            continue;
+        }
+        fclose(f);
+        comm[strcspn(comm, "\n")] = 0;
+        size_t l = strlen(comm);
+        while (l > 0 && ((comm[l - 1] >= '0' && comm[l - 1] <= '9') || comm[l - 1] == '-'))
+            comm[--l] = 0;
+        size_t k = 0;
+        while (k < c->n && strcmp(c->name[k], comm) != 0)
+            k++;
+        if (k == c->n) {
+            if (c->n == CPU_KINDS)
+                continue;
+            snprintf(c->name[c->n++], sizeof(c->name[0]), "%s", comm);
+        }
+        c->ns[k] += ns;
+    }
+    if (d)
+        closedir(d);
+}
+
+/* Prints after - before per thread kind (kinds above 1 ms). */
+static void print_cpu(const struct cpu_split *before, const struct cpu_split *after)
+{
+    uint64_t total = 0;
+    char line[512];
+    size_t o = 0;
+    for (size_t k = 0; k < after->n; k++) {
+        uint64_t b = 0;
+        for (size_t j = 0; j < before->n; j++)
+            if (strcmp(before->name[j], after->name[k]) == 0)
+                b = before->ns[j];
+        uint64_t d = after->ns[k] - b;
+        total += d;
+        if (d >= 1000000 && o < sizeof(line) - 40)
+            o += (size_t)snprintf(line + o, sizeof(line) - o, " %s %.1f", after->name[k],
+                                  (double)d / 1e6);
+    }
+    line[o] = 0;
+    fprintf(stderr, "    server CPU %.1f ms:%s\n", (double)total / 1e6, line);
 }
 
 /* ---- baseline copies: the same bytes, single thread, the same memory kinds ---- */
@@ -429,13 +504,20 @@ int main(int argc, char **argv)
             }
             /* save: from the first Save call until the last block is queryable (sealed with
              * its checksum: the insert thread seals in order) */
+            struct cpu_split c0, c1;
+            bool verbose = getenv("PF_BENCH_VERBOSE") != NULL;
+            if (verbose)
+                server_cpu(s.pid, &c0);
             double t = now_s();
             double trpc = save_range(c, src_id, tag, 0, nb, nb < 4096 ? nb : 4096, nb);
             wait_resident(c, src_id, tag, 0, nb);
             double ts = now_s() - t;
-            if (getenv("PF_BENCH_VERBOSE"))
+            if (verbose) {
+                server_cpu(s.pid, &c1);
                 fprintf(stderr, "  %lluKiB run %d: Save RPCs %.1f ms, until queryable %.1f ms\n",
                         (unsigned long long)(bs >> 10), r, trpc * 1e3, ts * 1e3);
+                print_cpu(&c0, &c1);
+            }
             uint8_t lease[16];
             if (query_n(c, dst_id, tag, 0, nb, lease, NULL) != nb)
                 die("query after save");
@@ -451,6 +533,12 @@ int main(int argc, char **argv)
                 die("load state");
             double tl = now_s() - t;
             pf_loadstate_destroy(ls);
+            if (verbose) {
+                server_cpu(s.pid, &c0);
+                fprintf(stderr, "  %lluKiB run %d: load %.1f ms\n", (unsigned long long)(bs >> 10),
+                        r, tl * 1e3);
+                print_cpu(&c1, &c0);
+            }
             /* every repeat checks every byte the save and the load moved */
             if (memcmp(pf_simkv_ptr(src), pf_simkv_ptr(dst), TOTAL) != 0)
                 die("loaded bytes differ");

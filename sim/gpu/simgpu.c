@@ -9,7 +9,8 @@
  * Streams own an engine thread each; copy_batch validates every descriptor against the
  * mapping table (device side) and the host registrations (host side) before anything is
  * queued, so a violation is -EFAULT and never a stray write. Mappings are refcounted: a
- * copy in flight keeps its mapping alive even if ipc_close runs concurrently.
+ * copy in flight keeps its mapping alive even if ipc_close runs concurrently. Consecutive
+ * descriptors adjacent on both sides are copied as one (up to MERGE_MAX bytes).
  * An optional per-device bandwidth cap (bytes/s) models a PCIe link shared by the
  * device's streams. */
 #include <errno.h>
@@ -70,6 +71,11 @@ struct simgpu {
     uint32_t next_id;
     struct simreg *regs;
 };
+
+/* Descriptors adjacent on both sides (consecutive blocks of one layer into one allocation)
+ * merge into one copy while it stays below this: a block-sized memcpy loop runs well below
+ * one large memcpy (glibc uses non-temporal stores only for large calls). */
+#define MERGE_MAX (64ull << 20)
 
 struct copy_op {
     struct simmap *map;
@@ -434,8 +440,15 @@ static int s_copy(struct pf_gpu_stream *sp, enum pf_copy_dir dir, enum pf_copy_m
             rc = -EFAULT;
             break;
         }
+        char *dev = (char *)m->host + off;
+        struct copy_op *prev = b->n ? &b->ops[b->n - 1] : NULL;
+        if (prev && prev->map == m && (char *)prev->dev + prev->len == dev &&
+            (char *)prev->host + prev->len == (char *)d[i].host && prev->len <= MERGE_MAX) {
+            prev->len += d[i].len; /* adjacent on both sides: one larger copy */
+            continue;
+        }
         atomic_fetch_add(&m->refs, 1);
-        b->ops[b->n++] = (struct copy_op){m, (char *)m->host + off, d[i].host, d[i].len};
+        b->ops[b->n++] = (struct copy_op){m, dev, d[i].host, d[i].len};
     }
     pthread_rwlock_unlock(&s->lock);
     if (rc) {

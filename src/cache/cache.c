@@ -235,30 +235,41 @@ out:
     return rc;
 }
 
-size_t pf_cache_evict(struct pf_cache *c, size_t max, struct pf_block **out, size_t *skipped_p)
+static size_t evict(struct pf_cache *c, size_t max, struct pf_block **out, size_t *skipped_p,
+                    bool spare_queued)
 {
     size_t n = 0, skipped = 0;
     pthread_mutex_lock(&c->mu);
     static const int order[2] = {PF_CLASS_RECLAIMABLE, PF_CLASS_RETAINED};
     for (int oi = 0; oi < 2 && n < max; oi++) {
         struct pf_list *l = &c->cls[order[oi]];
-        /* examine each block of this class at most once */
+        /* examine each block of this class at most once, from the old end; blocks moved to
+         * the recent end are reached again last */
         uint64_t budget = c->nblocks[order[oi]];
-        while (n < max && budget-- > 0 && !pf_list_empty(l)) {
-            struct pf_block *b = pf_list_last(l, struct pf_block, lru);
+        struct pf_list *pos = l->prev;
+        while (n < max && budget-- > 0 && pos != l) {
+            struct pf_block *b = pf_list_entry(pos, struct pf_block, lru);
+            struct pf_list *prev = pos->prev;
             if (b->accessed) {
                 b->accessed = 0; /* recently hit: second chance */
                 pf_list_move(l, &b->lru);
                 budget++; /* examined again after its mark is gone */
+                pos = prev == l ? l->prev : prev;
                 continue;
             }
             if (pf_block_strong(b) > 1) {
                 pf_list_move(l, &b->lru); /* referenced: keep it, look further */
                 skipped++;
+                pos = prev == l ? l->prev : prev;
+                continue;
+            }
+            if (spare_queued && pf_block_weak(b) > 1) {
+                pos = prev; /* waits for its SSD write: passed over, keeps its place */
                 continue;
             }
             unlink_block(c, b);
             out[n++] = b;
+            pos = prev;
         }
     }
     if (n)
@@ -267,6 +278,17 @@ size_t pf_cache_evict(struct pf_cache *c, size_t max, struct pf_block **out, siz
     if (skipped_p)
         *skipped_p = skipped;
     return n;
+}
+
+size_t pf_cache_evict(struct pf_cache *c, size_t max, struct pf_block **out, size_t *skipped_p)
+{
+    return evict(c, max, out, skipped_p, false);
+}
+
+size_t pf_cache_evict_sparing(struct pf_cache *c, size_t max, struct pf_block **out,
+                              size_t *skipped_p)
+{
+    return evict(c, max, out, skipped_p, true);
 }
 
 size_t pf_cache_remove_all(struct pf_cache *c, struct pf_block ***out_p)

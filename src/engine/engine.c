@@ -38,6 +38,9 @@ static void init_metrics(struct pf_engine *e)
     e->m_evict_still_ref = pf_metric_counter(
         "pegaflow_cache_block_evictions_still_referenced",
         "Blocks removed by a memory cleanup while still referenced elsewhere", NULL);
+    e->m_evict_queued = pf_metric_counter(
+        "pegaflow_cache_block_evictions_ssd_queued",
+        "Blocks evicted under pressure while still queued for their SSD write", NULL);
     e->m_reclaimed = pf_metric_counter("pegaflow_cache_eviction_reclaimed_bytes",
                                        "Pinned bytes returned to the pool by evictions", NULL);
     e->m_residence = pf_metric_histogram("pegaflow_cache_residence_duration_seconds",
@@ -144,7 +147,13 @@ int pf_engine_alloc(struct pf_engine *e, uint64_t size, int numa, struct pf_allo
             if (rc != -ENOMEM)
                 break;
             size_t skipped = 0;
-            size_t n = pf_cache_evict(e->cache, PF_ARRAY_SIZE(batch), batch, &skipped);
+            /* blocks still queued for their SSD write go last: evicting one drops its write
+             * (the writer finds it freed), so only when nothing else is left */
+            size_t n = pf_cache_evict_sparing(e->cache, PF_ARRAY_SIZE(batch), batch, &skipped);
+            if (n == 0) {
+                n = pf_cache_evict(e->cache, PF_ARRAY_SIZE(batch), batch, &skipped);
+                pf_metric_add(e->m_evict_queued, (double)n);
+            }
             if (n == 0)
                 break;
             total += n;

@@ -251,8 +251,8 @@ struct pf_engine {
 
     /* metrics */
     struct pf_metric *m_alloc_fail, *m_inflight_bytes, *m_inflight_gc, *m_hits, *m_misses, *m_tier,
-        *m_evictions, *m_evict_class, *m_evict_still_ref, *m_reclaimed, *m_residence, *m_save_bytes,
-        *m_load_bytes, *m_save_dur, *m_load_dur, *m_load_fail;
+        *m_evictions, *m_evict_class, *m_evict_still_ref, *m_evict_queued, *m_reclaimed,
+        *m_residence, *m_save_bytes, *m_load_bytes, *m_save_dur, *m_load_dur, *m_load_fail;
 };
 
 /* instance.c */

@@ -11,6 +11,8 @@
  *              other blocks load byte-exact, the server keeps serving
  *   queuefull  a write that never completes stalls the writer: further sealed batches
  *              are dropped and counted in pegaflow_ssd_write_queue_full_total
+ *   spare      pressure eviction takes blocks already on SSD before blocks still queued
+ *              for their write; with only queued blocks left it evicts them, counted
  *   restart    a restarted server starts with an empty SSD cache
  * Usage: ssd_e2e <dir> [scenario...]. Seed: PF_TEST_SEED. No timing assertions: every
  * wait polls a condition with a deadline. */
@@ -377,6 +379,79 @@ static void sc_queuefull(void)
             qf);
 }
 
+/* ---- spare ---- */
+
+/* Pressure eviction takes blocks already on SSD before blocks still queued for their write.
+ * The writer is stalled for good (one write in flight that never completes) right after
+ * chunk 1 is on SSD; chunk 2 is saved and waits in the queue; chunk 1 is hit (second chance,
+ * so plain LRU would take chunk 2 first); saving chunk 3 must evict chunk 1, leaving every
+ * block of chunk 2 resident. Chunk 4 then finds only queued blocks: those are evicted (the
+ * reference's behaviour), counted, and the save succeeds. */
+static void sc_spare(void)
+{
+    char path[512];
+    path_of(path, sizeof(path), "spare.dat");
+    const uint64_t seg = 8192, blk = blk_bytes(KV_SPLIT, 1, 2, seg);
+    const size_t n = 192; /* 6 MiB a chunk in a 16 MiB pool */
+    char fault[96];
+    snprintf(fault, sizeof(fault), "seed=9;blk.write:nth=%zu,times=1,drop=1", n + 1);
+    const char *extra[] = {
+        "--enable-debug", "--fault-spec", fault, "--ssd-write-inflight", "1", NULL};
+    struct pft_proc s;
+    start(&s, "16mb", path, "64mb", extra);
+    struct pf_client *c;
+    PFT_CHECK(pf_client_connect(s.addr, &c) == 0, "connect");
+    struct world A, B;
+    world_init(&A, "sp-A", "ns-sp", 1, 2, KV_SPLIT, 4 * n, seg, true);
+    world_init(&B, "sp-B", "ns-sp", 1, 2, KV_SPLIT, n, seg, false);
+    world_register(c, &A);
+    world_register(c, &B);
+    world_save_ok(c, &A, 0, 0, n);
+    wait_sealed(c, A.id, 0, n);
+    wait_written(&s, 0, 0, blk, n);
+    world_save_ok(c, &A, n, (uint32_t)n, n);
+    wait_sealed(c, A.id, n, n);
+    uint64_t dl = pft_now_ms() + TMO;
+    while (metric(&s, "pegaflow_ssd_write_inflight") < 1 ||
+           metric(&s, "pegaflow_ssd_write_queue_pending") < (double)(n - 1))
+        PFT_CHECK(pft_now_ms() < dl, "chunk 2 not queued behind the stalled write");
+    PFT_CHECK(metric(&s, WBYTES) == (double)(n * blk), "chunk 2 reached the SSD");
+    struct pf_query_result res; /* hit chunk 1: its blocks get a second chance */
+    PFT_CHECK(query(c, A.id, "sp-hit", 0, n, &res) == 0 && res.num_hit_blocks == n,
+              "chunk 1 hits %u", res.num_hit_blocks);
+    pf_client_release(c, res.lease, res.lease_len, TMO);
+    double ev0 = metric(&s, "pegaflow_cache_block_evictions_total");
+    world_save_ok(c, &A, 2 * n, (uint32_t)(2 * n), n);
+    wait_sealed(c, A.id, 2 * n, n);
+    double ev = metric(&s, "pegaflow_cache_block_evictions_total") - ev0;
+    PFT_CHECK(ev >= (double)n, "chunk 3 evicted only %.0f block(s)", ev);
+    PFT_CHECK(metric(&s, "pegaflow_cache_block_evictions_ssd_queued_total") == 0,
+              "blocks queued for SSD were evicted while chunk 1 (on SSD) was evictable");
+    PFT_CHECK(query(c, B.id, "sp-2", n, n, &res) == 0 && !res.loading && res.num_hit_blocks == n,
+              "chunk 2 after the pressure: %u of %zu resident (loading=%d)", res.num_hit_blocks, n,
+              res.loading);
+    world_load_ok(c, &B, res.lease, n, 0);
+    compare(&A, (uint32_t)n, &B, 0, n);
+    /* only queued blocks are left to evict: they go, counted, and the save succeeds */
+    world_save_ok(c, &A, 3 * n, (uint32_t)(3 * n), n);
+    wait_sealed(c, A.id, 3 * n, n);
+    double q = metric(&s, "pegaflow_cache_block_evictions_ssd_queued_total");
+    PFT_CHECK(q >= 1, "chunk 4 fitted without evicting a queued block");
+    PFT_CHECK(query(c, B.id, "sp-4", 3 * n, n, &res) == 0 && res.num_hit_blocks == n,
+              "chunk 4 hits %u", res.num_hit_blocks);
+    world_load_ok(c, &B, res.lease, n, 0);
+    compare(&A, (uint32_t)(3 * n), &B, 0, n);
+    PFT_CHECK(pf_client_health(c, TMO) == 0, "health");
+    pf_client_close(c);
+    world_free(&A);
+    world_free(&B);
+    PFT_CHECK(pft_stop(&s, SIGTERM, 20000) == 0, "server exit code");
+    fprintf(stderr,
+            "  spare: queued chunk kept resident under pressure (%.0f evictions took the chunk "
+            "on SSD); with nothing else left, %.0f queued block(s) evicted and counted\n",
+            ev, q);
+}
+
 /* ---- restart ---- */
 
 static void sc_restart(void)
@@ -430,10 +505,8 @@ int main(int argc, char **argv)
     seed = world_seed = pft_seed();
     world_hash_base = 5000000;
     world_tmo = TMO;
-    static const struct pft_scenario sc[] = {{"spill", sc_spill},
-                                             {"wrap", sc_wrap},
-                                             {"faults", sc_faults},
-                                             {"queuefull", sc_queuefull},
-                                             {"restart", sc_restart}};
+    static const struct pft_scenario sc[] = {{"spill", sc_spill},   {"wrap", sc_wrap},
+                                             {"faults", sc_faults}, {"queuefull", sc_queuefull},
+                                             {"spare", sc_spare},   {"restart", sc_restart}};
     return pft_run_scenarios(sc, PF_ARRAY_SIZE(sc), argv + 2, argc - 2);
 }

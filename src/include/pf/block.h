@@ -92,6 +92,12 @@ static inline uint32_t pf_block_strong(const struct pf_block *b)
     return atomic_load_explicit(&((struct pf_block *)b)->strong, memory_order_acquire);
 }
 
+/* Weak references beyond the strong holders' implicit one: the SSD write queue's. */
+static inline uint32_t pf_block_weak(const struct pf_block *b)
+{
+    return atomic_load_explicit(&((struct pf_block *)b)->weak, memory_order_acquire);
+}
+
 /* Computes the slot checksums (xxh3 of each slot's data bytes). */
 void pf_block_checksum(struct pf_block *b);
 /* Verifies slot i against `expected`; false on mismatch. */

@@ -56,6 +56,12 @@ int pf_cache_insert(struct pf_cache *c, struct pf_block *b, enum pf_block_class 
  * blocks are stored in out with the cache's reference transferred to the caller. Returns
  * how many; *skipped_p (may be NULL) counts referenced blocks passed over. */
 size_t pf_cache_evict(struct pf_cache *c, size_t max, struct pf_block **out, size_t *skipped_p);
+/* As pf_cache_evict, but also passes over blocks still queued for their SSD write (a weak
+ * reference beyond the implicit one), leaving them in place: the allocator asks this first so
+ * that a burst of saves evicts blocks already on SSD, or not bound for it, before it drops
+ * writes still waiting in the queue. */
+size_t pf_cache_evict_sparing(struct pf_cache *c, size_t max, struct pf_block **out,
+                              size_t *skipped_p);
 /* Removes every resident block regardless of references; *out_p is a malloc'ed array the
  * caller frees after putting each block. Returns the count (0 and *out_p NULL if empty). */
 size_t pf_cache_remove_all(struct pf_cache *c, struct pf_block ***out_p);

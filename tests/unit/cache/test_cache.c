@@ -116,6 +116,55 @@ static void test_eviction_order(void **st)
     pf_cache_destroy(c);
 }
 
+/* The allocator's first pass passes over blocks queued for SSD (an extra weak reference),
+ * in place; the plain pass takes them, oldest first. */
+static void test_eviction_spares_queued(void **st)
+{
+    (void)st;
+    struct pf_cache *c;
+    assert_int_equal(pf_cache_create(NULL, &c), 0);
+    struct pf_block *bs[5];
+    for (uint32_t i = 0; i < 5; i++) {
+        bs[i] = blk(1, i);
+        pf_cache_insert(c, bs[i], PF_CLASS_RETAINED);
+    }
+    /* 0 and 2 (the oldest and a middle one) wait in the SSD write queue */
+    pf_block_weak_get(bs[0]);
+    pf_block_weak_get(bs[2]);
+    for (uint32_t i = 0; i < 5; i++)
+        pf_block_put(bs[i]); /* the cache holds them alone now; the queue only weakly */
+    struct pf_block *ev[10];
+    size_t skipped;
+    size_t n = pf_cache_evict_sparing(c, 2, ev, &skipped);
+    assert_int_equal(n, 2);
+    assert_int_equal(skipped, 0);
+    uint32_t got[5];
+    for (size_t i = 0; i < n; i++) {
+        memcpy(&got[i], ev[i]->key.hash, 4);
+        pf_block_put(ev[i]);
+    }
+    assert_int_equal(got[0], 1);
+    assert_int_equal(got[1], 3);
+    n = pf_cache_evict_sparing(c, 10, ev, &skipped);
+    assert_int_equal(n, 1);
+    memcpy(&got[0], ev[0]->key.hash, 4);
+    assert_int_equal(got[0], 4);
+    pf_block_put(ev[0]);
+    assert_int_equal(pf_cache_evict_sparing(c, 10, ev, &skipped), 0);
+    /* queued blocks kept their order: the plain pass takes 0 then 2 */
+    n = pf_cache_evict(c, 10, ev, &skipped);
+    assert_int_equal(n, 2);
+    for (size_t i = 0; i < n; i++)
+        memcpy(&got[i], ev[i]->key.hash, 4);
+    assert_int_equal(got[0], 0);
+    assert_int_equal(got[1], 2);
+    for (size_t i = 0; i < n; i++) {
+        pf_block_put(ev[i]);      /* strong 0: data released */
+        pf_block_weak_put(ev[i]); /* the queue's reference: struct freed */
+    }
+    pf_cache_destroy(c);
+}
+
 static void test_cleanup_and_hints(void **st)
 {
     struct pf_cache *c;
@@ -304,9 +353,13 @@ static void test_leases(void **st)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_prefix_and_classes), cmocka_unit_test(test_eviction_order),
-        cmocka_unit_test(test_cleanup_and_hints),  cmocka_unit_test(test_tinylfu),
-        cmocka_unit_test(test_block_refs),         cmocka_unit_test(test_leases),
+        cmocka_unit_test(test_prefix_and_classes),
+        cmocka_unit_test(test_eviction_order),
+        cmocka_unit_test(test_eviction_spares_queued),
+        cmocka_unit_test(test_cleanup_and_hints),
+        cmocka_unit_test(test_tinylfu),
+        cmocka_unit_test(test_block_refs),
+        cmocka_unit_test(test_leases),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
