@@ -13,10 +13,12 @@
  *      carrying the same request bytes (target p50 <= 1.5x for 4096 hashes)
  *   4. server memory per resident block at 10^6 blocks (RSS delta / blocks), with one
  *      cross-layer slot and with 32 per-layer slots
- * Usage: engine [--json FILE] [--quick] [--runs N] [--meta]; --meta runs only 3 and 4 (no
- * memcpy limits, no 1 GiB buffers: ~1.3 GiB of pool and 16 MiB of KV instead of ~6 GiB in
- * all). The server runs as a separate process
- * ($PF_BIN/pegaflow-server, default build/rel/bin). */
+ * Usage: engine [--json FILE] [--quick] [--runs N] [--query-only | --meta] (--query-only: only
+ * 4: the 10^6 blocks and the query latencies, without 1, 2 and the 32-slot metadata; --meta:
+ * 3 and 4 with both metadata cases, without 1 and 2; a few GiB less memory). The
+ * server runs as a separate process ($PF_BIN/pegaflow-server, default build/rel/bin).
+ * PF_BENCH_VERBOSE=1 adds the server's own mean handling time per RPC (its
+ * pegaflow_rpc_duration_seconds) next to the query latencies. */
 #include <dirent.h>
 #include <errno.h>
 #include <stdbool.h>
@@ -392,21 +394,53 @@ static void wait_resident(struct pf_client *c, const char *inst, uint64_t tag, u
     }
 }
 
+/* The server's mean handling time per method so far (its rpc_duration histogram). */
+static void server_times(const struct pft_proc *s)
+{
+    char *mb = NULL;
+    pft_http(s->http_host, s->http_port, "GET", "/metrics", &mb);
+    static const char *const methods[] = {"query_prefetch", "health", "release"};
+    for (size_t m = 0; m < 3; m++) {
+        double sum = 0, cnt = 0;
+        for (char *l = mb; l && (l = strstr(l, "rpc_duration_seconds_")) != NULL; l++) {
+            const char *eol = strchr(l, '\n');
+            const char *meth = strstr(l, methods[m]);
+            if (!meth || (eol && meth > eol) || !strstr(l, "status=\"ok\"") ||
+                (eol && strstr(l, "status=\"ok\"") > eol))
+                continue;
+            const char *v = strchr(l, '}');
+            if (!v || (eol && v > eol))
+                continue;
+            if (strncmp(l, "rpc_duration_seconds_sum", 24) == 0)
+                sum += strtod(v + 1, NULL);
+            else if (strncmp(l, "rpc_duration_seconds_count", 26) == 0)
+                cnt += strtod(v + 1, NULL);
+        }
+        if (cnt > 0)
+            fprintf(stderr, "  server: %s %.0f calls, mean %.1f us\n", methods[m], cnt,
+                    sum / cnt * 1e6);
+    }
+    free(mb);
+}
+
 int main(int argc, char **argv)
 {
     const char *json = NULL;
-    int quick = 0, runs = 0, meta_only = 0;
+    int quick = 0, runs = 0, query_only = 0, meta_only = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--json") == 0 && i + 1 < argc)
             json = argv[++i];
         else if (strcmp(argv[i], "--quick") == 0)
             quick = 1;
-        else if (strcmp(argv[i], "--runs") == 0 && i + 1 < argc)
-            runs = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--query-only") == 0)
+            query_only = 1;
         else if (strcmp(argv[i], "--meta") == 0)
             meta_only = 1;
+        else if (strcmp(argv[i], "--runs") == 0 && i + 1 < argc)
+            runs = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: engine [--quick] [--runs N] [--json FILE] [--meta]\n");
+            fprintf(stderr,
+                    "usage: engine [--quick] [--runs N] [--query-only | --meta] [--json FILE]\n");
             return 2;
         }
     }
@@ -426,32 +460,30 @@ int main(int argc, char **argv)
     if (js)
         fprintf(js, "{\n");
 
-    struct pf_simkv *src = NULL, *dst = NULL;
-    double memcpy_gbs = 0, xxh_gbs = 0, t0;
-    if (meta_only)
-        goto server;
     /* ---- machine limits ---- */
-    uint8_t *a = aligned_alloc(4096, TOTAL), *b = aligned_alloc(4096, TOTAL);
-    pft_fill(a, TOTAL, 1, 1);
-    memset(b, 0, TOTAL);          /* both buffers faulted in before timing */
-    for (int r = 0; r < 3; r++) { /* best of 3: the machine's single-thread limit */
+    double memcpy_gbs = 0, xxh_gbs = 0;
+    if (!query_only && !meta_only) {
+        uint8_t *a = aligned_alloc(4096, TOTAL), *b = aligned_alloc(4096, TOTAL);
+        pft_fill(a, TOTAL, 1, 1);
+        memset(b, 0, TOTAL); /* both buffers faulted in before timing */
+        double t0;
+        for (int r = 0; r < 3; r++) { /* best of 3: the machine's single-thread limit */
+            t0 = now_s();
+            memcpy(r % 2 ? a : b, r % 2 ? b : a, TOTAL);
+            double g = (double)TOTAL / (now_s() - t0) / 1e9;
+            if (g > memcpy_gbs)
+                memcpy_gbs = g;
+        }
         t0 = now_s();
-        memcpy(r % 2 ? a : b, r % 2 ? b : a, TOTAL);
-        double g = (double)TOTAL / (now_s() - t0) / 1e9;
-        if (g > memcpy_gbs)
-            memcpy_gbs = g;
+        volatile uint64_t sink = XXH3_64bits_dispatch(a, TOTAL); /* as the server's checksums */
+        (void)sink;
+        xxh_gbs = (double)TOTAL / (now_s() - t0) / 1e9;
+        free(a);
+        free(b);
+        printf("machine: memcpy %.2f GB/s (1 thread), xxh3 %.2f GB/s (%.2fx memcpy)\n", memcpy_gbs,
+               xxh_gbs, xxh_gbs / memcpy_gbs);
     }
-    t0 = now_s();
-    volatile uint64_t sink = XXH3_64bits_dispatch(a, TOTAL); /* as the server's checksums */
-    (void)sink;
-    xxh_gbs = (double)TOTAL / (now_s() - t0) / 1e9;
-    free(a);
-    free(b);
-    printf("machine: memcpy %.2f GB/s (1 thread), xxh3 %.2f GB/s (%.2fx memcpy)\n", memcpy_gbs,
-           xxh_gbs, xxh_gbs / memcpy_gbs);
-
     /* ---- server ---- */
-server:;
     char pool[32];
     snprintf(pool, sizeof(pool), "%llumb", (unsigned long long)(TOTAL * 5 / 4 >> 20));
     const char *args[] = {"--gpu-backend", "sim", "--pool-size", pool, "--log-level", "info", NULL};
@@ -461,151 +493,160 @@ server:;
     struct pf_client *c;
     if (pf_client_connect(s.addr, &c))
         die("connect");
-    if (meta_only)
-        goto meta;
-    if (pf_simkv_create(TOTAL, 0, &src) || pf_simkv_create(TOTAL, 0, &dst))
-        die("simkv");
-    pft_fill(pf_simkv_ptr(src), TOTAL, 2, 2);
-    memset(pf_simkv_ptr(dst), 0, TOTAL);
+    struct pf_simkv *src = NULL, *dst = NULL;
+    if (!query_only && !meta_only) {
+        if (pf_simkv_create(TOTAL, 0, &src) || pf_simkv_create(TOTAL, 0, &dst))
+            die("simkv");
+        pft_fill(pf_simkv_ptr(src), TOTAL, 2, 2);
+        memset(pf_simkv_ptr(dst), 0, TOTAL);
 
-    /* host buffer of the pinned pool's kind (anonymous, huge pages advised) for the per-block
-     * baselines */
-    uint8_t *hostbuf =
-        mmap(NULL, TOTAL, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (hostbuf == MAP_FAILED)
-        die("mmap baseline buffer");
-    madvise(hostbuf, TOTAL, MADV_HUGEPAGE);
-    memset(hostbuf, 0, TOTAL);
-    printf("\n%-9s %9s %9s %6s %6s %6s %9s %9s %6s %6s %6s  %s\n", "block", "save GB/s", "best cp",
-           "min", "median", "max", "load GB/s", "best cp", "min", "median", "max",
-           "fastest baseline (save/load)");
-    if (js)
-        fprintf(js,
-                "  \"memcpy_gbs\": %.3f,\n  \"xxh3_gbs\": %.3f,\n  \"runs\": %d,\n"
-                "  \"throughput\": [\n",
-                memcpy_gbs, xxh_gbs, runs);
-    const uint64_t sizes[3] = {64 << 10, 512 << 10, 2 << 20};
-    double *sv = calloc((size_t)runs, sizeof(double)), *lv = calloc((size_t)runs, sizeof(double));
-    double *sb = calloc((size_t)runs, sizeof(double)), *lb = calloc((size_t)runs, sizeof(double));
-    double *sr = calloc((size_t)runs, sizeof(double)), *lr = calloc((size_t)runs, sizeof(double));
-    int64_t *targets = malloc((TOTAL / sizes[0]) * sizeof(*targets));
-    for (uint64_t i = 0; i < TOTAL / sizes[0]; i++)
-        targets[i] = (int64_t)i;
-    for (int si = 0; si < 3; si++) {
-        uint64_t bs = sizes[si], nb = TOTAL / bs;
-        char src_id[32], dst_id[32];
-        snprintf(src_id, sizeof(src_id), "src-%d", si);
-        snprintf(dst_id, sizeof(dst_id), "dst-%d", si);
-        if (reg(c, src_id, src, nb, bs) || reg(c, dst_id, dst, nb, bs))
-            die("register");
-        /* warm-up round (untimed): the server's first touch of each page of the freshly
-         * mapped "GPU" memory is a page fault a real GPU does not have */
-        const char *names[1] = {"ALL_LAYERS"};
-        const char *sname = "", *lname = "";
-        for (int r = -1; r < runs; r++) {
-            uint64_t tag = 100 + (uint64_t)si * 1000 + (uint64_t)(r + 1);
-            bool base_first = r >= 0 && r % 2 == 1; /* ABBA */
-            double bsave = 0, bload = 0;
-            if (base_first && r >= 0) {
-                bsave = best_copy(hostbuf, pf_simkv_ptr(src), TOTAL, bs, &sname);
-                bload = best_copy(pf_simkv_ptr(dst), hostbuf, TOTAL, bs, &lname);
-                memset(pf_simkv_ptr(dst), 0, TOTAL);
-            }
-            /* save: from the first Save call until the last block is queryable (sealed with
-             * its checksum: the insert thread seals in order) */
-            struct cpu_split c0, c1;
-            bool verbose = getenv("PF_BENCH_VERBOSE") != NULL;
-            if (verbose)
-                server_cpu(s.pid, &c0);
-            double t = now_s();
-            double trpc = save_range(c, src_id, tag, 0, nb, nb < 4096 ? nb : 4096, nb);
-            wait_resident(c, src_id, tag, 0, nb);
-            double ts = now_s() - t;
-            if (verbose) {
-                server_cpu(s.pid, &c1);
-                fprintf(stderr, "  %lluKiB run %d: Save RPCs %.1f ms, until queryable %.1f ms\n",
-                        (unsigned long long)(bs >> 10), r, trpc * 1e3, ts * 1e3);
-                print_cpu(&c0, &c1);
-            }
-            uint8_t lease[16];
-            if (query_n(c, dst_id, tag, 0, nb, lease, NULL) != nb)
-                die("query after save");
-            size_t gsz = 1, cnt = nb;
-            struct pf_load_item it = {
-                .lease = lease, .lease_len = 16, .targets = targets, .group_counts = &cnt};
-            struct pf_loadstate *ls;
-            pf_loadstate_create(&ls);
-            t = now_s();
-            if (pf_client_load(c, dst_id, 0, 0, pf_loadstate_name(ls), names, &gsz, 1, &it, 1, TMO))
-                die("load");
-            if (pf_loadstate_wait(ls, TMO) != 1)
-                die("load state");
-            double tl = now_s() - t;
-            pf_loadstate_destroy(ls);
-            if (verbose) {
-                server_cpu(s.pid, &c0);
-                fprintf(stderr, "  %lluKiB run %d: load %.1f ms\n", (unsigned long long)(bs >> 10),
-                        r, tl * 1e3);
-                print_cpu(&c1, &c0);
-            }
-            /* every repeat checks every byte the save and the load moved */
-            if (memcmp(pf_simkv_ptr(src), pf_simkv_ptr(dst), TOTAL) != 0)
-                die("loaded bytes differ");
-            memset(pf_simkv_ptr(dst), 0, TOTAL);
-            pft_http(s.http_host, s.http_port, "POST", "/cache/memory/cleanup", NULL);
-            if (r < 0)
-                continue;
-            if (!base_first) {
-                bsave = best_copy(hostbuf, pf_simkv_ptr(src), TOTAL, bs, &sname);
-                bload = best_copy(pf_simkv_ptr(dst), hostbuf, TOTAL, bs, &lname);
-                memset(pf_simkv_ptr(dst), 0, TOTAL);
-            }
-            sv[r] = (double)TOTAL / ts / 1e9;
-            lv[r] = (double)TOTAL / tl / 1e9;
-            sb[r] = bsave;
-            lb[r] = bload;
-            sr[r] = sv[r] / bsave;
-            lr[r] = lv[r] / bload;
-        }
-        double d0, d1, smin, smax, lmin, lmax;
-        double sg = median3(sv, (size_t)runs, &d0, &d1), lg = median3(lv, (size_t)runs, &d0, &d1);
-        double sbm = median3(sb, (size_t)runs, &d0, &d1), lbm = median3(lb, (size_t)runs, &d0, &d1);
-        double srm = median3(sr, (size_t)runs, &smin, &smax);
-        double lrm = median3(lr, (size_t)runs, &lmin, &lmax);
-        printf("%6lluKiB %9.2f %9.2f %6.2f %6.2f %6.2f %9.2f %9.2f %6.2f %6.2f %6.2f  %s/%s\n",
-               (unsigned long long)(bs >> 10), sg, sbm, smin, srm, smax, lg, lbm, lmin, lrm, lmax,
-               sname, lname);
+        /* host buffer of the pinned pool's kind (anonymous, huge pages advised) for the per-block
+         * baselines */
+        uint8_t *hostbuf =
+            mmap(NULL, TOTAL, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (hostbuf == MAP_FAILED)
+            die("mmap baseline buffer");
+        madvise(hostbuf, TOTAL, MADV_HUGEPAGE);
+        memset(hostbuf, 0, TOTAL);
+        printf("\n%-9s %9s %9s %6s %6s %6s %9s %9s %6s %6s %6s  %s\n", "block", "save GB/s",
+               "best cp", "min", "median", "max", "load GB/s", "best cp", "min", "median", "max",
+               "fastest baseline (save/load)");
         if (js)
             fprintf(js,
+                    "  \"memcpy_gbs\": %.3f,\n  \"xxh3_gbs\": %.3f,\n  \"runs\": %d,\n"
+                    "  \"throughput\": [\n",
+                    memcpy_gbs, xxh_gbs, runs);
+        const uint64_t sizes[3] = {64 << 10, 512 << 10, 2 << 20};
+        double *sv = calloc((size_t)runs, sizeof(double)),
+               *lv = calloc((size_t)runs, sizeof(double));
+        double *sb = calloc((size_t)runs, sizeof(double)),
+               *lb = calloc((size_t)runs, sizeof(double));
+        double *sr = calloc((size_t)runs, sizeof(double)),
+               *lr = calloc((size_t)runs, sizeof(double));
+        int64_t *targets = malloc((TOTAL / sizes[0]) * sizeof(*targets));
+        for (uint64_t i = 0; i < TOTAL / sizes[0]; i++)
+            targets[i] = (int64_t)i;
+        for (int si = 0; si < 3; si++) {
+            uint64_t bs = sizes[si], nb = TOTAL / bs;
+            char src_id[32], dst_id[32];
+            snprintf(src_id, sizeof(src_id), "src-%d", si);
+            snprintf(dst_id, sizeof(dst_id), "dst-%d", si);
+            if (reg(c, src_id, src, nb, bs) || reg(c, dst_id, dst, nb, bs))
+                die("register");
+            /* warm-up round (untimed): the server's first touch of each page of the freshly
+             * mapped "GPU" memory is a page fault a real GPU does not have */
+            const char *names[1] = {"ALL_LAYERS"};
+            const char *sname = "", *lname = "";
+            for (int r = -1; r < runs; r++) {
+                uint64_t tag = 100 + (uint64_t)si * 1000 + (uint64_t)(r + 1);
+                bool base_first = r >= 0 && r % 2 == 1; /* ABBA */
+                double bsave = 0, bload = 0;
+                if (base_first && r >= 0) {
+                    bsave = best_copy(hostbuf, pf_simkv_ptr(src), TOTAL, bs, &sname);
+                    bload = best_copy(pf_simkv_ptr(dst), hostbuf, TOTAL, bs, &lname);
+                    memset(pf_simkv_ptr(dst), 0, TOTAL);
+                }
+                /* save: from the first Save call until the last block is queryable (sealed with
+                 * its checksum: the insert thread seals in order) */
+                struct cpu_split c0, c1;
+                bool verbose = getenv("PF_BENCH_VERBOSE") != NULL;
+                if (verbose)
+                    server_cpu(s.pid, &c0);
+                double t = now_s();
+                double trpc = save_range(c, src_id, tag, 0, nb, nb < 4096 ? nb : 4096, nb);
+                wait_resident(c, src_id, tag, 0, nb);
+                double ts = now_s() - t;
+                if (verbose) {
+                    server_cpu(s.pid, &c1);
+                    fprintf(stderr,
+                            "  %lluKiB run %d: Save RPCs %.1f ms, until queryable %.1f ms\n",
+                            (unsigned long long)(bs >> 10), r, trpc * 1e3, ts * 1e3);
+                    print_cpu(&c0, &c1);
+                }
+                uint8_t lease[16];
+                if (query_n(c, dst_id, tag, 0, nb, lease, NULL) != nb)
+                    die("query after save");
+                size_t gsz = 1, cnt = nb;
+                struct pf_load_item it = {
+                    .lease = lease, .lease_len = 16, .targets = targets, .group_counts = &cnt};
+                struct pf_loadstate *ls;
+                pf_loadstate_create(&ls);
+                t = now_s();
+                if (pf_client_load(c, dst_id, 0, 0, pf_loadstate_name(ls), names, &gsz, 1, &it, 1,
+                                   TMO))
+                    die("load");
+                if (pf_loadstate_wait(ls, TMO) != 1)
+                    die("load state");
+                double tl = now_s() - t;
+                pf_loadstate_destroy(ls);
+                if (verbose) {
+                    server_cpu(s.pid, &c0);
+                    fprintf(stderr, "  %lluKiB run %d: load %.1f ms\n",
+                            (unsigned long long)(bs >> 10), r, tl * 1e3);
+                    print_cpu(&c1, &c0);
+                }
+                /* every repeat checks every byte the save and the load moved */
+                if (memcmp(pf_simkv_ptr(src), pf_simkv_ptr(dst), TOTAL) != 0)
+                    die("loaded bytes differ");
+                memset(pf_simkv_ptr(dst), 0, TOTAL);
+                pft_http(s.http_host, s.http_port, "POST", "/cache/memory/cleanup", NULL);
+                if (r < 0)
+                    continue;
+                if (!base_first) {
+                    bsave = best_copy(hostbuf, pf_simkv_ptr(src), TOTAL, bs, &sname);
+                    bload = best_copy(pf_simkv_ptr(dst), hostbuf, TOTAL, bs, &lname);
+                    memset(pf_simkv_ptr(dst), 0, TOTAL);
+                }
+                sv[r] = (double)TOTAL / ts / 1e9;
+                lv[r] = (double)TOTAL / tl / 1e9;
+                sb[r] = bsave;
+                lb[r] = bload;
+                sr[r] = sv[r] / bsave;
+                lr[r] = lv[r] / bload;
+            }
+            double d0, d1, smin, smax, lmin, lmax;
+            double sg = median3(sv, (size_t)runs, &d0, &d1),
+                   lg = median3(lv, (size_t)runs, &d0, &d1);
+            double sbm = median3(sb, (size_t)runs, &d0, &d1),
+                   lbm = median3(lb, (size_t)runs, &d0, &d1);
+            double srm = median3(sr, (size_t)runs, &smin, &smax);
+            double lrm = median3(lr, (size_t)runs, &lmin, &lmax);
+            printf("%6lluKiB %9.2f %9.2f %6.2f %6.2f %6.2f %9.2f %9.2f %6.2f %6.2f %6.2f  %s/%s\n",
+                   (unsigned long long)(bs >> 10), sg, sbm, smin, srm, smax, lg, lbm, lmin, lrm,
+                   lmax, sname, lname);
+            if (js)
+                fprintf(
+                    js,
                     "    {\"block_bytes\": %llu, \"save_gbs\": %.3f, \"save_baseline_gbs\": %.3f, "
                     "\"save_ratio\": [%.3f, %.3f, %.3f], \"load_gbs\": %.3f, "
                     "\"load_baseline_gbs\": %.3f, \"load_ratio\": [%.3f, %.3f, %.3f]}%s\n",
                     (unsigned long long)bs, sg, sbm, smin, srm, smax, lg, lbm, lmin, lrm, lmax,
                     si < 2 ? "," : "");
-        pf_client_unregister(c, src_id, TMO);
-        pf_client_unregister(c, dst_id, TMO);
+            pf_client_unregister(c, src_id, TMO);
+            pf_client_unregister(c, dst_id, TMO);
+        }
+        free(targets);
+        free(sv);
+        free(lv);
+        free(sb);
+        free(lb);
+        free(sr);
+        free(lr);
+        munmap(hostbuf, TOTAL);
+        printf(
+            "method: %d runs per size, ABBA (odd runs baseline first); save timed until the last "
+            "block is queryable, default flags (integrity on); load until its state is done; "
+            "baseline = fastest of memcpy in block calls (GLIBC_TUNABLES non-temporal threshold "
+            "%s), AVX2 streaming copy in block calls, one %llu MiB memcpy, simkv shm <-> "
+            "THP-advised anonymous memory; every repeat memcmp's all bytes; ratios min/median/max "
+            "of per-run ratios\n",
+            runs, getenv("GLIBC_TUNABLES") ? getenv("GLIBC_TUNABLES") : "default",
+            (unsigned long long)(TOTAL >> 20));
+        if (js)
+            fprintf(js, "  ],\n");
     }
-    free(targets);
-    free(sv);
-    free(lv);
-    free(sb);
-    free(lb);
-    free(sr);
-    free(lr);
-    munmap(hostbuf, TOTAL);
-    printf("method: %d runs per size, ABBA (odd runs baseline first); save timed until the last "
-           "block is queryable, default flags (integrity on); load until its state is done; "
-           "baseline = fastest of memcpy in block calls (GLIBC_TUNABLES non-temporal threshold "
-           "%s), AVX2 streaming copy in block calls, one %llu MiB memcpy, simkv shm <-> "
-           "THP-advised anonymous memory; every repeat memcmp's all bytes; ratios min/median/max "
-           "of per-run ratios\n",
-           runs, getenv("GLIBC_TUNABLES") ? getenv("GLIBC_TUNABLES") : "default",
-           (unsigned long long)(TOTAL >> 20));
-    if (js)
-        fprintf(js, "  ],\n");
 
     /* ---- 10^6 resident blocks: memory per block, query latency ---- */
-meta:;
     const uint64_t mbs = 512;
     struct pf_simkv *small;
     if (pf_simkv_create(16384 * mbs, 0, &small))
@@ -623,41 +664,44 @@ meta:;
            "(RSS delta), saved at %.0f blocks/s\n",
            (unsigned long long)NBLK_META, (unsigned long long)mbs, per_block,
            (double)NBLK_META / tsave);
-    /* the same count of blocks with 32 per-layer slots each (16 B per layer, so the pool
-     * holds both sets: no eviction may free metadata between the two RSS readings) */
-    const uint64_t lbs = 16;
-    struct pf_simkv *k32;
-    if (pf_simkv_create(16384 * lbs * NL32, 0, &k32))
-        die("simkv 32 layers");
-    pft_fill(pf_simkv_ptr(k32), 16384 * lbs * NL32, 4, 4);
-    if (reg32(c, "meta32", k32, 16384, lbs))
-        die("register 32 layers");
-    char *mbody = NULL;
-    pft_http(s.http_host, s.http_port, "GET", "/metrics", &mbody);
-    const char *ev = mbody ? strstr(mbody, "\npegaflow_cache_block_evictions_total ") : NULL;
-    double ev0 = ev ? strtod(ev + 39, NULL) : -1;
-    free(mbody);
-    long rss2 = rss_kb(s.pid);
-    double tsave32 = save_range32(c, "meta32", 8, NBLK_META, 4096, 16384);
-    wait_resident(c, "meta32", 8, 0, NBLK_META);
-    long rss3 = rss_kb(s.pid);
-    mbody = NULL;
-    pft_http(s.http_host, s.http_port, "GET", "/metrics", &mbody);
-    ev = mbody ? strstr(mbody, "\npegaflow_cache_block_evictions_total ") : NULL;
-    double ev1 = ev ? strtod(ev + 39, NULL) : -2;
-    free(mbody);
-    if (ev0 < 0 || ev1 != ev0)
-        die("evictions during the metadata measurement (the pool is too small)");
-    double per_block32 = (double)(rss3 - rss2) * 1024.0 / (double)NBLK_META;
-    printf("%llu resident blocks of %d layers x %llu B: %.0f bytes of server memory per block "
-           "(%.0f per layer slot), saved at %.0f blocks/s\n",
-           (unsigned long long)NBLK_META, NL32, (unsigned long long)lbs, per_block32,
-           per_block32 / NL32, (double)NBLK_META / tsave32);
-    printf("method: server RSS delta over saving the blocks (new hashes, no eviction between "
-           "the readings) / blocks; one slot = one cross-layer tensor, 32 slots = one tensor per "
-           "layer\n");
-    if (js)
-        fprintf(js, "  \"bytes_per_block_32_layers\": %.1f,\n", per_block32);
+    struct pf_simkv *k32 = NULL;
+    if (!query_only) {
+        /* the same count of blocks with 32 per-layer slots each (16 B per layer, so the pool
+         * holds both sets: no eviction may free metadata between the two RSS readings) */
+        const uint64_t lbs = 16;
+        if (pf_simkv_create(16384 * lbs * NL32, 0, &k32))
+            die("simkv 32 layers");
+        pft_fill(pf_simkv_ptr(k32), 16384 * lbs * NL32, 4, 4);
+        if (reg32(c, "meta32", k32, 16384, lbs))
+            die("register 32 layers");
+        char *mbody = NULL;
+        pft_http(s.http_host, s.http_port, "GET", "/metrics", &mbody);
+        const char *ev = mbody ? strstr(mbody, "\npegaflow_cache_block_evictions_total ") : NULL;
+        double ev0 = ev ? strtod(ev + 39, NULL) : -1;
+        free(mbody);
+        long rss2 = rss_kb(s.pid);
+        double tsave32 = save_range32(c, "meta32", 8, NBLK_META, 4096, 16384);
+        wait_resident(c, "meta32", 8, 0, NBLK_META);
+        long rss3 = rss_kb(s.pid);
+        mbody = NULL;
+        pft_http(s.http_host, s.http_port, "GET", "/metrics", &mbody);
+        ev = mbody ? strstr(mbody, "\npegaflow_cache_block_evictions_total ") : NULL;
+        double ev1 = ev ? strtod(ev + 39, NULL) : -2;
+        free(mbody);
+        if (ev0 < 0 || ev1 != ev0)
+            die("evictions during the metadata measurement (the pool is too small)");
+        double per_block32 = (double)(rss3 - rss2) * 1024.0 / (double)NBLK_META;
+        printf("%llu resident blocks of %d layers x %llu B: %.0f bytes of server memory per block "
+               "(%.0f per layer slot), saved at %.0f blocks/s\n",
+               (unsigned long long)NBLK_META, NL32, (unsigned long long)lbs, per_block32,
+               per_block32 / NL32, (double)NBLK_META / tsave32);
+        printf(
+            "method: server RSS delta over saving the blocks (new hashes, no eviction between "
+            "the readings) / blocks; one slot = one cross-layer tensor, 32 slots = one tensor per "
+            "layer\n");
+        if (js)
+            fprintf(js, "  \"bytes_per_block_32_layers\": %.1f,\n", per_block32);
+    }
     int iters = quick ? 300 : 2000;
     double *lat = malloc((size_t)iters * sizeof(double));
     for (int i = 0; i < 50; i++)
@@ -702,6 +746,8 @@ meta:;
             protobuf_c_message_free_unpacked(resp, NULL);
             free(req);
         }
+        if (getenv("PF_BENCH_VERBOSE"))
+            server_times(&s);
         double q50 = pct(lat, (size_t)iters, 0.5), q99 = pct(lat, (size_t)iters, 0.99);
         double b50 = pct(blat, (size_t)iters, 0.5);
         char label[64];

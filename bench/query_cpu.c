@@ -30,23 +30,28 @@ static struct pf_alloc fake = {.ptr = fake_mem, .size = sizeof(fake_mem), .refs 
 
 static int usage(void)
 {
-    fprintf(stderr, "usage: query_cpu [--blocks N (>= 8192, default 1000000)] [--json FILE]\n");
+    fprintf(stderr,
+            "usage: query_cpu [--blocks N (>= 8192, default 1000000)] [--iters N (4096-hash "
+            "queries, default 300)] [--json FILE]\n");
     return 2;
 }
 
 int main(int argc, char **argv)
 {
     size_t n = 1000000;
+    int iters4096 = 300;
     const char *json = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--blocks") && i + 1 < argc)
             n = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--iters") && i + 1 < argc)
+            iters4096 = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--json") && i + 1 < argc)
             json = argv[++i];
         else
             return usage();
     }
-    if (n < 8192)
+    if (n < 8192 || iters4096 < 1)
         return usage();
     double dec_us[2] = {0, 0}, eng_us[2] = {0, 0}, cache_us[2] = {0, 0};
     char chosen[32], err[256];
@@ -99,7 +104,7 @@ int main(int argc, char **argv)
     }
     const size_t qn[2] = {1, 4096};
     for (int qi = 0; qi < 2; qi++) {
-        int iters = qi ? 300 : 20000;
+        int iters = qi ? iters4096 : 20000;
         double t_dec = 0, t_eng = 0, t_cache = 0;
         ProtobufCBinaryData *bd = malloc(qn[qi] * sizeof(*bd));
         struct pf_bytes *pb = malloc(qn[qi] * sizeof(*pb));
@@ -118,7 +123,7 @@ int main(int argc, char **argv)
             /* decoded as the server does: the wire reader, hashes pointing into the buffer */
             double t0 = now_s();
             struct pf_wire w = {buf, buf + len};
-            struct pf_wire_field f;
+            struct pf_wire_field f = {0};
             size_t k = 0;
             while (pf_wire_next(&w, &f) == 1)
                 if (f.number == 2 && k < qn[qi])

@@ -200,15 +200,6 @@ struct pf_block_key pf_block_key(const struct pf_block *b)
     return k;
 }
 
-bool pf_block_key_eq(const struct pf_block *b, const struct pf_block_key *k)
-{
-    if (b->hnode.user != k->ns || b->keylen != k->len)
-        return false;
-    size_t in = k->len < PF_BLOCK_HASH_INLINE ? k->len : PF_BLOCK_HASH_INLINE;
-    return memcmp(b->hash, k->hash, in) == 0 &&
-           memcmp(b->tail, k->hash + in, key_extra(k->len)) == 0;
-}
-
 uint64_t pf_block_key_hash(const struct pf_block *b)
 {
     if (b->keylen <= PF_BLOCK_HASH_INLINE)

@@ -11,6 +11,7 @@
 #include "pf/common.h"
 #include "pf/config.h"
 #include "pf/rpc.h"
+#include "rpc/wire.h"
 
 struct pf_client {
     struct pf_rpc_channel *ch;
@@ -284,19 +285,14 @@ int pf_client_query(struct pf_client *c, const char *instance_id, const char *re
                     uint32_t *hit_positions, size_t hit_cap, uint64_t timeout_ms)
 {
     memset(out, 0, sizeof(*out));
-    Pegaflow__QueryRequest req = PEGAFLOW__QUERY_REQUEST__INIT;
-    req.instance_id = (char *)instance_id;
-    req.req_id = (char *)req_id;
-    req.wait_for_full_prefix = wait_for_full_prefix != 0;
-    req.group_id = group_id;
-    req.n_block_hashes = n;
-    req.block_hashes = hash_list(hashes, hash_lens, hash_len, n);
-    if (!req.block_hashes)
+    size_t len = 0;
+    uint8_t *req = pf_wire_encode_query(instance_id, req_id, hashes, hash_lens, hash_len, n,
+                                        wait_for_full_prefix != 0, group_id, &len);
+    if (!req)
         return local_err(-ENOMEM, "pf_client_query");
     ProtobufCMessage *resp = NULL;
-    int rc = call(c, "QueryPrefetch", &req.base, &pegaflow__query_response__descriptor, timeout_ms,
-                  &resp);
-    free(req.block_hashes);
+    int rc = pf_rpc_unary_take(c->ch, "/pegaflow.Engine/QueryPrefetch", req, len,
+                               &pegaflow__query_response__descriptor, timeout_ms, &resp, &last_err);
     if (rc)
         return rc;
     Pegaflow__QueryResponse *r = (Pegaflow__QueryResponse *)resp;

@@ -34,7 +34,8 @@ static int fail_store(struct pf_rpc_call *call, int rc, const char *node)
     case -ENOMEM:
         return pf_rpc_fail(call, PF_GRPC_RESOURCE_EXHAUSTED, "MetaServer out of memory");
     case -ENOSPC:
-        return pf_rpc_fail(call, PF_GRPC_RESOURCE_EXHAUSTED, "too many owners for one block");
+        return pf_rpc_fail(call, PF_GRPC_RESOURCE_EXHAUSTED,
+                           "store limit: 65535 owners for one block, 4194304 namespaces");
     case -EINVAL:
         return pf_rpc_fail(call, PF_GRPC_INVALID_ARGUMENT, "invalid request from node '%s'", node);
     case -ENOTCONN:

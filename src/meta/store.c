@@ -6,15 +6,20 @@
  *     preferring). Request paths hold it shared for the whole request; it is taken
  *     exclusively only to create a node/session/namespace, take over or unregister a node,
  *     and at the start and end of a sweep.
- *   - Keys live in 256 shards (top 8 bits of the key's xxh3), each a mutex and a linear-
- *     probing table of 8-byte slots: the entry pointer with 16 hash bits in its unused top
- *     bits, so a probe dereferences an entry only on a 1/65536 false match. Deletion is by
- *     backward shift (no tombstones).
- *   - An entry is one allocation: {u32 key hash, u32 namespace id, u16 hash length, u16
- *     owner count, u16 owner capacity, hash bytes, owners}; an owner is {u32 session id, u32
- *     register second}. Capacity starts at 2 (a block usually gains a second owner: no
- *     reallocation then) and doubles. Entries come from a per-shard slab with 8-byte size
- *     classes, so a 32-byte hash with one or two owners costs 64 bytes.
+ *   - Keys live in 256 shards (top 8 bits of the key's xxh3), each a mutex, an arena of
+ *     entries and a linear-probing index of 4-byte slots: the entry's arena offset (26 bits,
+ *     in 4-byte units) with 6 more hash bits on top, so a probe dereferences an entry only
+ *     on a 1/64 false match. Any slot count works (home = multiply-shift of 32 hash bits);
+ *     the index grows by 1.5x at 0.8 load, so it costs 5-7.5 bytes a key. Nothing stores
+ *     the key's hash: resizing and deletion (backward shift, no tombstones) recompute it.
+ *   - A small entry (hash <= 127 bytes, <= 16 owner slots) is {u32 header: namespace id
+ *     (22 bits), hash length (7 bits), log2 owner capacity (3 bits); hash bytes padded to 4;
+ *     owners}; an owner is {u32 session id, u32 register second}, and unused owner slots
+ *     hold NO_ID (owners in use come first), so no count is stored. Capacity starts at 2
+ *     (a block usually gains a second owner: no move then) and doubles; a 32-byte hash with
+ *     one or two owners costs 52 bytes. Longer hashes and more owners make a big entry: a
+ *     12-byte stub in the arena pointing to a malloc'ed {hash length, capacity, hash,
+ *     owners}.
  *   - A session id identifies (address, node_id); the address's node record says which
  *     session is current and when it was last seen, so visibility is two array lookups.
  *
@@ -36,26 +41,124 @@
 
 /* ------------------------------------------------------------------ entries */
 
+static uint64_t entry_hash(const struct shard *s, uint32_t off)
+{
+    struct eview e;
+    entry_view(s, off, &e);
+    return key_hash(e.ns, e.key, e.hlen);
+}
+
+static uint32_t entry_units(const struct eview *e)
+{
+    return e->big ? STUB_UNITS : small_units(e->hlen, e->cap);
+}
+
+/* Lays out an entry for (ns, key, len) with room for cap owners, copies nown owners from
+ * src (may point into the arena: it is read after the allocation, through srcoff) and
+ * returns its offset (0 on ENOMEM). */
+static uint32_t entry_build(struct shard *s, uint32_t ns, const uint8_t *key, size_t len,
+                            uint32_t cap, uint32_t srcoff, const struct owner *first, uint32_t nown)
+{
+    bool small = fits_small(len, cap);
+    struct big *b = NULL;
+    if (!small) {
+        b = malloc(big_size(len, cap));
+        if (!b)
+            return 0;
+    }
+    uint32_t off = meta_arena_alloc(&s->arena, small ? small_units(len, cap) : STUB_UNITS);
+    if (!off) {
+        free(b);
+        return 0;
+    }
+    struct eview src = {0};
+    if (srcoff) {
+        entry_view(s, srcoff, &src); /* the arena may have moved */
+        key = src.key;
+    }
+    uint8_t *p = meta_arena_at(&s->arena, off);
+    uint8_t *kp;
+    struct owner *o;
+    uint32_t hdr = ns;
+    if (small) {
+        hdr |= (uint32_t)len << NS_BITS | (uint32_t)__builtin_ctz(cap) << (NS_BITS + HL_BITS);
+        kp = p + 4;
+        o = (struct owner *)(void *)(p + 4 + pad4(len));
+    } else {
+        b->hlen = (uint32_t)len;
+        b->cap = cap;
+        memcpy(p + 4, &b, sizeof(b));
+        kp = b->data;
+        o = (struct owner *)(void *)(b->data + pad4(len));
+        s->big_bytes += big_size(len, cap);
+    }
+    memcpy(p, &hdr, sizeof(hdr));
+    memmove(kp, key, len);
+    memset(kp + len, 0, pad4(len) - len);
+    if (srcoff)
+        memcpy(o, src.own, nown * sizeof(*o));
+    else if (nown)
+        o[0] = *first;
+    for (uint32_t k = nown; k < cap; k++)
+        o[k] = (struct owner){NO_ID, 0};
+    return off;
+}
+
+uint32_t meta_store_entry_new(struct shard *s, uint32_t ns, const uint8_t *key, size_t len,
+                              struct owner first)
+{
+    return entry_build(s, ns, key, len, 2, 0, &first, 1);
+}
+
+void meta_store_entry_free(struct shard *s, uint32_t off)
+{
+    struct eview e;
+    entry_view(s, off, &e);
+    if (e.big) {
+        s->big_bytes -= big_size(e.hlen, e.cap);
+        free(e.big);
+    }
+    meta_arena_free(&s->arena, off, entry_units(&e));
+}
+
+int meta_store_entry_set_cap(struct shard *s, size_t i, uint32_t cap)
+{
+    uint32_t v = s->ix[i], off = v & OFF_MASK;
+    struct eview e;
+    entry_view(s, off, &e);
+    uint32_t nown = view_nown(&e);
+    uint32_t noff = entry_build(s, e.ns, NULL, e.hlen, cap, off, NULL, nown);
+    if (!noff)
+        return -ENOMEM;
+    meta_store_entry_free(s, off);
+    s->ix[i] = (v & ~OFF_MASK) | noff;
+    return 0;
+}
+
 /* ------------------------------------------------------------------ shards */
 
-int meta_store_shard_resize(struct shard *s, size_t nslots)
+int meta_store_shard_resize(struct shard *s, uint32_t nslots)
 {
-    uint64_t *ns = calloc(nslots, sizeof(*ns));
+    uint32_t *ns = meta_region_alloc((size_t)nslots * sizeof(*ns));
     if (!ns)
         return -ENOMEM;
-    size_t mask = nslots - 1;
-    for (size_t i = 0; s->slots && i <= s->mask; i++) {
-        uint64_t v = s->slots[i];
+    for (size_t i = 0; s->ix && i < s->n; i++) {
+        if (i + 8 < s->n && s->ix[i + 8])
+            __builtin_prefetch(meta_arena_at(&s->arena, s->ix[i + 8] & OFF_MASK));
+        uint32_t v = s->ix[i];
         if (!v)
             continue;
-        size_t j = slot_entry(v)->khash & mask;
+        size_t j = home_of(entry_hash(s, v & OFF_MASK), nslots);
         while (ns[j])
-            j = (j + 1) & mask;
+            if (++j == nslots)
+                j = 0;
         ns[j] = v;
     }
-    free(s->slots);
-    s->slots = ns;
-    s->mask = mask;
+    meta_region_free(s->ix, (size_t)s->n * sizeof(*s->ix));
+    s->ix = ns;
+    s->n = nslots;
+    atomic_store_explicit(&s->ix_hint, ns, memory_order_relaxed);
+    atomic_store_explicit(&s->n_hint, nslots, memory_order_relaxed);
     return 0;
 }
 
@@ -64,36 +167,29 @@ void meta_store_shard_del_slot(struct shard *s, size_t i)
 {
     size_t j = i;
     for (;;) {
-        j = (j + 1) & s->mask;
-        uint64_t v = s->slots[j];
+        if (++j == s->n)
+            j = 0;
+        uint32_t v = s->ix[j];
         if (!v)
             break;
-        size_t home = slot_entry(v)->khash & s->mask;
+        size_t home = home_of(entry_hash(s, v & OFF_MASK), s->n);
         /* v may move to i unless its home lies cyclically in (i, j] */
         bool stay = i <= j ? (home > i && home <= j) : (home > i || home <= j);
         if (!stay) {
-            s->slots[i] = v;
+            s->ix[i] = v;
             i = j;
         }
     }
-    s->slots[i] = 0;
+    s->ix[i] = 0;
     s->count--;
 }
 
 void meta_store_shard_maybe_shrink(struct shard *s)
 {
-    size_t n = s->mask + 1;
-    if (n > 64 && s->count < n / 8) {
-        size_t want = 64;
-        while (want < s->count * 4)
-            want <<= 1;
-        meta_store_shard_resize(s, want); /* failure keeps the bigger table */
+    if (s->n > 64 && s->count < s->n / 8) {
+        size_t want = s->count * 2 < 64 ? 64 : s->count * 2;
+        meta_store_shard_resize(s, (uint32_t)want); /* failure keeps the bigger table */
     }
-}
-
-void meta_store_entry_free(struct shard *s, struct entry *e)
-{
-    meta_slab_free(&s->slab, e, entry_size(e->hlen, e->cap));
 }
 
 /* ------------------------------------------------------------------ registry */
@@ -210,6 +306,8 @@ int meta_store_ns_intern(struct pf_meta_store *st, const char *name, size_t len,
         *n_p = n;
         return 0;
     }
+    if (st->nss.nfree == 0 && st->nss.hw >= NS_LIMIT)
+        return -ENOSPC; /* entries hold namespace ids in NS_BITS */
     n = calloc(1, sizeof(*n));
     if (!n)
         return -ENOMEM;
@@ -386,7 +484,7 @@ int pf_meta_store_create(const struct pf_meta_store_config *cfg, struct pf_meta_
     return 0;
 err_shards:
     for (size_t j = 0; j <= i && j < NSHARDS; j++) {
-        free(st->shards[j].slots);
+        meta_region_free(st->shards[j].ix, (size_t)st->shards[j].n * sizeof(uint32_t));
         pthread_mutex_destroy(&st->shards[j].mu);
     }
     free(st);
@@ -405,13 +503,11 @@ void pf_meta_store_destroy(struct pf_meta_store *st)
     metrics_unregister(st);
     for (size_t i = 0; i < NSHARDS; i++) {
         struct shard *s = &st->shards[i];
-        for (size_t j = 0; j <= s->mask; j++) {
-            uint64_t v = s->slots[j];
-            if (v && meta_slab_is_big(entry_size(slot_entry(v)->hlen, slot_entry(v)->cap)))
-                meta_store_entry_free(s, slot_entry(v)); /* malloc'ed */
-        }
-        free(s->slots);
-        meta_slab_destroy(&s->slab);
+        for (size_t j = 0; j < s->n; j++)
+            if (s->ix[j])
+                meta_store_entry_free(s, s->ix[j] & OFF_MASK); /* frees big entries */
+        meta_region_free(s->ix, (size_t)s->n * sizeof(*s->ix));
+        meta_arena_destroy(&s->arena);
         pthread_mutex_destroy(&s->mu);
     }
     for (uint32_t i = 0; i < st->addrs.hw; i++) {
@@ -508,36 +604,31 @@ int meta_store_session_check(struct pf_meta_store *st, const char *node, size_t 
  * slots or less (shard locked; without memory it stays as it is). */
 void meta_store_entry_maybe_shrink(struct shard *s, size_t i)
 {
-    uint64_t v = s->slots[i];
-    struct entry *e = slot_entry(v);
-    size_t cap = e->cap;
-    while (cap > 2 && (size_t)e->nown * 4 <= cap)
+    struct eview e;
+    entry_view(s, s->ix[i] & OFF_MASK, &e);
+    uint32_t nown = view_nown(&e), cap = e.cap;
+    while (cap > 2 && nown * 4 <= cap)
         cap /= 2;
-    if (cap == e->cap)
-        return;
-    struct entry *ne = meta_slab_alloc(&s->slab, entry_size(e->hlen, cap));
-    if (!ne)
-        return;
-    memcpy(ne, e, entry_size(e->hlen, e->nown));
-    ne->cap = (uint16_t)cap;
-    s->slots[i] = (v & ~PTR_MASK) | (uint64_t)(uintptr_t)ne;
-    meta_store_entry_free(s, e);
+    if (cap != e.cap)
+        meta_store_entry_set_cap(s, i, cap);
 }
 
 /* Drops owner k of the entry in slot i (shard locked). Returns true when the key went away
  * (the slot then holds a shifted entry or is empty). */
 bool meta_store_entry_drop_owner(struct shard *s, size_t i, size_t k)
 {
-    struct entry *e = slot_entry(s->slots[i]);
-    struct owner *o = entry_owners(e);
+    uint32_t off = s->ix[i] & OFF_MASK;
+    struct eview e;
+    entry_view(s, off, &e);
+    uint32_t nown = view_nown(&e);
     s->owners--;
-    if (e->nown == 1) {
-        meta_store_entry_free(s, e);
+    if (nown == 1) {
+        meta_store_entry_free(s, off);
         meta_store_shard_del_slot(s, i);
         return true;
     }
-    memmove(o + k, o + k + 1, (e->nown - k - 1u) * sizeof(*o));
-    e->nown--;
+    memmove(e.own + k, e.own + k + 1, (nown - k - 1u) * sizeof(*e.own));
+    e.own[nown - 1] = (struct owner){NO_ID, 0};
     meta_store_entry_maybe_shrink(s, i);
     return false;
 }
@@ -547,20 +638,20 @@ static uint64_t shard_purge_session(struct shard *s, uint32_t sid)
 {
     uint64_t removed = 0;
     size_t i = 0;
-    while (i <= s->mask) {
-        if (i + 8 <= s->mask && s->slots[i + 8])
-            __builtin_prefetch(slot_entry(s->slots[i + 8]));
-        uint64_t v = s->slots[i];
+    while (i < s->n) {
+        if (i + 8 < s->n && s->ix[i + 8])
+            __builtin_prefetch(meta_arena_at(&s->arena, s->ix[i + 8] & OFF_MASK));
+        uint32_t v = s->ix[i];
         if (!v) {
             i++;
             continue;
         }
-        struct entry *e = slot_entry(v);
-        struct owner *o = entry_owners(e);
+        struct eview e;
+        entry_view(s, v & OFF_MASK, &e);
         size_t k;
-        for (k = 0; k < e->nown && o[k].sess != sid; k++)
+        for (k = 0; k < e.cap && e.own[k].sess != NO_ID && e.own[k].sess != sid; k++)
             ;
-        if (k == e->nown) {
+        if (k == e.cap || e.own[k].sess != sid) {
             i++;
             continue;
         }

@@ -27,60 +27,131 @@
 
 #define NO_ID UINT32_MAX
 
-#define PTR_BITS 48
+/* index slot: 0 = empty, else TAG_BITS hash bits over the entry's arena offset */
+#define OFF_BITS 26
+#define OFF_MASK ((1u << OFF_BITS) - 1)
+#define TAG_BITS (32 - OFF_BITS)
 
-#define PTR_MASK ((1ull << PTR_BITS) - 1)
+_Static_assert(ARENA_LIMIT_UNITS == 1u << OFF_BITS, "arena offsets fill the slot's low bits");
 
-#define TAG_OF(h) (((h) >> 32) & 0xffffull)
+static inline uint32_t tag_of(uint64_t h)
+{
+    return (uint32_t)(h >> 40) & ((1u << TAG_BITS) - 1);
+}
 
-_Static_assert(sizeof(void *) == 8, "the slot encoding needs 64-bit pointers");
+/* home slot of hash h in a table of n slots (any n: multiply-shift of the low 32 bits) */
+static inline uint32_t home_of(uint64_t h, uint32_t n)
+{
+    return (uint32_t)(((uint64_t)(uint32_t)h * n) >> 32);
+}
+
+/* Entry header (u32): namespace id in the low NS_BITS, then the hash length (1..127; 0:
+ * a big entry), then log2 of the owner capacity (small entries). A small entry is
+ * {header, hash bytes padded to 4, owners[capacity]}; a big one (a hash over 127 bytes or
+ * more than SMALL_CAP owners) is {header, pointer to a struct big} in the arena. Owners in
+ * use come first; the rest have sess == NO_ID, so the owner count is where they end. */
+#define NS_BITS        22
+#define NS_LIMIT       (1u << NS_BITS) /* namespace ids are below this */
+#define HL_BITS        7
+#define SMALL_HLEN_MAX ((1u << HL_BITS) - 1)
+#define SMALL_CAP      16u
+#define STUB_UNITS     3u /* header + pointer */
+#define OWNERS_MAX     UINT16_MAX
 
 struct owner {
     uint32_t sess;
     uint32_t reg_s;
 };
 
-struct entry {
-    uint32_t khash; /* low 32 bits of the key hash: home bucket on rehash/delete */
-    uint32_t ns;
-    uint16_t hlen;
-    uint16_t nown;
-    uint16_t cap;   /* owner slots allocated (>= 2: most keys get a second owner) */
-    uint8_t data[]; /* hash bytes, then owners (4-aligned) */
+struct big {
+    uint32_t hlen;
+    uint32_t cap;
+    uint8_t data[]; /* hash bytes padded to 4, owners[cap] */
 };
 
-static inline size_t owners_off(size_t hlen)
+static inline size_t pad4(size_t n)
 {
-    return (offsetof(struct entry, data) + hlen + 3) & ~(size_t)3;
+    return (n + 3) & ~(size_t)3;
 }
 
-static inline size_t entry_size(size_t hlen, size_t nown)
+static inline uint32_t small_units(size_t hlen, size_t cap)
 {
-    return owners_off(hlen) + nown * sizeof(struct owner);
+    return (uint32_t)((4 + pad4(hlen) + cap * sizeof(struct owner)) / ARENA_UNIT);
 }
 
-static inline struct owner *entry_owners(struct entry *e)
+static inline size_t big_size(size_t hlen, size_t cap)
 {
-    return (struct owner *)((uint8_t *)e + owners_off(e->hlen));
+    return sizeof(struct big) + pad4(hlen) + cap * sizeof(struct owner);
 }
+
+static inline bool fits_small(size_t hlen, size_t cap)
+{
+    return hlen <= SMALL_HLEN_MAX && cap <= SMALL_CAP;
+}
+
+_Static_assert(4 + 128 + SMALL_CAP * 8 <= ARENA_MAX_UNITS * ARENA_UNIT,
+               "the largest small entry fits the arena's classes");
+
+/* An entry, decoded. Pointers stay valid until the shard's next allocation or free. */
+struct eview {
+    uint32_t ns, hlen, cap;
+    const uint8_t *key;
+    struct owner *own;
+    struct big *big; /* NULL for a small entry */
+};
 
 struct shard {
     pthread_mutex_t mu;
-    uint64_t *slots;
-    size_t mask;
-    size_t count;  /* keys */
-    size_t owners; /* owner entries */
-    struct slab slab;
+    uint32_t *ix; /* n slots, load <= 0.8 */
+    uint32_t n;
+    size_t count;     /* keys */
+    size_t owners;    /* owner entries */
+    size_t big_bytes; /* struct big allocations */
+    struct arena arena;
+    /* ix and n for prefetching without the mutex (may be stale: a prefetch never faults) */
+    _Atomic(uint32_t *) ix_hint;
+    _Atomic uint32_t n_hint;
 } __attribute__((aligned(64)));
 
-static inline struct entry *slot_entry(uint64_t v)
+/* Starts loading the index slot where hash h's probe begins; no lock needed. */
+static inline void shard_prefetch(struct shard *s, uint64_t h)
 {
-    return (struct entry *)(uintptr_t)(v & PTR_MASK);
+    uint32_t *ix = atomic_load_explicit(&s->ix_hint, memory_order_relaxed);
+    uint32_t n = atomic_load_explicit(&s->n_hint, memory_order_relaxed);
+    __builtin_prefetch(ix + home_of(h, n));
 }
 
-static inline uint64_t slot_make(struct entry *e, uint64_t h)
+static inline void entry_view(const struct shard *s, uint32_t off, struct eview *v)
 {
-    return (uint64_t)(uintptr_t)e | (TAG_OF(h) << PTR_BITS);
+    const uint8_t *p = meta_arena_at(&s->arena, off);
+    uint32_t hdr;
+    memcpy(&hdr, p, sizeof(hdr));
+    v->ns = hdr & (NS_LIMIT - 1);
+    uint32_t hl = (hdr >> NS_BITS) & SMALL_HLEN_MAX;
+    if (hl) {
+        v->hlen = hl;
+        v->cap = 1u << (hdr >> (NS_BITS + HL_BITS));
+        v->key = p + 4;
+        v->own = (struct owner *)(uintptr_t)(p + 4 + pad4(hl));
+        v->big = NULL;
+    } else {
+        struct big *b;
+        memcpy(&b, p + 4, sizeof(b));
+        v->hlen = b->hlen;
+        v->cap = b->cap;
+        v->key = b->data;
+        v->own = (struct owner *)(void *)(b->data + pad4(b->hlen));
+        v->big = b;
+    }
+}
+
+/* owners in use */
+static inline uint32_t view_nown(const struct eview *v)
+{
+    uint32_t k = 0;
+    while (k < v->cap && v->own[k].sess != NO_ID)
+        k++;
+    return k;
 }
 
 struct maddr {
@@ -191,30 +262,48 @@ static inline struct shard *shard_of(struct pf_meta_store *st, uint64_t h)
 static inline ptrdiff_t meta_store_shard_find(const struct shard *s, uint64_t h, uint32_t ns,
                                               const uint8_t *key, size_t len, size_t *empty_p)
 {
-    uint64_t tag = TAG_OF(h);
-    size_t i = h & s->mask;
+    uint32_t tag = tag_of(h);
+    uint32_t want = len <= SMALL_HLEN_MAX ? ns | (uint32_t)len << NS_BITS : UINT32_MAX;
+    uint32_t hmask = (1u << (NS_BITS + HL_BITS)) - 1;
+    size_t i = home_of(h, s->n);
     for (;;) {
-        uint64_t v = s->slots[i];
+        uint32_t v = s->ix[i];
         if (!v) {
             if (empty_p)
                 *empty_p = i;
             return -1;
         }
-        if ((v >> PTR_BITS) == tag) {
-            const struct entry *e = slot_entry(v);
-            if (e->ns == ns && e->hlen == len && memcmp(e->data, key, len) == 0)
-                return (ptrdiff_t)i;
+        if ((v >> OFF_BITS) == tag) {
+            const uint8_t *p = meta_arena_at(&s->arena, v & OFF_MASK);
+            uint32_t hdr;
+            memcpy(&hdr, p, sizeof(hdr));
+            if ((hdr & hmask) == want) {
+                if (memcmp(p + 4, key, len) == 0)
+                    return (ptrdiff_t)i;
+            } else if (!(hdr & (SMALL_HLEN_MAX << NS_BITS)) && (hdr & (NS_LIMIT - 1)) == ns) {
+                struct eview e;
+                entry_view(s, v & OFF_MASK, &e);
+                if (e.hlen == len && memcmp(e.key, key, len) == 0)
+                    return (ptrdiff_t)i;
+            }
         }
-        i = (i + 1) & s->mask;
+        if (++i == s->n)
+            i = 0;
     }
 }
 
 /* Shared by the three files (store.c). Shard functions need the shard mutex; registry
  * lookups the registry lock shared, interning it exclusive. */
-int meta_store_shard_resize(struct shard *s, size_t nslots);
+int meta_store_shard_resize(struct shard *s, uint32_t nslots);
 void meta_store_shard_del_slot(struct shard *s, size_t i);
 void meta_store_shard_maybe_shrink(struct shard *s);
-void meta_store_entry_free(struct shard *s, struct entry *e);
+/* A new entry (capacity 2) with one owner: its arena offset, or 0 on ENOMEM. */
+uint32_t meta_store_entry_new(struct shard *s, uint32_t ns, const uint8_t *key, size_t len,
+                              struct owner first);
+void meta_store_entry_free(struct shard *s, uint32_t off);
+/* Moves the entry in slot i to one with room for cap owners (>= those in use): 0 or
+ * -ENOMEM (the entry is unchanged then). */
+int meta_store_entry_set_cap(struct shard *s, size_t i, uint32_t cap);
 struct mns *meta_store_ns_find(struct pf_meta_store *st, const char *name, size_t len);
 int meta_store_ns_intern(struct pf_meta_store *st, const char *name, size_t len, struct mns **n_p);
 bool meta_store_valid_str(const char *s, size_t max, size_t *len_p);

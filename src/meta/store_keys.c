@@ -75,70 +75,51 @@ int pf_meta_store_insert(struct pf_meta_store *st, const char *ns, const struct 
         pthread_mutex_lock(&s->mu);
         size_t empty = 0; /* set by meta_store_shard_find on a miss */
         ptrdiff_t at = meta_store_shard_find(s, kh, nsp->id, key, len, &empty);
-        struct entry *e;
         if (at < 0) {
-            if ((s->count + 1) * 5 > (s->mask + 1) * 4) {
-                if (meta_store_shard_resize(s, (s->mask + 1) * 2) == 0)
+            if ((s->count + 1) * 5 > (size_t)s->n * 4) {
+                uint32_t grown = s->n + (s->n / 2 > 16 ? s->n / 2 : 16);
+                if (meta_store_shard_resize(s, grown) == 0)
                     meta_store_shard_find(s, kh, nsp->id, key, len, &empty);
-                else if (s->count + 1 > s->mask) {
+                else if (s->count + 1 >= s->n) {
                     pthread_mutex_unlock(&s->mu);
                     rc = -ENOMEM;
                     goto out;
                 }
             }
-            e = meta_slab_alloc(&s->slab, entry_size(len, 2));
-            if (!e || ((uintptr_t)e >> PTR_BITS) != 0) {
+            uint32_t off = meta_store_entry_new(s, nsp->id, key, len, (struct owner){sid, now_s});
+            if (!off) {
                 pthread_mutex_unlock(&s->mu);
                 rc = -ENOMEM;
                 goto out;
             }
-            e->khash = (uint32_t)kh;
-            e->ns = nsp->id;
-            e->hlen = (uint16_t)len;
-            e->nown = 1;
-            e->cap = 2;
-            memcpy(e->data, key, len);
-            struct owner *o = entry_owners(e);
-            o[0].sess = sid;
-            o[0].reg_s = now_s;
-            s->slots[empty] = slot_make(e, kh);
+            s->ix[empty] = tag_of(kh) << OFF_BITS | off;
+            at = (ptrdiff_t)empty;
             s->count++;
             s->owners++;
             is_new = true;
         } else {
-            e = slot_entry(s->slots[at]);
-            struct owner *o = entry_owners(e);
-            size_t k;
-            for (k = 0; k < e->nown; k++)
-                if (sess_at(st, o[k].sess)->addr == aid)
+            struct eview e;
+            entry_view(s, s->ix[at] & OFF_MASK, &e);
+            uint32_t k;
+            for (k = 0; k < e.cap && e.own[k].sess != NO_ID; k++)
+                if (sess_at(st, e.own[k].sess)->addr == aid)
                     break;
-            if (k < e->nown) {
-                is_new = o[k].sess != sid;
-                o[k].sess = sid;
-                o[k].reg_s = now_s;
-            } else if (e->nown == UINT16_MAX) {
+            if (k < e.cap && e.own[k].sess != NO_ID) {
+                is_new = e.own[k].sess != sid;
+                e.own[k].sess = sid;
+                e.own[k].reg_s = now_s;
+            } else if (k == OWNERS_MAX) {
                 pthread_mutex_unlock(&s->mu);
                 rc = -ENOSPC;
                 goto out;
             } else {
-                if (e->nown == e->cap) {
-                    size_t cap = e->cap * 2u > UINT16_MAX ? UINT16_MAX : e->cap * 2u;
-                    struct entry *ne = meta_slab_alloc(&s->slab, entry_size(len, cap));
-                    if (!ne || ((uintptr_t)ne >> PTR_BITS) != 0) {
-                        pthread_mutex_unlock(&s->mu);
-                        rc = -ENOMEM;
-                        goto out;
-                    }
-                    memcpy(ne, e, entry_size(len, e->nown));
-                    ne->cap = (uint16_t)cap;
-                    s->slots[at] = slot_make(ne, kh);
-                    meta_store_entry_free(s, e);
-                    e = ne;
+                if (k == e.cap && meta_store_entry_set_cap(s, (size_t)at, e.cap * 2)) {
+                    pthread_mutex_unlock(&s->mu);
+                    rc = -ENOMEM;
+                    goto out;
                 }
-                struct owner *no = entry_owners(e);
-                no[e->nown].sess = sid;
-                no[e->nown].reg_s = now_s;
-                e->nown++;
+                entry_view(s, s->ix[at] & OFF_MASK, &e);
+                e.own[k] = (struct owner){sid, now_s};
                 s->owners++;
                 is_new = true;
             }
@@ -146,10 +127,11 @@ int pf_meta_store_insert(struct pf_meta_store *st, const char *ns, const struct 
         if (reclaimable) {
             bool r = false;
             if (is_new) {
-                struct owner *o = entry_owners(e);
+                struct eview e;
+                entry_view(s, s->ix[at] & OFF_MASK, &e);
                 unsigned vis = 0;
-                for (size_t k = 0; k < e->nown && vis < 3; k++)
-                    if (owner_visible(st, o[k].sess, now))
+                for (size_t k = 0; k < e.cap && e.own[k].sess != NO_ID && vis < 3; k++)
+                    if (owner_visible(st, e.own[k].sess, now))
                         vis++;
                 r = vis >= 3;
             }
@@ -184,12 +166,12 @@ int pf_meta_store_remove(struct pf_meta_store *st, const char *ns, const struct 
         pthread_mutex_lock(&s->mu);
         ptrdiff_t at = meta_store_shard_find(s, kh, nsp->id, h[i].data, h[i].len, NULL);
         if (at >= 0) {
-            struct entry *e = slot_entry(s->slots[at]);
-            struct owner *o = entry_owners(e);
+            struct eview e;
+            entry_view(s, s->ix[at] & OFF_MASK, &e);
             size_t k;
-            for (k = 0; k < e->nown && o[k].sess != sid; k++)
+            for (k = 0; k < e.cap && e.own[k].sess != NO_ID && e.own[k].sess != sid; k++)
                 ;
-            if (k < e->nown) {
+            if (k < e.cap && e.own[k].sess == sid) {
                 removed++;
                 if (meta_store_entry_drop_owner(s, (size_t)at, k))
                     meta_store_shard_maybe_shrink(s);
@@ -228,21 +210,27 @@ int pf_meta_store_query_prefix(struct pf_meta_store *st, const char *ns,
     pthread_rwlock_rdlock(&st->reg);
     uint64_t now = now_ns(st);
     struct mns *nsp = meta_store_ns_find(st, ns, nslen);
+    /* the next hash's index slot loads while this one is looked up */
+    uint64_t kh_next = nsp ? key_hash(nsp->id, h[0].data, h[0].len) : 0;
     for (size_t i = 0; nsp && i < n; i++) {
-        uint64_t kh = key_hash(nsp->id, h[i].data, h[i].len);
+        uint64_t kh = kh_next;
         struct shard *s = shard_of(st, kh);
+        if (i + 1 < n) {
+            kh_next = key_hash(nsp->id, h[i + 1].data, h[i + 1].len);
+            shard_prefetch(shard_of(st, kh_next), kh_next);
+        }
         bool any = false;
         size_t alive = 0;
         pthread_mutex_lock(&s->mu);
         ptrdiff_t at = meta_store_shard_find(s, kh, nsp->id, h[i].data, h[i].len, NULL);
         if (at >= 0) {
-            struct entry *e = slot_entry(s->slots[at]);
-            struct owner *o = entry_owners(e);
-            for (size_t k = 0; k < e->nown; k++) {
-                if (!owner_visible(st, o[k].sess, now))
+            struct eview e;
+            entry_view(s, s->ix[at] & OFF_MASK, &e);
+            for (size_t k = 0; k < e.cap && e.own[k].sess != NO_ID; k++) {
+                if (!owner_visible(st, e.own[k].sess, now))
                     continue;
                 any = true;
-                uint32_t aid = sess_at(st, o[k].sess)->addr;
+                uint32_t aid = sess_at(st, e.own[k].sess)->addr;
                 size_t j;
                 for (j = 0; j < nacc && acc[j].addr != aid; j++)
                     ;

@@ -93,16 +93,18 @@ void pf_meta_store_sweep(struct pf_meta_store *st, struct pf_meta_sweep_stats *s
         struct shard *s = &st->shards[si];
         pthread_mutex_lock(&s->mu);
         size_t i = 0;
-        while (i <= s->mask) {
-            uint64_t v = s->slots[i];
+        while (i < s->n) {
+            uint32_t v = s->ix[i];
             if (!v) {
                 i++;
                 continue;
             }
-            struct entry *e = slot_entry(v);
-            struct owner *o = entry_owners(e);
-            size_t keep = 0, vis = 0;
-            for (size_t k = 0; k < e->nown; k++) {
+            struct eview e;
+            entry_view(s, v & OFF_MASK, &e);
+            struct owner *o = e.own;
+            size_t keep = 0, vis = 0, nown = 0;
+            for (size_t k = 0; k < e.cap && o[k].sess != NO_ID; k++) {
+                nown++;
                 uint32_t sid = o[k].sess;
                 uint8_t f = sid < sn.nsess ? sn.sess_flags[sid] : SF_KEPT | SF_VISIBLE;
                 int64_t age = (int64_t)sn.now_s - (int64_t)o[k].reg_s;
@@ -112,26 +114,27 @@ void pf_meta_store_sweep(struct pf_meta_store *st, struct pf_meta_sweep_stats *s
                     vis++;
                 o[keep++] = o[k];
             }
-            size_t dropped = e->nown - keep;
+            size_t dropped = nown - keep;
             stats.removed_owners += dropped;
             s->owners -= dropped;
             if (keep == 0) {
-                meta_store_entry_free(s, e);
+                meta_store_entry_free(s, v & OFF_MASK);
                 meta_store_shard_del_slot(s, i);
                 stats.removed_keys++;
                 continue;
             }
             if (dropped) {
-                e->nown = (uint16_t)keep;
+                for (size_t k = keep; k < nown; k++)
+                    o[k] = (struct owner){NO_ID, 0};
                 meta_store_entry_maybe_shrink(s, i);
-                e = slot_entry(s->slots[i]);
+                entry_view(s, s->ix[i] & OFF_MASK, &e);
+                o = e.own;
             }
-            o = entry_owners(e);
-            for (size_t k = 0; k < e->nown; k++)
+            for (size_t k = 0; k < keep; k++)
                 if (o[k].sess < sn.nsess)
                     sn.sess_refs[o[k].sess]++;
-            if (e->ns < sn.nns)
-                sn.ns_keys[e->ns]++;
+            if (e.ns < sn.nns)
+                sn.ns_keys[e.ns]++;
             if (vis) {
                 red[vis >= 4 ? 3 : vis - 1]++;
                 copies += vis;
@@ -210,7 +213,7 @@ void pf_meta_store_get_stats(struct pf_meta_store *st, struct pf_meta_store_stat
         pthread_mutex_lock(&s->mu);
         out->entries += s->count;
         out->owners += s->owners;
-        out->bytes += s->slab.bytes + (s->mask + 1) * sizeof(*s->slots);
+        out->bytes += meta_arena_bytes(&s->arena) + s->big_bytes + (size_t)s->n * sizeof(*s->ix);
         pthread_mutex_unlock(&s->mu);
     }
     pthread_rwlock_rdlock(&st->reg);

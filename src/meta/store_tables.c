@@ -1,74 +1,100 @@
-/* The memory store's containers: the size-class slab and the id table (store_tables.h). */
+/* The memory store's containers: the arena, regions and the id table (store_tables.h). */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "meta/store_tables.h"
 
 #define NO_ID META_NO_ID
 
-/* ------------------------------------------------------------------ slab */
+/* ------------------------------------------------------------------ regions */
 
-void *meta_slab_alloc(struct slab *sl, size_t size)
+#define REGION_MIN  (256u << 10) /* smaller tables come from calloc */
+#define ARENA_FIRST (64u << 10)  /* first mapping (virtual: pages count once touched) */
+#define PAGE_BYTES  4096u
+
+void *meta_region_alloc(size_t bytes)
 {
-    size = (size + 7) & ~(size_t)7;
-    if (size > SLAB_MAX) {
-        void *big = malloc(size);
-        if (big)
-            sl->bytes += size;
-        return big;
-    }
-    size_t c = size / 8;
-    void *p = sl->free[c];
-    if (p) {
-        memcpy(&sl->free[c], p, sizeof(void *));
-        return p;
-    }
-    if (sl->bump_left < size) {
-        /* the tail of the old page goes to its size class */
-        if (sl->bump_left >= 16) {
-            size_t tc = sl->bump_left / 8;
-            memcpy(sl->bump, &sl->free[tc], sizeof(void *));
-            sl->free[tc] = sl->bump;
-        }
-        struct slab_page *pg = malloc(SLAB_PAGE);
-        if (!pg)
-            return NULL;
-        pg->next = sl->pages;
-        sl->pages = pg;
-        sl->bytes += SLAB_PAGE;
-        sl->bump = pg->mem;
-        sl->bump_left = SLAB_PAGE - offsetof(struct slab_page, mem);
-    }
-    p = sl->bump;
-    sl->bump += size;
-    sl->bump_left -= size;
-    return p;
+    if (bytes < REGION_MIN)
+        return calloc(1, bytes ? bytes : 1);
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
 }
 
-void meta_slab_free(struct slab *sl, void *p, size_t size)
+void meta_region_free(void *p, size_t bytes)
 {
-    size = (size + 7) & ~(size_t)7;
-    if (size > SLAB_MAX) {
-        free(p);
-        sl->bytes -= size;
+    if (!p)
         return;
-    }
-    size_t c = size / 8;
-    memcpy(p, &sl->free[c], sizeof(void *));
-    sl->free[c] = p;
+    if (bytes < REGION_MIN)
+        free(p);
+    else
+        munmap(p, bytes);
 }
 
-void meta_slab_destroy(struct slab *sl)
+/* ------------------------------------------------------------------ arena */
+
+static int arena_grow(struct arena *a, uint32_t need)
 {
-    /* malloc'ed (large) entries are freed by the caller's walk */
-    struct slab_page *pg = sl->pages;
-    while (pg) {
-        struct slab_page *n = pg->next;
-        free(pg);
-        pg = n;
+    if (need > ARENA_LIMIT_UNITS)
+        return -ENOMEM;
+    uint64_t ncap = a->cap ? (uint64_t)a->cap * 2 : (ARENA_FIRST / ARENA_UNIT);
+    if (ncap < need)
+        ncap = need;
+    ncap = (ncap + PAGE_BYTES / ARENA_UNIT - 1) & ~(uint64_t)(PAGE_BYTES / ARENA_UNIT - 1);
+    if (ncap > ARENA_LIMIT_UNITS)
+        ncap = ARENA_LIMIT_UNITS;
+    size_t bytes = (size_t)ncap * ARENA_UNIT;
+    uint8_t *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        return -ENOMEM;
+    if (a->mem) {
+        memcpy(m, a->mem, (size_t)a->top * ARENA_UNIT);
+        munmap(a->mem, (size_t)a->cap * ARENA_UNIT);
+    } else {
+        a->top = 1;
     }
-    memset(sl, 0, sizeof(*sl));
+    a->mem = m;
+    a->cap = (uint32_t)ncap;
+    return 0;
+}
+
+uint32_t meta_arena_alloc(struct arena *a, uint32_t units)
+{
+    if (units == 0 || units > ARENA_MAX_UNITS)
+        return 0;
+    uint32_t off = a->free[units];
+    if (off) {
+        memcpy(&a->free[units], meta_arena_at(a, off), sizeof(uint32_t));
+        return off;
+    }
+    if (!a->mem || (uint64_t)a->top + units > a->cap) {
+        if (arena_grow(a, (a->mem ? a->top : 1) + units))
+            return 0;
+    }
+    off = a->top;
+    a->top += units;
+    return off;
+}
+
+void meta_arena_free(struct arena *a, uint32_t off, uint32_t units)
+{
+    memcpy(meta_arena_at(a, off), &a->free[units], sizeof(uint32_t));
+    a->free[units] = off;
+}
+
+size_t meta_arena_bytes(const struct arena *a)
+{
+    if (!a->mem)
+        return 0;
+    return ((size_t)a->top * ARENA_UNIT + PAGE_BYTES - 1) & ~(size_t)(PAGE_BYTES - 1);
+}
+
+void meta_arena_destroy(struct arena *a)
+{
+    if (a->mem)
+        munmap(a->mem, (size_t)a->cap * ARENA_UNIT);
+    memset(a, 0, sizeof(*a));
 }
 
 static int idtab_ix_put(struct idtab *t, uint32_t id, uint64_t h)

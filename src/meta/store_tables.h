@@ -1,6 +1,12 @@
 /* Containers of the MetaServer's memory store (store_tables.c), private to src/meta:
- *   - a slab: 8-byte size classes up to SLAB_MAX bytes carved from 16 KiB pages, larger
- *     sizes from malloc; not thread-safe (one per shard, under the shard's mutex);
+ *   - an arena: one private anonymous mapping per shard holding the shard's entries,
+ *     addressed by offsets in 4-byte units (u32; 0 is never handed out), with a free list
+ *     per size up to ARENA_MAX_UNITS; it grows by mapping a larger region and copying, so
+ *     offsets stay valid across growth (2x) but pointers into it do not survive an allocation;
+ *     never shrinks (freed entries are reused); not thread-safe (under the shard's mutex);
+ *   - regions: zeroed tables, mapped (not malloc'ed) from 256 KiB up, so a large table
+ *     freed on resize goes back to the system; smaller ones come from calloc (a mapping
+ *     each would cost a page fault per page and a TLB shootdown per resize);
  *   - an id table: id -> object array with a free-id stack and an open-addressing index of
  *     ids by the objects' hashes (hash function given per call); not thread-safe (under
  *     the registry lock). */
@@ -11,35 +17,35 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define META_NO_ID   UINT32_MAX
-#define SLAB_PAGE    (16u << 10)
-#define SLAB_MAX     512u /* larger entries use malloc */
-#define SLAB_CLASSES (SLAB_MAX / 8 + 1)
+#define META_NO_ID        UINT32_MAX
+#define ARENA_UNIT        4u
+#define ARENA_MAX_UNITS   72u        /* largest entry the arena holds, in units */
+#define ARENA_LIMIT_UNITS (1u << 26) /* 256 MiB a shard: offsets fit in 26 bits */
 
-struct slab_page {
-    struct slab_page *next;
-    uint8_t mem[] __attribute__((aligned(8)));
+struct arena {
+    uint8_t *mem;
+    uint32_t top; /* units handed out (bump); 1 once mapped (unit 0 is never used) */
+    uint32_t cap; /* units mapped */
+    uint32_t free[ARENA_MAX_UNITS + 1];
 };
 
-struct slab {
-    void *free[SLAB_CLASSES];
-    uint8_t *bump;
-    size_t bump_left;
-    struct slab_page *pages;
-    size_t bytes; /* pages + large entries */
-};
-
-static inline bool meta_slab_is_big(size_t size)
+static inline void *meta_arena_at(const struct arena *a, uint32_t off)
 {
-    return ((size + 7) & ~(size_t)7) > SLAB_MAX;
+    return a->mem + (size_t)off * ARENA_UNIT;
 }
 
-/* size bytes (8-byte rounded); NULL on ENOMEM. */
-void *meta_slab_alloc(struct slab *sl, size_t size);
-/* Returns p (allocated with the same size) to its class or to malloc. */
-void meta_slab_free(struct slab *sl, void *p, size_t size);
-/* Frees every page and the slab's bookkeeping (not large entries: their owner frees them). */
-void meta_slab_destroy(struct slab *sl);
+/* units (1..ARENA_MAX_UNITS) of uninitialized memory: its offset, or 0 when the shard's
+ * 256 MiB are used up or memory is short. May move the arena. */
+uint32_t meta_arena_alloc(struct arena *a, uint32_t units);
+/* Returns off (allocated with the same units) to its free list. */
+void meta_arena_free(struct arena *a, uint32_t off, uint32_t units);
+/* Bytes of the pages the arena has touched (what it adds to the RSS). */
+size_t meta_arena_bytes(const struct arena *a);
+void meta_arena_destroy(struct arena *a);
+
+/* bytes of zeroed memory; NULL on ENOMEM. Free with the same bytes. */
+void *meta_region_alloc(size_t bytes);
+void meta_region_free(void *p, size_t bytes);
 
 struct idtab {
     void **v;

@@ -262,6 +262,18 @@ int pf_rpc_unary_raw(struct pf_rpc_channel *ch, const char *path, const uint8_t 
     return unary_bb(ch, path, bb, resp_desc, timeout_ms, resp_p, st);
 }
 
+int pf_rpc_unary_take(struct pf_rpc_channel *ch, const char *path, uint8_t *data, size_t len,
+                      const ProtobufCMessageDescriptor *resp_desc, uint64_t timeout_ms,
+                      ProtobufCMessage **resp_p, struct pf_rpc_status *st)
+{
+    grpc_slice s = len ? grpc_slice_new(data, len, free) : grpc_empty_slice();
+    if (!len)
+        free(data);
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s);
+    return unary_bb(ch, path, bb, resp_desc, timeout_ms, resp_p, st);
+}
+
 /* Takes ownership of reqbb. */
 static int unary_bb(struct pf_rpc_channel *ch, const char *path, grpc_byte_buffer *reqbb,
                     const ProtobufCMessageDescriptor *resp_desc, uint64_t timeout_ms,

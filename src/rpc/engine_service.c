@@ -262,8 +262,12 @@ static int h_query(void *ctx, struct pf_rpc_call *call, const uint8_t *data, siz
     char inst[1024] = "", req[1024] = "";
     struct pf_engine_query q = {.instance_id = inst, .req_id = req};
     struct pf_wire w = {data, data + len};
-    struct pf_wire_field f;
-    size_t nh = 0;
+    struct pf_wire_field f = {0};
+    /* one pass: room for every hash if they are 32 bytes (34 on the wire), grown if not */
+    size_t nh = 0, cap = len / 34 + 16;
+    struct pf_bytes *hashes = malloc(cap * sizeof(*hashes));
+    if (!hashes)
+        return pf_rpc_fail(call, PF_GRPC_RESOURCE_EXHAUSTED, "out of memory");
     int r;
     while ((r = pf_wire_next(&w, &f)) == 1) {
         bool ok = true;
@@ -273,7 +277,18 @@ static int h_query(void *ctx, struct pf_rpc_call *call, const uint8_t *data, siz
             break;
         case 2:
             ok = f.type == 2;
-            nh++;
+            if (!ok)
+                break;
+            if (nh == cap) {
+                struct pf_bytes *more = realloc(hashes, 2 * cap * sizeof(*hashes));
+                if (!more) {
+                    free(hashes);
+                    return pf_rpc_fail(call, PF_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+                }
+                hashes = more;
+                cap *= 2;
+            }
+            hashes[nh++] = (struct pf_bytes){f.data, f.len};
             break;
         case 3:
             ok = copy_str(&f, req, sizeof(req)) == 0;
@@ -294,17 +309,11 @@ static int h_query(void *ctx, struct pf_rpc_call *call, const uint8_t *data, siz
             break;
         }
     }
-    if (r < 0)
+    if (r < 0) {
+        free(hashes);
         return pf_rpc_fail(call, PF_GRPC_INVALID_ARGUMENT,
                            "malformed QueryRequest (protobuf decoding failed)");
-    struct pf_bytes *hashes = malloc((nh ? nh : 1) * sizeof(*hashes));
-    if (!hashes)
-        return pf_rpc_fail(call, PF_GRPC_RESOURCE_EXHAUSTED, "out of memory");
-    w = (struct pf_wire){data, data + len};
-    size_t k = 0;
-    while (pf_wire_next(&w, &f) == 1)
-        if (f.number == 2)
-            hashes[k++] = (struct pf_bytes){f.data, f.len};
+    }
     q.hashes = hashes;
     q.n = nh;
     /* A query whose caller already gave up (a deadline passed while the call waited for a

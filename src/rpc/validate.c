@@ -44,10 +44,15 @@ static int check(const ProtobufCMessageDescriptor *d, const uint8_t *data, size_
         return 0; /* the empty message (data may be NULL: no pointer arithmetic on it) */
     uint32_t counts[MAX_FIELDS] = {0};
     struct pf_wire w = {data, data + len};
-    struct pf_wire_field f;
+    struct pf_wire_field f = {0};
+    const ProtobufCFieldDescriptor *fd = NULL;
+    uint32_t fd_number = 0; /* fd's field number: a repeated field's run looks it up once */
     int r;
     while ((r = pf_wire_next(&w, &f)) == 1) {
-        const ProtobufCFieldDescriptor *fd = protobuf_c_message_descriptor_get_field(d, f.number);
+        if (f.number != fd_number) {
+            fd = protobuf_c_message_descriptor_get_field(d, f.number);
+            fd_number = f.number;
+        }
         if (!fd)
             continue;
         size_t idx = (size_t)(fd - d->fields);

@@ -43,7 +43,7 @@ static size_t key_len(const uint8_t *p, const uint8_t *end)
 static void check_fields(const uint8_t *data, size_t size)
 {
     struct pf_wire w = {data, data + size};
-    struct pf_wire_field f;
+    struct pf_wire_field f = {0};
     size_t nf = 0;
     bool long_key = false;
     int r;
@@ -113,7 +113,7 @@ static bool fast_decode(const uint8_t *data, size_t size, struct fast_query *q)
 {
     memset(q, 0, sizeof(*q));
     struct pf_wire w = {data, data + size};
-    struct pf_wire_field f;
+    struct pf_wire_field f = {0};
     int r;
     while ((r = pf_wire_next(&w, &f)) == 1) {
         switch (f.number) {
@@ -171,7 +171,7 @@ static void check_query(const uint8_t *data, size_t size)
     if (m->n_block_hashes != q.nh)
         fz_fail("QueryRequest: %zu hashes, protobuf-c %zu", q.nh, m->n_block_hashes);
     struct pf_wire w = {data, data + size};
-    struct pf_wire_field f;
+    struct pf_wire_field f = {0};
     size_t k = 0;
     while (pf_wire_next(&w, &f) == 1)
         if (f.number == 2) {

@@ -166,7 +166,27 @@ static inline uint32_t pf_block_ns(const struct pf_block *b)
 }
 /* The block's key. */
 struct pf_block_key pf_block_key(const struct pf_block *b);
-bool pf_block_key_eq(const struct pf_block *b, const struct pf_block_key *k);
+/* pf_key_eq against the block's key, the hash bytes compared a word at a time (no memcmp
+ * call: the cache's chain walk is the hot loop of a query). */
+static inline bool pf_block_key_eq(const struct pf_block *b, const struct pf_block_key *k)
+{
+    if (b->hnode.user != k->ns || b->keylen != k->len)
+        return false;
+    size_t in = k->len < PF_BLOCK_HASH_INLINE ? k->len : PF_BLOCK_HASH_INLINE;
+    uint64_t diff = 0;
+    size_t i = 0;
+    for (; i + 8 <= in; i += 8) {
+        uint64_t x, y;
+        __builtin_memcpy(&x, b->hash + i, 8);
+        __builtin_memcpy(&y, k->hash + i, 8);
+        diff |= x ^ y;
+    }
+    for (; i < in; i++)
+        diff |= (uint64_t)(b->hash[i] ^ k->hash[i]);
+    for (size_t j = 0; in + j < k->len; j++) /* past the inline bytes: the tail's first */
+        diff |= (uint64_t)(b->tail[j] ^ k->hash[in + j]);
+    return diff == 0;
+}
 /* pf_key_hash of the block's key. */
 uint64_t pf_block_key_hash(const struct pf_block *b);
 

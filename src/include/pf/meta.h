@@ -99,7 +99,9 @@ int pf_meta_store_unregister(struct pf_meta_store *st, const char *node, const u
 /* InsertBlockHashes: validates and refreshes the session, then upserts (node, node_id) as
  * owner of every (ns, hash[i]) with register time now. When reclaimable is not NULL,
  * reclaimable[i] is set to true iff this call made the node a new owner of hash i and the
- * key then has >= 3 visible owners (false otherwise). n may not be 0; no hash may be empty. */
+ * key then has >= 3 visible owners (false otherwise). n may not be 0; no hash may be empty.
+ * -ENOSPC when a key would get a 65536th owner, or (memory store) a new namespace would be
+ * the 2^22nd live one; -ENOMEM without memory (hashes before the failing one stay in). */
 int pf_meta_store_insert(struct pf_meta_store *st, const char *ns, const struct pf_meta_hash *h,
                          size_t n, const char *node, const uint8_t node_id[16], bool *reclaimable);
 

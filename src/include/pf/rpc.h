@@ -184,6 +184,11 @@ int pf_rpc_unary(struct pf_rpc_channel *ch, const char *path, const ProtobufCMes
 int pf_rpc_unary_raw(struct pf_rpc_channel *ch, const char *path, const uint8_t *data, size_t len,
                      const ProtobufCMessageDescriptor *resp_desc, uint64_t timeout_ms,
                      ProtobufCMessage **resp_p, struct pf_rpc_status *st);
+/* Like pf_rpc_unary_raw with a malloc'ed request it takes over (sent without a copy, freed
+ * when gRPC is done with it, also on error). */
+int pf_rpc_unary_take(struct pf_rpc_channel *ch, const char *path, uint8_t *data, size_t len,
+                      const ProtobufCMessageDescriptor *resp_desc, uint64_t timeout_ms,
+                      ProtobufCMessage **resp_p, struct pf_rpc_status *st);
 
 /* A server-streaming call held open (e.g. Session). Messages are not read; the call stays
  * open until pf_rpc_stream_close or until the server ends it. open waits up to timeout_ms

@@ -5,6 +5,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,6 +15,7 @@
 #include "pf/cache.h"
 #include "pf/lease.h"
 #include "pf/pool.h"
+#include "pftest.h"
 
 static struct pf_block_key key(uint32_t ns, uint32_t i)
 {
@@ -29,6 +31,15 @@ static struct pf_block_key key(uint32_t ns, uint32_t i)
  * (no pool behind it). */
 static uint8_t fake_mem[4096];
 static struct pf_alloc fake = {.ptr = fake_mem, .size = sizeof(fake_mem), .refs = 1u << 30};
+
+static struct pf_block *blk_key(const struct pf_block_key *k)
+{
+    pf_alloc_get(&fake);
+    struct pf_slot s = {.k = fake_mem, .ka = &fake, .seg_len = 100, .seg_stride = 100, .nseg = 1};
+    struct pf_block *b;
+    assert_int_equal(pf_block_pack(NULL, k, 1, &s, &b), 0);
+    return b;
+}
 
 static struct pf_block *blk(uint32_t ns, uint32_t i)
 {
@@ -276,6 +287,125 @@ static void test_block_refs(void **st)
     assert_int_equal(pf_ns_lookup("gamma", &id3), -ENOENT);
 }
 
+static uint64_t rng_state;
+
+static uint64_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+/* Key i: random length (4..PF_HASH_MAX bytes, i in the first four), namespace 1..3. */
+static struct pf_block_key rand_key(uint32_t i)
+{
+    uint8_t h[PF_HASH_MAX];
+    for (size_t j = 0; j < sizeof(h); j++)
+        h[j] = (uint8_t)rnd();
+    memcpy(h, &i, sizeof(i));
+    struct pf_block_key k;
+    pf_key_make(1 + (uint32_t)(rnd() % 3), h, 4 + rnd() % (PF_HASH_MAX - 3), &k);
+    return k;
+}
+
+/* Batched lookups (the software pipeline over thousands of keys, chains at load factor up
+ * to 1) against one pf_cache_contains per key: prefix length, the blocks returned, one
+ * reference per hit and none past a prefix's first miss, recency marks only up to it; and
+ * near-miss keys (same bytes in another namespace, one byte shorter, one bit off) miss. */
+static void test_batched_lookups(void **st)
+{
+    rng_state = pft_seed() | 1;
+    struct pf_cache *c;
+    assert_int_equal(pf_cache_create(NULL, &c), 0);
+    enum { N = 6000, Q = 3000 };
+    struct pf_block_key *res = malloc(N * sizeof(*res));
+    struct pf_block **blocks = malloc(N * sizeof(*blocks));
+    for (size_t i = 0; i < N; i++) {
+        res[i] = rand_key((uint32_t)i);
+        blocks[i] = blk_key(&res[i]);
+        assert_int_equal(pf_cache_insert(c, blocks[i], PF_CLASS_RETAINED), 1);
+    }
+    struct pf_block_key *q = malloc(Q * sizeof(*q));
+    struct pf_block **out = malloc(Q * sizeof(*out));
+    size_t *idx = malloc(Q * sizeof(*idx));
+    for (int round = 0; round < 40; round++) {
+        size_t n = round == 0 ? 1 : 1 + rnd() % Q;
+        for (size_t i = 0; i < n; i++) {
+            uint64_t r = rnd() % 100;
+            idx[i] = rnd() % N;
+            q[i] = res[idx[i]];
+            if (r < 3 && i > 0) { /* some prefixes end early, on a near miss */
+                if (r == 0)
+                    q[i].ns += 10;
+                else if (r == 1)
+                    q[i].hash[--q[i].len] = 0;
+                else
+                    q[i].hash[rnd() % q[i].len] ^= 1;
+                if (pf_cache_contains(c, &q[i])) /* happens to be another resident key */
+                    q[i] = res[idx[i]];
+                else
+                    idx[i] = SIZE_MAX;
+            }
+        }
+        size_t want = 0;
+        while (want < n && idx[want] != SIZE_MAX)
+            want++;
+        for (size_t i = 0; i < N; i++)
+            blocks[i]->accessed = 0;
+        size_t got = pf_cache_prefix(c, q, n, out);
+        assert_int_equal(got, want);
+        for (size_t i = 0; i < got; i++) {
+            assert_ptr_equal(out[i], blocks[idx[i]]);
+            assert_int_equal(out[i]->accessed, 1);
+        }
+        /* references: ours, the cache's, one per hit position (a block may repeat) */
+        for (size_t i = 0; i < N; i++) {
+            uint32_t refs = 2;
+            for (size_t j = 0; j < got; j++)
+                refs += idx[j] == i;
+            assert_int_equal(pf_block_strong(blocks[i]), refs);
+            if (refs == 2)
+                assert_int_equal(blocks[i]->accessed, 0);
+        }
+        for (size_t i = 0; i < got; i++)
+            pf_block_put(out[i]);
+        assert_int_equal(pf_cache_prefix(c, q, n, NULL), want);
+        /* membership: every position on its own */
+        size_t hits = pf_cache_lookup_each(c, q, n, out), nhit = 0;
+        for (size_t i = 0; i < n; i++) {
+            bool in = pf_cache_contains(c, &q[i]);
+            assert_int_equal(in, idx[i] != SIZE_MAX);
+            if (in) {
+                assert_ptr_equal(out[i], blocks[idx[i]]);
+                nhit++;
+                pf_block_put(out[i]);
+            } else {
+                assert_null(out[i]);
+            }
+        }
+        assert_int_equal(hits, nhit);
+    }
+    for (size_t i = 0; i < N; i++) {
+        assert_int_equal(pf_block_strong(blocks[i]), 2);
+        pf_block_put(blocks[i]);
+    }
+    /* an empty cache answers without touching its index */
+    struct pf_cache *e;
+    assert_int_equal(pf_cache_create(NULL, &e), 0);
+    assert_int_equal(pf_cache_prefix(e, q, 5, out), 0);
+    assert_int_equal(pf_cache_lookup_each(e, q, 5, out), 0);
+    for (size_t i = 0; i < 5; i++)
+        assert_null(out[i]);
+    pf_cache_destroy(e);
+    pf_cache_destroy(c);
+    free(res);
+    free(blocks);
+    free(q);
+    free(out);
+    free(idx);
+}
+
 static void test_leases(void **st)
 {
     struct pf_fake_clock clk;
@@ -367,6 +497,7 @@ int main(void)
         cmocka_unit_test(test_tinylfu),
         cmocka_unit_test(test_block_refs),
         cmocka_unit_test(test_leases),
+        cmocka_unit_test(test_batched_lookups),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -424,6 +424,56 @@ static void test_page_first_checksums(void **st)
     assert_int_equal(pf_engine_unregister(F.e, "pf", err, sizeof(err)), 0);
 }
 
+/* Query keys are built the way saves build them for every hash length: the 16- and 32-byte
+ * fast path and pf_group_key for the rest; a hash that only shares a shorter hash's bytes
+ * (same first 16 bytes, longer) does not hit it. */
+static void test_hash_lengths(void **st)
+{
+    assert_int_equal(reg("ilen", "nslen", 0, 1, NULL), 0);
+    static const size_t lens[6] = {16, 32, 1, 17, 31, 40};
+    uint8_t hb[6][40];
+    struct pf_bytes hs[6];
+    uint32_t ids[6];
+    for (size_t i = 0; i < 6; i++) {
+        for (size_t j = 0; j < 40; j++)
+            hb[i][j] = (uint8_t)(i * 31 + j * 3 + 5);
+        hs[i] = (struct pf_bytes){hb[i], lens[i]};
+        ids[i] = (uint32_t)i;
+    }
+    struct pf_engine_save_layer sl = {
+        .name = "ALL_LAYERS", .block_ids = ids, .nids = 6, .hashes = hs, .nhashes = 6};
+    char err[256];
+    assert_int_equal(pf_engine_save(F.e, "ilen", 0, 0, 0, &sl, 1, err, sizeof(err)), 0);
+    assert_int_equal(pf_engine_flush(F.e, 5000), 0);
+    struct pf_engine_query_result res;
+    struct pf_engine_query q = {.instance_id = "ilen", .req_id = "rl", .hashes = hs, .n = 6};
+    assert_int_equal(pf_engine_query(F.e, &q, &res, err, sizeof(err)), 0);
+    assert_int_equal(res.num_hit_blocks, 6);
+    release(&res);
+    for (size_t i = 0; i < 6; i++) { /* each on its own, too */
+        q.hashes = &hs[i];
+        q.n = 1;
+        assert_int_equal(pf_engine_query(F.e, &q, &res, err, sizeof(err)), 0);
+        assert_int_equal(res.num_hit_blocks, 1);
+        release(&res);
+    }
+    /* hb[0]'s 16 bytes followed by 16 more: a 32-byte hash that is not resident */
+    uint8_t longer[32];
+    memcpy(longer, hb[0], 16);
+    memset(longer + 16, 0, 16);
+    struct pf_bytes miss[2] = {{longer, 32}, {hb[0], 15}};
+    for (size_t i = 0; i < 2; i++) {
+        q.hashes = &miss[i];
+        q.n = 1;
+        assert_int_equal(pf_engine_query(F.e, &q, &res, err, sizeof(err)), 0);
+        assert_int_equal(res.num_hit_blocks, 0);
+        assert_false(res.has_lease);
+    }
+    struct pf_bytes empty = {hb[0], 0};
+    q.hashes = &empty;
+    assert_int_equal(pf_engine_query(F.e, &q, &res, err, sizeof(err)), -EINVAL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -432,6 +482,7 @@ int main(void)
         cmocka_unit_test(test_tier),
         cmocka_unit_test(test_hooks_and_unregister),
         cmocka_unit_test(test_page_first_checksums),
+        cmocka_unit_test(test_hash_lengths),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
