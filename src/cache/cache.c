@@ -129,6 +129,14 @@ struct pipe {
     struct pf_hnode *at[PIPE];
 };
 
+/* A block's lookup fields are its first 56 bytes; records are 16-byte aligned, so they may
+ * straddle two cache lines: fetch both. */
+static inline void prefetch_block(const struct pf_hnode *x)
+{
+    __builtin_prefetch(x);
+    __builtin_prefetch((const char *)x + 55);
+}
+
 static inline void stage_hash(const struct pf_cache *c, struct pipe *p, size_t i)
 {
     uint64_t h = pf_key_hash(&p->keys[i]);
@@ -141,7 +149,7 @@ static inline void stage_bucket(const struct pf_cache *c, struct pipe *p, size_t
     struct pf_hnode *x = c->index.buckets[p->h[i % PIPE] & c->index.mask];
     p->at[i % PIPE] = x;
     if (x)
-        __builtin_prefetch(x);
+        prefetch_block(x);
 }
 
 static inline void stage_skip(struct pipe *p, size_t i)
@@ -151,7 +159,7 @@ static inline void stage_skip(struct pipe *p, size_t i)
         x = x->next;
         p->at[i % PIPE] = x;
         if (x)
-            __builtin_prefetch(x);
+            prefetch_block(x);
     }
 }
 
