@@ -17,12 +17,23 @@ if [ "$(id -u)" = 0 ]; then
     echo "SKIP: running as root and setpriv (util-linux) is absent: cannot drop privileges"
     exit 77
   fi
-  chown 65534:65534 "$out"
+  # the checkout may sit where nobody cannot read (a clone in a 0700 mktemp directory):
+  # nobody runs a copy of the package, the binaries and the library, as an installed user would
+  # (the sim finds the vLLM stand-in its node drivers import beside the package, as in a tree)
+  mkdir -p "$out/stage/bin" "$out/stage/lib" "$out/stage/python" "$out/stage/tests/python"
+  cp -a "$PF_BIN/." "$out/stage/bin/"
+  cp -a "$PF_LIB/libpegaflow.so" "$out/stage/lib/"
+  cp -a "$PF_TOP/python/pegaflow" "$out/stage/python/"
+  cp -a "$PF_TOP/tests/python/vllm_stub" "$out/stage/tests/python/"
+  bin=$out/stage/bin lib=$out/stage/lib py=$out/stage/python
+  chown -R 65534:65534 "$out"
   as=(setpriv --reuid=65534 --regid=65534 --clear-groups --)
   echo "running as nobody (uid 65534)"
+else
+  bin=$PF_BIN lib=$PF_LIB py=$PF_TOP/python
 fi
-"${as[@]}" env HOME="$out" PYTHONPATH="$PF_TOP/python" /usr/bin/python3 -m pegaflow.sim \
-  --bin "$PF_BIN" --lib "$PF_LIB/libpegaflow.so" --nodes 3 --requests 120 --rate 60 \
+"${as[@]}" env HOME="$out" PYTHONPATH="$py" /usr/bin/python3 -m pegaflow.sim \
+  --bin "$bin" --lib "$lib/libpegaflow.so" --nodes 3 --requests 120 --rate 60 \
   --seed "$SEED" --kill-node 3@40% --restart-node 3@70% \
   --json "$out/run.json" --plot "$out/run.svg" >"$PF_TMP/run.log" 2>&1
 rc=$?
