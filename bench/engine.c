@@ -39,6 +39,7 @@
 #include "engine.pb-c.h"
 #include "pf/rpc.h"
 #include "pftest.h"
+#include "benchutil.h"
 
 #define TMO 120000
 
@@ -237,23 +238,7 @@ static void hash_of(uint64_t tag, uint64_t i, uint8_t *h)
 
 static int reg(struct pf_client *c, const char *inst, struct pf_simkv *kv, uint64_t nb, uint64_t bs)
 {
-    uint8_t ipc[512];
-    size_t ipclen;
-    pf_simkv_ipc(kv, 0, nb * bs, ipc, sizeof(ipc), &ipclen);
-    struct pf_layer_desc d = {.name = "ALL_LAYERS",
-                              .ipc = ipc,
-                              .ipc_len = ipclen,
-                              .num_blocks = nb,
-                              .bytes_per_block = bs,
-                              .segments = 1};
-    struct pf_register_args a = {.instance_id = inst,
-                                 .namespace_ = "bench",
-                                 .tp_size = 1,
-                                 .world_size = 1,
-                                 .device_id = 0,
-                                 .layers = &d,
-                                 .nlayers = 1};
-    return pf_client_register(c, &a, TMO);
+    return bu_register(c, inst, "bench", kv, nb, bs, TMO);
 }
 
 #define NL32 32 /* layers of the per-layer metadata case (vLLM's one-tensor-per-layer path) */
