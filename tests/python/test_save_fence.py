@@ -106,3 +106,47 @@ def test_save_times_out_when_the_forward_pass_never_finishes(rig):
     assert w.stats["save_failures"] == 1 and w.stats["saves"] == 0
     assert not _stored(server, {h(5)})
     assert w.get_finished({"a"}) == ({"a"}, None)  # the request still completes
+
+
+def test_facade_orders_the_save_after_vllms_forward_pass(lib, monkeypatch):
+    """vLLM's path: the connector made by the stub's factory, its own device adapter for a
+    (fake) torch CUDA tensor, wait_for_save called as the forward context exits."""
+    from conftest import REAL_VLLM
+
+    if REAL_VLLM:
+        pytest.skip("SKIP: drives the vLLM stub; a real vLLM is installed")
+    import pegaflow.connector._facade as facade
+    from pegaflow.connector._facade import PegaConnectorMetadata
+    from test_facade import make
+
+    if not lib.has("pf_client_ipc_cuda"):
+        pytest.fail("libpegaflow lacks pf_client_ipc_cuda")
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    monkeypatch.setenv("PEGAFLOW_LIB", lib.path)  # the adapter loads it (no client.lib)
+    g = faketorch.FakeGPU(0, handle_version=2)
+    torch = faketorch.install(monkeypatch, [g])
+    srv = FakeServer()
+    srv.ipc_open = lambda ipc: faketorch.server_open(ipc, [g])
+    monkeypatch.setattr(facade, "_make_client", lambda ctx, ep: FakeEngineClient(srv))
+    w = make("w")
+    try:
+        kv = torch.zeros((2, 8, 16, 2, 8), "uint16")
+        w.register_kv_caches({"l0": kv})
+        assert w._worker.device.kind == "cuda"  # the facade chose CudaDeviceAdapter
+        data = np.random.default_rng(7).integers(0, 1 << 16, (2, 16, 2, 8), dtype=np.uint16)
+        torch.cuda.launch(lambda: kv.numpy().__setitem__((slice(None), 5), data))
+        w.bind_connector_metadata(PegaConnectorMetadata(
+            StepPlan(saves={"r": SaveIntent((5,), (h(8),))})))
+        w.wait_for_save()
+        w.clear_connector_metadata()
+        torch.cuda.launch(lambda: None)  # the next step's forward pass
+        g.wait(lambda: g.event_waits >= 1, "waiting for the save thread to wait on its event")
+        assert not [c for c in srv.calls if c[0] == "save"]
+        g.run(n=1)
+        assert w._worker.wait_saves_idle(10)
+        (slots,) = [v for k, v in srv.blocks.items() if k[1] == h(8)]
+        assert slots[("l0", 0)] == data[0].tobytes() + data[1].tobytes()
+        assert g.default_stream.pending == 1 and g.full_syncs == 0
+    finally:
+        g.run_all()
+        w.shutdown()

@@ -220,6 +220,18 @@ def test_save_on_thread_waits_for_its_fence_and_covers_every_layer():
     x.w.shutdown()
 
 
+def test_adapter_without_a_save_fence_synchronises_the_device_instead():
+    class OldAdapter(HostDeviceAdapter):  # a DeviceAdapter written before save_fence
+        save_fence = None
+
+    x = W(thread=True)
+    x.dev = x.w.device = OldAdapter(0)
+    x.register()
+    _save(x, {"a": ([1], [h(1)])})
+    assert x.w.wait_saves_idle(5)
+    assert x.dev.syncs == 1 and x.w.stats["saves"] == 1
+
+
 def test_finished_sending_only_after_the_request_finished_and_saves_done():
     x = W().register()
     _save(x, {"a": ([1], [h(1)])})
