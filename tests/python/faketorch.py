@@ -14,8 +14,9 @@ Sources followed (pytorch/pytorch, read through the code index):
   base_block->ptr``; for ``'e'`` ``ExpandableSegment::share``'s ShareHeader ``{pid_t pid;
   size_t segment_size; size_t num_handles}`` (24 bytes, pid padded with zeroed bytes)
   and one ``int`` fd per segment page. ``version=None`` models a torch before versioned
-  handles (a bare 64-byte handle). Version 3 (torch 2.13, pytorch PR #179618) changed
-  only the ``'e'`` ShareHeader layout; this fake writes the version-2 header for ``'e'``
+  handles (a bare 64-byte handle). Version 3 (torch 2.13) changed only the ``'e'``
+  payload (its ShareHeader layout, pytorch PR #179618 / issue #198305; NVIDIA-NeMo/RL
+  nemo_rl/utils/cuda_ipc.py); this fake writes the version-2 header for ``'e'``
   under either version (nothing here reads it: ``'e'`` is refused by its type byte).
   ``event_handle`` is a 64-byte ``cudaIpcEventHandle_t``; ``ref_counter_handle`` a
   ``/torch_<pid>_<n>_<k>`` shm name (``CudaIPCRefCountersFile``).

@@ -20,12 +20,12 @@ the *base* block of the cudaMalloc segment the storage lives in (66 bytes in all
 type ``'e'`` (SHAREABLE_CUDA_EXPANDABLE_SEGMENT): the payload is an
 ``ExpandableSegment::ShareHeader`` (pid, segment size, handle count) followed by one
 POSIX fd (or fabric handle) per segment page, exported with cuMemExportToShareableHandle:
-nothing cudaIpcOpenMemHandle can open. Versions: 2 in the torch releases read (the
-constant ``SHAREABLE_HANDLE_VERSION = 2``); torch 2.13 writes 3 — pytorch PR #179618
-changed the layout of the ``'e'`` payload's ShareHeader (pytorch issue #198305), the
-``'c'`` payload is byte-for-byte that of version 2 (NVIDIA-NeMo/RL
-nemo_rl/utils/cuda_ipc.py, PR #4080, which rewrites 3 to 2 for 'c' handles for that
-reason). A handle of exactly 64 bytes is an unversioned ``cudaIpcMemHandle_t`` from a
+nothing cudaIpcOpenMemHandle can open. Versions: 2 in the torch sources read (the
+constant ``SHAREABLE_HANDLE_VERSION = 2``); torch 2.13 writes 3 and its ``'c'`` payload is
+byte-for-byte that of version 2 — only the ``'e'`` payload changed (NVIDIA-NeMo/RL
+nemo_rl/utils/cuda_ipc.py, PR #4080, rewrites 3 to 2 in 'c' handles for that reason; the
+``'e'`` change is the ShareHeader layout of pytorch PR #179618, pytorch issue #198305).
+The torch 2.13 source itself was not in the code index. A handle of exactly 64 bytes is an unversioned ``cudaIpcMemHandle_t`` from a
 torch before versioning: torch's own consumer (``MemHandleCacheEntry`` in
 ``NativeCachingAllocator::getIpcDevPtr``) reads it as ``'c'``, and so do we.
 
