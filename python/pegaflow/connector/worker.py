@@ -18,7 +18,8 @@ neither vLLM nor torch.
 * wait_for_save: records a save fence (a CUDA event on the forward pass's stream, see
   device/cuda.py) and hands the step's saves to a background thread, which waits for
   that fence only (attention kernels are asynchronous; work queued after the forward
-  pass is not waited for) and sends one Save covering every registered layer. Save failures are logged; the request lifecycle still completes.
+  pass is not waited for) and sends one Save covering every registered layer. Save
+  failures are logged; the request lifecycle still completes.
 * handle_preemptions: waits until saves reading preempted requests' blocks completed,
   before vLLM reuses the blocks.
 * Hybrid models: each layer registers with its storage group (``layer_group_ids``);

@@ -25,8 +25,8 @@ constant ``SHAREABLE_HANDLE_VERSION = 2``); torch 2.13 writes 3 and its ``'c'`` 
 byte-for-byte that of version 2 — only the ``'e'`` payload changed (NVIDIA-NeMo/RL
 nemo_rl/utils/cuda_ipc.py, PR #4080, rewrites 3 to 2 in 'c' handles for that reason; the
 ``'e'`` change is the ShareHeader layout of pytorch PR #179618, pytorch issue #198305).
-The torch 2.13 source itself was not in the code index. A handle of exactly 64 bytes is an unversioned ``cudaIpcMemHandle_t`` from a
-torch before versioning: torch's own consumer (``MemHandleCacheEntry`` in
+The torch 2.13 source itself was not in the code index. A handle of exactly 64 bytes is
+an unversioned ``cudaIpcMemHandle_t`` from a torch before versioning: torch's own consumer (``MemHandleCacheEntry`` in
 ``NativeCachingAllocator::getIpcDevPtr``) reads it as ``'c'``, and so do we.
 
 ``storage_offset_bytes`` is the storage's start inside that segment (``block->ptr -
