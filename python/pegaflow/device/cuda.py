@@ -26,8 +26,9 @@ byte-for-byte that of version 2 — only the ``'e'`` payload changed (NVIDIA-NeM
 nemo_rl/utils/cuda_ipc.py, PR #4080, rewrites 3 to 2 in 'c' handles for that reason; the
 ``'e'`` change is the ShareHeader layout of pytorch PR #179618, pytorch issue #198305).
 The torch 2.13 source itself was not in the code index. A handle of exactly 64 bytes is
-an unversioned ``cudaIpcMemHandle_t`` from a torch before versioning: torch's own consumer (``MemHandleCacheEntry`` in
-``NativeCachingAllocator::getIpcDevPtr``) reads it as ``'c'``, and so do we.
+an unversioned ``cudaIpcMemHandle_t`` from a torch before versioning: torch's own
+consumer (``MemHandleCacheEntry`` in ``NativeCachingAllocator::getIpcDevPtr``) reads it
+as ``'c'``, and so do we.
 
 ``storage_offset_bytes`` is the storage's start inside that segment (``block->ptr -
 base_block->ptr``); torch's consumer maps the segment and adds it (``devPtr = basePtr +
