@@ -72,16 +72,20 @@ def main() -> int:
     lib = _lib.load_library()
     n, bs = 64, 16
     layers = ["layer0", "layer1"]
-    torch.zeros(1000, dtype=torch.uint8, device=f"cuda:{dev}")  # KV not at a segment start
+    # 4 MiB each: the caching allocator splits one 20 MiB segment for requests between 1
+    # and 10 MiB (kLargeBuffer), so layer1 normally starts at a non-zero segment offset
     kv = {name: torch.zeros((2, n, bs, 8, 128), dtype=torch.bfloat16, device=f"cuda:{dev}")
           for name in layers}
 
     # 1. torch's handle format, as the connector parses it
     try:
-        raw = kv["layer0"].untyped_storage()._share_cuda_()
-        s = parse_share_cuda(raw)
-        line("PASS", "handle-format", f"{len(raw[1])}-byte storage handle, version "
-             f"{s.version}, type 'c', storage offset {s.offset}, {s.size} bytes")
+        desc = []
+        for name in layers:
+            raw = kv[name].untyped_storage()._share_cuda_()
+            s = parse_share_cuda(raw)
+            desc.append(f"{name}: {len(raw[1])}-byte handle, version {s.version}, type 'c', "
+                        f"segment offset {s.offset}, {s.size} bytes")
+        line("PASS", "handle-format", "; ".join(desc))
     except Exception as e:  # noqa: BLE001 - report, do not stop
         line("FAIL", "handle-format", f"{type(e).__name__}: {e}")
         return 1
