@@ -41,7 +41,7 @@ from pegaflow.client.errors import (
     is_unreachable,
 )
 from pegaflow.client.loadstate import ShmLoadState
-from pegaflow.device.base import TensorInfo, describe
+from pegaflow.device.base import ReadyFence, TensorInfo, describe
 
 SERVER_VERSION = "0.23.12"
 LEASE_TTL_S = 600.0
@@ -132,6 +132,7 @@ class HostDeviceAdapter:
     def __init__(self, device: int = 0):
         self._dev = device
         self.syncs = 0
+        self.fences = 0
 
     def device_id(self) -> int:
         return self._dev
@@ -143,6 +144,11 @@ class HostDeviceAdapter:
         if isinstance(t, HostTensor):
             return b"host:%d" % t.id
         return b"fake:%d" % id(t)
+
+    def save_fence(self) -> ReadyFence:
+        # host "kernels" are synchronous numpy writes
+        self.fences += 1
+        return ReadyFence()
 
     def synchronize(self) -> None:
         self.syncs += 1
@@ -236,6 +242,9 @@ class FakeServer:
         self.loading: dict[str, int] = {}  # req_id -> Loading answers still to give
         self.load_mode = "complete"  # complete | error | never
         self.sessions: dict[str, int] = {}
+        # opens an IpcTensor that is not a HostTensor's ("host:<id>") into its memory (a
+        # uint8 array), as the server's GPU backend would (faketorch.server_open)
+        self.ipc_open = None
         self.calls: list[tuple[str, dict]] = []
         self.pending_states: list[ShmLoadState] = []
         self.slot_writes: dict[tuple[str, bytes], int] = {}
@@ -309,6 +318,11 @@ class FakeServer:
             t = None
             if l.ipc.startswith(b"host:"):
                 t = _registry[int(l.ipc[5:])]
+            elif self.ipc_open is not None:
+                try:
+                    t = HostTensor(self.ipc_open(l.ipc))
+                except (KeyError, ValueError) as e:
+                    raise error_for(m, -22, INVALID_ARGUMENT, f"layer {l.name}: {e}") from e
             if l.segments == 2 and l.kv_stride_bytes < l.bytes_per_block:
                 raise error_for(m, -22, INVALID_ARGUMENT, "overlap")
             if a.page_first and (l.segments != 1 or l.group_id != 0):

@@ -1,5 +1,5 @@
 """Worker side: registration, loads (success, RPC failure, error state, timeout on a fake
-clock), saves on the background thread (device synchronised first, failures still
+clock), saves on the background thread (after their save fence, failures still
 complete the lifecycle), get_finished semantics, handle_preemptions, shutdown."""
 
 from __future__ import annotations
@@ -202,22 +202,34 @@ def test_tp_workers_share_a_lease():
 # ------------------------------------------------------------------ saves
 
 
-def test_save_on_thread_synchronises_first_and_covers_every_layer():
+def test_save_on_thread_waits_for_its_fence_and_covers_every_layer():
     x = W(thread=True).register()
     seen = {}
     orig = x.client.save
 
     def save(*a, **k):
-        seen["syncs"] = x.dev.syncs
+        seen["fences"], seen["syncs"] = x.dev.fences, x.dev.syncs
         seen["layers"] = [(l.name, list(l.block_ids), list(l.block_hashes)) for l in a[4]]
         return orig(*a, **k)
 
     x.client.save = save
     _save(x, {"a": ([1, 0, 2], [h(1), h(9), h(2)]), "b": ([3], [h(1)])})
     assert x.w.wait_saves_idle(5)
-    assert seen["syncs"] >= 1
+    assert seen["fences"] == 1 and seen["syncs"] == 0  # no device-wide synchronize
     assert seen["layers"] == [("l0", [1, 2], [h(1), h(2)]), ("l1", [1, 2], [h(1), h(2)])]
     x.w.shutdown()
+
+
+def test_adapter_without_a_save_fence_synchronises_the_device_instead():
+    class OldAdapter(HostDeviceAdapter):  # a DeviceAdapter written before save_fence
+        save_fence = None
+
+    x = W(thread=True)
+    x.dev = x.w.device = OldAdapter(0)
+    x.register()
+    _save(x, {"a": ([1], [h(1)])})
+    assert x.w.wait_saves_idle(5)
+    assert x.dev.syncs == 1 and x.w.stats["saves"] == 1
 
 
 def test_finished_sending_only_after_the_request_finished_and_saves_done():

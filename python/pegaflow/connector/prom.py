@@ -46,7 +46,7 @@ HISTOGRAMS = (
     ("load_duration_s", "vllm:pega_load_duration_seconds",
      "PegaFlow Load RPC: submission to completion seen", DURATION_BUCKETS),
     ("save_duration_s", "vllm:pega_save_duration_seconds",
-     "PegaFlow Save RPC including the device synchronisation", DURATION_BUCKETS),
+     "PegaFlow Save RPC including the wait for its CUDA event", DURATION_BUCKETS),
     ("load_op_blocks", "vllm:pega_load_blocks", "Blocks per PegaFlow Load RPC", BLOCK_BUCKETS),
     ("save_op_blocks", "vllm:pega_save_blocks", "Blocks per PegaFlow Save RPC", BLOCK_BUCKETS),
 )

@@ -15,9 +15,11 @@ neither vLLM nor torch.
   failure, still 0 after load_timeout_s failure); reports each request exactly once.
   Requests with planned saves are reported in finished_sending once they are in
   ``finished_req_ids`` (this or an earlier call) and all their saves completed.
-* wait_for_save: hands the step's saves to a background thread, which synchronises the
-  device (attention kernels are asynchronous) and sends one Save covering every
-  registered layer. Save failures are logged; the request lifecycle still completes.
+* wait_for_save: records a save fence (a CUDA event on the forward pass's stream, see
+  device/cuda.py) and hands the step's saves to a background thread, which waits for
+  that fence only (attention kernels are asynchronous; work queued after the forward
+  pass is not waited for) and sends one Save covering every registered layer. Save
+  failures are logged; the request lifecycle still completes.
 * handle_preemptions: waits until saves reading preempted requests' blocks completed,
   before vLLM reuses the blocks.
 * Hybrid models: each layer registers with its storage group (``layer_group_ids``);
@@ -75,6 +77,8 @@ class _SaveTask:
     hashes: list[bytes]
     # storage group > 0 -> (block ids, hashes)
     groups: dict[int, tuple[list[int], list[bytes]]] | None = None
+    # the device's save fence, recorded where the save was issued (None: nothing to wait)
+    fence: Any = None
 
 
 _STOP = object()
@@ -396,7 +400,8 @@ class WorkerConnector:
                     hashes.append(h)
         ids, hashes, _ = per.pop(0, ([], [], set()))
         task = _SaveTask(tuple(plan.saves), ids, hashes,
-                         {g: (v[0], v[1]) for g, v in per.items() if v[0]} or None)
+                         {g: (v[0], v[1]) for g, v in per.items() if v[0]} or None,
+                         self._save_fence())
         with self._cv:
             for rid in task.req_ids:
                 self._outstanding[rid] = self._outstanding.get(rid, 0) + 1
@@ -407,6 +412,24 @@ class WorkerConnector:
             # hybrid: vLLM frees an older recurrent-state block as soon as a newer one
             # exists, without telling the connector; copy before returning.
             self._run_saves([task])
+
+    def _save_fence(self) -> Any:
+        """The device's fence for a save issued now (vLLM calls wait_for_save on the thread
+        that queued the forward pass, as its forward context exits). An adapter without
+        save_fence gets a device-wide synchronize on the save thread instead."""
+        f = getattr(self.device, "save_fence", None)
+        return f() if f is not None else None
+
+    def _wait_fences(self, batch: list[_SaveTask]) -> None:
+        """Block until the KV the batch's saves read is written: every task's fence
+        (recorded on the forward stream, so in order), within rpc_timeout_ms."""
+        limit = self.ctx.rpc_timeout_ms / 1000
+        for t in batch:
+            if t.fence is None:
+                self.device.synchronize()
+            elif not t.fence.wait(limit):
+                raise TimeoutError(f"the forward pass's kernels did not finish within "
+                                   f"{limit:.0f} s of the save (GPU hung?)")
 
     def _save_loop(self) -> None:
         while True:
@@ -470,7 +493,7 @@ class WorkerConnector:
         try:
             if layers and self.registered and not self.ctx.skip_save:
                 t0 = self._clock()
-                self.device.synchronize()
+                self._wait_fences(batch)
                 self.client.save(self.ctx.instance_id, self.ctx.tp_rank, self.ctx.pp_rank,
                                  self.device_id, layers, timeout_ms=self.ctx.rpc_timeout_ms)
                 self.stats["saves"] += 1

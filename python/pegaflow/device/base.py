@@ -1,5 +1,6 @@
 """What the worker needs from "a GPU": tensor geometry, an IpcTensor export, the device id
-the server knows the memory by, and a way to wait until queued kernels wrote the KV.
+the server knows the memory by, and a save fence: a way to wait until the kernels queued
+before a save (the forward pass) wrote the KV, and no longer.
 
 Adapters: pegaflow.device.cuda (torch CUDA tensors, real GPUs) and pegaflow.device.sim
 (numpy arrays over the sim GPU's POSIX shared memory). The worker logic never imports
@@ -42,6 +43,21 @@ def describe(t: Any) -> TensorInfo:
     return TensorInfo(shape, stride, elt, off, nbytes)
 
 
+class SaveFence(Protocol):
+    """Marks the point in the device's work where a save was issued."""
+
+    def wait(self, timeout_s: float) -> bool:
+        """True once the work queued before the fence has finished; False after
+        ``timeout_s`` seconds."""
+
+
+class ReadyFence:
+    """The fence of a device whose writes are synchronous (sim, host memory)."""
+
+    def wait(self, timeout_s: float) -> bool:
+        return True
+
+
 class DeviceAdapter(Protocol):
     """Device-specific operations of a worker."""
 
@@ -57,5 +73,10 @@ class DeviceAdapter(Protocol):
     def export_ipc(self, t: Any) -> bytes:
         """Serialized IpcTensor covering ``t``'s whole storage."""
 
+    def save_fence(self) -> SaveFence:
+        """A fence after the work queued so far on the current stream; called on the thread
+        that queued the forward pass, where vLLM issues the save (wait_for_save)."""
+
     def synchronize(self) -> None:
-        """Block until every kernel queued on the device so far has finished."""
+        """Block until every kernel queued on the device so far has finished (not used
+        for saves: they wait for their fence only)."""

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 from pegaflow.client import _lib as libmod
 from pegaflow.client.errors import error_for
-from pegaflow.device.base import TensorInfo, describe
+from pegaflow.device.base import ReadyFence, TensorInfo, describe
 
 
 class SimKV:
@@ -149,8 +149,11 @@ class SimDeviceAdapter:
             raise ValueError(f"tensor is on sim device {t.sim_device}, worker uses {self._dev}")
         return t.ipc_bytes()
 
-    def synchronize(self) -> None:
+    def save_fence(self) -> ReadyFence:
         # Sim "kernels" are synchronous numpy writes: nothing is queued.
+        return ReadyFence()
+
+    def synchronize(self) -> None:
         return None
 
 

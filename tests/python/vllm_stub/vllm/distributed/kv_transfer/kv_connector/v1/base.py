@@ -128,6 +128,10 @@ class KVConnectorBase_V1(ABC):
                       attn_metadata: "AttentionMetadata", **kwargs: Any) -> None:
         pass
 
+    # vLLM calls this as the forward context exits ("to ensure that the async saving from
+    # save_kv_layer is complete before finishing the forward"), on the thread that queued
+    # the forward pass; its kernels may still be running on the current CUDA stream, and
+    # the next step's work is queued behind them (tests/python/faketorch.py models that).
     @abstractmethod
     def wait_for_save(self):
         pass
