@@ -1,10 +1,18 @@
-/* The requester: the "rdma" tier (reference §7.4, §7.6, §7.7).
+/* The requester: the "rdma" tier (reference §7.4, §7.6, §7.7), a remote tier of the engine's
+ * query-time plan (docs/p2p.md "The plan").
  *
- * probe (query thread): the whole suffix while fetching is enabled, the MetaServer client
- * has a session and the req_id is not blacklisted, so the engine starts a task and answers
- * Loading.
+ * discover (query thread): while fetching is enabled, the MetaServer client has a session
+ * and the req_id is not blacklisted, one QueryPrefixBlocks for the suffix with the short
+ * plan deadline (--p2p-plan-timeout-ms); this node excluded, the holders ranked: live before
+ * those inside their down window (a failed handshake or fetch within peer_down_ms), then the
+ * longest advertised prefix, then the fewest fetches in flight from this node. The MetaServer
+ * answers only nodes whose heartbeat is within its stale window. Otherwise -1: the plan uses
+ * local tiers only, without waiting.
  *
- * fetch (prefetch thread), one round:
+ * fetch_from (remote prefetch pool): steps 2-7 below against one ranked holder, for exactly
+ * the blocks the engine still misses; a holder inside its down window is not contacted.
+ *
+ * fetch (the polling run of wait_for_full_prefix), one round:
  *   1. discovery: QueryPrefixBlocks for the suffix, this node excluded, the node with the
  *      longest prefix wins (wait_for_full_prefix: only a node holding the whole suffix, polled
  *      every 10 ms for up to 30 s). MetaServer errors mean "no remote" (logged, rate-limited).
@@ -130,31 +138,123 @@ static size_t bl_sweep(struct pf_p2p *p, bool all)
     return total;
 }
 
+static size_t holders_sweep(struct pf_p2p *p, bool all);
+
 size_t p2p_blacklist_gc(struct pf_p2p *p)
 {
+    holders_sweep(p, false);
     return bl_sweep(p, false);
 }
 
 void p2p_blacklist_free(struct pf_p2p *p)
 {
+    holders_sweep(p, true);
     bl_sweep(p, true);
 }
 
 /* ------------------------------------------------------------------ tier */
 
-size_t p2p_tier_probe(void *ctx, const char *req_id, const struct pf_block_key *keys, size_t n,
-                      bool wait_full)
+bool p2p_fetch_available(struct pf_p2p *p, const char *req_id)
 {
-    struct pf_p2p *p = ctx;
     if (!atomic_load_explicit(&p->fetch_enabled, memory_order_acquire) || atomic_load(&p->stopping))
-        return 0;
+        return false;
     /* MetaServer known unreachable (its client has no session): no remote discovery, and no
      * Loading round trip for the client either */
     if (p->meta && !pf_meta_client_connected(p->meta))
-        return 0;
-    if (pf_p2p_blacklisted(p, req_id))
-        return 0;
-    return n;
+        return false;
+    return !pf_p2p_blacklisted(p, req_id);
+}
+
+/* ------------------------------------------------------------------ holder health */
+
+struct holder {
+    struct pf_hnode node;
+    uint64_t fail_until; /* clock ns: inside the down window before */
+    uint32_t inflight;   /* fetches from it in flight */
+    char addr[];
+};
+
+#define HOLDERS_MAX 4096
+
+static struct holder *holder_find_locked(struct pf_p2p *p, const char *addr, uint64_t h)
+{
+    struct pf_hnode *n;
+    pf_htable_for_each_hash(&p->holders, n, h)
+    {
+        struct holder *x = pf_container_of(n, struct holder, node);
+        if (strcmp(x->addr, addr) == 0)
+            return x;
+    }
+    return NULL;
+}
+
+static struct holder *holder_get_locked(struct pf_p2p *p, const char *addr)
+{
+    uint64_t h = pf_hash64(addr, strlen(addr));
+    struct holder *x = holder_find_locked(p, addr, h);
+    if (x || p->holders.count >= HOLDERS_MAX)
+        return x;
+    size_t l = strlen(addr);
+    x = calloc(1, sizeof(*x) + l + 1);
+    if (x) {
+        memcpy(x->addr, addr, l + 1);
+        pf_htable_insert(&p->holders, &x->node, h);
+    }
+    return x;
+}
+
+/* Whether addr is inside its down window, and its fetches in flight. */
+static bool holder_state(struct pf_p2p *p, const char *addr, uint64_t now, uint32_t *load_p)
+{
+    pthread_mutex_lock(&p->hold_mu);
+    struct holder *x = holder_find_locked(p, addr, pf_hash64(addr, strlen(addr)));
+    bool down = x && now < x->fail_until;
+    *load_p = x ? x->inflight : 0;
+    pthread_mutex_unlock(&p->hold_mu);
+    return down;
+}
+
+/* d = +1 / -1 fetches in flight; failed: the down window starts now. */
+static void holder_note(struct pf_p2p *p, const char *addr, int d, bool failed)
+{
+    pthread_mutex_lock(&p->hold_mu);
+    struct holder *x = holder_get_locked(p, addr);
+    if (x) {
+        if (d > 0 || x->inflight > 0)
+            x->inflight = (uint32_t)((int)x->inflight + d);
+        if (failed)
+            x->fail_until = pf_clock_now(p->cfg.clock) + p->cfg.peer_down_ms * PF_NS_PER_MS;
+    }
+    pthread_mutex_unlock(&p->hold_mu);
+}
+
+static size_t holders_sweep(struct pf_p2p *p, bool all)
+{
+    uint64_t now = pf_clock_now(p->cfg.clock);
+    struct holder *drop[256];
+    size_t total = 0, k;
+    do {
+        k = 0;
+        pthread_mutex_lock(&p->hold_mu);
+        for (size_t b = 0; p->holders.buckets && b <= p->holders.mask && k < PF_ARRAY_SIZE(drop);
+             b++) {
+            struct pf_hnode *h = p->holders.buckets[b];
+            while (h && k < PF_ARRAY_SIZE(drop)) {
+                struct pf_hnode *next = h->next;
+                struct holder *x = pf_container_of(h, struct holder, node);
+                if (all || (x->inflight == 0 && now >= x->fail_until)) {
+                    pf_htable_remove(&p->holders, h);
+                    drop[k++] = x;
+                }
+                h = next;
+            }
+        }
+        pthread_mutex_unlock(&p->hold_mu);
+        for (size_t i = 0; i < k; i++)
+            free(drop[i]);
+        total += k;
+    } while (k == PF_ARRAY_SIZE(drop));
+    return total;
 }
 
 struct seg {
@@ -729,59 +829,50 @@ static int transfer(struct fetch *f)
     }
 }
 
-size_t p2p_tier_fetch(void *ctx, const char *req_id, const struct pf_block_key *keys, size_t n,
-                      bool all_or_nothing, struct pf_block **out)
+/* Steps 2-7 against f->peer for f->want blocks: the verified run into out, its length;
+ * *rc_p the error (0 when the holder answered, perhaps short), *why_p a shortfall reason. */
+static size_t fetch_run(struct fetch *f, struct pf_block **out, int *rc_p, const char **why_p)
 {
-    struct pf_p2p *p = ctx;
-    if (n == 0 || !atomic_load_explicit(&p->fetch_enabled, memory_order_acquire) ||
-        atomic_load(&p->stopping))
-        return 0;
-    struct fetch f = {.p = p, .req_id = req_id, .keys = keys};
-    int rc = discover(&f, n, all_or_nothing);
-    if (rc) {
-        if (rc == -ENOENT)
-            pf_debug("req %s: no peer holds the %zu missing block(s)", req_id, n);
-        return 0;
-    }
+    struct pf_p2p *p = f->p;
+    const char *req_id = f->req_id;
     atomic_fetch_add(&p->fetches_inflight, 1);
     uint64_t t0 = pf_now_ns();
-    pf_debug("RDMA fetch req %s: %s advertises %zu of %zu block(s)", req_id, f.peer, f.want, n);
     size_t got = 0, bad = 0;
     struct pf_metric_child *status = p->c_error;
     char e2[P2P_ERRLEN];
-    rc = p2p_conn_acquire(p, f.peer, pf_now_ns() + p->cfg.qp_wait_ms * PF_NS_PER_MS, &f.lease, e2,
-                          sizeof(e2));
+    int rc = p2p_conn_acquire(p, f->peer, pf_now_ns() + p->cfg.qp_wait_ms * PF_NS_PER_MS, &f->lease,
+                              e2, sizeof(e2));
     if (rc) {
-        snprintf(f.err, sizeof(f.err), "cannot connect: %s", e2);
+        snprintf(f->err, sizeof(f->err), "cannot connect: %s", e2);
         goto out;
     }
-    rc = query_blocks(&f);
+    rc = query_blocks(f);
     if (rc)
         goto out;
-    if (f.k == 0) {
+    if (f->k == 0) {
         status = p->c_partial;
-        snprintf(f.err, sizeof(f.err), "the holder no longer has block 0 (evicted)");
+        snprintf(f->err, sizeof(f->err), "the holder no longer has block 0 (evicted)");
         goto out;
     }
-    rc = plan_staging(&f);
+    rc = plan_staging(f);
     if (rc) {
-        snprintf(f.err, sizeof(f.err), "cannot allocate %llu bytes of staging memory: %s",
-                 (unsigned long long)f.bytes, strerror(-rc));
+        snprintf(f->err, sizeof(f->err), "cannot allocate %llu bytes of staging memory: %s",
+                 (unsigned long long)f->bytes, strerror(-rc));
         goto out;
     }
-    rc = transfer(&f);
+    rc = transfer(f);
     if (rc) {
         if (rc == -ETIMEDOUT)
             status = p->c_timeout;
         goto out;
     }
-    p2p_lease_return(p, &f.lease); /* all READs completed: the QPs are free again */
-    got = build_blocks(&f, out, &bad);
-    status = got == f.want ? p->c_ok : p->c_partial;
+    p2p_lease_return(p, &f->lease); /* all READs completed: the QPs are free again */
+    got = build_blocks(f, out, &bad);
+    status = got == f->want ? p->c_ok : p->c_partial;
     if (bad && got == 0)
         status = p->c_error;
 out:
-    fetch_cleanup(&f);
+    fetch_cleanup(f);
     double secs = (double)(pf_now_ns() - t0) / 1e9;
     pf_child_add(status, 1);
     pf_metric_observe(p->m_dur, secs);
@@ -799,33 +890,175 @@ out:
         atomic_fetch_add(&p->st_bytes, bytes);
         pf_debug("RDMA fetch req %s: %zu of %zu block(s), %llu bytes from %s in %.2f ms "
                  "(%.2f GB/s)",
-                 req_id, got, n, (unsigned long long)bytes, f.peer, secs * 1e3,
+                 req_id, got, f->want, (unsigned long long)bytes, f->peer, secs * 1e3,
                  secs > 0 ? (double)bytes / secs / 1e9 : 0.0);
     }
-    if (got < f.want) {
+    *why_p = status == p->c_timeout           ? "timeout"
+             : status == p->c_partial && !bad ? "evicted"
+             : bad                            ? "integrity"
+                                              : "error";
+    if (got < f->want) {
         atomic_fetch_add(&p->st_fail, 1);
         if (status == p->c_timeout)
             pf_error("RDMA fetch req %s from %s: %s: connection invalidated, transfer lock %s "
                      "force-released; the request proceeds without remote blocks",
-                     req_id, f.peer, f.err, f.session[0] ? f.session : "(none)");
-        else if (f.err[0])
+                     req_id, f->peer, f->err, f->session[0] ? f->session : "(none)");
+        else if (f->err[0])
             pf_warn("RDMA fetch req %s from %s aborted after %zu of %zu block(s): %s; the "
                     "request proceeds without them",
-                    req_id, f.peer, got, f.want, f.err);
+                    req_id, f->peer, got, f->want, f->err);
         else
             pf_debug("RDMA fetch req %s: %s had only %zu of the %zu block(s) it advertised "
                      "(evicted since)",
-                     req_id, f.peer, got, f.want);
-        /* a failed or short peer: the next query for this request skips remote fetch (not
-         * for local causes: staging memory, shutdown) */
-        if (rc != -ENOMEM && !atomic_load(&p->stopping))
-            p2p_blacklist_add(p, req_id);
+                     req_id, f->peer, got, f->want);
     }
+    atomic_fetch_sub(&p->fetches_inflight, 1);
+    *rc_p = rc;
+    return got;
+}
+
+/* A holder's failure that says something about it (not a local cause, not a shutdown). */
+static bool holder_fault(struct pf_p2p *p, int rc, const char *why)
+{
+    if (atomic_load(&p->stopping) || rc == -ENOMEM)
+        return false;
+    return rc != 0 || strcmp(why, "integrity") == 0;
+}
+
+size_t p2p_tier_fetch(void *ctx, const char *req_id, const struct pf_block_key *keys, size_t n,
+                      bool all_or_nothing, struct pf_block **out)
+{
+    struct pf_p2p *p = ctx;
+    if (n == 0 || !p2p_fetch_available(p, req_id))
+        return 0;
+    struct fetch f = {.p = p, .req_id = req_id, .keys = keys};
+    int rc = discover(&f, n, all_or_nothing);
+    if (rc) {
+        if (rc == -ENOENT)
+            pf_debug("req %s: no peer holds the %zu missing block(s)", req_id, n);
+        return 0;
+    }
+    pf_debug("RDMA fetch req %s: %s advertises %zu of %zu block(s)", req_id, f.peer, f.want, n);
+    const char *why = NULL;
+    size_t want = f.want;
+    char peer[P2P_ADDR_MAX];
+    snprintf(peer, sizeof(peer), "%s", f.peer);
+    holder_note(p, peer, +1, false);
+    size_t got = fetch_run(&f, out, &rc, &why);
+    holder_note(p, peer, -1, got < want && holder_fault(p, rc, why));
+    /* a failed or short peer: the next query for this request skips remote fetch (not
+     * for local causes: staging memory, shutdown) */
+    if (got < want && rc != -ENOMEM && !atomic_load(&p->stopping))
+        p2p_blacklist_add(p, req_id);
     if (all_or_nothing && got < n) {
         for (size_t i = 0; i < got; i++)
             pf_block_put(out[i]);
         got = 0;
     }
-    atomic_fetch_sub(&p->fetches_inflight, 1);
+    return got;
+}
+
+struct ranked {
+    struct pf_tier_source s;
+    uint32_t load;
+};
+
+static int ranked_cmp(const void *a, const void *b)
+{
+    const struct ranked *x = a, *y = b;
+    if (x->s.down != y->s.down)
+        return x->s.down ? 1 : -1;
+    if (x->s.len != y->s.len)
+        return x->s.len > y->s.len ? -1 : 1;
+    if (x->load != y->load)
+        return x->load < y->load ? -1 : 1;
+    return strcmp(x->s.node, y->s.node);
+}
+
+int p2p_tier_discover(void *ctx, const char *req_id, const struct pf_block_key *keys, size_t n,
+                      struct pf_tier_source *src, size_t max)
+{
+    struct pf_p2p *p = ctx;
+    if (n == 0 || max == 0 || !p2p_fetch_available(p, req_id))
+        return -1;
+    struct pf_meta_hash *h = malloc(n * sizeof(*h));
+    if (!h)
+        return -1;
+    for (size_t i = 0; i < n; i++)
+        h[i] = (struct pf_meta_hash){keys[i].len, keys[i].hash};
+    struct pf_meta_prefix *res = NULL;
+    size_t nres = 0;
+    int qrc = -ECANCELED;
+    if (p2p_meta_enter(p)) {
+        qrc = p->tr->query_prefix(p->tr->ctx, ns_of(&keys[0]), h, n, p->cfg.plan_timeout_ms, &res,
+                                  &nres);
+        p2p_meta_exit(p);
+    }
+    free(h);
+    if (qrc) {
+        pf_debug("req %s: MetaServer query failed: %s", req_id, strerror(-qrc));
+        pf_log_ratelimited(PF_LOG_WARN, 10000,
+                           "MetaServer query failed or exceeded the %llu ms plan deadline (%s): "
+                           "requests are planned from local tiers only",
+                           (unsigned long long)p->cfg.plan_timeout_ms, strerror(-qrc));
+        return -1;
+    }
+    struct ranked *r = malloc((nres ? nres : 1) * sizeof(*r));
+    if (!r) {
+        free(res);
+        return -1;
+    }
+    size_t k = 0;
+    uint64_t now = pf_clock_now(p->cfg.clock);
+    for (size_t i = 0; i < nres; i++) {
+        size_t l = strlen(res[i].node);
+        if (res[i].prefix_len == 0 || l == 0 || l >= sizeof(r[k].s.node) || l >= P2P_ADDR_MAX ||
+            strcmp(res[i].node, p->self_addr) == 0)
+            continue;
+        memcpy(r[k].s.node, res[i].node, l + 1);
+        size_t len = res[i].prefix_len < n ? res[i].prefix_len : n;
+        r[k].s.len = (uint32_t)(len < PF_P2P_MAX_HASHES ? len : PF_P2P_MAX_HASHES);
+        r[k].s.down = holder_state(p, r[k].s.node, now, &r[k].load);
+        k++;
+    }
+    free(res);
+    qsort(r, k, sizeof(*r), ranked_cmp);
+    size_t m = k < max ? k : max;
+    for (size_t i = 0; i < m; i++)
+        src[i] = r[i].s;
+    free(r);
+    if (m)
+        pf_debug("req %s: %zu holder(s), best %s with %u of %zu block(s)%s", req_id, m, src[0].node,
+                 src[0].len, n, src[0].down ? " (down)" : "");
+    return (int)m;
+}
+
+size_t p2p_tier_fetch_from(void *ctx, const char *req_id, const struct pf_tier_source *src,
+                           const struct pf_block_key *keys, size_t n, struct pf_block **out,
+                           const char **why_p)
+{
+    struct pf_p2p *p = ctx;
+    const char *why = "error";
+    size_t got = 0;
+    uint32_t load;
+    if (n == 0 || !atomic_load_explicit(&p->fetch_enabled, memory_order_acquire) ||
+        atomic_load(&p->stopping) || strlen(src->node) >= P2P_ADDR_MAX)
+        goto out;
+    if (holder_state(p, src->node, pf_clock_now(p->cfg.clock), &load)) {
+        why = "down"; /* failed meanwhile: not contacted inside its down window */
+        goto out;
+    }
+    struct fetch f = {.p = p, .req_id = req_id, .keys = keys};
+    snprintf(f.peer, sizeof(f.peer), "%s", src->node);
+    f.want = n < src->len ? n : src->len;
+    if (f.want > PF_P2P_MAX_HASHES)
+        f.want = PF_P2P_MAX_HASHES;
+    int rc = 0;
+    holder_note(p, src->node, +1, false);
+    got = fetch_run(&f, out, &rc, &why);
+    holder_note(p, src->node, -1, got < f.want && holder_fault(p, rc, why));
+out:
+    if (why_p)
+        *why_p = why;
     return got;
 }

@@ -382,7 +382,7 @@ static void fx_down(void)
 
 static size_t fetch(const char *req, size_t n, bool all, struct pf_block **out)
 {
-    if (!p2p_tier_probe(F.p, req, F.keys, n, all))
+    if (!p2p_fetch_available(F.p, req))
         return 0;
     return p2p_tier_fetch(F.p, req, F.keys, n, all, out);
 }
@@ -711,7 +711,7 @@ static void test_stop_during_transfer(void **st)
     assert_int_equal(b.got, 0);
     assert_int_equal(pf_pool_used(pf_engine_pool(F.e)), F.base_used);
     assert_int_equal(P.nsess, 1); /* released synchronously after the p2p thread stopped */
-    assert_int_equal(p2p_tier_probe(F.p, "x", F.keys, 1, false), 0);
+    assert_false(p2p_fetch_available(F.p, "x"));
     fx_down();
 }
 
