@@ -2,8 +2,9 @@
  * query-time plan (docs/p2p.md "The plan").
  *
  * discover (query thread): while fetching is enabled, the MetaServer client has a session
- * and the req_id is not blacklisted, one QueryPrefixBlocks for the suffix with the short
- * plan deadline (--p2p-plan-timeout-ms); this node excluded, the holders ranked: live before
+ * and the req_id is not blacklisted, QueryPrefixBlocks within the short plan deadline
+ * (--p2p-plan-timeout-ms): the first PF_P2P_PLAN_HEAD hashes, and the whole suffix only when
+ * a holder has all of those (plan_query); this node excluded, the holders ranked: live before
  * those inside their down window (a failed handshake or fetch within peer_down_ms), then the
  * longest advertised prefix, then the fewest fetches in flight from this node. The MetaServer
  * answers only nodes whose heartbeat is within its stale window. Otherwise -1: the plan uses
@@ -975,6 +976,43 @@ static int ranked_cmp(const void *a, const void *b)
     return strcmp(x->s.node, y->s.node);
 }
 
+/* Whether a holder other than this node advertised all of the first `head` hashes. */
+static bool head_held(const struct pf_p2p *p, const struct pf_meta_prefix *res, size_t nres,
+                      size_t head)
+{
+    for (size_t i = 0; i < nres; i++)
+        if (res[i].prefix_len >= head && strcmp(res[i].node, p->self_addr) != 0)
+            return true;
+    return false;
+}
+
+/* The plan's discovery within cfg.plan_timeout_ms: QueryPrefixBlocks for the first
+ * PF_P2P_PLAN_HEAD hashes (a pure miss costs one small RPC, not the whole suffix's bytes);
+ * only when a holder has all of them, a second one for the whole suffix with the time left
+ * (else, or when it fails, the head's answer stands). */
+static int plan_query(struct pf_p2p *p, const char *ns, const struct pf_meta_hash *h, size_t n,
+                      struct pf_meta_prefix **res_p, size_t *nres_p)
+{
+    if (!p2p_meta_enter(p))
+        return -ECANCELED;
+    size_t head = n < PF_P2P_PLAN_HEAD ? n : PF_P2P_PLAN_HEAD;
+    uint64_t t0 = pf_now_ns(), budget = p->cfg.plan_timeout_ms;
+    int rc = p->tr->query_prefix(p->tr->ctx, ns, h, head, budget, res_p, nres_p);
+    if (rc == 0 && head < n && head_held(p, *res_p, *nres_p, head)) {
+        uint64_t spent = (pf_now_ns() - t0) / PF_NS_PER_MS;
+        struct pf_meta_prefix *all = NULL;
+        size_t nall = 0;
+        if (spent < budget &&
+            p->tr->query_prefix(p->tr->ctx, ns, h, n, budget - spent, &all, &nall) == 0) {
+            free(*res_p);
+            *res_p = all;
+            *nres_p = nall;
+        }
+    }
+    p2p_meta_exit(p);
+    return rc;
+}
+
 int p2p_tier_discover(void *ctx, const char *req_id, const struct pf_block_key *keys, size_t n,
                       struct pf_tier_source *src, size_t max)
 {
@@ -988,12 +1026,7 @@ int p2p_tier_discover(void *ctx, const char *req_id, const struct pf_block_key *
         h[i] = (struct pf_meta_hash){keys[i].len, keys[i].hash};
     struct pf_meta_prefix *res = NULL;
     size_t nres = 0;
-    int qrc = -ECANCELED;
-    if (p2p_meta_enter(p)) {
-        qrc = p->tr->query_prefix(p->tr->ctx, ns_of(&keys[0]), h, n, p->cfg.plan_timeout_ms, &res,
-                                  &nres);
-        p2p_meta_exit(p);
-    }
+    int qrc = plan_query(p, ns_of(&keys[0]), h, n, &res, &nres);
     free(h);
     if (qrc) {
         pf_debug("req %s: MetaServer query failed: %s", req_id, strerror(-qrc));

@@ -65,6 +65,7 @@ struct pf_p2p;
 #define PF_P2P_RPC_TIMEOUT_MS       5000
 #define PF_P2P_META_TIMEOUT_MS      1000 /* a healthy QueryPrefixBlocks takes < 1 ms */
 #define PF_P2P_PLAN_TIMEOUT_MS      50   /* query-time discovery (the plan): default deadline */
+#define PF_P2P_PLAN_HEAD            64   /* ... asks for this many hashes first */
 
 /* ------------------------------------------------------------------ transfer locks */
 

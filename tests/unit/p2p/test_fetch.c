@@ -756,6 +756,25 @@ static void test_discover_deadline_and_down_window(void **st)
     assert_string_equal(why, "down");
     assert_int_equal(P.q_calls, q_calls); /* not contacted */
     F.p->cfg.peer_down_ms = 1;
+    /* 100 keys: the first 64 are asked first; the whole suffix only when a holder has all 64 */
+    struct pf_block_key many[100];
+    for (int i = 0; i < 100; i++) {
+        uint8_t hh[32];
+        hash_of(i, hh);
+        pf_key_make(F.ns, hh, 32, &many[i]);
+    }
+    int calls = P.meta_calls;
+    P.meta_prefix = 0; /* nobody: one small query */
+    assert_int_equal(p2p_tier_discover(F.p, "h1", many, 100, src, PF_TIER_SOURCES_MAX), 0);
+    assert_int_equal(P.meta_calls, calls + 1);
+    P.meta_prefix = 10; /* a short holder: its answer to the head stands */
+    assert_int_equal(p2p_tier_discover(F.p, "h2", many, 100, src, PF_TIER_SOURCES_MAX), 1);
+    assert_int_equal(P.meta_calls, calls + 2);
+    assert_int_equal(src[0].len, 10);
+    P.meta_prefix = 80; /* holds the whole head: a second query for all 100 */
+    assert_int_equal(p2p_tier_discover(F.p, "h3", many, 100, src, PF_TIER_SOURCES_MAX), 1);
+    assert_int_equal(P.meta_calls, calls + 4);
+    assert_int_equal(src[0].len, 80);
     fx_down();
 }
 
