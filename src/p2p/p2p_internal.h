@@ -216,7 +216,13 @@ size_t p2p_tier_fetch_from(void *ctx, const char *req_id, const struct pf_tier_s
                            const char **why_p);
 size_t p2p_tier_fetch(void *ctx, const char *req_id, const struct pf_block_key *keys, size_t n,
                       bool all_or_nothing, struct pf_block **out);
+/* discover.c: blacklist, holder health, discovery */
 void p2p_blacklist_add(struct pf_p2p *p, const char *req_id);
+/* Whether holder addr is inside its down window at now (clock ns); *load_p its fetches in
+ * flight from this node. */
+bool p2p_holder_state(struct pf_p2p *p, const char *addr, uint64_t now, uint32_t *load_p);
+/* d = +1 / -1 fetches from addr in flight; failed: its down window starts now. */
+void p2p_holder_note(struct pf_p2p *p, const char *addr, int d, bool failed);
 size_t p2p_blacklist_gc(struct pf_p2p *p);
 void p2p_blacklist_free(struct pf_p2p *p);
 
