@@ -178,10 +178,11 @@ struct pf_insert_batch {
 #define PF_PREFETCH_LOCAL   0
 #define PF_PREFETCH_REMOTE  1
 #define PF_PREFETCH_POOLS   2
-#define PF_PREFETCH_THREADS 4   /* per pool */
-#define PF_PREFETCH_QDEPTH  256 /* tasks waiting per pool (pf_engine_config.prefetch_queue_depth)  \
-                                 */
-#define PF_PLAN_SEGS_MAX 32     /* runs of one plan, fallbacks included */
+#define PF_PREFETCH_THREADS 4 /* per pool */
+#define PF_PREFETCH_QDEPTH                                                                         \
+    256                     /* tasks waiting per pool (pf_engine_config.prefetch_queue_depth)      \
+                             */
+#define PF_PLAN_SEGS_MAX 32 /* runs of one plan, fallbacks included */
 
 /* A run [start, end) of the suffix assigned to one tier. poll: the remote tier's own fetch
  * waiting for a holder of the whole run (wait_for_full_prefix). fallback: added after a
