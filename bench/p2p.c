@@ -18,6 +18,9 @@
  * the servers' pools, the fastest of block-size, 256 KiB and single calls. The table reports
  * medians and their ratio.
  *
+ * Pure miss (p2p_miss.h): QueryPrefetch of 4096 hashes nobody holds on B vs a node without
+ * P2P, both Ready(0) at once (target p50 <= 1.3x).
+ *
  * Latency: per block size, --lat-reps times: A saves 16 fresh blocks, they are advertised,
  * then B's QueryPrefetch is repeated back to back from Loading until Ready (client view), next
  * to B's own fetch time (pegaflow_rdma_fetch_duration_seconds) and an empty Health round trip.
@@ -90,15 +93,16 @@ struct proc {
     int grpc_port, http_port;
 };
 
-static struct proc MS = {.tag = "metaserver"}, NA = {.tag = "node-a"}, NB = {.tag = "node-b"};
+static struct proc MS = {.tag = "metaserver"}, NA = {.tag = "node-a"}, NB = {.tag = "node-b"},
+                   NP = {.tag = "node-plain"}; /* without P2P: the pure-miss baseline */
 static pid_t raw_pid;
 static char logdir[64];
 
 /* async-signal-safe: kill(2) and waitpid(2) only */
 static void kill_procs(void)
 {
-    struct proc *all[] = {&NB, &NA, &MS};
-    for (int i = 0; i < 3; i++)
+    struct proc *all[] = {&NP, &NB, &NA, &MS};
+    for (int i = 0; i < 4; i++)
         if (all[i]->pid > 0) {
             kill(all[i]->pid, SIGKILL);
             waitpid(all[i]->pid, NULL, 0);
@@ -434,6 +438,10 @@ static void cleanup_b(void)
     free(body);
 }
 
+static int cmp_double(const void *a, const void *b);
+static double pct(const double *v, int n, double q);
+#include "p2p_miss.h"
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -765,6 +773,9 @@ int main(int argc, char **argv)
                r->lat_p99, r->lat_srv_ms);
     }
 
+    struct miss_result mr;
+    pure_miss_bench(&mr);
+
     FILE *j = fopen(o.json, "w");
     if (j) {
         fprintf(j, "{\"topology\":\"%s\",\"size\":%llu,\"qps_per_peer\":%d,\"seed\":%llu,",
@@ -800,7 +811,12 @@ int main(int argc, char **argv)
                 fprintf(j, "%s%.4f", k ? "," : "", r->lat[k]);
             fprintf(j, "]}");
         }
-        fprintf(j, "]}\n");
+        fprintf(j,
+                "],\"pure_miss\":{\"hashes\":%d,\"runs\":%d,\"p2p_p50_us\":%.1f,"
+                "\"p2p_p99_us\":%.1f,\"plain_p50_us\":%.1f,\"plain_p99_us\":%.1f,"
+                "\"ratio\":%.4f}}\n",
+                MISS_HASHES, mr.reps, mr.p2p_p50_us, mr.p2p_p99_us, mr.plain_p50_us,
+                mr.plain_p99_us, mr.p2p_p50_us / mr.plain_p50_us);
         fclose(j);
         printf("\nJSON: %s\n", o.json);
     }

@@ -39,6 +39,7 @@ struct pf_server_config {
     struct pf_strlist nics;
     char *metaserver_addr;
     uint64_t transfer_lock_timeout_secs;
+    uint64_t p2p_plan_timeout_ms;
     uint64_t metaserver_queue_depth;
     /* reference-only flags */
     uint64_t qps_per_peer;

@@ -141,6 +141,7 @@ static int start_p2p(struct server_app *a)
         .qps_per_peer = (uint32_t)a->cfg.qps_per_peer,
         .lock_timeout_secs = a->cfg.transfer_lock_timeout_secs,
         .integrity = a->cfg.integrity,
+        .plan_timeout_ms = a->cfg.p2p_plan_timeout_ms,
     };
     rc = pf_p2p_create(&pc, &a->p2p, err, sizeof(err));
     if (rc) {

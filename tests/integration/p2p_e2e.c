@@ -34,6 +34,9 @@
  *   layouts    issue 15: MLA page-first replicas (striped saves), layer-split shards and a
  *              hybrid model (attention prefix + recurrent want-set) fetched by B from A,
  *              byte-exact on every device; A has an SSD tier (padded host segments), B none
+ *   plan       issue 24: the query-time tier plan (p2p_plan.h): a pure miss Ready at once,
+ *              48 asked / 32 on a peer counted rdma 32 + miss 16, wait_for_full_prefix from
+ *              the own SSD, the best of two holders killed -9, a stopped peer vs an SSD hit
  *   redis      issue 14: two MetaServer replicas on one redis-server (--store redis://) in
  *              the MetaServer's namespace, nodes list both; A saves, B fetches byte-exact;
  *              replica 1 killed (SIGKILL): B discovers and fetches new blocks through
@@ -553,6 +556,8 @@ static bool io_uring_usable(void)
     return true;
 }
 
+#include "p2p_plan.h"
+
 static void sc_layouts(void)
 {
     /* A has an SSD tier (512-padded host segments), B has none: a page must mean the same
@@ -636,6 +641,7 @@ static const struct pft_scenario scenarios[] = {
     {"expire", sc_expire}, {"corrupt", sc_corrupt},
     {"evict", sc_evict},   {"auth", sc_auth},
     {"redis", sc_redis},   {"layouts", sc_layouts},
+    {"plan", sc_plan},
 };
 
 int main(int argc, char **argv)
