@@ -265,6 +265,8 @@ static int start_services(struct server_app *a)
         .nrules = pf_engine_naccess,
         .local_only = a->cfg.local_only,
         .local_addr = a->cfg.local_addr,
+        .local_gid_set = a->cfg.local_gid_set,
+        .local_gid = a->cfg.local_gid,
     };
     rc = pf_rpc_server_start(&rc_cfg, &a->rpc, &port, err, sizeof(err));
     if (rc) {
@@ -278,12 +280,18 @@ static int start_services(struct server_app *a)
             : au->cert_pem ? ", TLS"
                            : "");
     if (a->cfg.local_addr)
-        pf_info("gRPC local listener on %s", a->cfg.local_addr);
+        pf_info("gRPC local listener on %s (mode 0660%s%s)", a->cfg.local_addr,
+                a->cfg.local_addr_group ? ", group " : "",
+                a->cfg.local_addr_group ? a->cfg.local_addr_group : "");
     pf_info("security: cluster token %s, admin token %s, worker RPCs from %s",
             au->cluster_token ? "required" : "off", au->admin_token ? "required" : "off",
             a->cfg.local_only ? "this host (or the cluster token)" : "anyone");
     pf_app_warn_open("gRPC", a->cfg.addr, au->ca_pem || au->cluster_token,
                      "set --cluster-token-file and/or --tls-cert/--tls-key/--tls-ca");
+    if (!a->cfg.local_only)
+        pf_app_warn_local_rpcs_any(a->cfg.addr, au);
+    if (a->cfg.metaserver_addr && !pf_app_cluster_authenticated(au))
+        pf_app_warn_insecure("this node"); /* --insecure-cluster (the parse refused otherwise) */
     a->grpc_port = port;
     return 0;
 }
@@ -291,12 +299,17 @@ static int start_services(struct server_app *a)
 static int wait_for_stop(struct server_app *a)
 {
     struct pollfd p[2] = {{.fd = a->sfd, .events = POLLIN}, {.fd = a->efd, .events = POLLIN}};
+    bool insecure = a->cfg.metaserver_addr && !pf_app_cluster_authenticated(&a->cfg.auth);
     for (;;) {
-        int n = poll(p, 2, -1);
+        int n = poll(p, 2, insecure ? PF_APP_INSECURE_WARN_SECS * 1000 : -1);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
             return -errno;
+        }
+        if (n == 0) { /* the hourly reminder of --insecure-cluster */
+            pf_app_warn_insecure("this node");
+            continue;
         }
         if (p[0].revents & POLLIN) {
             struct signalfd_siginfo si;

@@ -410,8 +410,11 @@ int pf_auth_check(const struct pf_auth *a, const struct pf_rpc_access_rule *rule
             return 0;
         snprintf(msg, msglen,
                  "%s is only served to callers on this host (Unix socket, loopback or a local "
-                 "address)%s; caller %s",
-                 path, want ? " or with the cluster token" : "", peer ? peer : "?");
+                 "address)%s; caller %s. To serve workers elsewhere: %s",
+                 path, want ? " or with the cluster token" : "", peer ? peer : "?",
+                 want ? "give them the cluster token (PEGAFLOW_TOKEN_FILE)"
+                      : "start the server with --cluster-token-file FILE and give the workers "
+                        "the token (PEGAFLOW_TOKEN_FILE), or --local-rpcs any (no protection)");
         return PF_GRPC_PERMISSION_DENIED;
     case PF_RPC_ACCESS_PEER:
     default:
