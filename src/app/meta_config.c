@@ -73,13 +73,12 @@ static int redis_password(struct pf_meta_config *cfg, char *err, size_t errlen)
     return 0;
 }
 
-/* Overwrites the password of a redis:// URL in s with '*' (in place). */
+/* Overwrites the password of a URL ("SCHEME://[USER:]PASSWORD@...", also a misspelt
+ * scheme) in s with '*' (in place). */
 static void hide_password(char *s)
 {
-    char *u = strstr(s, "redis://");
-    if (!u)
-        u = strstr(s, "rediss://");
-    char *rest = u ? strstr(u, "://") + 3 : NULL, *at = rest ? strrchr(rest, '@') : NULL;
+    char *u = strstr(s, "://");
+    char *rest = u ? u + 3 : NULL, *at = rest ? strrchr(rest, '@') : NULL;
     if (!at)
         return;
     char *colon = memchr(rest, ':', (size_t)(at - rest));

@@ -158,7 +158,7 @@ const size_t pf_server_nflag_groups = PF_ARRAY_SIZE(pf_server_flag_groups);
 /* the one-line P2P start that works, printed with every refusal of the P2P flags */
 #define P2P_EXAMPLE                                                                                \
     "pegaflow-server --addr 10.0.0.1:50055 --nics mlx5_0 --metaserver-addr "                       \
-    "http://10.0.0.100:50056"
+    "http://10.0.0.100:50056 --cluster-token-file /etc/pegaflow/cluster-token"
 
 static int parse_devices(struct pf_server_config *cfg, char *err, size_t errlen)
 {
