@@ -49,6 +49,7 @@
 
 #include "client/pegaflow.h"
 #include "engine.pb-c.h"
+#include "pf/auth.h"
 #include "pf/clock.h"
 #include "pf/config.h"
 #include "pf/rpc.h"
@@ -546,6 +547,15 @@ int main(int argc, char **argv)
     char tokpath[128]; /* P2P nodes need a cluster token (protected by default) */
     if (pft_cluster_token(logdir, tokpath, sizeof(tokpath)) != 0)
         die("cannot write the cluster token in %s", logdir);
+    { /* this process's own MetaServer probes send it too (libpegaflow's environment) */
+        struct pf_auth_env env;
+        struct pf_rpc_channel_opts co;
+        char aerr[256];
+        if (pf_auth_env_load(&env, &co, aerr, sizeof(aerr)) != 0 ||
+            pf_rpc_set_default_channel_opts(&co) != 0)
+            die("cluster token: %s", aerr);
+        pf_auth_env_free(&env);
+    }
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     signal(SIGPIPE, SIG_IGN);
