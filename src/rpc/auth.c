@@ -424,8 +424,10 @@ int pf_auth_check(const struct pf_auth *a, const struct pf_rpc_access_rule *rule
     default:
         if (!want || authed)
             return 0;
-        snprintf(msg, msglen, "%s needs the cluster token (%s metadata); caller %s sent none", path,
-                 PF_AUTH_TOKEN_MD, peer ? peer : "?");
+        snprintf(msg, msglen,
+                 "%s needs the cluster token (%s metadata); caller %s sent none (nodes: "
+                 "--cluster-token-file with the same secret; clients: PEGAFLOW_TOKEN_FILE)",
+                 path, PF_AUTH_TOKEN_MD, peer ? peer : "?");
         return PF_GRPC_UNAUTHENTICATED;
     }
 }
