@@ -136,6 +136,9 @@ bool pf_app_cluster_authenticated(const struct pf_auth *a);
  * the listener ("this node", "this MetaServer"). */
 #define PF_APP_INSECURE_WARN_SECS 3600
 void pf_app_warn_insecure(const char *what);
+/* The period of that warning: PF_APP_INSECURE_WARN_SECS, or with debug (--enable-debug) the
+ * test knob PEGAFLOW_INSECURE_WARN_SECS (1..3600). */
+uint64_t pf_app_insecure_warn_secs(bool debug);
 /* The warning of --local-rpcs any on a listener other hosts can reach (with or without a
  * cluster token: worker RPCs are then open to every caller). */
 void pf_app_warn_local_rpcs_any(const char *addr, const struct pf_auth *a);

@@ -2,6 +2,7 @@
  * --local-rpcs policy, and the start-up warning for listeners other hosts can reach without
  * authentication. */
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define PF_LOG_MOD "auth"
@@ -54,6 +55,15 @@ int pf_app_local_rpcs(const char *v, const struct pf_auth *a, bool *local_only_p
 bool pf_app_cluster_authenticated(const struct pf_auth *a)
 {
     return a->cluster_token || a->ca_pem;
+}
+
+uint64_t pf_app_insecure_warn_secs(bool debug)
+{
+    const char *v = debug ? getenv("PEGAFLOW_INSECURE_WARN_SECS") : NULL;
+    uint64_t secs;
+    if (v && pf_parse_u64(v, &secs) == 0 && secs >= 1 && secs <= PF_APP_INSECURE_WARN_SECS)
+        return secs;
+    return PF_APP_INSECURE_WARN_SECS;
 }
 
 void pf_app_warn_insecure(const char *what)

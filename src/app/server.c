@@ -303,8 +303,9 @@ static int wait_for_stop(struct server_app *a)
 {
     struct pollfd p[2] = {{.fd = a->sfd, .events = POLLIN}, {.fd = a->efd, .events = POLLIN}};
     bool insecure = a->cfg.metaserver_addr && !pf_app_cluster_authenticated(&a->cfg.auth);
+    int period_ms = (int)pf_app_insecure_warn_secs(a->cfg.enable_debug) * 1000;
     for (;;) {
-        int n = poll(p, 2, insecure ? PF_APP_INSECURE_WARN_SECS * 1000 : -1);
+        int n = poll(p, 2, insecure ? period_ms : -1);
         if (n < 0) {
             if (errno == EINTR)
                 continue;

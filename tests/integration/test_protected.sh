@@ -3,8 +3,9 @@
 # 1. a P2P node (--nics + --metaserver-addr) without a cluster token refuses to start: exit
 #    2, one line naming --cluster-token-file and --insecure-cluster; so does a MetaServer on
 #    an address other hosts can reach; a loopback MetaServer starts without one;
-# 2. with --insecure-cluster the node starts and logs the warning (the hourly repeat is the
-#    same call on a poll timeout, not waited for here); the --local-addr socket is mode 0660
+# 2. with --insecure-cluster the node starts and logs the warning, and repeats it (hourly;
+#    with --enable-debug the test knob PEGAFLOW_INSECURE_WARN_SECS=1 makes it every second,
+#    waited for as a condition); the --local-addr socket is mode 0660
 #    (with --local-addr-group, of that group);
 # 3. in network namespaces (root; else that part SKIPs): a server with no security flag
 #    answers Health from another namespace but refuses a worker RPC (Shutdown:
@@ -45,11 +46,14 @@ pf_wait_log mlo ': ready$' 20 || pf_fail "a loopback MetaServer without a token 
 pf_stop mlo || pf_fail "loopback MetaServer exit status"
 
 # ---- 2. the opt-out starts and warns
-pf_start ins "$PF_BIN/pegaflow-server" "${S[@]}" --addr 127.0.0.2:0 --http-addr 127.0.0.1:0 \
-  "${P2P[@]}" --insecure-cluster
+# (the hourly repeat: with --enable-debug, PEGAFLOW_INSECURE_WARN_SECS=1 shortens the period)
+pf_start ins env PEGAFLOW_INSECURE_WARN_SECS=1 "$PF_BIN/pegaflow-server" "${S[@]}" --addr 127.0.0.2:0 \
+  --http-addr 127.0.0.1:0 "${P2P[@]}" --insecure-cluster --enable-debug
 pf_wait_log ins ': ready$' 20 || pf_fail "--insecure-cluster: the node did not start"
 grep -aq 'WARN .*--insecure-cluster: this node runs without a cluster token' "$PF_TMP/ins.log" ||
   pf_fail "--insecure-cluster: no warning"
+insecure_warns() { [ "$(grep -ac 'WARN .*--insecure-cluster: this node' "$PF_TMP/ins.log")" -ge 3 ]; }
+pf_wait_for 30 insecure_warns || pf_fail "--insecure-cluster: the warning does not repeat"
 pf_stop ins || pf_fail "--insecure-cluster node exit status"
 # the same node with a token starts without that warning
 pf_cluster_token "$PF_TMP" || pf_fail "cannot write the token"
