@@ -27,8 +27,8 @@ refused() { # want-substring... -- binary args...: exit 2 and one line with ever
   while [ "$1" != -- ]; do want+=("$1"); shift; done
   shift
   local out rc w
-  out=$("$PF_BIN/$@" 2>&1); rc=$?
-  [ $rc -eq 2 ] || pf_fail "$* exited $rc (want 2): $out"
+  out=$(timeout -k 5 20 "$PF_BIN/$@" 2>&1); rc=$? # a binary that starts instead must not hang us
+  [ $rc -eq 2 ] || pf_fail "$* exited $rc (want 2; 124: it started instead of refusing): $out"
   [ "$(printf '%s\n' "$out" | wc -l)" -eq 1 ] || pf_fail "$* printed more than one line: $out"
   for w in "${want[@]}"; do
     grep -qF -- "$w" <<<"$out" || pf_fail "$* said '$out', want '$w'"
