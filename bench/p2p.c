@@ -52,6 +52,7 @@
 
 #include "client/pegaflow.h"
 #include "engine.pb-c.h"
+#include "pf/auth.h"
 #include "pf/clock.h"
 #include "pf/config.h"
 #include "pf/rpc.h"
@@ -162,8 +163,13 @@ static void spawn(struct proc *p, const char *bin, const char *ip, const char *c
     argv[k++] = addr;
     argv[k++] = "--http-addr";
     argv[k++] = haddr;
-    for (size_t i = 0; args[i] && k < 62; i++)
+    for (size_t i = 0; args[i] && k < 60; i++)
         argv[k++] = args[i];
+    const char *tok = getenv("PF_CLUSTER_TOKEN_FILE"); /* main: pft_cluster_token */
+    if (tok) {
+        argv[k++] = "--cluster-token-file";
+        argv[k++] = tok;
+    }
     argv[k] = NULL;
     p->pid = fork();
     if (p->pid < 0)
@@ -546,6 +552,18 @@ int main(int argc, char **argv)
     snprintf(logdir, sizeof(logdir), "/tmp/pf-bench-p2p.XXXXXX");
     if (!mkdtemp(logdir))
         return 1;
+    char tokpath[128]; /* P2P nodes need a cluster token (protected by default) */
+    if (pft_cluster_token(logdir, tokpath, sizeof(tokpath)) != 0)
+        die("cannot write the cluster token in %s", logdir);
+    { /* this process's own MetaServer probes send it too (libpegaflow's environment) */
+        struct pf_auth_env env;
+        struct pf_rpc_channel_opts co;
+        char aerr[256];
+        if (pf_auth_env_load(&env, &co, aerr, sizeof(aerr)) != 0 ||
+            pf_rpc_set_default_channel_opts(&co) != 0)
+            die("cluster token: %s", aerr);
+        pf_auth_env_free(&env);
+    }
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     signal(SIGPIPE, SIG_IGN);

@@ -252,6 +252,9 @@ void p2p_grpc_free(struct pf_p2p *p);
 /* The IPs addr's host ("ip:port" or "name:port") stands for (up to max). 0, -EINVAL,
  * -EHOSTUNREACH. */
 int p2p_host_ips(const char *addr, char (*ips)[PF_AUTH_IP_MAX], size_t max, size_t *n_p);
+/* p2p_host_ips for a numeric address only (getaddrinfo AI_NUMERICHOST: no name lookup), for
+ * what a caller sends: -EINVAL for a host name. */
+int p2p_numeric_ips(const char *addr, char (*ips)[PF_AUTH_IP_MAX], size_t max, size_t *n_p);
 /* 0 when every endpoint of m names one of hosts (or the backend does not connect by
  * address, or same_host and it is an address of this host); -EACCES (or -EINVAL for a
  * malformed endpoint) with a message naming it. who names the peer in the message. */

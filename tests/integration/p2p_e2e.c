@@ -689,6 +689,16 @@ int main(int argc, char **argv)
                   "PF_P2P_SECURITY_DIR needs PEGAFLOW_TLS_CA/CERT/KEY and PEGAFLOW_TOKEN_FILE");
         PFT_CHECK(pf_rpc_set_default_channel_opts(&o) == 0, "channel defaults");
         pf_auth_env_free(&env);
+    } else if (getenv("PF_CLUSTER_TOKEN_FILE")) {
+        /* protected by default: the nodes have the run's token; this process's MetaServer
+         * probes and worker calls (from its own namespace) send it (PEGAFLOW_TOKEN_FILE) */
+        struct pf_auth_env env;
+        struct pf_rpc_channel_opts o;
+        char err[256];
+        PFT_CHECK(pf_auth_env_load(&env, &o, err, sizeof(err)) == 0, "%s", err);
+        PFT_CHECK(o.token, "PF_CLUSTER_TOKEN_FILE needs PEGAFLOW_TOKEN_FILE (p2p_netns.sh)");
+        PFT_CHECK(pf_rpc_set_default_channel_opts(&o) == 0, "channel defaults");
+        pf_auth_env_free(&env);
     }
     return pft_run_scenarios(scenarios, PF_ARRAY_SIZE(scenarios), argv + a, argc - a);
 }
