@@ -100,6 +100,12 @@ static void spawn(struct node *n, const char *bin, int gport, const char *const 
         snprintf(sec[0], sizeof(sec[0]), "--cluster-token-file=%s",
                  token_override ? token_override : getenv("PF_CLUSTER_TOKEN_FILE"));
         argv[k++] = sec[0];
+        if (getenv("PF_ADMIN_TOKEN_FILE") && strcmp(bin, "pegaflow-server") == 0) {
+            /* POSTs from the test (outside the node's namespace) carry this token (pft_http) */
+            snprintf(sec[1], sizeof(sec[1]), "--admin-token-file=%s",
+                     getenv("PF_ADMIN_TOKEN_FILE"));
+            argv[k++] = sec[1];
+        }
     }
     for (size_t i = 0; args && args[i] && k < 62; i++)
         argv[k++] = args[i];
