@@ -464,6 +464,12 @@ int pf_client_session_open(struct pf_client *c, const char *instance_id, const c
     return 0;
 }
 
+void pf_client_reconnect(struct pf_client *c)
+{
+    if (c)
+        pf_rpc_channel_reconnect(c->ch);
+}
+
 int pf_client_watch_open(struct pf_client *c, const char *instance_id, uint64_t timeout_ms,
                          struct pf_session **s_p)
 {

@@ -131,6 +131,10 @@ int pf_client_session_open(struct pf_client *c, const char *instance_id, const c
  * Close it with pf_client_session_close. */
 int pf_client_watch_open(struct pf_client *c, const char *instance_id, uint64_t timeout_ms,
                          struct pf_session **s_p);
+/* Forgets the connection's reconnect backoff (gRPC's grows to seconds while a server is
+ * down): the next call connects at once. A worker polling for its restarted server calls
+ * it before each attempt. */
+void pf_client_reconnect(struct pf_client *c);
 /* 1 while the server keeps the stream open, 0 once it ended it. */
 int pf_client_session_alive(struct pf_session *s);
 void pf_client_session_close(struct pf_session *s);

@@ -595,6 +595,16 @@ class FakeEngineClient:
     def has_watch(self) -> bool:
         return self.server.watch
 
+    def health(self, timeout_ms=None):
+        self.server._gate("health")
+
+    def fresh(self, timeout_ms=1000):
+        """EngineClient.fresh: another client on its own channel, to the same server."""
+        return FakeEngineClient(self.server)
+
+    def reconnect(self):
+        self.server.calls.append(("reconnect", {}))
+
     def open_watch(self, instance_id="", timeout_ms=None):
         return self.server.open_watch(instance_id)
 

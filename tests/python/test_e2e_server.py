@@ -108,3 +108,36 @@ def test_client_recovers_after_a_server_restart(plain_server_factory, lib):
         pass  # the server may cancel the in-flight Shutdown call while stopping
     assert s2.proc.wait(10) == 0
     c.close()
+
+
+def test_worker_reregisters_as_soon_as_a_restarted_server_answers(server_factory, engine_lib):
+    """The worker's watch Session ends with the killed server; the worker registers its KV
+    caches with the new process without any Save or Load failing first (the 10 s retry
+    interval of that path never applies)."""
+    from pegaflow.device.sim import SimDeviceAdapter, allocate_kv_caches
+
+    s = server_factory()
+    c = EngineClient(s.target, lib=engine_lib, timeout_ms=5000)
+    require_engine_server(c)
+    kv, ts = allocate_kv_caches(["l0"], (2, 8, 16, 2, 8), np.uint16, lib=engine_lib)
+    w = WorkerConnector(ConnectorContext("rereg-inst", "ns", 16), c, SimDeviceAdapter(0),
+                        save_thread=False, reregister_interval_s=3600.0)
+    try:
+        w.register_kv_caches(ts)
+        assert c.query_raw("rereg-inst", "p", [b"\1" * 32]).num_hit_blocks == 0
+        s.kill()
+        s2 = server_factory("restarted", port=s.port)
+        t0 = time.monotonic()
+        while True:
+            try:
+                c.query_raw("rereg-inst", "p", [b"\1" * 32], timeout_ms=1000)
+                break
+            except (errors.FailedPrecondition, errors.Unavailable, errors.DeadlineExceeded):
+                assert time.monotonic() - t0 < 30, f"not re-registered; log:\n{s2.log()}"
+                time.sleep(0.02)
+        print(f"re-registered {time.monotonic() - t0:.2f} s after the restarted server's ready")
+        assert w.stats.get("reregistrations") == 1
+    finally:
+        w.shutdown()
+        kv.close()
+        c.close()

@@ -146,6 +146,7 @@ PROTOTYPES: dict[str, tuple[object, list[object]]] = {
         c_int, [_client_p, c_char_p, c_char_p, c_uint32, c_uint32, c_uint64, POINTER(_session_p)]
     ),
     "pf_client_watch_open": (c_int, [_client_p, c_char_p, c_uint64, POINTER(_session_p)]),
+    "pf_client_reconnect": (None, [_client_p]),
     "pf_client_session_alive": (c_int, [_session_p]),
     "pf_client_session_close": (None, [_session_p]),
     "pf_loadstate_create": (c_int, [POINTER(_loadstate_p)]),

@@ -328,6 +328,17 @@ class EngineClient:
                       self._t(timeout_ms), byref(s)))
         return Session(self._lib, s)
 
+    def reconnect(self) -> None:
+        """Drop the channel's reconnect backoff (pf_client_reconnect): the next call tries
+        to connect at once."""
+        if self._lib.has("pf_client_reconnect"):
+            self._lib.fn("pf_client_reconnect")(self._h)
+
+    def fresh(self, timeout_ms: int = 1000) -> "EngineClient":
+        """Another client to the same server on its own channel (no reconnect backoff
+        inherited): to probe a server that was down (close it after)."""
+        return EngineClient(self.target, lib=self._lib, timeout_ms=timeout_ms)
+
     def has_watch(self) -> bool:
         return self._lib.has("pf_client_watch_open")
 

@@ -93,6 +93,7 @@ _STOP = object()
 REREGISTER_INTERVAL_S = 10.0
 WATCH_POLL_S = 0.05  # how often the watch thread looks at its Session
 WATCH_RETRY_S = 0.1  # reopen attempts while the server is down
+WATCH_FORCE_TRIES = 20  # re-registration attempts at that pace once it answers again
 # a cancelled Load not confirmed by a live server after this is given up on: the server
 # bounds one copy chunk at 120 s (PF_XFER_MAX_MS in src/engine/gpu_worker.c)
 CANCEL_WAIT_S = 150.0
@@ -139,6 +140,8 @@ class WorkerConnector:
             not hasattr(client, "has_watch") or client.has_watch())
         self._watch_thread_on = watch_thread
         self._watch = None
+        self._watch_client = None  # the fresh client holding the watch, if any
+        self._force_left = 0
         self._watch_next = 0.0
         self._watch_stop = threading.Event()
         self._watch_thr: threading.Thread | None = None
@@ -278,6 +281,13 @@ class WorkerConnector:
         the server answers, and then re-register at once."""
         w = self._watch
         if w is not None and w.alive():
+            if (self._reregister_due is not None and self._force_left > 0
+                    and self._clock() >= self._watch_next):
+                # the first attempt after the server came back failed (e.g. the main
+                # channel was still connecting): again, every WATCH_RETRY_S, for a while
+                self._force_left -= 1
+                self._watch_next = self._clock() + WATCH_RETRY_S
+                self.maybe_reregister(force=True)
             return
         if w is not None:
             self._watch = None
@@ -297,14 +307,36 @@ class WorkerConnector:
             return
         self._watch_next = now + WATCH_RETRY_S
         try:
-            self._watch = self.client.open_watch(
-                self.ctx.instance_id, timeout_ms=min(1000, self.ctx.rpc_timeout_ms))
+            self._watch, self._watch_client = self._open_watch()
         except Exception as e:
             self._rl(logging.INFO, "watch", "watch Session not open yet: %s", e)
             return
         self._rl.reset("watch")
         if self._reregister_due is not None:
+            # the server answers on a fresh channel; the main one may sit in gRPC's
+            # reconnect backoff (seconds) after the failed calls: drop it, once
+            reconnect = getattr(self.client, "reconnect", None)
+            if reconnect is not None:
+                reconnect()
+            self._force_left = WATCH_FORCE_TRIES
             self.maybe_reregister(force=True)
+
+    def _open_watch(self):
+        """(watch, the client that holds it). A fresh channel per attempt where the client
+        can make one (EngineClient.fresh): it connects at once when the server is back."""
+        to = min(1000, self.ctx.rpc_timeout_ms)
+        old, self._watch_client = self._watch_client, None
+        if old is not None:
+            old.close()
+        fresh = getattr(self.client, "fresh", None)
+        if fresh is None:
+            return self.client.open_watch(self.ctx.instance_id, timeout_ms=to), None
+        c = fresh(to)
+        try:
+            return c.open_watch(self.ctx.instance_id, timeout_ms=to), c
+        except BaseException:
+            c.close()
+            raise
 
     def maybe_reregister(self, force: bool = False) -> bool:
         """Register again after the server lost the instance; True when (re)registered.
@@ -666,6 +698,9 @@ class WorkerConnector:
             except Exception:  # pragma: no cover
                 pass
             self._watch = None
+        if self._watch_client is not None:
+            self._watch_client.close()
+            self._watch_client = None
         if self._thread is not None:
             self._q.put(_STOP)
             self._thread.join(timeout=self.ctx.rpc_timeout_ms / 1000 + 5)
