@@ -190,13 +190,15 @@ def test_summary_efficiency_waits_and_restart_to_hit():
             {"asked": ["z"], "t_query": 10.1, "t_ready": 10.1, "loaded_blocks": 0,
              "ready_wait_s": 0.0, "load_wait_s": 0.0, "prefetched": True}],
         2: [{"asked": ["a"], "t_query": 3.0, "t_ready": 3.0, "loaded_blocks": 1,
-             "ready_wait_s": 0.0, "load_wait_s": 0.01, "prefetched": False}],
+             "ready_wait_s": 0.0, "load_wait_s": 0.01, "prefetched": False},
+            {"asked": ["a", "b"], "t_query": 3.5, "loaded_blocks": 0, "unreachable": True,
+             "ready_wait_s": None, "load_wait_s": 0.0, "prefetched": False}],
     }
     s = efficiency.summarize(done, ho, lv)
     assert (s["available"], s["delivered"]) == (2 + 4 + 0 + 1, 2 + 3 + 0 + 1)
     assert s["efficiency"] == pytest.approx(6 / 7)
     assert s["nodes"][1]["available"] == 6 and s["nodes"][2]["efficiency"] == 1.0
-    assert s["loading_then_nothing"] == 1
+    assert s["loading_then_nothing"] == 1 and s["unreachable_requests"] == 1
     assert s["restart_to_hit_s"] == {"n1": pytest.approx(0.5)}  # 10.5 - 10.0
     lw = s["load_wait_ms"]
     assert lw["ready_p50"] == pytest.approx(0.0) and lw["ready_p99"] == pytest.approx(300.0)

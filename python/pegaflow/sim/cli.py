@@ -611,7 +611,8 @@ class Sim:
             row["tier_delivered"], row["delivered_source"] = self.tier_delivered(m, row)
             row["tier_shortfall"] = self.tier_shortfall(m)
             e = eff["nodes"].get(k, {"available": 0, "delivered": 0, "efficiency": None,
-                                     "loading_then_nothing": 0})
+                                     "loading_then_nothing": 0, "unreachable_requests": 0})
+            row["unreachable_requests"] = e["unreachable_requests"]
             row["available"] = e["available"]
             row["delivered"] = e["delivered"]
             row["efficiency"] = e["efficiency"]
@@ -633,6 +634,7 @@ class Sim:
         total["delivered"] = eff["delivered"]
         total["efficiency"] = eff["efficiency"]
         total["loading_then_nothing"] = eff["loading_then_nothing"]
+        total["unreachable_requests"] = eff["unreachable_requests"]
         total["load_wait_ms"] = eff["load_wait_ms"]
         total["restart_to_hit_s"] = eff["restart_to_hit_s"]
         allm: dict[str, float] = {}

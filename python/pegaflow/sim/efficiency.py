@@ -9,7 +9,9 @@ its current life. A restart loses what the previous life held (RAM; the SSD inde
 counted across a restart). Evictions are not modelled: a pool too small for the workload
 shows as lost efficiency. A request can use only a contiguous prefix, so its available
 count is the longest prefix of its asked blocks that are all available, and its delivered
-count the blocks it loaded. efficiency = delivered / available over all requests.
+count the blocks it loaded. efficiency = delivered / available over all requests. A request whose own server was
+down (its query failed: "unreachable") has nothing available: no node could serve it;
+those are counted apart (unreachable_requests).
 
 Pure functions over plain data, so they are unit-tested without a cluster.
 """
@@ -95,8 +97,14 @@ def summarize(done: dict[int, list[dict]], holds: Holdings, lives: Lives) -> dic
     per: dict[int, dict] = {}
     ready_w, load_w = [], []
     for k, evs in sorted(done.items()):
-        av = dl = nothing = 0
+        av = dl = nothing = down = 0
         for d in evs:
+            if d.get("unreachable"):
+                # its own server was down (or did not know the instance): nothing in the
+                # cluster could reach this request; counted apart, not as available
+                d["available"] = 0
+                down += 1
+                continue
             a = holds.available(d.get("asked") or [], d.get("t_query") or 0.0)
             d["available"] = a
             av += a
@@ -108,7 +116,8 @@ def summarize(done: dict[int, list[dict]], holds: Holdings, lives: Lives) -> dic
             if d.get("loaded_blocks"):
                 load_w.append(d.get("load_wait_s") or 0.0)
         per[k] = {"available": av, "delivered": dl,
-                  "efficiency": (dl / av) if av else None, "loading_then_nothing": nothing}
+                  "efficiency": (dl / av) if av else None, "loading_then_nothing": nothing,
+                  "unreachable_requests": down}
     restart_to_hit: dict[str, float | None] = {}
     for k in sorted(lives.spans):
         for r in lives.restarts(k):
@@ -122,6 +131,7 @@ def summarize(done: dict[int, list[dict]], holds: Holdings, lives: Lives) -> dic
         "nodes": per,
         "available": av, "delivered": dl, "efficiency": (dl / av) if av else None,
         "loading_then_nothing": sum(p["loading_then_nothing"] for p in per.values()),
+        "unreachable_requests": sum(p["unreachable_requests"] for p in per.values()),
         "load_wait_ms": {"ready_p50": ms(_pct(ready_w, 0.5)), "ready_p99": ms(_pct(ready_w, 0.99)),
                          "loaded_p50": ms(_pct(load_w, 0.5)), "loaded_p99": ms(_pct(load_w, 0.99)),
                          "requests": len(ready_w), "loaded_requests": len(load_w)},

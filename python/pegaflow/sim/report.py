@@ -71,7 +71,8 @@ def delivery_table(doc: dict) -> str:
     for r in doc["nodes"] + [tot]:
         out.append(f"{r['node']:>5}: available {r['available']}, delivered {r['delivered']}, "
                    f"efficiency {_f(r['efficiency'] and 100 * r['efficiency'])}%, "
-                   f"Loading then nothing {r['loading_then_nothing']}")
+                   f"Loading then nothing {r['loading_then_nothing']}, requests to a down "
+                   f"server {r['unreachable_requests']}")
     lw = doc["load_wait_ms"]
     out.append(f"load wait (first query -> Ready) p50 {_f(lw['ready_p50'])} ms, p99 "
                f"{_f(lw['ready_p99'])} ms; (-> load complete) p50 {_f(lw['loaded_p50'])} ms, "
