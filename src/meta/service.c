@@ -115,6 +115,11 @@ static bool host_part(const char *a, char *out, size_t cap)
     return n > 0;
 }
 
+static bool is_loopback(const char *h)
+{
+    return strncmp(h, "127.", 4) == 0 || strcmp(h, "::1") == 0;
+}
+
 /* A restarted server asks to replace its previous life's session at once (replace). Only a
  * caller that connects from the very host it advertises may: a stranger elsewhere cannot
  * evict a live node, and where the MetaServer requires the cluster token or client
@@ -125,7 +130,8 @@ static bool may_replace(struct pf_rpc_call *call, const char *node)
     if (!host_part(node, want, sizeof(want)) ||
         !host_part(pf_rpc_call_peer(call), got, sizeof(got)))
         return false;
-    return strcmp(want, got) == 0;
+    /* loopback names this host whatever address of 127/8 the kernel picked as the source */
+    return strcmp(want, got) == 0 || (is_loopback(want) && is_loopback(got));
 }
 
 static int h_heartbeat(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *msg)
