@@ -212,3 +212,14 @@ def test_help_says_percent_once(capsys):
         cli.build_parser().parse_args(["--help"])
     out = capsys.readouterr().out
     assert "40%" in out and "%%" not in out
+
+
+def test_availability_is_taken_when_the_server_answered_ready():
+    lv = efficiency.Lives()
+    lv.start(1, 0.0)
+    ho = efficiency.Holdings(lv)
+    ho.hold(1, 2.0, ["a", "b"])  # saved while the request was answered Loading
+    done = {1: [{"asked": ["a", "b"], "t_query": 1.0, "t_ready": 3.0, "loaded_blocks": 2,
+                 "ready_wait_s": 2.0, "load_wait_s": 2.1, "prefetched": True}]}
+    s = efficiency.summarize(done, ho, lv)
+    assert s["available"] == 2 and s["efficiency"] == 1.0

@@ -5,7 +5,9 @@ The controller knows which node saved which block when (the nodes report every S
 server accepted, and every block they loaded), and when each server life began (its
 ``ready``) and ended (the kill). A block is *available* to a request when, at the
 request's first query, some node that is up holds it: it saved or loaded the block during
-its current life. A restart loses what the previous life held (RAM; the SSD index is not
+its current life. "At the request's query" is the query the server answered Ready (a
+request answered Loading asks again; a block saved by another request meanwhile can still
+be served to it). A restart loses what the previous life held (RAM; the SSD index is not
 counted across a restart). Evictions are not modelled: a pool too small for the workload
 shows as lost efficiency. A request can use only a contiguous prefix, so its available
 count is the longest prefix of its asked blocks that are all available, and its delivered
@@ -105,7 +107,8 @@ def summarize(done: dict[int, list[dict]], holds: Holdings, lives: Lives) -> dic
                 d["available"] = 0
                 down += 1
                 continue
-            a = holds.available(d.get("asked") or [], d.get("t_query") or 0.0)
+            # asked last when the server answered Ready (a Loading answer is asked again)
+            a = holds.available(d.get("asked") or [], d.get("t_ready") or d.get("t_query") or 0.0)
             d["available"] = a
             av += a
             dl += d.get("loaded_blocks", 0)
