@@ -55,6 +55,9 @@ static void init_metrics(struct pf_engine *e)
                                         "Load time from submission to the end of the H2D copy",
                                         NULL, pf_buckets_io_seconds, pf_buckets_io_seconds_n);
     e->m_load_fail = pf_metric_counter("pegaflow_load_failures", "Loads that failed", NULL);
+    e->m_load_cancelled =
+        pf_metric_counter("pegaflow_load_cancelled",
+                          "Loads stopped before a copy chunk because the client cancelled", NULL);
     pf_child_add(pf_metric_child1(e->m_tier, "ram"), 0);
     pf_child_add(pf_metric_child1(e->m_tier, "miss"), 0);
 }

@@ -72,8 +72,14 @@ struct pf_xfer {
     int result;
     pf_xfer_done_fn done_fn;
     void (*free_fn)(struct pf_xfer *x); /* releases what the task owns, then frees */
+    /* optional: asked before each chunk of PF_XFER_CHUNK copies (the first included); true
+     * stops the batch there (result -ECANCELED, every submitted copy completed first) */
+    bool (*cancel_fn)(struct pf_xfer *x);
     void *ctx;
 };
+
+/* copies per submission when a batch can be cancelled (cancel_fn) */
+#define PF_XFER_CHUNK 64
 
 struct pf_gpu_worker;
 
@@ -302,7 +308,8 @@ struct pf_engine {
     /* metrics */
     struct pf_metric *m_alloc_fail, *m_inflight_bytes, *m_inflight_gc, *m_hits, *m_misses, *m_tier,
         *m_evictions, *m_evict_class, *m_evict_still_ref, *m_evict_queued, *m_reclaimed,
-        *m_residence, *m_save_bytes, *m_load_bytes, *m_save_dur, *m_load_dur, *m_load_fail;
+        *m_residence, *m_save_bytes, *m_load_bytes, *m_save_dur, *m_load_dur, *m_load_fail,
+        *m_load_cancelled;
 };
 
 /* instance.c */

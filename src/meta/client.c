@@ -258,6 +258,8 @@ static void heartbeat(struct pf_meta_client *c)
     Pegaflow__HeartbeatNodeRequest req = PEGAFLOW__HEARTBEAT_NODE_REQUEST__INIT;
     req.node = c->advertise;
     req.node_id = c->node_id;
+    /* this process never had a session: it is new, its address's session is a former life's */
+    req.replace = !c->had_session;
     size_t ti = pf_meta_targets_current(c->tg);
     int rc = pf_rpc_unary(pf_meta_targets_reg(c->tg, ti), "/pegaflow.MetaServer/HeartbeatNode",
                           &req.base, &pegaflow__heartbeat_node_response__descriptor,

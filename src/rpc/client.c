@@ -199,6 +199,12 @@ int pf_rpc_channel_open_opts(const char *target, const struct pf_rpc_channel_opt
     return 0;
 }
 
+void pf_rpc_channel_reconnect(struct pf_rpc_channel *ch)
+{
+    if (ch)
+        grpc_channel_reset_connect_backoff(ch->ch);
+}
+
 void pf_rpc_channel_close(struct pf_rpc_channel *ch)
 {
     if (!ch)

@@ -459,6 +459,7 @@ static int h_unregister(void *ctx, struct pf_rpc_call *call, const ProtobufCMess
 struct session_ctx {
     char *instance;
     uint64_t token;
+    bool watch; /* owns no instance: nothing to clean up */
 };
 
 static int s_session_open(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *m,
@@ -468,6 +469,19 @@ static int s_session_open(void *ctx, struct pf_rpc_call *call, const ProtobufCMe
     const Pegaflow__SessionRequest *r = (const void *)m;
     if (need_engine(svc, call))
         return PF_GRPC_UNAVAILABLE;
+    if (r->watch) {
+        /* a worker watching this process's life: ends only with the stream */
+        struct session_ctx *w = calloc(1, sizeof(*w));
+        if (!w || !(w->instance = strdup(r->instance_id ? r->instance_id : ""))) {
+            free(w);
+            return pf_rpc_fail(call, PF_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+        }
+        w->watch = true;
+        pf_debug("watch session opened (instance '%s') from %s", w->instance,
+                 pf_rpc_call_peer(call));
+        *stream_ctx_p = w;
+        return 0;
+    }
     if (!r->instance_id || !*r->instance_id)
         return pf_rpc_fail(call, PF_GRPC_INVALID_ARGUMENT, "instance_id must not be empty");
     struct session_ctx *s = calloc(1, sizeof(*s));
@@ -491,7 +505,7 @@ static void s_session_closed(void *ctx, void *stream_ctx, bool cancelled)
 {
     struct pf_engine_service *svc = ctx;
     struct session_ctx *s = stream_ctx;
-    if (svc->engine && !svc->stopping)
+    if (svc->engine && !svc->stopping && !s->watch)
         pf_engine_session_close(svc->engine, s->instance, s->token);
     free(s->instance);
     free(s);

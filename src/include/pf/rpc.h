@@ -175,6 +175,9 @@ struct pf_rpc_channel;
  * backoff (100 ms .. 1 s) so a restarted server is reachable again quickly. */
 int pf_rpc_channel_open(const char *target, struct pf_rpc_channel **ch_p);
 void pf_rpc_channel_close(struct pf_rpc_channel *ch);
+/* Drops the channel's reconnect backoff: the next call connects at once. For a caller
+ * that knows the server just came back (a restart); calls in flight are unaffected. */
+void pf_rpc_channel_reconnect(struct pf_rpc_channel *ch);
 const char *pf_rpc_channel_target(const struct pf_rpc_channel *ch);
 
 /* One unary call with a deadline of timeout_ms. On OK returns 0 and *resp_p is the
