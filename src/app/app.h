@@ -10,6 +10,7 @@
 #include "pf/auth.h"
 #include "pf/config.h"
 #include "pf/log.h"
+#include "pf/tenant.h"
 
 struct pf_server_config {
     /* seeds/server.md */
@@ -61,10 +62,12 @@ struct pf_server_config {
     char *admin_token_file;
     char *local_addr;
     char *local_rpcs;
+    char *tenants_file; /* --tenants-file (src/tenant) */
 
     /* derived by pf_server_config_parse */
-    struct pf_auth auth; /* the files above, read */
-    bool local_only;     /* --local-rpcs resolved */
+    struct pf_auth auth;        /* the files above, read */
+    struct pf_tenancy *tenancy; /* --tenants-file, loaded; NULL without */
+    bool local_only;            /* --local-rpcs resolved */
     struct pf_fault_plan *faults;
     int *device_ids;
     size_t ndevice_ids;
