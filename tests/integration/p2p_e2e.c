@@ -39,6 +39,8 @@
  *              replica 1 killed (SIGKILL): B discovers and fetches new blocks through
  *              replica 2; Redis killed: saves and queries answer, no discovery; Redis back
  *              (empty): A re-registers by itself and B fetches again
+ *   tenants    two tenants (--tenants-file) with equal hashes in their own namespaces:
+ *              each fetches its own bytes from A, byte-exact (p2p_tenants.h)
  *
  * Security (PF_P2P_SECURITY_DIR=DIR, made by certs.sh): every process is started with
  * DIR/<tag>.crt/.key, DIR/ca.crt and DIR/token (servers also DIR/admin-token); this
@@ -76,6 +78,7 @@
 #include "p2p_cluster.h"
 #include "p2p_auth.h"
 #include "p2p_redis.h"
+#include "p2p_tenants.h"
 
 /* ------------------------------------------------------------------ scenarios */
 
@@ -630,12 +633,13 @@ static void sc_layouts(void)
 }
 
 static const struct pft_scenario scenarios[] = {
-    {"basic", sc_basic},   {"mutual", sc_mutual},
-    {"three", sc_three},   {"metaserver", sc_metaserver},
-    {"kill", sc_kill},     {"timeout", sc_timeout},
-    {"expire", sc_expire}, {"corrupt", sc_corrupt},
-    {"evict", sc_evict},   {"auth", sc_auth},
-    {"redis", sc_redis},   {"layouts", sc_layouts},
+    {"basic", sc_basic},     {"mutual", sc_mutual},
+    {"three", sc_three},     {"metaserver", sc_metaserver},
+    {"kill", sc_kill},       {"timeout", sc_timeout},
+    {"expire", sc_expire},   {"corrupt", sc_corrupt},
+    {"evict", sc_evict},     {"auth", sc_auth},
+    {"redis", sc_redis},     {"layouts", sc_layouts},
+    {"tenants", sc_tenants},
 };
 
 int main(int argc, char **argv)
