@@ -106,6 +106,9 @@ static int start_p2p(struct server_app *a)
         .nics = (const char *const *)a->cfg.nics.v,
         .nnics = a->cfg.nics.n,
         .faults = a->faults,
+        .tls_cert_pem = a->cfg.auth.cert_pem,
+        .tls_key_pem = a->cfg.auth.key_pem,
+        .tls_ca_pem = a->cfg.auth.ca_pem,
     };
     int rc = pf_hal_net_open(a->cfg.net_backend, &nc, &a->net, a->net_backend,
                              sizeof(a->net_backend), err, sizeof(err));
