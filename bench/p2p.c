@@ -598,7 +598,7 @@ int main(int argc, char **argv)
         die("raw sender did not start");
 
     static char tls_crt[300], tls_key[300], tls_ca[300];
-    const char *tls_flags[7] = {NULL};
+    const char *tls_flags[9] = {NULL};
     if (o.tls) {
         char cmd[1200];
         const char *top = getenv("PF_TOP") ? getenv("PF_TOP") : ".";
@@ -611,7 +611,9 @@ int main(int argc, char **argv)
         snprintf(tls_crt, sizeof(tls_crt), "%s/pki/node.crt", logdir);
         snprintf(tls_key, sizeof(tls_key), "%s/pki/node.key", logdir);
         snprintf(tls_ca, sizeof(tls_ca), "%s/pki/ca.crt", logdir);
-        const char *f[] = {"--tls-cert", tls_crt, "--tls-key", tls_key, "--tls-ca", tls_ca};
+        /* the nodes: this client registers from the other namespace (locality rule with TLS) */
+        const char *f[] = {"--tls-cert", tls_crt, "--tls-key",    tls_key,
+                           "--tls-ca",   tls_ca,  "--local-rpcs", "any"};
         memcpy(tls_flags, f, sizeof(f));
         setenv("PEGAFLOW_TLS_CA", tls_ca, 1);
         setenv("PEGAFLOW_TLS_CERT", tls_crt, 1);
@@ -655,6 +657,8 @@ int main(int argc, char **argv)
                             tls_flags[3],
                             tls_flags[4],
                             tls_flags[5],
+                            tls_flags[6],
+                            tls_flags[7],
                             NULL};
     spawn(&NA, "pegaflow-server", np.ip[0], a_args);
     const char *b_args[] = {"--gpu-backend",
@@ -679,6 +683,8 @@ int main(int argc, char **argv)
                             tls_flags[3],
                             tls_flags[4],
                             tls_flags[5],
+                            tls_flags[6],
+                            tls_flags[7],
                             NULL};
     spawn(&NB, "pegaflow-server", np.ip[1], b_args);
     if (netns && pft_netns_enter(np.ns[1]))

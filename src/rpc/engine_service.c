@@ -153,7 +153,7 @@ static int decode_ipc(const ProtobufCBinaryData *b, size_t i, struct pf_ipc_desc
     return rc;
 }
 
-static int h_register(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *m)
+static int register_checked(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *m)
 {
     struct pf_engine_service *svc = ctx;
     const Pegaflow__RegisterContextRequest *r = (const void *)m;
@@ -224,6 +224,18 @@ static int h_register(void *ctx, struct pf_rpc_call *call, const ProtobufCMessag
     Pegaflow__RegisterContextResponse resp = PEGAFLOW__REGISTER_CONTEXT_RESPONSE__INIT;
     resp.status = &ok_status;
     return pf_rpc_respond(call, &resp.base);
+}
+
+/* With tenants, a Register holds the tenancy's register lock from its check to its bind. */
+static int h_register(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *m)
+{
+    struct pf_engine_service *svc = ctx;
+    if (!svc->tenancy)
+        return register_checked(ctx, call, m);
+    pf_tenancy_register_lock(svc->tenancy);
+    int rc = register_checked(ctx, call, m);
+    pf_tenancy_register_unlock(svc->tenancy);
+    return rc;
 }
 
 static struct pf_bytes *to_bytes(const ProtobufCBinaryData *b, size_t n)
@@ -529,7 +541,7 @@ static int s_session_open(void *ctx, struct pf_rpc_call *call, const ProtobufCMe
     if (!r->instance_id || !*r->instance_id)
         return pf_rpc_fail(call, PF_GRPC_INVALID_ARGUMENT, "instance_id must not be empty");
     char tenant[PF_TENANT_NAME_MAX + 1];
-    int trc = tenant_check(svc, call, PF_TENANT_OP_SESSION, r->instance_id, r->namespace_, tenant);
+    int trc = tenant_check(svc, call, PF_TENANT_OP_SESSION, r->instance_id, NULL, tenant);
     if (trc)
         return trc;
     struct session_ctx *s = calloc(1, sizeof(*s));

@@ -34,7 +34,8 @@ struct pf_tenancy {
     char *path;
     pthread_rwlock_t lk; /* cur */
     struct pf_tenants *cur;
-    pthread_mutex_t bmu; /* bindings */
+    pthread_mutex_t bmu;   /* bindings */
+    pthread_mutex_t regmu; /* pf_tenancy_register_lock */
     struct binding *b;
     size_t nb, capb;
     struct pf_engine *engine;
@@ -57,6 +58,7 @@ int pf_tenancy_create(const char *path, struct pf_tenancy **tc_p, char *err, siz
     }
     pthread_rwlock_init(&tc->lk, NULL);
     pthread_mutex_init(&tc->bmu, NULL);
+    pthread_mutex_init(&tc->regmu, NULL);
     tc->m_hits = pf_metric_counter("pegaflow_tenant_hit_blocks",
                                    "Blocks a tenant's queries found in the cache", "tenant");
     tc->m_evict_blocks =
@@ -240,6 +242,7 @@ void pf_tenancy_destroy(struct pf_tenancy *tc)
     pf_tenants_free(tc->cur);
     pthread_rwlock_destroy(&tc->lk);
     pthread_mutex_destroy(&tc->bmu);
+    pthread_mutex_destroy(&tc->regmu);
     free(tc->path);
     free(tc);
 }
@@ -301,12 +304,11 @@ int pf_tenancy_check(struct pf_tenancy *tc, enum pf_tenant_op op, const void *to
             snprintf(owner, sizeof(owner), "%s", b->tenant);
         pthread_mutex_unlock(&tc->bmu);
         bool mine = b && strcmp(owner, name) == 0;
-        /* Register may take over an id whose instance is gone, a Session may watch an
-         * instance not registered yet (the connector's scheduler opens it early) in an
-         * allowed namespace; everything else needs the instance to be this tenant's */
+        /* Register may take over an id whose instance is gone; everything else (Session
+         * included: closing one may unregister the instance) needs the instance to be this
+         * tenant's */
         bool free_id = !b || !instance_live(tc->engine, id);
-        bool ok = mine || (op == PF_TENANT_OP_REGISTER && free_id) ||
-                  (op == PF_TENANT_OP_SESSION && !b && allowed);
+        bool ok = mine || (op == PF_TENANT_OP_REGISTER && free_id);
         if (!ok) {
             snprintf(err, errlen, "instance %s does not belong to tenant %s", id, name);
             refuse(tc, name, "instance");
@@ -357,4 +359,14 @@ void pf_tenancy_count_hits(struct pf_tenancy *tc, const char *tenant, uint64_t h
 {
     if (hits)
         pf_child_add(pf_metric_child1(tc->m_hits, tenant), (double)hits);
+}
+
+void pf_tenancy_register_lock(struct pf_tenancy *tc)
+{
+    pthread_mutex_lock(&tc->regmu);
+}
+
+void pf_tenancy_register_unlock(struct pf_tenancy *tc)
+{
+    pthread_mutex_unlock(&tc->regmu);
 }

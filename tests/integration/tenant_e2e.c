@@ -190,6 +190,9 @@ static void sc_isolation(void)
     EXPECT(pf_client_session_open(cb, A.id, "ns-b", 1, 1, TMO, &sess), PF_GRPC_PERMISSION_DENIED,
            "instance inst-A does not belong to tenant B");
     EXPECT(pf_client_shutdown(cb, TMO), PF_GRPC_PERMISSION_DENIED, "Shutdown is not a tenant RPC");
+    /* a Session for an id nobody registered: closing it could end a later owner's instance */
+    EXPECT(pf_client_session_open(cb, "inst-nobody", "ns-b", 1, 1, TMO, &sess),
+           PF_GRPC_PERMISSION_DENIED, "instance inst-nobody does not belong to tenant B");
 
     world_save_ok(cb, &B, h0, 1, N);
     wait_sealed(cb, B.id, h0, N);
@@ -251,6 +254,10 @@ static void sc_isolation(void)
     EXPECT(query(ca, "inst-A", "a-gone", h0, N, &res), PF_GRPC_PERMISSION_DENIED,
            "instance inst-A does not belong to tenant A");
 
+    /* the owner's own Session opens (its close ends inst-A2, which is done) */
+    PFT_CHECK(pf_client_session_open(ca, A2.id, "ns-a-load", 1, 1, TMO, &sess) == 0,
+              "A's own session: %s", pf_last_error_message());
+    pf_client_session_close(sess);
     pf_client_close(ca);
     pf_client_close(cb);
     pf_client_close(cx);

@@ -94,8 +94,9 @@ void pf_tenancy_destroy(struct pf_tenancy *tc);
 enum pf_tenant_op {
     PF_TENANT_OP_REGISTER, /* ns is the requested namespace */
     PF_TENANT_OP_INSTANCE, /* Save, QueryPrefetch, Load, UnregisterContext */
-    PF_TENANT_OP_SESSION,  /* Session: the instance is this tenant's, or not registered yet
-                            * and ns (the session's namespace) is allowed */
+    PF_TENANT_OP_SESSION,  /* Session: the instance is this tenant's (registered by it); a
+                            * session for an id nobody registered yet is refused, so that
+                            * closing it can never end another tenant's instance */
     PF_TENANT_OP_ANY,      /* Release: a valid token suffices (the lease is the capability) */
 };
 
@@ -111,6 +112,10 @@ int pf_tenancy_check(struct pf_tenancy *tc, enum pf_tenant_op op, const void *to
                      size_t errlen);
 /* After a successful Register: the instance belongs to tenant from now on. */
 void pf_tenancy_bind(struct pf_tenancy *tc, const char *instance_id, const char *tenant);
+/* Held by a Register from its check to its bind: two tenants registering one free instance
+ * id at once cannot both pass the check. */
+void pf_tenancy_register_lock(struct pf_tenancy *tc);
+void pf_tenancy_register_unlock(struct pf_tenancy *tc);
 /* A Query of tenant answered hits blocks (pegaflow_tenant_hit_blocks_total). */
 void pf_tenancy_count_hits(struct pf_tenancy *tc, const char *tenant, uint64_t hits);
 
