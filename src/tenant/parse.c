@@ -377,7 +377,10 @@ int pf_tenants_load(const char *path, struct pf_tenants **t_p, char *err, size_t
             goto out;
         }
     }
-    rc = pf_tenants_parse(buf, n, path, t_p, err, errlen);
+    char perr[600] = "";
+    rc = pf_tenants_parse(buf, n, path, t_p, perr, sizeof(perr));
+    if (rc)
+        snprintf(err, errlen, "--tenants-file: %s", perr);
     if (rc == 0 && (st.st_mode & 0004))
         pf_warn("--tenants-file: %s is readable by every user of this host", path);
 out:

@@ -307,8 +307,9 @@ int pf_tenancy_check(struct pf_tenancy *tc, enum pf_tenant_op op, const void *to
         /* Register may take over an id whose instance is gone; everything else (Session
          * included: closing one may unregister the instance) needs the instance to be this
          * tenant's */
-        bool free_id = !b || !instance_live(tc->engine, id);
-        bool ok = mine || (op == PF_TENANT_OP_REGISTER && free_id);
+        /* (the engine is asked only for a Register of an id bound to another tenant: never
+         * on the query path) */
+        bool ok = mine || (op == PF_TENANT_OP_REGISTER && (!b || !instance_live(tc->engine, id)));
         if (!ok) {
             snprintf(err, errlen, "instance %s does not belong to tenant %s", id, name);
             refuse(tc, name, "instance");
