@@ -9,7 +9,7 @@ ifeq ($(origin CC),default)
 CC := cc
 endif
 NPROC := $(shell nproc 2>/dev/null || echo 2)
-PKGS := grpc libprotobuf-c libmicrohttpd liburing libxxhash libcjson numa libcurl hiredis
+PKGS := grpc libprotobuf-c libmicrohttpd liburing libxxhash libcjson numa libcurl hiredis openssl
 
 ifeq ($(FUZZ),1)
 # libFuzzer targets (mk/fuzz.mk): clang, ASan + UBSan, coverage instrumentation everywhere

@@ -10,6 +10,7 @@
 #include "pf/auth.h"
 #include "pf/config.h"
 #include "pf/log.h"
+#include "pf/tenant.h"
 
 struct pf_server_config {
     /* seeds/server.md */
@@ -65,10 +66,13 @@ struct pf_server_config {
     bool insecure_cluster;  /* --insecure-cluster: P2P without a cluster token */
     char *local_addr_group; /* --local-addr-group: group of the 0660 Unix socket */
 
+    char *tenants_file;     /* --tenants-file (src/tenant) */
+
     /* derived by pf_server_config_parse */
-    struct pf_auth auth; /* the files above, read */
-    bool local_only;     /* --local-rpcs resolved */
-    bool local_gid_set;  /* --local-addr-group resolved */
+    struct pf_auth auth;        /* the files above, read */
+    struct pf_tenancy *tenancy; /* --tenants-file, loaded; NULL without */
+    bool local_only;            /* --local-rpcs resolved */
+    bool local_gid_set;         /* --local-addr-group resolved */
     unsigned local_gid;
     struct pf_fault_plan *faults;
     int *device_ids;

@@ -106,6 +106,9 @@ static int start_p2p(struct server_app *a)
         .nics = (const char *const *)a->cfg.nics.v,
         .nnics = a->cfg.nics.n,
         .faults = a->faults,
+        .tls_cert_pem = a->cfg.auth.cert_pem,
+        .tls_key_pem = a->cfg.auth.key_pem,
+        .tls_ca_pem = a->cfg.auth.ca_pem,
     };
     int rc = pf_hal_net_open(a->cfg.net_backend, &nc, &a->net, a->net_backend,
                              sizeof(a->net_backend), err, sizeof(err));
@@ -199,9 +202,15 @@ static int start_engine(struct server_app *a)
         .hll_bits = (unsigned)a->cfg.metric_hll_bucket_bits,
     };
     int rc = pf_engine_create(&ec, &a->svc.engine, err, sizeof(err));
-    if (rc)
+    if (rc) {
         pf_error("%s", err);
-    return rc;
+        return rc;
+    }
+    if (a->cfg.tenancy) {
+        pf_tenancy_attach(a->cfg.tenancy, a->svc.engine);
+        a->svc.tenancy = a->cfg.tenancy;
+    }
+    return 0;
 }
 
 /* SSD tier (--ssd-cache-path): the uring BLK backend (wrapped by faulty: when the fault
@@ -318,8 +327,14 @@ static int wait_for_stop(struct server_app *a)
         }
         if (p[0].revents & POLLIN) {
             struct signalfd_siginfo si;
-            if (read(a->sfd, &si, sizeof(si)) == sizeof(si))
-                pf_info("received %s, shutting down", strsignal((int)si.ssi_signo));
+            if (read(a->sfd, &si, sizeof(si)) != sizeof(si))
+                continue;
+            if (si.ssi_signo == SIGHUP) { /* only in the set with --tenants-file */
+                char err[512];
+                (void)pf_tenancy_reload(a->cfg.tenancy, err, sizeof(err));
+                continue;
+            }
+            pf_info("received %s, shutting down", strsignal((int)si.ssi_signo));
             return 0;
         }
         if (p[1].revents & POLLIN) {
@@ -363,6 +378,8 @@ int pf_server_main(int argc, char **argv)
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGTERM);
+    if (a->cfg.tenancy)
+        sigaddset(&set, SIGHUP); /* reloads --tenants-file */
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
     a->sfd = signalfd(-1, &set, SFD_CLOEXEC);
@@ -422,6 +439,9 @@ int pf_server_main(int argc, char **argv)
 out:
     a->svc.stopping = true;
     pf_rpc_server_stop(a->rpc);
+    a->svc.tenancy = NULL;
+    pf_tenancy_destroy(a->cfg.tenancy); /* before the engine: it holds the quota hook */
+    a->cfg.tenancy = NULL;
     pf_http_server_stop(a->http);
     pf_otlp_stop(a->otlp);
     /* stop the clients before the engine (their threads call into it); the engine's hooks

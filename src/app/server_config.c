@@ -132,6 +132,9 @@ const struct pf_flag pf_server_flags[] = {
     F("local-addr-group", PF_FLAG_STR, local_addr_group, NULL, "GROUP",
       "Group (name or GID) that owns the --local-addr socket; the socket is mode 0660, so "
       "workers of this group may connect"),
+    F("tenants-file", PF_FLAG_STR, tenants_file, NULL, "FILE",
+      "Tenants: token -> tenant, allowed namespaces, RAM quota (reloaded on SIGHUP; "
+      "docs/security.md \"Tenants\")"),
 };
 const size_t pf_server_nflags = PF_ARRAY_SIZE(pf_server_flags);
 
@@ -154,6 +157,7 @@ const struct pf_flag_group pf_server_flag_groups[] = {
     {"Security (docs/security.md)",
      NAMES("tls-cert", "tls-key", "tls-ca", "cluster-token-file", "admin-token-file", "local-addr",
            "local-rpcs", "insecure-cluster", "local-addr-group")},
+    {"Tenants (docs/security.md)", NAMES("tenants-file")},
     {"Testing and debugging", NAMES("enable-debug", "fault-spec", "sim-gpus", "sim-gpu-bandwidth")},
 };
 const size_t pf_server_nflag_groups = PF_ARRAY_SIZE(pf_server_flag_groups);
@@ -450,6 +454,11 @@ int pf_server_config_parse(struct pf_server_config *cfg, int argc, char **argv, 
                  "mutual TLS with --tls-ca), or add --insecure-cluster to run unprotected");
         return -EINVAL;
     }
+    if (cfg->tenants_file) {
+        rc = pf_tenancy_create(cfg->tenants_file, &cfg->tenancy, err, errlen);
+        if (rc)
+            return -EINVAL;
+    }
     const char *env_faults = getenv("PEGAFLOW_FAULTS");
     const char *spec = cfg->fault_spec ? cfg->fault_spec : env_faults;
     const char *what = cfg->fault_spec ? "--fault-spec" : "PEGAFLOW_FAULTS";
@@ -479,4 +488,6 @@ void pf_server_config_free(struct pf_server_config *cfg)
     pf_fault_plan_free(cfg->faults);
     cfg->faults = NULL;
     pf_auth_free(&cfg->auth);
+    pf_tenancy_destroy(cfg->tenancy);
+    cfg->tenancy = NULL;
 }

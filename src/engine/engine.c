@@ -115,6 +115,34 @@ void pf_engine_evicted(struct pf_engine *e, struct pf_block **blocks, size_t n, 
         pf_metric_add(e->m_reclaimed, (double)(before - after));
 }
 
+void pf_engine_set_quota(struct pf_engine *e, const struct pf_engine_quota *q)
+{
+    e->quota = q ? *q : (struct pf_engine_quota){0};
+}
+
+uint64_t pf_engine_evict_namespaces(struct pf_engine *e, const uint32_t *ns, size_t nns,
+                                    uint64_t goal, uint64_t *nblocks_p)
+{
+    uint64_t freed = 0, nblocks = 0;
+    struct pf_block *batch[64];
+    pthread_mutex_lock(&e->evict_mu);
+    while (freed < goal) {
+        /* one block at a time while close to the goal: evict no more than needed */
+        size_t want = goal - freed > (1u << 26) ? PF_ARRAY_SIZE(batch) : 1;
+        size_t n = pf_cache_evict_ns(e->cache, ns, nns, want, batch, NULL);
+        if (n == 0)
+            break;
+        for (size_t i = 0; i < n; i++)
+            freed += pf_block_footprint(batch[i]);
+        nblocks += n;
+        pf_engine_evicted(e, batch, n, "quota");
+    }
+    pthread_mutex_unlock(&e->evict_mu);
+    if (nblocks_p)
+        *nblocks_p = nblocks;
+    return freed;
+}
+
 #define PF_ALLOC_FLUSH_MS 2000 /* bound of the wait for pending inserts on a full pool */
 
 int pf_engine_alloc(struct pf_engine *e, uint64_t size, int numa, struct pf_alloc **a_p)

@@ -296,6 +296,7 @@ struct pf_engine {
     size_t ntiers;
     struct pf_engine_hooks hooks[PF_MAX_HOOKS];
     size_t nhooks;
+    struct pf_engine_quota quota; /* set before serving (pf_engine_set_quota) */
     pthread_mutex_t pf_mu;
     struct pf_htable pf_tasks;
     struct pf_prefetch_pool pf_pool[PF_PREFETCH_POOLS];

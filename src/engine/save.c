@@ -391,6 +391,11 @@ int pf_engine_save(struct pf_engine *e, const char *instance_id, uint32_t tp_ran
         need += seg * plans[i].l->lay.nseg;
         piece = seg > piece ? seg : piece;
     }
+    if (e->quota.check) {
+        rc = e->quota.check(e->quota.ctx, e, in->ns_id, need, err, errlen);
+        if (rc)
+            goto out;
+    }
     if (need > pf_pool_capacity(e->pool)) {
         /* no eviction can make room: fail before touching the cache */
         char nd[32], cp[32];

@@ -269,7 +269,18 @@ def ssd_seeds():
     write("ssd_layout", "no-checksum", bytes([2, 1, 0, 0x00, 0x02, 2, 10, 0, 0, 0x10, 0, 1, 0, 1, 3, 0xff, 0xff, 1, 0]) + b"\x07")
 
 
+def tenants_seeds():
+    tok = b"0123456789abcdef0123"
+    write("tenants", "two", b"# tenants\ntenant=acme token=" + tok + b" namespaces=acme,acme-* ram=4gb\r\n"
+          b"tenant=beta token=" + tok[::-1] + b" namespaces=beta ram=unlimited\n")
+    write("tenants", "overlap", b"tenant=a token=" + tok + b" namespaces=a-*\n"
+          b"tenant=b token=" + tok[::-1] + b" namespaces=a-b\n")
+    write("tenants", "catch-all", b"tenant=all token=" + tok + b" namespaces=*\n")
+    write("tenants", "bad-size", b"tenant=a token=" + tok + b" namespaces=a ram=0\n")
+
+
 def main():
+    tenants_seeds()
     engine_seeds()
     handshake_seeds()
     meta_seeds()

@@ -42,6 +42,8 @@
  *              replica 1 killed (SIGKILL): B discovers and fetches new blocks through
  *              replica 2; Redis killed: saves and queries answer, no discovery; Redis back
  *              (empty): A re-registers by itself and B fetches again
+ *   tenants    two tenants (--tenants-file) with equal hashes in their own namespaces:
+ *              each fetches its own bytes from A, byte-exact (p2p_tenants.h)
  *
  * Security (PF_P2P_SECURITY_DIR=DIR, made by certs.sh): every process is started with
  * DIR/<tag>.crt/.key, DIR/ca.crt and DIR/token (servers also DIR/admin-token); this
@@ -79,6 +81,7 @@
 #include "p2p_cluster.h"
 #include "p2p_auth.h"
 #include "p2p_redis.h"
+#include "p2p_tenants.h"
 
 /* ------------------------------------------------------------------ scenarios */
 
@@ -641,7 +644,7 @@ static const struct pft_scenario scenarios[] = {
     {"expire", sc_expire}, {"corrupt", sc_corrupt},
     {"evict", sc_evict},   {"auth", sc_auth},
     {"redis", sc_redis},   {"layouts", sc_layouts},
-    {"plan", sc_plan},
+    {"plan", sc_plan},     {"tenants", sc_tenants},
 };
 
 int main(int argc, char **argv)

@@ -108,6 +108,11 @@ struct pf_net_config {
     const char *const *nics; /* --nics */
     size_t nnics;
     struct pf_fault_plan *faults;
+    /* TLS of the TCP fabric (docs/security.md "Fabric TLS"): the node certificate chain,
+     * its key and the cluster CA as PEM text (--tls-cert/--tls-key/--tls-ca). With a
+     * certificate every fabric connection is TLS 1.3, or refused; NULL: plaintext. Backends
+     * that cannot encrypt (verbs: RDMA READs bypass the host) ignore them. */
+    const char *tls_cert_pem, *tls_key_pem, *tls_ca_pem;
 };
 
 static inline int pf_net_nic_count(struct pf_net *n)
