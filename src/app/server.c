@@ -228,6 +228,8 @@ static int start_ssd(struct server_app *a)
         .prefetch_inflight = (uint32_t)a->cfg.ssd_prefetch_inflight,
         .max_prefetch_blocks = (uint32_t)a->cfg.max_prefetch_blocks,
         .integrity = a->cfg.integrity,
+        .recover = a->cfg.ssd_recover,
+        .reformat = a->cfg.ssd_reformat,
         .blk = a->blk,
     };
     rc = pf_ssd_create(&sc, &a->ssd, err, sizeof(err));

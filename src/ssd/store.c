@@ -27,6 +27,30 @@ static const double tput_buckets[] = {1e7, 5e7, 1e8,    2.5e8,  5e8,    1e9, 2e9
 
 void ssd_metrics_init(struct ssd_metrics *m)
 {
+    m->r_blocks = pf_metric_gauge("pegaflow_ssd_recovered_blocks",
+                                  "Blocks the recovery scan put back in the SSD index (net of "
+                                  "those since replaced or dropped for their geometry)",
+                                  NULL);
+    m->r_bytes =
+        pf_metric_gauge("pegaflow_ssd_recovered_bytes",
+                        "Payload bytes of the blocks in pegaflow_ssd_recovered_blocks", NULL);
+    m->r_scanned = pf_metric_gauge("pegaflow_ssd_recovery_scanned_bytes",
+                                   "Bytes of the SSD files the recovery scan has read", NULL);
+    m->r_total = pf_metric_gauge("pegaflow_ssd_recovery_scan_bytes",
+                                 "Bytes of the SSD files the recovery scan reads in all (0: "
+                                 "nothing to recover)",
+                                 NULL);
+    m->r_seconds = pf_metric_gauge("pegaflow_ssd_recovery_seconds",
+                                   "Seconds from start-up to the end of the recovery scan", NULL);
+    m->r_state =
+        pf_metric_gauge("pegaflow_ssd_recovery_state",
+                        "Recovery scan: 1 scanning, 2 finished (or nothing to scan)", NULL);
+    struct pf_metric *drop = pf_metric_counter(
+        "pegaflow_ssd_recovery_dropped_records",
+        "SSD records the recovery scan (or a later geometry check) did not index, by reason",
+        "reason");
+    for (int r = 0; r < SSD_DROP_NREASONS; r++)
+        m->r_drop[r] = pf_metric_child1(drop, ssd_drop_reason[r]);
     m->w_bytes =
         pf_metric_counter("pegaflow_ssd_write_bytes", "Bytes written to the SSD cache", NULL);
     m->w_fail = pf_metric_counter("pegaflow_ssd_write_failures",
@@ -135,8 +159,8 @@ static int open_files(struct pf_ssd *s, char *err, size_t errlen)
     if (!s->files)
         return -ENOMEM;
     for (uint32_t i = 0; i < s->nshards; i++) {
-        int rc = pf_blk_file_open(s->cfg.blk, s->paths[i], s->shard_cap,
-                                  PF_BLK_OPEN_CREATE | PF_BLK_OPEN_TRUNCATE, &s->files[i]);
+        int rc = pf_blk_file_open(s->cfg.blk, s->paths[i], s->shard_cap, PF_BLK_OPEN_CREATE,
+                                  &s->files[i]);
         if (rc) {
             snprintf(err, errlen, "--ssd-cache-path %s: %s (%s)", s->paths[i], open_reason(rc),
                      strerror(-rc));
@@ -179,8 +203,9 @@ static void log_config(const struct pf_ssd *s, const char *backend)
             s->cfg.write_queue_depth, s->cfg.write_inflight, s->cfg.prefetch_queue_depth,
             s->cfg.prefetch_inflight, s->cfg.max_prefetch_blocks,
             s->cfg.integrity ? "checked" : "off", (unsigned long long)s->io_timeout_ms);
-    pf_info("SSD cache: files truncated at start-up, the index is in memory only: a restart "
-            "begins with an empty SSD cache");
+    pf_info("SSD cache: recovery %s", s->cfg.recover
+                                          ? "on (the index is rebuilt from the files)"
+                                          : "off (--ssd-recover off: files start empty)");
 }
 
 static void destroy_sync(struct pf_ssd *s)
@@ -193,6 +218,8 @@ static void destroy_sync(struct pf_ssd *s)
     pthread_cond_destroy(&s->done_cv);
     pthread_cond_destroy(&s->rq_cv);
     pthread_cond_destroy(&s->rdone_cv);
+    pthread_mutex_destroy(&s->scan_mu);
+    pthread_cond_destroy(&s->scan_cv);
 }
 
 int pf_ssd_create(const struct pf_ssd_config *cfg, struct pf_ssd **s_p, char *err, size_t errlen)
@@ -215,11 +242,11 @@ int pf_ssd_create(const struct pf_ssd_config *cfg, struct pf_ssd **s_p, char *er
     }
     s->nshards = (uint32_t)nshards;
     s->shard_cap = s->cfg.capacity / s->nshards / PF_BLK_ALIGN * PF_BLK_ALIGN;
-    if (s->shard_cap == 0) {
+    if (s->shard_cap <= SSD_SB_SIZE) {
         snprintf(err, errlen,
-                 "--ssd-cache-capacity %llu bytes is too small for %u shard(s) of at least %u "
+                 "--ssd-cache-capacity %llu bytes is too small for %u shard(s) of more than %u "
                  "bytes",
-                 (unsigned long long)s->cfg.capacity, s->nshards, PF_BLK_ALIGN);
+                 (unsigned long long)s->cfg.capacity, s->nshards, SSD_SB_SIZE);
         goto err_free;
     }
     pthread_mutex_init(&s->mu, NULL);
@@ -230,6 +257,8 @@ int pf_ssd_create(const struct pf_ssd_config *cfg, struct pf_ssd **s_p, char *er
     pf_cond_init(&s->done_cv);
     pf_cond_init(&s->rq_cv);
     pf_cond_init(&s->rdone_cv);
+    pthread_mutex_init(&s->scan_mu, NULL);
+    pf_cond_init(&s->scan_cv);
     s->budget.max = s->cfg.max_prefetch_blocks;
     atomic_init(&s->next_io_id, 1);
     ssd_metrics_init(&s->m);
@@ -239,7 +268,10 @@ int pf_ssd_create(const struct pf_ssd_config *cfg, struct pf_ssd **s_p, char *er
     rc = open_files(s, err, errlen);
     if (rc)
         goto err_files;
-    rc = ssd_index_init(&s->idx, s->nshards, s->shard_cap);
+    rc = ssd_format_open(s, err, errlen);
+    if (rc)
+        goto err_files;
+    rc = ssd_index_init(&s->idx, s->nshards, s->shard_cap - SSD_SB_SIZE, SSD_SB_SIZE);
     if (rc) {
         snprintf(err, errlen, "SSD cache: cannot create the index: %s", strerror(-rc));
         goto err_files;
@@ -275,9 +307,19 @@ int pf_ssd_create(const struct pf_ssd_config *cfg, struct pf_ssd **s_p, char *er
     }
     s->reader_started = true;
     log_config(s, s->cfg.blk->ops->name);
+    rc = ssd_recover_start(s, err, errlen);
+    if (rc)
+        goto err_reader;
     *s_p = s;
     return 0;
+err_reader:
+    pthread_mutex_lock(&s->rq_mu);
+    s->r_stop = true;
+    pthread_cond_broadcast(&s->rq_cv);
+    pthread_mutex_unlock(&s->rq_mu);
+    pthread_join(s->reader, NULL);
 err_writer:
+    atomic_store(&s->stopped, true);
     pthread_mutex_lock(&s->wq_mu);
     s->w_stop = true;
     pthread_cond_broadcast(&s->wq_cv);
@@ -294,6 +336,8 @@ err_files:
     for (uint32_t i = 0; s->files && i < s->nshards; i++)
         pf_blk_file_close(s->files[i]);
     free(s->files);
+    free(s->sb);
+    free(s->need_scan);
 err_paths:
     for (uint32_t i = 0; s->paths && i < s->nshards; i++)
         free(s->paths[i]);
@@ -317,12 +361,13 @@ void pf_ssd_stop(struct pf_ssd *s)
     s->r_stop = true;
     pthread_cond_broadcast(&s->rq_cv);
     pthread_mutex_unlock(&s->rq_mu);
+    ssd_recover_stop(s);
     if (s->writer_started)
         pthread_join(s->writer, NULL);
     if (s->reader_started)
         pthread_join(s->reader, NULL);
     s->writer_started = s->reader_started = false;
-    pf_info("SSD cache stopped (%llu committed block(s) forgotten)",
+    pf_info("SSD cache stopped (%llu committed block(s) on disk)",
             (unsigned long long)s->idx.ncommitted);
 }
 
@@ -338,6 +383,9 @@ void pf_ssd_destroy(struct pf_ssd *s)
     }
     free(s->files);
     free(s->paths);
+    free(s->sb);
+    free(s->need_scan);
+    free(s->fps);
     free(s->wq);
     free(s->rq);
     destroy_sync(s);
@@ -434,6 +482,9 @@ void pf_ssd_stats(struct pf_ssd *s, struct pf_ssd_stats *st)
     st->writing = s->idx.nwriting;
     st->committed = s->idx.ncommitted;
     pthread_mutex_unlock(&s->mu);
+    pthread_mutex_lock(&s->scan_mu);
+    st->recovery_done = s->scan_done;
+    pthread_mutex_unlock(&s->scan_mu);
     pthread_mutex_lock(&s->budget_mu);
     st->prefetch_reserved = s->budget.used;
     pthread_mutex_unlock(&s->budget_mu);

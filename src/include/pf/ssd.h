@@ -3,9 +3,12 @@
  *
  * Files: with one path and one shard the path is the cache file; otherwise each path is a
  * directory holding shard-NNNNNN.dat files (global id = path index x shards + local index).
- * Files are created (with their parent directories), truncated and sized to
- * capacity / shards rounded down to 512 bytes. The index lives in memory only: a restart
- * starts with an empty SSD cache.
+ * Files are created (with their parent directories) and sized to capacity / shards rounded
+ * down to 512 bytes. Each starts with a superblock and every record with a self-describing
+ * header (docs/ssd.md, "On-disk format"): with recover set, a background scan rebuilds the
+ * index from the files while the tier serves (the writer starts after it); otherwise the
+ * files get a new identity and start empty. A file of another format is refused unless
+ * reformat is set.
  *
  * Write pipeline: the engine's `sealed` hook offers newly resident blocks as weak
  * references into a bounded queue of write_queue_depth batches (never blocks; a full queue
@@ -52,15 +55,18 @@ struct pf_ssd_config {
     uint32_t prefetch_inflight;    /* block reads (0 = 16) */
     uint32_t max_prefetch_blocks;  /* global budget (0 = 800) */
     bool integrity;                /* verify slot checksums after reads */
-    uint64_t io_timeout_ms;        /* bound on one block I/O and on a fetch (0 = 30 s) */
-    struct pf_blk *blk;            /* opened BLK backend, not owned */
+    bool recover;  /* --ssd-recover: rebuild the index from the files at start (else empty) */
+    bool reformat; /* --ssd-reformat: overwrite files of another format (else refuse them) */
+    uint64_t io_timeout_ms; /* bound on one block I/O and on a fetch (0 = 30 s) */
+    struct pf_blk *blk;     /* opened BLK backend, not owned */
     /* Staging memory before (or without) pf_ssd_attach: plain allocations from pool
      * (tests). After attach: the engine's evicting allocator. */
     struct pf_pool *pool;
 };
 
-/* Opens (creates, truncates, sizes) every shard file and starts the writer and reader
- * threads. Logs the configuration. Errors (-EINVAL bad configuration, -ENOSPC capacity
+/* Opens (creates, sizes) every shard file, reads its superblock, starts the writer and
+ * reader threads and the recovery scan. Logs the configuration. Errors (-EPROTO a file of
+ * another format without reformat, (-EINVAL bad configuration, -ENOSPC capacity
  * larger than the free space, -ENOENT/-EACCES/-ENOTDIR unopenable path, -EINVAL a file
  * system without O_DIRECT, others) come with a one-line message naming the path in err. */
 int pf_ssd_create(const struct pf_ssd_config *cfg, struct pf_ssd **s_p, char *err, size_t errlen);
@@ -99,6 +105,7 @@ struct pf_ssd_stats {
     uint64_t shard_capacity;
     uint64_t writing, committed; /* index entries */
     uint64_t prefetch_reserved;  /* budget in use */
+    bool recovery_done;          /* the recovery scan finished (or none was needed) */
 };
 void pf_ssd_stats(struct pf_ssd *s, struct pf_ssd_stats *st);
 

@@ -208,7 +208,7 @@ static void test_queue_full(void **st)
 
 static void small_ring(struct pf_ssd_config *c)
 {
-    c->capacity = 4 * 24576; /* exactly four blocks */
+    c->capacity = SSD_SB_SIZE + 4 * (512 + 24576); /* exactly four records */
 }
 
 static void test_overwritten_during_read(void **st)
@@ -244,11 +244,11 @@ static void test_overwritten_during_read(void **st)
 static void test_corruption_is_a_miss(void **st)
 {
     struct setup s;
-    setup_store(&s, 4, 16 << 20, "seed=11;blk.read:nth=2,times=1,corrupt=1", NULL);
+    setup_store(&s, 4, 16 << 20, "seed=11;blk.read:nth=3,times=1,corrupt=1", NULL);
     const char *ssd[] = {"ssd"};
     double i0 = pf_metric_value_of("pegaflow_integrity_failures_total", ssd);
     struct pf_block *out[4];
-    /* read 2 (block 1) comes back with flipped bytes: block 0 only */
+    /* read 2 (block 1; read 1 was the superblock's) comes back with flipped bytes: block 0 only */
     assert_int_equal(pf_ssd_fetch(s.t.ssd, s.k, 4, false, out), 1);
     assert_true(ssdt_same(s.b[0], out[0]));
     put_all(out, 1);
@@ -269,7 +269,7 @@ static void integrity_off(struct pf_ssd_config *c)
 static void test_integrity_off(void **st)
 {
     struct setup s;
-    setup_store(&s, 2, 16 << 20, "seed=12;blk.read:nth=1,times=1,corrupt=1", integrity_off);
+    setup_store(&s, 2, 16 << 20, "seed=12;blk.read:nth=2,times=1,corrupt=1", integrity_off);
     struct pf_block *out[2];
     /* --integrity off: nothing is verified, the corrupted bytes are served */
     assert_int_equal(pf_ssd_fetch(s.t.ssd, s.k, 2, false, out), 2);
@@ -283,7 +283,7 @@ static void test_read_error(void **st)
 {
     struct setup s;
     setup_store(&s, 3, 16 << 20,
-                "seed=13;blk.read:nth=1,times=1,error=EIO;blk.read:nth=3,times=1,error=EIO,"
+                "seed=13;blk.read:nth=2,times=1,error=EIO;blk.read:nth=4,times=1,error=EIO,"
                 "at=complete",
                 NULL);
     double f0 = ssdt_metric("pegaflow_ssd_prefetch_failures");
