@@ -417,6 +417,8 @@ out:
      * a hook that loaded the client just before the detach may still call it (and is
      * refused, -ESHUTDOWN) */
     pf_meta_client_stop(a->meta);
+    if (a->ssd && exit_code == 0 && a->cfg.ssd_drain_timeout_secs)
+        pf_ssd_drain(a->ssd, a->cfg.ssd_drain_timeout_secs * 1000); /* bounded, logged */
     pf_ssd_stop(a->ssd); /* releases its blocks; the engine may still call the tier */
     pf_engine_destroy(a->svc.engine);
     pf_p2p_destroy(a->p2p); /* after the prefetch threads (inside the tier until then) */

@@ -69,6 +69,9 @@ const struct pf_flag pf_server_flags[] = {
       "Max concurrent SSD block reads", .min = 1, .max = 4096),
     F("ssd-recover", PF_FLAG_BOOL, ssd_recover, "on", "on|off",
       "Rebuild the SSD index from the cache files at start-up (off: start them empty)"),
+    F("ssd-drain-timeout-secs", PF_FLAG_U64, ssd_drain_timeout_secs, "5", "SECS",
+      "On SIGTERM/SIGINT, wait up to this long for queued SSD writes before exit (0: none)",
+      .max = 3600),
     F("ssd-reformat", PF_FLAG_BOOL, ssd_reformat, "off", "on|off",
       "Overwrite SSD cache files of another format version or not written by PegaFlow "
       "(off: refuse to start)"),

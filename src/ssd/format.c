@@ -3,7 +3,7 @@
  * Superblock (first 512 bytes of the SSD_SB_SIZE area; the rest is zero):
  *   0 magic[8] "PFSSDSB\0" | 8 u32 version | 12 u32 sb_size | 16 u64 file_size
  *   24 u64 ring_off | 32 u64 ring_cap | 40 u32 shard | 44 u32 nshards | 48 uuid[16]
- *   64..504 zero | 504 u64 xxh3-64 of bytes [0, 504)
+ *   64..504 zero | 504 u64 xxh3-64 of bytes [0, 504) | 512..4096 zero
  * Record header (hdr_len bytes, a multiple of 512):
  *   0 magic[8] "PFSSDREC" | 8 u32 version | 12 u32 hdr_len | 16 u64 seq | 24 u64 payload_len
  *   32 uuid[16] | 48 u64 layout_fp | 56 u16 nslots | 58 u8 key_len | 59 u8 ns_len
@@ -88,7 +88,8 @@ int ssd_sb_decode(const uint8_t *buf, struct ssd_superblock *sb, uint32_t *versi
     *version_p = v;
     if (v != SSD_FORMAT_VERSION)
         return -EPROTO;
-    if (get64(buf + 504) != XXH3_64bits(buf, 504) || get32(buf + 12) != SSD_SB_SIZE)
+    if (get64(buf + 504) != XXH3_64bits(buf, 504) || get32(buf + 12) != SSD_SB_SIZE ||
+        !all_zero(buf + 64, 504 - 64) || !all_zero(buf + 512, SSD_SB_SIZE - 512))
         return -EBADMSG;
     sb->version = v;
     sb->file_size = get64(buf + 16);
@@ -231,7 +232,9 @@ enum ssd_parse ssd_rec_decode(const uint8_t *buf, size_t len, struct ssd_rec_hdr
         put32(b + 8, s.nseg);
         XXH3_64bits_update(&fp, b, 12);
     }
-    if (total != h->payload_len || XXH3_64bits_digest(&fp) != h->layout_fp)
+    size_t used = SSD_REC_FIXED + ns_area(ns_len) + (size_t)nslots * SSD_REC_SLOT_BYTES;
+    if (total != h->payload_len || XXH3_64bits_digest(&fp) != h->layout_fp ||
+        !all_zero(buf + used, hdr_len - used))
         return SSD_PARSE_INVALID;
     return SSD_PARSE_OK;
 }

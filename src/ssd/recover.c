@@ -113,7 +113,8 @@ int ssd_format_open(struct pf_ssd *s, char *err, size_t errlen)
                          "reads version %u)",
                          version, SSD_FORMAT_VERSION);
             else
-                snprintf(what, sizeof(what), "not a PegaFlow SSD cache file");
+                snprintf(what, sizeof(what),
+                         "not a PegaFlow SSD cache file (or its superblock is corrupt)");
             if (!s->cfg.reformat) {
                 snprintf(err, errlen,
                          "--ssd-cache-path %s: %s; refusing to overwrite it (move it away, or "

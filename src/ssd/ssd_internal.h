@@ -234,7 +234,7 @@ extern const char *const ssd_drop_reason[SSD_DROP_NREASONS];
 struct ssd_metrics {
     struct pf_metric *r_blocks, *r_bytes, *r_scanned, *r_total, *r_seconds, *r_state;
     struct pf_metric_child *r_drop[SSD_DROP_NREASONS];
-    struct pf_metric *w_bytes, *w_fail, *w_qfull, *w_pending, *w_inflight, *w_tput;
+    struct pf_metric *w_bytes, *w_blocks, *w_fail, *w_qfull, *w_pending, *w_inflight, *w_tput;
     struct pf_metric *p_bytes, *p_success, *p_fail, *p_qfull, *p_backpressure, *p_inflight, *p_tput;
     struct pf_metric_child *integrity;
 };

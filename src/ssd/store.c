@@ -53,6 +53,8 @@ void ssd_metrics_init(struct ssd_metrics *m)
         m->r_drop[r] = pf_metric_child1(drop, ssd_drop_reason[r]);
     m->w_bytes =
         pf_metric_counter("pegaflow_ssd_write_bytes", "Bytes written to the SSD cache", NULL);
+    m->w_blocks = pf_metric_counter("pegaflow_ssd_write_blocks",
+                                    "Block records written to the SSD cache and committed", NULL);
     m->w_fail = pf_metric_counter("pegaflow_ssd_write_failures",
                                   "Block writes to the SSD cache that failed", NULL);
     m->w_qfull = pf_metric_counter("pegaflow_ssd_write_queue_full",
@@ -452,6 +454,31 @@ int pf_ssd_flush(struct pf_ssd *s, uint64_t timeout_ms)
     if (s->w_stop)
         rc = -ESHUTDOWN;
     pthread_mutex_unlock(&s->wq_mu);
+    return rc;
+}
+
+int pf_ssd_drain(struct pf_ssd *s, uint64_t timeout_ms)
+{
+    if (!s || atomic_load(&s->stopped))
+        return -ESHUTDOWN;
+    uint64_t t0 = pf_now_ns(), dl = t0 + timeout_ms * PF_NS_PER_MS;
+    int rc = 0;
+    if (s->engine)
+        rc = pf_engine_flush(s->engine, timeout_ms);
+    pthread_mutex_lock(&s->wq_mu);
+    uint64_t pending = s->seq_enq - s->seq_done;
+    pthread_mutex_unlock(&s->wq_mu);
+    uint64_t now = pf_now_ns();
+    if (rc == 0 || rc == -ETIMEDOUT)
+        rc = pf_ssd_flush(s, now < dl ? (dl - now) / PF_NS_PER_MS : 0);
+    double ms = (double)(pf_now_ns() - t0) / 1e6;
+    if (rc == 0)
+        pf_info("SSD drain: %llu pending batch(es) written in %.0f ms", (unsigned long long)pending,
+                ms);
+    else
+        pf_warn("SSD drain: %s after %.0f ms (bound %llu ms): what is not written is not "
+                "recovered by the next start",
+                strerror(-rc), ms, (unsigned long long)timeout_ms);
     return rc;
 }
 

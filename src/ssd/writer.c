@@ -277,6 +277,7 @@ static void commit_front(struct writer *w, bool force)
         pthread_mutex_unlock(&s->mu);
         if (ok && rc == 0) {
             pf_metric_add(s->m.w_bytes, (double)sl->io.len);
+            pf_metric_add(s->m.w_blocks, 1);
             pf_metric_observe(s->m.w_tput, ssd_rate(sl->io.len, now - sl->io.t0_ns));
         } else if (ok) {
             pf_debug("SSD write on shard %u overtaken by the ring before it committed",

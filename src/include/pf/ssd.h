@@ -90,6 +90,12 @@ int pf_ssd_offer(struct pf_ssd *s, struct pf_block *const *blocks, size_t n);
  * or -ESHUTDOWN (the store is stopping or stopped). Any thread. */
 int pf_ssd_flush(struct pf_ssd *s, uint64_t timeout_ms);
 
+/* Shutdown drain (SIGTERM): waits until every save the engine accepted is sealed and every
+ * batch offered so far is written (or dropped), bounded by timeout_ms in all, and logs
+ * what it did. What is not written by then is simply not recovered by the next start.
+ * 0 or -ETIMEDOUT / -ESHUTDOWN. Call before pf_ssd_stop, once traffic has stopped. */
+int pf_ssd_drain(struct pf_ssd *s, uint64_t timeout_ms);
+
 /* Tier operations (also usable directly by tests); see struct pf_tier in pf/engine.h. */
 size_t pf_ssd_probe(struct pf_ssd *s, const struct pf_block_key *keys, size_t n);
 size_t pf_ssd_fetch(struct pf_ssd *s, const struct pf_block_key *keys, size_t n,
