@@ -375,6 +375,8 @@ int pf_server_main(int argc, char **argv)
         pf_error("--metaserver-addr: cannot hook the MetaServer client into the engine");
         goto out;
     }
+    if (a->cfg.metaserver_addr && a->ssd)
+        pf_server_meta_set_ssd(a->ssd); /* recovered SSD blocks are registered too */
     if (a->cfg.metrics_otel_endpoint) {
         char err2[256];
         if (pf_otlp_start(a->cfg.metrics_otel_endpoint, (enum pf_otlp_protocol)a->cfg.otlp_protocol,

@@ -462,12 +462,45 @@ static void place_head(struct scan *c)
     pthread_mutex_unlock(&s->mu);
 }
 
-static void finish(struct pf_ssd *s)
+static void finish(struct pf_ssd *s, uint64_t blocks)
 {
     pthread_mutex_lock(&s->scan_mu);
     s->scan_done = true;
     pthread_cond_broadcast(&s->scan_cv);
+    pf_ssd_recovered_fn fn = s->recovered_fn;
+    void *ctx = s->recovered_ctx;
     pthread_mutex_unlock(&s->scan_mu);
+    if (fn && blocks)
+        fn(ctx, blocks);
+}
+
+void pf_ssd_set_recovered(struct pf_ssd *s, pf_ssd_recovered_fn fn, void *ctx)
+{
+    pthread_mutex_lock(&s->scan_mu);
+    s->recovered_fn = fn;
+    s->recovered_ctx = ctx;
+    pthread_mutex_unlock(&s->scan_mu);
+}
+
+int pf_ssd_for_each_key(struct pf_ssd *s, int (*fn)(void *ctx, const struct pf_block_key *k),
+                        void *ctx)
+{
+    int rc = 0;
+    pthread_mutex_lock(&s->mu);
+    for (uint32_t sh = 0; sh < s->idx.nshards && rc == 0; sh++) {
+        struct pf_list *pos, *tmp;
+        pf_list_for_each_safe(pos, tmp, &s->idx.shards[sh].fifo)
+        {
+            struct ssd_entry *e = pf_list_entry(pos, struct ssd_entry, fifo);
+            if (e->state != SSD_COMMITTED)
+                continue;
+            rc = fn(ctx, &e->key);
+            if (rc)
+                break;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc;
 }
 
 static void *scan_main(void *arg)
@@ -528,7 +561,7 @@ static void *scan_main(void *arg)
             (unsigned long long)tot.drop[SSD_DROP_VERSION],
             (unsigned long long)tot.drop[SSD_DROP_IDENTITY],
             (unsigned long long)tot.drop[SSD_DROP_OLDER]);
-    finish(s);
+    finish(s, atomic_load(&s->stopped) ? 0 : tot.blocks);
     return NULL;
 }
 
@@ -542,7 +575,7 @@ int ssd_recover_start(struct pf_ssd *s, char *err, size_t errlen)
     pf_metric_set(s->m.r_total, (double)total);
     if (total == 0) {
         pf_metric_set(s->m.r_state, 2);
-        finish(s);
+        finish(s, 0);
         return 0;
     }
     pf_metric_set(s->m.r_state, 1);

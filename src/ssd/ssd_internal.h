@@ -307,6 +307,8 @@ struct pf_ssd {
     bool scan_done;         /* under scan_mu; set when no scan is needed */
     pthread_t scanner;
     bool scanner_started;
+    pf_ssd_recovered_fn recovered_fn; /* under scan_mu */
+    void *recovered_ctx;
     struct ssd_fpset *fps; /* learned layout fingerprints (under mu) */
     size_t nfps, capfps;
 

@@ -4,4 +4,4 @@
 # wait_for_full_prefix, simultaneous mutual fetches, three nodes, the MetaServer killed and
 # restarted (issue 4's two-server scenario with real servers), and the issue 15 layouts (MLA
 # page-first, layer-split, hybrid groups) across nodes. See p2p_e2e.c.
-exec bash "$(dirname "$0")/p2p_netns.sh" basic mutual three metaserver layouts "$@"
+exec bash "$(dirname "$0")/p2p_netns.sh" basic mutual three metaserver layouts ssdrestart "$@"

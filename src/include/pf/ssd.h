@@ -106,6 +106,15 @@ size_t pf_ssd_fetch(struct pf_ssd *s, const struct pf_block_key *keys, size_t n,
 typedef void (*pf_ssd_promoted_fn)(void *ctx, struct pf_block *const *blocks, size_t n);
 void pf_ssd_set_promoted(struct pf_ssd *s, pf_ssd_promoted_fn fn, void *ctx);
 
+/* Called once on the recovery thread when the scan has finished and recovered at least one
+ * block (e.g. to re-register them with the MetaServer); must not block. Set any time. */
+typedef void (*pf_ssd_recovered_fn)(void *ctx, uint64_t blocks);
+void pf_ssd_set_recovered(struct pf_ssd *s, pf_ssd_recovered_fn fn, void *ctx);
+/* Calls fn for every committed key (under the index lock: fn must be quick and must not
+ * call the tier) until it returns non-zero, which is returned. */
+int pf_ssd_for_each_key(struct pf_ssd *s, int (*fn)(void *ctx, const struct pf_block_key *k),
+                        void *ctx);
+
 struct pf_ssd_stats {
     uint32_t shards;
     uint64_t shard_capacity;
