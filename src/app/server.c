@@ -230,6 +230,7 @@ static int start_ssd(struct server_app *a)
         .integrity = a->cfg.integrity,
         .recover = a->cfg.ssd_recover,
         .reformat = a->cfg.ssd_reformat,
+        .prefetch_staging_bytes = a->cfg.ssd_prefetch_staging,
         .blk = a->blk,
     };
     rc = pf_ssd_create(&sc, &a->ssd, err, sizeof(err));

@@ -67,6 +67,10 @@ const struct pf_flag pf_server_flags[] = {
       "Max concurrent SSD block writes", .min = 1, .max = 4096),
     F("ssd-prefetch-inflight", PF_FLAG_U64, ssd_prefetch_inflight, "16", "N",
       "Max concurrent SSD block reads", .min = 1, .max = 4096),
+    F("ssd-prefetch-staging", PF_FLAG_SIZE, ssd_prefetch_staging, "1gb", "SIZE",
+      "Max staging memory of SSD prefetch reads at once (larger prefetches are cut, later "
+      "ones wait)",
+      .min = 4096),
     F("ssd-recover", PF_FLAG_BOOL, ssd_recover, "on", "on|off",
       "Rebuild the SSD index from the cache files at start-up (off: start them empty)"),
     F("ssd-drain-timeout-secs", PF_FLAG_U64, ssd_drain_timeout_secs, "5", "SECS",

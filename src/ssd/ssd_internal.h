@@ -235,6 +235,7 @@ struct ssd_metrics {
     struct pf_metric *r_blocks, *r_bytes, *r_scanned, *r_total, *r_seconds, *r_state;
     struct pf_metric_child *r_drop[SSD_DROP_NREASONS];
     struct pf_metric *w_bytes, *w_blocks, *w_fail, *w_qfull, *w_pending, *w_inflight, *w_tput;
+    struct pf_metric *p_staging, *p_staging_limited;
     struct pf_metric *p_bytes, *p_success, *p_fail, *p_qfull, *p_backpressure, *p_inflight, *p_tput;
     struct pf_metric_child *integrity;
 };
@@ -255,6 +256,8 @@ struct ssd_rbatch {
                               * (length and ring checked), else NULL */
     struct ssd_place *place; /* per key, for the first `planned` keys */
     size_t planned;          /* keys found COMMITTED when the reader dispatched the batch */
+    uint64_t staged;         /* reader: staging bytes of the planned blocks */
+    bool staging_short;      /* reader: planning stopped at the staging bound */
     size_t next_submit;      /* reader: next planned block to read */
     size_t remaining;        /* reader: planned reads not finished */
     bool done;               /* under rq_mu */

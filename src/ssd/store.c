@@ -68,6 +68,15 @@ void ssd_metrics_init(struct ssd_metrics *m)
     m->w_tput = pf_metric_histogram("pegaflow_ssd_write_throughput_bytes_per_second",
                                     "Throughput of each block write to the SSD", NULL, tput_buckets,
                                     PF_ARRAY_SIZE(tput_buckets));
+    m->p_staging = pf_metric_gauge("pegaflow_ssd_prefetch_staging_bytes",
+                                   "Staging memory of SSD prefetch reads not yet handed to their "
+                                   "fetch (at most --ssd-prefetch-staging)",
+                                   NULL);
+    m->p_staging_limited =
+        pf_metric_counter("pegaflow_ssd_prefetch_staging_limited_blocks",
+                          "Committed SSD blocks left out of a prefetch because its staging "
+                          "would exceed --ssd-prefetch-staging (a shorter run is returned)",
+                          NULL);
     m->p_bytes = pf_metric_counter("pegaflow_ssd_prefetch_bytes",
                                    "Bytes prefetched from the SSD cache and accepted", NULL);
     m->p_success = pf_metric_counter("pegaflow_ssd_prefetch_success",
@@ -188,6 +197,8 @@ static void defaults(struct pf_ssd_config *c)
         c->prefetch_inflight = 16;
     if (!c->max_prefetch_blocks)
         c->max_prefetch_blocks = 800;
+    if (!c->prefetch_staging_bytes)
+        c->prefetch_staging_bytes = 1ull << 30;
 }
 
 static void log_config(const struct pf_ssd *s, const char *backend)
@@ -200,11 +211,12 @@ static void log_config(const struct pf_ssd *s, const char *backend)
     for (uint32_t i = 0; i < s->nshards; i++)
         pf_info("  shard %u: %s", i, s->paths[i]);
     pf_info("SSD cache: write queue %u batch(es), %u write(s) in flight; prefetch queue %u "
-            "batch(es), %u read(s) in flight, max %u prefetching block(s); integrity %s; I/O "
-            "timeout %llu ms",
+            "batch(es), %u read(s) in flight, max %u prefetching block(s), staging at most %llu "
+            "bytes; integrity %s; I/O timeout %llu ms",
             s->cfg.write_queue_depth, s->cfg.write_inflight, s->cfg.prefetch_queue_depth,
             s->cfg.prefetch_inflight, s->cfg.max_prefetch_blocks,
-            s->cfg.integrity ? "checked" : "off", (unsigned long long)s->io_timeout_ms);
+            (unsigned long long)s->cfg.prefetch_staging_bytes, s->cfg.integrity ? "checked" : "off",
+            (unsigned long long)s->io_timeout_ms);
     pf_info("SSD cache: recovery %s", s->cfg.recover
                                           ? "on (the index is rebuilt from the files)"
                                           : "off (--ssd-recover off: files start empty)");

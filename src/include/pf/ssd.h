@@ -47,14 +47,15 @@ struct pf_ssd;
 struct pf_ssd_config {
     const char *const *paths; /* --ssd-cache-path (>= 1) */
     size_t npaths;
-    uint64_t capacity;             /* --ssd-cache-capacity, all shards together */
-    uint32_t shards_per_path;      /* --ssd-cache-shards (0 = 1) */
-    uint32_t write_queue_depth;    /* batches (0 = 8) */
-    uint32_t prefetch_queue_depth; /* batches (0 = 2) */
-    uint32_t write_inflight;       /* block writes (0 = 2) */
-    uint32_t prefetch_inflight;    /* block reads (0 = 16) */
-    uint32_t max_prefetch_blocks;  /* global budget (0 = 800) */
-    bool integrity;                /* verify slot checksums after reads */
+    uint64_t capacity;               /* --ssd-cache-capacity, all shards together */
+    uint32_t shards_per_path;        /* --ssd-cache-shards (0 = 1) */
+    uint32_t write_queue_depth;      /* batches (0 = 8) */
+    uint32_t prefetch_queue_depth;   /* batches (0 = 2) */
+    uint32_t write_inflight;         /* block writes (0 = 2) */
+    uint32_t prefetch_inflight;      /* block reads (0 = 16) */
+    uint32_t max_prefetch_blocks;    /* global budget (0 = 800) */
+    uint64_t prefetch_staging_bytes; /* staging memory of reads not yet handed back (0 = 1 GiB) */
+    bool integrity;                  /* verify slot checksums after reads */
     bool recover;  /* --ssd-recover: rebuild the index from the files at start (else empty) */
     bool reformat; /* --ssd-reformat: overwrite files of another format (else refuse them) */
     uint64_t io_timeout_ms; /* bound on one block I/O and on a fetch (0 = 30 s) */

@@ -363,6 +363,49 @@ static void test_stop_wakes_a_waiting_fetch(void **st)
     teardown_store(&s);
 }
 
+static void staging2(struct pf_ssd_config *c)
+{
+    c->prefetch_staging_bytes = 2 * 24576; /* two blocks */
+    c->prefetch_queue_depth = 4;
+}
+
+static void test_staging_bound(void **st)
+{
+    /* --ssd-prefetch-staging: a fetch larger than the bound gets the run that fits (the
+     * rest counted); while one fetch holds the whole bound, the next waits and is served
+     * once the first returns its staging */
+    struct setup s;
+    setup_store(&s, 4, 16 << 20, NULL, staging2);
+    double l0 = ssdt_metric("pegaflow_ssd_prefetch_staging_limited_blocks");
+    struct pf_block *out[4];
+    assert_int_equal(pf_ssd_fetch(s.t.ssd, s.k, 4, false, out), 2);
+    assert_true(ssdt_same(s.b[0], out[0]) && ssdt_same(s.b[1], out[1]));
+    put_all(out, 2);
+    assert_int_equal(ssdt_metric("pegaflow_ssd_prefetch_staging_limited_blocks") - l0, 2);
+    assert_int_equal(ssdt_metric("pegaflow_ssd_prefetch_staging_bytes"), 0);
+    gate_hold(s.t.gate, PF_BLK_READ, true);
+    unsigned r0 = gate_submitted(s.t.gate, PF_BLK_READ);
+    struct fetcher a, b;
+    fetch_async(&a, s.t.ssd, s.k, 2);
+    SSDT_WAIT(gate_submitted(s.t.gate, PF_BLK_READ) == r0 + 2);
+    assert_int_equal(ssdt_metric("pegaflow_ssd_prefetch_staging_bytes"), 2 * 24576);
+    fetch_async(&b, s.t.ssd, s.k + 2, 2);
+    usleep(20000);
+    /* at the bound: no staging, no read for the second fetch */
+    assert_int_equal(gate_submitted(s.t.gate, PF_BLK_READ), r0 + 2);
+    assert_int_equal(ssdt_metric("pegaflow_ssd_prefetch_staging_bytes"), 2 * 24576);
+    gate_hold(s.t.gate, PF_BLK_READ, false);
+    assert_int_equal(fetch_join(&a), 2);
+    assert_int_equal(fetch_join(&b), 2);
+    assert_true(ssdt_same(s.b[0], a.out[0]) && ssdt_same(s.b[1], a.out[1]) &&
+                ssdt_same(s.b[2], b.out[0]) && ssdt_same(s.b[3], b.out[1]));
+    put_all(a.out, 2);
+    put_all(b.out, 2);
+    assert_int_equal(ssdt_metric("pegaflow_ssd_prefetch_staging_bytes"), 0);
+    assert_int_equal(ssdt_metric("pegaflow_ssd_prefetch_staging_limited_blocks") - l0, 2);
+    teardown_store(&s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -377,6 +420,7 @@ int main(void)
         cmocka_unit_test(test_staging_failure),
         cmocka_unit_test(test_read_timeout),
         cmocka_unit_test(test_stop_wakes_a_waiting_fetch),
+        cmocka_unit_test(test_staging_bound),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
