@@ -419,7 +419,7 @@ int main(int argc, char **argv)
         die("namespace", ENOMEM);
     uint64_t hdr = ssd_rec_hdr_len(strlen("bench-ssd"), (uint16_t)o.slots);
     off0 = SSD_SB_SIZE + hdr;
-    pitch = hdr + o.block;
+    pitch = ssd_rec_span(hdr, o.block);
     struct pf_ssd_config sc = {
         .paths = paths,
         .npaths = 1,

@@ -4,7 +4,7 @@
  *   0 magic[8] "PFSSDSB\0" | 8 u32 version | 12 u32 sb_size | 16 u64 file_size
  *   24 u64 ring_off | 32 u64 ring_cap | 40 u32 shard | 44 u32 nshards | 48 uuid[16]
  *   64..504 zero | 504 u64 xxh3-64 of bytes [0, 504) | 512..4096 zero
- * Record header (hdr_len bytes, a multiple of 512):
+ * Record header (hdr_len bytes, a multiple of 4096):
  *   0 magic[8] "PFSSDREC" | 8 u32 version | 12 u32 hdr_len | 16 u64 seq | 24 u64 payload_len
  *   32 uuid[16] | 48 u64 layout_fp | 56 u16 nslots | 58 u8 key_len | 59 u8 ns_len
  *   60 u32 zero | 64 key[40] (key_len used, rest zero) | 104 u64 zero | 112 u64 zero
@@ -128,7 +128,7 @@ static size_t ns_area(size_t ns_len)
 uint32_t ssd_rec_hdr_len(size_t ns_len, uint16_t nslots)
 {
     uint64_t n = SSD_REC_FIXED + ns_area(ns_len) + (uint64_t)nslots * SSD_REC_SLOT_BYTES;
-    return (uint32_t)((n + PF_BLK_ALIGN - 1) / PF_BLK_ALIGN * PF_BLK_ALIGN);
+    return (uint32_t)((n + SSD_REC_ALIGN - 1) / SSD_REC_ALIGN * SSD_REC_ALIGN);
 }
 
 int ssd_rec_encode(struct ssd_rec_hdr *h, const struct ssd_rec_slot *slots, uint8_t *buf,

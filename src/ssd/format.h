@@ -4,7 +4,8 @@
  *
  * File:   [superblock: SSD_SB_SIZE bytes][ring: cap bytes]; ring offset r at file offset
  *         SSD_SB_SIZE + r.
- * Record: [header: hdr_len bytes, a multiple of 512][payload: the block's slots, as before].
+ * Record: [header: hdr_len bytes, a multiple of 4096][payload: the block's slots, as before],
+ *         taking round_up(hdr_len + payload, 4096) bytes of the ring.
  *
  * All integers little-endian. Checksums are xxh3-64 (libxxhash). Nothing here does I/O or
  * holds locks; every decoder validates every field before it returns success and never
@@ -27,6 +28,10 @@
 #define SSD_REC_SLOTS_MAX  4096u /* slots a record can carry */
 #define SSD_REC_FIXED      128u  /* fixed part of a record header */
 #define SSD_REC_SLOT_BYTES 24u   /* one slot descriptor */
+#define SSD_REC_ALIGN                                                                              \
+    4096u /* records start (and headers end) 4 KiB-aligned: a block's                              \
+           * bytes keep the file-system block alignment O_DIRECT needs                             \
+           * to take its fast path (and 4Kn devices need at all) */
 
 struct ssd_superblock {
     uint32_t version;
@@ -46,7 +51,7 @@ struct ssd_rec_slot {
 
 struct ssd_rec_hdr {
     uint32_t version;
-    uint32_t hdr_len; /* bytes, multiple of 512 */
+    uint32_t hdr_len; /* bytes, multiple of SSD_REC_ALIGN */
     uint64_t seq;     /* store-wide, strictly increasing over the file's lifetime */
     uint64_t payload_len;
     uint8_t uuid[16];
@@ -75,6 +80,10 @@ int ssd_sb_decode(const uint8_t *buf, struct ssd_superblock *sb, uint32_t *versi
 /* Fingerprint of a block geometry: slot count and each slot's (seg_len, seg_stride, nseg). */
 uint64_t ssd_layout_fp(const struct ssd_rec_slot *slots, uint16_t nslots);
 /* Header bytes for a record with a namespace name of ns_len bytes and nslots slots. */
+static inline uint64_t ssd_rec_span(uint64_t hdr_len, uint64_t payload)
+{
+    return (hdr_len + payload + SSD_REC_ALIGN - 1) / SSD_REC_ALIGN * SSD_REC_ALIGN;
+}
 uint32_t ssd_rec_hdr_len(size_t ns_len, uint16_t nslots);
 /* Encodes h (version, hdr_len and layout_fp are computed) with the slot table into buf of
  * h->hdr_len bytes (hdr_len computed first with ssd_rec_hdr_len). -EINVAL when the

@@ -110,7 +110,7 @@ int ssd_index_begin(struct ssd_index *x, const struct pf_block *b, const struct 
         return -EEXIST;
     uint32_t sh = x->next_shard % x->nshards;
     uint64_t start, tail;
-    uint64_t total = hdr_len + len;
+    uint64_t total = hdr_len ? ssd_rec_span(hdr_len, len) : len;
     int rc = ssd_ring_plan(&x->shards[sh].ring, total, &start, &tail);
     if (rc)
         return rc;

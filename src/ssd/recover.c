@@ -226,7 +226,81 @@ struct scan {
     bool any;
     uint64_t blocks, bytes, scanned, drop[SSD_DROP_NREASONS];
     int err;
+    /* read-ahead: the next chunk is read while the window is verified; ring bytes
+     * [ra_off + ra_used, ra_off + ra_len) once ready. ra belongs to the scan thread and
+     * is freed only after the queue is destroyed (the device may own it) */
+    uint8_t *ra;
+    uint64_t ra_off, ra_len, ra_used;
+    bool ra_pending, ra_ready;
 };
+
+static void ra_issue(struct scan *c, uint64_t off)
+{
+    if (!c->ra || c->ra_pending || c->ra_ready || off >= c->cap)
+        return;
+    uint64_t n = PF_MIN_OF(SCAN_CHUNK, c->cap - off);
+    struct iovec iov = {c->ra, n};
+    if (pf_blk_submit(c->q, c->s->files[c->sh], PF_BLK_READ, SSD_SB_SIZE + off, &iov, 1, 2) != 0)
+        return; /* no read-ahead this time: the window reads synchronously */
+    c->ra_pending = true;
+    c->ra_off = off;
+    c->ra_len = n;
+    c->ra_used = 0;
+}
+
+/* Waits for the read-ahead in flight. 0 (ready) or -errno (then it is not used; after a
+ * timeout the device may still own the buffer: the scan stops and the queue's destroy
+ * waits for it). */
+static int ra_wait(struct scan *c)
+{
+    struct pf_blk_cqe cqe;
+    int k = pf_blk_poll(c->q, &cqe, 1, c->s->io_timeout_ms);
+    if (k <= 0) {
+        c->ra = NULL; /* never touched again by this scan */
+        return k < 0 ? k : -ETIMEDOUT;
+    }
+    c->ra_pending = false;
+    if (cqe.res < 0)
+        return (int)cqe.res;
+    if ((uint64_t)cqe.res != c->ra_len)
+        return -EIO;
+    c->ra_ready = true;
+    return 0;
+}
+
+/* Reads ring bytes [at, at + n) into dst: from the read-ahead when it holds them, else
+ * synchronously; then starts the read-ahead of what follows. */
+static int fill(struct scan *c, uint64_t at, uint8_t *dst, uint64_t n, uint64_t *got_p)
+{
+    if (c->ra_pending && c->ra_off == at) {
+        int rc = ra_wait(c);
+        if (rc)
+            return rc;
+    }
+    if (c->ra_ready && c->ra_off + c->ra_used == at) {
+        uint64_t k = PF_MIN_OF(n, c->ra_len - c->ra_used);
+        memcpy(dst, c->ra + c->ra_used, k);
+        c->ra_used += k;
+        *got_p = k;
+        if (c->ra_used == c->ra_len) {
+            c->ra_ready = false;
+            ra_issue(c, c->ra_off + c->ra_len);
+        }
+        return 0;
+    }
+    if (c->ra_pending) { /* a jump: the read-ahead is of no use */
+        int rc = ra_wait(c);
+        if (rc)
+            return rc;
+    }
+    c->ra_ready = false;
+    int rc = sync_io(c->s, c->q, c->s->files[c->sh], PF_BLK_READ, SSD_SB_SIZE + at, dst, n);
+    if (rc)
+        return rc;
+    *got_p = n;
+    ra_issue(c, at + n);
+    return 0;
+}
 
 static void drop(struct scan *c, enum ssd_drop r)
 {
@@ -273,8 +347,7 @@ static bool ensure(struct scan *c, uint64_t pos, uint64_t need)
         if (atomic_load(&c->s->stopped))
             return false;
         uint64_t n = PF_MIN_OF(c->bufcap - c->wlen, c->cap - (c->wpos + c->wlen));
-        int rc = sync_io(c->s, c->q, c->s->files[c->sh], PF_BLK_READ,
-                         SSD_SB_SIZE + c->wpos + c->wlen, c->buf + c->wlen, n);
+        int rc = fill(c, c->wpos + c->wlen, c->buf + c->wlen, n, &n);
         if (rc) {
             c->err = rc;
             return false;
@@ -355,7 +428,7 @@ static void scan_shard(struct scan *c)
     const uint8_t *uuid = s->sb[c->sh].uuid;
     uint64_t pos = 0;
     while (pos < c->cap) {
-        if (!ensure(c, pos, PF_BLK_ALIGN))
+        if (!ensure(c, pos, SSD_REC_ALIGN))
             return;
         struct ssd_rec_hdr h;
         uint64_t avail = c->wpos + c->wlen - pos;
@@ -370,17 +443,17 @@ static void scan_shard(struct scan *c)
         }
         switch (r) {
         case SSD_PARSE_NONE:
-            pos += PF_BLK_ALIGN;
+            pos += SSD_REC_ALIGN;
             continue;
         case SSD_PARSE_VERSION:
             drop(c, SSD_DROP_VERSION);
-            pos += PF_BLK_ALIGN;
+            pos += SSD_REC_ALIGN;
             continue;
         case SSD_PARSE_CHECKSUM:
         case SSD_PARSE_INVALID:
         case SSD_PARSE_SHORT:
             drop(c, SSD_DROP_HEADER);
-            pos += PF_BLK_ALIGN;
+            pos += SSD_REC_ALIGN;
             continue;
         case SSD_PARSE_OK:
             break;
@@ -388,13 +461,13 @@ static void scan_shard(struct scan *c)
         if (memcmp(h.uuid, uuid, sizeof(h.uuid)) != 0) {
             /* an older identity's record: its payload is not trusted to delimit anything */
             drop(c, SSD_DROP_IDENTITY);
-            pos += PF_BLK_ALIGN;
+            pos += SSD_REC_ALIGN;
             continue;
         }
         uint64_t rec = h.hdr_len + h.payload_len;
         if (h.payload_len > c->cap || pos + rec > c->cap) {
             drop(c, SSD_DROP_TORN);
-            pos += PF_BLK_ALIGN;
+            pos += SSD_REC_ALIGN;
             continue;
         }
         /* the header lives in the window: copy it before ensure() may move the window */
@@ -408,15 +481,16 @@ static void scan_shard(struct scan *c)
         bool ok = ensure(c, pos, rec);
         if (ok && ssd_rec_payload_ok(&h, c->buf + (pos - c->wpos) + h.hdr_len)) {
             index_record(c, &h, pos);
+            uint64_t span = PF_MIN_OF(ssd_rec_span(h.hdr_len, h.payload_len), c->cap - pos);
             if (!c->any || h.seq > c->max_seq) {
                 c->any = true;
                 c->max_seq = h.seq;
-                c->newest_end = pos + rec;
+                c->newest_end = pos + span;
             }
-            pos += rec;
+            pos += span;
         } else if (ok) {
             drop(c, SSD_DROP_TORN);
-            pos += PF_BLK_ALIGN;
+            pos += SSD_REC_ALIGN;
         }
         free(hcopy);
         if (!ok)
@@ -513,11 +587,19 @@ static void *scan_main(void *arg)
     int err = 0;
     struct pf_blk_queue *q = NULL;
     err = pf_blk_queue_create(s->cfg.blk, 4, &q);
-    for (uint32_t sh = 0; !err && sh < s->nshards && !atomic_load(&s->stopped); sh++) {
+    uint8_t *ra = NULL;
+    if (posix_memalign((void **)&ra, PF_BLK_ALIGN, SCAN_CHUNK) != 0)
+        ra = NULL; /* no read-ahead */
+    bool ra_lost = false;
+    for (uint32_t sh = 0; !err && !ra_lost && sh < s->nshards && !atomic_load(&s->stopped); sh++) {
         if (!s->need_scan[sh])
             continue;
-        struct scan c = {.s = s, .q = q, .sh = sh, .cap = s->shard_cap - SSD_SB_SIZE};
+        struct scan c = {.s = s, .q = q, .sh = sh, .cap = s->shard_cap - SSD_SB_SIZE, .ra = ra};
         scan_shard(&c);
+        if (c.ra_pending && c.ra && ra_wait(&c) != 0)
+            ra_lost = true;
+        if (!c.ra && ra)
+            ra_lost = true; /* timed out: the device may still own it */
         if (!c.err && !atomic_load(&s->stopped))
             place_head(&c);
         else if (c.err) {
@@ -538,7 +620,8 @@ static void *scan_main(void *arg)
         for (int r = 0; r < SSD_DROP_NREASONS; r++)
             tot.drop[r] += c.drop[r];
     }
-    pf_blk_queue_destroy(q);
+    pf_blk_queue_destroy(q); /* waits for whatever the device still owns */
+    free(ra);
     if (err)
         pf_error("SSD recovery: cannot create an I/O queue: %s", strerror(-err));
     /* never reuse a sequence number of a record still on disk */

@@ -114,7 +114,7 @@ static int build_header(const struct pf_block *b, const struct pf_block_key *key
     h->payload_len = len;
     h->hdr_len = ssd_rec_hdr_len(ns_len, b->nslots);
     h->layout_fp = ssd_layout_fp(rs, b->nslots);
-    if (posix_memalign((void **)hdr_p, PF_BLK_ALIGN, h->hdr_len) != 0) {
+    if (posix_memalign((void **)hdr_p, SSD_REC_ALIGN, h->hdr_len) != 0) {
         free(rs);
         return -ENOMEM;
     }
@@ -155,7 +155,7 @@ static int start_write(struct writer *w, struct pf_block *b)
         pthread_mutex_unlock(&s->mu);
         goto skip; /* duplicates are not rewritten */
     }
-    uint64_t total = h.hdr_len + len;
+    uint64_t total = ssd_rec_span(h.hdr_len, len); /* ring bytes, 4 KiB-aligned */
     uint32_t sh;
     uint64_t start, tail;
     int rc, ov = OV_NONE;

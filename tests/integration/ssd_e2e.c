@@ -43,9 +43,9 @@ static const char *dir;
 
 #define WBYTES  "pegaflow_ssd_write_bytes_total"
 #define WBLOCKS "pegaflow_ssd_write_blocks_total"
-/* The record header in front of every block on SSD: one 512-byte sector for the worlds
- * here (few slots, short namespaces; docs/ssd.md, "On-disk format"). */
-#define REC_HDR 512
+/* The record header in front of every block on SSD: 4 KiB for the worlds here (few slots,
+ * short namespaces; docs/ssd.md, "On-disk format"). */
+#define REC_HDR 4096
 #define WFAIL   "pegaflow_ssd_write_failures_total"
 
 /* Waits until the SSD writer has handled `blocks` more blocks (committed or failed) than

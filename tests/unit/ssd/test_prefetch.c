@@ -208,7 +208,7 @@ static void test_queue_full(void **st)
 
 static void small_ring(struct pf_ssd_config *c)
 {
-    c->capacity = SSD_SB_SIZE + 4 * (512 + 24576); /* exactly four records */
+    c->capacity = SSD_SB_SIZE + 4 * (4096 + 24576); /* exactly four records */
 }
 
 static void test_overwritten_during_read(void **st)

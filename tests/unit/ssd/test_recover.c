@@ -11,9 +11,9 @@
 
 #include "ssd/ssd_internal.h"
 
-/* 2 slots x 2 segments x 4 KiB: a 16 KiB block after a 512-byte header */
+/* 2 slots x 2 segments x 4 KiB: a 16 KiB block after a 4 KiB header */
 #define PAY    16384u
-#define REC    (PAY + 512u)
+#define REC    (PAY + 4096u)
 #define CAP(n) (SSD_SB_SIZE + (n)*REC)
 
 static struct pf_block *blk(struct ssdt *t, uint32_t id)
@@ -162,7 +162,7 @@ static void test_corruption_dropped(void **st)
     t.ssd = NULL;
     /* record 1: a payload byte; record 2: a header byte (its key); record 3: a byte of the
      * slot table; record 4 (the tail): its last 4 KiB zeroed */
-    flip(&t, SSD_SB_SIZE + 1 * REC + 512 + 777);
+    flip(&t, SSD_SB_SIZE + 1 * REC + 4096 + 777);
     flip(&t, SSD_SB_SIZE + 2 * REC + 64 + 3);
     flip(&t, SSD_SB_SIZE + 3 * REC + 128 + 8 + 9);
     static uint8_t zeros[4096];

@@ -7,9 +7,9 @@
 
 #include "ssd/ssd_internal.h"
 
-/* One 32 KiB block on disk: a record header, then the block; CAP(n): a shard of n records
+/* One 32 KiB block on disk: a 4 KiB record header, then the block; CAP(n): a shard of n records
  * after its superblock. */
-#define REC    (32768 + 512)
+#define REC    (32768 + 4096)
 #define CAP(n) (SSD_SB_SIZE + (n)*REC)
 
 static struct pf_block *blk(struct ssdt *t, uint32_t id)
