@@ -145,7 +145,23 @@ def rows_ssd(j):
                 "ge", "median of rounds"),
             row("SSD tier read vs raw O_DIRECT", f"{j['read']['tier_bytes_per_s'] / 1e9:.2f} GB/s",
                 f"raw {j['read']['raw_bytes_per_s'] / 1e9:.2f} GB/s", j["read"]["ratio"], 0.90,
-                "ge", "median of rounds")]
+                "ge", "median of rounds")] + rows_ssd_recovery(j)
+
+
+def rows_ssd_recovery(j):
+    r = j.get("recovery")
+    if not r:
+        return []
+    return [row(f"SSD recovery scan after a restart ({r['ring_bytes'] >> 20} MiB) vs raw "
+                f"sequential 8 MiB O_DIRECT reads, 1 in flight",
+                f"{r['scan_bytes_per_s'] / 1e9:.2f} GB/s",
+                f"raw {r['raw_seq_qd1_bytes_per_s'] / 1e9:.2f} GB/s", r["ratio_qd1"],
+                r.get("target_ratio", 0.8), "ge",
+                f"4 in flight: raw {r['raw_seq_qd4_bytes_per_s'] / 1e9:.2f} GB/s, "
+                f"ratio {r['ratio_qd4']:.2f}"),
+            row("SSD: time to the first SSD hit after a restart",
+                f"{r['first_hit_seconds'] * 1e3:.1f} ms", "-", r["first_hit_seconds"], None, "le",
+                "figure in seconds, not a ratio")]
 
 
 def rows_p2p(j):

@@ -36,6 +36,10 @@ struct pf_server_config {
     uint64_t ssd_prefetch_queue_depth;
     uint64_t ssd_write_inflight;
     uint64_t ssd_prefetch_inflight;
+    uint64_t ssd_prefetch_staging;
+    bool ssd_recover;
+    bool ssd_reformat;
+    uint64_t ssd_drain_timeout_secs;
     uint64_t max_prefetch_blocks;
     struct pf_strlist nics;
     char *metaserver_addr;

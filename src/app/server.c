@@ -238,6 +238,9 @@ static int start_ssd(struct server_app *a)
         .prefetch_inflight = (uint32_t)a->cfg.ssd_prefetch_inflight,
         .max_prefetch_blocks = (uint32_t)a->cfg.max_prefetch_blocks,
         .integrity = a->cfg.integrity,
+        .recover = a->cfg.ssd_recover,
+        .reformat = a->cfg.ssd_reformat,
+        .prefetch_staging_bytes = a->cfg.ssd_prefetch_staging,
         .blk = a->blk,
     };
     rc = pf_ssd_create(&sc, &a->ssd, err, sizeof(err));
@@ -408,6 +411,8 @@ int pf_server_main(int argc, char **argv)
         pf_error("--metaserver-addr: cannot hook the MetaServer client into the engine");
         goto out;
     }
+    if (a->cfg.metaserver_addr && a->ssd)
+        pf_server_meta_set_ssd(a->ssd); /* recovered SSD blocks are registered too */
     if (a->cfg.metrics_otel_endpoint) {
         char err2[256];
         if (pf_otlp_start(a->cfg.metrics_otel_endpoint, (enum pf_otlp_protocol)a->cfg.otlp_protocol,
@@ -453,6 +458,8 @@ out:
      * a hook that loaded the client just before the detach may still call it (and is
      * refused, -ESHUTDOWN) */
     pf_meta_client_stop(a->meta);
+    if (a->ssd && exit_code == 0 && a->cfg.ssd_drain_timeout_secs)
+        pf_ssd_drain(a->ssd, a->cfg.ssd_drain_timeout_secs * 1000); /* bounded, logged */
     pf_ssd_stop(a->ssd); /* releases its blocks; the engine may still call the tier */
     pf_engine_destroy(a->svc.engine);
     pf_p2p_destroy(a->p2p); /* after the prefetch threads (inside the tier until then) */

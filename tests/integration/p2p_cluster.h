@@ -159,6 +159,9 @@ static void start_ms(int port, const char *stale)
     spawn(&MS, "pegaflow-metaserver", port, args);
 }
 
+/* gRPC port of the next start_node (0: any; a restart on the same address sets it) */
+static int next_node_port;
+
 /* extra: more flags (NULL-terminated), e.g. the fault spec */
 static void start_node(struct node *n, const char *const *extra)
 {
@@ -181,7 +184,8 @@ static void start_node(struct node *n, const char *const *extra)
         args[k++] = "64mb";
     }
     args[k] = NULL;
-    spawn(n, "pegaflow-server", 0, args);
+    spawn(n, "pegaflow-server", next_node_port, args);
+    next_node_port = 0;
     /* fetching needs the node's own MetaServer session (no discovery without it) */
     PFT_CHECK(pft_wait_log(&n->p, "MetaServer session established", 20000),
               "%s: no MetaServer session", n->tag);
