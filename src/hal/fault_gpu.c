@@ -300,6 +300,11 @@ static int f_sync(struct pf_gpu_stream *sp, uint64_t timeout_ms)
     return rc;
 }
 
+static int f_health(struct pf_gpu *g, char *why, size_t whylen)
+{
+    return pf_gpu_health(fg(g)->inner, why, whylen);
+}
+
 static void f_close(struct pf_gpu *g)
 {
     struct fgpu *f = fg(g);
@@ -319,6 +324,7 @@ static const struct pf_gpu_ops fgpu_ops = {
     .stream_destroy = f_stream_destroy,
     .copy_batch = f_copy,
     .stream_sync = f_sync,
+    .health = f_health,
     .close = f_close,
 };
 
