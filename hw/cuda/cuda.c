@@ -66,8 +66,8 @@ void cuda_mark_dead(struct cuda_gpu *g, CUresult e, const char *what)
     if (!atomic_compare_exchange_strong(&g->dead, &zero, (int)e))
         return;
     pthread_mutex_lock(&g->dead_mu);
-    snprintf(g->dead_why, sizeof(g->dead_why), "%.*s: %s (CUDA error %d)",
-             (int)strcspn(what, "("), what, cu_str(g, e), (int)e);
+    snprintf(g->dead_why, sizeof(g->dead_why), "%.*s: %s (CUDA error %d)", (int)strcspn(what, "("),
+             what, cu_str(g, e), (int)e);
     pthread_mutex_unlock(&g->dead_mu);
     pf_error("GPU context lost: %.*s: %s (CUDA error %d). CUDA documents this error as sticky: "
              "every further CUDA call of this process fails the same way, so saves and loads "
@@ -410,8 +410,8 @@ static int cuda_dev_probe(struct cuda_gpu *g, struct cuda_dev *d, int ordinal)
                      mode == CU_COMPUTEMODE_PROHIBITED ? "prohibited" : "exclusive-process",
                      cu_str(g, e), (int)e, ordinal);
         else
-            pf_error("GPU %d (%s): cuDevicePrimaryCtxRetain: %s (CUDA error %d)", ordinal,
-                     d->name, cu_str(g, e), (int)e);
+            pf_error("GPU %d (%s): cuDevicePrimaryCtxRetain: %s (CUDA error %d)", ordinal, d->name,
+                     cu_str(g, e), (int)e);
         return pf_cuda_errno(e) ? pf_cuda_errno(e) : -EIO;
     }
     rc = cuda_ctx(g, (int)(d - g->devs));
@@ -503,8 +503,9 @@ static int cuda_open(const struct pf_gpu_config *cfg, struct pf_gpu **g_p)
             "(sm_75+, JIT by the driver); batched copies (cuMemcpyBatchAsync) %s",
             ver / 1000, ver % 1000 / 10, PF_CU_API_VERSION / 1000, PF_CU_API_VERSION % 1000 / 10,
             PF_CUDA_PTX_ISA,
-            g->batch ? "on" : (g->cu.MemcpyBatchAsync ? "off (--gpu-copy-batch off)"
-                                                      : "unavailable (driver < 12.8)"));
+            g->batch ? "on"
+                     : (g->cu.MemcpyBatchAsync ? "off (--gpu-copy-batch off)"
+                                               : "unavailable (driver < 12.8)"));
     size_t n = cfg && cfg->devices ? cfg->ndevices : (size_t)count;
     if (n == 0 || n > CUDA_MAX_DEVS) {
         pf_error("--devices: %zu devices requested, between 1 and %d supported", n, CUDA_MAX_DEVS);

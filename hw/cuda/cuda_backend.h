@@ -65,7 +65,7 @@ struct cuda_gpu {
     struct pf_cu cu;
     int ndev;
     struct cuda_dev devs[CUDA_MAX_DEVS];
-    bool batch; /* direct mode uses cuMemcpyBatchAsync */
+    bool batch;             /* direct mode uses cuMemcpyBatchAsync */
     pthread_mutex_t ipc_mu; /* allocs; taken before lock */
     struct cuda_alloc *allocs;
     pthread_rwlock_t lock; /* maps, regs: read by copy_batch */

@@ -421,8 +421,7 @@ static int cuda_copy_kernel(struct cuda_stream *s, enum pf_copy_dir dir, size_t 
             return rc;
         k->busy = false;
         memcpy(k->host, s->kdesc + i, cnt * sizeof(struct pf_cuda_kdesc));
-        CU_CALL(g, rc, MemcpyHtoDAsync, k->dev, k->host, cnt * sizeof(struct pf_cuda_kdesc),
-                s->st);
+        CU_CALL(g, rc, MemcpyHtoDAsync, k->dev, k->host, cnt * sizeof(struct pf_cuda_kdesc), s->st);
         if (rc)
             return rc;
         CUdeviceptr descp = k->dev;

@@ -33,7 +33,6 @@ struct drv_sym {
     bool optional;
 };
 
-
 static const struct drv_sym drv_syms[] = {
     {"cuInit", offsetof(struct pf_cu, Init), PF_CU_API_VERSION, false},
     {"cuDriverGetVersion", offsetof(struct pf_cu, DriverGetVersion), PF_CU_API_VERSION, false},
@@ -44,18 +43,16 @@ static const struct drv_sym drv_syms[] = {
     {"cuDeviceGetName", offsetof(struct pf_cu, DeviceGetName), PF_CU_API_VERSION, false},
     {"cuDeviceGetUuid", offsetof(struct pf_cu, DeviceGetUuid), PF_CU_API_VERSION, false},
     {"cuDeviceTotalMem", offsetof(struct pf_cu, DeviceTotalMem), PF_CU_API_VERSION, false},
-    {"cuDeviceGetAttribute", offsetof(struct pf_cu, DeviceGetAttribute), PF_CU_API_VERSION,
-     false},
+    {"cuDeviceGetAttribute", offsetof(struct pf_cu, DeviceGetAttribute), PF_CU_API_VERSION, false},
     {"cuDeviceGetPCIBusId", offsetof(struct pf_cu, DeviceGetPCIBusId), PF_CU_API_VERSION, false},
-    {"cuDevicePrimaryCtxRetain", offsetof(struct pf_cu, DevicePrimaryCtxRetain),
-     PF_CU_API_VERSION, false},
+    {"cuDevicePrimaryCtxRetain", offsetof(struct pf_cu, DevicePrimaryCtxRetain), PF_CU_API_VERSION,
+     false},
     {"cuDevicePrimaryCtxRelease", offsetof(struct pf_cu, DevicePrimaryCtxRelease),
      PF_CU_API_VERSION, false},
     {"cuCtxSetCurrent", offsetof(struct pf_cu, CtxSetCurrent), PF_CU_API_VERSION, false},
     {"cuIpcOpenMemHandle", offsetof(struct pf_cu, IpcOpenMemHandle), PF_CU_API_VERSION, false},
     {"cuIpcCloseMemHandle", offsetof(struct pf_cu, IpcCloseMemHandle), PF_CU_API_VERSION, false},
-    {"cuMemGetAddressRange", offsetof(struct pf_cu, MemGetAddressRange), PF_CU_API_VERSION,
-     false},
+    {"cuMemGetAddressRange", offsetof(struct pf_cu, MemGetAddressRange), PF_CU_API_VERSION, false},
     {"cuMemHostRegister", offsetof(struct pf_cu, MemHostRegister), PF_CU_API_VERSION, false},
     {"cuMemHostUnregister", offsetof(struct pf_cu, MemHostUnregister), PF_CU_API_VERSION, false},
     {"cuMemHostGetDevicePointer", offsetof(struct pf_cu, MemHostGetDevicePointer),

@@ -165,8 +165,8 @@ int cuda_host_register(struct pf_gpu *pg, void *addr, size_t len, struct pf_gpu_
     for (size_t i = 0; i < r->nchunks; i++)
         r->chunks[i].id = cuda_new_id(g);
     double s = (double)(pf_now_ns() - j.t0) / 1e9;
-    pf_info("pinned %.2f GiB of host memory at %p in %zu chunk(s) in %.2f s", (double)len /
-            (double)(1ull << 30), addr, r->nchunks, s);
+    pf_info("pinned %.2f GiB of host memory at %p in %zu chunk(s) in %.2f s",
+            (double)len / (double)(1ull << 30), addr, r->nchunks, s);
     pthread_rwlock_wrlock(&g->lock);
     r->next = g->regs;
     g->regs = r;

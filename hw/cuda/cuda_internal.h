@@ -34,7 +34,7 @@ extern "C" {
 /* Driver entry points, each with the signature of the version named in its PFN type
  * (cudaTypedefs.h). batch is NULL when the driver predates 12.8. */
 struct pf_cu {
-    void *lib; /* dlopen handle */
+    void *lib;          /* dlopen handle */
     int driver_version; /* cuDriverGetVersion: 1000 * major + 10 * minor */
     PFN_cuInit_v2000 Init;
     PFN_cuDriverGetVersion_v2020 DriverGetVersion;

@@ -10,9 +10,9 @@
  * the process at all), host memory is a plain pointer that must be registered
  * (host_register) before a copy touches it.
  *
- * Backends: "cuda" (hw/cuda, the CUDA driver API loaded at run time + IPC handles), "sim" (sim/gpu, POSIX shared
- * memory "device memory" and engine threads doing the copies), and the "faulty:<inner>"
- * decorator (src/hal/fault_gpu.c) driven by the fault plan.
+ * Backends: "cuda" (hw/cuda, the CUDA driver API loaded at run time + IPC handles), "sim" (sim/gpu,
+ * POSIX shared memory "device memory" and engine threads doing the copies), and the
+ * "faulty:<inner>" decorator (src/hal/fault_gpu.c) driven by the fault plan.
  *
  * Threading: a pf_gpu and its mappings may be used from any thread. A stream is used by
  * one thread at a time (its owner), which submits batches and syncs.

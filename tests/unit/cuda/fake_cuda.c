@@ -307,23 +307,39 @@ static CUresult f_DriverGetVersion(int *v)
 static CUresult f_GetErrorString(CUresult e, const char **s)
 {
     switch (e) { /* the strings of the real driver */
-    case CUDA_ERROR_INVALID_VALUE: *s = "invalid argument"; break;
-    case CUDA_ERROR_OUT_OF_MEMORY: *s = "out of memory"; break;
-    case CUDA_ERROR_NOT_INITIALIZED: *s = "initialization error"; break;
-    case CUDA_ERROR_NO_DEVICE: *s = "no CUDA-capable device is detected"; break;
+    case CUDA_ERROR_INVALID_VALUE:
+        *s = "invalid argument";
+        break;
+    case CUDA_ERROR_OUT_OF_MEMORY:
+        *s = "out of memory";
+        break;
+    case CUDA_ERROR_NOT_INITIALIZED:
+        *s = "initialization error";
+        break;
+    case CUDA_ERROR_NO_DEVICE:
+        *s = "no CUDA-capable device is detected";
+        break;
     case CUDA_ERROR_DEVICE_UNAVAILABLE:
         *s = "CUDA-capable device(s) is/are busy or unavailable";
         break;
     case CUDA_ERROR_UNSUPPORTED_PTX_VERSION:
         *s = "the provided PTX was compiled with an unsupported toolchain.";
         break;
-    case CUDA_ERROR_ILLEGAL_ADDRESS: *s = "an illegal memory access was encountered"; break;
-    case CUDA_ERROR_LAUNCH_FAILED: *s = "unspecified launch failure"; break;
+    case CUDA_ERROR_ILLEGAL_ADDRESS:
+        *s = "an illegal memory access was encountered";
+        break;
+    case CUDA_ERROR_LAUNCH_FAILED:
+        *s = "unspecified launch failure";
+        break;
     case CUDA_ERROR_SYSTEM_DRIVER_MISMATCH:
         *s = "system has unsupported display driver / cuda driver combination";
         break;
-    case CUDA_ERROR_MAP_FAILED: *s = "mapping of buffer object failed"; break;
-    default: *s = "fake CUDA error"; break;
+    case CUDA_ERROR_MAP_FAILED:
+        *s = "mapping of buffer object failed";
+        break;
+    default:
+        *s = "fake CUDA error";
+        break;
     }
     return CUDA_SUCCESS;
 }
@@ -519,8 +535,7 @@ static CUresult f_MemHostRegister(void *p, size_t len, unsigned flags)
         dl.tv_sec++;
         dl.tv_nsec -= 1000000000;
     }
-    while (fk.max_reg_threads < 2 &&
-           pthread_cond_timedwait(&reg_cv, &mu, &dl) == 0)
+    while (fk.max_reg_threads < 2 && pthread_cond_timedwait(&reg_cv, &mu, &dl) == 0)
         ;
     fk.reg_threads_now--;
     uint8_t *a = p;
@@ -848,8 +863,8 @@ static CUresult f_ModuleUnload(CUmodule m)
 }
 
 static CUresult f_LaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                               unsigned by, unsigned bz, unsigned shmem, CUstream st,
-                               void **params, void **extra)
+                               unsigned by, unsigned bz, unsigned shmem, CUstream st, void **params,
+                               void **extra)
 {
     GATE(true);
     CUresult e = stream_ok(st);
@@ -938,8 +953,8 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint
     }
     if (status)
         *status = best >= 0 ? CU_GET_PROC_ADDRESS_SUCCESS
-                            : known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
-                                    : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+                  : known   ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
+                            : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
     if (best >= 0)
         *pfn = procs[best].fn;
     return CUDA_SUCCESS;

@@ -30,19 +30,19 @@ struct fake_alloc {
 struct fake_cu {
     /* ---- configuration (set by the test before open) */
     int ndev;
-    int driver_version;    /* cuDriverGetVersion; newer cuGetProcAddress requests fail */
-    CUresult init_err;     /* answered by cuInit */
-    int ptx_isa_max;       /* highest PTX ISA the "driver" JITs, 10 * major + minor */
-    uint64_t reg_cap;      /* a cuMemHostRegister of >= reg_cap bytes fails (0: no cap) */
+    int driver_version;              /* cuDriverGetVersion; newer cuGetProcAddress requests fail */
+    CUresult init_err;               /* answered by cuInit */
+    int ptx_isa_max;                 /* highest PTX ISA the "driver" JITs, 10 * major + minor */
+    uint64_t reg_cap;                /* a cuMemHostRegister of >= reg_cap bytes fails (0: no cap) */
     int compute_mode[FAKE_MAX_DEVS]; /* CU_COMPUTEMODE_* */
     bool held_elsewhere[FAKE_MAX_DEVS]; /* another process has a context on it */
-    int not_ready;          /* cuEventQuery answers NOT_READY this many times */
-    CUresult async_err;     /* the next cuEventQuery answers this (sticky ones stay) */
-    CUresult memcpy_err;    /* every copy call answers this while set */
+    int not_ready;                      /* cuEventQuery answers NOT_READY this many times */
+    CUresult async_err;                 /* the next cuEventQuery answers this (sticky ones stay) */
+    CUresult memcpy_err;                /* every copy call answers this while set */
     CUresult ipc_open_err;
-    bool no_addr_range;     /* cuMemGetAddressRange answers NOT_FOUND */
+    bool no_addr_range; /* cuMemGetAddressRange answers NOT_FOUND */
     /* ---- state */
-    CUresult sticky;        /* once set, every call answers it (cuda.h: sticky errors) */
+    CUresult sticky; /* once set, every call answers it (cuda.h: sticky errors) */
     struct fake_alloc allocs[FAKE_MAX_ALLOCS];
     int nallocs;
     struct {
@@ -51,11 +51,11 @@ struct fake_cu {
     } regs[FAKE_MAX_REGS];
     /* ---- counters */
     int ipc_opens, ipc_closes;
-    int copies;       /* individual D2H/H2D KV copies executed (direct and batched) */
-    int copy_calls;   /* cuMemcpy{DtoH,HtoD}Async calls for KV data */
-    int batch_calls;  /* cuMemcpyBatchAsync calls */
-    int uploads;      /* descriptor uploads (H2D into cuMemAlloc memory) */
-    int pageable;     /* copies whose host side was not pinned memory (staged synchronously) */
+    int copies;      /* individual D2H/H2D KV copies executed (direct and batched) */
+    int copy_calls;  /* cuMemcpy{DtoH,HtoD}Async calls for KV data */
+    int batch_calls; /* cuMemcpyBatchAsync calls */
+    int uploads;     /* descriptor uploads (H2D into cuMemAlloc memory) */
+    int pageable;    /* copies whose host side was not pinned memory (staged synchronously) */
     int launches;
     int mallocs, frees, host_allocs, host_frees;
     int streams, events, contexts, modules;

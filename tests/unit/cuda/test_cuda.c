@@ -351,8 +351,8 @@ static void test_fake_copy_batched_off(void **st)
 {
     fk.driver_version = 12080;
     int one = 1;
-    struct pf_gpu_config cfg = {.devices = &one, .ndevices = 1,
-                                .gpu_copy_batch = PF_GPU_COPY_BATCH_OFF};
+    struct pf_gpu_config cfg = {
+        .devices = &one, .ndevices = 1, .gpu_copy_batch = PF_GPU_COPY_BATCH_OFF};
     struct fake_rig rig;
     assert_int_equal(pf_hal_gpu_open("cuda", &cfg, &rig.g, NULL, 0, NULL, 0), 0);
     rig.len = (size_t)RIG_BLK * RIG_NBLK;
