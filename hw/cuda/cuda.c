@@ -371,7 +371,9 @@ static int cuda_dev_probe(struct cuda_gpu *g, struct cuda_dev *d, int ordinal)
     CU_CALL(g, rc, DeviceGetName, name, (int)sizeof(name), d->dev);
     if (rc)
         return rc;
-    snprintf(d->name, sizeof(d->name), "%s", name);
+    size_t nl = strnlen(name, sizeof(d->name) - 1); /* truncated to what the HAL carries */
+    memcpy(d->name, name, nl);
+    d->name[nl] = '\0';
     CUuuid u;
     CU_CALL(g, rc, DeviceGetUuid, &u, d->dev);
     if (rc)

@@ -46,17 +46,17 @@
 
 #include <cudaTypedefs.h>
 
-#include "fake_cuda.h"
+#include "fake_cuda_int.h"
 
 #define FAKE_MAX_DBUFS 64
 
-static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t reg_cv = PTHREAD_COND_INITIALIZER;
-static struct fake_cu fk;
-static bool inited;
+struct fake_cu fk;
+bool inited;
 static int ctx_obj[FAKE_MAX_DEVS];
 static int ctx_refs[FAKE_MAX_DEVS];
-static __thread int cur = -1; /* device of the current context of this thread */
+__thread int cur = -1; /* device of the current context of this thread */
 static struct {
     uint8_t *p;
     size_t len;
@@ -65,26 +65,8 @@ static struct {
 /* live streams and events, freed by fake_cu_reset when a dead backend left them */
 #define FAKE_MAX_LIVE 512
 static void *live[FAKE_MAX_LIVE];
-static int fn_obj;     /* the copy kernel's CUfunction */
-static int module_obj; /* CUmodule */
-
-enum { OP_COPY, OP_KERNEL, OP_RECORD };
-struct op {
-    int kind;
-    uint64_t dst, src, len; /* OP_KERNEL: src = descriptor array, len = count */
-};
-struct fstream {
-    int tag; /* 1 */
-    int dev;
-    struct op *ops;
-    size_t n, cap, done;
-};
-struct fevent {
-    int tag; /* 2 */
-    struct fstream *st;
-    size_t pos; /* ops up to here complete the event */
-    bool recorded;
-};
+int fn_obj;     /* the copy kernel's CUfunction */
+int module_obj; /* CUmodule */
 
 struct fake_cu *fake_cu_state(void)
 {
@@ -138,14 +120,14 @@ int fake_cu_export(int dev, size_t size, CUipcMemHandle *h)
     return i;
 }
 
-static bool is_sticky(CUresult e)
+bool is_sticky(CUresult e)
 {
     return e == CUDA_ERROR_ILLEGAL_ADDRESS || e == CUDA_ERROR_LAUNCH_FAILED ||
            e == CUDA_ERROR_MISALIGNED_ADDRESS || e == CUDA_ERROR_HARDWARE_STACK_ERROR;
 }
 
 /* The answer every call gives before doing anything: sticky, not initialised. */
-static CUresult gate(bool need_ctx)
+CUresult gate(bool need_ctx)
 {
     if (fk.sticky)
         return fk.sticky;
@@ -156,24 +138,9 @@ static CUresult gate(bool need_ctx)
     return CUDA_SUCCESS;
 }
 
-#define GATE(need_ctx)                                                                             \
-    pthread_mutex_lock(&mu);                                                                       \
-    CUresult g_e_ = gate(need_ctx);                                                                \
-    if (g_e_ != CUDA_SUCCESS) {                                                                    \
-        pthread_mutex_unlock(&mu);                                                                 \
-        return g_e_;                                                                               \
-    }
-
-#define RET(e)                                                                                     \
-    do {                                                                                           \
-        CUresult r_e_ = (e);                                                                       \
-        pthread_mutex_unlock(&mu);                                                                 \
-        return r_e_;                                                                               \
-    } while (0)
-
 /* ------------------------------------------------------------------ memory lookup */
 
-static int find_reg(uint64_t a, uint64_t len, bool alias)
+int find_reg(uint64_t a, uint64_t len, bool alias)
 {
     for (int i = 0; i < FAKE_MAX_REGS; i++) {
         uint64_t b = (uint64_t)(uintptr_t)fk.regs[i].p + (alias ? FAKE_ALIAS_OFF : 0);
@@ -183,7 +150,7 @@ static int find_reg(uint64_t a, uint64_t len, bool alias)
     return -1;
 }
 
-static bool is_kv_dev(uint64_t a, uint64_t len)
+bool is_kv_dev(uint64_t a, uint64_t len)
 {
     for (int i = 0; i < fk.nallocs; i++) {
         uint64_t b = (uint64_t)(uintptr_t)fk.allocs[i].p;
@@ -194,7 +161,7 @@ static bool is_kv_dev(uint64_t a, uint64_t len)
     return false;
 }
 
-static int find_dbuf(uint64_t a, uint64_t len, bool host)
+int find_dbuf(uint64_t a, uint64_t len, bool host)
 {
     for (int i = 0; i < FAKE_MAX_DBUFS; i++) {
         uint64_t b = (uint64_t)(uintptr_t)dbufs[i].p;
@@ -205,14 +172,14 @@ static int find_dbuf(uint64_t a, uint64_t len, bool host)
     return -1;
 }
 
-static bool is_pinned(uint64_t a, uint64_t len)
+bool is_pinned(uint64_t a, uint64_t len)
 {
     return find_reg(a, len, false) >= 0 || find_dbuf(a, len, true) >= 0;
 }
 
 /* ------------------------------------------------------------------ streams */
 
-static void push(struct fstream *s, struct op o)
+void push(struct fstream *s, struct op o)
 {
     if (s->n == s->cap) {
         s->cap = s->cap ? s->cap * 2 : 64;
@@ -246,7 +213,7 @@ static void run_kernel(uint64_t descp, uint64_t n)
     }
 }
 
-static void run_until(struct fstream *s, size_t pos)
+void run_until(struct fstream *s, size_t pos)
 {
     for (; s->done < pos && !fk.sticky; s->done++) {
         struct op *o = &s->ops[s->done];
@@ -257,7 +224,7 @@ static void run_until(struct fstream *s, size_t pos)
     }
 }
 
-static CUresult stream_ok(CUstream st)
+CUresult stream_ok(CUstream st)
 {
     struct fstream *s = (struct fstream *)st;
     if (!s) /* the backend never uses the legacy NULL stream */
@@ -267,7 +234,7 @@ static CUresult stream_ok(CUstream st)
     return CUDA_SUCCESS;
 }
 
-static void live_add(void *p)
+void live_add(void *p)
 {
     for (int i = 0; i < FAKE_MAX_LIVE; i++) {
         if (!live[i]) {
@@ -278,7 +245,7 @@ static void live_add(void *p)
     abort(); /* a test leaking hundreds of streams */
 }
 
-static void live_del(void *p)
+void live_del(void *p)
 {
     for (int i = 0; i < FAKE_MAX_LIVE; i++)
         if (live[i] == p)
@@ -637,251 +604,6 @@ static CUresult f_MemFree(CUdeviceptr d)
     GATE(true);
     fk.frees++;
     RET(dbuf_free((void *)(uintptr_t)d, false));
-}
-
-/* ------------------------------------------------------------------ streams, events */
-
-static CUresult f_StreamCreate(CUstream *st, unsigned flags)
-{
-    GATE(true);
-    if (flags != CU_STREAM_NON_BLOCKING) /* the backend must not sync with the NULL stream */
-        RET(CUDA_ERROR_INVALID_VALUE);
-    struct fstream *s = calloc(1, sizeof(*s));
-    if (!s)
-        RET(CUDA_ERROR_OUT_OF_MEMORY);
-    s->tag = 1;
-    s->dev = cur;
-    live_add(s);
-    fk.streams++;
-    *st = (CUstream)s;
-    RET(CUDA_SUCCESS);
-}
-
-static CUresult f_StreamDestroy(CUstream st)
-{
-    GATE(true);
-    struct fstream *s = (struct fstream *)st;
-    run_until(s, s->n); /* cuda.h: pending work completes before the resources go */
-    live_del(s);
-    free(s->ops);
-    free(s);
-    fk.streams--;
-    RET(CUDA_SUCCESS);
-}
-
-static CUresult f_EventCreate(CUevent *ev, unsigned flags)
-{
-    GATE(true);
-    struct fevent *v = calloc(1, sizeof(*v));
-    if (!v)
-        RET(CUDA_ERROR_OUT_OF_MEMORY);
-    v->tag = 2;
-    live_add(v);
-    *ev = (CUevent)v;
-    fk.events++;
-    RET(CUDA_SUCCESS);
-}
-
-static CUresult f_EventDestroy(CUevent ev)
-{
-    GATE(true);
-    live_del(ev);
-    free(ev);
-    fk.events--;
-    RET(CUDA_SUCCESS);
-}
-
-static CUresult f_EventRecord(CUevent ev, CUstream st)
-{
-    GATE(true);
-    CUresult e = stream_ok(st);
-    if (e)
-        RET(e);
-    struct fevent *v = (struct fevent *)ev;
-    struct fstream *s = (struct fstream *)st;
-    push(s, (struct op){.kind = OP_RECORD});
-    v->st = s;
-    v->pos = s->n;
-    v->recorded = true;
-    RET(CUDA_SUCCESS);
-}
-
-static CUresult f_EventQuery(CUevent ev)
-{
-    GATE(false);
-    struct fevent *v = (struct fevent *)ev;
-    if (fk.async_err) {
-        CUresult r = fk.async_err;
-        fk.async_err = CUDA_SUCCESS;
-        if (is_sticky(r))
-            fk.sticky = r;
-        RET(r);
-    }
-    if (fk.not_ready > 0) {
-        fk.not_ready--;
-        RET(CUDA_ERROR_NOT_READY);
-    }
-    if (v->recorded) /* cuda.h: an event never recorded is complete */
-        run_until(v->st, v->pos);
-    RET(fk.sticky ? fk.sticky : CUDA_SUCCESS);
-}
-
-/* ------------------------------------------------------------------ copies */
-
-/* Queues one copy (or stages it now when the host side is pageable). */
-static CUresult copy(struct fstream *s, uint64_t dst, uint64_t src, size_t len, bool d2h)
-{
-    uint64_t host = d2h ? dst : src, dev = d2h ? src : dst;
-    if (!d2h && find_dbuf(dev, len, false) >= 0) { /* descriptor upload */
-        fk.uploads++;
-        if (!is_pinned(host, len)) {
-            fk.pageable++;
-            memcpy((void *)(uintptr_t)dev, (const void *)(uintptr_t)host, len);
-            return CUDA_SUCCESS;
-        }
-        push(s, (struct op){.kind = OP_COPY, .dst = dst, .src = src, .len = len});
-        return CUDA_SUCCESS;
-    }
-    if (!is_kv_dev(dev, len))
-        return CUDA_ERROR_INVALID_VALUE;
-    fk.copies++;
-    fk.copied += len;
-    fk.last_copy_dev = cur;
-    if (!is_pinned(host, len)) { /* pageable (or straddling two registrations): staged now */
-        fk.pageable++;
-        memcpy((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, len);
-        return CUDA_SUCCESS;
-    }
-    push(s, (struct op){.kind = OP_COPY, .dst = dst, .src = src, .len = len});
-    return CUDA_SUCCESS;
-}
-
-static CUresult f_MemcpyHtoDAsync(CUdeviceptr dst, const void *src, size_t len, CUstream st)
-{
-    GATE(true);
-    CUresult e = stream_ok(st);
-    if (e)
-        RET(e);
-    if (fk.memcpy_err)
-        RET(fk.memcpy_err);
-    if (find_dbuf(dst, len, false) < 0)
-        fk.copy_calls++;
-    RET(copy((struct fstream *)st, dst, (uint64_t)(uintptr_t)src, len, false));
-}
-
-static CUresult f_MemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t len, CUstream st)
-{
-    GATE(true);
-    CUresult e = stream_ok(st);
-    if (e)
-        RET(e);
-    if (fk.memcpy_err)
-        RET(fk.memcpy_err);
-    fk.copy_calls++;
-    RET(copy((struct fstream *)st, (uint64_t)(uintptr_t)dst, src, len, true));
-}
-
-static CUresult batch(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
-                      CUmemcpyAttributes *attrs, size_t *idxs, size_t nattrs, CUstream st)
-{
-    GATE(true);
-    CUresult e = stream_ok(st);
-    if (e)
-        RET(e);
-    if (fk.memcpy_err)
-        RET(fk.memcpy_err);
-    if (count == 0 || !attrs || !idxs || nattrs == 0 || nattrs > count || idxs[0] != 0)
-        RET(CUDA_ERROR_INVALID_VALUE);
-    for (size_t k = 0; k < nattrs; k++) {
-        if ((k > 0 && idxs[k] <= idxs[k - 1]) || idxs[k] >= count)
-            RET(CUDA_ERROR_INVALID_VALUE);
-        if (attrs[k].srcAccessOrder != CU_MEMCPY_SRC_ACCESS_ORDER_STREAM &&
-            attrs[k].srcAccessOrder != CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL &&
-            attrs[k].srcAccessOrder != CU_MEMCPY_SRC_ACCESS_ORDER_ANY)
-            RET(CUDA_ERROR_INVALID_VALUE);
-    }
-    fk.batch_calls++;
-    for (size_t i = 0; i < count; i++) {
-        bool d2h = is_kv_dev(srcs[i], sizes[i]);
-        e = copy((struct fstream *)st, dsts[i], srcs[i], sizes[i], d2h);
-        if (e)
-            RET(e);
-    }
-    RET(CUDA_SUCCESS);
-}
-
-static CUresult f_MemcpyBatchAsync_v12080(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
-                                          size_t count, CUmemcpyAttributes *attrs, size_t *idxs,
-                                          size_t nattrs, size_t *fail, CUstream st)
-{
-    if (!fail)
-        return CUDA_ERROR_INVALID_VALUE;
-    *fail = SIZE_MAX;
-    return batch(dsts, srcs, sizes, count, attrs, idxs, nattrs, st);
-}
-
-static CUresult f_MemcpyBatchAsync_v13000(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
-                                          size_t count, CUmemcpyAttributes *attrs, size_t *idxs,
-                                          size_t nattrs, CUstream st)
-{
-    return batch(dsts, srcs, sizes, count, attrs, idxs, nattrs, st);
-}
-
-/* ------------------------------------------------------------------ modules, launch */
-
-static CUresult f_ModuleLoadData(CUmodule *m, const void *image)
-{
-    GATE(true);
-    const char *s = image;
-    const char *v = strstr(s, "\n.version ");
-    int maj = 0, min = 0;
-    if (!v || sscanf(v, "\n.version %d.%d", &maj, &min) != 2 || !strstr(s, "\n.target sm_"))
-        RET(CUDA_ERROR_INVALID_IMAGE);
-    if (maj * 10 + min > fk.ptx_isa_max)
-        RET(CUDA_ERROR_UNSUPPORTED_PTX_VERSION);
-    fk.modules++;
-    *m = (CUmodule)&module_obj;
-    RET(CUDA_SUCCESS);
-}
-
-static CUresult f_ModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
-{
-    GATE(true);
-    if (m != (CUmodule)&module_obj)
-        RET(CUDA_ERROR_INVALID_HANDLE);
-    if (strcmp(name, "pf_cuda_copy_kernel") != 0)
-        RET(CUDA_ERROR_NOT_FOUND);
-    *f = (CUfunction)&fn_obj;
-    RET(CUDA_SUCCESS);
-}
-
-static CUresult f_ModuleUnload(CUmodule m)
-{
-    GATE(true);
-    fk.modules--;
-    RET(CUDA_SUCCESS);
-}
-
-static CUresult f_LaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                               unsigned by, unsigned bz, unsigned shmem, CUstream st, void **params,
-                               void **extra)
-{
-    GATE(true);
-    CUresult e = stream_ok(st);
-    if (e)
-        RET(e);
-    if (f != (CUfunction)&fn_obj || !params || extra)
-        RET(CUDA_ERROR_INVALID_VALUE);
-    if (bx != 256 || by != 1 || bz != 1 || gx == 0 || gx > 65535 || gy != 1 || gz != 1)
-        RET(CUDA_ERROR_INVALID_VALUE); /* __launch_bounds__(256) and the kernel's grid */
-    CUdeviceptr descp = *(CUdeviceptr *)params[0];
-    uint64_t n = *(uint64_t *)params[1];
-    if (find_dbuf(descp, n * 24, false) < 0) /* the kernel reads device memory only */
-        RET(CUDA_ERROR_INVALID_VALUE);
-    fk.launches++;
-    fk.last_launch_n = n;
-    push((struct fstream *)st, (struct op){.kind = OP_KERNEL, .src = descp, .len = n});
-    RET(CUDA_SUCCESS);
 }
 
 /* ------------------------------------------------------------------ cuGetProcAddress */
