@@ -474,6 +474,7 @@ static int cuda_open(const struct pf_gpu_config *cfg, struct pf_gpu **g_p)
         goto err_free;
     }
     CUresult e = g->cu.Init(0);
+    g->cu.initialised = e == CUDA_SUCCESS;
     if (e != CUDA_SUCCESS) {
         snprintf(why, sizeof(why), "cuInit: %s (CUDA error %d)", cu_str(g, e), (int)e);
         rc = cuda_unusable(nodes, node, why);

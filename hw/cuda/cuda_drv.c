@@ -78,7 +78,10 @@ static const struct drv_sym drv_syms[] = {
 
 void pf_cu_unload(struct pf_cu *cu)
 {
-    if (cu->lib)
+    /* Only a library whose cuInit never ran is closed: an initialised libcuda keeps its own
+     * threads and exit handlers, and unmapping it under them crashes at exit. Loading it
+     * again (a later open) returns the same handle. */
+    if (cu->lib && !cu->initialised)
         dlclose(cu->lib);
     memset(cu, 0, sizeof(*cu));
 }

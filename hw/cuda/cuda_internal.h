@@ -36,6 +36,7 @@ extern "C" {
 struct pf_cu {
     void *lib;          /* dlopen handle */
     int driver_version; /* cuDriverGetVersion: 1000 * major + 10 * minor */
+    bool initialised;   /* cuInit succeeded: the library is never unloaded */
     PFN_cuInit_v2000 Init;
     PFN_cuDriverGetVersion_v2020 DriverGetVersion;
     PFN_cuGetErrorString_v6000 GetErrorString;
@@ -80,8 +81,8 @@ struct pf_cu {
  *   -ENOENT  the library is not there (dlopen failed): no driver installed
  *   -ENOSYS  it lacks cuGetProcAddress (a driver older than CUDA 11.3) or an entry point
  *            at the requested version (a driver older than CUDA 12.0)
- * with a sentence in why. Does not call cuInit. pf_cu_unload() undoes it (accepts a
- * zeroed table). */
+ * with a sentence in why. Does not call cuInit. pf_cu_unload() forgets the table and
+ * closes the library unless cuInit succeeded on it (accepts a zeroed table). */
 int pf_cu_load(const char *path, struct pf_cu *cu, char *why, size_t whylen);
 void pf_cu_unload(struct pf_cu *cu);
 
