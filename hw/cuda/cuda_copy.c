@@ -319,23 +319,22 @@ static int cuda_copy_ranges(struct cuda_stream *s, enum pf_copy_dir dir, size_t 
 static int cuda_copy_batched(struct cuda_stream *s, enum pf_copy_dir dir, size_t n)
 {
     struct cuda_gpu *g = s->g;
-    size_t cap = s->bcap;
-    void *a = s->bdst, *b = s->bsrc, *c = s->bsize;
-    int rc = cuda_grow(&a, &cap, n < CUDA_BATCH_MAX ? n : CUDA_BATCH_MAX, sizeof(CUdeviceptr));
-    s->bdst = a;
-    if (rc == 0) {
-        cap = s->bcap;
-        rc = cuda_grow(&b, &cap, n < CUDA_BATCH_MAX ? n : CUDA_BATCH_MAX, sizeof(CUdeviceptr));
-        s->bsrc = b;
+    size_t need = n < CUDA_BATCH_MAX ? n : CUDA_BATCH_MAX;
+    if (need > s->bcap) { /* grow-only, the three arrays together */
+        CUdeviceptr *dst = realloc(s->bdst, need * sizeof(*dst));
+        if (dst)
+            s->bdst = dst;
+        CUdeviceptr *src = realloc(s->bsrc, need * sizeof(*src));
+        if (src)
+            s->bsrc = src;
+        size_t *sz = realloc(s->bsize, need * sizeof(*sz));
+        if (sz)
+            s->bsize = sz;
+        if (!dst || !src || !sz)
+            return -ENOMEM;
+        s->bcap = need;
     }
-    if (rc == 0) {
-        cap = s->bcap;
-        rc = cuda_grow(&c, &cap, n < CUDA_BATCH_MAX ? n : CUDA_BATCH_MAX, sizeof(size_t));
-        s->bsize = c;
-    }
-    if (rc)
-        return rc;
-    s->bcap = cap;
+    int rc = 0;
     CUmemcpyAttributes attr = {
         .srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
         .srcLocHint = {.type = dir == PF_COPY_D2H ? CU_MEM_LOCATION_TYPE_DEVICE

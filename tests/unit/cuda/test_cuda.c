@@ -323,6 +323,19 @@ static void test_fake_copy_batched(void **st)
     struct fake_rig rig;
     rig_up(&rig);
     check_copies(&rig, PF_COPY_MODE_DIRECT, false);
+    /* 5000 scattered ranges: two calls (4096 ranges a call), bytes exact */
+    enum { NP = 5000 };
+    static struct pf_copy_desc sc[NP];
+    for (unsigned i = 0; i < NP; i++)
+        sc[i] = (struct pf_copy_desc){rig.m->base + 3 + 500ull * i, rig.host + 1 + 700ull * i, 200};
+    pattern(rig.dev, rig.len, 5);
+    memset(rig.host, 0, rig.len);
+    int b0 = fk.batch_calls;
+    assert_int_equal(pf_gpu_copy_batch(rig.s, PF_COPY_D2H, PF_COPY_MODE_DIRECT, sc, NP), 0);
+    assert_int_equal(pf_gpu_stream_sync(rig.s, 1000), 0);
+    assert_int_equal(fk.batch_calls - b0, 2);
+    for (unsigned i = 0; i < NP; i++)
+        assert_memory_equal(rig.host + 1 + 700 * i, rig.dev + 3 + 500 * i, 200);
     /* a single range needs no batch */
     int calls = fk.copy_calls;
     struct pf_copy_desc one = {rig.m->base, rig.host, 4096};
