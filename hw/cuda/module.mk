@@ -35,15 +35,15 @@ $(GEN)/cuda_kernel_ptx.c: $(GEN)/cuda_kernel.ptx
 
 # The fake driver library and the test that loads it.
 FAKE_CUDA_SRCS := tests/unit/cuda/fake_cuda.c tests/unit/cuda/fake_cuda_copy.c
-$(O)/tests/unit/cuda/libpffakecuda.so: $(FAKE_CUDA_SRCS) tests/unit/cuda/fake_cuda.h \
+$(O)/tests/fakes/libpffakecuda.so: $(FAKE_CUDA_SRCS) tests/unit/cuda/fake_cuda.h \
 		tests/unit/cuda/fake_cuda_int.h
 	@mkdir -p $(@D)
 	@echo "  SO      $@"
 	@$(CC) $(CPPFLAGS_ALL) $(CUDA_CPPFLAGS) -Itests/unit/cuda $(CFLAGS_ALL) -MF /dev/null -shared \
 		-o $@ $(FAKE_CUDA_SRCS) $(LDFLAGS_ALL) -ldl
 $(O)/tests/unit/cuda/test_cuda $(O)/tests/unit/cuda/test_cuda_open: | \
-	$(O)/tests/unit/cuda/libpffakecuda.so
-test-build: $(O)/tests/unit/cuda/libpffakecuda.so
+	$(O)/tests/fakes/libpffakecuda.so
+test-build: $(O)/tests/fakes/libpffakecuda.so
 else
 CORE_SRCS += hw/cuda/cuda_absent.c
 endif

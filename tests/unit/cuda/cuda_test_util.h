@@ -28,8 +28,8 @@ static int (*fake_export_)(int, size_t, CUipcMemHandle *) PF_UNUSED;
 static void (*fake_uuid_)(int, uint8_t *) PF_UNUSED;
 #define fk (*fk_)
 
-/* dlopens libpffakecuda.so next to the test binary (the backend's dlopen of the same path
- * then returns this instance) and makes a /dev with and one without NVIDIA nodes. */
+/* dlopens <O>/tests/fakes/libpffakecuda.so (the backend's dlopen of the same path then
+ * returns this instance) and makes a /dev with and one without NVIDIA nodes. */
 static inline void fake_lib_load(void)
 {
     char exe[PATH_MAX];
@@ -38,7 +38,9 @@ static inline void fake_lib_load(void)
         abort();
     exe[n] = '\0';
     *strrchr(exe, '/') = '\0';
-    snprintf(fake_path, sizeof(fake_path), "%s/libpffakecuda.so", exe);
+    /* <O>/tests/unit/cuda/test_x -> <O>/tests/fakes/ (outside tests/unit, whose
+     * executables tests/run.sh runs) */
+    snprintf(fake_path, sizeof(fake_path), "%s/../../fakes/libpffakecuda.so", exe);
     void *h = dlopen(fake_path, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
         fprintf(stderr, "cannot load the fake driver %s: %s\n", fake_path, dlerror());
