@@ -54,6 +54,8 @@ struct pf_server_config {
     double trace_sample_rate;
     /* ours (docs/server.md) */
     char *gpu_backend;
+    char *gpu_copy_batch;    /* --gpu-copy-batch auto|on|off */
+    int gpu_copy_batch_mode; /* enum pf_gpu_copy_batch, from gpu_copy_batch */
     char *net_backend;
     uint64_t rpc_threads;
     char *fault_spec;

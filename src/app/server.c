@@ -82,6 +82,7 @@ static int open_hal(struct server_app *a)
         .sim_bandwidth = a->cfg.sim_gpu_bandwidth,
         .sim_default_devices = (int)a->cfg.sim_gpus,
         .faults = a->faults,
+        .gpu_copy_batch = a->cfg.gpu_copy_batch_mode,
     };
     int rc = pf_hal_gpu_open(a->cfg.gpu_backend, &gc, &a->gpu, a->gpu_backend,
                              sizeof(a->gpu_backend), err, sizeof(err));
@@ -170,14 +171,14 @@ static void set_advertise(struct server_app *a)
 
 static const char *const cleanup_params[] = {"id", NULL};
 static const struct pf_http_route routes_prom[] = {
-    {"GET", "/health", pf_http_health, NULL},
+    {"GET", "/health", pf_http_engine_health, NULL},
     {"GET", "/metrics", pf_http_metrics, NULL},
     {"GET", "/instances", pf_http_instances, NULL},
     {"POST", "/instances/cleanup", pf_http_instances_cleanup, cleanup_params},
     {"POST", "/cache/memory/cleanup", pf_http_memory_cleanup, NULL},
 };
 static const struct pf_http_route routes_noprom[] = {
-    {"GET", "/health", pf_http_health, NULL},
+    {"GET", "/health", pf_http_engine_health, NULL},
     {"GET", "/instances", pf_http_instances, NULL},
     {"POST", "/instances/cleanup", pf_http_instances_cleanup, cleanup_params},
     {"POST", "/cache/memory/cleanup", pf_http_memory_cleanup, NULL},

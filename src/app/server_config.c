@@ -11,6 +11,7 @@
 
 #include "app/app.h"
 #include "pf/fault.h"
+#include "pf/hal_gpu.h"
 #include "pf/metrics.h"
 
 #define F(n_, t_, field_, def_, meta_, help_, ...)                                                 \
@@ -110,6 +111,9 @@ const struct pf_flag pf_server_flags[] = {
       .dmax = 1),
     F("gpu-backend", PF_FLAG_STR, gpu_backend, "auto", "NAME",
       "GPU backend: auto, cuda or sim (auto = cuda when a GPU is present)"),
+    F("gpu-copy-batch", PF_FLAG_STR, gpu_copy_batch, "auto", "MODE",
+      "cuda: direct copies of scattered ranges as one cuMemcpyBatchAsync (auto = where the "
+      "driver has it, CUDA 12.8+; on = required; off = one copy per range)"),
     F("net-backend", PF_FLAG_STR, net_backend, "auto", "NAME",
       "NIC backend: auto, verbs or tcp (auto = verbs when an RDMA device is present)"),
     F("rpc-threads", PF_FLAG_U64, rpc_threads, "8", "N", "gRPC handler threads", .min = 1,
@@ -165,8 +169,8 @@ const struct pf_flag_group pf_server_flag_groups[] = {
     {"Cross-Node (Multi-Node Setup; --nics and --metaserver-addr together)",
      NAMES("nics", "metaserver-addr", "transfer-lock-timeout-secs", "metaserver-queue-depth",
            "p2p-plan-timeout-ms", "qps-per-peer")},
-    {"Engine and backends",
-     NAMES("pool-shards", "integrity", "gpu-backend", "net-backend", "rpc-threads")},
+    {"Engine and backends", NAMES("pool-shards", "integrity", "gpu-backend", "gpu-copy-batch",
+                                  "net-backend", "rpc-threads")},
     {"Security (docs/security.md)",
      NAMES("tls-cert", "tls-key", "tls-ca", "cluster-token-file", "admin-token-file", "local-addr",
            "local-rpcs", "insecure-cluster", "local-addr-group")},
@@ -376,6 +380,15 @@ int pf_server_config_parse(struct pf_server_config *cfg, int argc, char **argv, 
                  cfg->gpu_backend);
         return -EINVAL;
     }
+    static const char *const batch_names[] = {"auto", "on", "off", NULL};
+    if (!known_backend(cfg->gpu_copy_batch, batch_names)) {
+        snprintf(err, errlen, "--gpu-copy-batch: unknown mode '%s' (auto, on, off)",
+                 cfg->gpu_copy_batch);
+        return -EINVAL;
+    }
+    cfg->gpu_copy_batch_mode = strcmp(cfg->gpu_copy_batch, "on") == 0    ? PF_GPU_COPY_BATCH_ON
+                               : strcmp(cfg->gpu_copy_batch, "off") == 0 ? PF_GPU_COPY_BATCH_OFF
+                                                                         : PF_GPU_COPY_BATCH_AUTO;
     if (!known_backend(cfg->net_backend, net_names)) {
         snprintf(err, errlen, "--net-backend: unknown backend '%s' (auto, verbs, tcp)",
                  cfg->net_backend);

@@ -371,6 +371,11 @@ err_free:
     return rc;
 }
 
+int pf_engine_health(struct pf_engine *e, char *why, size_t whylen)
+{
+    return pf_gpu_health(e->gpu, why, whylen);
+}
+
 void pf_engine_destroy(struct pf_engine *e)
 {
     if (!e)

@@ -496,6 +496,16 @@ int pf_engine_save(struct pf_engine *e, const char *instance_id, uint32_t tp_ran
         snprintf(err, errlen, "cannot queue the D2H copy: %s", strerror(-rc));
         goto out;
     }
+    if (rc == -ENOTRECOVERABLE) {
+        /* a sticky CUDA error: the device is lost for this process (hal_gpu.h) */
+        char why[256] = "";
+        pf_gpu_health(e->gpu, why, sizeof(why));
+        snprintf(err, errlen,
+                 "instance %s device %d: the server lost its GPU context (%s); nothing was "
+                 "saved, the server is unhealthy and must be restarted",
+                 instance_id, device_id, why[0] ? why : "sticky CUDA error");
+        goto out;
+    }
     if (rc == -EFAULT) {
         /* the client's memory, not the server: it shrank or removed a registered tensor */
         snprintf(err, errlen,

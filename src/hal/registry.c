@@ -54,6 +54,11 @@ static int gs_sync(struct pf_gpu_stream *s, uint64_t t)
 {
     return -EOPNOTSUPP;
 }
+/* no health op: the backend has no way to lose its device, it is always healthy */
+static int gs_health(struct pf_gpu *g, char *why, size_t whylen)
+{
+    return 0;
+}
 static void gs_close(struct pf_gpu *g)
 {
 }
@@ -147,6 +152,7 @@ static void fill_gpu(struct pf_gpu_ops *d, const struct pf_gpu_ops *s)
     FILL(d, s, stream_destroy, gs_stream_destroy);
     FILL(d, s, copy_batch, gs_copy);
     FILL(d, s, stream_sync, gs_sync);
+    FILL(d, s, health, gs_health);
     FILL(d, s, close, gs_close);
 }
 
@@ -309,6 +315,13 @@ static const char *strip_faulty(const char *name, bool *faulty)
                 if (rc == 0) {                                                                     \
                     picked = i;                                                                    \
                     break;                                                                         \
+                }                                                                                  \
+                if (rc == -ENOTRECOVERABLE) { /* hardware present but unusable: no fallback */     \
+                    seterr(err, errlen,                                                            \
+                           cls " backend auto: %s is installed but unusable (the log says why); "  \
+                               "not falling back",                                                 \
+                           arr[i].b.name);                                                         \
+                    return rc;                                                                     \
                 }                                                                                  \
                 snprintf(why + strlen(why), sizeof(why) - strlen(why), "%s%s: %s",                 \
                          why[0] ? "; " : "", arr[i].b.name, strerror(-rc));                        \

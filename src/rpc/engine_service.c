@@ -61,6 +61,10 @@ static int need_engine(struct pf_engine_service *svc, struct pf_rpc_call *call)
  * QueryPrefetch benchmark's baseline). */
 static int h_health(void *ctx, struct pf_rpc_call *call, const uint8_t *data, size_t len)
 {
+    struct pf_engine_service *svc = ctx;
+    char why[256];
+    if (svc->engine && pf_engine_health(svc->engine, why, sizeof(why)) != 0)
+        return pf_rpc_fail(call, PF_GRPC_UNAVAILABLE, "unhealthy: %s", why);
     Pegaflow__HealthResponse resp = PEGAFLOW__HEALTH_RESPONSE__INIT;
     resp.status = &ok_status;
     return pf_rpc_respond(call, &resp.base);

@@ -165,6 +165,9 @@ int pf_engine_session_open(struct pf_engine *e, const char *instance_id, uint64_
 void pf_engine_session_close(struct pf_engine *e, const char *instance_id, uint64_t token);
 
 /* Admin (HTTP). */
+/* 0 while the engine can serve; -ENOTRECOVERABLE with a sentence in why once its GPU
+ * backend lost a device (hal_gpu.h "Lost device"): GET /health then answers 503. */
+int pf_engine_health(struct pf_engine *e, char *why, size_t whylen);
 /* Malloc'ed array of malloc'ed ids; returns count. */
 size_t pf_engine_list_instances(struct pf_engine *e, char ***ids_p);
 /* Unregisters one instance (id != NULL) or all; fills the removed ids (malloc'ed array of
