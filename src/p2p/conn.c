@@ -373,7 +373,18 @@ static int conn_apply(struct pf_p2p *p, struct p2p_conn *c, const Pegaflow__Hand
     }
     for (size_t i = 0; i < c->nqps; i++) {
         const ProtobufCBinaryData *ep = &m->nics[i / p->qpn]->endpoints[i % p->qpn];
-        int rc = pf_net_qp_connect(c->qps[i], ep->data, ep->len);
+        /* refused by name before connecting (verbs: GID family / RoCE version mismatch) */
+        int off = snprintf(err, errlen, "NIC %s: ", p->nics[i / p->qpn].name);
+        if (off < 0 || (size_t)off >= errlen)
+            off = 0;
+        int rc = pf_net_ep_check(c->qps[i], ep->data, ep->len, err + off, errlen - (size_t)off);
+        if (rc) {
+            if (!err[off])
+                snprintf(err + off, errlen - (size_t)off, "%s", strerror(-rc));
+            return rc;
+        }
+        err[0] = '\0';
+        rc = pf_net_qp_connect(c->qps[i], ep->data, ep->len);
         if (rc) {
             snprintf(err, errlen, "cannot connect QP %zu on NIC %s: %s", i % p->qpn,
                      p->nics[i / p->qpn].name, strerror(-rc));

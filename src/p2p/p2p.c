@@ -361,6 +361,19 @@ int pf_p2p_create(const struct pf_p2p_config *cfg, struct pf_p2p **p_p, char *er
             snprintf(err, errlen, "--nics: NIC %d: %s", k, strerror(-rc));
             goto err_free;
         }
+        /* merged READs stay within what every NIC takes in one message (verbs: the port's
+         * max_msg_sz); one block segment (up to PF_P2P_MAX_READ) must fit */
+        uint64_t mm = p->nics[k].max_msg;
+        if (mm && mm < PF_P2P_MAX_READ) {
+            snprintf(err, errlen,
+                     "--nics: NIC %s takes READs of at most %llu bytes, below the "
+                     "%u-byte block segments P2P reads",
+                     p->nics[k].name, (unsigned long long)mm, (unsigned)PF_P2P_MAX_READ);
+            rc = -EINVAL;
+            goto err_free;
+        }
+        if (mm && p->max_read > mm)
+            p->max_read = mm;
     }
     uint8_t raw[16];
     rc = pf_uuid_v4(raw);

@@ -136,7 +136,8 @@ struct pf_p2p {
 
     struct pf_p2p_locks *locks;
     uint64_t lock_timeout_ms;
-    uint64_t max_read; /* merged READs stay below this (PEGAFLOW_P2P_MAX_READ) */
+    uint64_t max_read;        /* merged READs stay below this (PEGAFLOW_P2P_MAX_READ) */
+    _Atomic unsigned read_rr; /* where the next fetch's NIC round-robin starts */
 
     const struct pf_p2p_transport *tr;
     struct pf_p2p_transport grpc_tr;

@@ -22,6 +22,7 @@
 #include "pf/clock.h"
 #include "pf/common.h"
 #include "pf/hal.h"
+#include "pf/log.h"
 
 #if __has_include(<infiniband/verbs.h>)
 #include "../../../hw/verbs/verbs_internal.h"
@@ -30,6 +31,7 @@
 #pragma weak pf_verbs_open_api
 #pragma weak pf_verbs_pick_gid
 #pragma weak pf_verbs_wc_errno
+#pragma weak pf_verbs_parse_subnet
 #else
 #define HAVE_IBV_HEADERS 0
 #endif
@@ -97,7 +99,10 @@ static struct {
     struct fake_dev devs[2];
     int ndev;
     bool no_list;
-    int flush_polls; /* copied into each new QP */
+    int flush_polls;  /* copied into each new QP */
+    int8_t ifup[16];  /* net device state by ifindex (1 up, 0 down), for ifindex_up */
+    uint64_t memlock; /* RLIMIT_MEMLOCK (UINT64_MAX: unlimited) */
+    bool cap_ipc_lock;
     struct fake_qp *qps[64];
     int nqps;
     uint32_t next_key, next_qpn;
@@ -401,6 +406,21 @@ static void fake_complete(struct fake_qp *q, int n, enum ibv_wc_status st)
     pthread_mutex_unlock(&F.mu);
 }
 
+/* ibv_gid_entry.ndev_ifindex -> the net device's state (rdma-core ibv_query_gid_ex(3)) */
+static int f_ifindex_up(uint32_t ifindex)
+{
+    return ifindex < 16 && ifindex > 0 ? F.ifup[ifindex] : -1;
+}
+static int f_memlock(uint64_t *b)
+{
+    *b = F.memlock;
+    return 0;
+}
+static bool f_cap(void)
+{
+    return F.cap_ipc_lock;
+}
+
 static char sysfs_dir[64];
 
 static const struct pf_verbs_api fake_api_template = {
@@ -428,6 +448,9 @@ static const struct pf_verbs_api fake_api_template = {
     .modify_qp = f_modify_qp,
     .post_send = f_post_send,
     .poll_cq = f_poll_cq,
+    .ifindex_up = f_ifindex_up,
+    .memlock_limit = f_memlock,
+    .cap_ipc_lock = f_cap,
     .drain_ms = 2000,
 };
 static struct pf_verbs_api fake_api;
@@ -440,7 +463,16 @@ static void gid_set(struct ibv_gid_entry *e, const char *txt, uint32_t type)
         assert_int_equal(inet_pton(AF_INET6, txt, e->gid.raw), 1);
 }
 
-/* One RoCE device "mlx5_0" (port 1 DOWN, port 2 ACTIVE) and one IB device "ib0". */
+static void gid_dev(struct ibv_gid_entry *e, const char *txt, uint32_t type, uint32_t ifindex)
+{
+    gid_set(e, txt, type);
+    e->ndev_ifindex = ifindex;
+}
+
+/* One RoCE device "mlx5_0" (port 1 DOWN, port 2 ACTIVE) and one IB device "ib0".
+ * mlx5_0's port 2 GID table is laid out as mlx5 fills it (boot order, a v1 and a v2 entry
+ * per address: rdma-core's show_gids): link-local, a SLAAC IPv6 global, a VLAN address on
+ * a net device that is down (ifindex 5), then the routable IPv4 address (ifindex 2). */
 static void fake_reset(void)
 {
     for (int i = 0; i < F.nqps; i++)
@@ -458,18 +490,29 @@ static void fake_reset(void)
     d->attr.max_sge_rd = 30;
     d->attr.max_qp_rd_atom = 16;
     d->attr.max_qp_init_rd_atom = 16;
+    d->attr.max_pkeys = 4;
     d->nports = 2;
     d->port[1].state = IBV_PORT_DOWN;
     d->port[1].link_layer = IBV_LINK_LAYER_ETHERNET;
     d->port[2].state = IBV_PORT_ACTIVE;
     d->port[2].link_layer = IBV_LINK_LAYER_ETHERNET;
     d->port[2].active_mtu = IBV_MTU_4096;
-    d->port[2].gid_tbl_len = 4;
-    d->ngid[2] = 4;
-    gid_set(&d->gid[2][0], "fe80::1", IBV_GID_TYPE_ROCE_V1);
-    gid_set(&d->gid[2][1], "fe80::1", IBV_GID_TYPE_ROCE_V2);
-    gid_set(&d->gid[2][2], "::ffff:10.0.0.1", IBV_GID_TYPE_ROCE_V1);
-    gid_set(&d->gid[2][3], "::ffff:10.0.0.1", IBV_GID_TYPE_ROCE_V2);
+    d->port[2].max_msg_sz = 1u << 30; /* mlx5 */
+    d->port[2].gid_tbl_len = 8;
+    d->ngid[2] = 8;
+    gid_dev(&d->gid[2][0], "fe80::1", IBV_GID_TYPE_ROCE_V1, 2);
+    gid_dev(&d->gid[2][1], "fe80::1", IBV_GID_TYPE_ROCE_V2, 2);
+    gid_dev(&d->gid[2][2], "2001:db8::1", IBV_GID_TYPE_ROCE_V1, 2);
+    gid_dev(&d->gid[2][3], "2001:db8::1", IBV_GID_TYPE_ROCE_V2, 2);
+    gid_dev(&d->gid[2][4], "::ffff:192.168.5.1", IBV_GID_TYPE_ROCE_V1, 5);
+    gid_dev(&d->gid[2][5], "::ffff:192.168.5.1", IBV_GID_TYPE_ROCE_V2, 5);
+    gid_dev(&d->gid[2][6], "::ffff:10.0.0.1", IBV_GID_TYPE_ROCE_V1, 2);
+    gid_dev(&d->gid[2][7], "::ffff:10.0.0.1", IBV_GID_TYPE_ROCE_V2, 2);
+    memset(F.ifup, 0, sizeof(F.ifup));
+    F.ifup[2] = 1;
+    F.ifup[5] = 0; /* the VLAN device is down */
+    F.memlock = UINT64_MAX;
+    F.cap_ipc_lock = false;
     d = &F.devs[1];
     snprintf(d->dev.name, sizeof(d->dev.name), "ib0");
     d->attr.phys_port_cnt = 1;
@@ -477,6 +520,7 @@ static void fake_reset(void)
     d->attr.max_sge_rd = 1;
     d->attr.max_qp_rd_atom = 8;
     d->attr.max_qp_init_rd_atom = 128;
+    d->attr.max_pkeys = 128;
     d->nports = 1;
     d->port[1].state = IBV_PORT_ACTIVE;
     d->port[1].link_layer = IBV_LINK_LAYER_INFINIBAND;
@@ -490,15 +534,18 @@ static void fake_reset(void)
     fake_api.sysfs_root = sysfs_dir;
 }
 
+static const struct pf_net_rdma_opts *T_opts; /* what fopen_nic passes (NULL: defaults) */
+
 static int setup(void **st)
 {
     fake_reset();
+    T_opts = NULL;
     return 0;
 }
 
 static struct pf_net *fopen_nic(const char *name)
 {
-    struct pf_net_config cfg = {.nics = (const char *[]){name}, .nnics = 1};
+    struct pf_net_config cfg = {.nics = (const char *[]){name}, .nnics = 1, .rdma = T_opts};
     struct pf_net *n = NULL;
     assert_int_equal(pf_verbs_open_api(&fake_api, &cfg, &n), 0);
     return n;
@@ -508,27 +555,68 @@ static struct pf_net *fopen_nic(const char *name)
 
 static void test_gid_rule(void **st)
 {
-    struct ibv_gid_entry e[5];
+    struct ibv_gid_entry e[6];
+    const struct pf_verbs_gid_rule any = {.index = -1};
     /* RoCEv2 non-link-local wins over everything before it */
     gid_set(&e[0], "fe80::1", IBV_GID_TYPE_ROCE_V2);
     gid_set(&e[1], "::ffff:10.0.0.1", IBV_GID_TYPE_ROCE_V1);
     gid_set(&e[2], "fe80::1", IBV_GID_TYPE_IB);
     gid_set(&e[3], "2001:db8::1", IBV_GID_TYPE_ROCE_V2);
-    assert_int_equal(pf_verbs_pick_gid(e, 4), 3);
+    assert_int_equal(pf_verbs_pick_gid(e, NULL, 4, &any), 3);
+    /* an IPv4-mapped RoCE v2 GID beats an IPv6 global one listed before it (SLAAC
+     * addresses come first in mlx5 tables; NCCL_IB_ADDR_FAMILY defaults to AF_INET) */
+    gid_set(&e[4], "::ffff:10.0.0.1", IBV_GID_TYPE_ROCE_V2);
+    assert_int_equal(pf_verbs_pick_gid(e, NULL, 5, &any), 4);
+    /* ... unless its net device is down */
+    int8_t up[6] = {1, 1, 1, 1, 0, 1};
+    assert_int_equal(pf_verbs_pick_gid(e, up, 5, &any), 3);
     /* no RoCEv2 global: the first IB-type GID (link-local or not) */
-    assert_int_equal(pf_verbs_pick_gid(e, 3), 2);
+    assert_int_equal(pf_verbs_pick_gid(e, NULL, 3, &any), 2);
     /* no IB type: any non-link-local */
     gid_set(&e[2], "fe80::9", IBV_GID_TYPE_ROCE_V2);
-    assert_int_equal(pf_verbs_pick_gid(e, 3), 1);
-    /* only link-local: index 0 */
-    assert_int_equal(pf_verbs_pick_gid(e, 1), 0);
+    assert_int_equal(pf_verbs_pick_gid(e, NULL, 3, &any), 1);
+    /* only link-local: that one */
+    assert_int_equal(pf_verbs_pick_gid(e, NULL, 1, &any), 0);
     /* empty (all-zero) entries are never chosen by a rule */
     gid_set(&e[0], NULL, IBV_GID_TYPE_ROCE_V2);
     gid_set(&e[1], NULL, IBV_GID_TYPE_IB);
     gid_set(&e[2], "::ffff:192.168.1.5", IBV_GID_TYPE_ROCE_V1);
-    assert_int_equal(pf_verbs_pick_gid(e, 3), 2);
+    assert_int_equal(pf_verbs_pick_gid(e, NULL, 3, &any), 2);
     gid_set(&e[2], NULL, IBV_GID_TYPE_ROCE_V1);
-    assert_int_equal(pf_verbs_pick_gid(e, 3), 0);
+    assert_int_equal(pf_verbs_pick_gid(e, NULL, 3, &any), -ENOENT);
+
+    /* overrides: an index (must be non-empty), a subnet (IPv4 matches IPv4-mapped only) */
+    gid_set(&e[0], "fe80::1", IBV_GID_TYPE_ROCE_V2);
+    gid_set(&e[1], "2001:db8:0:1::5", IBV_GID_TYPE_ROCE_V2);
+    gid_set(&e[2], "::ffff:10.1.2.3", IBV_GID_TYPE_ROCE_V1);
+    gid_set(&e[3], "::ffff:10.1.2.3", IBV_GID_TYPE_ROCE_V2);
+    gid_set(&e[4], "::ffff:172.16.9.9", IBV_GID_TYPE_ROCE_V2);
+    gid_set(&e[5], NULL, IBV_GID_TYPE_ROCE_V2);
+    struct pf_verbs_gid_rule r = {.index = 2};
+    assert_int_equal(pf_verbs_pick_gid(e, NULL, 6, &r), 2);
+    r.index = 5; /* empty */
+    assert_int_equal(pf_verbs_pick_gid(e, NULL, 6, &r), -ENOENT);
+    r.index = 6; /* past the table */
+    assert_int_equal(pf_verbs_pick_gid(e, NULL, 6, &r), -ENOENT);
+    r.index = -1;
+    assert_int_equal(pf_verbs_pick_gid(e, NULL, 6, &r), 3);
+    assert_int_equal(pf_verbs_parse_subnet("172.16.0.0/12", &r), 0);
+    assert_int_equal(pf_verbs_pick_gid(e, NULL, 6, &r), 4);
+    assert_int_equal(pf_verbs_parse_subnet("10.1.2.0/24", &r), 0);
+    assert_int_equal(pf_verbs_pick_gid(e, NULL, 6, &r), 3); /* v2 over v1 */
+    assert_int_equal(pf_verbs_parse_subnet("2001:db8::/48", &r), 0);
+    assert_int_equal(pf_verbs_pick_gid(e, NULL, 6, &r), 1);
+    assert_int_equal(pf_verbs_parse_subnet("192.168.0.0/16", &r), 0);
+    assert_int_equal(pf_verbs_pick_gid(e, NULL, 6, &r), -ENOENT);
+    r.index = 3; /* index and subnet together: the index must lie in the subnet */
+    assert_int_equal(pf_verbs_pick_gid(e, NULL, 6, &r), -ENOENT);
+    assert_int_equal(pf_verbs_parse_subnet("10.1.2.3/32", &r), 0);
+    assert_int_equal(pf_verbs_pick_gid(e, NULL, 6, &r), 3);
+    /* malformed CIDRs */
+    const char *bad[] = {"10.0.0.0", "10.0.0.0/33", "2001:db8::/129", "10.0.0/8",
+                         "x/8",      "10.0.0.0/",   "10.0.0.0/8x",    ""};
+    for (size_t i = 0; i < PF_ARRAY_SIZE(bad); i++)
+        assert_int_equal(pf_verbs_parse_subnet(bad[i], &r), -EINVAL);
 }
 
 static void test_wc_errno(void **st)
@@ -571,7 +659,10 @@ static void test_port_and_gid_selection(void **st)
     struct pf_net_nic_info info;
     assert_int_equal(pf_net_nic_info(n, 0, &info), 0);
     assert_string_equal(info.name, "mlx5_0");
-    assert_string_equal(info.addr, "::ffff:10.0.0.1"); /* GID[3]: RoCEv2, not link-local */
+    /* GID[7]: IPv4-mapped RoCE v2 on an up device (today's first-non-link-local rule took
+     * the SLAAC IPv6 GID[3], which a peer choosing IPv4 never reaches) */
+    assert_string_equal(info.addr, "::ffff:10.0.0.1");
+    assert_int_equal(info.max_msg, 1u << 30);
     assert_true(info.active);
     assert_int_equal(info.numa_node, 1); /* from the fake sysfs */
     struct pf_net_qp *qp;
@@ -666,14 +757,23 @@ static void test_qp_attributes_and_transitions(void **st)
     assert_int_equal(q->rtr.min_rnr_timer, 12);
     assert_int_equal(q->rtr.ah_attr.is_global, 1);
     assert_int_equal(q->rtr.ah_attr.grh.hop_limit, 64);
-    assert_int_equal(q->rtr.ah_attr.grh.sgid_index, 3);
+    assert_int_equal(q->rtr.ah_attr.grh.sgid_index, 7);
     assert_int_equal(q->rtr.ah_attr.port_num, 2);
-    assert_memory_equal(q->rtr.ah_attr.grh.dgid.raw, F.devs[0].gid[2][3].gid.raw, 16);
+    assert_memory_equal(q->rtr.ah_attr.grh.dgid.raw, F.devs[0].gid[2][7].gid.raw, 16);
     assert_true(q->rtr_mask & IBV_QP_AV);
     assert_true(q->rtr_mask & IBV_QP_MAX_DEST_RD_ATOMIC);
     /* the peer's RTR rq_psn is our RTS sq_psn */
     assert_int_equal(p.fa->rtr.rq_psn, q->rts.sq_psn);
-    assert_int_equal(q->rts.timeout, 14);
+    /* lossless-fabric defaults (docs/net.md): TC 106 = DSCP 26, SL 0, P_Key index 0,
+     * timeout 18 (4.096 us * 2^18 = 1.07 s per try), retry 7, RNR retry 7 */
+    assert_int_equal(q->rtr.ah_attr.grh.traffic_class, 106);
+    assert_int_equal(q->rtr.ah_attr.sl, 0);
+    assert_int_equal(q->init_attr.pkey_index, 0);
+    assert_true(q->init_mask & IBV_QP_PKEY_INDEX);
+    assert_int_equal(q->rts.timeout, 18);
+    assert_true(q->rts_mask & IBV_QP_TIMEOUT);
+    assert_true(q->rts_mask & IBV_QP_RETRY_CNT);
+    assert_true(q->rts_mask & IBV_QP_RNR_RETRY);
     assert_int_equal(q->rts.retry_cnt, 7);
     assert_int_equal(q->rts.rnr_retry, 7);
     assert_int_equal(q->rts.max_rd_atomic, 16);
@@ -710,7 +810,7 @@ static void test_soft_roce_retry(void **st)
     assert_int_equal(p.fa->rts.retry_cnt, 6);
     assert_int_equal(p.fb->rts.retry_cnt, 6);
     assert_int_equal(p.fb->rts.rnr_retry, 7); /* RNR 7 is "forever" by the spec, and wanted */
-    assert_int_equal(p.fb->rts.timeout, 14);
+    assert_int_equal(p.fb->rts.timeout, 18);
     vpair_close(&p);
 }
 
@@ -924,6 +1024,272 @@ static void test_invalidate_wakes_poller(void **st)
     vpair_close(&p);
 }
 
+/* --rdma-* settings reach ibv_modify_qp: P_Key index at INIT, SL and traffic class in the
+ * address vector at RTR, timeout / retry / RNR retry at RTS (ibv_modify_qp(3)); bad values
+ * are refused at open. */
+static void test_qp_flags_reach_modify_qp(void **st)
+{
+    struct pf_net_rdma_opts o = pf_net_rdma_defaults();
+    o.traffic_class = 184; /* DSCP 46 */
+    o.sl = 3;
+    o.pkey_index = 2;
+    o.timeout = 20;
+    o.retry_cnt = 5;
+    o.rnr_retry = 6;
+    T_opts = &o;
+    struct vpair p;
+    vpair_open(&p, "mlx5_0");
+    for (int k = 0; k < 2; k++) {
+        struct fake_qp *q = k ? p.fb : p.fa;
+        assert_int_equal(q->init_attr.pkey_index, 2);
+        assert_int_equal(q->rtr.ah_attr.sl, 3);
+        assert_int_equal(q->rtr.ah_attr.grh.traffic_class, 184);
+        assert_int_equal(q->rts.timeout, 20);
+        assert_int_equal(q->rts.retry_cnt, 5);
+        assert_int_equal(q->rts.rnr_retry, 6);
+    }
+    vpair_close(&p);
+    /* soft-RoCE keeps its 7 -> 6 rule, a lower setting stays */
+    F.devs[0].attr.vendor_id = 0xffffff;
+    o.retry_cnt = 7;
+    vpair_open(&p, "mlx5_0");
+    assert_int_equal(p.fb->rts.retry_cnt, 6);
+    vpair_close(&p);
+    o.retry_cnt = 3;
+    vpair_open(&p, "mlx5_0");
+    assert_int_equal(p.fb->rts.retry_cnt, 3);
+    vpair_close(&p);
+
+    struct pf_net_config cfg = {.nics = (const char *[]){"mlx5_0"}, .nnics = 1, .rdma = &o};
+    struct pf_net *n = NULL;
+    struct pf_net_rdma_opts bad[8];
+    for (int i = 0; i < 8; i++)
+        bad[i] = pf_net_rdma_defaults();
+    bad[0].traffic_class = 256;
+    bad[1].sl = 16;
+    bad[2].timeout = 0; /* "wait forever": never */
+    bad[3].timeout = 32;
+    bad[4].retry_cnt = 8;
+    bad[5].rnr_retry = -1;
+    bad[6].pkey_index = 4; /* the fake has 4 P_Keys */
+    bad[7].gid_index = -2;
+    for (int i = 0; i < 8; i++) {
+        cfg.rdma = &bad[i];
+        assert_int_equal(pf_verbs_open_api(&fake_api, &cfg, &n), -EINVAL);
+    }
+    assert_int_equal(F.ctx_live, 0);
+    assert_int_equal(F.pds_live, 0);
+}
+
+/* --rdma-gid-index / --rdma-gid-subnet pick the GID; one that matches nothing is refused
+ * at open by name. */
+static void test_gid_overrides(void **st)
+{
+    struct pf_net_rdma_opts o = pf_net_rdma_defaults();
+    T_opts = &o;
+    struct pf_net_nic_info info;
+    o.gid_subnet = "2001:db8::/64";
+    struct pf_net *n = fopen_nic("mlx5_0");
+    assert_int_equal(pf_net_nic_info(n, 0, &info), 0);
+    assert_string_equal(info.addr, "2001:db8::1");
+    pf_net_close(n);
+    o.gid_subnet = "192.168.5.0/24"; /* only on the down VLAN device: chosen, with a warning */
+    n = fopen_nic("mlx5_0");
+    assert_int_equal(pf_net_nic_info(n, 0, &info), 0);
+    assert_string_equal(info.addr, "::ffff:192.168.5.1");
+    pf_net_close(n);
+    o.gid_subnet = NULL;
+    o.gid_index = 6;
+    n = fopen_nic("mlx5_0");
+    struct pf_net_qp *qp;
+    assert_int_equal(pf_net_qp_create(n, 0, &qp), 0);
+    uint8_t ep[PF_NET_EP_MAX];
+    size_t len;
+    assert_int_equal(pf_net_qp_local_endpoint(qp, ep, sizeof(ep), &len), 0);
+    assert_int_equal(ep[PF_VERBS_EP_GIDTYPE], IBV_GID_TYPE_ROCE_V1);
+    assert_int_equal(ep[PF_VERBS_EP_FAMILY], 4);
+    pf_net_qp_destroy(qp);
+    pf_net_close(n);
+
+    struct pf_net_config cfg = {.nics = (const char *[]){"mlx5_0"}, .nnics = 1, .rdma = &o};
+    o.gid_index = 8; /* past the table */
+    assert_int_equal(pf_verbs_open_api(&fake_api, &cfg, &n), -ENOENT);
+    o.gid_index = -1;
+    o.gid_subnet = "172.16.0.0/12";
+    assert_int_equal(pf_verbs_open_api(&fake_api, &cfg, &n), -ENOENT);
+    o.gid_subnet = "10.0.0.0";
+    assert_int_equal(pf_verbs_open_api(&fake_api, &cfg, &n), -EINVAL);
+    assert_int_equal(F.ctx_live, 0);
+}
+
+struct nq {
+    struct pf_net *n;
+    struct pf_net_qp *qp;
+    struct fake_qp *f;
+    uint8_t ep[PF_NET_EP_MAX];
+    size_t len;
+};
+
+static void nq_open(struct nq *x, const char *nic, const struct pf_net_rdma_opts *o)
+{
+    T_opts = o;
+    x->n = fopen_nic(nic);
+    assert_int_equal(pf_net_qp_create(x->n, 0, &x->qp), 0);
+    x->f = F.qps[F.nqps - 1];
+    assert_int_equal(pf_net_qp_local_endpoint(x->qp, x->ep, sizeof(x->ep), &x->len), 0);
+}
+
+static void nq_close(struct nq *x)
+{
+    pf_net_qp_destroy(x->qp);
+    pf_net_close(x->n);
+}
+
+/* The endpoint carries the GID's family and RoCE version; a peer that chose another family
+ * (or version) is refused by name before any ibv_modify_qp, on both sides, instead of a QP
+ * that never reaches RTR. */
+static void test_gid_family_mismatch(void **st)
+{
+    struct pf_net_rdma_opts v6 = pf_net_rdma_defaults(), v1 = pf_net_rdma_defaults();
+    v6.gid_subnet = "2001:db8::/64";
+    v1.gid_index = 6; /* IPv4, RoCE v1 */
+    struct nq a, b, c;
+    nq_open(&a, "mlx5_0", NULL); /* IPv4 RoCE v2 */
+    nq_open(&b, "mlx5_0", &v6);
+    nq_open(&c, "mlx5_0", &v1);
+    assert_int_equal(a.len, PF_VERBS_EP_LEN);
+    assert_int_equal(a.ep[PF_VERBS_EP_FAMILY], 4);
+    assert_int_equal(b.ep[PF_VERBS_EP_FAMILY], 6);
+    assert_int_equal(a.ep[PF_VERBS_EP_GIDTYPE], IBV_GID_TYPE_ROCE_V2);
+    char why[320];
+    assert_int_equal(pf_net_ep_check(a.qp, b.ep, b.len, why, sizeof(why)), -EPROTO);
+    assert_non_null(strstr(why, "GID family mismatch"));
+    assert_non_null(strstr(why, "2001:db8::1 is IPv6 RoCE v2"));
+    assert_non_null(strstr(why, "::ffff:10.0.0.1 is IPv4 RoCE v2"));
+    assert_non_null(strstr(why, "--rdma-gid-subnet"));
+    assert_int_equal(pf_net_ep_check(b.qp, a.ep, a.len, why, sizeof(why)), -EPROTO);
+    assert_int_equal(pf_net_ep_check(a.qp, c.ep, c.len, why, sizeof(why)), -EPROTO);
+    assert_non_null(strstr(why, "IPv4 RoCE v1"));
+    /* qp_connect refuses the same, and the QP stays in INIT */
+    assert_int_equal(pf_net_qp_connect(a.qp, b.ep, b.len), -EPROTO);
+    assert_int_equal(pf_net_qp_connect(b.qp, a.ep, a.len), -EPROTO);
+    assert_int_equal(a.f->ntrans, 1);
+    assert_int_equal(b.f->ntrans, 1);
+    /* a family byte that contradicts the GID is malformed */
+    uint8_t lie[PF_NET_EP_MAX];
+    memcpy(lie, b.ep, b.len);
+    lie[PF_VERBS_EP_FAMILY] = 4;
+    assert_int_equal(pf_net_ep_check(a.qp, lie, b.len, why, sizeof(why)), -EINVAL);
+    /* a version-1 endpoint (36 bytes, no family) from an older node: refused by name */
+    memcpy(lie, a.ep, a.len);
+    lie[4] = 1;
+    assert_int_equal(pf_net_ep_check(a.qp, lie, 36, why, sizeof(why)), -EPROTO);
+    assert_non_null(strstr(why, "version 1"));
+    assert_int_equal(pf_net_qp_connect(a.qp, lie, 36), -EPROTO);
+    /* same family: accepted */
+    struct nq d;
+    nq_open(&d, "mlx5_0", NULL);
+    assert_int_equal(pf_net_ep_check(a.qp, d.ep, d.len, why, sizeof(why)), 0);
+    assert_int_equal(pf_net_qp_connect(a.qp, d.ep, d.len), 0);
+    /* an IB endpoint on a RoCE NIC: the link layer is named */
+    struct nq ib;
+    nq_open(&ib, "ib0", NULL);
+    assert_int_equal(pf_net_ep_check(b.qp, ib.ep, ib.len, why, sizeof(why)), -EPROTO);
+    assert_non_null(strstr(why, "link layer"));
+    nq_close(&ib);
+    nq_close(&d);
+    nq_close(&c);
+    nq_close(&b);
+    nq_close(&a);
+}
+
+/* Outstanding READs: our max_rd_atomic is the min of our initiator depth and the peer's
+ * responder resources (carried in its endpoint); max_dest_rd_atomic is our own. */
+static void test_rd_atomic_negotiated(void **st)
+{
+    F.devs[0].attr.max_qp_rd_atom = 16;
+    F.devs[0].attr.max_qp_init_rd_atom = 8;
+    struct nq a, b;
+    nq_open(&a, "mlx5_0", NULL);
+    nq_open(&b, "mlx5_0", NULL);
+    assert_int_equal(a.ep[PF_VERBS_EP_RD_ATOM], 16);
+    b.ep[PF_VERBS_EP_RD_ATOM] = 4; /* a peer whose device answers 4 READs per QP */
+    assert_int_equal(pf_net_qp_connect(a.qp, b.ep, b.len), 0);
+    assert_int_equal(a.f->rts.max_rd_atomic, 4);
+    assert_int_equal(a.f->rtr.max_dest_rd_atomic, 16);
+    assert_int_equal(pf_net_qp_connect(b.qp, a.ep, a.len), 0);
+    assert_int_equal(b.f->rts.max_rd_atomic, 8); /* our initiator depth is the bound */
+    /* 0 responder resources is malformed */
+    struct nq c;
+    nq_open(&c, "mlx5_0", NULL);
+    c.ep[PF_VERBS_EP_RD_ATOM] = 0;
+    struct nq d;
+    nq_open(&d, "mlx5_0", NULL);
+    assert_int_equal(pf_net_qp_connect(d.qp, c.ep, c.len), -EINVAL);
+    nq_close(&d);
+    nq_close(&c);
+    nq_close(&b);
+    nq_close(&a);
+}
+
+/* A READ longer than the port's max_msg_sz is refused (-EMSGSIZE) before the HCA sees it,
+ * and nic_info reports the limit so the P2P layer keeps merged READs below it. */
+static void test_max_msg(void **st)
+{
+    F.devs[0].port[2].max_msg_sz = 4096;
+    struct vpair p;
+    vpair_open(&p, "mlx5_0");
+    struct pf_net_nic_info info;
+    assert_int_equal(pf_net_nic_info(p.n, 0, &info), 0);
+    assert_int_equal(info.max_msg, 4096);
+    struct pf_net_sge s[2] = {{p.buf, 4096, p.mr->lkey}, {p.buf + 4096, 1, p.mr->lkey}};
+    assert_int_equal(pf_net_post_read(p.qb, s, 2, 0x1000, 1, 1), -EMSGSIZE);
+    assert_int_equal(pf_net_post_read(p.qb, s, 1, 0x1000, 1, 2), 0);
+    assert_int_equal(p.fb->nposted, 1);
+    vpair_close(&p);
+}
+
+/* RLIMIT_MEMLOCK against pool x NICs at open (ib_umem_get charges every registration),
+ * unless unlimited or CAP_IPC_LOCK; the message says what to raise. */
+static void test_memlock_check(void **st)
+{
+    struct pf_net_config cfg = {
+        .nics = (const char *[]){"mlx5_0", "ib0"}, .nnics = 2, .pin_bytes = 1ull << 30};
+    struct pf_net *n = NULL;
+    F.memlock = 1536ull << 20; /* 1.5 GiB: one NIC's worth, not two */
+    char path[] = "/tmp/pf-verbs-log-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    unlink(path);
+    pf_log_set_fd(fd);
+    int rc = pf_verbs_open_api(&fake_api, &cfg, &n);
+    pf_log_set_fd(2);
+    assert_int_equal(rc, -ENOMEM);
+    assert_int_equal(F.ctx_live, 0); /* refused before any device was opened */
+    char log[2048] = "";
+    assert_true(pread(fd, log, sizeof(log) - 1, 0) > 0);
+    close(fd);
+    assert_non_null(strstr(log, "RLIMIT_MEMLOCK"));
+    assert_non_null(strstr(log, "2 NIC(s)"));
+    assert_non_null(strstr(log, "ulimit -l"));
+    assert_non_null(strstr(log, "LimitMEMLOCK"));
+    assert_non_null(strstr(log, "CAP_IPC_LOCK"));
+    F.cap_ipc_lock = true;
+    assert_int_equal(pf_verbs_open_api(&fake_api, &cfg, &n), 0);
+    pf_net_close(n);
+    F.cap_ipc_lock = false;
+    F.memlock = 2ull << 30;
+    assert_int_equal(pf_verbs_open_api(&fake_api, &cfg, &n), 0);
+    pf_net_close(n);
+    F.memlock = UINT64_MAX;
+    assert_int_equal(pf_verbs_open_api(&fake_api, &cfg, &n), 0);
+    pf_net_close(n);
+    F.memlock = 0; /* no pool to pin: nothing to check */
+    cfg.pin_bytes = 0;
+    assert_int_equal(pf_verbs_open_api(&fake_api, &cfg, &n), 0);
+    pf_net_close(n);
+}
+
 static int make_sysfs(void)
 {
     snprintf(sysfs_dir, sizeof(sysfs_dir), "/tmp/pf-verbs-sysfs-XXXXXX");
@@ -982,6 +1348,12 @@ int main(void)
         cmocka_unit_test_setup(test_invalidate_drains, setup),
         cmocka_unit_test_setup(test_invalidate_without_flush, setup),
         cmocka_unit_test_setup(test_invalidate_wakes_poller, setup),
+        cmocka_unit_test_setup(test_qp_flags_reach_modify_qp, setup),
+        cmocka_unit_test_setup(test_gid_overrides, setup),
+        cmocka_unit_test_setup(test_gid_family_mismatch, setup),
+        cmocka_unit_test_setup(test_rd_atomic_negotiated, setup),
+        cmocka_unit_test_setup(test_max_msg, setup),
+        cmocka_unit_test_setup(test_memlock_check, setup),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     fake_reset();

@@ -296,6 +296,7 @@ struct fx {
     uint64_t base_used;
     uint64_t used_at_invalidate;
     int invalidates_seen;
+    bool heal_on_inval;
 };
 
 static struct fx F;
@@ -304,6 +305,11 @@ static pthread_mutex_t inval_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void on_inval(void *ctx, struct mqp *q)
 {
+    if (F.heal_on_inval) { /* the scripted fault ends with the broken connection */
+        pthread_mutex_lock(&F.m.mu);
+        F.m.complete_err_nth = F.m.drop_from_nth = 0;
+        pthread_mutex_unlock(&F.m.mu);
+    }
     uint64_t u = pf_pool_used(pf_engine_pool(F.e));
     pthread_mutex_lock(&inval_mu);
     F.invalidates_seen++;
@@ -462,6 +468,26 @@ static void test_merged_reads_two_nics(void **st)
     assert_true(F.m.reads < NBLK * SLOTS * 2);
     assert_true(F.m.nics_used[0] > 0 || F.m.nics_used[1] > 0);
     put_all(out, NBLK);
+    fx_down();
+}
+
+/* One-READ fetches rotate over the NICs (the round-robin starts where the last fetch's
+ * did, plus one; it restarted at 0 per fetch, piling small fetches onto one rail). */
+static void test_small_fetches_spread_over_nics(void **st)
+{
+    fx_up(2, 16 << 20, 0);
+    struct pf_block *out[NBLK];
+    for (int i = 0; i < 4; i++) {
+        int r0 = F.m.reads;
+        char req[8];
+        snprintf(req, sizeof(req), "n%d", i);
+        assert_int_equal(fetch(req, 1, false, out), 1);
+        check_blocks(out, 1);
+        put_all(out, 1);
+        assert_int_equal(F.m.reads - r0, 1); /* one merged READ per fetch */
+    }
+    assert_true(F.m.nics_used[0] >= 1);
+    assert_true(F.m.nics_used[1] >= 1);
     fx_down();
 }
 
@@ -662,6 +688,30 @@ static void test_stale_connection_replaced_once(void **st)
     fx_down();
 }
 
+/* Retries exhausted (a -ETIMEDOUT completion, which the transfer reads as -EHOSTUNREACH)
+ * on a reused connection before any READ completed: the peer's QP is gone (it dropped its
+ * side, or the rail bounced). Replaced once, as the TCP fabric's -ENOTCONN is, instead of
+ * failing the fetch and blacklisting the request. */
+static void test_stale_retry_exhausted_replaced_once(void **st)
+{
+    fx_up(1, 16 << 20, GAP);
+    struct pf_block *out[NBLK];
+    assert_int_equal(fetch("x1", 2, false, out), 2);
+    put_all(out, 2);
+    pthread_mutex_lock(&F.m.mu);
+    F.m.complete_err_nth = F.m.reads + 1;
+    F.m.complete_err = -ETIMEDOUT;
+    F.m.drop_from_nth = F.m.reads + 2; /* nothing else completes on the dead connection */
+    pthread_mutex_unlock(&F.m.mu);
+    F.heal_on_inval = true;
+    assert_int_equal(fetch("x2", 4, false, out), 4);
+    check_blocks(out, 4);
+    put_all(out, 4);
+    assert_int_equal(P.hs_calls, 2);
+    assert_false(pf_p2p_blacklisted(F.p, "x2"));
+    fx_down();
+}
+
 static void test_wait_for_full_prefix(void **st)
 {
     fx_up(1, 16 << 20, GAP);
@@ -729,6 +779,8 @@ int main(void)
         cmocka_unit_test(test_checksum_mismatch),
         cmocka_unit_test(test_alloc_failure_keeps_connection),
         cmocka_unit_test(test_stale_connection_replaced_once),
+        cmocka_unit_test(test_stale_retry_exhausted_replaced_once),
+        cmocka_unit_test(test_small_fetches_spread_over_nics),
         cmocka_unit_test(test_wait_for_full_prefix),
         cmocka_unit_test(test_stop_during_transfer),
     };
