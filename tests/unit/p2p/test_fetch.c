@@ -24,6 +24,7 @@
 #include "pf/hal.h"
 #include "pf/meta_client.h"
 #include "pf/metrics.h"
+#include "pf/log.h"
 #include "pf/pool.h"
 
 #define NBLK    16
@@ -63,6 +64,7 @@ struct peer {
     int sess_released[MAXSESS];
     int nsess;
     int nnics, qpn;
+    bool ep_family_mismatch;
 };
 
 static struct peer P;
@@ -130,6 +132,8 @@ static ProtobufCMessage *handshake_reply(void)
     for (int i = 0; i < 8; i++) {
         memset(epb[i], 0, 8);
         memcpy(epb[i], "MQP", 3);
+        if (P.ep_family_mismatch)
+            epb[i][3] = 'F'; /* mock_net.h mn_ep_check refuses it */
         epb[i][4] = (uint8_t)(100 + i);
         eps[i] = (ProtobufCBinaryData){8, epb[i]};
     }
@@ -712,6 +716,30 @@ static void test_stale_retry_exhausted_replaced_once(void **st)
     fx_down();
 }
 
+/* A holder whose endpoints the backend refuses (verbs: another GID family) fails the
+ * handshake by name, before any QP connects; the fetch is a miss. */
+static void test_endpoint_refused_by_name(void **st)
+{
+    fx_up(1, 16 << 20, GAP);
+    P.ep_family_mismatch = true;
+    char path[] = "/tmp/pf-fetch-log-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    unlink(path);
+    pf_log_set_fd(fd);
+    struct pf_block *out[NBLK];
+    size_t got = fetch("g1", 4, false, out);
+    pf_log_set_fd(2);
+    assert_int_equal(got, 0);
+    assert_int_equal(F.m.connects, 0);
+    char log[4096] = "";
+    assert_true(pread(fd, log, sizeof(log) - 1, 0) > 0);
+    close(fd);
+    if (!strstr(log, "GID family mismatch"))
+        fail_msg("the fetch log does not name the mismatch: %s", log);
+    fx_down();
+}
+
 static void test_wait_for_full_prefix(void **st)
 {
     fx_up(1, 16 << 20, GAP);
@@ -781,6 +809,7 @@ int main(void)
         cmocka_unit_test(test_stale_connection_replaced_once),
         cmocka_unit_test(test_stale_retry_exhausted_replaced_once),
         cmocka_unit_test(test_small_fetches_spread_over_nics),
+        cmocka_unit_test(test_endpoint_refused_by_name),
         cmocka_unit_test(test_wait_for_full_prefix),
         cmocka_unit_test(test_stop_during_transfer),
     };
