@@ -181,6 +181,8 @@ struct verbsqp {
     struct ibv_cq *cq;
     struct ibv_qp *qp;
     uint32_t psn;
+    uint16_t lid; /* the port's LID and active MTU when this QP was created (re-queried */
+    uint8_t mtu;  /* at every qp_create, i.e. at every handshake) */
     int evfd;
     pthread_mutex_t mu;
     int state;

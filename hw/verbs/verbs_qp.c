@@ -28,9 +28,22 @@ int pf_verbs_qp_create(struct pf_net *n, int i, struct pf_net_qp **qp_p)
     if (i < 0 || i >= v->nnics)
         return -EINVAL;
     struct verbsnic *nic = &v->nics[i];
+    /* the port as it is now, not as it was at open: a link that went down since fails this
+     * handshake by name; a LID the subnet manager reassigned or a changed MTU is used */
+    struct ibv_port_attr pa;
+    memset(&pa, 0, sizeof(pa));
+    int prc = verbs_rc(api->query_port(nic->ctx, nic->port, &pa));
+    if (prc || pa.state != IBV_PORT_ACTIVE) {
+        pf_log_ratelimited(PF_LOG_WARN, 1000, "verbs %s: port %u is %s: no new QPs on this NIC",
+                           nic->name, nic->port,
+                           prc ? strerror(-prc) : ibv_port_state_str(pa.state));
+        return -ENETDOWN;
+    }
     struct verbsqp *q = calloc(1, sizeof(*q));
     if (!q)
         return -ENOMEM;
+    q->lid = pa.lid;
+    q->mtu = (uint8_t)pa.active_mtu;
     q->nic = nic;
     q->api = api;
     q->base.net = n;
@@ -117,14 +130,14 @@ int pf_verbs_qp_local_endpoint(struct pf_net_qp *qpb, void *buf, size_t cap, siz
     uint8_t *p = buf;
     memset(p, 0, PF_VERBS_EP_LEN);
     uint32_t magic = VERBS_EP_MAGIC, qpn = q->qp->qp_num, psn = q->psn;
-    uint16_t lid = q->nic->port_attr.lid;
+    uint16_t lid = q->lid;
     for (int k = 0; k < 4; k++) {
         p[k] = (uint8_t)(magic >> (8 * k));
         p[24 + k] = (uint8_t)(qpn >> (8 * k));
         p[28 + k] = (uint8_t)(psn >> (8 * k));
     }
     p[4] = VERBS_EP_VERSION;
-    p[5] = (uint8_t)q->nic->port_attr.active_mtu;
+    p[5] = q->mtu;
     p[6] = q->nic->port_attr.link_layer;
     p[PF_VERBS_EP_GIDTYPE] = q->nic->gid_type;
     memcpy(p + 8, q->nic->gid.raw, 16);
@@ -244,7 +257,7 @@ int pf_verbs_qp_connect(struct pf_net_qp *qpb, const void *ep, size_t len)
     struct ibv_qp_attr a;
     memset(&a, 0, sizeof(a));
     a.qp_state = IBV_QPS_RTR;
-    a.path_mtu = mtu < nic->port_attr.active_mtu ? mtu : nic->port_attr.active_mtu;
+    a.path_mtu = mtu < (enum ibv_mtu)q->mtu ? mtu : (enum ibv_mtu)q->mtu;
     a.dest_qp_num = qpn;
     a.rq_psn = psn;
     a.max_dest_rd_atomic = (uint8_t)nic->rd_resp;

@@ -1249,6 +1249,31 @@ static void test_max_msg(void **st)
     vpair_close(&p);
 }
 
+/* The port is re-queried at every qp_create (every handshake creates fresh QPs): a port
+ * that went down after open refuses new QPs with -ENETDOWN, and a LID or MTU that changed
+ * is what the endpoint carries. */
+static void test_port_requeried_at_handshake(void **st)
+{
+    struct pf_net *n = fopen_nic("ib0");
+    struct pf_net_qp *qp;
+    F.devs[1].port[1].state = IBV_PORT_DOWN;
+    assert_int_equal(pf_net_qp_create(n, 0, &qp), -ENETDOWN);
+    struct pf_net_nic_info info;
+    assert_int_equal(pf_net_nic_info(n, 0, &info), 0);
+    assert_false(info.active);
+    F.devs[1].port[1].state = IBV_PORT_ACTIVE;
+    F.devs[1].port[1].lid = 9; /* the subnet manager reassigned it */
+    F.devs[1].port[1].active_mtu = IBV_MTU_1024;
+    assert_int_equal(pf_net_qp_create(n, 0, &qp), 0);
+    uint8_t ep[PF_NET_EP_MAX];
+    size_t len;
+    assert_int_equal(pf_net_qp_local_endpoint(qp, ep, sizeof(ep), &len), 0);
+    assert_int_equal(ep[32] | ep[33] << 8, 9);
+    assert_int_equal(ep[5], IBV_MTU_1024);
+    pf_net_qp_destroy(qp);
+    pf_net_close(n);
+}
+
 /* RLIMIT_MEMLOCK against pool x NICs at open (ib_umem_get charges every registration),
  * unless unlimited or CAP_IPC_LOCK; the message says what to raise. */
 static void test_memlock_check(void **st)
@@ -1354,6 +1379,7 @@ int main(void)
         cmocka_unit_test_setup(test_rd_atomic_negotiated, setup),
         cmocka_unit_test_setup(test_max_msg, setup),
         cmocka_unit_test_setup(test_memlock_check, setup),
+        cmocka_unit_test_setup(test_port_requeried_at_handshake, setup),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     fake_reset();
