@@ -304,6 +304,53 @@ out:
     return rc;
 }
 
+void pf_verbs_drain_async(struct verbsnic *nic)
+{
+    const struct pf_verbs_api *api = nic->net->api;
+    if (!api->get_async_event || !nic->ctx)
+        return;
+    struct ibv_async_event ev;
+    for (int n = 0; n < 64 && api->get_async_event(nic->ctx, &ev) == 0; n++) {
+        atomic_fetch_add(&nic->async_events, 1);
+        const char *what = ibv_event_type_str(ev.event_type);
+        switch (ev.event_type) {
+        case IBV_EVENT_PORT_ERR:
+            atomic_store(&nic->port_err, true);
+            pf_warn("verbs %s: async event: %s (port %d): new handshakes skip this NIC until "
+                    "it is ACTIVE again",
+                    nic->name, what, ev.element.port_num);
+            break;
+        case IBV_EVENT_PORT_ACTIVE:
+            atomic_store(&nic->port_err, false);
+            pf_info("verbs %s: async event: %s (port %d)", nic->name, what, ev.element.port_num);
+            break;
+        case IBV_EVENT_GID_CHANGE:
+        case IBV_EVENT_LID_CHANGE:
+        case IBV_EVENT_PKEY_CHANGE:
+        case IBV_EVENT_SM_CHANGE:
+        case IBV_EVENT_CLIENT_REREGISTER:
+            pf_info("verbs %s: async event: %s (port %d)", nic->name, what, ev.element.port_num);
+            break;
+        case IBV_EVENT_QP_FATAL:
+        case IBV_EVENT_QP_REQ_ERR:
+        case IBV_EVENT_QP_ACCESS_ERR:
+        case IBV_EVENT_PATH_MIG_ERR:
+            pf_warn("verbs %s: async event: %s on QP 0x%x (its READs complete in error)", nic->name,
+                    what, ev.element.qp ? ev.element.qp->qp_num : 0);
+            break;
+        case IBV_EVENT_DEVICE_FATAL:
+            pf_error("verbs %s: async event: %s: the device must be reopened (restart the "
+                     "server)",
+                     nic->name, what);
+            break;
+        default:
+            pf_debug("verbs %s: async event: %s", nic->name, what);
+            break;
+        }
+        api->ack_async_event(&ev);
+    }
+}
+
 static void verbs_nic_fini(struct verbsnic *nic, const struct pf_verbs_api *api)
 {
     while (nic->mrs) {
@@ -333,6 +380,14 @@ static int verbs_nic_init(struct verbsnet *v, struct verbsnic *nic, struct ibv_d
         int e = errno ? errno : ENODEV;
         pf_error("verbs %s: cannot open device: %s", nic->name, strerror(e));
         return -e;
+    }
+    if (api->get_async_event) { /* polled, never blocking (ibv_get_async_event(3)) */
+        int fl = fcntl(nic->ctx->async_fd, F_GETFL);
+        if (fl < 0 || fcntl(nic->ctx->async_fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+            int e = errno;
+            pf_error("verbs %s: async event fd: %s", nic->name, strerror(e));
+            return -e;
+        }
     }
     struct ibv_device_attr da;
     memset(&da, 0, sizeof(da));
@@ -541,6 +596,7 @@ static int verbs_nic_info(struct pf_net *n, int i, struct pf_net_nic_info *info_
     verbs_gid_str(&nic->gid, info_p->addr, sizeof(info_p->addr));
     info_p->numa_node = nic->numa;
     info_p->max_msg = nic->max_msg;
+    pf_verbs_drain_async(nic);
     struct ibv_port_attr pa;
     memset(&pa, 0, sizeof(pa));
     info_p->active =
@@ -733,6 +789,8 @@ const struct pf_verbs_api pf_verbs_real_api = {
     .modify_qp = ibv_modify_qp,
     .post_send = verbs_real_post_send,
     .poll_cq = verbs_real_poll_cq,
+    .get_async_event = ibv_get_async_event,
+    .ack_async_event = ibv_ack_async_event,
     .ifindex_up = verbs_real_ifindex_up,
     .memlock_limit = verbs_real_memlock,
     .cap_ipc_lock = verbs_real_cap_ipc_lock,

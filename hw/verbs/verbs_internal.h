@@ -64,6 +64,11 @@ struct pf_verbs_api {
     int (*modify_qp)(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask);
     int (*post_send)(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
     int (*poll_cq)(struct ibv_cq *cq, int n, struct ibv_wc *wc);
+    /* Async events (ibv_get_async_event(3)): 0 and an event to acknowledge, or -1 with
+     * errno EAGAIN when none is pending (the context's async_fd is made non-blocking at
+     * open, as the man page's example does to poll it). Optional. */
+    int (*get_async_event)(struct ibv_context *ctx, struct ibv_async_event *ev);
+    void (*ack_async_event)(struct ibv_async_event *ev);
     /* State of the net device behind a RoCE GID (ibv_gid_entry.ndev_ifindex):
      * 1 up, 0 down, -1 unknown (no such index, or 0: no net device). */
     int (*ifindex_up)(uint32_t ifindex);
@@ -119,6 +124,7 @@ int pf_verbs_wc_errno(enum ibv_wc_status st);
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 
 #include "pf/util.h"
@@ -157,7 +163,13 @@ struct verbsnic {
     int retry_cnt;    /* RC retry count for this device (see PF_VERBS_SOFT_ROCE_VENDOR) */
     pthread_rwlock_t mr_lock;
     struct verbsmr *mrs;
+    _Atomic uint64_t async_events; /* async events read so far */
+    _Atomic bool port_err;         /* the last port event was IBV_EVENT_PORT_ERR */
 };
+
+/* Reads and acknowledges the NIC's pending async events, logging each (port and GID changes,
+ * QP and CQ errors, device fatal); called at each qp_create and nic_info. */
+void pf_verbs_drain_async(struct verbsnic *nic);
 
 struct verbsnet {
     struct pf_net base;

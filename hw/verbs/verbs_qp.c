@@ -30,6 +30,7 @@ int pf_verbs_qp_create(struct pf_net *n, int i, struct pf_net_qp **qp_p)
     struct verbsnic *nic = &v->nics[i];
     /* the port as it is now, not as it was at open: a link that went down since fails this
      * handshake by name; a LID the subnet manager reassigned or a changed MTU is used */
+    pf_verbs_drain_async(nic);
     struct ibv_port_attr pa;
     memset(&pa, 0, sizeof(pa));
     int prc = verbs_rc(api->query_port(nic->ctx, nic->port, &pa));

@@ -99,7 +99,9 @@ static struct {
     struct fake_dev devs[2];
     int ndev;
     bool no_list;
-    int flush_polls;  /* copied into each new QP */
+    int flush_polls;                 /* copied into each new QP */
+    struct ibv_async_event async[8]; /* queued async events (all NICs) */
+    int nasync, async_out, async_acked;
     int8_t ifup[16];  /* net device state by ifindex (1 up, 0 down), for ifindex_up */
     uint64_t memlock; /* RLIMIT_MEMLOCK (UINT64_MAX: unlimited) */
     bool cap_ipc_lock;
@@ -136,11 +138,13 @@ static struct ibv_context *f_open_device(struct ibv_device *d)
 {
     struct fake_ctx *c = calloc(1, sizeof(*c));
     c->dev = pf_container_of(d, struct fake_dev, dev);
+    c->ctx.async_fd = eventfd(0, EFD_CLOEXEC); /* a real fd: the backend makes it non-blocking */
     F.ctx_live++;
     return &c->ctx;
 }
 static int f_close_device(struct ibv_context *c)
 {
+    close(c->async_fd);
     F.ctx_live--;
     free(pf_container_of(c, struct fake_ctx, ctx));
     return 0;
@@ -406,6 +410,34 @@ static void fake_complete(struct fake_qp *q, int n, enum ibv_wc_status st)
     pthread_mutex_unlock(&F.mu);
 }
 
+/* ibv_get_async_event(3) on a non-blocking async_fd: the next queued event, else -1/EAGAIN;
+ * every event returned must be acknowledged (ibv_ack_async_event) */
+static int f_get_async_event(struct ibv_context *c, struct ibv_async_event *ev)
+{
+    pthread_mutex_lock(&F.mu);
+    int rc = -1;
+    if (!(fcntl(c->async_fd, F_GETFL) & O_NONBLOCK)) {
+        fail_msg("ibv_get_async_event on a blocking async_fd would block the caller");
+    } else if (F.nasync > 0) {
+        *ev = F.async[0];
+        memmove(F.async, F.async + 1, (size_t)--F.nasync * sizeof(*ev));
+        F.async_out++;
+        rc = 0;
+    } else {
+        errno = EAGAIN;
+    }
+    pthread_mutex_unlock(&F.mu);
+    return rc;
+}
+static void f_ack_async_event(struct ibv_async_event *ev)
+{
+    (void)ev;
+    pthread_mutex_lock(&F.mu);
+    F.async_out--;
+    F.async_acked++;
+    pthread_mutex_unlock(&F.mu);
+}
+
 /* ibv_gid_entry.ndev_ifindex -> the net device's state (rdma-core ibv_query_gid_ex(3)) */
 static int f_ifindex_up(uint32_t ifindex)
 {
@@ -448,6 +480,8 @@ static const struct pf_verbs_api fake_api_template = {
     .modify_qp = f_modify_qp,
     .post_send = f_post_send,
     .poll_cq = f_poll_cq,
+    .get_async_event = f_get_async_event,
+    .ack_async_event = f_ack_async_event,
     .ifindex_up = f_ifindex_up,
     .memlock_limit = f_memlock,
     .cap_ipc_lock = f_cap,
@@ -513,6 +547,7 @@ static void fake_reset(void)
     F.ifup[5] = 0; /* the VLAN device is down */
     F.memlock = UINT64_MAX;
     F.cap_ipc_lock = false;
+    F.nasync = F.async_out = F.async_acked = 0;
     d = &F.devs[1];
     snprintf(d->dev.name, sizeof(d->dev.name), "ib0");
     d->attr.phys_port_cnt = 1;
@@ -1274,6 +1309,45 @@ static void test_port_requeried_at_handshake(void **st)
     pf_net_close(n);
 }
 
+/* Async events are read (polled, the fd non-blocking) at each qp_create and nic_info,
+ * logged by name and acknowledged: a port error, a QP fatal error. */
+static void test_async_events_read(void **st)
+{
+    struct vpair p;
+    vpair_open(&p, "mlx5_0");
+    F.async[0] = (struct ibv_async_event){.event_type = IBV_EVENT_PORT_ERR, .element.port_num = 2};
+    F.async[1] =
+        (struct ibv_async_event){.event_type = IBV_EVENT_QP_FATAL, .element.qp = &p.fb->qp};
+    F.nasync = 2;
+    char path[] = "/tmp/pf-verbs-log-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    unlink(path);
+    pf_log_set_fd(fd);
+    struct pf_net_nic_info info;
+    assert_int_equal(pf_net_nic_info(p.n, 0, &info), 0);
+    pf_log_set_fd(2);
+    assert_int_equal(F.nasync, 0);
+    assert_int_equal(F.async_acked, 2);
+    assert_int_equal(F.async_out, 0);
+    char log[2048] = "";
+    assert_true(pread(fd, log, sizeof(log) - 1, 0) > 0);
+    close(fd);
+    assert_non_null(strstr(log, "async event: port error (port 2)"));
+    char qpl[64];
+    snprintf(qpl, sizeof(qpl), "on QP 0x%x (its READs complete in error)", p.fb->qp.qp_num);
+    assert_non_null(strstr(log, qpl));
+    /* at the next handshake (qp_create) too */
+    F.async[0] =
+        (struct ibv_async_event){.event_type = IBV_EVENT_PORT_ACTIVE, .element.port_num = 2};
+    F.nasync = 1;
+    struct pf_net_qp *q3;
+    assert_int_equal(pf_net_qp_create(p.n, 0, &q3), 0);
+    assert_int_equal(F.async_acked, 3);
+    pf_net_qp_destroy(q3);
+    vpair_close(&p);
+}
+
 /* RLIMIT_MEMLOCK against pool x NICs at open (ib_umem_get charges every registration),
  * unless unlimited or CAP_IPC_LOCK; the message says what to raise. */
 static void test_memlock_check(void **st)
@@ -1380,6 +1454,7 @@ int main(void)
         cmocka_unit_test_setup(test_max_msg, setup),
         cmocka_unit_test_setup(test_memlock_check, setup),
         cmocka_unit_test_setup(test_port_requeried_at_handshake, setup),
+        cmocka_unit_test_setup(test_async_events_read, setup),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     fake_reset();
