@@ -543,19 +543,41 @@ err_conn:
     return rc;
 }
 
-/* Leases every free QP of c (conn_mu held); false when none is free. */
-static bool lease_take_locked(struct p2p_conn *c, struct p2p_lease *l)
+/* Leases a share of c's free QPs (conn_mu held): from every NIC half of its free QPs,
+ * rounded up, taken NIC by NIC in turn (QP j of NIC 0, QP j of NIC 1, ...) and at most
+ * PF_ARRAY_SIZE(l->idx) in all. A lone fetch reaches every NIC (8 NICs x 16 QPs no longer
+ * fill the lease with NICs 0-3), and a second fetch to the same peer finds QPs free and runs
+ * alongside instead of waiting for the first. false when none is free. */
+static bool lease_take_locked(const struct pf_p2p *p, struct p2p_conn *c, struct p2p_lease *l)
 {
+    size_t qpn = p->qpn ? p->qpn : 1, nn = c->nqps / qpn;
+    size_t want[P2P_NIC_MAX], pos[P2P_NIC_MAX];
+    for (size_t k = 0; k < nn && k < P2P_NIC_MAX; k++) {
+        size_t nfree = 0;
+        for (size_t j = 0; j < qpn; j++)
+            nfree += !c->busy[k * qpn + j];
+        want[k] = (nfree + 1) / 2;
+        pos[k] = 0;
+    }
     l->nqps = 0;
-    for (size_t i = 0; i < c->nqps && l->nqps < PF_ARRAY_SIZE(l->idx); i++)
-        if (!c->busy[i]) {
+    for (bool more = true; more && l->nqps < PF_ARRAY_SIZE(l->idx);) {
+        more = false;
+        for (size_t k = 0; k < nn && k < P2P_NIC_MAX && l->nqps < PF_ARRAY_SIZE(l->idx); k++) {
+            if (want[k] == 0)
+                continue;
+            while (pos[k] < qpn && c->busy[k * qpn + pos[k]])
+                pos[k]++;
+            if (pos[k] == qpn)
+                continue;
+            size_t i = k * qpn + pos[k]++;
+            c->busy[i] = true;
             l->idx[l->nqps] = i;
             l->qps[l->nqps++] = c->qps[i];
+            more |= --want[k] > 0;
         }
+    }
     if (l->nqps == 0)
         return false;
-    for (size_t i = 0; i < l->nqps; i++)
-        c->busy[l->idx[i]] = true;
     c->refs++;
     l->conn = c;
     return true;
@@ -580,7 +602,8 @@ int p2p_conn_acquire(struct pf_p2p *p, const char *peer, uint64_t deadline_ns, s
             rc = -ESHUTDOWN;
             break;
         }
-        if ((e->out && lease_take_locked(e->out, l)) || (e->in && lease_take_locked(e->in, l))) {
+        if ((e->out && lease_take_locked(p, e->out, l)) ||
+            (e->in && lease_take_locked(p, e->in, l))) {
             l->fresh = did_hs;
             break;
         }

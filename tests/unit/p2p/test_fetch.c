@@ -495,6 +495,36 @@ static void test_small_fetches_spread_over_nics(void **st)
     fx_down();
 }
 
+/* A lease takes half of each NIC's free QPs (rounded up), NIC by NIC: a lone fetch reaches
+ * every NIC, a second fetch to the same peer gets the rest and runs alongside, a third
+ * waits (here: until its deadline) until QPs come back. */
+static void test_leases_share_qps(void **st)
+{
+    fx_up(2, 16 << 20, GAP);
+    char err[P2P_ERRLEN];
+    struct p2p_lease l1, l2, l3;
+    uint64_t dl = pf_now_ns() + 2000 * PF_NS_PER_MS;
+    assert_int_equal(p2p_conn_acquire(F.p, PEER, dl, &l1, err, sizeof(err)), 0);
+    assert_int_equal(l1.nqps, 2);
+    assert_int_equal(l1.qps[0]->nic, 0);
+    assert_int_equal(l1.qps[1]->nic, 1);
+    assert_int_equal(p2p_conn_acquire(F.p, PEER, dl, &l2, err, sizeof(err)), 0);
+    assert_int_equal(l2.nqps, 2);
+    assert_int_equal(l2.qps[0]->nic, 0);
+    assert_int_equal(l2.qps[1]->nic, 1);
+    assert_true(l2.qps[0] != l1.qps[0] && l2.qps[1] != l1.qps[1]);
+    assert_int_equal(P.hs_calls, 1);
+    assert_int_equal(
+        p2p_conn_acquire(F.p, PEER, pf_now_ns() + 50 * PF_NS_PER_MS, &l3, err, sizeof(err)),
+        -ETIMEDOUT);
+    p2p_lease_return(F.p, &l1);
+    assert_int_equal(p2p_conn_acquire(F.p, PEER, dl, &l3, err, sizeof(err)), 0);
+    assert_int_equal(l3.nqps, 2);
+    p2p_lease_return(F.p, &l3);
+    p2p_lease_return(F.p, &l2);
+    fx_down();
+}
+
 static void test_metaserver_down_and_no_peer(void **st)
 {
     fx_up(1, 16 << 20, GAP);
@@ -810,6 +840,7 @@ int main(void)
         cmocka_unit_test(test_stale_retry_exhausted_replaced_once),
         cmocka_unit_test(test_small_fetches_spread_over_nics),
         cmocka_unit_test(test_endpoint_refused_by_name),
+        cmocka_unit_test(test_leases_share_qps),
         cmocka_unit_test(test_wait_for_full_prefix),
         cmocka_unit_test(test_stop_during_transfer),
     };
