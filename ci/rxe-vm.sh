@@ -65,8 +65,24 @@ if [ "${1:-}" = --guest-stage2 ]; then
   fail() { echo "rxe-vm guest: $*"; echo 200 >"$job/rc"; sync; reboot -f; }
   ip link set lo up
   ip link add veth0 type veth peer name veth1 || fail "veth"
-  ip addr add 10.77.0.1/24 dev veth0 && ip addr add 10.77.0.2/24 dev veth1 || fail "addresses"
+  # The GID choice's hard cases (docs/net.md "GID choice"): an IPv6 global address on each
+  # veth and (where the kernel has 802.1Q) a VLAN device with its own IPv4 address on each,
+  # left down, in place before `rdma link add`; the 10.77.0.x addresses only after it. The
+  # rxe GID tables then list the IPv6 and VLAN entries ahead of the IPv4 one, as mlx5 tables
+  # list SLAAC and VLAN addresses in boot order, and the backend must still choose
+  # ::ffff:10.77.0.x RoCE v2 (tests/integration/rxe_cases.sh gid_choice).
+  ip -6 addr add 2001:db8:77::1/64 dev veth0 nodad && ip -6 addr add 2001:db8:77::2/64 dev veth1 nodad ||
+    fail "IPv6 addresses"
+  if ip link add link veth0 name veth0.77 type vlan id 77 2>/dev/null; then
+    ip link add link veth1 name veth1.77 type vlan id 77 && ip addr add 10.78.0.1/24 dev veth0.77 &&
+      ip addr add 10.78.0.2/24 dev veth1.77 || fail "VLAN devices"
+  else
+    echo "rxe-vm guest: no 802.1Q in this kernel: the VLAN GID case is not set up"
+  fi
   ip link set veth0 up && ip link set veth1 up || fail "links up"
+  rdma link add rxe0 type rxe netdev veth0 && rdma link add rxe1 type rxe netdev veth1 ||
+    fail "rdma link add"
+  ip addr add 10.77.0.1/24 dev veth0 && ip addr add 10.77.0.2/24 dev veth1 || fail "addresses"
   # Both addresses are local: without this, 10.77.0.1 -> 10.77.0.2 goes through lo, where no
   # rxe device listens. Packets arriving on a veth are delivered locally (pref 10); locally
   # generated ones from .1/.2 leave through their own veth (pref 20); the local table moves
@@ -78,21 +94,6 @@ if [ "${1:-}" = --guest-stage2 ]; then
     ip rule add pref 20 from 10.77.0.1 lookup 101 && ip rule add pref 20 from 10.77.0.2 lookup 102 &&
     ip route add 10.77.0.2 dev veth0 src 10.77.0.1 table 101 &&
     ip route add 10.77.0.1 dev veth1 src 10.77.0.2 table 102 || fail "policy routing"
-  # The GID choice's hard cases (docs/net.md "GID choice"), in place before `rdma link add`
-  # so the rxe GID tables list them around the 10.77.0.x entries, as mlx5 tables list SLAAC
-  # and VLAN addresses: an IPv6 global address on each veth, and (where the kernel has
-  # 802.1Q) a VLAN device with its own IPv4 address on each, left down. The backend must
-  # still choose ::ffff:10.77.0.x RoCE v2 (tests/integration/test_rxe.sh, gid_choice).
-  ip -6 addr add 2001:db8:77::1/64 dev veth0 nodad && ip -6 addr add 2001:db8:77::2/64 dev veth1 nodad ||
-    fail "IPv6 addresses"
-  if ip link add link veth0 name veth0.77 type vlan id 77 2>/dev/null; then
-    ip link add link veth1 name veth1.77 type vlan id 77 && ip addr add 10.78.0.1/24 dev veth0.77 &&
-      ip addr add 10.78.0.2/24 dev veth1.77 || fail "VLAN devices"
-  else
-    echo "rxe-vm guest: no 802.1Q in this kernel: the VLAN GID case is not set up"
-  fi
-  rdma link add rxe0 type rxe netdev veth0 && rdma link add rxe1 type rxe netdev veth1 ||
-    fail "rdma link add"
   for _ in $(seq 1 100); do
     [ -e /sys/class/infiniband/rxe0/ports/1/state ] && [ -e /sys/class/infiniband/rxe1/ports/1/state ] &&
       grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state &&

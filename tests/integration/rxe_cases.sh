@@ -73,11 +73,11 @@ memlock)
   : "${PF_BIN:?}"
   args=(--gpu-backend sim --net-backend verbs --nics rxe0 --metaserver-addr http://127.0.0.1:9
         --addr 10.77.0.1:50199 --pool-size 64mb --http-addr 127.0.0.1:19391)
-  run_as_nobody() { # memlock-KiB
-    setpriv --reuid=nobody --regid=nogroup --clear-groups bash -c \
+  run_as_nobody() { # memlock-KiB; execs: call it in a subshell (or with &), its pid is the server's
+    exec setpriv --reuid=nobody --regid=nogroup --clear-groups bash -c \
       'ulimit -l "$1" || exit 90; shift; exec "$@"' _ "$1" "$PF_BIN/pegaflow-server" "${args[@]}"
   }
-  run_as_nobody 16384 >"$out/memlock-refused.log" 2>&1
+  (run_as_nobody 16384) >"$out/memlock-refused.log" 2>&1
   rc=$?
   [ $rc -ne 0 ] && [ $rc -ne 90 ] || fail "started (or could not set the limit) with 16 MiB: exit $rc"
   grep -a 'RLIMIT_MEMLOCK' "$out/memlock-refused.log" | head -n 1
@@ -94,7 +94,7 @@ memlock)
   grep -aq 'verbs NIC rxe0' "$out/memlock-ok.log" || { kill $pid; fail "no verbs NIC in the log"; }
   echo "as nobody with RLIMIT_MEMLOCK 256 MiB: started on rxe0 and healthy"
   kill -TERM $pid
-  wait $pid
+  wait $pid || fail "exit $? after SIGTERM (log: $out/memlock-ok.log)"
   ;;
 *) fail "unknown case $case" ;;
 esac

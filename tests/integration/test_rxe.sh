@@ -62,7 +62,7 @@ rdma link show
 cases="$top/tests/integration/rxe_cases.sh"
 step verbs_fake 120 "$O/tests/unit/net/test_verbs"
 step verbs_loop 240 env PF_VERBS_NIC=rxe0 "$O/tests/unit/net/test_verbs_dev"
-step gid_choice 30 bash "$cases" gid_choice "$logs/verbs_loop.log"
+step gid_choice 60 bash "$cases" gid_choice "$logs/verbs_loop.log"
 sed 's/^/        /' "$logs/gid_choice.log"
 step capture_start 40 bash "$cases" capture-start "$logs/roce.pcap"
 step verbs_cross 240 env PF_VERBS_NIC=rxe0 PF_VERBS_NIC_B=rxe1 "$O/tests/unit/net/test_verbs_dev"
