@@ -625,8 +625,19 @@ static int verbs_reg_mem(struct pf_net *n, int i, void *addr, uint64_t len, unsi
     struct verbsmr *m = calloc(1, sizeof(*m));
     if (!m)
         return -ENOMEM;
+    /* ibv_reg_mr(3): IBV_ACCESS_RELAXED_ORDERING lets the HCA write READ data with PCIe
+     * relaxed ordering (NCCL enables it where supported, NCCL_IB_PCI_RELAXED_ORDERING);
+     * completions still order everything, and data is only ever used after its completion.
+     * It is an optional hint that devices may ignore; a kernel that refuses it (EINVAL, older
+     * than 5.8) gets the registration without it. */
     errno = 0;
-    m->mr = v->api->reg_mr(nic->pd, addr, len, ia);
+    m->mr = v->api->reg_mr(nic->pd, addr, len, ia | IBV_ACCESS_RELAXED_ORDERING);
+    if (!m->mr && errno == EINVAL) {
+        pf_debug("verbs %s: ibv_reg_mr refused relaxed ordering: registering without it",
+                 nic->name);
+        errno = 0;
+        m->mr = v->api->reg_mr(nic->pd, addr, len, ia);
+    }
     if (!m->mr) {
         int rc = errno ? -errno : -ENOMEM;
         pf_error("verbs %s: ibv_reg_mr %p+%llu: %s", nic->name, addr, (unsigned long long)len,

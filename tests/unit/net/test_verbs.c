@@ -102,6 +102,8 @@ static struct {
     int flush_polls;                 /* copied into each new QP */
     struct ibv_async_event async[8]; /* queued async events (all NICs) */
     int nasync, async_out, async_acked;
+    int last_access; /* of the last ibv_reg_mr */
+    bool reject_ro;
     int8_t ifup[16];  /* net device state by ifindex (1 up, 0 down), for ifindex_up */
     uint64_t memlock; /* RLIMIT_MEMLOCK (UINT64_MAX: unlimited) */
     bool cap_ipc_lock;
@@ -189,6 +191,11 @@ static int f_dealloc_pd(struct ibv_pd *pd)
 }
 static struct ibv_mr *f_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access)
 {
+    F.last_access = access;
+    if (F.reject_ro && (access & IBV_ACCESS_RELAXED_ORDERING)) { /* a kernel before 5.8 */
+        errno = EINVAL;
+        return NULL;
+    }
     struct ibv_mr *m = calloc(1, sizeof(*m));
     m->pd = pd;
     m->addr = addr;
@@ -548,6 +555,7 @@ static void fake_reset(void)
     F.memlock = UINT64_MAX;
     F.cap_ipc_lock = false;
     F.nasync = F.async_out = F.async_acked = 0;
+    F.reject_ro = false;
     d = &F.devs[1];
     snprintf(d->dev.name, sizeof(d->dev.name), "ib0");
     d->attr.phys_port_cnt = 1;
@@ -1348,6 +1356,27 @@ static void test_async_events_read(void **st)
     vpair_close(&p);
 }
 
+/* Regions are registered with IBV_ACCESS_RELAXED_ORDERING (an optional hint, ibv_reg_mr(3));
+ * a kernel that refuses it with EINVAL gets the registration without it. */
+static void test_reg_relaxed_ordering(void **st)
+{
+    struct pf_net *n = fopen_nic("mlx5_0");
+    static uint8_t buf[8192];
+    struct pf_net_mr *mr;
+    assert_int_equal(pf_net_reg_mem(n, 0, buf, sizeof(buf), PF_NET_ACCESS_REMOTE_READ, &mr), 0);
+    assert_int_equal(F.last_access, IBV_ACCESS_REMOTE_READ | IBV_ACCESS_RELAXED_ORDERING);
+    pf_net_dereg_mem(mr);
+    F.reject_ro = true;
+    assert_int_equal(pf_net_reg_mem(n, 0, buf, sizeof(buf),
+                                    PF_NET_ACCESS_LOCAL_WRITE | PF_NET_ACCESS_REMOTE_READ, &mr),
+                     0);
+    assert_int_equal(F.last_access, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+    assert_int_equal(F.mrs_live, 1);
+    pf_net_dereg_mem(mr);
+    pf_net_close(n);
+    assert_int_equal(F.mrs_live, 0);
+}
+
 /* RLIMIT_MEMLOCK against pool x NICs at open (ib_umem_get charges every registration),
  * unless unlimited or CAP_IPC_LOCK; the message says what to raise. */
 static void test_memlock_check(void **st)
@@ -1455,6 +1484,7 @@ int main(void)
         cmocka_unit_test_setup(test_memlock_check, setup),
         cmocka_unit_test_setup(test_port_requeried_at_handshake, setup),
         cmocka_unit_test_setup(test_async_events_read, setup),
+        cmocka_unit_test_setup(test_reg_relaxed_ordering, setup),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     fake_reset();
