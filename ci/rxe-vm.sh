@@ -66,11 +66,12 @@ if [ "${1:-}" = --guest-stage2 ]; then
   ip link set lo up
   ip link add veth0 type veth peer name veth1 || fail "veth"
   # The GID choice's hard cases (docs/net.md "GID choice"): an IPv6 global address on each
-  # veth and (where the kernel has 802.1Q) a VLAN device with its own IPv4 address on each,
-  # left down, in place before `rdma link add`; the 10.77.0.x addresses only after it. The
-  # rxe GID tables then list the IPv6 and VLAN entries ahead of the IPv4 one, as mlx5 tables
-  # list SLAAC and VLAN addresses in boot order, and the backend must still choose
-  # ::ffff:10.77.0.x RoCE v2 (tests/integration/rxe_cases.sh gid_choice).
+  # veth and (where the kernel has 802.1Q) a VLAN device with its own IPv4 address on each
+  # (8021q brings it up with the veth), in place before `rdma link add`; the 10.77.0.x
+  # addresses only after it. The rxe GID tables then list the IPv6 and the VLAN's IPv4
+  # entries ahead of the veth's IPv4 one, as mlx5 tables list SLAAC and VLAN addresses in
+  # boot order, and the backend must still choose ::ffff:10.77.0.x RoCE v2 on the veth
+  # (tests/integration/rxe_cases.sh gid_choice; the VLAN addresses are not routed here).
   ip -6 addr add 2001:db8:77::1/64 dev veth0 nodad && ip -6 addr add 2001:db8:77::2/64 dev veth1 nodad ||
     fail "IPv6 addresses"
   if ip link add link veth0 name veth0.77 type vlan id 77 2>/dev/null; then

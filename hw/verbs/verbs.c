@@ -155,11 +155,16 @@ int pf_verbs_pick_gid(const struct ibv_gid_entry *ents, const int8_t *up, int n,
             return -ENOENT;
         return i;
     }
+    /* entry 0 is the port's default GID, on the port's own net device (mlx5's PF or VF,
+     * rxe's netdev): on equal rank its addresses win over those of VLAN, macvlan or bond
+     * devices stacked on it, which the kernel lists too and brings up with it */
+    uint32_t own = n > 0 && !verbs_gid_zero(&ents[0].gid) ? ents[0].ndev_ifindex : 0;
     int best = -ENOENT, best_rank = 99;
     for (int i = 0; i < n; i++) {
         if (verbs_gid_zero(&ents[i].gid) || !verbs_in_subnet(&ents[i], rule))
             continue;
-        int rk = verbs_gid_rank(&ents[i], up ? up[i] : -1);
+        int rk = 2 * verbs_gid_rank(&ents[i], up ? up[i] : -1) +
+                 (own && ents[i].ndev_ifindex != own ? 1 : 0);
         if (rk < best_rank) {
             best_rank = rk;
             best = i;

@@ -108,8 +108,10 @@ int pf_verbs_parse_subnet(const char *cidr, struct pf_verbs_gid_rule *r);
  *   1 RoCE v2, IPv4-mapped, device up   2 RoCE v2, global IPv6, device up
  *   3 InfiniBand GID                     4 RoCE v1, not link-local, device up
  *   5 RoCE v2 link-local, device up      6 anything else on an up device   7 anything else
- * (as NCCL's ncclIbGetGidIndex prefers RoCE v2 of the wanted family, NCCL_IB_ADDR_FAMILY
- * defaulting to IPv4, and skips link-local GIDs). Returns the index or -ENOENT. */
+ * and on equal rank an entry on the net device of entry 0 (the port's default GID, on the
+ * port's own netdev) before one on a VLAN/bond/macvlan device stacked on it (as NCCL's
+ * ncclIbGetGidIndex prefers RoCE v2 of the wanted family, NCCL_IB_ADDR_FAMILY defaulting to
+ * IPv4, and skips link-local GIDs). Returns the index or -ENOENT. */
 int pf_verbs_pick_gid(const struct ibv_gid_entry *ents, const int8_t *up, int n,
                       const struct pf_verbs_gid_rule *rule);
 

@@ -613,6 +613,20 @@ static void test_gid_rule(void **st)
     /* ... unless its net device is down */
     int8_t up[6] = {1, 1, 1, 1, 0, 1};
     assert_int_equal(pf_verbs_pick_gid(e, up, 5, &any), 3);
+    /* the rxe guest's table (tests/integration/test_rxe.sh gid_choice): a VLAN device on
+     * the port's netdev (ifindex 2) came up with it (8021q does that) and its IPv4 GID sits
+     * before the netdev's own; on equal rank the port's own netdev (entry 0's) wins */
+    struct ibv_gid_entry g[5];
+    gid_dev(&g[0], "fe80::8cf1:21ff:fede:4832", IBV_GID_TYPE_ROCE_V2, 2);
+    gid_dev(&g[1], "2001:db8:77::1", IBV_GID_TYPE_ROCE_V2, 2);
+    gid_dev(&g[2], "::ffff:10.78.0.1", IBV_GID_TYPE_ROCE_V2, 6);
+    gid_dev(&g[3], "fe80::8cf1:21ff:fede:4832", IBV_GID_TYPE_ROCE_V2, 6);
+    gid_dev(&g[4], "::ffff:10.77.0.1", IBV_GID_TYPE_ROCE_V2, 2);
+    int8_t gup[5] = {1, 1, 1, 1, 1};
+    assert_int_equal(pf_verbs_pick_gid(g, gup, 5, &any), 4);
+    /* only the VLAN has an IPv4 address: it is the best there is */
+    gid_dev(&g[4], NULL, IBV_GID_TYPE_ROCE_V2, 0);
+    assert_int_equal(pf_verbs_pick_gid(g, gup, 5, &any), 2);
     /* no RoCEv2 global: the first IB-type GID (link-local or not) */
     assert_int_equal(pf_verbs_pick_gid(e, NULL, 3, &any), 2);
     /* no IB type: any non-link-local */
