@@ -435,6 +435,7 @@ static void conn_install(struct pf_p2p *p, struct p2p_peer *e, struct p2p_conn *
         conn_free(p, f);
         return;
     }
+    c->last_used_ns = pf_now_ns();
     struct p2p_conn **slot = c->outgoing ? &e->out : &e->in;
     struct p2p_conn **other = c->outgoing ? &e->in : &e->out;
     old[0] = *slot;
@@ -652,6 +653,7 @@ void p2p_lease_return(struct pf_p2p *p, struct p2p_lease *l)
     pthread_mutex_lock(&p->conn_mu);
     for (size_t i = 0; i < l->nqps; i++)
         l->conn->busy[l->idx[i]] = false;
+    l->conn->last_used_ns = pf_now_ns();
     struct p2p_conn *f = conn_unref_locked(p, l->conn);
     pthread_cond_broadcast(&p->conn_cv);
     pthread_mutex_unlock(&p->conn_mu);
@@ -775,6 +777,33 @@ void p2p_conns_drop_all(struct pf_p2p *p)
         if (!c)
             break;
         conn_kill_pinned(p, c, "shutting down");
+    }
+}
+
+void p2p_conns_evict_idle(struct pf_p2p *p)
+{
+    uint64_t now = pf_now_ns(), idle = p->cfg.conn_idle_ms * PF_NS_PER_MS;
+    for (;;) {
+        struct p2p_conn *c = NULL;
+        pthread_mutex_lock(&p->conn_mu);
+        pf_htable_for_each(&p->peers, i, n)
+        {
+            struct p2p_peer *e = pf_container_of(n, struct p2p_peer, node);
+            struct p2p_conn *cand[2] = {e->out, e->in};
+            for (int k = 0; k < 2 && !c; k++)
+                if (cand[k] && cand[k]->refs == 1 && now > cand[k]->last_used_ns &&
+                    now - cand[k]->last_used_ns >= idle)
+                    c = cand[k];
+        }
+        if (c)
+            c->refs++;
+        pthread_mutex_unlock(&p->conn_mu);
+        if (!c)
+            return;
+        pf_info("closing idle connection %llu to %s (%s, %zu QPs): no fetch for %llu s",
+                (unsigned long long)c->id, c->peer->addr, c->outgoing ? "outgoing" : "incoming",
+                c->nqps, (unsigned long long)(p->cfg.conn_idle_ms / 1000));
+        conn_kill_pinned(p, c, "idle");
     }
 }
 

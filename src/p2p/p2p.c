@@ -140,6 +140,7 @@ static void *p2p_main(void *arg)
             p2p_hb_regions(p, false);
             pf_p2p_locks_expire(p->locks);
             p2p_blacklist_gc(p);
+            p2p_conns_evict_idle(p);
             pthread_mutex_lock(&p->wk_mu);
             next = pf_now_ns() + p->cfg.housekeeping_ms * PF_NS_PER_MS;
             continue;
@@ -323,6 +324,8 @@ int pf_p2p_create(const struct pf_p2p_config *cfg, struct pf_p2p **p_p, char *er
         c->qp_wait_ms = 30000;
     if (!c->peer_down_ms)
         c->peer_down_ms = 5000;
+    if (!c->conn_idle_ms)
+        c->conn_idle_ms = 600000;
     c->transport = NULL;
     const char *b = cfg->backend ? cfg->backend : "";
     if (strncmp(b, "faulty:", 7) == 0)

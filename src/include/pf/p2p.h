@@ -135,6 +135,7 @@ struct pf_p2p_config {
     uint64_t housekeeping_ms;     /* lock expiry / blacklist GC period: 1000 */
     uint64_t qp_wait_ms;          /* wait for a busy connection's QPs: 30000 */
     uint64_t peer_down_ms;        /* after a failed handshake the peer is skipped: 5000 */
+    uint64_t conn_idle_ms;        /* a connection no fetch leased this long is closed: 600000 */
 };
 
 /* Registers every pool region on every NIC, registers the "rdma" tier with the engine

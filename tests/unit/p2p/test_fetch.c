@@ -304,6 +304,7 @@ struct fx {
 };
 
 static struct fx F;
+static uint64_t F_idle_ms; /* fx_up's conn_idle_ms (0: the default) */
 
 static pthread_mutex_t inval_mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -360,6 +361,7 @@ static void fx_up(int nnics, uint64_t pool, uint64_t gap)
         .housekeeping_ms = 50,
         .qp_wait_ms = 2000,
         .peer_down_ms = 1,
+        .conn_idle_ms = F_idle_ms,
     };
     assert_int_equal(pf_p2p_create(&pc, &F.p, err, sizeof(err)), 0);
     assert_int_equal(F.m.regs, nnics); /* one pool region per NIC */
@@ -522,6 +524,49 @@ static void test_leases_share_qps(void **st)
     assert_int_equal(l3.nqps, 2);
     p2p_lease_return(F.p, &l3);
     p2p_lease_return(F.p, &l2);
+    fx_down();
+}
+
+/* A connection no fetch used for conn_idle_ms is closed by housekeeping (its QPs destroyed),
+ * and the next fetch handshakes again; one in use is never evicted. */
+static void test_idle_connection_evicted(void **st)
+{
+    F_idle_ms = 150;
+    fx_up(1, 16 << 20, GAP);
+    F_idle_ms = 0;
+    struct pf_block *out[NBLK];
+    assert_int_equal(fetch("i1", 2, false, out), 2);
+    check_blocks(out, 2);
+    put_all(out, 2);
+    /* held by a lease: not evicted however long it stays idle */
+    char err[P2P_ERRLEN];
+    struct p2p_lease l;
+    assert_int_equal(
+        p2p_conn_acquire(F.p, PEER, pf_now_ns() + 2000 * PF_NS_PER_MS, &l, err, sizeof(err)), 0);
+    uint64_t until = pf_now_ns() + 400 * PF_NS_PER_MS; /* > idle + housekeeping periods */
+    while (pf_now_ns() < until)
+        usleep(10000);
+    pthread_mutex_lock(&F.m.mu);
+    int live = F.m.live_qps;
+    pthread_mutex_unlock(&F.m.mu);
+    assert_int_equal(live, 2);
+    p2p_lease_return(F.p, &l);
+    /* given back: closed once idle */
+    uint64_t dl = pf_now_ns() + 10 * PF_NS_PER_SEC;
+    for (;;) {
+        pthread_mutex_lock(&F.m.mu);
+        live = F.m.live_qps;
+        pthread_mutex_unlock(&F.m.mu);
+        if (live == 0)
+            break;
+        assert_true(pf_now_ns() < dl);
+        usleep(10000);
+    }
+    assert_int_equal(P.hs_calls, 1);
+    assert_int_equal(fetch("i2", 2, false, out), 2);
+    check_blocks(out, 2);
+    put_all(out, 2);
+    assert_int_equal(P.hs_calls, 2);
     fx_down();
 }
 
@@ -841,6 +886,7 @@ int main(void)
         cmocka_unit_test(test_small_fetches_spread_over_nics),
         cmocka_unit_test(test_endpoint_refused_by_name),
         cmocka_unit_test(test_leases_share_qps),
+        cmocka_unit_test(test_idle_connection_evicted),
         cmocka_unit_test(test_wait_for_full_prefix),
         cmocka_unit_test(test_stop_during_transfer),
     };
