@@ -129,6 +129,7 @@ int pf_verbs_wc_errno(enum ibv_wc_status st);
 #include <stdatomic.h>
 #include <stdbool.h>
 
+#include "pf/common.h"
 #include "pf/util.h"
 
 #define VERBS_EP_MAGIC   0x45564650u /* "PFVE" */
