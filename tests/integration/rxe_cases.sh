@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The rxe guest's hard cases (run by tests/integration/test_rxe.sh inside the guest, where
-# ci/rxe-vm.sh put an IPv6 global address and a down VLAN device on each veth before
-# `rdma link add`):
+# ci/rxe-vm.sh put an IPv6 global address and a VLAN device with its own IPv4 address on
+# each veth before `rdma link add`, and the veths' 10.77.0.x only after it):
 #   rxe_cases.sh gid_choice LOG      the rxe0 GID table (printed), and LOG (a verbs run on
 #                                    rxe0) shows the backend chose ::ffff:10.77.0.1 RoCE v2
+#                                    (the veth's own, not the VLAN's ::ffff:10.78.0.1)
 #   rxe_cases.sh capture-start PCAP  tcpdump of RoCE v2 (UDP 4791) on veth1, the first 400
 #                                    packets, returns once it listens (30 s deadline); its
 #                                    pid in PCAP.pid, the capture in the guest's /tmp

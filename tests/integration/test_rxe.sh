@@ -9,7 +9,7 @@
 #   p2p            p2p_e2e with --net-backend verbs --nics rxe0,rxe1 (node A on rxe0, B on
 #                  rxe1, MetaServer on 127.0.0.1): the same scenario code as on the TCP fabric
 #                  (PF_RXE_SCENARIOS, default: basic kill metaserver corrupt evict)
-#   gid_choice     rxe0's GID table holds an IPv6 global and a down VLAN address next to
+#   gid_choice     rxe0's GID table lists an IPv6 global and a VLAN IPv4 address before
 #                  10.77.0.1 (ci/rxe-vm.sh): the backend chose ::ffff:10.77.0.1 RoCE v2
 #   dscp           tcpdump on veth1 (UDP 4791) during verbs_cross: every RoCE packet has
 #                  TOS 0x6a (--rdma-traffic-class 106 = DSCP 26)
