@@ -485,7 +485,7 @@ static void test_small_fetches_spread_over_nics(void **st)
     struct pf_block *out[NBLK];
     for (int i = 0; i < 4; i++) {
         int r0 = F.m.reads;
-        char req[8];
+        char req[16];
         snprintf(req, sizeof(req), "n%d", i);
         assert_int_equal(fetch(req, 1, false, out), 1);
         check_blocks(out, 1);
