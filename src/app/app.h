@@ -46,6 +46,10 @@ struct pf_server_config {
     uint64_t transfer_lock_timeout_secs;
     uint64_t p2p_plan_timeout_ms;
     uint64_t metaserver_queue_depth;
+    /* RDMA transport (docs/net.md "Flags") */
+    char *rdma_gid_index, *rdma_gid_subnet;
+    uint64_t rdma_traffic_class, rdma_sl, rdma_pkey_index, rdma_timeout, rdma_retry_cnt,
+        rdma_rnr_retry;
     /* reference-only flags */
     uint64_t qps_per_peer;
     uint64_t pool_shards;

@@ -103,6 +103,25 @@ static int open_hal(struct server_app *a)
 static int start_p2p(struct server_app *a)
 {
     char err[512];
+    struct pf_net_rdma_opts ro = pf_net_rdma_defaults();
+    const char *gix = a->cfg.rdma_gid_index;
+    if (gix && strcmp(gix, "auto") != 0) {
+        char *end = NULL;
+        errno = 0;
+        long v = strtol(gix, &end, 10);
+        if (errno || end == gix || *end || v < 0 || v > 65535) {
+            pf_error("--rdma-gid-index: '%s' is neither auto nor a GID table index", gix);
+            return -EINVAL;
+        }
+        ro.gid_index = (int)v;
+    }
+    ro.gid_subnet = a->cfg.rdma_gid_subnet;
+    ro.traffic_class = (int)a->cfg.rdma_traffic_class;
+    ro.sl = (int)a->cfg.rdma_sl;
+    ro.pkey_index = (int)a->cfg.rdma_pkey_index;
+    ro.timeout = (int)a->cfg.rdma_timeout;
+    ro.retry_cnt = (int)a->cfg.rdma_retry_cnt;
+    ro.rnr_retry = (int)a->cfg.rdma_rnr_retry;
     struct pf_net_config nc = {
         .nics = (const char *const *)a->cfg.nics.v,
         .nnics = a->cfg.nics.n,
@@ -110,6 +129,8 @@ static int start_p2p(struct server_app *a)
         .tls_cert_pem = a->cfg.auth.cert_pem,
         .tls_key_pem = a->cfg.auth.key_pem,
         .tls_ca_pem = a->cfg.auth.ca_pem,
+        .rdma = &ro,
+        .pin_bytes = a->cfg.pool_size,
     };
     int rc = pf_hal_net_open(a->cfg.net_backend, &nc, &a->net, a->net_backend,
                              sizeof(a->net_backend), err, sizeof(err));

@@ -166,7 +166,8 @@ static void fill_net(struct pf_net_ops *d, const struct pf_net_ops *s)
     FILL(d, s, qp_create, ns_qp_create);
     FILL(d, s, qp_local_endpoint, ns_ep);
     FILL(d, s, qp_connect, ns_connect);
-    d->ep_host = s->ep_host; /* optional: NULL = does not connect by address */
+    d->ep_host = s->ep_host;   /* optional: NULL = does not connect by address */
+    d->ep_check = s->ep_check; /* optional: NULL = no compatibility check */
     FILL(d, s, post_read, ns_read);
     FILL(d, s, poll, ns_poll);
     FILL(d, s, qp_invalidate, ns_inval);
