@@ -552,10 +552,14 @@ class Sim:
     def tier_delivered(self, m: dict[str, float], row: dict) -> tuple[dict[str, int], str]:
         """Blocks per tier that arrived: the server's
         pegaflow_cache_tier_blocks_delivered_total{tier} where it has it, else an estimate
-        (RAM as decided, SSD prefetch successes, peer bytes / block size, miss 0)."""
+        (RAM as decided, SSD prefetch successes, peer bytes / block size, miss 0). The
+        server's counter has the prefetch tiers only (ssd, rdma: docs/metrics.md): RAM hits
+        are handed over in the query's own answer (its lease), so RAM delivered is RAM
+        decided, and a miss delivers nothing."""
         if any(key.startswith("pegaflow_cache_tier_blocks_delivered_total") for key in m):
-            return ({t: int(promtext.get(m, "pegaflow_cache_tier_blocks_delivered_total",
-                                         tier=TIER_LABEL[t])) for t in report.TIERS}, "server")
+            out = {t: int(promtext.get(m, "pegaflow_cache_tier_blocks_delivered_total",
+                                       tier=TIER_LABEL[t])) for t in ("ssd", "remote")}
+            return ({"ram": row["ram"], **out, "miss": 0}, "server")
         return ({"ram": row["ram"], "ssd": row["ssd_delivered"],
                  "remote": row["remote_delivered"], "miss": 0}, "estimate")
 
