@@ -153,6 +153,7 @@ class Sim:
         self.t0_wall = 0.0
         self.block_bytes = self.model.block_bytes
         self.lives = efficiency.Lives()  # server lives per node (wall clock)
+        self.restarted: set[int] = set()  # nodes whose server was restarted
         self.holds = efficiency.Holdings(self.lives)  # who saved / loaded which block when
 
     def say(self, msg: str) -> None:
@@ -332,6 +333,7 @@ class Sim:
                 self.say(f"[{t:6.1f}s] restart node n{k}: still running, skipped")
                 return
             self.start_server(k, wait_meta=False)
+            self.restarted.add(k)
             self.say(f"[{t:6.1f}s] restarted node n{k}'s pegaflow-server (ready after "
                      f"{time.monotonic() - self.t0 - t:.1f} s)")
         elif what == "kill-metaserver":
@@ -576,6 +578,22 @@ class Sim:
                     out[t] += int(v)
         return out
 
+    def restart_ssd(self) -> dict[str, dict[str, int]]:
+        """Per node whose server was restarted: what its current life recovered from its SSD
+        file (pegaflow_ssd_recovered_blocks, docs/ssd.md "Recovery") and how many blocks its
+        SSD delivered into requests since that start (the life's own
+        pegaflow_cache_tier_blocks_delivered_total{tier="ssd"}): a restarted node that
+        serves from the SSD it had before shows both above 0."""
+        out = {}
+        for k in sorted(self.restarted):
+            m = self.last.get(k, {})
+            out[f"n{k}"] = {
+                "recovered_blocks": int(promtext.get(m, "pegaflow_ssd_recovered_blocks")),
+                "ssd_delivered": int(promtext.get(m, "pegaflow_cache_tier_blocks_delivered_total",
+                                                  tier="ssd")),
+            }
+        return out
+
     def build_report(self, seed: int, elapsed: float, mode: str) -> dict:
         rows = []
         bs = self.model.block_size
@@ -643,6 +661,7 @@ class Sim:
         total["unreachable_requests"] = eff["unreachable_requests"]
         total["load_wait_ms"] = eff["load_wait_ms"]
         total["restart_to_hit_s"] = eff["restart_to_hit_s"]
+        total["restart_ssd"] = self.restart_ssd()
         allm: dict[str, float] = {}
         for k in range(1, self.a.nodes + 1):
             for key, v in self.totals(k).items():
@@ -666,7 +685,7 @@ class Sim:
                 "namespaces": list(self.c.namespaces),
                 "nodes": rows, "total": total, "accounting_ok": total["accounting_ok"],
                 "load_wait_ms": eff["load_wait_ms"], "restart_to_hit_s": eff["restart_to_hit_s"],
-                "timeline": self.timeline}
+                "restart_ssd": total["restart_ssd"], "timeline": self.timeline}
 
 
 def _term(signum, frame):

@@ -78,8 +78,11 @@ def delivery_table(doc: dict) -> str:
                f"{_f(lw['ready_p99'])} ms; (-> load complete) p50 {_f(lw['loaded_p50'])} ms, "
                f"p99 {_f(lw['loaded_p99'])} ms, over {lw['loaded_requests']} loading requests")
     for n, v in sorted(doc["restart_to_hit_s"].items()):
+        rs = doc.get("restart_ssd", {}).get(n)
         out.append(f"restarted {n}: first hit {_f(v, '{:.2f}')} s after its ready"
-                   + (" (no hit)" if v is None else ""))
+                   + (" (no hit)" if v is None else "")
+                   + (f"; recovered {rs['recovered_blocks']} blocks from its SSD, which "
+                      f"delivered {rs['ssd_delivered']} since" if rs else ""))
     return "\n".join(out)
 
 
