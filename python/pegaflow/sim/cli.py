@@ -566,6 +566,20 @@ class Sim:
                  "remote": row["remote_delivered"], "miss": 0}, "estimate")
 
     @staticmethod
+    def shortfall_reasons(m: dict[str, float]) -> dict[str, int]:
+        """pegaflow_prefetch_shortfall_blocks_total summed per reason ("rdma/down": 4)."""
+        inv = {v: k for k, v in TIER_LABEL.items()}
+        out: dict[str, int] = {}
+        for key, v in m.items():
+            if key.startswith("pegaflow_prefetch_shortfall_blocks_total{") and v:
+                labels = dict(x.split("=", 1) for x in key[key.index("{") + 1:-1].split(",")
+                              if "=" in x)
+                k = f"{inv.get(labels.get('tier', ''), labels.get('tier', '?'))}/" \
+                    f"{labels.get('reason', '?')}"
+                out[k] = out.get(k, 0) + int(v)
+        return out
+
+    @staticmethod
     def tier_shortfall(m: dict[str, float]) -> dict[str, int]:
         out = {t: 0 for t in report.TIERS}
         inv = {v: k for k, v in TIER_LABEL.items()}
@@ -634,6 +648,7 @@ class Sim:
             row["tier_decided"] = {t: tiers[t] for t in report.TIERS}
             row["tier_delivered"], row["delivered_source"] = self.tier_delivered(m, row)
             row["tier_shortfall"] = self.tier_shortfall(m)
+            row["shortfall_reasons"] = self.shortfall_reasons(m)
             e = eff["nodes"].get(k, {"available": 0, "delivered": 0, "efficiency": None,
                                      "loading_then_nothing": 0, "unreachable_requests": 0})
             row["unreachable_requests"] = e["unreachable_requests"]
@@ -652,6 +667,10 @@ class Sim:
         total["bytes"] = {t: sum(r["bytes"][t] for r in rows) for t in report.TIERS}
         for key in ("tier_decided", "tier_delivered", "tier_shortfall"):
             total[key] = {t: sum(r[key][t] for r in rows) for t in report.TIERS}
+        total["shortfall_reasons"] = {}
+        for r in rows:
+            for k, v in r["shortfall_reasons"].items():
+                total["shortfall_reasons"][k] = total["shortfall_reasons"].get(k, 0) + v
         total["delivered_source"] = ("server" if all(r["delivered_source"] == "server"
                                                      for r in rows) else "estimate")
         total["available"] = eff["available"]

@@ -67,6 +67,10 @@ def delivery_table(doc: dict) -> str:
     fmt = lambda c: "  ".join(x.rjust(w[i]) if i else x.ljust(w[i])  # noqa: E731
                               for i, x in enumerate(c))
     out = [fmt(head), fmt(["-" * x for x in w])] + [fmt(l) for l in lines]
+    reasons = tot.get("shortfall_reasons") or {}
+    if reasons:
+        out.append("shortfall by tier/reason: " + ", ".join(
+            f"{k} {v}" for k, v in sorted(reasons.items())))
     out.append("")
     for r in doc["nodes"] + [tot]:
         out.append(f"{r['node']:>5}: available {r['available']}, delivered {r['delivered']}, "
