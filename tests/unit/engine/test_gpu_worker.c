@@ -174,6 +174,21 @@ static bool all_done(void)
     return f_completed == f_released;
 }
 
+/* the copy threads create their streams as they start, in any order */
+static int f_want_streams;
+static bool streams_created(void)
+{
+    return f_nstreams >= f_want_streams;
+}
+
+static bool wait_streams(int n)
+{
+    pthread_mutex_lock(&mu);
+    f_want_streams = n;
+    pthread_mutex_unlock(&mu);
+    return f_wait(streams_created, WAIT_MS);
+}
+
 /* ------------------------------------------------------------------ tests */
 
 static struct pf_xfer *batch(enum pf_copy_dir dir, uint64_t tag)
@@ -202,9 +217,10 @@ static void test_two_batches_in_flight_per_direction(void **state)
     f_release(2);
     assert_int_equal(pf_xfer_wait(a, WAIT_MS), 0);
     assert_int_equal(pf_xfer_wait(b, WAIT_MS), 0);
+    assert_true(wait_streams(4)); /* two per direction */
     pthread_mutex_lock(&mu);
     assert_int_equal(f_max_in_flight, 2);
-    assert_int_equal(f_nstreams, 4); /* two per direction */
+    assert_int_equal(f_nstreams, 4);
     pthread_mutex_unlock(&mu);
     pf_xfer_put(a);
     pf_xfer_put(b);
@@ -222,6 +238,7 @@ static void test_one_stream_when_the_backend_asks_for_none(void **state)
     assert_int_equal(pf_gpu_worker_submit(w, b), 0);
     assert_true(f_wait(one_in_flight, WAIT_MS));
     /* one stream: b waits in the queue until a completed */
+    assert_true(wait_streams(2));
     pthread_mutex_lock(&mu);
     assert_int_equal(f_in_flight, 1);
     assert_int_equal(f_nstreams, 2);
@@ -256,6 +273,7 @@ static void test_clamped_and_destroy_waits(void **state)
         assert_int_equal(pf_xfer_wait(x[i], WAIT_MS), 0);
         pf_xfer_put(x[i]);
     }
+    assert_true(wait_streams(2 * PF_COPY_STREAMS_MAX));
     pthread_mutex_lock(&mu);
     assert_int_equal(f_nstreams, 2 * PF_COPY_STREAMS_MAX);
     assert_true(f_max_in_flight <= PF_COPY_STREAMS_MAX);
