@@ -65,12 +65,12 @@ struct pf_p2p;
 #define PF_P2P_QP_DEPTH             128          /* outstanding READs per QP (HAL bound) */
 #define PF_P2P_HANDSHAKE_TIMEOUT_MS 10000
 #define PF_P2P_RPC_TIMEOUT_MS       5000
+#define PF_P2P_META_TIMEOUT_MS      1000 /* a healthy QueryPrefixBlocks takes < 1 ms */
+#define PF_P2P_PLAN_TIMEOUT_MS      50   /* query-time discovery (the plan): default deadline */
+#define PF_P2P_PLAN_HEAD            64   /* ... asks for this many hashes first */
 /* serving side: a QueryBlocksForTransfer waits at most this long for SSD-only blocks to be
  * read into RAM (well under the requester's PF_P2P_RPC_TIMEOUT_MS); then answers with RAM */
-#define PF_P2P_SERVE_SSD_MS    1000
-#define PF_P2P_META_TIMEOUT_MS 1000 /* a healthy QueryPrefixBlocks takes < 1 ms */
-#define PF_P2P_PLAN_TIMEOUT_MS 50   /* query-time discovery (the plan): default deadline */
-#define PF_P2P_PLAN_HEAD       64   /* ... asks for this many hashes first */
+#define PF_P2P_SERVE_SSD_MS 1000
 
 /* ------------------------------------------------------------------ transfer locks */
 
