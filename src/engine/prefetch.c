@@ -180,6 +180,55 @@ void pf_prefetch_plan(struct pf_engine *e, const char *req_id, const struct pf_b
     plan->covered = n;
 }
 
+size_t pf_engine_fill_local(struct pf_engine *e, const struct pf_block_key *keys, size_t n,
+                            uint64_t timeout_ms, struct pf_block **out, size_t *held_p)
+{
+    if (held_p)
+        *held_p = 0;
+    const struct pf_tier *t = NULL;
+    size_t held = 0;
+    for (size_t i = 0; i < e->ntiers && n; i++) {
+        const struct pf_tier *c = &e->tiers[i];
+        if (tier_remote(c) || !c->probe || !c->fetch_within)
+            continue;
+        held = c->probe(c->ctx, "", keys, n, false);
+        if (held) {
+            t = c;
+            break;
+        }
+    }
+    if (!t)
+        return 0;
+    held = held < n ? held : n;
+    if (held_p)
+        *held_p = held;
+    size_t got = t->fetch_within(t->ctx, keys, held, timeout_ms, out);
+    if (got > held)
+        got = held;
+    struct pf_block **fresh = malloc((got ? got : 1) * sizeof(*fresh));
+    size_t nfresh = 0;
+    for (size_t i = 0; i < got; i++) {
+        int rc = pf_cache_insert(e->cache, out[i], (enum pf_block_class)t->cls);
+        if (rc == 1 && fresh) {
+            fresh[nfresh++] = out[i];
+        } else if (rc == 0) {
+            /* resident meanwhile (a save or a local prefetch): serve the resident block */
+            struct pf_block_key k = pf_block_key(out[i]);
+            struct pf_block *r = NULL;
+            pf_cache_lookup_each(e->cache, &k, 1, &r);
+            if (r) {
+                pf_block_put(out[i]);
+                out[i] = r;
+            }
+        } /* refused by admission or memory: served from our reference, not resident */
+    }
+    pf_engine_run_sealed_hooks(e, fresh, nfresh);
+    free(fresh);
+    if (got && t->promoted)
+        t->promoted(t->ctx, out, got);
+    return got;
+}
+
 /* The segment holding position pos, or -1. */
 static int seg_at(const struct pf_prefetch_task *t, size_t pos)
 {

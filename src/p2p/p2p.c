@@ -206,6 +206,15 @@ static void init_metrics(struct pf_p2p *p)
                           "Blocks whose checksum did not verify (turned into misses)", "tier");
     p->c_integrity = pf_metric_child1(p->m_integrity, "remote");
     pf_child_add(p->c_integrity, 0);
+    p->m_serve_ssd = pf_metric_counter(
+        "pegaflow_p2p_serve_ssd_blocks_total",
+        "Blocks a peer asked for that were only on this node's SSD: read into RAM and served "
+        "(served) or not (failed: SSD error, timeout, checksum, budget)",
+        "result");
+    p->c_serve_ssd_ok = pf_metric_child1(p->m_serve_ssd, "served");
+    p->c_serve_ssd_failed = pf_metric_child1(p->m_serve_ssd, "failed");
+    pf_child_add(p->c_serve_ssd_ok, 0);
+    pf_child_add(p->c_serve_ssd_failed, 0);
 }
 
 static void dereg_all(struct pf_p2p *p)

@@ -185,6 +185,8 @@ struct pf_p2p {
     /* metrics */
     struct pf_metric *m_fetch, *m_dur, *m_bytes, *m_qps, *m_integrity;
     struct pf_metric_child *c_ok, *c_partial, *c_error, *c_timeout, *c_integrity;
+    struct pf_metric *m_serve_ssd; /* pegaflow_p2p_serve_ssd_blocks_total{result} */
+    struct pf_metric_child *c_serve_ssd_ok, *c_serve_ssd_failed;
 };
 
 /* conn.c */

@@ -7,6 +7,14 @@
  * and V inside the registered pool, their size, the NUMA node and the xxh3 checksum. The reply
  * is built in one arena with copies of the hashes, so nothing in it depends on the blocks
  * once the lock owns them. Replies stop before they would exceed 48 MiB (gRPC allows 64).
+ * A contiguous run from the first requested hash that is not in RAM but on this node's SSD
+ * (after a restart the MetaServer lists recovered SSD blocks under this node) is read into
+ * RAM first through the engine's local tiers (pf_engine_fill_local: the SSD prefetch path,
+ * its budget, staging bound and checksums), all holes together waiting at most
+ * PF_P2P_SERVE_SSD_MS, well under the requester's PF_P2P_RPC_TIMEOUT_MS; an SSD error or
+ * timeout just leaves the answer short (what RAM has), counted in
+ * pegaflow_p2p_serve_ssd_blocks_total{result}. Only the contiguous prefix is filled: the
+ * requester uses nothing past its first gap.
  * ReleaseTransferLock always answers ok; an unknown session releases 0 and is logged.
  *
  * Every handler is bounded: the handshake connects fresh QPs (the backend's connect timeout),
@@ -20,6 +28,7 @@
 #define PF_LOG_MOD "p2p"
 #include "p2p/p2p_internal.h"
 #include "pf/cache.h"
+#include "pf/clock.h"
 #include "pf/log.h"
 #include "pf/meta_client.h"
 #include "pf/rpc.h"
@@ -35,6 +44,37 @@ struct hs_mem {
     Pegaflow__RdmaHandshakeResponse resp;
     uint8_t *meta;
 };
+
+/* Fills the holes of found[0..n) from this node's SSD, in order, while each is filled
+ * completely (the requester takes the longest contiguous prefix), within one deadline. */
+static void fill_from_ssd(struct pf_p2p *p, const struct pf_block_key *keys, size_t n,
+                          struct pf_block **found)
+{
+    if (!p->engine)
+        return;
+    uint64_t dl = pf_now_ns() + (uint64_t)PF_P2P_SERVE_SSD_MS * PF_NS_PER_MS;
+    size_t i = 0;
+    while (i < n) {
+        while (i < n && found[i])
+            i++;
+        size_t end = i;
+        while (end < n && !found[end])
+            end++;
+        uint64_t now = pf_now_ns();
+        if (i == n || now >= dl)
+            return;
+        uint64_t left_ms = (dl - now + PF_NS_PER_MS - 1) / PF_NS_PER_MS;
+        size_t held = 0;
+        size_t got = pf_engine_fill_local(p->engine, keys + i, end - i, left_ms, found + i, &held);
+        if (held)
+            pf_debug("QueryBlocksForTransfer: %zu of %zu SSD block(s) read into RAM", got, held);
+        pf_child_add(p->c_serve_ssd_ok, (double)got);
+        pf_child_add(p->c_serve_ssd_failed, (double)(held - got));
+        if (got < end - i)
+            return;
+        i = end;
+    }
+}
 
 struct query_arena {
     Pegaflow__QueryBlocksForTransferResponse resp;
@@ -78,6 +118,7 @@ static int serve_query(struct pf_p2p *p, const Pegaflow__QueryBlocksForTransferR
         for (size_t i = 0; i < n; i++)
             pf_key_make(nsid, r->block_hashes[i].data, r->block_hashes[i].len, &keys[i]);
         pf_cache_lookup_each(p->cache, keys, n, found);
+        fill_from_ssd(p, keys, n, found);
         for (size_t i = 0; i < n; i++) /* compact, keeping the order */
             if (found[i])
                 found[k++] = found[i];

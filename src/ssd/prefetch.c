@@ -578,6 +578,13 @@ static void log_integrity(struct pf_ssd *s, const struct pf_block *b, int slot,
 size_t pf_ssd_fetch(struct pf_ssd *s, const struct pf_block_key *keys, size_t n,
                     bool all_or_nothing, struct pf_block **out)
 {
+    /* bounded: reads time out individually; twice that covers a batch waiting its turn */
+    return pf_ssd_fetch_within(s, keys, n, all_or_nothing, 2 * s->io_timeout_ms, out);
+}
+
+size_t pf_ssd_fetch_within(struct pf_ssd *s, const struct pf_block_key *keys, size_t n,
+                           bool all_or_nothing, uint64_t timeout_ms, struct pf_block **out)
+{
     if (atomic_load(&s->stopped) || n == 0)
         return 0;
     pthread_mutex_lock(&s->mu);
@@ -613,8 +620,7 @@ size_t pf_ssd_fetch(struct pf_ssd *s, const struct pf_block_key *keys, size_t n,
         ssd_rbatch_put(rb);
         goto out;
     }
-    /* bounded: reads time out individually; twice that covers a batch waiting its turn */
-    struct timespec dl = pf_deadline_ms(2 * s->io_timeout_ms);
+    struct timespec dl = pf_deadline_ms(timeout_ms);
     pthread_mutex_lock(&s->rq_mu);
     while (!rb->done)
         if (pthread_cond_timedwait(&s->rdone_cv, &s->rq_mu, &dl) == ETIMEDOUT && !rb->done) {
@@ -624,9 +630,9 @@ size_t pf_ssd_fetch(struct pf_ssd *s, const struct pf_block_key *keys, size_t n,
     bool done = rb->done;
     pthread_mutex_unlock(&s->rq_mu);
     if (!done) {
-        pf_log_ratelimited(
-            PF_LOG_WARN, 5000, "SSD prefetch of %llu block(s) did not finish in %llu ms: missed",
-            (unsigned long long)reserved, (unsigned long long)(2 * s->io_timeout_ms));
+        pf_log_ratelimited(PF_LOG_WARN, 5000,
+                           "SSD prefetch of %llu block(s) did not finish in %llu ms: missed",
+                           (unsigned long long)reserved, (unsigned long long)timeout_ms);
         ssd_rbatch_put(rb);
         goto out;
     }

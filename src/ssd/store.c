@@ -543,6 +543,12 @@ static size_t tier_fetch(void *ctx, const char *req_id, const struct pf_block_ke
     return pf_ssd_fetch(ctx, keys, n, all_or_nothing, out);
 }
 
+static size_t tier_fetch_within(void *ctx, const struct pf_block_key *keys, size_t n,
+                                uint64_t timeout_ms, struct pf_block **out)
+{
+    return pf_ssd_fetch_within(ctx, keys, n, false, timeout_ms, out);
+}
+
 static void tier_promoted(void *ctx, struct pf_block *const *blocks, size_t n)
 {
     struct pf_ssd *s = ctx;
@@ -564,6 +570,7 @@ int pf_ssd_attach(struct pf_ssd *s, struct pf_engine *e)
         .cls = PF_CLASS_RETAINED,
         .probe = tier_probe,
         .fetch = tier_fetch,
+        .fetch_within = tier_fetch_within,
         .promoted = tier_promoted,
         .ctx = s,
     };

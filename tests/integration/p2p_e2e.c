@@ -47,6 +47,8 @@
  *
  *   ssdrestart issue 25: A killed with its blocks on SSD and restarted on the same file:
  *              recovered, re-registered with the MetaServer, fetched by B byte-exact
+ *              while only on A's SSD (A reads them into RAM to answer); a record corrupted
+ *              on disk after recovery: B gets the run before it, counts the shortfall
  *
  * Security (PF_P2P_SECURITY_DIR=DIR, made by certs.sh): every process is started with
  * DIR/<tag>.crt/.key, DIR/ca.crt and DIR/token (servers also DIR/admin-token); this
@@ -70,6 +72,8 @@
 #include <netinet/in.h>
 #include <linux/io_uring.h>
 #include <sys/socket.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 
@@ -640,12 +644,42 @@ static void sc_layouts(void)
     }
 }
 
+/* Flips one payload byte of the SSD record of hash index h in file path: the record header
+ * holds the key hash at offset 64 and is 4096 bytes for one slot (docs/ssd.md, "On-disk
+ * format"); the payload follows it. */
+static void corrupt_record(const char *path, uint64_t h)
+{
+    uint8_t hash[HLEN];
+    hash_of(h, hash);
+    int fd = open(path, O_RDWR);
+    PFT_CHECK(fd >= 0, "open %s: %s", path, strerror(errno));
+    struct stat st;
+    PFT_CHECK(fstat(fd, &st) == 0, "fstat");
+    uint8_t *m = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    PFT_CHECK(m != MAP_FAILED, "mmap %s", path);
+    size_t hits = 0, at = 0;
+    for (size_t off = 4096; off + 4096 + 4096 <= (size_t)st.st_size; off += 512)
+        if (memcmp(m + off, "PFSSDREC", 8) == 0 && memcmp(m + off + 64, hash, HLEN) == 0) {
+            hits++;
+            at = off;
+        }
+    PFT_CHECK(hits == 1, "record of hash %llu found %zu time(s) in %s", (unsigned long long)h, hits,
+              path);
+    m[at + 4096 + 100] ^= 0x5a; /* payload byte 100: slot 0's K data */
+    PFT_CHECK(msync(m, (size_t)st.st_size, MS_SYNC) == 0, "msync");
+    munmap(m, (size_t)st.st_size);
+    PFT_CHECK(fsync(fd) == 0, "fsync");
+    close(fd);
+}
+
 static void sc_ssdrestart(void)
 {
     /* issue 25: A is killed (SIGKILL) with its blocks on its SSD and restarted on the same
      * file: its recovery scan rebuilds the SSD index and the recovered blocks are
-     * re-registered with the MetaServer (A's RAM is empty); once A has promoted them (a
-     * local query), B discovers them through the MetaServer and fetches them byte-exact */
+     * re-registered with the MetaServer (A's RAM is empty); B discovers them through the
+     * MetaServer and fetches them byte-exact: A's QueryBlocksForTransfer reads them from its
+     * SSD into RAM first. A record corrupted on disk after recovery: A answers the run before
+     * it, B counts the shortfall and gets those blocks byte-exact, never wrong bytes. */
     if (!io_uring_usable()) {
         fprintf(stderr, "    SKIP (ssdrestart): io_uring is not usable here\n");
         return;
@@ -660,43 +694,78 @@ static void sc_ssdrestart(void)
     start_node(&NA, ssd_args);
     start_node(&NB, NULL);
     struct pf_client *ca = connect_to(&NA), *cb = connect_to(&NB);
-    const size_t N = 16;
+    const size_t N = 16, BAD = 8; /* group 2's block BAD gets corrupted on disk */
     struct world wa, wb;
     pworld(&wa, "inst-A", 1, 1, 64, 65536, 25, true);
     pworld(&wb, "inst-B", 1, 1, 64, 65536, 0, false);
     world_register(ca, &wa);
     world_save_ok(ca, &wa, 2500, 0, N);
-    wait_metric(&NA, "pegaflow_ssd_write_blocks_total", (double)N, true, 20000);
+    world_save_ok(ca, &wa, 2600, (uint32_t)N, N);
+    wait_metric(&NA, "pegaflow_ssd_write_blocks_total", (double)(2 * N), true, 20000);
     pf_client_close(ca);
     int port = NA.p.grpc_port;
     stop(&NA, SIGKILL);
     next_node_port = port; /* restarted on its address, as a node keeps its --addr */
     start_node(&NA, ssd_args);
     wait_metric(&NA, "pegaflow_ssd_recovery_state", 2, false, 20000);
-    PFT_CHECK(node_metric(&NA, "pegaflow_ssd_recovered_blocks") == (double)N, "recovered %g",
+    PFT_CHECK(node_metric(&NA, "pegaflow_ssd_recovered_blocks") == (double)(2 * N), "recovered %g",
               node_metric(&NA, "pegaflow_ssd_recovered_blocks"));
-    PFT_CHECK(node_metric(&NA, "pegaflow_cache_resident_blocks") == 0, "A's RAM is not empty");
     /* the MetaServer learns them from A's SSD index */
     wait_meta(NA.p.addr, 2500, N, (long)N, 20000);
-    wait_metric(&NA, "pegaflow_metaserver_resync_blocks_total", (double)N, true, 20000);
+    wait_meta(NA.p.addr, 2600, N, (long)N, 20000);
+    wait_metric(&NA, "pegaflow_metaserver_resync_blocks_total", (double)(2 * N), true, 20000);
     fprintf(stderr, "    A restarted: %zu SSD block(s) recovered and listed by the MetaServer\n",
-            N);
-    ca = connect_to(&NA);
-    world_register(ca, &wa);
-    struct world wa2;
-    pworld(&wa2, "inst-A2", 1, 1, 64, 65536, 0, false);
-    world_register(ca, &wa2);
-    fetch_check(ca, &wa2, "ssdr-a", 2500, N, 0, &wa, 0, 0, (long)N, 20000);
+            2 * N);
+    /* nothing of them is in A's RAM: B's fetch makes A read them from its SSD */
+    PFT_CHECK(node_metric(&NA, "pegaflow_cache_resident_bytes") == 0 &&
+                  metric_or(&NA.p, "pegaflow_cache_resident_blocks{class=\"retained\"}", -1) == 0 &&
+                  metric_or(&NA.p, "pegaflow_cache_resident_blocks{class=\"reclaimable\"}", -1) ==
+                      0,
+              "A's RAM is not empty");
     world_register(cb, &wb);
     fetch_check(cb, &wb, "ssdr-b", 2500, N, 0, &wa, 0, 0, (long)N, 30000);
     PFT_CHECK(node_metric(&NB, "pegaflow_rdma_fetch_total{status=\"ok\"}") >= 1,
               "B did not fetch from A");
-    pf_client_close(ca);
+    PFT_CHECK(node_metric(&NA, "pegaflow_p2p_serve_ssd_blocks_total{result=\"served\"}") ==
+                  (double)N,
+              "A served %g block(s) from its SSD, want %zu",
+              node_metric(&NA, "pegaflow_p2p_serve_ssd_blocks_total{result=\"served\"}"), N);
+    PFT_CHECK(node_metric(&NA, "pegaflow_cache_resident_blocks{class=\"retained\"}") == (double)N,
+              "A's RAM holds %g block(s) after serving, want %zu (promoted)",
+              node_metric(&NA, "pegaflow_cache_resident_blocks{class=\"retained\"}"), N);
+    fprintf(stderr, "    A served %zu SSD-only block(s) to B (read into RAM on demand)\n", N);
+    /* failure path: group 2's record BAD flipped on disk after recovery indexed it */
+    corrupt_record(ssd, 2600 + BAD);
+    fetch_check(cb, &wb, "ssdr-bad", 2600, N, 0, &wa, (uint32_t)N, (uint32_t)N, (long)BAD, 30000);
+    PFT_CHECK(node_metric(&NA, "pegaflow_integrity_failures_total{tier=\"ssd\"}") == 1,
+              "A: %g SSD integrity failure(s), want 1",
+              node_metric(&NA, "pegaflow_integrity_failures_total{tier=\"ssd\"}"));
+    PFT_CHECK(node_metric(&NA, "pegaflow_p2p_serve_ssd_blocks_total{result=\"served\"}") ==
+                      (double)(N + BAD) &&
+                  node_metric(&NA, "pegaflow_p2p_serve_ssd_blocks_total{result=\"failed\"}") ==
+                      (double)(N - BAD),
+              "A: SSD serve served %g failed %g, want %zu and %zu",
+              node_metric(&NA, "pegaflow_p2p_serve_ssd_blocks_total{result=\"served\"}"),
+              node_metric(&NA, "pegaflow_p2p_serve_ssd_blocks_total{result=\"failed\"}"), N + BAD,
+              N - BAD);
+    PFT_CHECK(
+        node_metric(&NB,
+                    "pegaflow_prefetch_shortfall_blocks_total{tier=\"rdma\",reason=\"evicted\"}") ==
+            (double)(N - BAD),
+        "B: shortfall %g, want %zu",
+        node_metric(&NB,
+                    "pegaflow_prefetch_shortfall_blocks_total{tier=\"rdma\",reason=\"evicted\"}"),
+        N - BAD);
+    fprintf(stderr,
+            "    corrupted record: A answered the %zu block(s) before it, B counted the "
+            "shortfall\n",
+            BAD);
     pf_client_close(cb);
     stop_all();
     world_free(&wa);
-    world_free(&wa2);
     world_free(&wb);
+    unlink(ssd);
+    rmdir(dir);
 }
 
 static const struct pft_scenario scenarios[] = {

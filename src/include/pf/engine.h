@@ -224,6 +224,10 @@ struct pf_tier {
      * all_or_nothing, waits (bounded) for a holder of all n (wait_for_full_prefix). */
     size_t (*fetch)(void *ctx, const char *req_id, const struct pf_block_key *keys, size_t n,
                     bool all_or_nothing, struct pf_block **out);
+    /* Optional, local tiers: fetch's contract (never all-or-nothing) waiting at most
+     * timeout_ms, on any thread (pf_engine_fill_local: a peer's QueryBlocksForTransfer). */
+    size_t (*fetch_within)(void *ctx, const struct pf_block_key *keys, size_t n,
+                           uint64_t timeout_ms, struct pf_block **out);
     /* Optional: blocks of this tier were promoted into RAM (e.g. to re-advertise them). */
     void (*promoted)(void *ctx, struct pf_block *const *blocks, size_t n);
     /* Optional, makes the tier remote: discovery at query time on the query thread, bounded by
@@ -244,6 +248,16 @@ struct pf_tier {
 };
 /* Registers a tier (before serving traffic). 0 or -ENOSPC. */
 int pf_engine_add_tier(struct pf_engine *e, const struct pf_tier *t);
+
+/* Serving a peer (P2P QueryBlocksForTransfer): reads up to n consecutive blocks from keys[0]
+ * from the first local tier with fetch_within that holds keys[0] (the SSD), waiting at most
+ * timeout_ms, and promotes them into RAM as a finished prefetch does (cache insert with the
+ * tier's class, sealed hooks, the tier's promoted callback). out[] gets strong references
+ * (the resident block when the key became resident meanwhile); returns how many, 0 on any
+ * error or timeout. *held_p (may be NULL) = how many the tier said it holds (so held - ret
+ * were lost to an error, a timeout, a budget or a checksum). Any thread; bounded. */
+size_t pf_engine_fill_local(struct pf_engine *e, const struct pf_block_key *keys, size_t n,
+                            uint64_t timeout_ms, struct pf_block **out, size_t *held_p);
 
 /* Hooks; called without engine locks held; must not block. */
 struct pf_engine_hooks {

@@ -8,7 +8,9 @@
  *     per NIC; one endpoint per QP; non-empty, non-overlapping regions), replaces any
  *     incoming connection from that requester (and outgoing ones to an older incarnation
  *     of it), creates and connects fresh QPs and answers with its own metadata;
- *   - QueryBlocksForTransfer: non-prefix lookup, a transfer-lock session holding strong
+ *   - QueryBlocksForTransfer: non-prefix lookup (the contiguous run from the first hash
+ *     that is only on this node's SSD read into RAM first, bounded by PF_P2P_SERVE_SSD_MS;
+ *     any SSD error or timeout answers what RAM has), a transfer-lock session holding strong
  *     references to the found blocks, per-slot K/V addresses, sizes, NUMA node and checksum;
  *   - ReleaseTransferLock: releases a session (unknown session -> released 0, logged).
  *   Sessions expire after --transfer-lock-timeout-secs (pegaflow_transfer_lock_timeouts_total).
@@ -66,6 +68,9 @@ struct pf_p2p;
 #define PF_P2P_META_TIMEOUT_MS      1000 /* a healthy QueryPrefixBlocks takes < 1 ms */
 #define PF_P2P_PLAN_TIMEOUT_MS      50   /* query-time discovery (the plan): default deadline */
 #define PF_P2P_PLAN_HEAD            64   /* ... asks for this many hashes first */
+/* serving side: a QueryBlocksForTransfer waits at most this long for SSD-only blocks to be
+ * read into RAM (well under the requester's PF_P2P_RPC_TIMEOUT_MS); then answers with RAM */
+#define PF_P2P_SERVE_SSD_MS 1000
 
 /* ------------------------------------------------------------------ transfer locks */
 

@@ -101,6 +101,11 @@ int pf_ssd_drain(struct pf_ssd *s, uint64_t timeout_ms);
 size_t pf_ssd_probe(struct pf_ssd *s, const struct pf_block_key *keys, size_t n);
 size_t pf_ssd_fetch(struct pf_ssd *s, const struct pf_block_key *keys, size_t n,
                     bool all_or_nothing, struct pf_block **out);
+/* pf_ssd_fetch waiting at most timeout_ms for the reader (pf_ssd_fetch: 2 x io_timeout_ms);
+ * on timeout the batch is abandoned (the reader drops its blocks) and 0 is returned. For
+ * callers with a short deadline of their own (a peer's QueryBlocksForTransfer). */
+size_t pf_ssd_fetch_within(struct pf_ssd *s, const struct pf_block_key *keys, size_t n,
+                           bool all_or_nothing, uint64_t timeout_ms, struct pf_block **out);
 
 /* Called (on the query thread, must not block) with blocks promoted from SSD into RAM, so
  * a MetaServer client can re-advertise them. Set before serving traffic; fn may be NULL. */

@@ -5,7 +5,9 @@
  * cleanup, sessions for unknown namespaces, validation errors); ReleaseTransferLock (exactly
  * once, unknown -> 0 and ok); expiry by the p2p thread; RdmaHandshake (metadata answered,
  * a repeated handshake from the same requester replaces its connection, malformed and
- * mismatched metadata rejected); shutdown answers UNAVAILABLE. */
+ * mismatched metadata rejected); shutdown answers UNAVAILABLE; blocks only on a local tier
+ * (the SSD) are read into RAM before the answer (pf_engine_fill_local), a short or failed
+ * read answers what RAM has, namespaces stay apart. */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -255,6 +257,177 @@ static void test_query_edge_cases(void **st)
     down(); /* releases the session left over */
 }
 
+/* A local tier standing in for the SSD (src/ssd/store.c's tier: probe counts the
+ * consecutive keys it holds, fetch_within returns up to n sealed blocks with their slot
+ * checksums, fewer on a failure). It holds NT keys of ns-serve; deliver caps a fetch. */
+#define NT 8
+struct ftier {
+    uint32_t ns;
+    uint8_t h[NT][32];
+    size_t deliver;
+    uint64_t timeout_ms;
+    int fetches;
+};
+static struct ftier T;
+
+static int ft_index(const struct pf_block_key *k)
+{
+    for (int i = 0; i < NT; i++)
+        if (k->ns == T.ns && k->len == 32 && memcmp(k->hash, T.h[i], 32) == 0)
+            return i;
+    return -1;
+}
+
+static size_t ft_probe(void *ctx, const char *req_id, const struct pf_block_key *keys, size_t n,
+                       bool wait_full)
+{
+    size_t c = 0;
+    while (c < n && ft_index(&keys[c]) >= 0)
+        c++;
+    return c;
+}
+
+static size_t ft_fetch(void *ctx, const char *req_id, const struct pf_block_key *keys, size_t n,
+                       bool all_or_nothing, struct pf_block **out)
+{
+    fail(); /* the serving side uses fetch_within only */
+    return 0;
+}
+
+static size_t ft_fetch_within(void *ctx, const struct pf_block_key *keys, size_t n,
+                              uint64_t timeout_ms, struct pf_block **out)
+{
+    T.fetches++;
+    T.timeout_ms = timeout_ms;
+    size_t got = 0;
+    for (; got < n && got < T.deliver; got++) {
+        int i = ft_index(&keys[got]);
+        assert_true(i >= 0);
+        struct pf_alloc *a;
+        assert_int_equal(pf_engine_alloc(F.e, 2 * SEG, 0, &a), 0);
+        memset(a->ptr, 0xa0 + i, 2 * SEG);
+        pf_alloc_get(a); /* two segment references */
+        struct pf_slot sl = {.k = a->ptr,
+                             .v = (uint8_t *)a->ptr + SEG,
+                             .ka = a,
+                             .va = a,
+                             .seg_len = SEG,
+                             .seg_stride = SEG,
+                             .numa = 0,
+                             .nseg = 2};
+        pf_slots_checksum(&sl, 1);
+        assert_int_equal(pf_block_pack(NULL, &keys[got], 1, &sl, &out[got]), 0);
+    }
+    return got;
+}
+
+static Pegaflow__QueryBlocksForTransferResponse *query_h(const char *ns, const uint8_t *const *h,
+                                                         size_t n)
+{
+    ProtobufCBinaryData hs[16];
+    for (size_t i = 0; i < n; i++)
+        hs[i] = (ProtobufCBinaryData){32, (uint8_t *)h[i]};
+    Pegaflow__QueryBlocksForTransferRequest r = PEGAFLOW__QUERY_BLOCKS_FOR_TRANSFER_REQUEST__INIT;
+    r.namespace_ = (char *)ns;
+    r.n_block_hashes = n;
+    r.block_hashes = hs;
+    r.requester_id = "10.0.0.2:50055";
+    int code;
+    char err[256];
+    Pegaflow__QueryBlocksForTransferResponse *resp =
+        (void *)serve(PF_P2P_QUERY_BLOCKS, &r.base, &code, err);
+    assert_non_null(resp);
+    assert_true(resp->status && resp->status->ok);
+    return resp;
+}
+
+static double serve_ssd(const char *result)
+{
+    const char *v[] = {result};
+    return pf_metric_value_of("pegaflow_p2p_serve_ssd_blocks_total", v);
+}
+
+static void test_query_fills_from_local_tier(void **st)
+{
+    up(120, 1);
+    memset(&T, 0, sizeof(T));
+    T.ns = F.ns;
+    for (int i = 0; i < NT; i++)
+        for (int k = 0; k < 32; k++)
+            T.h[i][k] = (uint8_t)(0x80 + i * 7 + k);
+    struct pf_tier t = {.name = "ssd",
+                        .cls = PF_CLASS_RETAINED,
+                        .probe = ft_probe,
+                        .fetch = ft_fetch,
+                        .fetch_within = ft_fetch_within};
+    assert_int_equal(pf_engine_add_tier(F.e, &t), 0);
+    double ok0 = serve_ssd("served"), bad0 = serve_ssd("failed");
+    int code;
+    /* two holes in RAM, both on the tier: filled, order kept, bytes are the tier's */
+    T.deliver = NT;
+    const uint8_t *q1[] = {T.h[0], T.h[1], F.h[0], T.h[2], T.h[3]};
+    Pegaflow__QueryBlocksForTransferResponse *r = query_h("ns-serve", q1, 5);
+    assert_int_equal(r->n_blocks, 5);
+    assert_int_equal(T.fetches, 2);
+    assert_true(T.timeout_ms > 0 && T.timeout_ms <= PF_P2P_SERVE_SSD_MS);
+    const int tix[] = {0, 1, -1, 2, 3};
+    for (size_t j = 0; j < 5; j++) {
+        assert_memory_equal(r->blocks[j]->block_hash.data, q1[j], 32);
+        if (tix[j] < 0)
+            continue;
+        const Pegaflow__TransferSlotInfo *s0 = r->blocks[j]->slots[0];
+        uint8_t want[SEG];
+        memset(want, 0xa0 + tix[j], SEG);
+        assert_int_equal(s0->k_size, SEG);
+        assert_memory_equal((const void *)(uintptr_t)s0->k_ptr, want, SEG);
+        assert_memory_equal((const void *)(uintptr_t)s0->v_ptr, want, SEG);
+        assert_true(s0->has_checksum);
+        struct pf_block_key k;
+        pf_key_make(F.ns, T.h[tix[j]], 32, &k);
+        assert_true(pf_cache_contains(pf_engine_cache(F.e), &k)); /* promoted into RAM */
+    }
+    assert_true(serve_ssd("served") == ok0 + 4 && serve_ssd("failed") == bad0);
+    assert_int_equal(release(r->transfer_session_id, &code), 5);
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+    /* now in RAM: no read */
+    r = query_h("ns-serve", q1, 5);
+    assert_int_equal(r->n_blocks, 5);
+    assert_int_equal(T.fetches, 2);
+    assert_int_equal(release(r->transfer_session_id, &code), 5);
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+    /* a short read (an SSD error or timeout after the first block): the answer has what was
+     * read and what RAM has; nothing past the first unfilled hole is read */
+    T.deliver = 1;
+    const uint8_t *q2[] = {T.h[4], T.h[5], F.h[0], T.h[6]};
+    r = query_h("ns-serve", q2, 4);
+    assert_int_equal(r->n_blocks, 2);
+    assert_memory_equal(r->blocks[0]->block_hash.data, T.h[4], 32);
+    assert_memory_equal(r->blocks[1]->block_hash.data, F.h[0], 32);
+    assert_int_equal(T.fetches, 3);
+    assert_true(serve_ssd("served") == ok0 + 5 && serve_ssd("failed") == bad0 + 1);
+    assert_int_equal(release(r->transfer_session_id, &code), 2);
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+    /* a failed read: RAM only (nothing) */
+    T.deliver = 0;
+    const uint8_t *q3[] = {T.h[6], T.h[7]};
+    r = query_h("ns-serve", q3, 2);
+    assert_int_equal(r->n_blocks, 0);
+    assert_true(serve_ssd("served") == ok0 + 5 && serve_ssd("failed") == bad0 + 3);
+    assert_int_equal(release(r->transfer_session_id, &code), 0);
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+    /* the same hashes in another namespace are not the tier's: not read */
+    T.deliver = NT;
+    uint32_t other;
+    assert_int_equal(pf_ns_intern("ns-serve-other", &other), 0);
+    int before = T.fetches;
+    r = query_h("ns-serve-other", q3, 2);
+    assert_int_equal(r->n_blocks, 0);
+    assert_int_equal(T.fetches, before);
+    assert_int_equal(release(r->transfer_session_id, &code), 0);
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+    down();
+}
+
 static void test_lock_expiry_by_thread(void **st)
 {
     up(1, 1);
@@ -394,6 +567,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_query_and_release),
         cmocka_unit_test(test_query_edge_cases),
+        cmocka_unit_test(test_query_fills_from_local_tier),
         cmocka_unit_test(test_lock_expiry_by_thread),
         cmocka_unit_test(test_handshake),
     };

@@ -363,6 +363,29 @@ static void test_stop_wakes_a_waiting_fetch(void **st)
     teardown_store(&s);
 }
 
+static void test_fetch_within_deadline(void **st)
+{
+    /* the caller's deadline, not 2 x the (hour-long) I/O timeout, bounds the wait (a peer's
+     * QueryBlocksForTransfer): reads held, a 50 ms fetch returns nothing; the abandoned
+     * batch's staging returns once the device is done; then the same fetch delivers */
+    struct setup s;
+    setup_store(&s, 2, 16 << 20, NULL, hour_timeout);
+    uint64_t used = pf_pool_used(s.t.pool);
+    double fail0 = ssdt_metric("pegaflow_ssd_prefetch_failures");
+    gate_hold(s.t.gate, PF_BLK_READ, true);
+    struct pf_block *out[2];
+    assert_int_equal(pf_ssd_fetch_within(s.t.ssd, s.k, 2, false, 50, out), 0);
+    assert_int_equal(ssdt_metric("pegaflow_ssd_prefetch_failures") - fail0, 2);
+    gate_hold(s.t.gate, PF_BLK_READ, false);
+    SSDT_WAIT(pf_pool_used(s.t.pool) == used);
+    assert_int_equal(pf_ssd_fetch_within(s.t.ssd, s.k, 2, false, 10000, out), 2);
+    for (int i = 0; i < 2; i++)
+        assert_true(ssdt_same(s.b[i], out[i]));
+    put_all(out, 2);
+    assert_int_equal(ssdt_stats(&s.t).prefetch_reserved, 0);
+    teardown_store(&s);
+}
+
 static void staging2(struct pf_ssd_config *c)
 {
     c->prefetch_staging_bytes = 2 * 24576; /* two blocks */
@@ -420,6 +443,7 @@ int main(void)
         cmocka_unit_test(test_staging_failure),
         cmocka_unit_test(test_read_timeout),
         cmocka_unit_test(test_stop_wakes_a_waiting_fetch),
+        cmocka_unit_test(test_fetch_within_deadline),
         cmocka_unit_test(test_staging_bound),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
