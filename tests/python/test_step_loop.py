@@ -279,7 +279,12 @@ def test_server_killed_mid_run(world, engines, monkeypatch):
     world.restart_server()
     deadline = time.monotonic() + 30
     i = 0
-    while not all(w._worker.stats.get("reregistrations") for w in e2.workers):
+    # the workers re-register and the scheduler sees its server back (its Session reopened
+    # and its channel's reconnect backoff reset: scheduler.py _server_back); until both,
+    # requests are misses
+    sch = e2.sched._scheduler
+    while not (all(w._worker.stats.get("reregistrations") for w in e2.workers)
+               and not any(sch._down) and all(x is not None for x in sch.sessions)):
         assert time.monotonic() < deadline, "the workers did not register again within 30 s"
         rid = f"E{i}"
         e2.add_request(rid, PROMPT_A, max_tokens=1)
