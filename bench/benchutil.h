@@ -1,7 +1,9 @@
 /* Helpers shared by the benchmarks (header-only: every bench/<name>.c is its own program).
- * Timing, spreads of per-run ratios, /metrics reading, raw O_DIRECT io_uring transfers and
- * registering one contiguous sim-GPU layer. Every helper exits the program with a message on
- * failure (a benchmark has no recovery path). */
+ * Timing, medians / percentiles / spreads of per-run figures (an even count has the mean of
+ * the two middle values as its median), process RSS, the measured server's environment,
+ * /metrics reading, raw O_DIRECT io_uring transfers and registering one contiguous sim-GPU
+ * layer. No bench keeps its own copy of these. Every helper exits the program with a message
+ * on failure (a benchmark has no recovery path). */
 #ifndef PF_BENCHUTIL_H
 #define PF_BENCHUTIL_H
 
@@ -40,6 +42,74 @@ static inline void bu_spread(const double *v, int n, double out[3])
     out[1] = n % 2 ? c[n / 2] : (c[n / 2 - 1] + c[n / 2]) / 2;
     out[2] = c[n - 1];
     free(c);
+}
+
+/* The median of v[0..n) (n >= 1; v is not reordered): the middle value, or the mean of the
+ * two middle values for an even n. */
+static inline double bu_median(const double *v, int n)
+{
+    double s[3];
+    bu_spread(v, n, s);
+    return s[1];
+}
+
+/* The q-quantile (0..1) of v[0..n) by nearest rank (v is not reordered). */
+static inline double bu_pct(const double *v, size_t n, double q)
+{
+    double *c = malloc(n * sizeof(*c));
+    memcpy(c, v, n * sizeof(*c));
+    qsort(c, n, sizeof(*c), bu_cmpd);
+    double r = c[(size_t)(q * (double)(n - 1) + 0.5)];
+    free(c);
+    return r;
+}
+
+/* VmRSS of pid in KiB, -1 when unreadable. */
+static inline long bu_rss_kb(pid_t pid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    long v = -1;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "VmRSS: %ld kB", &v) == 1)
+            break;
+    fclose(f);
+    return v;
+}
+
+/* Exits when the environment of process pid holds name= (the measured server must run as a
+ * user starts it: nothing the bench set for its own baselines may leak into it). */
+static inline void bu_check_env_clean(pid_t pid, const char *name)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/environ", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "bench: cannot read %s: %s\n", path, strerror(errno));
+        pft_fail_cleanup();
+        exit(1);
+    }
+    char buf[4096];
+    size_t nl = strlen(name), len = 0;
+    int c;
+    while ((c = fgetc(f)) != EOF) {
+        if (c != 0 && len + 1 < sizeof(buf)) {
+            buf[len++] = (char)c;
+            continue;
+        }
+        buf[len] = 0;
+        if (len > nl && strncmp(buf, name, nl) == 0 && buf[nl] == '=') {
+            fprintf(stderr, "bench: the measured server (pid %d) inherited %s\n", (int)pid, buf);
+            fclose(f);
+            pft_fail_cleanup();
+            exit(1);
+        }
+        len = 0;
+    }
+    fclose(f);
 }
 
 static inline void bu_die(const char *bench, const char *what)

@@ -45,6 +45,7 @@
 #include "pf/log.h"
 #include "pf/util.h"
 #include "pfnetns.h"
+#include "benchutil.h"
 #include "rawverbs.h"
 
 #define MAX_BLOCKS 8
@@ -375,20 +376,6 @@ static double raw_best(struct reader *r, uint64_t blk, double *chunked_p, double
     return *chunked_p < *whole_p ? *chunked_p : *whole_p;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(const double *v, int n)
-{
-    double s[MAX_REPS];
-    memcpy(s, v, (size_t)n * sizeof(double));
-    qsort(s, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
-}
-
 static int parse_opts(int argc, char **argv, struct opts *o)
 {
     *o = (struct opts){.size = 1ull << 30,
@@ -586,7 +573,7 @@ int main(int argc, char **argv)
                 backend, topo, o.size, o.qps, o.reps);
     double worst = 1e9;
     for (int b = 0; b < o.nblocks; b++) {
-        double fm = median(fab[b], o.reps), rm = median(raw[b], o.reps);
+        double fm = bu_median(fab[b], o.reps), rm = bu_median(raw[b], o.reps);
         double fbest = fab[b][0];
         for (int k = 1; k < o.reps; k++)
             fbest = fab[b][k] < fbest ? fab[b][k] : fbest;
@@ -594,12 +581,12 @@ int main(int argc, char **argv)
         double ratio = rm / fm, paired[MAX_REPS];
         for (int k = 0; k < o.reps; k++) /* same-moment pairs: robust to load drift */
             paired[k] = raw[b][k] / fab[b][k];
-        double pratio = median(paired, o.reps);
+        double pratio = bu_median(paired, o.reps);
         worst = ratio < worst ? ratio : worst;
         char bl[32];
         snprintf(bl, sizeof(bl), "%" PRIu64 " KiB", o.blocks[b] >> 10);
         double gib = (double)o.size / (double)(1ull << 30);
-        double fcpu = median(fabcpu[b], o.reps) / gib, rcpu = median(rawcpu[b], o.reps) / gib;
+        double fcpu = bu_median(fabcpu[b], o.reps) / gib, rcpu = bu_median(rawcpu[b], o.reps) / gib;
         printf("%-10s %14.3f %14.3f %14.3f %8.3f %8.3f %9.2f %9.2f  %s\n", bl, fgb, rgb,
                (double)o.size / fbest / 1e9, ratio, pratio, fcpu, rcpu,
                ok[b] ? "verified" : "MISMATCH");

@@ -43,6 +43,7 @@
 #include "pf/log.h"
 #include "pf/pool.h"
 #include "pf/ssd.h"
+#include "benchutil.h"
 
 struct opts {
     const char *dir;
@@ -289,18 +290,6 @@ static double raw_read_staged(struct tier *t, const char *path, uint64_t nbuf)
     return r;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof(*v), cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 static void usage(void)
 {
     fprintf(stderr, "usage: ssd [--dir DIR] [--block-size SIZE] [--slots N] [--total SIZE] "
@@ -479,8 +468,8 @@ int main(int argc, char **argv)
                 r + 1, rw[r] / 1e9, tw[r] / 1e9, rr[r] / 1e9, tr[r] / 1e9,
                 (unsigned long long)(hbufs * o.block >> 20), rh[r] / 1e9);
     }
-    double mrw = median(rw, o.rounds), mtw = median(tw, o.rounds);
-    double mrr = median(rr, o.rounds), mtr = median(tr, o.rounds), mrh = median(rh, o.rounds);
+    double mrw = bu_median(rw, o.rounds), mtw = bu_median(tw, o.rounds);
+    double mrr = bu_median(rr, o.rounds), mtr = bu_median(tr, o.rounds), mrh = bu_median(rh, o.rounds);
     printf("%-10s %14s %14s %8s\n", "phase", "raw GB/s", "tier GB/s", "ratio");
     printf("%-10s %14.3f %14.3f %8.3f\n", "write", mrw / 1e9, mtw / 1e9, mtw / mrw);
     printf("%-10s %14.3f %14.3f %8.3f\n", "read", mrr / 1e9, mtr / 1e9, mtr / mrr);

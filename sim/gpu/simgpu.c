@@ -10,7 +10,11 @@
  * mapping table (device side) and the host registrations (host side) before anything is
  * queued, so a violation is -EFAULT and never a stray write. Mappings are refcounted: a
  * copy in flight keeps its mapping alive even if ipc_close runs concurrently. Consecutive
- * descriptors adjacent on both sides are copied as one (up to MERGE_MAX bytes).
+ * descriptors adjacent on both sides are copied as one (up to MERGE_MAX bytes), with
+ * non-temporal stores from PF_COPY_NT_MIN bytes on (pf_copy_bulk: the server chooses them,
+ * no GLIBC_TUNABLES needed). copy_batch_hash (D2H) copies each descriptor in L2-sized
+ * chunks and hashes every chunk from the destination right after writing it, one XXH3
+ * state per hash run (pf_copy_hash), so a save with integrity on reads its bytes once.
  * An optional per-device bandwidth cap (bytes/s) models a PCIe link shared by the
  * device's streams. */
 #include <errno.h>
@@ -27,6 +31,7 @@
 
 #define PF_LOG_MOD "simgpu"
 #include "pf/clock.h"
+#include "pf/copy.h"
 #include "pf/guard.h"
 #include "pf/hal.h"
 #include "pf/log.h"
@@ -87,6 +92,8 @@ struct copy_op {
 struct batch {
     struct batch *next;
     enum pf_copy_dir dir;
+    const uint8_t *join; /* copy_batch_hash: ops[i] is descriptor i, never merged */
+    uint64_t *sums;
     size_t n;
     struct copy_op ops[];
 };
@@ -101,6 +108,7 @@ struct simstream {
     uint64_t submitted, completed;
     int first_err;
     bool stop;
+    struct pf_hash_state *hash; /* the engine thread's, for copy_batch_hash */
 };
 
 static const struct pf_gpu_ops simgpu_ops;
@@ -311,6 +319,24 @@ static void throttle(struct simgpu *s, struct simdev *d, uint64_t len)
     }
 }
 
+struct guarded_op {
+    struct copy_op *op;
+    enum pf_copy_dir dir;
+    struct pf_hash_state *hash; /* NULL: plain copy */
+};
+
+static void run_op(void *arg)
+{
+    struct guarded_op *g = arg;
+    struct copy_op *op = g->op;
+    if (g->hash)
+        pf_copy_hash(op->host, op->dev, op->len, g->hash);
+    else if (g->dir == PF_COPY_D2H)
+        pf_copy_bulk(op->host, op->dev, op->len);
+    else
+        pf_copy_bulk(op->dev, op->host, op->len);
+}
+
 static void *stream_main(void *arg)
 {
     struct simstream *st = arg;
@@ -328,10 +354,13 @@ static void *stream_main(void *arg)
         for (size_t i = 0; i < b->n; i++) {
             struct copy_op *op = &b->ops[i];
             /* the device side is a client's shm object: a client that shrinks it must fail
-             * this batch, not kill the server (SIGBUS contained by pf_guard_copy) */
-            int rc = err                     ? 0
-                     : b->dir == PF_COPY_D2H ? pf_guard_copy(op->host, op->dev, op->len)
-                                             : pf_guard_copy(op->dev, op->host, op->len);
+             * this batch, not kill the server (SIGBUS contained by pf_guard_call) */
+            struct guarded_op g = {op, b->dir, b->sums ? st->hash : NULL};
+            if (g.hash && (i == 0 || !b->join[i]))
+                pf_hash_reset(g.hash);
+            int rc = err ? 0 : pf_guard_call(run_op, &g);
+            if (rc == 0 && !err && g.hash && (i + 1 == b->n || !b->join[i + 1]))
+                b->sums[i] = pf_hash_digest(g.hash);
             if (rc) {
                 pf_log_ratelimited(PF_LOG_WARN, 1000,
                                    "%s copy %zu of %zu faulted: sim GPU memory %s is no "
@@ -371,6 +400,11 @@ static int s_stream_create(struct pf_gpu *g, int dev, struct pf_gpu_stream **s_p
     st->base.gpu = g;
     st->base.device = dev;
     st->g = s;
+    st->hash = pf_hash_state_new();
+    if (!st->hash) {
+        free(st);
+        return -ENOMEM;
+    }
     pthread_mutex_init(&st->mu, NULL);
     int rc = pf_cond_init(&st->cv);
     if (rc)
@@ -386,6 +420,7 @@ err_cond:
     pthread_cond_destroy(&st->cv);
 err_free:
     pthread_mutex_destroy(&st->mu);
+    pf_hash_state_free(st->hash);
     free(st);
     return rc;
 }
@@ -400,13 +435,33 @@ static void s_stream_destroy(struct pf_gpu_stream *sp)
     pthread_join(st->thr, NULL); /* drains queued batches first */
     pthread_cond_destroy(&st->cv);
     pthread_mutex_destroy(&st->mu);
+    pf_hash_state_free(st->hash);
     free(st);
 }
+
+static int enqueue(struct simstream *st, enum pf_copy_dir dir, const struct pf_copy_desc *d,
+                   size_t n, const uint8_t *join, uint64_t *sums);
 
 static int s_copy(struct pf_gpu_stream *sp, enum pf_copy_dir dir, enum pf_copy_mode mode,
                   const struct pf_copy_desc *d, size_t n)
 {
-    struct simstream *st = pf_container_of(sp, struct simstream, base);
+    return enqueue(pf_container_of(sp, struct simstream, base), dir, d, n, NULL, NULL);
+}
+
+static int s_copy_hash(struct pf_gpu_stream *sp, enum pf_copy_dir dir, enum pf_copy_mode mode,
+                       const struct pf_copy_desc *d, size_t n, const uint8_t *join,
+                       uint64_t *sums)
+{
+    if (dir != PF_COPY_D2H || (n && (!join || !sums)))
+        return -EINVAL;
+    return enqueue(pf_container_of(sp, struct simstream, base), dir, d, n, join, sums);
+}
+
+/* Validates every descriptor, then queues one batch (sums != NULL: hashed, unmerged). */
+static int enqueue(struct simstream *st, enum pf_copy_dir dir, const struct pf_copy_desc *d,
+                   size_t n, const uint8_t *join, uint64_t *sums)
+{
+    struct pf_gpu_stream *sp = &st->base;
     struct simgpu *s = st->g;
     if (dir != PF_COPY_D2H && dir != PF_COPY_H2D)
         return -EINVAL;
@@ -417,6 +472,8 @@ static int s_copy(struct pf_gpu_stream *sp, enum pf_copy_dir dir, enum pf_copy_m
         return -ENOMEM;
     b->next = NULL;
     b->dir = dir;
+    b->join = join;
+    b->sums = sums;
     b->n = 0;
     int rc = 0;
     pthread_rwlock_rdlock(&s->lock);
@@ -442,7 +499,7 @@ static int s_copy(struct pf_gpu_stream *sp, enum pf_copy_dir dir, enum pf_copy_m
         }
         char *dev = (char *)m->host + off;
         struct copy_op *prev = b->n ? &b->ops[b->n - 1] : NULL;
-        if (prev && prev->map == m && (char *)prev->dev + prev->len == dev &&
+        if (prev && !sums && prev->map == m && (char *)prev->dev + prev->len == dev &&
             (char *)prev->host + prev->len == (char *)d[i].host && prev->len <= MERGE_MAX) {
             prev->len += d[i].len; /* adjacent on both sides: one larger copy */
             continue;
@@ -554,6 +611,7 @@ static const struct pf_gpu_ops simgpu_ops = {
     .copy_batch = s_copy,
     .stream_sync = s_sync,
     .close = s_close,
+    .copy_batch_hash = s_copy_hash,
 };
 
 static const struct pf_gpu_backend simgpu_backend = {

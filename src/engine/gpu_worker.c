@@ -39,6 +39,7 @@ struct gpu_dev {
     int hal_dev;
     int numa;
     int32_t device_id; /* the first lane's, for logs */
+    _Atomic bool no_hash; /* the backend answered copy_batch_hash with -EOPNOTSUPP */
     struct copy_thread save, load;
 };
 
@@ -84,6 +85,8 @@ void pf_xfer_put(struct pf_xfer *x)
         x->free_fn(x);
     pthread_mutex_destroy(&x->mu);
     pthread_cond_destroy(&x->cv);
+    free((void *)x->hjoin);
+    free(x->hsums);
     free(x->descs);
     free(x);
 }
@@ -103,11 +106,20 @@ int pf_xfer_wait(struct pf_xfer *x, uint64_t timeout_ms)
     return rc;
 }
 
-static int run_batch(struct pf_gpu_stream *s, struct pf_xfer *x)
+static int run_batch(struct gpu_dev *d, struct pf_gpu_stream *s, struct pf_xfer *x)
 {
     if (x->n == 0)
         return 0;
-    int rc = pf_gpu_copy_batch(s, x->dir, x->mode, x->descs, x->n);
+    int rc = -EOPNOTSUPP;
+    x->hashed = false;
+    if (x->hsums && !atomic_load_explicit(&d->no_hash, memory_order_relaxed)) {
+        rc = pf_gpu_copy_batch_hash(s, x->dir, x->mode, x->descs, x->n, x->hjoin, x->hsums);
+        if (rc == -EOPNOTSUPP)
+            atomic_store_explicit(&d->no_hash, true, memory_order_relaxed);
+        x->hashed = rc == 0;
+    }
+    if (rc == -EOPNOTSUPP)
+        rc = pf_gpu_copy_batch(s, x->dir, x->mode, x->descs, x->n);
     /* even after a submission error part of the batch may be queued: always sync */
     uint64_t waited = 0;
     int src;
@@ -147,7 +159,7 @@ static void *copy_main(void *arg)
         struct pf_xfer *x = li->x;
         struct pf_gpu_worker *lane = li->lane;
         free(li);
-        int rc = s ? run_batch(s, x) : srs;
+        int rc = s ? run_batch(d, s, x) : srs;
         if (rc && rc != -ETIMEDOUT)
             pf_warn("GPU %d: %s batch of %zu copies failed: %s", d->device_id,
                     x->dir == PF_COPY_D2H ? "D2H" : "H2D", x->n, strerror(-rc));
@@ -307,4 +319,9 @@ int pf_gpu_worker_submit(struct pf_gpu_worker *w, struct pf_xfer *x)
         pthread_mutex_unlock(&w->mu);
     }
     return rc;
+}
+
+bool pf_gpu_worker_can_hash(const struct pf_gpu_worker *w)
+{
+    return !atomic_load_explicit(&w->d->no_hash, memory_order_relaxed);
 }
