@@ -591,8 +591,7 @@ int main(int argc, char **argv)
             "%s), AVX2 streaming copy in block calls, one %llu MiB memcpy, simkv shm <-> "
             "THP-advised anonymous memory; every repeat memcmp's all bytes; ratios min/median/max "
             "of per-run ratios\n",
-            runs, tunables,
-            (unsigned long long)(TOTAL >> 20));
+            runs, tunables, (unsigned long long)(TOTAL >> 20));
         if (js)
             fprintf(js, "  ],\n");
     }
@@ -668,7 +667,7 @@ int main(int argc, char **argv)
             bu_die("engine", "health");
         lat[i] = bu_now() - t1;
     }
-    double h50 = bu_pct(lat, (size_t)iters, 0.5), h99 = bu_pct(lat, (size_t)iters, 0.99);
+    double h50 = bu_median(lat, (int)iters), h99 = bu_pct(lat, (size_t)iters, 0.99);
     printf("\n%-26s %10s %10s %10s %12s %10s\n", "RPC", "p50 us", "p99 us", "p50/Health",
            "same-bytes", "ratio");
     printf("%-26s %10.1f %10.1f %10.2f\n", "Health (empty)", h50 * 1e6, h99 * 1e6, 1.0);
@@ -704,8 +703,8 @@ int main(int argc, char **argv)
         }
         if (getenv("PF_BENCH_VERBOSE"))
             server_times(&s);
-        double q50 = bu_pct(lat, (size_t)iters, 0.5), q99 = bu_pct(lat, (size_t)iters, 0.99);
-        double b50 = pct(blat, (size_t)iters, 0.5);
+        double q50 = bu_median(lat, (int)iters), q99 = bu_pct(lat, (size_t)iters, 0.99);
+        double b50 = bu_median(blat, (int)iters);
         char label[64];
         snprintf(label, sizeof(label), "QueryPrefetch %llu hash%s", (unsigned long long)qn[qi],
                  qn[qi] > 1 ? "es" : "");

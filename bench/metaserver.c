@@ -367,7 +367,8 @@ static int rpc_part(struct results *r)
     r->rss1_kb = bu_rss_kb(pid);
     r->rss_bytes_per_key = (double)(r->rss1_kb - r->rss0_kb) * 1024.0 / (double)nkeys;
     if (store_url)
-        r->redis_rss_bytes_per_key = (double)(bu_rss_kb(bredis.pid) - redis0) * 1024.0 / (double)nkeys;
+        r->redis_rss_bytes_per_key =
+            (double)(bu_rss_kb(bredis.pid) - redis0) * 1024.0 / (double)nkeys;
     if (rc)
         goto out;
 

@@ -469,7 +469,8 @@ int main(int argc, char **argv)
                 (unsigned long long)(hbufs * o.block >> 20), rh[r] / 1e9);
     }
     double mrw = bu_median(rw, o.rounds), mtw = bu_median(tw, o.rounds);
-    double mrr = bu_median(rr, o.rounds), mtr = bu_median(tr, o.rounds), mrh = bu_median(rh, o.rounds);
+    double mrr = bu_median(rr, o.rounds), mtr = bu_median(tr, o.rounds),
+           mrh = bu_median(rh, o.rounds);
     printf("%-10s %14s %14s %8s\n", "phase", "raw GB/s", "tier GB/s", "ratio");
     printf("%-10s %14.3f %14.3f %8.3f\n", "write", mrw / 1e9, mtw / 1e9, mtw / mrw);
     printf("%-10s %14.3f %14.3f %8.3f\n", "read", mrr / 1e9, mtr / 1e9, mtr / mrr);

@@ -449,8 +449,7 @@ static int s_copy(struct pf_gpu_stream *sp, enum pf_copy_dir dir, enum pf_copy_m
 }
 
 static int s_copy_hash(struct pf_gpu_stream *sp, enum pf_copy_dir dir, enum pf_copy_mode mode,
-                       const struct pf_copy_desc *d, size_t n, const uint8_t *join,
-                       uint64_t *sums)
+                       const struct pf_copy_desc *d, size_t n, const uint8_t *join, uint64_t *sums)
 {
     if (dir != PF_COPY_D2H || (n && (!join || !sums)))
         return -EINVAL;

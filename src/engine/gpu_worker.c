@@ -38,7 +38,7 @@ struct gpu_dev {
     struct pf_gpu *gpu;
     int hal_dev;
     int numa;
-    int32_t device_id; /* the first lane's, for logs */
+    int32_t device_id;    /* the first lane's, for logs */
     _Atomic bool no_hash; /* the backend answered copy_batch_hash with -EOPNOTSUPP */
     struct copy_thread save, load;
 };

@@ -272,8 +272,7 @@ static int f_copy(struct pf_gpu_stream *sp, enum pf_copy_dir dir, enum pf_copy_m
  * the engine falls back to copy_batch and hashes the host bytes itself, and every gpu.d2h
  * fault (drop, corrupt after the copy, error) applies exactly as without the extension. */
 static int f_copy_hash(struct pf_gpu_stream *sp, enum pf_copy_dir dir, enum pf_copy_mode mode,
-                       const struct pf_copy_desc *d, size_t n, const uint8_t *join,
-                       uint64_t *sums)
+                       const struct pf_copy_desc *d, size_t n, const uint8_t *join, uint64_t *sums)
 {
     return -EOPNOTSUPP;
 }

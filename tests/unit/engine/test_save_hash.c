@@ -29,8 +29,8 @@ struct geo {
 };
 
 static const struct geo geos[] = {
-    {4096, 8, 0, 0},      {1000, 16, 1, 0},     {32767, 6, 0, 64},  {32768, 5, 1, 13},
-    {32769, 5, 1, 4096},  {65536, 4, 0, 4099},  {200003, 3, 1, 7},  {524288, 3, 0, 0},
+    {4096, 8, 0, 0},     {1000, 16, 1, 0},    {32767, 6, 0, 64}, {32768, 5, 1, 13},
+    {32769, 5, 1, 4096}, {65536, 4, 0, 4099}, {200003, 3, 1, 7}, {524288, 3, 0, 0},
 };
 #define NGEO (sizeof(geos) / sizeof(geos[0]))
 
@@ -125,9 +125,8 @@ static void run(const char *backend)
             assert_true(s.has_checksum);
             uint64_t want = ref_hash(K, G->bpb, V, V ? G->bpb : 0);
             if (s.checksum != want)
-                fail_msg("%s: geometry %zu block %u: stored checksum %llx, reference %llx",
-                         backend, gi, ids[j], (unsigned long long)s.checksum,
-                         (unsigned long long)want);
+                fail_msg("%s: geometry %zu block %u: stored checksum %llx, reference %llx", backend,
+                         gi, ids[j], (unsigned long long)s.checksum, (unsigned long long)want);
             pf_block_put(b);
         }
         assert_int_equal(pf_engine_unregister(e, inst, err, sizeof(err)), 0);

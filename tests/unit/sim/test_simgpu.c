@@ -371,8 +371,8 @@ static void test_copy_hash(void **st)
     fx_open(&f, "sim", NULL, 0, SZ);
     uint8_t *dev = pf_simkv_ptr(f.kv);
     pft_fill(dev, SZ, pft_seed(), 5);
-    static const uint64_t lens[] = {1, 63, 64, 65, 240, 241, 4096, 32767, 32768, 32769, 65536,
-                                    100003};
+    static const uint64_t lens[] = {1,    63,    64,    65,    240,   241,
+                                    4096, 32767, 32768, 32769, 65536, 100003};
     size_t nl = sizeof(lens) / sizeof(lens[0]);
     struct pf_copy_desc d[64];
     uint8_t join[64];
@@ -384,7 +384,8 @@ static void test_copy_hash(void **st)
             for (int s = 0; s < segs; s++) {
                 uint64_t len = lens[(i + (size_t)s * 5) % nl];
                 assert_true(dofs + len <= SZ && hofs + len <= SZ);
-                d[n] = (struct pf_copy_desc){.dev = f.m->base + dofs, .host = f.host + hofs, .len = len};
+                d[n] = (struct pf_copy_desc){
+                    .dev = f.m->base + dofs, .host = f.host + hofs, .len = len};
                 join[n++] = s != 0;
                 dofs = (dofs + len * 7 + 17) % (SZ - 110000); /* scattered, unaligned */
                 hofs += len + 1 + (i & 7);
@@ -401,9 +402,9 @@ static void test_copy_hash(void **st)
         bool last = i + 1 == n || !join[i + 1];
         if (!last)
             continue;
-        uint64_t want = join[i] ? ref_hash(dev + (d[i - 1].dev - f.m->base), d[i - 1].len, src,
-                                           d[i].len)
-                                : ref_hash(src, d[i].len, NULL, 0);
+        uint64_t want =
+            join[i] ? ref_hash(dev + (d[i - 1].dev - f.m->base), d[i - 1].len, src, d[i].len)
+                    : ref_hash(src, d[i].len, NULL, 0);
         if (sums[i] != want)
             fail_msg("run ending at descriptor %zu (%llu bytes): checksum %llx, want %llx", i,
                      (unsigned long long)d[i].len, (unsigned long long)sums[i],
@@ -423,10 +424,10 @@ static void test_copy_hash(void **st)
     /* the faulty: decorator has no fused copy: callers fall back to copy_batch */
     struct pf_fault_plan *p;
     char err[200];
-    assert_int_equal(pf_fault_plan_parse("gpu.d2h:nth=99,times=1,error=EIO", &p, err, sizeof(err)), 0);
+    assert_int_equal(pf_fault_plan_parse("gpu.d2h:nth=99,times=1,error=EIO", &p, err, sizeof(err)),
+                     0);
     fx_open(&f, "sim", p, 0, SZ);
-    assert_int_equal(pf_gpu_copy_batch_hash(f.s, PF_COPY_D2H, 0, &bad, 1, join, sums),
-                     -EOPNOTSUPP);
+    assert_int_equal(pf_gpu_copy_batch_hash(f.s, PF_COPY_D2H, 0, &bad, 1, join, sums), -EOPNOTSUPP);
     fx_close(&f);
     pf_fault_plan_free(p);
 }
