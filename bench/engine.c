@@ -435,7 +435,11 @@ int main(int argc, char **argv)
     }
     /* ---- server ---- */
     char pool[32];
-    snprintf(pool, sizeof(pool), "%llumb", (unsigned long long)(TOTAL * 5 / 4 >> 20));
+    /* room for the throughput data and, next to it, both metadata sets (512 B blocks plus
+     * their warm-up, 32 x 16 B slots): --quick's 128 MiB alone would evict during those */
+    uint64_t meta_need = (8 * 16384 + NBLK_META) * 512 + NBLK_META * NL32 * 16;
+    snprintf(pool, sizeof(pool), "%llumb",
+             (unsigned long long)((TOTAL * 5 / 4 + meta_need * 5 / 4) >> 20));
     const char *args[] = {"--gpu-backend", "sim", "--pool-size", pool, "--log-level", "info", NULL};
     struct pft_proc s;
     if (pft_start(&s, "pegaflow-server", "127.0.0.1", args))

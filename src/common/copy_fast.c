@@ -107,14 +107,34 @@ uint64_t pf_hash_digest(const struct pf_hash_state *h)
     return XXH3_64bits_digest(&h->st);
 }
 
+/* Large copies go through a small bounce buffer that stays in L1: the source chunk is read
+ * from memory once (into the bounce), then streamed to the destination with non-temporal
+ * stores and hashed, both from L1. The bytes hashed are exactly the bytes written, even if
+ * the source changes meanwhile, and the destination is never read. Small copies (below the
+ * streaming threshold) use cached stores and hash the destination while it is in L1/L2. */
+#define BOUNCE (16u << 10)
+static _Thread_local _Alignas(64) unsigned char bounce[BOUNCE];
+
 void pf_copy_hash(void *dst, const void *src, size_t len, struct pf_hash_state *h)
 {
     char *d = dst;
     const char *s = src;
+    if (len < PF_COPY_NT_MIN) {
+        while (len) {
+            size_t c = len < PF_COPY_HASH_CHUNK ? len : PF_COPY_HASH_CHUNK;
+            memcpy(d, s, c); /* cached stores: the chunk is hashed from L1/L2 next */
+            XXH3_64bits_update_dispatch(&h->st, d, c);
+            d += c;
+            s += c;
+            len -= c;
+        }
+        return;
+    }
     while (len) {
-        size_t c = len < PF_COPY_HASH_CHUNK ? len : PF_COPY_HASH_CHUNK;
-        memcpy(d, s, c); /* cached stores: the chunk is hashed from L1/L2 next */
-        XXH3_64bits_update_dispatch(&h->st, d, c);
+        size_t c = len < BOUNCE ? len : BOUNCE;
+        memcpy(bounce, s, c);
+        pf_copy_nt(d, bounce, c);
+        XXH3_64bits_update_dispatch(&h->st, bounce, c);
         d += c;
         s += c;
         len -= c;
