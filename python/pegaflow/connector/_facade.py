@@ -90,6 +90,26 @@ class PegaKVEvents(KVConnectorKVEvents if KVConnectorKVEvents is not None else _
         return f"PegaKVEvents({len(self._records)} saved-block reports)"
 
 
+def _event_fields(cls) -> frozenset | None:
+    """The keyword fields an event class takes (msgspec ``__struct_fields__`` or dataclass
+    fields; None: unknown, pass everything), computed once per class: take_events runs
+    every scheduler step and must not introspect a class per block."""
+    got = _FIELDS.get(cls, _MISSING)
+    if got is _MISSING:
+        fields = getattr(cls, "__struct_fields__", None)
+        if fields is None:
+            import dataclasses
+
+            fields = ([f.name for f in dataclasses.fields(cls)]
+                      if dataclasses.is_dataclass(cls) else None)
+        got = _FIELDS[cls] = frozenset(fields) if fields is not None else None
+    return got
+
+
+_FIELDS: dict = {}
+_MISSING = object()
+
+
 def _router_events(records) -> list:
     """Plain records (events.py) -> vLLM's BlockStored / BlockRemoved, medium CPU, the
     hashes converted as vLLM converts its own (bytes, or int64 with
@@ -103,27 +123,24 @@ def _router_events(records) -> list:
     except ImportError:
         conv = lambda h: h  # noqa: E731
     medium = getattr(ke, "MEDIUM_CPU", "CPU")
+    stored_cls, removed_cls = ke.BlockStored, ke.BlockRemoved
+    sf, rf = _event_fields(stored_cls), _event_fields(removed_cls)
 
-    def make(cls, **kw):
-        fields = getattr(cls, "__struct_fields__", None)
-        if fields is None:
-            import dataclasses
-
-            fields = [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(
-                cls) else list(kw)
-        return cls(**{k: v for k, v in kw.items() if k in fields})
+    def keep(kw: dict, fields) -> dict:
+        return kw if fields is None else {k: v for k, v in kw.items() if k in fields}
 
     out = []
     for r in records:
         if r[0] == "stored":
             _, h, parent, tokens, bs, lora_id, lora_name = r
-            out.append(make(ke.BlockStored, block_hashes=[conv(h)],
-                            parent_block_hash=conv(parent) if parent is not None else None,
-                            token_ids=list(tokens), block_size=bs, lora_id=lora_id,
-                            medium=medium, lora_name=lora_name, ownership="pegaflow"))
+            out.append(stored_cls(**keep(dict(
+                block_hashes=[conv(h)],
+                parent_block_hash=conv(parent) if parent is not None else None,
+                token_ids=list(tokens), block_size=bs, lora_id=lora_id, medium=medium,
+                lora_name=lora_name, ownership="pegaflow"), sf)))
         elif r[0] == "removed":
-            out.append(make(ke.BlockRemoved, block_hashes=[conv(r[1])], medium=medium,
-                            ownership="pegaflow"))
+            out.append(removed_cls(**keep(dict(block_hashes=[conv(r[1])], medium=medium,
+                                               ownership="pegaflow"), rf)))
     return out
 
 
