@@ -108,6 +108,9 @@ def _event_fields(cls) -> frozenset | None:
 
 _FIELDS: dict = {}
 _MISSING = object()
+_STORED_KEYS = frozenset(("block_hashes", "parent_block_hash", "token_ids", "block_size",
+                          "lora_id", "medium", "lora_name", "ownership"))
+_REMOVED_KEYS = frozenset(("block_hashes", "medium", "ownership"))
 
 
 def _router_events(records) -> list:
@@ -123,8 +126,19 @@ def _router_events(records) -> list:
     except ImportError:
         conv = lambda h: h  # noqa: E731
     medium = getattr(ke, "MEDIUM_CPU", "CPU")
+    # vLLM decides the hash form once per call of its own (an environment setting read on
+    # every call): ask once per batch; bytes returned unchanged -> no per-hash call at all
+    probe = b"\x00" * 32
+    if conv(probe) is probe:
+        conv = None
     stored_cls, removed_cls = ke.BlockStored, ke.BlockRemoved
     sf, rf = _event_fields(stored_cls), _event_fields(removed_cls)
+
+    # a class that takes every field needs no filtering per event
+    if sf is not None and sf >= _STORED_KEYS:
+        sf = None
+    if rf is not None and rf >= _REMOVED_KEYS:
+        rf = None
 
     def keep(kw: dict, fields) -> dict:
         return kw if fields is None else {k: v for k, v in kw.items() if k in fields}
@@ -134,12 +148,14 @@ def _router_events(records) -> list:
         if r[0] == "stored":
             _, h, parent, tokens, bs, lora_id, lora_name = r
             out.append(stored_cls(**keep(dict(
-                block_hashes=[conv(h)],
-                parent_block_hash=conv(parent) if parent is not None else None,
+                block_hashes=[conv(h) if conv else h],
+                parent_block_hash=(conv(parent) if conv else parent) if parent is not None
+                else None,
                 token_ids=list(tokens), block_size=bs, lora_id=lora_id, medium=medium,
                 lora_name=lora_name, ownership="pegaflow"), sf)))
         elif r[0] == "removed":
-            out.append(removed_cls(**keep(dict(block_hashes=[conv(r[1])], medium=medium,
+            out.append(removed_cls(**keep(dict(block_hashes=[conv(r[1]) if conv else r[1]],
+                                               medium=medium,
                                                ownership="pegaflow"), rf)))
     return out
 
