@@ -18,6 +18,9 @@
  * the servers' pools, the fastest of block-size, 256 KiB and single calls. The table reports
  * medians and their ratio.
  *
+ * Pure miss (p2p_miss.h): QueryPrefetch of 4096 hashes nobody holds on B vs a node without
+ * P2P, both Ready(0) at once (target p50 <= 1.3x).
+ *
  * Latency: per block size, --lat-reps times: A saves 16 fresh blocks, they are advertised,
  * then B's QueryPrefetch is repeated back to back from Loading until Ready (client view), next
  * to B's own fetch time (pegaflow_rdma_fetch_duration_seconds) and an empty Health round trip.
@@ -49,6 +52,7 @@
 
 #include "client/pegaflow.h"
 #include "engine.pb-c.h"
+#include "pf/auth.h"
 #include "pf/clock.h"
 #include "pf/config.h"
 #include "pf/rpc.h"
@@ -91,15 +95,16 @@ struct proc {
     int grpc_port, http_port;
 };
 
-static struct proc MS = {.tag = "metaserver"}, NA = {.tag = "node-a"}, NB = {.tag = "node-b"};
+static struct proc MS = {.tag = "metaserver"}, NA = {.tag = "node-a"}, NB = {.tag = "node-b"},
+                   NP = {.tag = "node-plain"}; /* without P2P: the pure-miss baseline */
 static pid_t raw_pid;
 static char logdir[64];
 
 /* async-signal-safe: kill(2) and waitpid(2) only */
 static void kill_procs(void)
 {
-    struct proc *all[] = {&NB, &NA, &MS};
-    for (int i = 0; i < 3; i++)
+    struct proc *all[] = {&NP, &NB, &NA, &MS};
+    for (int i = 0; i < 4; i++)
         if (all[i]->pid > 0) {
             kill(all[i]->pid, SIGKILL);
             waitpid(all[i]->pid, NULL, 0);
@@ -159,8 +164,13 @@ static void spawn(struct proc *p, const char *bin, const char *ip, const char *c
     argv[k++] = addr;
     argv[k++] = "--http-addr";
     argv[k++] = haddr;
-    for (size_t i = 0; args[i] && k < 62; i++)
+    for (size_t i = 0; args[i] && k < 60; i++)
         argv[k++] = args[i];
+    const char *tok = getenv("PF_CLUSTER_TOKEN_FILE"); /* main: pft_cluster_token */
+    if (tok) {
+        argv[k++] = "--cluster-token-file";
+        argv[k++] = tok;
+    }
     argv[k] = NULL;
     p->pid = fork();
     if (p->pid < 0)
@@ -481,6 +491,8 @@ static void cleanup_b(void)
     free(body);
 }
 
+#include "p2p_miss.h"
+
 static int parse_opts(int argc, char **argv, struct opts *o)
 {
     *o = (struct opts){.size = 1ull << 30,
@@ -570,6 +582,18 @@ int main(int argc, char **argv)
     snprintf(logdir, sizeof(logdir), "/tmp/pf-bench-p2p.XXXXXX");
     if (!mkdtemp(logdir))
         return 1;
+    char tokpath[128]; /* P2P nodes need a cluster token (protected by default) */
+    if (pft_cluster_token(logdir, tokpath, sizeof(tokpath)) != 0)
+        die("cannot write the cluster token in %s", logdir);
+    { /* this process's own MetaServer probes send it too (libpegaflow's environment) */
+        struct pf_auth_env env;
+        struct pf_rpc_channel_opts co;
+        char aerr[256];
+        if (pf_auth_env_load(&env, &co, aerr, sizeof(aerr)) != 0 ||
+            pf_rpc_set_default_channel_opts(&co) != 0)
+            die("cluster token: %s", aerr);
+        pf_auth_env_free(&env);
+    }
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     signal(SIGPIPE, SIG_IGN);
@@ -799,6 +823,9 @@ int main(int argc, char **argv)
                r->lat_p99, r->lat_srv_ms);
     }
 
+    struct miss_result mr;
+    pure_miss_bench(&mr);
+
     FILE *j = fopen(o.json, "w");
     if (j) {
         fprintf(j, "{\"topology\":\"%s\",\"size\":%llu,\"qps_per_peer\":%d,\"seed\":%llu,",
@@ -834,7 +861,12 @@ int main(int argc, char **argv)
                 fprintf(j, "%s%.4f", k ? "," : "", r->lat[k]);
             fprintf(j, "]}");
         }
-        fprintf(j, "]}\n");
+        fprintf(j,
+                "],\"pure_miss\":{\"hashes\":%d,\"runs\":%d,\"p2p_p50_us\":%.1f,"
+                "\"p2p_p99_us\":%.1f,\"plain_p50_us\":%.1f,\"plain_p99_us\":%.1f,"
+                "\"ratio\":%.4f}}\n",
+                MISS_HASHES, mr.reps, mr.p2p_p50_us, mr.p2p_p99_us, mr.plain_p50_us,
+                mr.plain_p99_us, mr.p2p_p50_us / mr.plain_p50_us);
         fclose(j);
         printf("\nJSON: %s\n", o.json);
     }

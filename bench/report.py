@@ -155,6 +155,11 @@ def rows_p2p(j):
         out.append(row(f"P2P fetch, {t['block'] >> 10} KiB blocks vs like-for-like TCP streams",
                        f"{t['p2p_gbps']:.2f} GB/s", f"raw {t['raw_gbps']:.2f} GB/s",
                        spread(per) or t["ratio"], targets.get(t["block"]), "ge"))
+    m = j.get("pure_miss")
+    if m:
+        out.append(row(f"QueryPrefetch pure miss ({m['hashes']} hashes) on a P2P node with a "
+                       "MetaServer vs without P2P", f"p50 {m['p2p_p50_us']:.0f} us",
+                       f"without P2P p50 {m['plain_p50_us']:.0f} us", m["ratio"], 1.3, "le"))
     return out
 
 

@@ -39,6 +39,8 @@ for d in server metaserver metrics p2p ssd connector; do
 done
 printf 'pegaflow (PegaFlow-C) %s\nLicense: Apache-2.0\n' "$version" >"$root/usr/share/doc/pegaflow/copyright"
 printf '/etc/default/pegaflow-server\n/etc/default/pegaflow-metaserver\n' >"$root/DEBIAN/conffiles"
+# the dedicated user the units run as (User=pegaflow) and /etc/pegaflow for secrets
+install -m 755 "$top/packaging/debian/postinst" "$root/DEBIAN/postinst"
 
 # the packages providing every shared library a shipped ELF file needs
 declare -A deps=()

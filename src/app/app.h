@@ -39,6 +39,7 @@ struct pf_server_config {
     struct pf_strlist nics;
     char *metaserver_addr;
     uint64_t transfer_lock_timeout_secs;
+    uint64_t p2p_plan_timeout_ms;
     uint64_t metaserver_queue_depth;
     /* reference-only flags */
     uint64_t qps_per_peer;
@@ -61,10 +62,14 @@ struct pf_server_config {
     char *admin_token_file;
     char *local_addr;
     char *local_rpcs;
+    bool insecure_cluster;  /* --insecure-cluster: P2P without a cluster token */
+    char *local_addr_group; /* --local-addr-group: group of the 0660 Unix socket */
 
     /* derived by pf_server_config_parse */
     struct pf_auth auth; /* the files above, read */
     bool local_only;     /* --local-rpcs resolved */
+    bool local_gid_set;  /* --local-addr-group resolved */
+    unsigned local_gid;
     struct pf_fault_plan *faults;
     int *device_ids;
     size_t ndevice_ids;
@@ -97,8 +102,13 @@ struct pf_meta_config {
     char *store; /* "memory" or "redis://..." */
     char *tls_cert, *tls_key, *tls_ca;
     char *cluster_token_file;
+    bool insecure_cluster; /* --insecure-cluster: a routable --addr without a token */
+    char *redis_password_file;
     /* derived */
     struct pf_auth auth;
+    /* Redis AUTH password from --redis-password-file or PEGAFLOW_REDIS_PASSWORD (NULL: the
+     * URL's or none); wiped by pf_meta_config_free, like the --store URL */
+    char *redis_password;
 };
 
 extern const struct pf_flag pf_meta_flags[];
@@ -116,8 +126,22 @@ int pf_app_auth_channels(const struct pf_auth *a);
 /* Logs one warning when the listener `what` on addr is reachable from other hosts (not a
  * loopback or unix: address) while `authenticated` is false; `how` says what would fix it. */
 void pf_app_warn_open(const char *what, const char *addr, bool authenticated, const char *how);
-/* --local-rpcs value -> enforce locality: "host" true, "any" false, "auto" = a is
- * configured (TLS or a cluster token). -EINVAL for another value. */
+/* --local-rpcs value -> enforce locality: "host" and "auto" (the default: protected
+ * whatever else is configured) true, "any" false. -EINVAL for another value. */
 int pf_app_local_rpcs(const char *v, const struct pf_auth *a, bool *local_only_p);
+/* Is addr loopback (127/8, ::1, localhost) or unix:PATH: only this host can connect? */
+bool pf_app_addr_is_host_only(const char *addr);
+/* Are peer/MetaServer callers authenticated: a cluster token or mutual TLS (--tls-ca)? */
+bool pf_app_cluster_authenticated(const struct pf_auth *a);
+/* The --insecure-cluster warning (at start and every PF_APP_INSECURE_WARN_SECS); what names
+ * the listener ("this node", "this MetaServer"). */
+#define PF_APP_INSECURE_WARN_SECS 3600
+void pf_app_warn_insecure(const char *what);
+/* The period of that warning: PF_APP_INSECURE_WARN_SECS, or with debug (--enable-debug) the
+ * test knob PEGAFLOW_INSECURE_WARN_SECS (1..3600). */
+uint64_t pf_app_insecure_warn_secs(bool debug);
+/* The warning of --local-rpcs any on a listener other hosts can reach (with or without a
+ * cluster token: worker RPCs are then open to every caller). */
+void pf_app_warn_local_rpcs_any(const char *addr, const struct pf_auth *a);
 
 #endif

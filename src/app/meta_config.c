@@ -2,9 +2,11 @@
 #include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "app/app.h"
+#include "pf/meta.h"
 
 #define F(n_, t_, field_, def_, meta_, help_, ...)                                                 \
     {                                                                                              \
@@ -36,16 +38,66 @@ const struct pf_flag pf_meta_flags[] = {
     F("store", PF_FLAG_STR, store, "memory", "memory|redis://HOST:PORT[,HOST:PORT...]",
       "Where the registry lives: this process's memory, or Redis / Redis Cluster (stateless "
       "MetaServer replicas; redis://[[USER:]PASSWORD@]HOST:PORT,... for AUTH)"),
+    F("insecure-cluster", PF_FLAG_BOOL, insecure_cluster, "false", NULL,
+      "Allow an --addr other hosts can reach without a cluster token or mutual TLS (warned "
+      "at start and hourly)"),
+    F("redis-password-file", PF_FLAG_STR, redis_password_file, NULL, "FILE",
+      "Redis AUTH password of --store (first line; instead of one in the URL; else "
+      "PEGAFLOW_REDIS_PASSWORD)"),
 };
 const size_t pf_meta_nflags = PF_ARRAY_SIZE(pf_meta_flags);
+
+/* The Redis password from --redis-password-file (the token files' checks: first line,
+ * printable, a file others can read is warned about), else PEGAFLOW_REDIS_PASSWORD (its value
+ * is wiped from the environment once copied). Only with a redis:// store. */
+static int redis_password(struct pf_meta_config *cfg, char *err, size_t errlen)
+{
+    const char *env = getenv("PEGAFLOW_REDIS_PASSWORD");
+    bool redis = strcmp(cfg->store, "memory") != 0;
+    if (cfg->redis_password_file) {
+        if (!redis) {
+            snprintf(err, errlen, "--redis-password-file: needs a redis:// --store");
+            return -EINVAL;
+        }
+        if (pf_auth_read_token(cfg->redis_password_file, "--redis-password-file",
+                               &cfg->redis_password, err, errlen) != 0)
+            return -EINVAL;
+    } else if (env && *env && redis) {
+        if (!(cfg->redis_password = strdup(env)))
+            return -ENOMEM;
+    }
+    if (env) { /* never left for children or /proc/PID/environ */
+        explicit_bzero((char *)env, strlen(env));
+        unsetenv("PEGAFLOW_REDIS_PASSWORD");
+    }
+    return 0;
+}
+
+/* Overwrites the password of a URL ("SCHEME://[USER:]PASSWORD@...", also a misspelt
+ * scheme) in s with '*' (in place). */
+static void hide_password(char *s)
+{
+    char *u = strstr(s, "://");
+    char *rest = u ? u + 3 : NULL, *at = rest ? strrchr(rest, '@') : NULL;
+    if (!at)
+        return;
+    char *colon = memchr(rest, ':', (size_t)(at - rest));
+    char *p = colon ? colon + 1 : rest;
+    memset(p, '*', (size_t)(at - p));
+}
 
 int pf_meta_config_parse(struct pf_meta_config *cfg, int argc, char **argv, char *err,
                          size_t errlen)
 {
     memset(cfg, 0, sizeof(*cfg));
     int rc = pf_flags_parse(pf_meta_flags, pf_meta_nflags, cfg, argc, argv, err, errlen);
-    if (rc)
+    /* once copied, a URL's password leaves argv (ps, /proc/PID/cmdline) and every message */
+    for (int i = 1; i < argc; i++)
+        hide_password(argv[i]);
+    if (rc) {
+        hide_password(err);
         return rc;
+    }
     if (cfg->ttl_minutes == 0) {
         snprintf(err, errlen, "--ttl-minutes: must be greater than 0");
         return -EINVAL;
@@ -56,10 +108,15 @@ int pf_meta_config_parse(struct pf_meta_config *cfg, int argc, char **argv, char
     }
     if (strcmp(cfg->store, "memory") != 0 && strncmp(cfg->store, "redis://", 8) != 0 &&
         strncmp(cfg->store, "rediss://", 9) != 0) {
+        char shown[256];
+        pf_meta_store_redact(cfg->store, shown, sizeof(shown));
         snprintf(err, errlen, "--store: '%.200s' is neither memory nor redis://HOST:PORT[,...]",
-                 cfg->store);
+                 shown);
         return -EINVAL;
     }
+    int prc = redis_password(cfg, err, errlen);
+    if (prc)
+        return prc;
     if (cfg->ttl_minutes * 60 < cfg->node_stale_secs) {
         snprintf(err, errlen,
                  "--ttl-minutes: %llu minutes is shorter than --node-stale-secs %llu; raise "
@@ -76,11 +133,30 @@ int pf_meta_config_parse(struct pf_meta_config *cfg, int argc, char **argv, char
     };
     if (pf_auth_load(&ac, &cfg->auth, err, errlen) != 0)
         return -EINVAL;
+    /* protected by default (docs/security.md): loopback needs nothing, a reachable --addr a
+     * token (or mutual TLS) or the explicit opt-out */
+    if (!pf_app_addr_is_host_only(cfg->addr) && !pf_app_cluster_authenticated(&cfg->auth) &&
+        !cfg->insecure_cluster) {
+        snprintf(err, errlen,
+                 "--addr %s: other hosts can reach it, so the MetaServer needs a cluster token: "
+                 "give it and every node --cluster-token-file FILE (one secret, e.g. head -c 32 "
+                 "/dev/urandom | base64 > FILE; chmod 600), or mutual TLS with --tls-ca, or add "
+                 "--insecure-cluster to run unprotected",
+                 cfg->addr);
+        return -EINVAL;
+    }
     return 0;
 }
 
 void pf_meta_config_free(struct pf_meta_config *cfg)
 {
+    if (cfg->store) /* the URL may hold the Redis password */
+        explicit_bzero(cfg->store, strlen(cfg->store));
+    if (cfg->redis_password) {
+        explicit_bzero(cfg->redis_password, strlen(cfg->redis_password));
+        free(cfg->redis_password);
+        cfg->redis_password = NULL;
+    }
     pf_flags_free(pf_meta_flags, pf_meta_nflags, cfg);
     pf_auth_free(&cfg->auth);
 }

@@ -67,6 +67,7 @@ int pf_metaserver_main(int argc, char **argv)
         .node_stale_secs = cfg.node_stale_secs,
         .ttl_secs = cfg.ttl_minutes * 60,
         .store = cfg.store,
+        .redis_password = cfg.redis_password,
     };
     rc = pf_meta_store_create(&scfg, &store);
     if (rc) {
@@ -78,9 +79,13 @@ int pf_metaserver_main(int argc, char **argv)
         pf_error("cannot start the sweep thread: %s", strerror(-rc));
         goto out;
     }
-    if (strcmp(cfg.store, "memory") != 0)
-        pf_info("store: Redis at %s (stateless: replicas may share it)",
-                strchr(cfg.store, '@') ? strchr(cfg.store, '@') + 1 : cfg.store + 8);
+    if (strcmp(cfg.store, "memory") != 0) {
+        char shown[512];
+        pf_meta_store_redact(cfg.store, shown, sizeof(shown));
+        pf_info("store: Redis at %s (stateless: replicas may share it)%s", shown,
+                cfg.redis_password ? ", password from --redis-password-file/PEGAFLOW_REDIS_PASSWORD"
+                                   : "");
+    }
     pf_info("node stale after %llu s, ownership TTL %llu min, sweep every %llu s",
             (unsigned long long)cfg.node_stale_secs, (unsigned long long)cfg.ttl_minutes,
             (unsigned long long)cfg.sweep_interval_secs);
@@ -112,10 +117,21 @@ int pf_metaserver_main(int argc, char **argv)
     pf_info("security: cluster token %s", cfg.auth.cluster_token ? "required" : "off");
     pf_app_warn_open("gRPC", cfg.addr, cfg.auth.ca_pem || cfg.auth.cluster_token,
                      "set --cluster-token-file and/or --tls-cert/--tls-key/--tls-ca");
+    bool insecure = !pf_app_addr_is_host_only(cfg.addr) && !pf_app_cluster_authenticated(&cfg.auth);
+    if (insecure)
+        pf_app_warn_insecure("this MetaServer");
     pf_info("ready");
     struct pollfd p = {.fd = sfd, .events = POLLIN};
-    while (poll(&p, 1, -1) < 0 && errno == EINTR)
-        ;
+    for (;;) {
+        int n = poll(&p, 1, insecure ? PF_APP_INSECURE_WARN_SECS * 1000 : -1);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n == 0) { /* the hourly reminder of --insecure-cluster */
+            pf_app_warn_insecure("this MetaServer");
+            continue;
+        }
+        break;
+    }
     struct signalfd_siginfo si;
     if (read(sfd, &si, sizeof(si)) == sizeof(si))
         pf_info("received %s, shutting down", strsignal((int)si.ssi_signo));

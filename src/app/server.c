@@ -141,6 +141,7 @@ static int start_p2p(struct server_app *a)
         .qps_per_peer = (uint32_t)a->cfg.qps_per_peer,
         .lock_timeout_secs = a->cfg.transfer_lock_timeout_secs,
         .integrity = a->cfg.integrity,
+        .plan_timeout_ms = a->cfg.p2p_plan_timeout_ms,
     };
     rc = pf_p2p_create(&pc, &a->p2p, err, sizeof(err));
     if (rc) {
@@ -249,8 +250,11 @@ static int start_services(struct server_app *a)
         return rc;
     }
     pf_info("HTTP listening on %s (port %d)", a->cfg.http_addr, port);
-    pf_app_warn_open("HTTP (POST /instances/cleanup, /cache/memory/cleanup)", a->cfg.http_addr,
-                     a->cfg.auth.admin_token != NULL, "set --admin-token-file");
+    /* protected by default: without an admin token the POST endpoints refuse remote callers
+     * (403), so nothing is open to warn about */
+    if (!a->cfg.auth.admin_token)
+        pf_info("HTTP POST /instances/cleanup, /cache/memory/cleanup: callers on this host only "
+                "(--admin-token-file serves remote callers with a bearer token)");
     a->svc.request_shutdown = request_shutdown;
     a->svc.app = a;
     struct pf_rpc_server_config rc_cfg = {
@@ -265,6 +269,8 @@ static int start_services(struct server_app *a)
         .nrules = pf_engine_naccess,
         .local_only = a->cfg.local_only,
         .local_addr = a->cfg.local_addr,
+        .local_gid_set = a->cfg.local_gid_set,
+        .local_gid = a->cfg.local_gid,
     };
     rc = pf_rpc_server_start(&rc_cfg, &a->rpc, &port, err, sizeof(err));
     if (rc) {
@@ -278,12 +284,18 @@ static int start_services(struct server_app *a)
             : au->cert_pem ? ", TLS"
                            : "");
     if (a->cfg.local_addr)
-        pf_info("gRPC local listener on %s", a->cfg.local_addr);
+        pf_info("gRPC local listener on %s (mode 0660%s%s)", a->cfg.local_addr,
+                a->cfg.local_addr_group ? ", group " : "",
+                a->cfg.local_addr_group ? a->cfg.local_addr_group : "");
     pf_info("security: cluster token %s, admin token %s, worker RPCs from %s",
             au->cluster_token ? "required" : "off", au->admin_token ? "required" : "off",
             a->cfg.local_only ? "this host (or the cluster token)" : "anyone");
     pf_app_warn_open("gRPC", a->cfg.addr, au->ca_pem || au->cluster_token,
                      "set --cluster-token-file and/or --tls-cert/--tls-key/--tls-ca");
+    if (!a->cfg.local_only)
+        pf_app_warn_local_rpcs_any(a->cfg.addr, au);
+    if (a->cfg.metaserver_addr && !pf_app_cluster_authenticated(au))
+        pf_app_warn_insecure("this node"); /* --insecure-cluster (the parse refused otherwise) */
     a->grpc_port = port;
     return 0;
 }
@@ -291,12 +303,18 @@ static int start_services(struct server_app *a)
 static int wait_for_stop(struct server_app *a)
 {
     struct pollfd p[2] = {{.fd = a->sfd, .events = POLLIN}, {.fd = a->efd, .events = POLLIN}};
+    bool insecure = a->cfg.metaserver_addr && !pf_app_cluster_authenticated(&a->cfg.auth);
+    int period_ms = (int)pf_app_insecure_warn_secs(a->cfg.enable_debug) * 1000;
     for (;;) {
-        int n = poll(p, 2, -1);
+        int n = poll(p, 2, insecure ? period_ms : -1);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
             return -errno;
+        }
+        if (n == 0) { /* the hourly reminder of --insecure-cluster */
+            pf_app_warn_insecure("this node");
+            continue;
         }
         if (p[0].revents & POLLIN) {
             struct signalfd_siginfo si;

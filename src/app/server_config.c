@@ -3,6 +3,7 @@
  * rules (P2P flags together, routable --addr, fault injection needs --enable-debug) are
  * checked after parsing. */
 #include <errno.h>
+#include <grp.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,6 +81,10 @@ const struct pf_flag pf_server_flags[] = {
       "Max time blocks stay locked for a cross-node transfer", .min = 1, .max = 86400),
     F("metaserver-queue-depth", PF_FLAG_U64, metaserver_queue_depth, "4096", "N",
       "Max pending MetaServer registration commands", .min = 1, .max = 1u << 24),
+    F("p2p-plan-timeout-ms", PF_FLAG_U64, p2p_plan_timeout_ms, "50", "MS",
+      "Deadline of the query-time MetaServer lookup that plans a request across tiers; slower "
+      "or down: local tiers only (docs/p2p.md)",
+      .min = 1, .max = 10000),
     F("qps-per-peer", PF_FLAG_U64, qps_per_peer, "2", "N",
       "Queue pairs per NIC per peer (must match peers)", .min = 1, .max = 64),
     F("pool-shards", PF_FLAG_U64, pool_shards, "1", "N", "Independent sub-pools per pool", .min = 1,
@@ -120,7 +125,13 @@ const struct pf_flag pf_server_flags[] = {
       "Second gRPC listener on a Unix socket for local vLLM workers (plaintext)"),
     F("local-rpcs", PF_FLAG_STR, local_rpcs, "auto", "auto|host|any",
       "Who may call the worker RPCs (Save, Load, Shutdown, ...): host = this host or the "
-      "cluster token; any; auto = host when TLS or a cluster token is configured"),
+      "cluster token; any = every caller (warned); auto = host"),
+    F("insecure-cluster", PF_FLAG_BOOL, insecure_cluster, "false", NULL,
+      "Allow P2P (--metaserver-addr) without a cluster token or mutual TLS (warned at start "
+      "and hourly; never on a shared network)"),
+    F("local-addr-group", PF_FLAG_STR, local_addr_group, NULL, "GROUP",
+      "Group (name or GID) that owns the --local-addr socket; the socket is mode 0660, so "
+      "workers of this group may connect"),
 };
 const size_t pf_server_nflags = PF_ARRAY_SIZE(pf_server_flags);
 
@@ -137,11 +148,12 @@ const struct pf_flag_group pf_server_flag_groups[] = {
                         "ssd-prefetch-inflight", "max-prefetch-blocks")},
     {"Cross-Node (Multi-Node Setup; --nics and --metaserver-addr together)",
      NAMES("nics", "metaserver-addr", "transfer-lock-timeout-secs", "metaserver-queue-depth",
-           "qps-per-peer")},
+           "p2p-plan-timeout-ms", "qps-per-peer")},
     {"Engine and backends",
      NAMES("pool-shards", "integrity", "gpu-backend", "net-backend", "rpc-threads")},
-    {"Security (docs/security.md)", NAMES("tls-cert", "tls-key", "tls-ca", "cluster-token-file",
-                                          "admin-token-file", "local-addr", "local-rpcs")},
+    {"Security (docs/security.md)",
+     NAMES("tls-cert", "tls-key", "tls-ca", "cluster-token-file", "admin-token-file", "local-addr",
+           "local-rpcs", "insecure-cluster", "local-addr-group")},
     {"Testing and debugging", NAMES("enable-debug", "fault-spec", "sim-gpus", "sim-gpu-bandwidth")},
 };
 const size_t pf_server_nflag_groups = PF_ARRAY_SIZE(pf_server_flag_groups);
@@ -150,7 +162,7 @@ const size_t pf_server_nflag_groups = PF_ARRAY_SIZE(pf_server_flag_groups);
 /* the one-line P2P start that works, printed with every refusal of the P2P flags */
 #define P2P_EXAMPLE                                                                                \
     "pegaflow-server --addr 10.0.0.1:50055 --nics mlx5_0 --metaserver-addr "                       \
-    "http://10.0.0.100:50056"
+    "http://10.0.0.100:50056 --cluster-token-file /etc/pegaflow/cluster-token"
 
 static int parse_devices(struct pf_server_config *cfg, char *err, size_t errlen)
 {
@@ -396,6 +408,25 @@ int pf_server_config_parse(struct pf_server_config *cfg, int argc, char **argv, 
         snprintf(err, errlen, "--local-addr: '%s' is not unix:PATH", cfg->local_addr);
         return -EINVAL;
     }
+    if (cfg->local_addr_group) {
+        if (!cfg->local_addr) {
+            snprintf(err, errlen, "--local-addr-group: needs --local-addr unix:PATH");
+            return -EINVAL;
+        }
+        uint64_t gid;
+        struct group gr, *grp = NULL;
+        char buf[4096];
+        if (pf_parse_u64(cfg->local_addr_group, &gid) == 0 && gid < 0xffffffffull) {
+            cfg->local_gid = (unsigned)gid;
+        } else if (getgrnam_r(cfg->local_addr_group, &gr, buf, sizeof(buf), &grp) == 0 && grp) {
+            cfg->local_gid = (unsigned)grp->gr_gid;
+        } else {
+            snprintf(err, errlen, "--local-addr-group: no group '%s' (a name or a GID)",
+                     cfg->local_addr_group);
+            return -EINVAL;
+        }
+        cfg->local_gid_set = true;
+    }
     struct pf_auth_config ac = {
         .tls_cert = cfg->tls_cert,
         .tls_key = cfg->tls_key,
@@ -408,6 +439,15 @@ int pf_server_config_parse(struct pf_server_config *cfg, int argc, char **argv, 
         return -EINVAL;
     if (pf_app_local_rpcs(cfg->local_rpcs, &cfg->auth, &cfg->local_only) != 0) {
         snprintf(err, errlen, "--local-rpcs: '%s' is not auto, host or any", cfg->local_rpcs);
+        return -EINVAL;
+    }
+    /* protected by default (docs/security.md): a P2P node's --addr is routable */
+    if (has_meta && !pf_app_cluster_authenticated(&cfg->auth) && !cfg->insecure_cluster) {
+        snprintf(err, errlen,
+                 "--metaserver-addr: P2P needs a cluster token: write one secret (e.g. head -c 32 "
+                 "/dev/urandom | base64 > /etc/pegaflow/cluster-token; chmod 600) and give every "
+                 "node and the MetaServer --cluster-token-file /etc/pegaflow/cluster-token (or "
+                 "mutual TLS with --tls-ca), or add --insecure-cluster to run unprotected");
         return -EINVAL;
     }
     const char *env_faults = getenv("PEGAFLOW_FAULTS");

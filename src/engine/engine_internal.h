@@ -182,9 +182,37 @@ struct pf_insert_batch {
 
 /* ---- prefetch tasks (prefetch.c) ---- */
 
-#define PF_MAX_TIERS        4
-#define PF_MAX_HOOKS        4
-#define PF_PREFETCH_THREADS 4
+#define PF_MAX_TIERS 4
+#define PF_MAX_HOOKS 4
+/* Prefetch pools (docs/p2p.md "Isolation"): local tiers (SSD) and remote tiers (peers) run
+ * on separate threads behind separate bounded queues, so a slow peer cannot hold up another
+ * request's SSD hit. */
+#define PF_PREFETCH_LOCAL   0
+#define PF_PREFETCH_REMOTE  1
+#define PF_PREFETCH_POOLS   2
+#define PF_PREFETCH_THREADS 4 /* per pool */
+#define PF_PREFETCH_QDEPTH                                                                         \
+    256                     /* tasks waiting per pool (pf_engine_config.prefetch_queue_depth)      \
+                             */
+#define PF_PLAN_SEGS_MAX 32 /* runs of one plan, fallbacks included */
+
+/* A run [start, end) of the suffix assigned to one tier. poll: the remote tier's own fetch
+ * waiting for a holder of the whole run (wait_for_full_prefix). fallback: added after a
+ * short answer (not counted in the plan, never falls back again). */
+struct pf_plan_seg {
+    uint32_t start, end;
+    int8_t tier;
+    bool poll, fallback;
+};
+
+struct pf_prefetch_pool {
+    struct pf_queue q;
+    pthread_t thr[PF_PREFETCH_THREADS];
+    size_t nthr;
+    struct pf_engine *e;
+    int kind;
+    struct pf_metric_child *c_full; /* pegaflow_prefetch_queue_full_total{pool} */
+};
 
 struct pf_prefetch_task {
     struct pf_hnode hnode;
@@ -200,12 +228,34 @@ struct pf_prefetch_task {
     bool attached; /* still in the registry */
     struct pf_engine *e;
     uint64_t pinned; /* bytes of the blocks this task references (prefetch_pinned gauge) */
+    /* the plan (query time) and its execution (one worker at a time) */
+    struct pf_plan_seg segs[PF_PLAN_SEGS_MAX];
+    size_t nsegs;
+    struct pf_tier_source src[PF_TIER_SOURCES_MAX]; /* the remote tier's holders, ranked */
+    size_t nsrc;
+    bool src_failed[PF_TIER_SOURCES_MAX];
+    bool remote_off; /* the remote queue was full: local tiers only from here */
+    uint32_t planned[PF_MAX_TIERS], delivered[PF_MAX_TIERS];
+    const char *why[PF_MAX_TIERS]; /* shortfall reason per tier */
+    struct pf_block **work;        /* n slots, work[0..pos) fetched so far */
+    int8_t *work_tier;             /* the tier each work block came from */
+    size_t pos;
     /* result, under the registry lock */
     bool done;
     uint64_t done_ns;
     struct pf_block **fetched;
+    int8_t *fetched_tier;
     size_t nfetched;
-    int tier;
+};
+
+/* The plan of a prefix query's suffix (query time, query thread). */
+struct pf_plan {
+    struct pf_plan_seg segs[PF_PLAN_SEGS_MAX];
+    size_t nsegs;
+    struct pf_tier_source src[PF_TIER_SOURCES_MAX];
+    size_t nsrc;
+    size_t covered; /* positions [0, covered) have a tier */
+    uint32_t planned[PF_MAX_TIERS];
 };
 
 /* ---- the engine ---- */
@@ -254,9 +304,8 @@ struct pf_engine {
     size_t nhooks;
     pthread_mutex_t pf_mu;
     struct pf_htable pf_tasks;
-    struct pf_queue pf_q;
-    pthread_t pf_thr[PF_PREFETCH_THREADS];
-    size_t pf_nthr;
+    struct pf_prefetch_pool pf_pool[PF_PREFETCH_POOLS];
+    struct pf_metric *m_delivered, *m_shortfall, *m_qfull;
     struct pf_metric *m_stale_gc;
     struct pf_metric *m_pf_pinned; /* gauge: bytes referenced by prefetch tasks */
     _Atomic uint64_t pf_pinned;
@@ -341,11 +390,19 @@ void pf_prefetch_stop(struct pf_engine *e);
  * never seen. */
 int pf_prefetch_take(struct pf_engine *e, const char *instance, const char *req_id,
                      struct pf_prefetch_task **task_p);
-/* Starts a task of (instance, req_id) owning prefix[0..nprefix) references; returns 0 or
- * -errno (then the references are still the caller's). */
+/* Makes the plan for keys[0..n) (the suffix after the RAM prefix): local tiers by probe,
+ * the remote tier by one bounded discover, own SSD before peers, up to the first position
+ * nobody holds. wait_full: a plan that does not cover all n is replaced by local runs plus
+ * one polling run of the remote tier for the rest (when discovery is available), else it is
+ * empty. Never blocks beyond the remote tier's discovery deadline. */
+void pf_prefetch_plan(struct pf_engine *e, const char *req_id, const struct pf_block_key *keys,
+                      size_t n, bool wait_full, struct pf_plan *plan);
+/* Starts a task of (instance, req_id) executing plan, owning prefix[0..nprefix) references;
+ * returns 0 or -errno (then the references are still the caller's; -EAGAIN: the first
+ * pool's queue is full). */
 int pf_prefetch_begin(struct pf_engine *e, const char *instance, const char *req_id,
                       const struct pf_block_key *keys, size_t n, struct pf_block **prefix,
-                      size_t nprefix, bool wait_full);
+                      size_t nprefix, bool wait_full, const struct pf_plan *plan);
 void pf_prefetch_task_put(struct pf_prefetch_task *t);
 /* Drops tasks nobody will collect: every task older than max_age_ns, every finished task
  * not collected within PF_PREFETCH_UNPOLLED_NS of finishing, and (instance != NULL) every
@@ -355,10 +412,6 @@ size_t pf_prefetch_gc(struct pf_engine *e, uint64_t max_age_ns, const char *inst
  * this long after it finished; the maintenance thread checks every PF_GC_TICK_MS. */
 #define PF_PREFETCH_UNPOLLED_NS (10 * PF_NS_PER_SEC)
 #define PF_GC_TICK_MS           5000
-/* Which tier would serve keys (index, count) or -1. */
-int pf_prefetch_probe(struct pf_engine *e, const char *req_id, const struct pf_block_key *keys,
-                      size_t n, bool wait_full, size_t *count_p);
-
 /* engine.c */
 void pf_engine_run_sealed_hooks(struct pf_engine *e, struct pf_block *const *b, size_t n);
 void pf_engine_evicted(struct pf_engine *e, struct pf_block **blocks, size_t n, const char *reason);

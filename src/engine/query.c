@@ -1,8 +1,11 @@
 /* QueryPrefetch and Release (reference §2.3, §2.4). Group 0 is a prefix query: the longest
  * run of resident blocks from the first hash. A Ready answer with hits pins those blocks
  * with a lease (one share per worker of the instance). A RAM miss leaves no state behind,
- * so the same req_id can hit later. Backing tiers (SSD, peers) start a per-req_id
- * background task and answer Loading; without them the answer is Ready at once.
+ * so the same req_id can hit later. After the RAM prefix the query plans the rest across the
+ * backing tiers at once (pf_prefetch_plan: the local SSD index, one MetaServer discovery with
+ * a short deadline) and counts the plan in pegaflow_cache_tier_block_requests_total; a plan
+ * with nothing beyond RAM (a pure miss) answers Ready at once with no task, otherwise a
+ * per-req_id background task executes the plan and the query answers Loading.
  *
  * Storage groups g > 0 (hybrid models) key blocks by hash + big-endian g. Without
  * wait_for_full_prefix the query is a membership test against RAM: every position answers
@@ -68,20 +71,29 @@ static int finish_task(struct pf_engine *e, struct pf_instance *in, struct pf_pr
                        bool want_set, struct pf_engine_query_result *res, char *err, size_t errlen)
 {
     size_t total = t->nprefix + t->nfetched;
-    if (t->nfetched && t->tier >= 0) {
-        const struct pf_tier *tier = &e->tiers[t->tier];
+    if (t->nfetched) {
         struct pf_block **fresh = malloc(t->nfetched * sizeof(*fresh));
         size_t nfresh = 0;
-        for (size_t i = 0; i < t->nfetched; i++)
+        for (size_t i = 0; i < t->nfetched; i++) {
+            const struct pf_tier *tier = &e->tiers[t->fetched_tier[i]];
             if (pf_cache_insert(e->cache, t->fetched[i], (enum pf_block_class)tier->cls) == 1 &&
                 fresh)
                 fresh[nfresh++] = t->fetched[i];
+        }
         /* newly resident blocks are advertised like sealed ones (the reference forgets
          * promoted blocks, so peers could not discover them) */
         pf_engine_run_sealed_hooks(e, fresh, nfresh);
         free(fresh);
-        if (tier->promoted)
-            tier->promoted(tier->ctx, t->fetched, t->nfetched);
+        /* each tier's promoted callback, for its runs */
+        for (size_t i = 0; i < t->nfetched;) {
+            size_t j = i;
+            while (j < t->nfetched && t->fetched_tier[j] == t->fetched_tier[i])
+                j++;
+            const struct pf_tier *tier = &e->tiers[t->fetched_tier[i]];
+            if (tier->promoted)
+                tier->promoted(tier->ctx, t->fetched + i, j - i);
+            i = j;
+        }
     }
     res->num_hit_blocks = (uint32_t)total;
     if (want_set)
@@ -254,18 +266,34 @@ int pf_engine_query(struct pf_engine *e, const struct pf_engine_query *q,
     }
     pf_child_add(pf_metric_child1(e->m_tier, "ram"), (double)hits);
     if (hits < q->n && e->ntiers) {
-        size_t cnt = 0;
+        /* the plan: which tier serves which run of the rest, decided now (one bounded
+         * discovery), counted now (ram + tiers + miss = asked) */
         bool full = q->wait_for_full_prefix;
-        int tier = pf_prefetch_probe(e, req, keys + hits, q->n - hits, full, &cnt);
-        if (tier >= 0 && pf_prefetch_begin(e, q->instance_id, req, keys + hits, q->n - hits, blocks,
-                                           hits, full) == 0) {
-            pf_child_add(pf_metric_child1(e->m_tier, e->tiers[tier].name), (double)cnt);
-            pf_child_add(pf_metric_child1(e->m_tier, "miss"), (double)(q->n - hits - cnt));
-            res->loading = true;
-            goto out; /* the task owns the prefix references now */
+        struct pf_plan plan;
+        pf_prefetch_plan(e, req, keys + hits, q->n - hits, full, &plan);
+        if (plan.nsegs) {
+            for (size_t i = 0; i < e->ntiers; i++)
+                if (plan.planned[i])
+                    pf_child_add(pf_metric_child1(e->m_tier, e->tiers[i].name),
+                                 (double)plan.planned[i]);
+            pf_child_add(pf_metric_child1(e->m_tier, "miss"), (double)(q->n - hits - plan.covered));
+            int brc = pf_prefetch_begin(e, q->instance_id, req, keys + hits, q->n - hits, blocks,
+                                        hits, full, &plan);
+            if (brc == 0) {
+                res->loading = true;
+                goto out; /* the task owns the prefix references now */
+            }
+            /* no task (queue full, memory): the plan is not delivered */
+            for (size_t i = 0; i < e->ntiers; i++)
+                if (plan.planned[i])
+                    pf_child_add(pf_metric_child2(e->m_shortfall, e->tiers[i].name,
+                                                  brc == -EAGAIN ? "queue_full" : "error"),
+                                 (double)plan.planned[i]);
+            goto answer;
         }
     }
     pf_child_add(pf_metric_child1(e->m_tier, "miss"), (double)(q->n - hits));
+answer:
     res->num_hit_blocks = (uint32_t)hits;
     if (want_set && hits < q->n) {
         for (size_t i = 0; i < hits; i++) /* a partial want-set is a miss: no lease */

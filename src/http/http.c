@@ -168,7 +168,21 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         pf_http_resp_text(&r, 404, msg);
         return send_resp(conn, &r, NULL);
     }
-    if (pf_http_admin_check(conn, method, s->admin_token) != 0) {
+    int deny = pf_http_admin_check(conn, method, s->admin_token);
+    if (deny == 403) {
+        char msg[300];
+        pf_log_ratelimited(PF_LOG_WARN, 5000,
+                           "HTTP %s %s refused: caller not on this host and no --admin-token-file",
+                           method, url);
+        snprintf(msg, sizeof(msg),
+                 "%s %s is only served to callers on this host; start the server with "
+                 "--admin-token-file FILE to serve remote callers that send 'Authorization: "
+                 "Bearer TOKEN'\n",
+                 method, url);
+        pf_http_resp_text(&r, 403, msg);
+        return send_resp(conn, &r, NULL);
+    }
+    if (deny != 0) {
         pf_log_ratelimited(PF_LOG_WARN, 5000, "HTTP %s %s refused: missing or wrong admin token",
                            method, url);
         return send_unauthorized(conn);

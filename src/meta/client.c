@@ -221,6 +221,26 @@ static int send_batch(struct pf_meta_client *c, enum pf_meta_op op, const char *
 
 /* ------------------------------------------------------------------ heartbeat */
 
+/* Connects the query channel of replica ti before the session is announced: the query-time
+ * plan gives QueryPrefixBlocks a deadline of tens of milliseconds, which a first call that
+ * must also connect (TCP, HTTP/2 preface) can exceed. One QueryPrefixBlocks for a namespace
+ * nobody uses; its answer (or error) is ignored. */
+static void query_warmup(struct pf_meta_client *c, size_t ti)
+{
+    static uint8_t h = 0;
+    ProtobufCBinaryData hb = {1, &h};
+    Pegaflow__QueryPrefixBlocksRequest req = PEGAFLOW__QUERY_PREFIX_BLOCKS_REQUEST__INIT;
+    req.namespace_ = (char *)"pegaflow.warmup";
+    req.n_block_hashes = 1;
+    req.block_hashes = &hb;
+    ProtobufCMessage *m = NULL;
+    struct pf_rpc_status st = {0};
+    if (pf_rpc_unary(pf_meta_targets_query(c->tg, ti), "/pegaflow.MetaServer/QueryPrefixBlocks",
+                     &req.base, &pegaflow__query_prefix_blocks_response__descriptor,
+                     c->rpc_timeout_ms, &m, &st) == 0)
+        protobuf_c_message_free_unpacked(m, NULL);
+}
+
 static void heartbeat(struct pf_meta_client *c)
 {
     struct pf_rpc_status st = {0};
@@ -266,6 +286,7 @@ static void heartbeat(struct pf_meta_client *c)
     c->next_hb_ns = after_ms(period_ms);
     c->backoff_ms = BACKOFF_MIN_MS;
     if (!c->session) {
+        query_warmup(c, ti);
         pf_info("MetaServer session established with %s as %s (node_id %s); heartbeat every "
                 "%llu ms",
                 pf_meta_targets_name(c->tg, ti), c->advertise, c->node_id,

@@ -785,6 +785,10 @@ void pf_redis_close(struct pf_redis *r)
     free(r->scripts);
     free(r->seed_host);
     free(r->seed_port);
+    if (r->password) /* secrets are wiped, not just freed */
+        explicit_bzero(r->password, strlen(r->password));
+    if (r->user)
+        explicit_bzero(r->user, strlen(r->user));
     free(r->password);
     free(r->user);
     pthread_rwlock_destroy(&r->lock);

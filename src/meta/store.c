@@ -28,6 +28,7 @@
  * references them, so an id is never reused while an entry still points to it. */
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -441,6 +442,23 @@ static void metrics_unregister(struct pf_meta_store *st)
 }
 
 /* ------------------------------------------------------------------ lifecycle */
+
+void pf_meta_store_redact(const char *store, char *out, size_t len)
+{
+    if (!len)
+        return;
+    const char *sep = store ? strstr(store, "://") : NULL;
+    const char *rest = sep ? sep + 3 : NULL, *at = rest ? strrchr(rest, '@') : NULL;
+    if (!at) {
+        snprintf(out, len, "%s", store ? store : "");
+        return;
+    }
+    /* userinfo "[user:]password": keep the user of "user:password", hide the rest */
+    const char *colon = memchr(rest, ':', (size_t)(at - rest));
+    int ulen = colon ? (int)(colon - rest) : 0;
+    snprintf(out, len, "%.*s%.*s%s***%s", (int)(rest - store), store, ulen, rest, colon ? ":" : "",
+             at);
+}
 
 int pf_meta_store_create(const struct pf_meta_store_config *cfg, struct pf_meta_store **st_p)
 {

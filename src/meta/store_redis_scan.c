@@ -522,19 +522,31 @@ static const struct pf_meta_store_ops redis_ops = {
 
 /* ------------------------------------------------------------------ open */
 
-/* "redis://[[user:]password@]host:port[,host:port...]" */
+static void free_secret(char *p)
+{
+    if (p) {
+        explicit_bzero(p, strlen(p));
+        free(p);
+    }
+}
+
+/* "redis://[[user:]password@]host:port[,host:port...]"; with cfg->redis_password the URL
+ * may name only a user ("redis://user@host:port"). Messages name the URL redacted
+ * (pf_meta_store_redact): the password is never logged. */
 int pf_meta_redis_store_open(const struct pf_meta_store_config *cfg,
                              const struct pf_meta_store_ops **ops_p, void **impl_p)
 {
     const char *url = cfg->store;
+    char shown[512];
+    pf_meta_store_redact(url, shown, sizeof(shown));
     if (strncmp(url, "rediss://", 9) == 0) {
         pf_error("--store %s: TLS needs hiredis >= 1.0 (this build uses hiredis %d.%d); "
                  "use redis:// over a trusted network or a TLS tunnel",
-                 url, HIREDIS_MAJOR, HIREDIS_MINOR);
+                 shown, HIREDIS_MAJOR, HIREDIS_MINOR);
         return -EINVAL;
     }
     if (strncmp(url, "redis://", 8) != 0) {
-        pf_error("--store %s: expected memory or redis://HOST:PORT[,HOST:PORT...]", url);
+        pf_error("--store %s: expected memory or redis://HOST:PORT[,HOST:PORT...]", shown);
         return -EINVAL;
     }
     const char *rest = url + 8, *at = strrchr(rest, '@');
@@ -547,16 +559,31 @@ int pf_meta_redis_store_open(const struct pf_meta_store_config *cfg,
             pass = strndup(colon + 1, (size_t)(at - colon - 1));
             if ((colon > rest && !user) || !pass)
                 goto err;
+        } else if (cfg->redis_password) { /* "user@": the password comes from elsewhere */
+            if (at > rest && !(user = strndup(rest, (size_t)(at - rest))))
+                goto err;
         } else if (!(pass = strndup(rest, (size_t)(at - rest)))) {
             goto err;
         }
         rest = at + 1;
+    }
+    if (cfg->redis_password) {
+        if (pass) {
+            pf_error("--store %s: the URL has a password and --redis-password-file or "
+                     "PEGAFLOW_REDIS_PASSWORD gives another; give it once",
+                     shown);
+            rc = -EINVAL;
+            goto err;
+        }
+        if (!(pass = strdup(cfg->redis_password)))
+            goto err;
     }
     struct rstore *s = calloc(1, sizeof(*s));
     if (!s)
         goto err;
     s->cfg = *cfg;
     s->cfg.store = NULL;
+    s->cfg.redis_password = NULL;
     s->nodes_slot = pf_redis_slot(K_NODES, sizeof(K_NODES) - 1);
     pthread_mutex_init(&s->cache_mu, NULL);
     struct pf_redis_config rcfg = {.seeds = rest,
@@ -569,7 +596,7 @@ int pf_meta_redis_store_open(const struct pf_meta_store_config *cfg,
     if (rc) {
         if (rc == -EINVAL)
             pf_error("--store %s: expected redis://[[USER:]PASSWORD@]HOST:PORT[,HOST:PORT...]",
-                     url);
+                     shown);
         pthread_mutex_destroy(&s->cache_mu);
         free(s);
         goto err;
@@ -598,13 +625,13 @@ int pf_meta_redis_store_open(const struct pf_meta_store_config *cfg,
     s->c_sw_nodes = pf_metric_counter("pegaflow_metaserver_sweep_removed_nodes",
                                       "Node records removed by the sweep", "");
     s->c_sweeps = pf_metric_counter("pegaflow_metaserver_sweeps", "Sweeps run", "");
-    free(user);
-    free(pass);
+    free_secret(user);
+    free_secret(pass);
     *ops_p = &redis_ops;
     *impl_p = s;
     return 0;
 err:
-    free(user);
-    free(pass);
+    free_secret(user);
+    free_secret(pass);
     return rc;
 }

@@ -1,10 +1,19 @@
-/* The requester: the "rdma" tier (reference §7.4, §7.6, §7.7).
+/* The requester: the "rdma" tier (reference §7.4, §7.6, §7.7), a remote tier of the engine's
+ * query-time plan (docs/p2p.md "The plan").
  *
- * probe (query thread): the whole suffix while fetching is enabled, the MetaServer client
- * has a session and the req_id is not blacklisted, so the engine starts a task and answers
- * Loading.
+ * discover (query thread, discover.c): while fetching is enabled, the MetaServer client has a
+ * session and the req_id is not blacklisted, QueryPrefixBlocks within the short plan deadline
+ * (--p2p-plan-timeout-ms): the first PF_P2P_PLAN_HEAD hashes, and the whole suffix only when
+ * a holder has all of those; this node excluded, the holders ranked: live before those
+ * inside their down window (a failed handshake or fetch within peer_down_ms), then the
+ * longest advertised prefix, then the fewest fetches in flight from this node. The MetaServer
+ * answers only nodes whose heartbeat is within its stale window. Otherwise -1: the plan uses
+ * local tiers only, without waiting.
  *
- * fetch (prefetch thread), one round:
+ * fetch_from (remote prefetch pool): steps 2-7 below against one ranked holder, for exactly
+ * the blocks the engine still misses; a holder inside its down window is not contacted.
+ *
+ * fetch (the polling run of wait_for_full_prefix), one round:
  *   1. discovery: QueryPrefixBlocks for the suffix, this node excluded, the node with the
  *      longest prefix wins (wait_for_full_prefix: only a node holding the whole suffix, polled
  *      every 10 ms for up to 30 s). MetaServer errors mean "no remote" (logged, rate-limited).
@@ -45,117 +54,6 @@
 #include "pf/log.h"
 #include "pf/meta_client.h"
 #include "pf/pool.h"
-
-/* ------------------------------------------------------------------ blacklist */
-
-struct bl_ent {
-    struct pf_hnode node;
-    uint64_t until_ns;
-    char id[];
-};
-
-#define BL_MAX (1u << 20)
-
-static struct bl_ent *bl_find_locked(struct pf_p2p *p, const char *id, uint64_t h)
-{
-    struct pf_hnode *n;
-    pf_htable_for_each_hash(&p->bl, n, h)
-    {
-        struct bl_ent *b = pf_container_of(n, struct bl_ent, node);
-        if (strcmp(b->id, id) == 0)
-            return b;
-    }
-    return NULL;
-}
-
-void p2p_blacklist_add(struct pf_p2p *p, const char *req_id)
-{
-    uint64_t h = pf_hash64(req_id, strlen(req_id));
-    uint64_t until = pf_clock_now(p->cfg.clock) + p->cfg.blacklist_ms * PF_NS_PER_MS;
-    pthread_mutex_lock(&p->bl_mu);
-    struct bl_ent *b = bl_find_locked(p, req_id, h);
-    if (!b && p->bl.count < BL_MAX) {
-        size_t l = strlen(req_id);
-        b = malloc(sizeof(*b) + l + 1);
-        if (b) {
-            memcpy(b->id, req_id, l + 1);
-            pf_htable_insert(&p->bl, &b->node, h);
-        }
-    }
-    if (b)
-        b->until_ns = until;
-    pthread_mutex_unlock(&p->bl_mu);
-    if (b)
-        pf_debug("req %s: remote fetch disabled for %llu s (failed peer); later queries fall "
-                 "through to the next tier",
-                 req_id, (unsigned long long)(p->cfg.blacklist_ms / 1000));
-}
-
-bool pf_p2p_blacklisted(struct pf_p2p *p, const char *req_id)
-{
-    uint64_t h = pf_hash64(req_id, strlen(req_id));
-    uint64_t now = pf_clock_now(p->cfg.clock);
-    pthread_mutex_lock(&p->bl_mu);
-    struct bl_ent *b = bl_find_locked(p, req_id, h);
-    bool r = b && now < b->until_ns;
-    pthread_mutex_unlock(&p->bl_mu);
-    return r;
-}
-
-static size_t bl_sweep(struct pf_p2p *p, bool all)
-{
-    uint64_t now = pf_clock_now(p->cfg.clock);
-    struct bl_ent *drop[256];
-    size_t total = 0, k;
-    do {
-        k = 0;
-        pthread_mutex_lock(&p->bl_mu);
-        for (size_t b = 0; p->bl.buckets && b <= p->bl.mask && k < PF_ARRAY_SIZE(drop); b++) {
-            struct pf_hnode *h = p->bl.buckets[b];
-            while (h && k < PF_ARRAY_SIZE(drop)) {
-                struct pf_hnode *next = h->next;
-                struct bl_ent *e = pf_container_of(h, struct bl_ent, node);
-                if (all || now >= e->until_ns) {
-                    pf_htable_remove(&p->bl, h);
-                    drop[k++] = e;
-                }
-                h = next;
-            }
-        }
-        pthread_mutex_unlock(&p->bl_mu);
-        for (size_t i = 0; i < k; i++)
-            free(drop[i]);
-        total += k;
-    } while (k == PF_ARRAY_SIZE(drop));
-    return total;
-}
-
-size_t p2p_blacklist_gc(struct pf_p2p *p)
-{
-    return bl_sweep(p, false);
-}
-
-void p2p_blacklist_free(struct pf_p2p *p)
-{
-    bl_sweep(p, true);
-}
-
-/* ------------------------------------------------------------------ tier */
-
-size_t p2p_tier_probe(void *ctx, const char *req_id, const struct pf_block_key *keys, size_t n,
-                      bool wait_full)
-{
-    struct pf_p2p *p = ctx;
-    if (!atomic_load_explicit(&p->fetch_enabled, memory_order_acquire) || atomic_load(&p->stopping))
-        return 0;
-    /* MetaServer known unreachable (its client has no session): no remote discovery, and no
-     * Loading round trip for the client either */
-    if (p->meta && !pf_meta_client_connected(p->meta))
-        return 0;
-    if (pf_p2p_blacklisted(p, req_id))
-        return 0;
-    return n;
-}
 
 struct seg {
     uint64_t raddr;
@@ -729,59 +627,50 @@ static int transfer(struct fetch *f)
     }
 }
 
-size_t p2p_tier_fetch(void *ctx, const char *req_id, const struct pf_block_key *keys, size_t n,
-                      bool all_or_nothing, struct pf_block **out)
+/* Steps 2-7 against f->peer for f->want blocks: the verified run into out, its length;
+ * *rc_p the error (0 when the holder answered, perhaps short), *why_p a shortfall reason. */
+static size_t fetch_run(struct fetch *f, struct pf_block **out, int *rc_p, const char **why_p)
 {
-    struct pf_p2p *p = ctx;
-    if (n == 0 || !atomic_load_explicit(&p->fetch_enabled, memory_order_acquire) ||
-        atomic_load(&p->stopping))
-        return 0;
-    struct fetch f = {.p = p, .req_id = req_id, .keys = keys};
-    int rc = discover(&f, n, all_or_nothing);
-    if (rc) {
-        if (rc == -ENOENT)
-            pf_debug("req %s: no peer holds the %zu missing block(s)", req_id, n);
-        return 0;
-    }
+    struct pf_p2p *p = f->p;
+    const char *req_id = f->req_id;
     atomic_fetch_add(&p->fetches_inflight, 1);
     uint64_t t0 = pf_now_ns();
-    pf_debug("RDMA fetch req %s: %s advertises %zu of %zu block(s)", req_id, f.peer, f.want, n);
     size_t got = 0, bad = 0;
     struct pf_metric_child *status = p->c_error;
     char e2[P2P_ERRLEN];
-    rc = p2p_conn_acquire(p, f.peer, pf_now_ns() + p->cfg.qp_wait_ms * PF_NS_PER_MS, &f.lease, e2,
-                          sizeof(e2));
+    int rc = p2p_conn_acquire(p, f->peer, pf_now_ns() + p->cfg.qp_wait_ms * PF_NS_PER_MS, &f->lease,
+                              e2, sizeof(e2));
     if (rc) {
-        snprintf(f.err, sizeof(f.err), "cannot connect: %s", e2);
+        snprintf(f->err, sizeof(f->err), "cannot connect: %s", e2);
         goto out;
     }
-    rc = query_blocks(&f);
+    rc = query_blocks(f);
     if (rc)
         goto out;
-    if (f.k == 0) {
+    if (f->k == 0) {
         status = p->c_partial;
-        snprintf(f.err, sizeof(f.err), "the holder no longer has block 0 (evicted)");
+        snprintf(f->err, sizeof(f->err), "the holder no longer has block 0 (evicted)");
         goto out;
     }
-    rc = plan_staging(&f);
+    rc = plan_staging(f);
     if (rc) {
-        snprintf(f.err, sizeof(f.err), "cannot allocate %llu bytes of staging memory: %s",
-                 (unsigned long long)f.bytes, strerror(-rc));
+        snprintf(f->err, sizeof(f->err), "cannot allocate %llu bytes of staging memory: %s",
+                 (unsigned long long)f->bytes, strerror(-rc));
         goto out;
     }
-    rc = transfer(&f);
+    rc = transfer(f);
     if (rc) {
         if (rc == -ETIMEDOUT)
             status = p->c_timeout;
         goto out;
     }
-    p2p_lease_return(p, &f.lease); /* all READs completed: the QPs are free again */
-    got = build_blocks(&f, out, &bad);
-    status = got == f.want ? p->c_ok : p->c_partial;
+    p2p_lease_return(p, &f->lease); /* all READs completed: the QPs are free again */
+    got = build_blocks(f, out, &bad);
+    status = got == f->want ? p->c_ok : p->c_partial;
     if (bad && got == 0)
         status = p->c_error;
 out:
-    fetch_cleanup(&f);
+    fetch_cleanup(f);
     double secs = (double)(pf_now_ns() - t0) / 1e9;
     pf_child_add(status, 1);
     pf_metric_observe(p->m_dur, secs);
@@ -799,33 +688,100 @@ out:
         atomic_fetch_add(&p->st_bytes, bytes);
         pf_debug("RDMA fetch req %s: %zu of %zu block(s), %llu bytes from %s in %.2f ms "
                  "(%.2f GB/s)",
-                 req_id, got, n, (unsigned long long)bytes, f.peer, secs * 1e3,
+                 req_id, got, f->want, (unsigned long long)bytes, f->peer, secs * 1e3,
                  secs > 0 ? (double)bytes / secs / 1e9 : 0.0);
     }
-    if (got < f.want) {
+    *why_p = status == p->c_timeout           ? "timeout"
+             : status == p->c_partial && !bad ? "evicted"
+             : bad                            ? "integrity"
+                                              : "error";
+    if (got < f->want) {
         atomic_fetch_add(&p->st_fail, 1);
         if (status == p->c_timeout)
             pf_error("RDMA fetch req %s from %s: %s: connection invalidated, transfer lock %s "
                      "force-released; the request proceeds without remote blocks",
-                     req_id, f.peer, f.err, f.session[0] ? f.session : "(none)");
-        else if (f.err[0])
+                     req_id, f->peer, f->err, f->session[0] ? f->session : "(none)");
+        else if (f->err[0])
             pf_warn("RDMA fetch req %s from %s aborted after %zu of %zu block(s): %s; the "
                     "request proceeds without them",
-                    req_id, f.peer, got, f.want, f.err);
+                    req_id, f->peer, got, f->want, f->err);
         else
             pf_debug("RDMA fetch req %s: %s had only %zu of the %zu block(s) it advertised "
                      "(evicted since)",
-                     req_id, f.peer, got, f.want);
-        /* a failed or short peer: the next query for this request skips remote fetch (not
-         * for local causes: staging memory, shutdown) */
-        if (rc != -ENOMEM && !atomic_load(&p->stopping))
-            p2p_blacklist_add(p, req_id);
+                     req_id, f->peer, got, f->want);
     }
+    atomic_fetch_sub(&p->fetches_inflight, 1);
+    *rc_p = rc;
+    return got;
+}
+
+/* A holder's failure that says something about it (not a local cause, not a shutdown). */
+static bool holder_fault(struct pf_p2p *p, int rc, const char *why)
+{
+    if (atomic_load(&p->stopping) || rc == -ENOMEM)
+        return false;
+    return rc != 0 || strcmp(why, "integrity") == 0;
+}
+
+size_t p2p_tier_fetch(void *ctx, const char *req_id, const struct pf_block_key *keys, size_t n,
+                      bool all_or_nothing, struct pf_block **out)
+{
+    struct pf_p2p *p = ctx;
+    if (n == 0 || !p2p_fetch_available(p, req_id))
+        return 0;
+    struct fetch f = {.p = p, .req_id = req_id, .keys = keys};
+    int rc = discover(&f, n, all_or_nothing);
+    if (rc) {
+        if (rc == -ENOENT)
+            pf_debug("req %s: no peer holds the %zu missing block(s)", req_id, n);
+        return 0;
+    }
+    pf_debug("RDMA fetch req %s: %s advertises %zu of %zu block(s)", req_id, f.peer, f.want, n);
+    const char *why = NULL;
+    size_t want = f.want;
+    char peer[P2P_ADDR_MAX];
+    snprintf(peer, sizeof(peer), "%s", f.peer);
+    p2p_holder_note(p, peer, +1, false);
+    size_t got = fetch_run(&f, out, &rc, &why);
+    p2p_holder_note(p, peer, -1, got < want && holder_fault(p, rc, why));
+    /* a failed or short peer: the next query for this request skips remote fetch (not
+     * for local causes: staging memory, shutdown) */
+    if (got < want && rc != -ENOMEM && !atomic_load(&p->stopping))
+        p2p_blacklist_add(p, req_id);
     if (all_or_nothing && got < n) {
         for (size_t i = 0; i < got; i++)
             pf_block_put(out[i]);
         got = 0;
     }
-    atomic_fetch_sub(&p->fetches_inflight, 1);
+    return got;
+}
+
+size_t p2p_tier_fetch_from(void *ctx, const char *req_id, const struct pf_tier_source *src,
+                           const struct pf_block_key *keys, size_t n, struct pf_block **out,
+                           const char **why_p)
+{
+    struct pf_p2p *p = ctx;
+    const char *why = "error";
+    size_t got = 0;
+    uint32_t load;
+    if (n == 0 || !atomic_load_explicit(&p->fetch_enabled, memory_order_acquire) ||
+        atomic_load(&p->stopping) || strlen(src->node) >= P2P_ADDR_MAX)
+        goto out;
+    if (p2p_holder_state(p, src->node, pf_clock_now(p->cfg.clock), &load)) {
+        why = "down"; /* failed meanwhile: not contacted inside its down window */
+        goto out;
+    }
+    struct fetch f = {.p = p, .req_id = req_id, .keys = keys};
+    snprintf(f.peer, sizeof(f.peer), "%s", src->node);
+    f.want = n < src->len ? n : src->len;
+    if (f.want > PF_P2P_MAX_HASHES)
+        f.want = PF_P2P_MAX_HASHES;
+    int rc = 0;
+    p2p_holder_note(p, src->node, +1, false);
+    got = fetch_run(&f, out, &rc, &why);
+    p2p_holder_note(p, src->node, -1, got < f.want && holder_fault(p, rc, why));
+out:
+    if (why_p)
+        *why_p = why;
     return got;
 }

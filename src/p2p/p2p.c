@@ -273,6 +273,7 @@ static void p2p_free(struct pf_p2p *p)
     p2p_blacklist_free(p);
     pf_htable_destroy(&p->peers);
     pf_htable_destroy(&p->bl);
+    pf_htable_destroy(&p->holders);
     p2p_grpc_free(p);
     pf_p2p_locks_destroy(p->locks);
     free(p->rbase);
@@ -284,6 +285,7 @@ static void p2p_free(struct pf_p2p *p)
     pthread_mutex_destroy(&p->conn_mu);
     pthread_cond_destroy(&p->conn_cv);
     pthread_mutex_destroy(&p->bl_mu);
+    pthread_mutex_destroy(&p->hold_mu);
     pthread_mutex_destroy(&p->wk_mu);
     pthread_cond_destroy(&p->wk_cv);
     pthread_mutex_destroy(&p->chan_mu);
@@ -323,6 +325,8 @@ int pf_p2p_create(const struct pf_p2p_config *cfg, struct pf_p2p **p_p, char *er
         c->qp_wait_ms = 30000;
     if (!c->peer_down_ms)
         c->peer_down_ms = 5000;
+    if (!c->plan_timeout_ms)
+        c->plan_timeout_ms = PF_P2P_PLAN_TIMEOUT_MS;
     c->transport = NULL;
     const char *b = cfg->backend ? cfg->backend : "";
     if (strncmp(b, "faulty:", 7) == 0)
@@ -341,6 +345,7 @@ int pf_p2p_create(const struct pf_p2p_config *cfg, struct pf_p2p **p_p, char *er
         p->max_read = v;
     pthread_mutex_init(&p->conn_mu, NULL);
     pthread_mutex_init(&p->bl_mu, NULL);
+    pthread_mutex_init(&p->hold_mu, NULL);
     pthread_mutex_init(&p->wk_mu, NULL);
     pthread_mutex_init(&p->chan_mu, NULL);
     pf_cond_init(&p->conn_cv);
@@ -373,6 +378,8 @@ int pf_p2p_create(const struct pf_p2p_config *cfg, struct pf_p2p **p_p, char *er
     if (rc == 0)
         rc = pf_htable_init(&p->bl, 64);
     if (rc == 0)
+        rc = pf_htable_init(&p->holders, 16);
+    if (rc == 0)
         rc = pf_p2p_locks_create(c->clock, c->lock_timeout_secs * PF_NS_PER_SEC, &p->locks);
     if (rc) {
         snprintf(err, errlen, "out of memory");
@@ -402,8 +409,9 @@ int pf_p2p_create(const struct pf_p2p_config *cfg, struct pf_p2p **p_p, char *er
     struct pf_tier t = {
         .name = "rdma",
         .cls = PF_CLASS_RECLAIMABLE,
-        .probe = p2p_tier_probe,
         .fetch = p2p_tier_fetch,
+        .discover = p2p_tier_discover,
+        .fetch_from = p2p_tier_fetch_from,
         .ctx = p,
     };
     rc = pf_engine_add_tier(p->engine, &t);

@@ -14,6 +14,7 @@
 #include "pf/htable.h"
 #include "pf/list.h"
 #include "pf/metrics.h"
+#include "pf/engine.h"
 #include "pf/p2p.h"
 
 #define P2P_ADDR_MAX    256
@@ -160,6 +161,9 @@ struct pf_p2p {
     /* req_id blacklist */
     pthread_mutex_t bl_mu;
     struct pf_htable bl;
+    /* holder health (fetch.c): recent failures and fetches in flight per holder address */
+    pthread_mutex_t hold_mu;
+    struct pf_htable holders;
 
     /* the p2p thread: lock releases, expiry */
     pthread_t thr;
@@ -201,12 +205,24 @@ int p2p_serve_handshake(struct pf_p2p *p, const Pegaflow__RdmaHandshakeRequest *
 void p2p_conns_drop_all(struct pf_p2p *p);
 void p2p_conns_free(struct pf_p2p *p);
 
-/* fetch.c: the tier */
-size_t p2p_tier_probe(void *ctx, const char *req_id, const struct pf_block_key *keys, size_t n,
-                      bool wait_full);
+/* fetch.c: the tier (struct pf_tier contracts in pf/engine.h) */
+/* Whether remote fetch may run for req_id now: enabled, not stopping, the MetaServer client
+ * has a session, req_id not blacklisted. Never blocks. */
+bool p2p_fetch_available(struct pf_p2p *p, const char *req_id);
+int p2p_tier_discover(void *ctx, const char *req_id, const struct pf_block_key *keys, size_t n,
+                      struct pf_tier_source *src, size_t max);
+size_t p2p_tier_fetch_from(void *ctx, const char *req_id, const struct pf_tier_source *src,
+                           const struct pf_block_key *keys, size_t n, struct pf_block **out,
+                           const char **why_p);
 size_t p2p_tier_fetch(void *ctx, const char *req_id, const struct pf_block_key *keys, size_t n,
                       bool all_or_nothing, struct pf_block **out);
+/* discover.c: blacklist, holder health, discovery */
 void p2p_blacklist_add(struct pf_p2p *p, const char *req_id);
+/* Whether holder addr is inside its down window at now (clock ns); *load_p its fetches in
+ * flight from this node. */
+bool p2p_holder_state(struct pf_p2p *p, const char *addr, uint64_t now, uint32_t *load_p);
+/* d = +1 / -1 fetches from addr in flight; failed: its down window starts now. */
+void p2p_holder_note(struct pf_p2p *p, const char *addr, int d, bool failed);
 size_t p2p_blacklist_gc(struct pf_p2p *p);
 void p2p_blacklist_free(struct pf_p2p *p);
 
@@ -236,6 +252,9 @@ void p2p_grpc_free(struct pf_p2p *p);
 /* The IPs addr's host ("ip:port" or "name:port") stands for (up to max). 0, -EINVAL,
  * -EHOSTUNREACH. */
 int p2p_host_ips(const char *addr, char (*ips)[PF_AUTH_IP_MAX], size_t max, size_t *n_p);
+/* p2p_host_ips for a numeric address only (getaddrinfo AI_NUMERICHOST: no name lookup), for
+ * what a caller sends: -EINVAL for a host name. */
+int p2p_numeric_ips(const char *addr, char (*ips)[PF_AUTH_IP_MAX], size_t max, size_t *n_p);
 /* 0 when every endpoint of m names one of hosts (or the backend does not connect by
  * address, or same_host and it is an address of this host); -EACCES (or -EINVAL for a
  * malformed endpoint) with a message naming it. who names the peer in the message. */

@@ -8,7 +8,8 @@
  *     resolved);
  *   - serving side: an address the caller proved (its transport IP, or with mutual TLS an IP
  *     subjectAltName of its certificate); requester_id, the address we would later fetch
- *     from and file the connection under, must be one of them too.
+ *     from and file the connection under, must be one of them too. requester_id must be
+ *     numeric: nothing a caller sends is resolved (no name lookup on the request path).
  * Loopback addresses count as one host (single-host simulations on 127.0.0.x); on the
  * serving side, a caller connecting from an address of this host may name any address of
  * this host (several nodes in one namespace, e.g. on veth pairs). */
@@ -25,15 +26,20 @@
 #include "pf/config.h"
 #include "pf/log.h"
 
-int p2p_host_ips(const char *addr, char (*ips)[PF_AUTH_IP_MAX], size_t max, size_t *n_p)
+/* numeric: AI_NUMERICHOST, never a name lookup (what a caller sends is never resolved: a
+ * handshake must not make this node query DNS for a name of the caller's choosing) */
+static int host_ips(const char *addr, bool numeric, char (*ips)[PF_AUTH_IP_MAX], size_t max,
+                    size_t *n_p)
 {
     char host[P2P_ADDR_MAX];
     uint16_t port;
     if (pf_addr_split(addr, host, sizeof(host), &port) != 0)
         return -EINVAL;
-    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
-    if (getaddrinfo(host, NULL, &hints, &res) != 0)
-        return -EHOSTUNREACH;
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = numeric ? AI_NUMERICHOST : 0},
+                    *res = NULL;
+    int g = getaddrinfo(host, NULL, &hints, &res);
+    if (g != 0)
+        return numeric && g == EAI_NONAME ? -EINVAL : -EHOSTUNREACH;
     size_t n = 0;
     for (struct addrinfo *r = res; r && n < max; r = r->ai_next) {
         const void *a = r->ai_family == AF_INET
@@ -47,6 +53,16 @@ int p2p_host_ips(const char *addr, char (*ips)[PF_AUTH_IP_MAX], size_t max, size
     freeaddrinfo(res);
     *n_p = n;
     return n ? 0 : -EHOSTUNREACH;
+}
+
+int p2p_host_ips(const char *addr, char (*ips)[PF_AUTH_IP_MAX], size_t max, size_t *n_p)
+{
+    return host_ips(addr, false, ips, max, n_p);
+}
+
+int p2p_numeric_ips(const char *addr, char (*ips)[PF_AUTH_IP_MAX], size_t max, size_t *n_p)
+{
+    return host_ips(addr, true, ips, max, n_p);
 }
 
 int p2p_endpoints_check(struct pf_p2p *p, const Pegaflow__HandshakeMetadata *m,
@@ -84,8 +100,10 @@ int p2p_handshake_authorize(struct pf_p2p *p, const Pegaflow__RdmaHandshakeReque
     const char *who = r->requester_id ? r->requester_id : "";
     char req_ips[8][PF_AUTH_IP_MAX];
     size_t nreq = 0;
-    if (p2p_host_ips(who, req_ips, PF_ARRAY_SIZE(req_ips), &nreq) != 0) {
-        snprintf(err, errlen, "requester_id: '%.64s' is not an ip:port this node can resolve", who);
+    if (p2p_numeric_ips(who, req_ips, PF_ARRAY_SIZE(req_ips), &nreq) != 0) {
+        snprintf(err, errlen,
+                 "requester_id: '%.64s' is not a numeric ip:port (host names are not resolved)",
+                 who);
         return -EINVAL;
     }
     /* a caller on this host may speak for any of this host's addresses: nodes on veth pairs

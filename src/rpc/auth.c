@@ -6,7 +6,8 @@
  * Locality: a caller is local when it came in over a Unix socket, from loopback, or from an
  * address one of this host's interfaces carries. The interface list is cached and re-read
  * (getifaddrs) when an address is not in it, at most once a second, so a remote caller
- * cannot make every call pay for a netlink dump. */
+ * cannot make every call pay for a netlink dump; and when it is older than
+ * IFADDR_MAX_AGE_NS, so that an address this host gave up stops counting as local. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -270,7 +271,8 @@ int pf_auth_peer_ip(const char *peer, char *host, size_t hostlen)
     return -EINVAL;
 }
 
-#define IFADDR_MAX 256
+#define IFADDR_MAX        256
+#define IFADDR_MAX_AGE_NS (10 * PF_NS_PER_SEC) /* re-read an older list on the next check */
 
 static pthread_mutex_t if_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct in6_addr if_addrs[IFADDR_MAX]; /* v4 as v4-mapped */
@@ -311,6 +313,8 @@ static bool if_has(const struct in6_addr *a)
 {
     bool found = false;
     pthread_mutex_lock(&if_mu);
+    if (if_valid && pf_now_ns() - if_read_ns > IFADDR_MAX_AGE_NS)
+        if_reread_locked(); /* a removed address must not stay local forever */
     for (int pass = 0; pass < 2 && !found; pass++) {
         if (pass == 1 || !if_valid) {
             if (if_valid && pf_now_ns() - if_read_ns < PF_NS_PER_SEC)
@@ -410,15 +414,20 @@ int pf_auth_check(const struct pf_auth *a, const struct pf_rpc_access_rule *rule
             return 0;
         snprintf(msg, msglen,
                  "%s is only served to callers on this host (Unix socket, loopback or a local "
-                 "address)%s; caller %s",
-                 path, want ? " or with the cluster token" : "", peer ? peer : "?");
+                 "address)%s; caller %s. To serve workers elsewhere: %s",
+                 path, want ? " or with the cluster token" : "", peer ? peer : "?",
+                 want ? "give them the cluster token (PEGAFLOW_TOKEN_FILE)"
+                      : "start the server with --cluster-token-file FILE and give the workers "
+                        "the token (PEGAFLOW_TOKEN_FILE), or --local-rpcs any (no protection)");
         return PF_GRPC_PERMISSION_DENIED;
     case PF_RPC_ACCESS_PEER:
     default:
         if (!want || authed)
             return 0;
-        snprintf(msg, msglen, "%s needs the cluster token (%s metadata); caller %s sent none", path,
-                 PF_AUTH_TOKEN_MD, peer ? peer : "?");
+        snprintf(msg, msglen,
+                 "%s needs the cluster token (%s metadata); caller %s sent none (nodes: "
+                 "--cluster-token-file with the same secret; clients: PEGAFLOW_TOKEN_FILE)",
+                 path, PF_AUTH_TOKEN_MD, peer ? peer : "?");
         return PF_GRPC_UNAUTHENTICATED;
     }
 }

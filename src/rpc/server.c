@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <netdb.h>
@@ -642,11 +643,28 @@ static int add_local_listener(struct pf_rpc_server *s, const char *addr, char *e
     if (!addr)
         return 0;
     grpc_server_credentials *cr = grpc_insecure_server_credentials_create();
+    /* gRPC binds the socket here. It is created 0600 (umask 0177 around the call; the
+     * threads running at this point of the start-up create no files), then given to its
+     * group and opened to it: mode 0660, never wider (docs/security.md) */
+    mode_t old = umask(0177);
     int port = grpc_server_add_http2_port(s->srv, addr, cr);
+    umask(old);
     grpc_server_credentials_release(cr);
     if (port == 0) {
         snprintf(err, errlen, "cannot listen on %s (directory missing or not writable?)", addr);
         return -EADDRNOTAVAIL;
+    }
+    const char *path = addr + 5;
+    if (s->cfg.local_gid_set && chown(path, (uid_t)-1, (gid_t)s->cfg.local_gid) != 0) {
+        int e = errno;
+        snprintf(err, errlen, "%s: cannot give the socket to group %u: %s", addr, s->cfg.local_gid,
+                 strerror(e));
+        return -e;
+    }
+    if (chmod(path, 0660) != 0) {
+        int e = errno;
+        snprintf(err, errlen, "%s: cannot chmod the socket 0660: %s", addr, strerror(e));
+        return -e;
     }
     return 0;
 }

@@ -205,12 +205,15 @@ def config_seeds():
                                          "--enable-prometheus", "false", "--log-level=debug"))
     write("config", "server-p2p", b"\0" + a("--addr=10.0.0.1:50055", "--nics", "127.0.0.2", "127.0.0.3",
                                              "--metaserver-addr", "http://127.0.0.1:50056",
+                                             "--insecure-cluster",  # P2P needs a token or this
                                              "--ssd-cache-path", "/tmp/x", "--ssd-cache-capacity", "512 MiB",
                                              "--trace-sample-rate", "0.5", "--enable-debug", "--fault-spec",
                                              "gpu.d2h:prob=0.5,error=EIO;net.read:nth=3,times=2,at=complete;seed=7"))
     write("config", "server-otel", b"\0" + a("--metrics-otel-endpoint", "http://127.0.0.1:4318",
                                               "--metrics-period-secs", "10", "--gpu-backend", "faulty:sim"))
     write("config", "meta", b"\x01" + a("--addr", "[::1]:50056", "--ttl-minutes", "5", "--node-stale-secs=30"))
+    write("config", "meta-redis", b"\x01" + a("--addr", "0.0.0.0:50056", "--insecure-cluster", "--store",
+                                             "redis://u:pw@10.0.0.5:7000,10.0.0.6:7000"))
     write("config", "values", b"\x02" + a("30gb", "1.5GB", "[::1]:80", "http://h:1/", "true", "18446744073709551615"))
 
 

@@ -71,6 +71,9 @@ static void alive(struct pf_client *c, const char *what)
 static void start_server(const char *const *args, struct pft_proc *s, struct pf_client **c)
 {
     PFT_CHECK(pft_start(s, "pegaflow-server", "127.0.0.1", args) == 0, "start server");
+    /* the hostile clients meet the protected defaults (docs/security.md): worker RPCs
+     * answer this host only, as every default server does */
+    PFT_CHECK(pft_log_contains(s, "worker RPCs from this host"), "server not in protected mode");
     PFT_CHECK(pf_client_connect(s->addr, c) == 0, "connect");
 }
 

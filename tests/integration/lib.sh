@@ -10,6 +10,11 @@
 #   pf_stop NAME [SIG]                 signals (default TERM), waits up to 15 s, then KILLs;
 #                                      returns the exit status
 #   pf_fail MSG                        prints FAIL and the logs' tails, exits 1
+#   pf_cluster_token DIR               writes a fresh random cluster token to DIR/cluster-token
+#                                      (0600) and exports PF_CLUSTER_TOKEN_FILE (for the
+#                                      servers' --cluster-token-file) and PEGAFLOW_TOKEN_FILE
+#                                      (libpegaflow clients send it): protected-default
+#                                      nodes (P2P, worker RPCs from another namespace) need it
 # Every process started with pf_start is killed at exit.
 
 PF_TMP=${PF_TMP:-}
@@ -28,6 +33,16 @@ _pf_cleanup() {
   done
   wait 2>/dev/null
   [ -n "$PF_TMP" ] && [ -z "${PF_KEEP_TMP:-}" ] && rm -rf "$PF_TMP"
+}
+
+# One helper for every test that starts P2P nodes or calls worker RPCs across namespaces
+# (docs/security.md, protected by default): a token per run, never a fixed string.
+pf_cluster_token() {
+  local dir=${1:?dir} f
+  f="$dir/cluster-token"
+  (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$f" && echo >>"$f") ||
+    return 1
+  export PF_CLUSTER_TOKEN_FILE=$f PEGAFLOW_TOKEN_FILE=$f
 }
 
 pf_log() { echo "[$(date +%H:%M:%S.%N | cut -c1-12)] $*"; }

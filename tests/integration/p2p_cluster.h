@@ -54,8 +54,8 @@ static const char *sec_dir;        /* PF_P2P_SECURITY_DIR */
 static const char *token_override; /* cluster token file of the next spawn (auth scenario) */
 
 /* Starts bin in the node's namespace with args (NULL-terminated, --addr/--http-addr added on
- * port gport/0 of the node's IP; the security flags with PF_P2P_SECURITY_DIR) and waits for
- * its "ready" line. */
+ * port gport/0 of the node's IP; the security flags with PF_P2P_SECURITY_DIR, else the run's
+ * --cluster-token-file PF_CLUSTER_TOKEN_FILE) and waits for its "ready" line. */
 static void spawn(struct node *n, const char *bin, int gport, const char *const *args)
 {
     char sec[6][600];
@@ -95,6 +95,11 @@ static void spawn(struct node *n, const char *bin, int gport, const char *const 
         bool server = strcmp(bin, "pegaflow-server") == 0;
         for (int i = 0; i < (server ? 6 : 4); i++)
             argv[k++] = sec[i];
+    } else if (getenv("PF_CLUSTER_TOKEN_FILE")) {
+        /* protected by default: the run's token (p2p_netns.sh, pf_cluster_token) */
+        snprintf(sec[0], sizeof(sec[0]), "--cluster-token-file=%s",
+                 token_override ? token_override : getenv("PF_CLUSTER_TOKEN_FILE"));
+        argv[k++] = sec[0];
     }
     for (size_t i = 0; args && args[i] && k < 62; i++)
         argv[k++] = args[i];

@@ -34,6 +34,9 @@
  *   layouts    issue 15: MLA page-first replicas (striped saves), layer-split shards and a
  *              hybrid model (attention prefix + recurrent want-set) fetched by B from A,
  *              byte-exact on every device; A has an SSD tier (padded host segments), B none
+ *   plan       issue 24: the query-time tier plan (p2p_plan.h): a pure miss Ready at once,
+ *              48 asked / 32 on a peer counted rdma 32 + miss 16, wait_for_full_prefix from
+ *              the own SSD, the best of two holders killed -9, a stopped peer vs an SSD hit
  *   redis      issue 14: two MetaServer replicas on one redis-server (--store redis://) in
  *              the MetaServer's namespace, nodes list both; A saves, B fetches byte-exact;
  *              replica 1 killed (SIGKILL): B discovers and fetches new blocks through
@@ -553,6 +556,8 @@ static bool io_uring_usable(void)
     return true;
 }
 
+#include "p2p_plan.h"
+
 static void sc_layouts(void)
 {
     /* A has an SSD tier (512-padded host segments), B has none: a page must mean the same
@@ -636,6 +641,7 @@ static const struct pft_scenario scenarios[] = {
     {"expire", sc_expire}, {"corrupt", sc_corrupt},
     {"evict", sc_evict},   {"auth", sc_auth},
     {"redis", sc_redis},   {"layouts", sc_layouts},
+    {"plan", sc_plan},
 };
 
 int main(int argc, char **argv)
@@ -681,6 +687,16 @@ int main(int argc, char **argv)
         PFT_CHECK(pf_auth_env_load(&env, &o, err, sizeof(err)) == 0, "%s", err);
         PFT_CHECK(o.tls && o.cert_pem && o.token,
                   "PF_P2P_SECURITY_DIR needs PEGAFLOW_TLS_CA/CERT/KEY and PEGAFLOW_TOKEN_FILE");
+        PFT_CHECK(pf_rpc_set_default_channel_opts(&o) == 0, "channel defaults");
+        pf_auth_env_free(&env);
+    } else if (getenv("PF_CLUSTER_TOKEN_FILE")) {
+        /* protected by default: the nodes have the run's token; this process's MetaServer
+         * probes and worker calls (from its own namespace) send it (PEGAFLOW_TOKEN_FILE) */
+        struct pf_auth_env env;
+        struct pf_rpc_channel_opts o;
+        char err[256];
+        PFT_CHECK(pf_auth_env_load(&env, &o, err, sizeof(err)) == 0, "%s", err);
+        PFT_CHECK(o.token, "PF_CLUSTER_TOKEN_FILE needs PEGAFLOW_TOKEN_FILE (p2p_netns.sh)");
         PFT_CHECK(pf_rpc_set_default_channel_opts(&o) == 0, "channel defaults");
         pf_auth_env_free(&env);
     }

@@ -15,6 +15,12 @@ export PF_BIN
 export PF_TOP=${PF_TOP:-$(cd "$(dirname "$0")/../.." && pwd)}
 export PF_TEST_LOGDIR=${PF_TEST_LOGDIR:-$(mktemp -d "${TMPDIR:-/tmp}/pf-p2p.XXXXXX")}
 echo "logs: $PF_TEST_LOGDIR"
+# protected by default (docs/security.md): P2P nodes need a cluster token; a fresh one per
+# run unless the auth scenario brings its own PKI and token (PF_P2P_SECURITY_DIR)
+. "$PF_TOP/tests/integration/lib.sh"
+if [ -z "${PF_P2P_SECURITY_DIR:-}" ]; then
+  pf_cluster_token "$PF_TEST_LOGDIR" || { echo "FAIL: cannot write the cluster token"; exit 1; }
+fi
 
 id=$(( $$ % 100000 ))
 hub=pfh$id

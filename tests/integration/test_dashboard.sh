@@ -9,11 +9,13 @@ ex="$PF_TOP/examples/metrics"
 check="$PF_TOP/tests/integration/dashboard_check.py"
 tmp=$(mktemp -d)
 trap 'cleanup_procs; rm -rf "$tmp"' EXIT
+. "$PF_TOP/tests/integration/lib.sh"
+pf_cluster_token "$tmp" || fail "cannot write the cluster token" # P2P needs one (docs/security.md)
 
 start_proc meta pegaflow-metaserver --addr 127.0.0.1:0 --http-addr 127.0.0.1:0
 start_proc srv pegaflow-server --gpu-backend sim --pool-size 64mb --addr 127.0.0.2:0 \
   --http-addr 127.0.0.1:0 --net-backend tcp --nics 127.0.0.2 \
-  --metaserver-addr "http://127.0.0.1:$meta_GRPC" \
+  --metaserver-addr "http://127.0.0.1:$meta_GRPC" --cluster-token-file "$PF_CLUSTER_TOKEN_FILE" \
   --ssd-cache-path "$tmp/ssd.dat" --ssd-cache-capacity 64mb
 "$PF_BIN/pegaflow-cli" --addr "127.0.0.2:$srv_GRPC" health >/dev/null || fail "Health"
 curl -fsS "http://127.0.0.1:$srv_HTTP/metrics" >"$tmp/metrics.txt" || fail "GET /metrics"

@@ -50,6 +50,63 @@ for s in pegaflow-server pegaflow-metaserver; do
   done
 done
 
+# the units: a dedicated user, the capabilities the server needs and the usual sandbox
+# (docs/security.md "Files and units")
+for s in pegaflow-server pegaflow-metaserver; do
+  u="$root/lib/systemd/system/$s.service"
+  for want in User=pegaflow Group=pegaflow NoNewPrivileges=yes ProtectSystem=strict ProtectHome=yes \
+    PrivateTmp=yes ProtectKernelModules=yes RestrictNamespaces=yes; do
+    grep -qx "$want" "$u" || pf_fail "$s.service lacks $want"
+  done
+done
+u="$root/lib/systemd/system/pegaflow-server.service"
+for want in LimitMEMLOCK=infinity AmbientCapabilities=CAP_IPC_LOCK CapabilityBoundingSet=CAP_IPC_LOCK \
+  DevicePolicy=closed 'DeviceAllow=char-nvidia* rw' 'DeviceAllow=char-infiniband_verbs rw' \
+  ReadWritePaths=/var/lib/pegaflow RuntimeDirectory=pegaflow; do
+  grep -qxF "$want" "$u" || pf_fail "pegaflow-server.service lacks $want"
+done
+grep -qx 'CapabilityBoundingSet=' "$root/lib/systemd/system/pegaflow-metaserver.service" ||
+  pf_fail "pegaflow-metaserver.service keeps capabilities"
+# systemd-analyze verify prints problems (unknown keys, bad values) but exits 0 for most:
+# any output fails. ExecStart points into the unpacked root (the binaries are not installed)
+if command -v systemd-analyze >/dev/null; then
+  for s in pegaflow-server pegaflow-metaserver; do
+    sed "s|^ExecStart=/usr/bin/|ExecStart=$root/usr/bin/|" "$root/lib/systemd/system/$s.service" \
+      >"$PF_TMP/$s.service"
+    out=$(systemd-analyze verify --man=no "$PF_TMP/$s.service" 2>&1) ||
+      pf_fail "systemd-analyze verify $s.service failed: $out"
+    [ -z "$out" ] || pf_fail "systemd-analyze verify $s.service: $out"
+  done
+  # the check itself sees a broken unit
+  sed 's/^ProtectSystem=strict/ProtectSystem=strictest/' "$PF_TMP/pegaflow-server.service" >"$PF_TMP/bad.service"
+  [ -n "$(systemd-analyze verify --man=no "$PF_TMP/bad.service" 2>&1)" ] ||
+    pf_fail "systemd-analyze verify did not notice a bad value"
+  echo "ok: systemd-analyze verify (both units)"
+else
+  echo "SKIP (units only): systemd-analyze is not installed, the units are not verified"
+fi
+# postinst: creates the system group and user once (idempotent), /etc/pegaflow root:pegaflow
+# 0750; run against stand-ins of getent/groupadd/useradd/install that record their calls
+[ -x "$PF_TMP/control/postinst" ] || pf_fail "the .deb has no executable postinst"
+sh -n "$PF_TMP/control/postinst" || pf_fail "postinst does not parse"
+shim="$PF_TMP/shim"
+mkdir -p "$shim"
+for c in groupadd useradd install systemctl; do
+  printf '#!/bin/sh\necho "%s $*" >>"%s/calls"\n' "$c" "$shim" >"$shim/$c"
+done
+printf '#!/bin/sh\n[ -e "%s/known" ] && exit 0 || exit 2\n' "$shim" >"$shim/getent"
+chmod +x "$shim"/*
+PATH="$shim:$PATH" sh "$PF_TMP/control/postinst" configure || pf_fail "postinst configure failed"
+grep -qx 'groupadd --system pegaflow' "$shim/calls" || pf_fail "postinst: no system group: $(cat "$shim/calls")"
+grep -q '^useradd --system --gid pegaflow .*--shell /usr/sbin/nologin .*pegaflow$' "$shim/calls" ||
+  pf_fail "postinst: no system user: $(cat "$shim/calls")"
+grep -qx 'install -d -o root -g pegaflow -m 0750 /etc/pegaflow' "$shim/calls" ||
+  pf_fail "postinst: no /etc/pegaflow"
+: >"$shim/calls"; touch "$shim/known"
+PATH="$shim:$PATH" sh "$PF_TMP/control/postinst" configure || pf_fail "postinst (upgrade) failed"
+! grep -q 'add' "$shim/calls" || pf_fail "postinst re-created an existing user: $(cat "$shim/calls")"
+echo "ok: units and postinst"
+
 # the units' command lines, as systemd runs them: EnvironmentFile, then ExecStart with $VARs
 run_unit() { # unit-name log-name: starts it as pf_start LOG-NAME
   local name=$1 unit="$root/lib/systemd/system/$1.service"

@@ -56,6 +56,8 @@ step verbs_fake 120 "$O/tests/unit/net/test_verbs"
 step verbs_loop 240 env PF_VERBS_NIC=rxe0 "$O/tests/unit/net/test_verbs_dev"
 step verbs_cross 240 env PF_VERBS_NIC=rxe0 PF_VERBS_NIC_B=rxe1 "$O/tests/unit/net/test_verbs_dev"
 mkdir -p "$logs/p2p"
+# P2P nodes need a cluster token (protected by default, docs/security.md): one per run
+. "$(dirname "$0")/lib.sh" && pf_cluster_token "$logs/p2p" || { echo "FAIL: no cluster token"; exit 1; }
 # shellcheck disable=SC2086
 step p2p 360 env PF_TEST_LOGDIR="$logs/p2p" PF_P2P_IP_MS=127.0.0.1 PF_P2P_IP_A=10.77.0.1 \
   PF_P2P_IP_B=10.77.0.2 PF_P2P_IP_C=127.0.0.4 \

@@ -9,9 +9,10 @@
 #
 # No MetaServer (shards do not fetch from each other). Sim KV memory is POSIX shm in
 # /dev/shm, which namespaces share, so the workers register with servers "on other
-# hosts"; the servers run with the default --local-rpcs auto (no TLS, no token = any
-# caller), which is what admits them (with a cluster token or TLS configured, auto becomes
-# host and these registrations would get PERMISSION_DENIED without PEGAFLOW_TOKEN_FILE).
+# hosts"; worker RPCs are served to callers on the server's host only (protected by
+# default, docs/security.md), so the servers get a cluster token made for this run
+# (pf_cluster_token) and the workers send it (PEGAFLOW_TOKEN_FILE): without it these
+# registrations get PERMISSION_DENIED.
 #
 # 1. tests/python/tp_netns.py against the two servers started here: A saves seeded KV on
 #    both hosts, B loads one request with one lease per shard (byte-exact on all four ranks,
@@ -50,6 +51,7 @@ cleanup() {
   nss=()
 }
 pf_tmpdir
+pf_cluster_token "$PF_TMP" || pf_fail "cannot write the cluster token"
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
@@ -73,7 +75,7 @@ pf_log "topology: $NC (driver) -- $NA $IPA, $NC -- $NB $IPB"
 # one server per host, bound to the host's address only (gRPC and HTTP)
 serve() { # NAME NS IP
   pf_start "$1" ip netns exec "$2" "$PF_BIN/pegaflow-server" --gpu-backend sim \
-    --pool-size 256mb --addr "$3:0" --http-addr "$3:0"
+    --pool-size 256mb --addr "$3:0" --http-addr "$3:0" --cluster-token-file "$PF_CLUSTER_TOKEN_FILE"
   pf_wait_log "$1" ': ready$' 20 || pf_fail "$1 did not start"
 }
 serve srva "$NA" "$IPA"

@@ -298,3 +298,31 @@ int pft_run_scenarios(const struct pft_scenario *sc, size_t n, char *const *name
     fprintf(stderr, "all scenarios passed\n");
     return 0;
 }
+
+int pft_cluster_token(const char *dir, char *path, size_t len)
+{
+    unsigned char raw[32];
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    ssize_t n = read(fd, raw, sizeof(raw));
+    close(fd);
+    if (n != (ssize_t)sizeof(raw))
+        return -EIO;
+    if ((size_t)snprintf(path, len, "%s/cluster-token", dir) >= len)
+        return -ENAMETOOLONG;
+    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return -errno;
+    char hex[2 * sizeof(raw) + 1];
+    for (size_t i = 0; i < sizeof(raw); i++)
+        snprintf(hex + 2 * i, 3, "%02x", raw[i]);
+    hex[2 * sizeof(raw)] = '\n';
+    bool ok = write(fd, hex, sizeof(hex)) == (ssize_t)sizeof(hex);
+    close(fd);
+    if (!ok)
+        return -EIO;
+    setenv("PF_CLUSTER_TOKEN_FILE", path, 1);
+    setenv("PEGAFLOW_TOKEN_FILE", path, 1);
+    return 0;
+}

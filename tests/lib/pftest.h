@@ -69,5 +69,10 @@ int pft_run_scenarios(const struct pft_scenario *sc, size_t n, char *const *name
 char *pft_read_file(const char *path);
 /* The port in "(port N)" after the first occurrence of marker in a server log, or 0. */
 int pft_port_after(const char *log, const char *marker);
+/* Protected by default (docs/security.md): writes a fresh random cluster token (64 hex
+ * digits from /dev/urandom) to dir/cluster-token (mode 0600), its path into path, and sets
+ * PF_CLUSTER_TOKEN_FILE and PEGAFLOW_TOKEN_FILE (what this process's libpegaflow clients
+ * send) to it. The C twin of tests/integration/lib.sh's pf_cluster_token. 0 or -errno. */
+int pft_cluster_token(const char *dir, char *path, size_t len);
 
 #endif

@@ -12,6 +12,11 @@
   the k-th server a test starts runs in network namespace NSk (``ip netns exec``), gRPC
   and HTTP bound to IPk, so two servers are two "hosts" reached over veth links. Unset
   (every other run): servers on loopback as before.
+* Protected by default (docs/security.md): a server in a namespace (worker RPCs from
+  another "host") or with P2P (``--metaserver-addr``) gets ``--cluster-token-file`` with
+  the run's token (cluster_token_file(): PF_CLUSTER_TOKEN_FILE from
+  tests/integration/lib.sh's pf_cluster_token, else a fresh one per pytest run), which
+  libpegaflow clients send (PEGAFLOW_TOKEN_FILE).
 """
 
 from __future__ import annotations
@@ -94,6 +99,30 @@ def pf_bin() -> str | None:
     return os.environ.get("PF_BIN") or None
 
 
+_TOKEN_FILE: str | None = None
+
+
+def cluster_token_file() -> str:
+    """The cluster token file of this run: PF_CLUSTER_TOKEN_FILE when the caller made one,
+    else a random token written once per pytest process (0600); PEGAFLOW_TOKEN_FILE is set
+    to it so the clients of this process send it."""
+    global _TOKEN_FILE
+    if _TOKEN_FILE is None:
+        f = os.environ.get("PF_CLUSTER_TOKEN_FILE")
+        if not f:
+            import secrets
+            import tempfile
+            d = tempfile.mkdtemp(prefix="pf-token.")
+            f = os.path.join(d, "cluster-token")
+            fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(secrets.token_hex(32) + "\n")
+            os.environ["PF_CLUSTER_TOKEN_FILE"] = f
+        os.environ["PEGAFLOW_TOKEN_FILE"] = f
+        _TOKEN_FILE = f
+    return _TOKEN_FILE
+
+
 class ServerProc:
     """A pegaflow-server on loopback with ports chosen by the kernel; with ``netns``, in
     that network namespace (``ip netns exec``, which execs the server: same pid), its
@@ -109,6 +138,8 @@ class ServerProc:
         self.args = [os.path.join(b, "pegaflow-server"), "--gpu-backend", "sim",
                      "--pool-size", "256mb", "--addr", f"{host}:{port}",
                      "--http-addr", f"{self.http_host}:0", *extra_args]
+        if netns or "--metaserver-addr" in extra_args:
+            self.args += ["--cluster-token-file", cluster_token_file()]
         if netns:
             self.args = ["ip", "netns", "exec", netns, *self.args]
         self.proc = None

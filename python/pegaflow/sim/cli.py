@@ -165,7 +165,8 @@ class Sim:
         start = os.path.getsize(log) if os.path.exists(log) else 0  # a restart appends
         self.ms = self.c.spawn("metaserver", m, [
             os.path.join(self.a.bin, "pegaflow-metaserver"), "--addr", f"{m.ip}:{self.ms_port}",
-            "--http-addr", f"{m.ip}:0", "--node-stale-secs", "5"])
+            "--http-addr", f"{m.ip}:0", "--node-stale-secs", "5",
+            "--cluster-token-file", self.c.token_file])
         pat = r"gRPC listening on \S+ \(port (\d+)\)"
         self.ms_port = int(self.c.wait_log(self.ms, pat, start_at=start).group(1))
 
@@ -177,7 +178,8 @@ class Sim:
         argv = [os.path.join(self.a.bin, "pegaflow-server"), "--addr", f"{m.ip}:{gp}",
                 "--http-addr", f"{m.ip}:{hp}", "--gpu-backend", "sim", "--sim-gpus", "1",
                 "--pool-size", pool, "--net-backend", "tcp", "--nics", m.nic,
-                "--metaserver-addr", f"http://{ms.ip}:{self.ms_port}"]
+                "--metaserver-addr", f"http://{ms.ip}:{self.ms_port}",
+                "--cluster-token-file", self.c.token_file]
         if self.a.ssd == "on":
             argv += ["--ssd-cache-path", self.c.ssd_path(f"n{k}.ssd"),
                      "--ssd-cache-capacity", self.a.ssd_capacity]

@@ -24,7 +24,9 @@ import json
 import os
 import re
 import shutil
+import secrets
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -107,6 +109,7 @@ class Cluster:
     shm_pids: list[list] = field(default_factory=list)  # [pid, time.time() before spawn]
     ssd_dir: str | None = None  # where the SSD files go when tmpdir refuses O_DIRECT
     keep_logs: str | None = None
+    token_file: str | None = None  # the run's cluster token (write_token)
 
     # ------------------------------------------------------------ state file
 
@@ -332,6 +335,8 @@ def clean_stale(say) -> None:
     """Removes what a previous run whose owner is dead left behind (see the module doc);
     raises when a live pegaflow-sim owns the state file."""
     path = state_path()
+    if os.path.lexists(os.path.dirname(path)):
+        check_state_dir(os.path.dirname(path))  # never act on a state file others planted
     st = None
     try:
         with open(path) as f:
@@ -378,10 +383,40 @@ def clean_stale(say) -> None:
     _remove_state(path)
 
 
+def check_state_dir(d: str) -> None:
+    """Refuses (SystemExit, one line) a state directory this user does not own, a symlink,
+    or one others may write: its state.json names processes and namespaces the next run
+    kills and removes, so nobody else may be able to plant one (docs/security.md)."""
+    st = os.lstat(d)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise SystemExit(f"pegaflow-sim: state directory {d} is not a directory (a symlink?); "
+                         f"remove it")
+    if st.st_uid != os.geteuid():
+        raise SystemExit(f"pegaflow-sim: state directory {d} belongs to uid {st.st_uid}, not "
+                         f"to this user (uid {os.geteuid()}); remove it or set XDG_RUNTIME_DIR")
+    if st.st_mode & 0o022:
+        raise SystemExit(f"pegaflow-sim: state directory {d} is writable by others (mode "
+                         f"{stat.S_IMODE(st.st_mode):o}); chmod 700 it")
+
+
+def write_token(tmpdir: str) -> str:
+    """A random cluster token for this run in tmpdir/cluster-token (0600): P2P nodes refuse
+    to start without one (protected by default); the MetaServer, every server and this
+    process's clients (PEGAFLOW_TOKEN_FILE) use it."""
+    path = os.path.join(tmpdir, "cluster-token")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32) + "\n")
+    os.environ["PEGAFLOW_TOKEN_FILE"] = path
+    return path
+
+
 def new_cluster(mode: str, keep_logs: str | None) -> Cluster:
     sp = state_path()
     os.makedirs(os.path.dirname(sp), mode=0o700, exist_ok=True)
+    check_state_dir(os.path.dirname(sp))
     tmpdir = tempfile.mkdtemp(prefix="pegaflow-sim-")
     c = Cluster(mode, tmpdir, sp, keep_logs=keep_logs)
+    c.token_file = write_token(tmpdir)
     c.save_state()
     return c

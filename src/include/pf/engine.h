@@ -51,14 +51,15 @@ struct pf_engine_config {
     bool integrity; /* checksum sealed blocks (verification happens in SSD/P2P tiers) */
     bool pad_512;   /* host segment strides rounded to 512 bytes (SSD enabled) */
     /* timing (0 = defaults) */
-    uint64_t lease_ttl_ns;        /* 600 s */
-    uint64_t inflight_ttl_ns;     /* 300 s */
-    uint64_t copy_timeout_ms;     /* save waits at most this for its D2H copy: 60 s */
-    uint64_t save_chunk_bytes;    /* integrity on: copy+checksum pipeline chunk, 8 MiB */
-    const struct pf_clock *clock; /* NULL = monotonic */
-    const char *version;          /* required client_version (PF_VERSION) */
-    const char *hll_windows;      /* reuse estimator windows, NULL = "15m,1h,1d" */
-    unsigned hll_bits;            /* 0 = 16 */
+    uint64_t lease_ttl_ns;         /* 600 s */
+    uint64_t inflight_ttl_ns;      /* 300 s */
+    uint64_t copy_timeout_ms;      /* save waits at most this for its D2H copy: 60 s */
+    uint64_t save_chunk_bytes;     /* integrity on: copy+checksum pipeline chunk, 8 MiB */
+    const struct pf_clock *clock;  /* NULL = monotonic */
+    const char *version;           /* required client_version (PF_VERSION) */
+    const char *hll_windows;       /* reuse estimator windows, NULL = "15m,1h,1d" */
+    unsigned hll_bits;             /* 0 = 16 */
+    uint32_t prefetch_queue_depth; /* tasks waiting per prefetch pool (local, remote): 256 */
 };
 
 int pf_engine_create(const struct pf_engine_config *cfg, struct pf_engine **e_p, char *err,
@@ -185,28 +186,57 @@ int pf_engine_flush(struct pf_engine *e, uint64_t timeout_ms);
 /* ---- backing tiers and hooks ----
  *
  * A tier is a place the query path can fetch a missing suffix from (SSD, a peer node).
- * When a group-0 query misses in RAM and a tier's probe says it may have the next blocks,
- * the engine starts a background task for that req_id and answers Loading; the task calls
- * the tiers' fetch in registration order (peers before SSD, as the reference does) until
- * one returns blocks. The next query for the req_id inserts the fetched blocks into the
- * RAM cache with the tier's class and answers Ready with a lease over RAM prefix + fetched
- * run. Tasks older than 5 minutes are dropped (pegaflow_prefetch_stale_gc_total). */
+ * When a group-0 query misses in RAM the engine makes a plan for the rest at query time
+ * (docs/p2p.md "The plan"): local tiers (no discover) are asked with probe (no I/O), remote
+ * tiers with one bounded discover; each position of the suffix is assigned to the first tier
+ * that holds it, own SSD before peers, up to the first position nobody holds. A plan with
+ * nothing beyond RAM answers Ready at once (no task). Otherwise a background task for that
+ * req_id executes the plan on the tier's pool (local and remote tiers have separate bounded
+ * work queues) and queries answer Loading; a short answer falls back to the next holder, then
+ * the local tiers, for exactly the blocks still missing. The next query for the req_id
+ * inserts the fetched blocks into the RAM cache with the tier's class and answers Ready with a
+ * lease over RAM prefix + the contiguous fetched run. Tasks older than 5 minutes are dropped
+ * (pegaflow_prefetch_stale_gc_total). */
 struct pf_block_key;
+
+/* One holder of a run of the suffix, as a remote tier's discover ranked it (best first). */
+#define PF_TIER_NODE_MAX 256
+struct pf_tier_source {
+    char node[PF_TIER_NODE_MAX]; /* the holder's address */
+    uint32_t len;                /* consecutive keys from keys[0] it advertised */
+    bool down;                   /* inside its down window (ranked after every live holder) */
+};
+#define PF_TIER_SOURCES_MAX 8
+
 struct pf_tier {
     const char *name; /* "ssd", "rdma": also the tier label of pegaflow_cache_tier_block_requests */
     int cls;          /* enum pf_block_class the fetched blocks get when promoted */
     /* Called on the query thread, must not block: how many consecutive keys from keys[0]
-     * the tier can probably provide (0 = skip this tier). req_id lets a tier blacklist
-     * requests (e.g. after a failed peer). */
+     * the tier holds (0 = none). Local tiers only (a tier with discover is not probed). */
     size_t (*probe)(void *ctx, const char *req_id, const struct pf_block_key *keys, size_t n,
                     bool wait_for_full_prefix);
     /* Runs on a prefetch thread. Fetches up to n consecutive blocks from keys[0] into out[]
      * (strong references, sealed, checksums verified) and returns how many. Must bound every
-     * wait. all_or_nothing: return n or 0. */
+     * wait. all_or_nothing: return n or 0. A remote tier's fetch discovers by itself and, with
+     * all_or_nothing, waits (bounded) for a holder of all n (wait_for_full_prefix). */
     size_t (*fetch)(void *ctx, const char *req_id, const struct pf_block_key *keys, size_t n,
                     bool all_or_nothing, struct pf_block **out);
     /* Optional: blocks of this tier were promoted into RAM (e.g. to re-advertise them). */
     void (*promoted)(void *ctx, struct pf_block *const *blocks, size_t n);
+    /* Optional, makes the tier remote: discovery at query time on the query thread, bounded by
+     * the tier's own short deadline and never waiting when the directory is known down. Fills
+     * up to max holders of runs from keys[0], ranked best first, and returns how many (0:
+     * nobody holds keys[0]); -1 when discovery is unavailable now (disabled, directory down or
+     * slow, req_id blacklisted): the plan then uses local tiers only. */
+    int (*discover)(void *ctx, const char *req_id, const struct pf_block_key *keys, size_t n,
+                    struct pf_tier_source *src, size_t max);
+    /* Required with discover: fetches up to n consecutive blocks from keys[0] from one holder
+     * (prefetch thread, bounded); returns how many (fetch's contract, never all-or-nothing).
+     * A failure counts against the holder (its down window). *why_p (may be NULL) gets a
+     * static reason for a short answer: "evicted", "error", "timeout", "down". */
+    size_t (*fetch_from)(void *ctx, const char *req_id, const struct pf_tier_source *src,
+                         const struct pf_block_key *keys, size_t n, struct pf_block **out,
+                         const char **why_p);
     void *ctx;
 };
 /* Registers a tier (before serving traffic). 0 or -ENOSPC. */

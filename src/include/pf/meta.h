@@ -51,7 +51,16 @@ struct pf_meta_store_config {
      * clock, shared by every MetaServer replica). Any call on a Redis store may also fail
      * with -ENOTCONN (Redis unreachable: UNAVAILABLE) or -EPROTO (unexpected answer). */
     const char *store;
+    /* Redis AUTH password from elsewhere than the URL (--redis-password-file,
+     * PEGAFLOW_REDIS_PASSWORD); NULL: the URL's, if any. Both at once: -EINVAL. Copied; the
+     * copies are wiped (explicit_bzero) when freed. */
+    const char *redis_password;
 };
+
+/* store with the password of a redis:// URL replaced by "***" (user and hosts kept), for
+ * every message that names the store: the password is never logged. Other strings are
+ * copied unchanged (truncated to len). */
+void pf_meta_store_redact(const char *store, char *out, size_t len);
 
 /* One node's answer to a prefix query. */
 struct pf_meta_prefix {

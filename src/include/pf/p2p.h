@@ -64,6 +64,8 @@ struct pf_p2p;
 #define PF_P2P_HANDSHAKE_TIMEOUT_MS 10000
 #define PF_P2P_RPC_TIMEOUT_MS       5000
 #define PF_P2P_META_TIMEOUT_MS      1000 /* a healthy QueryPrefixBlocks takes < 1 ms */
+#define PF_P2P_PLAN_TIMEOUT_MS      50   /* query-time discovery (the plan): default deadline */
+#define PF_P2P_PLAN_HEAD            64   /* ... asks for this many hashes first */
 
 /* ------------------------------------------------------------------ transfer locks */
 
@@ -134,7 +136,9 @@ struct pf_p2p_config {
     uint64_t blacklist_ms;        /* a failed peer blocks remote fetch for a req_id: 300000 */
     uint64_t housekeeping_ms;     /* lock expiry / blacklist GC period: 1000 */
     uint64_t qp_wait_ms;          /* wait for a busy connection's QPs: 30000 */
-    uint64_t peer_down_ms;        /* after a failed handshake the peer is skipped: 5000 */
+    uint64_t peer_down_ms;        /* after a failed handshake the peer is skipped: 5000; a
+                                   * failed fetch ranks the holder last for as long */
+    uint64_t plan_timeout_ms;     /* query-time discovery deadline (--p2p-plan-timeout-ms) */
 };
 
 /* Registers every pool region on every NIC, registers the "rdma" tier with the engine

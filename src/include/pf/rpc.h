@@ -126,6 +126,10 @@ struct pf_rpc_server_config {
     size_t nrules;
     bool local_only;
     const char *local_addr;
+    /* the Unix socket of local_addr is created mode 0660 (owner and group read/write; no
+     * window with a wider mode); local_gid_set: chown'ed to group local_gid */
+    bool local_gid_set;
+    unsigned local_gid;
 };
 
 #define PF_RPC_DECODE_FACTOR      4

@@ -7,11 +7,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "app/app.h"
 #include "pf/config.h"
+#include "pf/meta.h"
 
 static int parse(struct pf_server_config *cfg, char *err, size_t errlen, const char *line)
 {
@@ -39,8 +41,20 @@ static void expect_refusal_with_example(const char *line, const char *want1, con
     assert_null(strchr(err, '\n'));
     const char *ex = strstr(err, "e.g. ");
     assert_non_null(ex);
+    /* the example's token file (/etc/pegaflow/cluster-token, P2P needs one) -> a real one */
+    static const char etc[] = "/etc/pegaflow/cluster-token";
+    char tok[] = "/tmp/pf-token-XXXXXX", cmd[700];
+    int fd = mkstemp(tok);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "s3cret\n", 7), 7);
+    close(fd);
+    const char *at = strstr(ex, etc);
+    assert_non_null(at);
+    snprintf(cmd, sizeof(cmd), "%.*s%s%s", (int)(at - ex - 5), ex + 5, tok, at + strlen(etc));
     char err2[512] = "";
-    assert_int_equal(parse(&cfg, err2, sizeof(err2), ex + strlen("e.g. ")), 0);
+    int rc2 = parse(&cfg, err2, sizeof(err2), cmd);
+    unlink(tok);
+    assert_int_equal(rc2, 0);
     assert_non_null(cfg.metaserver_addr);
     assert_true(cfg.nics.n > 0);
     pf_server_config_free(&cfg);
@@ -55,6 +69,94 @@ static void test_p2p_refusals_print_a_working_example(void **st)
     expect_refusal_with_example(
         "pegaflow-server --nics mlx5_0 --metaserver-addr http://10.0.0.100:50056", "--addr",
         "not routable");
+}
+
+/* protected by default (docs/security.md): P2P without a cluster token is refused unless
+ * --insecure-cluster; worker RPCs are local-only with --local-rpcs auto whatever else is set;
+ * a MetaServer on a reachable address needs a token too */
+static void test_protected_defaults(void **st)
+{
+    struct pf_server_config cfg;
+    char err[512] = "";
+    const char *p2p = "x --addr 10.0.0.1:50055 --nics mlx5_0 --metaserver-addr "
+                      "http://10.0.0.100:50056";
+    assert_int_equal(parse(&cfg, err, sizeof(err), p2p), -EINVAL);
+    pf_server_config_free(&cfg);
+    assert_non_null(strstr(err, "P2P needs a cluster token"));
+    assert_non_null(strstr(err, "--cluster-token-file"));
+    assert_non_null(strstr(err, "--insecure-cluster"));
+    char line[300];
+    snprintf(line, sizeof(line), "%s --insecure-cluster", p2p);
+    assert_int_equal(parse(&cfg, err, sizeof(err), line), 0);
+    assert_true(cfg.insecure_cluster);
+    assert_true(cfg.local_only);
+    pf_server_config_free(&cfg);
+    assert_int_equal(parse(&cfg, err, sizeof(err), "x"), 0);
+    assert_true(cfg.local_only); /* auto, nothing configured: still this host only */
+    pf_server_config_free(&cfg);
+    assert_int_equal(parse(&cfg, err, sizeof(err), "x --local-rpcs any"), 0);
+    assert_false(cfg.local_only);
+    pf_server_config_free(&cfg);
+
+    struct pf_meta_config mc;
+    char *reach[] = {"x", "--addr", "0.0.0.0:50056", NULL};
+    assert_int_equal(pf_meta_config_parse(&mc, 3, reach, err, sizeof(err)), -EINVAL);
+    pf_meta_config_free(&mc);
+    assert_non_null(strstr(err, "--insecure-cluster"));
+    char *reach_ok[] = {"x", "--addr", "0.0.0.0:50056", "--insecure-cluster", NULL};
+    assert_int_equal(pf_meta_config_parse(&mc, 4, reach_ok, err, sizeof(err)), 0);
+    pf_meta_config_free(&mc);
+    char *lo[] = {"x", NULL}; /* the default 127.0.0.1:50056 needs nothing */
+    assert_int_equal(pf_meta_config_parse(&mc, 1, lo, err, sizeof(err)), 0);
+    pf_meta_config_free(&mc);
+}
+
+/* the Redis password (docs/security.md): redacted in every message, also in argv once read */
+static void test_redis_password_redacted(void **st)
+{
+    char out[128];
+    pf_meta_store_redact("redis://alice:s3cret@10.0.0.5:6379", out, sizeof(out));
+    assert_string_equal(out, "redis://alice:***@10.0.0.5:6379");
+    pf_meta_store_redact("redis://s3cret@h:1,h:2", out, sizeof(out));
+    assert_string_equal(out, "redis://***@h:1,h:2");
+    pf_meta_store_redact("redis://h:1", out, sizeof(out));
+    assert_string_equal(out, "redis://h:1");
+    pf_meta_store_redact("memory", out, sizeof(out));
+    assert_string_equal(out, "memory");
+    struct pf_meta_config mc;
+    char err[512] = "";
+    char bad[] = "redsi://alice:s3cret@h:1", flag[] = "--store";
+    char *argv[] = {"x", flag, bad, NULL};
+    assert_int_equal(pf_meta_config_parse(&mc, 3, argv, err, sizeof(err)), -EINVAL);
+    pf_meta_config_free(&mc);
+    assert_null(strstr(err, "s3cret"));
+    assert_null(strstr(bad, "s3cret")); /* gone from argv (ps, /proc/PID/cmdline) */
+    assert_string_equal(bad, "redsi://alice:******@h:1");
+    /* from the environment: copied, then wiped and unset */
+    setenv("PEGAFLOW_REDIS_PASSWORD", "envpw", 1);
+    char url[] = "redis://127.0.0.1:1";
+    char *argv2[] = {"x", flag, url, NULL};
+    assert_int_equal(pf_meta_config_parse(&mc, 3, argv2, err, sizeof(err)), 0);
+    assert_string_equal(mc.redis_password, "envpw");
+    assert_null(getenv("PEGAFLOW_REDIS_PASSWORD"));
+    pf_meta_config_free(&mc);
+    /* from a file */
+    char pw[] = "/tmp/pf-redispw-XXXXXX";
+    int fd = mkstemp(pw);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "filepw\n", 7), 7);
+    close(fd);
+    char pflag[] = "--redis-password-file";
+    char *argv3[] = {"x", flag, url, pflag, pw, NULL};
+    assert_int_equal(pf_meta_config_parse(&mc, 5, argv3, err, sizeof(err)), 0);
+    assert_string_equal(mc.redis_password, "filepw");
+    pf_meta_config_free(&mc);
+    char mem[] = "memory";
+    char *argv4[] = {"x", flag, mem, pflag, pw, NULL};
+    assert_int_equal(pf_meta_config_parse(&mc, 5, argv4, err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "needs a redis:// --store"));
+    pf_meta_config_free(&mc);
+    unlink(pw);
 }
 
 static void test_fault_refusal_names_the_fix(void **st)
@@ -201,6 +303,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_p2p_refusals_print_a_working_example),
+        cmocka_unit_test(test_protected_defaults),
+        cmocka_unit_test(test_redis_password_redacted),
         cmocka_unit_test(test_fault_refusal_names_the_fix),
         cmocka_unit_test(test_meta_ttl_refusal_names_the_fix),
         cmocka_unit_test(test_help_groups_as_the_seeds),

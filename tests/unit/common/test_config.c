@@ -219,8 +219,10 @@ static void test_p2p_ok(void **st)
 {
     struct pf_server_config c;
     char err[256];
+    /* (P2P needs a cluster token or --insecure-cluster: tests/unit/app/test_server_help) */
     assert_int_equal(parse(&c, err, sizeof(err), "--nics", "veth0", "veth1", "--metaserver-addr",
-                           "http://127.0.0.1:50056", "--addr", "127.0.0.2:50055", NULL),
+                           "http://127.0.0.1:50056", "--addr", "127.0.0.2:50055",
+                           "--insecure-cluster", NULL),
                      0);
     assert_int_equal(c.nics.n, 2);
     assert_string_equal(c.metaserver_target, "127.0.0.1:50056");
@@ -228,7 +230,7 @@ static void test_p2p_ok(void **st)
     /* several replicas (issue 14): comma-separated URLs -> "host:port,host:port" */
     assert_int_equal(parse(&c, err, sizeof(err), "--nics", "veth0", "--metaserver-addr",
                            "http://10.0.0.1:50056,10.0.0.2:50057", "--addr", "127.0.0.2:50055",
-                           NULL),
+                           "--insecure-cluster", NULL),
                      0);
     assert_string_equal(c.metaserver_target, "10.0.0.1:50056,10.0.0.2:50057");
     pf_server_config_free(&c);

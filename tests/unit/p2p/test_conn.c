@@ -444,6 +444,22 @@ static void test_handshake_authorize(void **st)
     assert_int_equal(p2p_handshake_authorize(N1.p, &r, c, 0, err, sizeof(err)), -EACCES);
     r.requester_id = (char *)"not an address";
     assert_int_equal(p2p_handshake_authorize(N1.p, &r, c, 2, err, sizeof(err)), -EINVAL);
+    /* no name lookup on the request path (issue 26): a requester_id naming a host is refused
+     * before any resolution, even one that would resolve to the caller's proven address
+     * (localhost -> 127.0.0.1 in /etc/hosts; resolved, it was accepted) */
+    char lo[1][PF_AUTH_IP_MAX] = {"127.0.0.1"};
+    r.requester_id = (char *)"localhost:5000";
+    r.handshake_metadata.len = 0;
+    assert_int_equal(
+        p2p_handshake_authorize(N1.p, &r, (const char(*)[PF_AUTH_IP_MAX])lo, 1, err, sizeof(err)),
+        -EINVAL);
+    assert_non_null(strstr(err, "not a numeric ip:port"));
+    r.requester_id = (char *)"127.0.0.1:5000"; /* the same address, numeric: accepted */
+    assert_int_equal(
+        p2p_handshake_authorize(N1.p, &r, (const char(*)[PF_AUTH_IP_MAX])lo, 1, err, sizeof(err)),
+        0);
+    r.handshake_metadata =
+        (ProtobufCBinaryData){pegaflow__handshake_metadata__pack(&md, blob), blob};
     /* a malformed endpoint */
     r.requester_id = (char *)"10.1.1.1:5000";
     ep[1][0] ^= 0xff;
@@ -459,6 +475,13 @@ static void test_handshake_authorize(void **st)
     assert_int_equal(n, 1);
     assert_string_equal(hs[0], "10.9.8.7");
     assert_int_equal(p2p_host_ips("nohostport", hs, 4, &n), -EINVAL);
+    /* serving-side helper: numeric only */
+    assert_int_equal(p2p_numeric_ips("localhost:1", hs, 4, &n), -EINVAL);
+    assert_int_equal(p2p_numeric_ips("10.9.8.7:1", hs, 4, &n), 0);
+    assert_int_equal(n, 1);
+    assert_string_equal(hs[0], "10.9.8.7");
+    assert_int_equal(p2p_numeric_ips("[::1]:1", hs, 4, &n), 0);
+    assert_string_equal(hs[0], "::1");
     node_down(&N1);
 }
 

@@ -53,6 +53,7 @@ struct peer {
     size_t meta_prefix;
     int meta_full_after; /* answer the full prefix from this query on (0 = always) */
     int meta_calls;
+    uint64_t meta_timeout; /* the deadline of the last QueryPrefixBlocks */
     /* RPCs */
     int hs_rc, hs_calls;
     int q_rc, q_calls;
@@ -263,6 +264,7 @@ static int t_prefix(void *ctx, const char *ns, const struct pf_meta_hash *h, siz
 {
     pthread_mutex_lock(&P.mu);
     int call = ++P.meta_calls;
+    P.meta_timeout = timeout_ms;
     int rc = P.meta_rc;
     size_t pl = P.meta_prefix;
     if (P.meta_full_after && call < P.meta_full_after && pl >= n)
@@ -350,6 +352,7 @@ static void fx_up(int nnics, uint64_t pool, uint64_t gap)
         .housekeeping_ms = 50,
         .qp_wait_ms = 2000,
         .peer_down_ms = 1,
+        .plan_timeout_ms = 7,
     };
     assert_int_equal(pf_p2p_create(&pc, &F.p, err, sizeof(err)), 0);
     assert_int_equal(F.m.regs, nnics); /* one pool region per NIC */
@@ -382,7 +385,7 @@ static void fx_down(void)
 
 static size_t fetch(const char *req, size_t n, bool all, struct pf_block **out)
 {
-    if (!p2p_tier_probe(F.p, req, F.keys, n, all))
+    if (!p2p_fetch_available(F.p, req))
         return 0;
     return p2p_tier_fetch(F.p, req, F.keys, n, all, out);
 }
@@ -711,7 +714,67 @@ static void test_stop_during_transfer(void **st)
     assert_int_equal(b.got, 0);
     assert_int_equal(pf_pool_used(pf_engine_pool(F.e)), F.base_used);
     assert_int_equal(P.nsess, 1); /* released synchronously after the p2p thread stopped */
-    assert_int_equal(p2p_tier_probe(F.p, "x", F.keys, 1, false), 0);
+    assert_false(p2p_fetch_available(F.p, "x"));
+    fx_down();
+}
+
+/* The query-time discovery: one QueryPrefixBlocks with the plan deadline, this node excluded;
+ * a MetaServer error (down, or past the deadline) is "unavailable" (-1), not a wait. A holder
+ * whose fetch failed is inside its down window: ranked as down and not contacted again by
+ * fetch_from until the window passes. */
+static void test_discover_deadline_and_down_window(void **st)
+{
+    fx_up(1, 16 << 20, GAP);
+    struct pf_tier_source src[PF_TIER_SOURCES_MAX];
+    P.meta_prefix = 12;
+    assert_int_equal(p2p_tier_discover(F.p, "d1", F.keys, NBLK, src, PF_TIER_SOURCES_MAX), 1);
+    assert_int_equal(P.meta_calls, 1);
+    assert_int_equal(P.meta_timeout, 7); /* the plan deadline, not PF_P2P_META_TIMEOUT_MS */
+    assert_string_equal(src[0].node, PEER);
+    assert_int_equal(src[0].len, 12);
+    assert_false(src[0].down);
+    P.meta_rc = -ETIMEDOUT;
+    assert_int_equal(p2p_tier_discover(F.p, "d2", F.keys, NBLK, src, PF_TIER_SOURCES_MAX), -1);
+    P.meta_rc = 0;
+    /* a fetch_from for exactly what is asked (blocks 0..5 of the 12 advertised) */
+    struct pf_block *out[NBLK];
+    const char *why = NULL;
+    src[0].len = 12;
+    assert_int_equal(p2p_tier_fetch_from(F.p, "d3", &src[0], F.keys, 6, out, &why), 6);
+    check_blocks(out, 6);
+    put_all(out, 6);
+    /* the holder fails: its down window starts */
+    F.p->cfg.peer_down_ms = 600000;
+    P.q_rc = -EIO;
+    assert_int_equal(p2p_tier_fetch_from(F.p, "d4", &src[0], F.keys, 6, out, &why), 0);
+    assert_string_equal(why, "error");
+    int q_calls = P.q_calls;
+    assert_int_equal(p2p_tier_discover(F.p, "d5", F.keys, NBLK, src, PF_TIER_SOURCES_MAX), 1);
+    assert_true(src[0].down);
+    P.q_rc = 0;
+    assert_int_equal(p2p_tier_fetch_from(F.p, "d6", &src[0], F.keys, 6, out, &why), 0);
+    assert_string_equal(why, "down");
+    assert_int_equal(P.q_calls, q_calls); /* not contacted */
+    F.p->cfg.peer_down_ms = 1;
+    /* 100 keys: the first 64 are asked first; the whole suffix only when a holder has all 64 */
+    struct pf_block_key many[100];
+    for (int i = 0; i < 100; i++) {
+        uint8_t hh[32];
+        hash_of(i, hh);
+        pf_key_make(F.ns, hh, 32, &many[i]);
+    }
+    int calls = P.meta_calls;
+    P.meta_prefix = 0; /* nobody: one small query */
+    assert_int_equal(p2p_tier_discover(F.p, "h1", many, 100, src, PF_TIER_SOURCES_MAX), 0);
+    assert_int_equal(P.meta_calls, calls + 1);
+    P.meta_prefix = 10; /* a short holder: its answer to the head stands */
+    assert_int_equal(p2p_tier_discover(F.p, "h2", many, 100, src, PF_TIER_SOURCES_MAX), 1);
+    assert_int_equal(P.meta_calls, calls + 2);
+    assert_int_equal(src[0].len, 10);
+    P.meta_prefix = 80; /* holds the whole head: a second query for all 100 */
+    assert_int_equal(p2p_tier_discover(F.p, "h3", many, 100, src, PF_TIER_SOURCES_MAX), 1);
+    assert_int_equal(P.meta_calls, calls + 4);
+    assert_int_equal(src[0].len, 80);
     fx_down();
 }
 
@@ -731,6 +794,7 @@ int main(void)
         cmocka_unit_test(test_stale_connection_replaced_once),
         cmocka_unit_test(test_wait_for_full_prefix),
         cmocka_unit_test(test_stop_during_transfer),
+        cmocka_unit_test(test_discover_deadline_and_down_window),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
