@@ -1,12 +1,13 @@
 /* Helpers shared by the benchmarks (header-only: every bench/<name>.c is its own program).
  * Timing, medians / percentiles / spreads of per-run figures (an even count has the mean of
  * the two middle values as its median), process RSS, the measured server's environment,
- * /metrics reading, raw O_DIRECT io_uring transfers and registering one contiguous sim-GPU
- * layer. No bench keeps its own copy of these. Every helper exits the program with a message
- * on failure (a benchmark has no recovery path). */
+ * JSON results through libcjson, /metrics reading, raw O_DIRECT io_uring transfers and
+ * registering one contiguous sim-GPU layer. No bench keeps its own copy of these. Every helper
+ * exits the program with a message on failure (a benchmark has no recovery path). */
 #ifndef PF_BENCHUTIL_H
 #define PF_BENCHUTIL_H
 
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <liburing.h>
@@ -110,6 +111,65 @@ static inline void bu_check_env_clean(pid_t pid, const char *name)
         len = 0;
     }
     fclose(f);
+}
+
+/* ---- JSON results (libcjson): build a tree, write it once ---- */
+
+static inline cJSON *bu_json_check(cJSON *j)
+{
+    if (!j) {
+        fprintf(stderr, "bench: out of memory building the JSON result\n");
+        exit(1);
+    }
+    return j;
+}
+
+/* A new object named k inside o (o NULL: a new root). */
+static inline cJSON *bu_json_obj(cJSON *o, const char *k)
+{
+    cJSON *c = bu_json_check(cJSON_CreateObject());
+    if (o)
+        cJSON_AddItemToObject(o, k, c);
+    return c;
+}
+
+static inline void bu_json_num(cJSON *o, const char *k, double v)
+{
+    bu_json_check(cJSON_AddNumberToObject(o, k, v));
+}
+
+static inline void bu_json_str(cJSON *o, const char *k, const char *v)
+{
+    bu_json_check(cJSON_AddStringToObject(o, k, v));
+}
+
+static inline void bu_json_bool(cJSON *o, const char *k, int v)
+{
+    bu_json_check(cJSON_AddBoolToObject(o, k, v));
+}
+
+/* k: [v[0], ..., v[n-1]] */
+static inline void bu_json_nums(cJSON *o, const char *k, const double *v, int n)
+{
+    cJSON_AddItemToObject(o, k, bu_json_check(cJSON_CreateDoubleArray(v, n)));
+}
+
+/* Writes root (one line) to path, or to stdout when path is NULL or "-"; frees root.
+ * Exits when the file cannot be written. */
+static inline void bu_json_write(cJSON *root, const char *path)
+{
+    char *txt = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    if (!txt) {
+        fprintf(stderr, "bench: out of memory printing the JSON result\n");
+        exit(1);
+    }
+    FILE *f = path && strcmp(path, "-") != 0 ? fopen(path, "w") : stdout;
+    if (!f || fprintf(f, "%s\n", txt) < 0 || (f != stdout && fclose(f) != 0)) {
+        fprintf(stderr, "bench: cannot write %s: %s\n", path ? path : "stdout", strerror(errno));
+        exit(1);
+    }
+    cJSON_free(txt);
 }
 
 static inline void bu_die(const char *bench, const char *what)

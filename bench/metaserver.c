@@ -690,42 +690,47 @@ int main(int argc, char **argv)
                rr.rss_bytes_per_key, "-");
         printf("%-44s %14ld %14s\n", "wrong query answers", rr.q_bad, "-");
     }
-    char rjson[1024] = "";
-    if (want_redis)
-        snprintf(rjson, sizeof(rjson),
-                 ",\"redis\":{\"rpc_insert_registrations_per_s\":%.0f,\"rpc_query_per_s\":%.0f,"
-                 "\"rpc_unregister_ms\":%.2f,\"redis_rss_bytes_per_key\":%.1f,"
-                 "\"metaserver_rss_bytes_per_key\":%.1f,\"store_insert_registrations_per_s\":%.0f,"
-                 "\"store_query_per_s\":%.0f,\"used_memory_bytes_per_key\":%.1f,"
-                 "\"wrong_answers\":%ld}",
-                 rr.rpc_insert_per_s, rr.rpc_q_per_s, rr.rpc_unregister_ms,
-                 rr.redis_rss_bytes_per_key, rr.rss_bytes_per_key, rr.st_insert_per_s,
-                 rr.st_q_per_s, rr.st_bytes_per_key, rr.q_bad);
-    char json[4096];
-    snprintf(json, sizeof(json),
-             "{\"bench\":\"metaserver\",\"keys\":%ld,\"nodes\":%ld,\"owners_per_key\":%ld,"
-             "\"query_len\":%ld,\"cpus\":%ld,"
-             "\"rpc\":{\"insert_registrations_per_s\":%.0f,\"insert_seconds\":%.3f,"
-             "\"query_per_s\":%.0f,\"query_hashes_per_s\":%.0f,\"empty_rtt_per_s\":%.0f,"
-             "\"unregister_ms\":%.2f,\"removed_owners\":%ld,\"rss_bytes_per_key\":%.1f,"
-             "\"rss_after_kb\":%ld,\"wrong_answers\":%ld,"
-             "\"query_vs_empty\":[%.3f,%.3f,%.3f]},"
-             "\"store\":{\"insert_registrations_per_s\":%.0f,\"query_per_s\":%.0f,"
-             "\"query_per_s_spread\":[%.0f,%.0f,%.0f],"
-             "\"unregister_ms\":%.2f,\"store_bytes_per_key\":%.1f}%s}\n",
-             nkeys, nnodes, nowners, qlen, sysconf(_SC_NPROCESSORS_ONLN), r.rpc_insert_per_s,
-             r.rpc_insert_s, r.rpc_q_per_s, r.rpc_qh_per_s, r.rpc_ping_per_s, r.rpc_unregister_ms,
-             r.removed_owners, r.rss_bytes_per_key, r.rss1_kb, r.q_bad, r.q_vs_empty[0],
-             r.q_vs_empty[1], r.q_vs_empty[2], r.st_insert_per_s, r.st_q_per_s, r.st_q_spread[0],
-             r.st_q_spread[1], r.st_q_spread[2], r.st_unregister_ms, r.st_bytes_per_key, rjson);
-    printf("\n%s", json);
-    if (json_path) {
-        FILE *f = fopen(json_path, "w");
-        if (f) {
-            fputs(json, f);
-            fclose(f);
-        }
+    cJSON *root = bu_json_obj(NULL, NULL);
+    bu_json_str(root, "bench", "metaserver");
+    bu_json_num(root, "keys", (double)nkeys);
+    bu_json_num(root, "nodes", (double)nnodes);
+    bu_json_num(root, "owners_per_key", (double)nowners);
+    bu_json_num(root, "query_len", (double)qlen);
+    bu_json_num(root, "cpus", (double)sysconf(_SC_NPROCESSORS_ONLN));
+    cJSON *rpc = bu_json_obj(root, "rpc");
+    bu_json_num(rpc, "insert_registrations_per_s", r.rpc_insert_per_s);
+    bu_json_num(rpc, "insert_seconds", r.rpc_insert_s);
+    bu_json_num(rpc, "query_per_s", r.rpc_q_per_s);
+    bu_json_num(rpc, "query_hashes_per_s", r.rpc_qh_per_s);
+    bu_json_num(rpc, "empty_rtt_per_s", r.rpc_ping_per_s);
+    bu_json_num(rpc, "unregister_ms", r.rpc_unregister_ms);
+    bu_json_num(rpc, "removed_owners", (double)r.removed_owners);
+    bu_json_num(rpc, "rss_bytes_per_key", r.rss_bytes_per_key);
+    bu_json_num(rpc, "rss_after_kb", (double)r.rss1_kb);
+    bu_json_num(rpc, "wrong_answers", (double)r.q_bad);
+    bu_json_nums(rpc, "query_vs_empty", r.q_vs_empty, 3);
+    cJSON *store = bu_json_obj(root, "store");
+    bu_json_num(store, "insert_registrations_per_s", r.st_insert_per_s);
+    bu_json_num(store, "query_per_s", r.st_q_per_s);
+    bu_json_nums(store, "query_per_s_spread", r.st_q_spread, 3);
+    bu_json_num(store, "unregister_ms", r.st_unregister_ms);
+    bu_json_num(store, "store_bytes_per_key", r.st_bytes_per_key);
+    if (want_redis) {
+        cJSON *red = bu_json_obj(root, "redis");
+        bu_json_num(red, "rpc_insert_registrations_per_s", rr.rpc_insert_per_s);
+        bu_json_num(red, "rpc_query_per_s", rr.rpc_q_per_s);
+        bu_json_num(red, "rpc_unregister_ms", rr.rpc_unregister_ms);
+        bu_json_num(red, "redis_rss_bytes_per_key", rr.redis_rss_bytes_per_key);
+        bu_json_num(red, "metaserver_rss_bytes_per_key", rr.rss_bytes_per_key);
+        bu_json_num(red, "store_insert_registrations_per_s", rr.st_insert_per_s);
+        bu_json_num(red, "store_query_per_s", rr.st_q_per_s);
+        bu_json_num(red, "used_memory_bytes_per_key", rr.st_bytes_per_key);
+        bu_json_num(red, "wrong_answers", (double)rr.q_bad);
     }
+    printf("\n");
+    if (json_path)
+        bu_json_write(cJSON_Duplicate(root, 1), json_path);
+    bu_json_write(root, NULL); /* the table is followed by the JSON, as before */
     pf_rpc_global_shutdown();
     return r.q_bad ? 1 : 0;
 }
