@@ -32,8 +32,13 @@
  *
  * Usage: p2p [--size 1g] [--blocks 256k,1m,4m] [--reps 3] [--lat-reps 10] [--qps 2]
  *            [--integrity on|off] [--loopback] [--backend tcp|verbs] [--nics A,B]
- *            [--addrs A,B] [--json p2p.json]        (PF_BIN: the binaries, default
- * build/rel/bin) */
+ *            [--addrs A,B] [--json p2p.json] [--tls]  (PF_BIN: the binaries, default
+ * build/rel/bin)
+ *
+ * --tls: a fresh test PKI (tests/integration/certs.sh, openssl; PF_TOP: the source tree)
+ * and --tls-cert/--tls-key/--tls-ca on the MetaServer and both nodes: gRPC and the TCP
+ * fabric run TLS 1.3 (docs/security.md "Fabric TLS"); this process uses the same
+ * certificate (libpegaflow's PEGAFLOW_TLS_* environment). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -80,6 +85,7 @@ struct opts {
     char nics[2][64], addrs[2][40];
     const char *integrity;
     const char *json;
+    bool tls; /* --tls: every process with --tls-cert/--tls-key/--tls-ca (fabric TLS) */
 };
 
 static struct pft_netpair np;
@@ -508,6 +514,10 @@ static int parse_opts(int argc, char **argv, struct opts *o)
                        .json = "p2p.json"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--tls")) {
+            o->tls = true;
+            continue;
+        }
         if (!strcmp(a, "--loopback")) {
             o->loopback = true;
             continue;
@@ -562,7 +572,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 usage:
     fprintf(stderr, "usage: p2p [--size BYTES] [--blocks 256k,1m,4m] [--reps N] [--lat-reps N] "
                     "[--qps N] [--integrity on|off] [--loopback] [--backend tcp|verbs] "
-                    "[--nics A,B] [--addrs A,B] [--json PATH]\n");
+                    "[--nics A,B] [--addrs A,B] [--json PATH] [--tls]\n");
     return -1;
 }
 
@@ -642,10 +652,42 @@ int main(int argc, char **argv)
     if (pft_read_full(ctl[0], &raw_port, sizeof(raw_port)))
         die("raw sender did not start");
 
+    static char tls_crt[300], tls_key[300], tls_ca[300];
+    const char *tls_flags[9] = {NULL};
+    if (o.tls) {
+        char cmd[1200];
+        const char *top = getenv("PF_TOP") ? getenv("PF_TOP") : ".";
+        snprintf(cmd, sizeof(cmd),
+                 "bash -c '. \"%s/tests/integration/certs.sh\" && make_certs \"%s/pki\" "
+                 "node=%s,%s' >/dev/null 2>&1",
+                 top, logdir, np.ip[0], np.ip[1]);
+        if (system(cmd) != 0)
+            die("--tls: certs.sh failed (openssl installed? PF_TOP=%s)", top);
+        snprintf(tls_crt, sizeof(tls_crt), "%s/pki/node.crt", logdir);
+        snprintf(tls_key, sizeof(tls_key), "%s/pki/node.key", logdir);
+        snprintf(tls_ca, sizeof(tls_ca), "%s/pki/ca.crt", logdir);
+        /* the nodes: this client registers from the other namespace (locality rule with TLS) */
+        const char *f[] = {"--tls-cert", tls_crt, "--tls-key",    tls_key,
+                           "--tls-ca",   tls_ca,  "--local-rpcs", "any"};
+        memcpy(tls_flags, f, sizeof(f));
+        setenv("PEGAFLOW_TLS_CA", tls_ca, 1);
+        setenv("PEGAFLOW_TLS_CERT", tls_crt, 1);
+        setenv("PEGAFLOW_TLS_KEY", tls_key, 1);
+        struct pf_auth_env env;
+        struct pf_rpc_channel_opts co;
+        char err[256];
+        if (pf_auth_env_load(&env, &co, err, sizeof(err)) ||
+            pf_rpc_set_default_channel_opts(&co)) /* the MetaServer probes' channel */
+            die("--tls: %s", err);
+        pf_auth_env_free(&env);
+        printf("TLS: gRPC and the TCP fabric with a test PKI in %s/pki\n", logdir);
+    }
     char pool[32], qps[8], meta[96];
     pf_format_size(o.size + (64ull << 20), pool, sizeof(pool));
     snprintf(qps, sizeof(qps), "%d", o.qps);
-    const char *ms_args[] = {"--node-stale-secs", "30", NULL};
+    const char *ms_args[] = {"--node-stale-secs", "30",         tls_flags[0],
+                             tls_flags[1],        tls_flags[2], tls_flags[3],
+                             tls_flags[4],        tls_flags[5], NULL};
     spawn(&MS, "pegaflow-metaserver", np.ip[0], ms_args);
     snprintf(meta, sizeof(meta), "http://%s", MS.addr);
     const char *a_args[] = {"--gpu-backend",
@@ -664,6 +706,14 @@ int main(int argc, char **argv)
                             qps,
                             "--integrity",
                             o.integrity,
+                            tls_flags[0],
+                            tls_flags[1],
+                            tls_flags[2],
+                            tls_flags[3],
+                            tls_flags[4],
+                            tls_flags[5],
+                            tls_flags[6],
+                            tls_flags[7],
                             NULL};
     spawn(&NA, "pegaflow-server", np.ip[0], a_args);
     const char *b_args[] = {"--gpu-backend",
@@ -682,6 +732,14 @@ int main(int argc, char **argv)
                             qps,
                             "--integrity",
                             o.integrity,
+                            tls_flags[0],
+                            tls_flags[1],
+                            tls_flags[2],
+                            tls_flags[3],
+                            tls_flags[4],
+                            tls_flags[5],
+                            tls_flags[6],
+                            tls_flags[7],
                             NULL};
     spawn(&NB, "pegaflow-server", np.ip[1], b_args);
     if (netns && pft_netns_enter(np.ns[1]))
@@ -828,7 +886,9 @@ int main(int argc, char **argv)
 
     FILE *j = fopen(o.json, "w");
     if (j) {
-        fprintf(j, "{\"topology\":\"%s\",\"size\":%llu,\"qps_per_peer\":%d,\"seed\":%llu,",
+        fprintf(j,
+                "{\"tls\":%s,\"topology\":\"%s\",\"size\":%llu,\"qps_per_peer\":%d,\"seed\":%llu,",
+                o.tls ? "true" : "false",
                 verbs   ? "verbs"
                 : netns ? "netns-veth"
                         : "loopback",

@@ -23,7 +23,10 @@
  * timed tier read, and the untimed read-hot pass compares every block of the tier's file.
  * Phases alternate raw/tier for --rounds rounds (ABBA order: even rounds raw first, odd
  * rounds tier first, each read two phases after its write); the table shows the median of
- * each and the tier/raw ratio (target >= 0.85). A JSON result goes to --json (default stdout after
+ * each and the tier/raw ratio (target >= 0.85). Then the store is reopened on its file with
+ * recovery on (as after a restart): the recovery scan's rate against raw sequential 8 MiB
+ * O_DIRECT reads of the same ring (one and four in flight; target >= 0.8) and the time from
+ * pf_ssd_create to the first SSD hit. A JSON result goes to --json (default stdout after
  * the table).
  *
  * Usage: ssd [--dir DIR] [--block-size SIZE] [--slots N] [--total SIZE] [--rounds N]
@@ -47,6 +50,7 @@
 #include "pf/pool.h"
 #include "pf/ssd.h"
 #include "benchutil.h"
+#include "ssd/format.h"
 
 struct opts {
     const char *dir;
@@ -77,9 +81,14 @@ static double secs(uint64_t ns)
 /* Transfers total bytes of path in bs requests, qd in flight, from/into nbuf rotating
  * block-size buffers of buf. Reads with expect compare every block, as it completes, with
  * expect (bs bytes; every block of the file holds the same image) and clear it. */
+/* Block i is at file offset off0 + i * pitch (raw files: 0, bs; the tier's file: after the
+ * superblock and each record's header). */
+static uint64_t off0 = 0, pitch = 0;
+
 static double raw_run(const char *path, bool wr, uint64_t total, uint64_t bs, unsigned qd,
                       uint8_t *buf, uint64_t nbuf, const uint8_t *expect)
 {
+    uint64_t o0 = wr ? 0 : off0, pt = wr ? bs : pitch;
     int fd = open(path, (wr ? O_RDWR | O_CREAT : O_RDONLY) | O_DIRECT | O_CLOEXEC, 0644);
     if (fd < 0)
         die(path, errno);
@@ -97,9 +106,9 @@ static double raw_run(const char *path, bool wr, uint64_t total, uint64_t bs, un
             struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
             void *p = buf + (sub % nbuf) * bs;
             if (wr)
-                io_uring_prep_write(sqe, fd, p, (unsigned)bs, sub * bs);
+                io_uring_prep_write(sqe, fd, p, (unsigned)bs, o0 + sub * pt);
             else
-                io_uring_prep_read(sqe, fd, p, (unsigned)bs, sub * bs);
+                io_uring_prep_read(sqe, fd, p, (unsigned)bs, o0 + sub * pt);
             io_uring_sqe_set_data64(sqe, sub);
             sub++;
             inflight++;
@@ -147,10 +156,12 @@ struct tier {
     uint8_t *img; /* this round's bytes of one block as the tier lays it out on disk */
 };
 
+static uint32_t bench_ns; /* an interned namespace: records carry its name */
+
 static struct pf_block_key key_of(uint64_t id)
 {
     struct pf_block_key k;
-    pf_key_make(1, &id, sizeof(id), &k);
+    pf_key_make(bench_ns, &id, sizeof(id), &k);
     return k;
 }
 
@@ -454,10 +465,16 @@ int main(int argc, char **argv)
     snprintf(tier_path, sizeof(tier_path), "%s/pf-bench-ssd-tier.dat", o.dir);
     snprintf(raw_path, sizeof(raw_path), "%s/pf-bench-ssd-raw.dat", o.dir);
     const char *paths[1] = {tier_path};
+    /* the tier's file: a superblock, then n records (header + block): one lap a round */
+    if (pf_ns_intern("bench-ssd", &bench_ns) != 0)
+        die("namespace", ENOMEM);
+    uint64_t hdr = ssd_rec_hdr_len(strlen("bench-ssd"), (uint16_t)o.slots);
+    off0 = SSD_SB_SIZE + hdr;
+    pitch = ssd_rec_span(hdr, o.block);
     struct pf_ssd_config sc = {
         .paths = paths,
         .npaths = 1,
-        .capacity = o.total,
+        .capacity = SSD_SB_SIZE + n * pitch,
         .write_queue_depth = 8,
         .prefetch_queue_depth = (uint32_t)o.fetchers,
         .write_inflight = o.winflight,
@@ -552,6 +569,55 @@ int main(int argc, char **argv)
     printf("%-10s %14.3f %14.3f %8.3f   (raw into a hot %llu MiB buffer, reference only)\n",
            "read-hot", mrh / 1e9, mtr / 1e9, mtr / mrh,
            (unsigned long long)(hbufs * o.block >> 20));
+    /* recovery after a restart: the store is closed and reopened on its file with
+     * recovery on; the scan rate against raw sequential O_DIRECT reads of the same ring
+     * (8 MiB requests, one in flight as the scan, and four in flight), and the time from
+     * pf_ssd_create to the first SSD hit (a block of the last round) */
+    const uint64_t CH = 8ull << 20;
+    uint64_t ring = n * pitch, seq_total = ring / CH * CH;
+    pf_ssd_destroy(t.ssd);
+    t.ssd = NULL;
+    uint8_t *sbuf;
+    if (posix_memalign((void **)&sbuf, 4096, 4 * CH) != 0)
+        die("sequential read buffer", ENOMEM);
+    uint64_t so = off0, sp = pitch;
+    off0 = SSD_SB_SIZE;
+    pitch = CH;
+    double seq1 = seq_total ? raw_run(tier_path, false, seq_total, CH, 1, sbuf, 4, NULL) : 0;
+    double seq4 = seq_total ? raw_run(tier_path, false, seq_total, CH, 4, sbuf, 4, NULL) : 0;
+    off0 = so;
+    pitch = sp;
+    free(sbuf);
+    sc.recover = true;
+    struct pf_block_key k0 = key_of((uint64_t)(o.rounds - 1) * n);
+    uint64_t r0 = pf_now_ns(), first_hit = 0;
+    rc = pf_ssd_create(&sc, &t.ssd, err, sizeof(err));
+    if (rc) {
+        fprintf(stderr, "bench/ssd: reopen: %s\n", err);
+        return 1;
+    }
+    struct pf_ssd_stats st;
+    for (;;) {
+        if (!first_hit && pf_ssd_probe(t.ssd, &k0, 1) == 1)
+            first_hit = pf_now_ns() - r0;
+        pf_ssd_stats(t.ssd, &st);
+        if (st.recovery_done)
+            break;
+        usleep(200);
+    }
+    uint64_t scan_ns = pf_now_ns() - r0;
+    if (!first_hit && pf_ssd_probe(t.ssd, &k0, 1) == 1)
+        first_hit = scan_ns;
+    if (st.committed != n || !first_hit) {
+        fprintf(stderr, "bench/ssd: recovery found %llu of %llu blocks\n",
+                (unsigned long long)st.committed, (unsigned long long)n);
+        exit(1);
+    }
+    double scan = (double)ring / secs(scan_ns);
+    printf("%-10s %14.3f %14.3f %8.3f   (recovery scan of %llu MiB vs raw 8 MiB reads, 1 in "
+           "flight; 4 in flight: %.3f GB/s, ratio %.3f; first SSD hit after %.1f ms)\n",
+           "recover", seq1 / 1e9, scan / 1e9, scan / seq1, (unsigned long long)(ring >> 20),
+           seq4 / 1e9, scan / seq4, (double)first_hit / 1e6);
     FILE *js = o.json ? fopen(o.json, "w") : stdout;
     if (!js)
         die(o.json, errno);
@@ -564,11 +630,16 @@ int main(int argc, char **argv)
             "\"read_hot_buffer\":{\"raw_bytes_per_s\":%.0f,\"ratio\":%.4f},"
             "\"raw_write_variant\":{\"depth\":%u,\"huge_page_buffer\":%s},"
             "\"raw_read_variant\":{\"depth\":%u,\"huge_page_buffer\":%s},"
+            "\"recovery\":{\"ring_bytes\":%llu,\"scan_seconds\":%.4f,\"scan_bytes_per_s\":%.0f,"
+            "\"raw_seq_qd1_bytes_per_s\":%.0f,\"raw_seq_qd4_bytes_per_s\":%.0f,"
+            "\"ratio_qd1\":%.4f,\"ratio_qd4\":%.4f,\"first_hit_seconds\":%.4f,"
+            "\"target_ratio\":0.8},"
             "\"target_ratio\":0.85}\n",
             o.dir, (unsigned long long)o.block, o.slots, (unsigned long long)o.total, o.rounds,
             o.winflight, o.rinflight, o.fetchers, o.fetch_blocks, o.integrity ? "true" : "false",
             mrw, mtw, mtw / mrw, mrr, mtr, mtr / mrr, mrh, mtr / mrh, wv.qd,
-            wv.thp ? "true" : "false", rv.qd, rv.thp ? "true" : "false");
+            wv.thp ? "true" : "false", rv.qd, rv.thp ? "true" : "false", (unsigned long long)ring,
+            secs(scan_ns), scan, seq1, seq4, scan / seq1, scan / seq4, secs(first_hit));
     if (js != stdout)
         fclose(js);
     pf_ssd_destroy(t.ssd);

@@ -3,7 +3,7 @@
  * the same block-size requests at the same depths, on the same file system, same run.
  *   server write  Save of --total bytes of seeded KV (one contiguous layer, --block-size
  *                 blocks) in saves of 1/32 of it, back to back, timed from the first Save
- *                 until the SSD writer has written every block (pegaflow_ssd_write_bytes_total
+ *                 until the SSD writer has written every block (pegaflow_ssd_write_blocks_total
  *                 polled every ms): copy into the pool, seal with checksums, queue, write. The
  *                 pool holds the whole set (1.25x), so no block can be evicted before its
  *                 write, and the write queue holds all 32 saves (--ssd-write-queue-depth 64;
@@ -34,10 +34,10 @@
 #include "benchutil.h"
 #include "pf/config.h"
 
-#define TMO    120000
-#define WBYTES "pegaflow_ssd_write_bytes_total"
-#define WFAIL  "pegaflow_ssd_write_failures_total"
-#define WFULL  "pegaflow_ssd_write_queue_full_total"
+#define TMO     120000
+#define WBLOCKS "pegaflow_ssd_write_blocks_total"
+#define WFAIL   "pegaflow_ssd_write_failures_total"
+#define WFULL   "pegaflow_ssd_write_queue_full_total"
 
 static void die(const char *what)
 {
@@ -54,7 +54,8 @@ static double written(const struct pft_proc *s, double base, uint64_t bs)
 {
     char *m = bu_metrics(s);
     double fail = bu_metric_in(m, WFAIL), full = bu_metric_in(m, WFULL);
-    double w = (bu_metric_in(m, WBYTES) - base) / (double)bs;
+    double w = bu_metric_in(m, WBLOCKS) - base; /* records: header + block */
+    (void)bs;
     free(m);
     if (fail > 0 || full > 0) {
         fprintf(stderr, "bench/ssd_server: SSD writes failed or were dropped (%s %.0f, %s %.0f)\n",
@@ -92,7 +93,7 @@ static double server_write(struct pf_client *c, const struct pft_proc *s, uint64
 {
     uint32_t *ids = malloc(chunk * sizeof(*ids));
     uint8_t *hs = malloc(chunk * 32);
-    double base = bu_metric(s, WBYTES);
+    double base = bu_metric(s, WBLOCKS);
     double t0 = bu_now();
     for (uint64_t h = 0; h < nb; h += chunk) {
         uint64_t k = nb - h < chunk ? nb - h : chunk;

@@ -18,10 +18,11 @@ PKGS=(
   libxxhash-dev
   libcjson-dev
   libcurl4-openssl-dev
+  libssl-dev
   python3-numpy python3-pytest python3-cbor2 python3-xxhash python3-yaml python3-prometheus-client
   python3-setuptools python3-wheel python3-venv dpkg-dev python3-grpcio
   iproute2 curl openssl
-  qemu-system-x86 busybox-static
+  qemu-system-x86 busybox-static tcpdump
   clang-format
   clang libclang-rt-dev
   libhiredis-dev redis-server

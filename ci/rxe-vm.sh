@@ -33,6 +33,8 @@ dir=${PF_RXE_VM_DIR:-$top/build/rxe-vm}
 MODS=(virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci 9pnet
       9pnet_virtio netfs fscache 9p overlay veth crc32_generic udp_tunnel ip6_udp_tunnel
       ib_core ib_uverbs rdma_rxe configfs ib_cm iw_cm rdma_cm rdma_ucm)
+# loaded when the kernel package has them (the VLAN case of the guest: 802.1Q and its deps)
+OPT_MODS=(llc stp garp mrp 8021q)
 
 say() { echo "rxe-vm: $*" >&2; }
 skip() { echo "SKIP: rxe-vm: $*"; exit 77; }
@@ -63,8 +65,25 @@ if [ "${1:-}" = --guest-stage2 ]; then
   fail() { echo "rxe-vm guest: $*"; echo 200 >"$job/rc"; sync; reboot -f; }
   ip link set lo up
   ip link add veth0 type veth peer name veth1 || fail "veth"
-  ip addr add 10.77.0.1/24 dev veth0 && ip addr add 10.77.0.2/24 dev veth1 || fail "addresses"
+  # The GID choice's hard cases (docs/net.md "GID choice"): an IPv6 global address on each
+  # veth and (where the kernel has 802.1Q) a VLAN device with its own IPv4 address on each
+  # (8021q brings it up with the veth), in place before `rdma link add`; the 10.77.0.x
+  # addresses only after it. The rxe GID tables then list the IPv6 and the VLAN's IPv4
+  # entries ahead of the veth's IPv4 one, as mlx5 tables list SLAAC and VLAN addresses in
+  # boot order, and the backend must still choose ::ffff:10.77.0.x RoCE v2 on the veth
+  # (tests/integration/rxe_cases.sh gid_choice; the VLAN addresses are not routed here).
+  ip -6 addr add 2001:db8:77::1/64 dev veth0 nodad && ip -6 addr add 2001:db8:77::2/64 dev veth1 nodad ||
+    fail "IPv6 addresses"
+  if ip link add link veth0 name veth0.77 type vlan id 77 2>/dev/null; then
+    ip link add link veth1 name veth1.77 type vlan id 77 && ip addr add 10.78.0.1/24 dev veth0.77 &&
+      ip addr add 10.78.0.2/24 dev veth1.77 || fail "VLAN devices"
+  else
+    echo "rxe-vm guest: no 802.1Q in this kernel: the VLAN GID case is not set up"
+  fi
   ip link set veth0 up && ip link set veth1 up || fail "links up"
+  rdma link add rxe0 type rxe netdev veth0 && rdma link add rxe1 type rxe netdev veth1 ||
+    fail "rdma link add"
+  ip addr add 10.77.0.1/24 dev veth0 && ip addr add 10.77.0.2/24 dev veth1 || fail "addresses"
   # Both addresses are local: without this, 10.77.0.1 -> 10.77.0.2 goes through lo, where no
   # rxe device listens. Packets arriving on a veth are delivered locally (pref 10); locally
   # generated ones from .1/.2 leave through their own veth (pref 20); the local table moves
@@ -76,8 +95,6 @@ if [ "${1:-}" = --guest-stage2 ]; then
     ip rule add pref 20 from 10.77.0.1 lookup 101 && ip rule add pref 20 from 10.77.0.2 lookup 102 &&
     ip route add 10.77.0.2 dev veth0 src 10.77.0.1 table 101 &&
     ip route add 10.77.0.1 dev veth1 src 10.77.0.2 table 102 || fail "policy routing"
-  rdma link add rxe0 type rxe netdev veth0 && rdma link add rxe1 type rxe netdev veth1 ||
-    fail "rdma link add"
   for _ in $(seq 1 100); do
     [ -e /sys/class/infiniband/rxe0/ports/1/state ] && [ -e /sys/class/infiniband/rxe1/ports/1/state ] &&
       grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state &&
@@ -139,7 +156,8 @@ flock -w 600 9 || skip "another rxe-vm run held $dir/.lock for 10 minutes"
 
 # Kernel: the newest linux-image-6.1.*-amd64 that apt knows, as linux-image-amd64 names it.
 kernel() {
-  [ -s "$dir/vmlinuz" ] && [ -s "$dir/kver" ] && [ -d "$dir/modules" ] && return 0
+  [ -s "$dir/vmlinuz" ] && [ -s "$dir/kver" ] && [ -d "$dir/modules" ] && [ -e "$dir/modules/.opt" ] &&
+    return 0
   local pkg tmp deb
   pkg=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ { print $2; exit }')
   [ -n "$pkg" ] || skip "apt knows no linux-image-amd64 (run apt-get update; needs Debian's archive)"
@@ -159,6 +177,12 @@ kernel() {
     [ -n "$f" ] || { rm -rf "$tmp"; skip "$pkg has no module $m"; }
     case $f in *.xz) xz -dc "$f" >"$tmp/modules/$m.ko" ;; *) cp "$f" "$tmp/modules/$m.ko" ;; esac
   done
+  for m in "${OPT_MODS[@]}"; do
+    local f; f=$(find "$tmp/root/lib/modules/$kver" -name "$m.ko" -o -name "$m.ko.xz" | head -n 1)
+    case $f in "") say "$pkg has no module $m (optional)" ;;
+      *.xz) xz -dc "$f" >"$tmp/modules/$m.ko" ;; *) cp "$f" "$tmp/modules/$m.ko" ;; esac
+  done
+  touch "$tmp/modules/.opt"
   rm -rf "$dir/modules"
   mv "$tmp/modules" "$dir/modules" && cp "$tmp/root/boot/vmlinuz-$kver" "$dir/vmlinuz.tmp" &&
     mv "$dir/vmlinuz.tmp" "$dir/vmlinuz" && echo "$kver" >"$dir/kver" || { rm -rf "$tmp"; skip "cannot write $dir"; }
@@ -180,6 +204,7 @@ initrd() {
     echo 'mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev'
     echo 'die() { echo "rxe-vm stage1: $*"; reboot -f; }'
     echo "for m in ${MODS[*]}; do insmod /mod/\$m.ko || die \"insmod \$m\"; done"
+    echo "for m in ${OPT_MODS[*]}; do [ -e /mod/\$m.ko ] && insmod /mod/\$m.ko; done"
     echo 'for a in $(cat /proc/cmdline); do case $a in pfjob=*) job=${a#pfjob=} ;; pfstage2=*) stage2=${a#pfstage2=} ;; pfprobe=1) probe=1 ;; esac; done'
     echo '[ -n "$probe" ] && { echo PF-RXE-VM-PROBE-OK; reboot -f; }'
     echo 'mount -t 9p -o trans=virtio,version=9p2000.L,msize=524288,ro hostroot /host || die "9p mount of /"'

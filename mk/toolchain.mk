@@ -9,7 +9,7 @@ ifeq ($(origin CC),default)
 CC := cc
 endif
 NPROC := $(shell nproc 2>/dev/null || echo 2)
-PKGS := grpc libprotobuf-c libmicrohttpd liburing libxxhash libcjson numa libcurl hiredis
+PKGS := grpc libprotobuf-c libmicrohttpd liburing libxxhash libcjson numa libcurl hiredis openssl
 
 ifeq ($(FUZZ),1)
 # libFuzzer targets (mk/fuzz.mk): clang, ASan + UBSan, coverage instrumentation everywhere
@@ -48,15 +48,14 @@ LDFLAGS_ALL = -pthread $(SANFLAGS) $(LDFLAGS)
 LIBS_ALL = $(PKG_LIBS) -libverbs -lm -ldl -lrt
 
 ifeq ($(HAVE_CUDA),1)
-CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt
+# The server and libpfcore link no CUDA library (hw/cuda loads libcuda.so.1 at run time).
+# Only the on-hardware check programs of tests/gpu use the runtime (CUDART_LIBS).
+CUDA_LIBS :=
+CUDART_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt
 CUDA_CPPFLAGS := -I$(CUDA_HOME)/include
-# SASS for Turing, Ampere (A100) and Hopper (H100/H200) plus compute_90 PTX, which the
-# driver JIT-compiles for newer GPUs (Blackwell). Override: make NVCC_ARCH="-arch=sm_89".
-NVCC_ARCH ?= -gencode arch=compute_75,code=sm_75 -gencode arch=compute_80,code=sm_80 \
-	-gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
-NVCCFLAGS := -O2 -std=c++17 -Xcompiler -fPIC -Isrc/include $(NVCC_ARCH) -MMD -MP
 else
 CUDA_LIBS :=
+CUDART_LIBS :=
 CUDA_CPPFLAGS :=
 endif
 ifneq ($(HAVE_VERBS),1)

@@ -1,4 +1,7 @@
-/* TRANSFER_MODE_KERNEL copy kernel (built by nvcc).
+/* TRANSFER_MODE_KERNEL copy kernel (compiled by nvcc to PTX only, never linked: the build
+ * lowers the PTX's .version to PF_CUDA_PTX_ISA, checks it with ptxas for sm_75 and embeds
+ * the text in the binary; cuda_copy.c loads it with cuModuleLoadData, so the driver JIT-
+ * compiles it for the GPU it runs, and an older driver than the toolkit still accepts it).
  *
  * One launch copies a whole batch: the descriptor array (dst, src, len) lives in device
  * memory, thread block b handles descriptors b, b + gridDim.x, ... and its 256 threads
@@ -6,8 +9,6 @@
  * mapped registration), so the same kernel serves D2H and H2D. Each thread keeps four
  * 16-byte loads in flight before storing, which matters when one side is host memory
  * across PCIe. */
-#include <cuda_runtime.h>
-
 #include "cuda_internal.h"
 
 namespace
@@ -43,7 +44,9 @@ __device__ void copy_bytes(uint8_t *dst, const uint8_t *src, uint64_t n)
         dst[j] = src[j];
 }
 
-__global__ void __launch_bounds__(PF_CUDA_KERNEL_THREADS)
+} // namespace
+
+extern "C" __global__ void __launch_bounds__(PF_CUDA_KERNEL_THREADS)
     pf_cuda_copy_kernel(const pf_cuda_kdesc *desc, uint64_t n)
 {
     for (uint64_t i = blockIdx.x; i < n; i += gridDim.x) {
@@ -65,15 +68,3 @@ __global__ void __launch_bounds__(PF_CUDA_KERNEL_THREADS)
     }
 }
 
-} // namespace
-
-extern "C" cudaError_t pf_cuda_kernel_launch(const struct pf_cuda_kdesc *dev_desc, size_t n,
-                                             cudaStream_t st)
-{
-    if (n == 0)
-        return cudaSuccess;
-    unsigned grid = n < PF_CUDA_KERNEL_MAX_GRID ? (unsigned)n : PF_CUDA_KERNEL_MAX_GRID;
-    (void)cudaGetLastError(); /* report this launch's status, not an older call's */
-    pf_cuda_copy_kernel<<<grid, PF_CUDA_KERNEL_THREADS, 0, st>>>(dev_desc, (uint64_t)n);
-    return cudaGetLastError();
-}

@@ -1,6 +1,6 @@
 /* Pure helpers of the CUDA backend: CUDA error -> -errno translation, PCI bus id
  * normalisation, GPU -> NUMA node from sysfs, UUID formatting. They touch no CUDA state
- * (cudart is not even initialised by them), so unit tests run them on machines without a
+ * (the driver is not even loaded by them), so unit tests run them on machines without a
  * driver. The translation is one table: every code the backend can meet is listed with
  * the errno the HAL contract wants; anything else is -EIO. */
 #include <ctype.h>
@@ -11,102 +11,101 @@
 
 #include "cuda_internal.h"
 
+/* CUresult codes as cuda.h (CUDA 13.0) defines them, with the errno the HAL wants. */
 static const struct {
-    cudaError_t code;
+    CUresult code;
     int err; /* positive errno */
 } cuda_errno_table[] = {
-    {cudaErrorInvalidValue, EINVAL},
-    {cudaErrorMemoryAllocation, ENOMEM},
-    {cudaErrorInitializationError, ENODEV},
-    {cudaErrorCudartUnloading, ESHUTDOWN},
-    {cudaErrorInvalidConfiguration, EINVAL},
-    {cudaErrorInvalidPitchValue, EINVAL},
-    {cudaErrorInvalidSymbol, EINVAL},
-    {cudaErrorInvalidHostPointer, EFAULT},
-    {cudaErrorInvalidDevicePointer, EFAULT},
-    {cudaErrorInvalidMemcpyDirection, EINVAL},
-    {cudaErrorNotYetImplemented, EOPNOTSUPP},
-    {cudaErrorStubLibrary, ENODEV},
-    {cudaErrorInsufficientDriver, ENODEV},
-    {cudaErrorCallRequiresNewerDriver, EOPNOTSUPP},
-    {cudaErrorDevicesUnavailable, ENODEV},
-    {cudaErrorIncompatibleDriverContext, ENODEV},
-    {cudaErrorMissingConfiguration, EINVAL},
-    {cudaErrorPriorLaunchFailure, EIO},
-    {cudaErrorInvalidDeviceFunction, ENOEXEC},
-    {cudaErrorNoDevice, ENODEV},
-    {cudaErrorInvalidDevice, ENODEV},
-    {cudaErrorDeviceNotLicensed, ENODEV},
-    {cudaErrorStartupFailure, ENODEV},
-    {cudaErrorInvalidKernelImage, ENOEXEC},
-    {cudaErrorDeviceUninitialized, ENODEV},
-    {cudaErrorMapBufferObjectFailed, ENOMEM},
-    {cudaErrorUnmapBufferObjectFailed, EIO},
-    {cudaErrorAlreadyMapped, EEXIST},
-    {cudaErrorNoKernelImageForDevice, ENOEXEC},
-    {cudaErrorNotMapped, ENOENT},
-    {cudaErrorECCUncorrectable, EIO},
-    {cudaErrorUnsupportedLimit, EOPNOTSUPP},
-    {cudaErrorDeviceAlreadyInUse, EBUSY},
-    {cudaErrorPeerAccessUnsupported, EOPNOTSUPP},
-    {cudaErrorInvalidPtx, ENOEXEC},
-    {cudaErrorNvlinkUncorrectable, EIO},
-    {cudaErrorJitCompilerNotFound, ENOEXEC},
-    {cudaErrorUnsupportedPtxVersion, ENOEXEC},
-    {cudaErrorJitCompilationDisabled, ENOEXEC},
-    {cudaErrorFileNotFound, ENOENT},
-    {cudaErrorOperatingSystem, EIO},
-    {cudaErrorInvalidResourceHandle, ENOENT},
-    {cudaErrorIllegalState, EINVAL},
-    {cudaErrorSymbolNotFound, ENOENT},
-    {cudaErrorNotReady, EAGAIN},
-    {cudaErrorIllegalAddress, EFAULT},
-    {cudaErrorLaunchOutOfResources, ENOMEM},
-    {cudaErrorLaunchTimeout, ETIMEDOUT},
-    {cudaErrorPeerAccessAlreadyEnabled, EEXIST},
-    {cudaErrorPeerAccessNotEnabled, EPERM},
-    {cudaErrorContextIsDestroyed, ENODEV},
-    {cudaErrorTooManyPeers, ENOSPC},
-    {cudaErrorHostMemoryAlreadyRegistered, EEXIST},
-    {cudaErrorHostMemoryNotRegistered, ENOENT},
-    {cudaErrorHardwareStackError, EIO},
-    {cudaErrorIllegalInstruction, EIO},
-    {cudaErrorMisalignedAddress, EFAULT},
-    {cudaErrorInvalidAddressSpace, EFAULT},
-    {cudaErrorInvalidPc, EIO},
-    {cudaErrorLaunchFailure, EIO},
-    {cudaErrorNotPermitted, EPERM},
-    {cudaErrorNotSupported, EOPNOTSUPP},
-    {cudaErrorSystemNotReady, ENODEV},
-    {cudaErrorSystemDriverMismatch, ENODEV},
-    {cudaErrorCompatNotSupportedOnDevice, ENODEV},
-    {cudaErrorMpsConnectionFailed, ECONNREFUSED},
-    {cudaErrorMpsServerNotReady, EAGAIN},
-    {cudaErrorMpsMaxClientsReached, EBUSY},
-    {cudaErrorTimeout, ETIMEDOUT},
-    {cudaErrorUnknown, EIO},
+    {CUDA_ERROR_INVALID_VALUE, EINVAL},
+    {CUDA_ERROR_OUT_OF_MEMORY, ENOMEM},
+    {CUDA_ERROR_NOT_INITIALIZED, ENODEV},
+    {CUDA_ERROR_DEINITIALIZED, ESHUTDOWN},
+    {CUDA_ERROR_STUB_LIBRARY, ENODEV},
+    {CUDA_ERROR_DEVICE_UNAVAILABLE, ENODEV},
+    {CUDA_ERROR_NO_DEVICE, ENODEV},
+    {CUDA_ERROR_INVALID_DEVICE, ENODEV},
+    {CUDA_ERROR_DEVICE_NOT_LICENSED, ENODEV},
+    {CUDA_ERROR_INVALID_IMAGE, ENOEXEC},
+    {CUDA_ERROR_INVALID_CONTEXT, ENODEV},
+    {CUDA_ERROR_MAP_FAILED, ENOMEM},
+    {CUDA_ERROR_UNMAP_FAILED, EIO},
+    {CUDA_ERROR_ALREADY_MAPPED, EEXIST},
+    {CUDA_ERROR_NO_BINARY_FOR_GPU, ENOEXEC},
+    {CUDA_ERROR_NOT_MAPPED, ENOENT},
+    {CUDA_ERROR_ECC_UNCORRECTABLE, EIO},
+    {CUDA_ERROR_UNSUPPORTED_LIMIT, EOPNOTSUPP},
+    {CUDA_ERROR_CONTEXT_ALREADY_IN_USE, EBUSY},
+    {CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, EOPNOTSUPP},
+    {CUDA_ERROR_INVALID_PTX, ENOEXEC},
+    {CUDA_ERROR_NVLINK_UNCORRECTABLE, EIO},
+    {CUDA_ERROR_JIT_COMPILER_NOT_FOUND, ENOEXEC},
+    {CUDA_ERROR_UNSUPPORTED_PTX_VERSION, ENOEXEC},
+    {CUDA_ERROR_JIT_COMPILATION_DISABLED, ENOEXEC},
+    {CUDA_ERROR_FILE_NOT_FOUND, ENOENT},
+    {CUDA_ERROR_OPERATING_SYSTEM, EIO},
+    {CUDA_ERROR_INVALID_HANDLE, ENOENT},
+    {CUDA_ERROR_ILLEGAL_STATE, EINVAL},
+    {CUDA_ERROR_NOT_FOUND, ENOENT},
+    {CUDA_ERROR_NOT_READY, EAGAIN},
+    {CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, ENOMEM},
+    {CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, EEXIST},
+    {CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, EPERM},
+    {CUDA_ERROR_CONTEXT_IS_DESTROYED, ENODEV},
+    {CUDA_ERROR_TOO_MANY_PEERS, ENOSPC},
+    {CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, EEXIST},
+    {CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, ENOENT},
+    {CUDA_ERROR_NOT_PERMITTED, EPERM},
+    {CUDA_ERROR_NOT_SUPPORTED, EOPNOTSUPP},
+    {CUDA_ERROR_SYSTEM_NOT_READY, ENODEV},
+    {CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, ENODEV},
+    {CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE, ENODEV},
+    {CUDA_ERROR_MPS_CONNECTION_FAILED, ECONNREFUSED},
+    {CUDA_ERROR_MPS_SERVER_NOT_READY, EAGAIN},
+    {CUDA_ERROR_MPS_MAX_CLIENTS_REACHED, EBUSY},
+    {CUDA_ERROR_TIMEOUT, ETIMEDOUT},
+    {CUDA_ERROR_UNKNOWN, EIO},
 };
 
-int pf_cuda_errno(cudaError_t e)
+bool pf_cuda_sticky(CUresult e)
 {
-    if (e == cudaSuccess)
+    switch (e) {
+    case CUDA_ERROR_CONTAINED:
+    case CUDA_ERROR_ILLEGAL_ADDRESS:
+    case CUDA_ERROR_LAUNCH_TIMEOUT:
+    case CUDA_ERROR_HARDWARE_STACK_ERROR:
+    case CUDA_ERROR_ILLEGAL_INSTRUCTION:
+    case CUDA_ERROR_MISALIGNED_ADDRESS:
+    case CUDA_ERROR_INVALID_ADDRESS_SPACE:
+    case CUDA_ERROR_INVALID_PC:
+    case CUDA_ERROR_LAUNCH_FAILED:
+    case CUDA_ERROR_EXTERNAL_DEVICE:
+        return true;
+    default:
+        return false;
+    }
+}
+
+int pf_cuda_errno(CUresult e)
+{
+    if (e == CUDA_SUCCESS)
         return 0;
+    if (pf_cuda_sticky(e))
+        return -ENOTRECOVERABLE;
     for (size_t i = 0; i < sizeof(cuda_errno_table) / sizeof(cuda_errno_table[0]); i++)
         if (cuda_errno_table[i].code == e)
             return -cuda_errno_table[i].err;
     return -EIO;
 }
 
-bool pf_cuda_no_gpu(cudaError_t e)
+bool pf_cuda_no_gpu(CUresult e)
 {
     switch (e) {
-    case cudaErrorInsufficientDriver:
-    case cudaErrorNoDevice:
-    case cudaErrorStubLibrary:
-    case cudaErrorDevicesUnavailable:
-    case cudaErrorSystemNotReady:
-    case cudaErrorSystemDriverMismatch:
-    case cudaErrorCompatNotSupportedOnDevice:
+    case CUDA_ERROR_NO_DEVICE:
+    case CUDA_ERROR_STUB_LIBRARY:
+    case CUDA_ERROR_DEVICE_UNAVAILABLE:
+    case CUDA_ERROR_SYSTEM_NOT_READY:
+    case CUDA_ERROR_SYSTEM_DRIVER_MISMATCH:
+    case CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE:
         return true;
     default:
         return false;

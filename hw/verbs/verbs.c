@@ -30,16 +30,19 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <net/if.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #define PF_LOG_MOD "verbs"
 #include "pf/clock.h"
+#include "pf/config.h"
 #include "pf/hal.h"
 #include "pf/log.h"
 #include "pf/util.h"
@@ -49,32 +52,6 @@
 static const struct pf_net_ops verbs_ops;
 
 /* ---------------------------------------------------------------- pure helpers */
-
-static bool verbs_gid_zero(const union ibv_gid *g)
-{
-    static const uint8_t z[16];
-    return memcmp(g->raw, z, 16) == 0;
-}
-
-static bool verbs_gid_link_local(const union ibv_gid *g)
-{
-    return g->raw[0] == 0xfe && (g->raw[1] & 0xc0) == 0x80;
-}
-
-int pf_verbs_pick_gid(const struct ibv_gid_entry *ents, int n)
-{
-    for (int i = 0; i < n; i++)
-        if (!verbs_gid_zero(&ents[i].gid) && ents[i].gid_type == IBV_GID_TYPE_ROCE_V2 &&
-            !verbs_gid_link_local(&ents[i].gid))
-            return i;
-    for (int i = 0; i < n; i++)
-        if (!verbs_gid_zero(&ents[i].gid) && ents[i].gid_type == IBV_GID_TYPE_IB)
-            return i;
-    for (int i = 0; i < n; i++)
-        if (!verbs_gid_zero(&ents[i].gid) && !verbs_gid_link_local(&ents[i].gid))
-            return i;
-    return 0;
-}
 
 int pf_verbs_wc_errno(enum ibv_wc_status st)
 {
@@ -154,7 +131,16 @@ static int verbs_pick_port(struct verbsnic *nic, const struct pf_verbs_api *api,
     return -ENETDOWN;
 }
 
-static int verbs_pick_gid_of(struct verbsnic *nic, const struct pf_verbs_api *api)
+static const char *verbs_gid_type_str(uint32_t t)
+{
+    return t == IBV_GID_TYPE_IB        ? "IB"
+           : t == IBV_GID_TYPE_ROCE_V1 ? "RoCE v1"
+           : t == IBV_GID_TYPE_ROCE_V2 ? "RoCE v2"
+                                       : "?";
+}
+
+static int verbs_pick_gid_of(struct verbsnic *nic, const struct pf_verbs_api *api,
+                             const struct pf_verbs_gid_rule *rule, const char *subnet)
 {
     int n = nic->port_attr.gid_tbl_len;
     if (n <= 0) {
@@ -162,15 +148,92 @@ static int verbs_pick_gid_of(struct verbsnic *nic, const struct pf_verbs_api *ap
         return -ENODEV;
     }
     struct ibv_gid_entry *e = calloc((size_t)n, sizeof(*e));
-    if (!e)
-        return -ENOMEM;
-    for (int i = 0; i < n; i++)
-        if (api->query_gid_ex(nic->ctx, nic->port, (uint32_t)i, &e[i]) != 0)
+    int8_t *up = calloc((size_t)n, sizeof(*up));
+    int rc = -ENOMEM;
+    if (!e || !up)
+        goto out;
+    for (int i = 0; i < n; i++) {
+        if (api->query_gid_ex(nic->ctx, nic->port, (uint32_t)i, &e[i]) != 0) {
             memset(&e[i], 0, sizeof(e[i])); /* empty or unreadable: never chosen */
-    nic->gid_index = pf_verbs_pick_gid(e, n);
-    nic->gid = e[nic->gid_index].gid;
+            continue;
+        }
+        up[i] = (int8_t)(e[i].ndev_ifindex && api->ifindex_up ? api->ifindex_up(e[i].ndev_ifindex)
+                                                              : -1);
+    }
+    int i = pf_verbs_pick_gid(e, up, n, rule);
+    if (i < 0) {
+        char want[96];
+        if (rule->index >= 0)
+            snprintf(want, sizeof(want), "--rdma-gid-index %d%s%s", rule->index,
+                     subnet ? " in --rdma-gid-subnet " : "", subnet ? subnet : "");
+        else
+            snprintf(want, sizeof(want), "%s%s", subnet ? "--rdma-gid-subnet " : "a usable GID",
+                     subnet ? subnet : "");
+        pf_error("verbs %s: port %u has no GID matching %s (%d entries; list them with "
+                 "'rdma link show' / show_gids)",
+                 nic->name, nic->port, want, n);
+        rc = -ENOENT;
+        goto out;
+    }
+    nic->gid_index = i;
+    nic->gid = e[i].gid;
+    nic->gid_type = (uint8_t)e[i].gid_type;
+    nic->gid_family = (uint8_t)pf_verbs_gid_family(&e[i]);
+    if (up[i] == 0)
+        pf_warn("verbs %s: GID[%d] (%s) is on a net device that is down", nic->name, i,
+                verbs_gid_type_str(e[i].gid_type));
+    rc = 0;
+out:
     free(e);
-    return 0;
+    free(up);
+    return rc;
+}
+
+void pf_verbs_drain_async(struct verbsnic *nic)
+{
+    const struct pf_verbs_api *api = nic->net->api;
+    if (!api->get_async_event || !nic->ctx)
+        return;
+    struct ibv_async_event ev;
+    for (int n = 0; n < 64 && api->get_async_event(nic->ctx, &ev) == 0; n++) {
+        atomic_fetch_add(&nic->async_events, 1);
+        const char *what = ibv_event_type_str(ev.event_type);
+        switch (ev.event_type) {
+        case IBV_EVENT_PORT_ERR:
+            atomic_store(&nic->port_err, true);
+            pf_warn("verbs %s: async event: %s (port %d): new handshakes skip this NIC until "
+                    "it is ACTIVE again",
+                    nic->name, what, ev.element.port_num);
+            break;
+        case IBV_EVENT_PORT_ACTIVE:
+            atomic_store(&nic->port_err, false);
+            pf_info("verbs %s: async event: %s (port %d)", nic->name, what, ev.element.port_num);
+            break;
+        case IBV_EVENT_GID_CHANGE:
+        case IBV_EVENT_LID_CHANGE:
+        case IBV_EVENT_PKEY_CHANGE:
+        case IBV_EVENT_SM_CHANGE:
+        case IBV_EVENT_CLIENT_REREGISTER:
+            pf_info("verbs %s: async event: %s (port %d)", nic->name, what, ev.element.port_num);
+            break;
+        case IBV_EVENT_QP_FATAL:
+        case IBV_EVENT_QP_REQ_ERR:
+        case IBV_EVENT_QP_ACCESS_ERR:
+        case IBV_EVENT_PATH_MIG_ERR:
+            pf_warn("verbs %s: async event: %s on QP 0x%x (its READs complete in error)", nic->name,
+                    what, ev.element.qp ? ev.element.qp->qp_num : 0);
+            break;
+        case IBV_EVENT_DEVICE_FATAL:
+            pf_error("verbs %s: async event: %s: the device must be reopened (restart the "
+                     "server)",
+                     nic->name, what);
+            break;
+        default:
+            pf_debug("verbs %s: async event: %s", nic->name, what);
+            break;
+        }
+        api->ack_async_event(&ev);
+    }
 }
 
 static void verbs_nic_fini(struct verbsnic *nic, const struct pf_verbs_api *api)
@@ -191,7 +254,8 @@ static void verbs_nic_fini(struct verbsnic *nic, const struct pf_verbs_api *api)
     pthread_rwlock_destroy(&nic->mr_lock);
 }
 
-static int verbs_nic_init(struct verbsnet *v, struct verbsnic *nic, struct ibv_device *dev)
+static int verbs_nic_init(struct verbsnet *v, struct verbsnic *nic, struct ibv_device *dev,
+                          const struct pf_verbs_gid_rule *rule)
 {
     const struct pf_verbs_api *api = v->api;
     nic->net = v;
@@ -201,6 +265,14 @@ static int verbs_nic_init(struct verbsnet *v, struct verbsnic *nic, struct ibv_d
         int e = errno ? errno : ENODEV;
         pf_error("verbs %s: cannot open device: %s", nic->name, strerror(e));
         return -e;
+    }
+    if (api->get_async_event) { /* polled, never blocking (ibv_get_async_event(3)) */
+        int fl = fcntl(nic->ctx->async_fd, F_GETFL);
+        if (fl < 0 || fcntl(nic->ctx->async_fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+            int e = errno;
+            pf_error("verbs %s: async event fd: %s", nic->name, strerror(e));
+            return -e;
+        }
     }
     struct ibv_device_attr da;
     memset(&da, 0, sizeof(da));
@@ -212,9 +284,14 @@ static int verbs_nic_init(struct verbsnet *v, struct verbsnic *nic, struct ibv_d
     rc = verbs_pick_port(nic, api, &da);
     if (rc)
         return rc;
-    rc = verbs_pick_gid_of(nic, api);
+    rc = verbs_pick_gid_of(nic, api, rule, v->opts.gid_subnet);
     if (rc)
         return rc;
+    if (v->opts.pkey_index >= (da.max_pkeys > 0 ? da.max_pkeys : 1)) {
+        pf_error("verbs %s: --rdma-pkey-index %d is past the device's P_Key table (%u entries)",
+                 nic->name, v->opts.pkey_index, da.max_pkeys);
+        return -EINVAL;
+    }
     nic->pd = api->alloc_pd(nic->ctx);
     if (!nic->pd) {
         rc = errno ? -errno : -ENOMEM;
@@ -223,20 +300,29 @@ static int verbs_nic_init(struct verbsnet *v, struct verbsnic *nic, struct ibv_d
     }
     int sge = da.max_sge_rd > 0 && da.max_sge_rd < da.max_sge ? da.max_sge_rd : da.max_sge;
     nic->max_sge = sge < 1 ? 1 : sge > PF_VERBS_MAX_SGE ? PF_VERBS_MAX_SGE : sge;
-    int rd =
-        da.max_qp_rd_atom < da.max_qp_init_rd_atom ? da.max_qp_rd_atom : da.max_qp_init_rd_atom;
-    nic->rd_atomic = rd <= 0 ? 1 : rd > PF_VERBS_RD_ATOMIC ? PF_VERBS_RD_ATOMIC : rd;
-    nic->retry_cnt =
-        da.vendor_id == PF_VERBS_SOFT_ROCE_VENDOR ? PF_VERBS_SOFT_ROCE_RETRY : PF_VERBS_RETRY;
+    /* ibv_query_device(3): max_qp_rd_atom is what one QP answers as a responder,
+     * max_qp_init_rd_atom what it may have outstanding as an initiator */
+    int rd = da.max_qp_rd_atom, ri = da.max_qp_init_rd_atom;
+    nic->rd_resp = rd <= 0 ? 1 : rd > PF_VERBS_RD_ATOMIC ? PF_VERBS_RD_ATOMIC : rd;
+    nic->rd_init = ri <= 0 ? 1 : ri > PF_VERBS_RD_ATOMIC ? PF_VERBS_RD_ATOMIC : ri;
+    /* ibv_query_port(3) max_msg_sz: the largest message (READ) the port takes */
+    uint64_t mm = nic->port_attr.max_msg_sz;
+    nic->max_msg = mm == 0 || mm > VERBS_MAX_READ ? VERBS_MAX_READ : mm;
+    nic->retry_cnt = v->opts.retry_cnt;
+    if (da.vendor_id == PF_VERBS_SOFT_ROCE_VENDOR && nic->retry_cnt > PF_VERBS_SOFT_ROCE_RETRY)
+        nic->retry_cnt = PF_VERBS_SOFT_ROCE_RETRY;
     nic->numa = verbs_read_numa(api, nic->name);
     char g[64];
     verbs_gid_str(&nic->gid, g, sizeof(g));
-    pf_info("verbs NIC %s: port %u (%s, LID %u, MTU %d) GID[%d] %s NUMA node %d, %d SGEs, "
-            "rd_atomic %d, vendor 0x%x, retry %d",
+    pf_info("verbs NIC %s: port %u (%s, LID %u, MTU %d) GID[%d] %s (%s) NUMA node %d, %d SGEs, "
+            "rd_atomic %d/%d, max_msg %llu, vendor 0x%x, tc %d sl %d pkey_index %d timeout %d "
+            "retry %d rnr_retry %d",
             nic->name, nic->port,
             nic->port_attr.link_layer == IBV_LINK_LAYER_ETHERNET ? "Ethernet/RoCE" : "InfiniBand",
-            nic->port_attr.lid, 128 << nic->port_attr.active_mtu, nic->gid_index, g, nic->numa,
-            nic->max_sge, nic->rd_atomic, da.vendor_id, nic->retry_cnt);
+            nic->port_attr.lid, 128 << nic->port_attr.active_mtu, nic->gid_index, g,
+            verbs_gid_type_str(nic->gid_type), nic->numa, nic->max_sge, nic->rd_init, nic->rd_resp,
+            (unsigned long long)nic->max_msg, da.vendor_id, v->opts.traffic_class, v->opts.sl,
+            v->opts.pkey_index, v->opts.timeout, nic->retry_cnt, v->opts.rnr_retry);
     return 0;
 }
 
@@ -249,6 +335,59 @@ static void verbs_close(struct pf_net *n)
         verbs_nic_fini(&v->nics[i], v->api);
     free(v->nics);
     free(v);
+}
+
+static int verbs_check_opts(const struct pf_net_rdma_opts *o, struct pf_verbs_gid_rule *rule)
+{
+    /* ranges of struct ibv_qp_attr / ibv_ah_attr (ibv_modify_qp(3)): timeout is 5 bits
+     * (0 = wait forever, refused here), retry_cnt and rnr_retry 3 bits, SL 4 bits */
+    const char *bad = o->traffic_class < 0 || o->traffic_class > 255 ? "--rdma-traffic-class 0..255"
+                      : o->sl < 0 || o->sl > 15                      ? "--rdma-sl 0..15"
+                      : o->pkey_index < 0 || o->pkey_index > 0xffff  ? "--rdma-pkey-index"
+                      : o->timeout < 1 || o->timeout > 31            ? "--rdma-timeout 1..31"
+                      : o->retry_cnt < 0 || o->retry_cnt > 7         ? "--rdma-retry-cnt 0..7"
+                      : o->rnr_retry < 0 || o->rnr_retry > 7         ? "--rdma-rnr-retry 0..7"
+                      : o->gid_index < -1                            ? "--rdma-gid-index"
+                                                                     : NULL;
+    if (bad) {
+        pf_error("verbs: out of range: %s", bad);
+        return -EINVAL;
+    }
+    if (o->gid_subnet && pf_verbs_parse_subnet(o->gid_subnet, rule) != 0) {
+        pf_error("verbs: --rdma-gid-subnet '%s' is not an IPv4 or IPv6 CIDR (10.0.0.0/24, "
+                 "2001:db8::/64)",
+                 o->gid_subnet);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* Every ibv_reg_mr pins its pages and the kernel charges them to RLIMIT_MEMLOCK per
+ * registration (ib_umem_get: pinned_vm against the limit unless CAP_IPC_LOCK), so the pool
+ * registered on N NICs needs N x its size. Refused here with what to raise, instead of a
+ * bare ENOMEM from the Nth ibv_reg_mr. */
+static int verbs_check_memlock(const struct pf_verbs_api *api, uint64_t pin, size_t nnics)
+{
+    if (pin == 0 || !api->memlock_limit)
+        return 0;
+    uint64_t lim = 0, need;
+    if (api->memlock_limit(&lim) != 0 || lim == UINT64_MAX)
+        return 0;
+    if (api->cap_ipc_lock && api->cap_ipc_lock())
+        return 0;
+    need = nnics && pin > UINT64_MAX / nnics ? UINT64_MAX : pin * nnics;
+    if (need <= lim)
+        return 0;
+    char ps[32], ls[32], ns[32];
+    pf_format_size(pin, ps, sizeof(ps));
+    pf_format_size(lim, ls, sizeof(ls));
+    pf_format_size(need, ns, sizeof(ns));
+    pf_error("verbs: locked-memory limit (RLIMIT_MEMLOCK) is %s but the pool (%s) is registered "
+             "on %zu NIC(s), which pins %s: raise it (ulimit -l unlimited; systemd "
+             "LimitMEMLOCK=infinity; docker --ulimit memlock=-1), grant CAP_IPC_LOCK, or use a "
+             "smaller --pool-size or fewer --nics",
+             ls, ps, nnics, ns);
+    return -ENOMEM;
 }
 
 int pf_verbs_open_api(const struct pf_verbs_api *api, const struct pf_net_config *cfg,
@@ -272,6 +411,14 @@ int pf_verbs_open_api(const struct pf_verbs_api *api, const struct pf_net_config
         rc = -EINVAL;
         goto err_list;
     }
+    struct pf_net_rdma_opts opts = cfg->rdma ? *cfg->rdma : pf_net_rdma_defaults();
+    struct pf_verbs_gid_rule rule = {.index = opts.gid_index};
+    rc = verbs_check_opts(&opts, &rule);
+    if (rc)
+        goto err_list;
+    rc = verbs_check_memlock(api, cfg->pin_bytes, cfg->nnics);
+    if (rc)
+        goto err_list;
     struct verbsnet *v = calloc(1, sizeof(*v));
     if (!v) {
         rc = -ENOMEM;
@@ -279,6 +426,7 @@ int pf_verbs_open_api(const struct pf_verbs_api *api, const struct pf_net_config
     }
     v->base.ops = &verbs_ops;
     v->api = api;
+    v->opts = opts;
     v->nics = calloc(cfg->nnics, sizeof(*v->nics));
     if (!v->nics) {
         rc = -ENOMEM;
@@ -300,7 +448,7 @@ int pf_verbs_open_api(const struct pf_verbs_api *api, const struct pf_net_config
         }
         v->nnics = (int)i + 1;
         snprintf(v->nics[i].name, sizeof(v->nics[i].name), "%s", cfg->nics[i]);
-        rc = verbs_nic_init(v, &v->nics[i], dev);
+        rc = verbs_nic_init(v, &v->nics[i], dev, &rule);
         if (rc)
             goto err_net;
     }
@@ -332,6 +480,8 @@ static int verbs_nic_info(struct pf_net *n, int i, struct pf_net_nic_info *info_
     snprintf(info_p->name, sizeof(info_p->name), "%s", nic->name);
     verbs_gid_str(&nic->gid, info_p->addr, sizeof(info_p->addr));
     info_p->numa_node = nic->numa;
+    info_p->max_msg = nic->max_msg;
+    pf_verbs_drain_async(nic);
     struct ibv_port_attr pa;
     memset(&pa, 0, sizeof(pa));
     info_p->active =
@@ -360,8 +510,19 @@ static int verbs_reg_mem(struct pf_net *n, int i, void *addr, uint64_t len, unsi
     struct verbsmr *m = calloc(1, sizeof(*m));
     if (!m)
         return -ENOMEM;
+    /* ibv_reg_mr(3): IBV_ACCESS_RELAXED_ORDERING lets the HCA write READ data with PCIe
+     * relaxed ordering (NCCL enables it where supported, NCCL_IB_PCI_RELAXED_ORDERING);
+     * completions still order everything, and data is only ever used after its completion.
+     * It is an optional hint that devices may ignore; a kernel that refuses it (EINVAL, older
+     * than 5.8) gets the registration without it. */
     errno = 0;
-    m->mr = v->api->reg_mr(nic->pd, addr, len, ia);
+    m->mr = v->api->reg_mr(nic->pd, addr, len, ia | IBV_ACCESS_RELAXED_ORDERING);
+    if (!m->mr && errno == EINVAL) {
+        pf_debug("verbs %s: ibv_reg_mr refused relaxed ordering: registering without it",
+                 nic->name);
+        errno = 0;
+        m->mr = v->api->reg_mr(nic->pd, addr, len, ia);
+    }
     if (!m->mr) {
         int rc = errno ? -errno : -ENOMEM;
         pf_error("verbs %s: ibv_reg_mr %p+%llu: %s", nic->name, addr, (unsigned long long)len,
@@ -415,6 +576,7 @@ static const struct pf_net_ops verbs_ops = {
     .qp_create = pf_verbs_qp_create,
     .qp_local_endpoint = pf_verbs_qp_local_endpoint,
     .qp_connect = pf_verbs_qp_connect,
+    .ep_check = pf_verbs_ep_check,
     .post_read = pf_verbs_post_read,
     .poll = pf_verbs_poll,
     .qp_invalidate = pf_verbs_qp_invalidate,
@@ -454,6 +616,50 @@ static int verbs_real_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
     return ibv_poll_cq(cq, n, wc);
 }
 
+static int verbs_real_ifindex_up(uint32_t ifindex)
+{
+    char name[IF_NAMESIZE], path[64 + IF_NAMESIZE], st[32] = "";
+    if (!if_indextoname(ifindex, name))
+        return -1;
+    snprintf(path, sizeof(path), "/sys/class/net/%s/operstate", name);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    if (!fgets(st, sizeof(st), f))
+        st[0] = '\0';
+    fclose(f);
+    /* "unknown" is what virtual devices without carrier reporting (veth peers, rxe
+     * test rigs) show while working */
+    return strncmp(st, "down", 4) == 0 || strncmp(st, "lowerlayerdown", 14) == 0 ? 0 : 1;
+}
+
+static int verbs_real_memlock(uint64_t *bytes_p)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0)
+        return -errno;
+    *bytes_p = rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : (uint64_t)rl.rlim_cur;
+    return 0;
+}
+
+/* CapEff of /proc/self/status, bit CAP_IPC_LOCK (14, linux/capability.h) */
+static bool verbs_real_cap_ipc_lock(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f)
+        return false;
+    char line[256];
+    bool has = false;
+    while (fgets(line, sizeof(line), f))
+        if (strncmp(line, "CapEff:", 7) == 0) {
+            unsigned long long caps = strtoull(line + 7, NULL, 16);
+            has = (caps >> 14) & 1;
+            break;
+        }
+    fclose(f);
+    return has;
+}
+
 const struct pf_verbs_api pf_verbs_real_api = {
     .get_device_list = ibv_get_device_list,
     .free_device_list = ibv_free_device_list,
@@ -479,6 +685,11 @@ const struct pf_verbs_api pf_verbs_real_api = {
     .modify_qp = ibv_modify_qp,
     .post_send = verbs_real_post_send,
     .poll_cq = verbs_real_poll_cq,
+    .get_async_event = ibv_get_async_event,
+    .ack_async_event = ibv_ack_async_event,
+    .ifindex_up = verbs_real_ifindex_up,
+    .memlock_limit = verbs_real_memlock,
+    .cap_ipc_lock = verbs_real_cap_ipc_lock,
     .sysfs_root = "/sys",
     .drain_ms = PF_VERBS_DRAIN_MS,
 };

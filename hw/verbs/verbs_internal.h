@@ -16,13 +16,17 @@
 #define PF_VERBS_SQ_DEPTH  128 /* send queue WRs per QP (reference §7.3) */
 #define PF_VERBS_MAX_SGE   16
 #define PF_VERBS_RD_ATOMIC 16
-#define PF_VERBS_TIMEOUT   14
-#define PF_VERBS_RETRY     7
-#define PF_VERBS_RNR_RETRY 7
 #define PF_VERBS_MIN_RNR   12
 #define PF_VERBS_HOP_LIMIT 64
-#define PF_VERBS_EP_LEN    36
-#define PF_VERBS_DRAIN_MS  5000 /* invalidate: wait this long for flushes, then destroy */
+#define PF_VERBS_EP_LEN    40
+/* Endpoint blob, version 2 (little-endian): 0 magic "PFVE", 4 version, 5 active MTU,
+ * 6 link layer, 7 GID type (IBV_GID_TYPE_*), 8..23 GID, 24 QPN, 28 PSN, 32 LID,
+ * 34 responder resources (the max_dest_rd_atomic this QP accepts), 35 GID family
+ * (4 IPv4-mapped, 6 IPv6, 0 InfiniBand), 36..39 zero. */
+#define PF_VERBS_EP_RD_ATOM 34
+#define PF_VERBS_EP_FAMILY  35
+#define PF_VERBS_EP_GIDTYPE 7
+#define PF_VERBS_DRAIN_MS   5000 /* invalidate: wait this long for flushes, then destroy */
 
 /* Soft-RoCE (rdma_rxe) reports this vendor ID and, unlike the IB spec and mlx5, takes a
  * retry_cnt of 7 to mean "retry forever": a READ to a peer QP that went to the error state
@@ -60,6 +64,19 @@ struct pf_verbs_api {
     int (*modify_qp)(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask);
     int (*post_send)(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
     int (*poll_cq)(struct ibv_cq *cq, int n, struct ibv_wc *wc);
+    /* Async events (ibv_get_async_event(3)): 0 and an event to acknowledge, or -1 with
+     * errno EAGAIN when none is pending (the context's async_fd is made non-blocking at
+     * open, as the man page's example does to poll it). Optional. */
+    int (*get_async_event)(struct ibv_context *ctx, struct ibv_async_event *ev);
+    void (*ack_async_event)(struct ibv_async_event *ev);
+    /* State of the net device behind a RoCE GID (ibv_gid_entry.ndev_ifindex):
+     * 1 up, 0 down, -1 unknown (no such index, or 0: no net device). */
+    int (*ifindex_up)(uint32_t ifindex);
+    /* RLIMIT_MEMLOCK soft limit in bytes (UINT64_MAX: unlimited); 0 or -errno. */
+    int (*memlock_limit)(uint64_t *bytes_p);
+    /* Whether the process has CAP_IPC_LOCK in its effective set (pinning is then not
+     * charged against RLIMIT_MEMLOCK: the kernel's ib_umem_get). */
+    bool (*cap_ipc_lock)(void);
     const char *sysfs_root; /* "/sys" */
     uint64_t drain_ms;      /* invalidate's flush deadline (PF_VERBS_DRAIN_MS) */
 };
@@ -73,10 +90,33 @@ extern const struct pf_verbs_api pf_verbs_real_api;
 int pf_verbs_open_api(const struct pf_verbs_api *api, const struct pf_net_config *cfg,
                       struct pf_net **n_p);
 
-/* GID choice over one port's table (entries with an all-zero GID are empty): the first
- * RoCEv2 GID that is not link-local, else the first IB-type GID, else the first GID that is
- * not link-local, else index 0. Returns the table index. */
-int pf_verbs_pick_gid(const struct ibv_gid_entry *ents, int n);
+/* What the operator asked of the GID (--rdma-gid-index, --rdma-gid-subnet). */
+struct pf_verbs_gid_rule {
+    int index;       /* -1: choose */
+    int family;      /* 0: any subnet; 4 or 6: the GID must lie in net/prefix */
+    uint8_t net[16]; /* IPv4 in net[0..3], IPv6 in net[0..15] */
+    int prefix;
+};
+
+/* Parses "10.0.0.0/24" or "2001:db8::/64" into r (index untouched). 0 or -EINVAL. */
+int pf_verbs_parse_subnet(const char *cidr, struct pf_verbs_gid_rule *r);
+
+/* GID choice over one port's table (entries with an all-zero GID are empty; up[i] is the
+ * state of entry i's net device: 1 up, 0 down, -1 unknown, counted as up; up may be NULL).
+ * With rule->index >= 0 that entry (it must be non-empty and inside rule's subnet). Else the
+ * best-ranked entry inside the subnet (if any), first index on ties:
+ *   1 RoCE v2, IPv4-mapped, device up   2 RoCE v2, global IPv6, device up
+ *   3 InfiniBand GID                     4 RoCE v1, not link-local, device up
+ *   5 RoCE v2 link-local, device up      6 anything else on an up device   7 anything else
+ * and on equal rank an entry on the net device of entry 0 (the port's default GID, on the
+ * port's own netdev) before one on a VLAN/bond/macvlan device stacked on it (as NCCL's
+ * ncclIbGetGidIndex prefers RoCE v2 of the wanted family, NCCL_IB_ADDR_FAMILY defaulting to
+ * IPv4, and skips link-local GIDs). Returns the index or -ENOENT. */
+int pf_verbs_pick_gid(const struct ibv_gid_entry *ents, const int8_t *up, int n,
+                      const struct pf_verbs_gid_rule *rule);
+
+/* The GID's family as the endpoint carries it: 4 (IPv4-mapped), 6 (IPv6), 0 (IB type). */
+int pf_verbs_gid_family(const struct ibv_gid_entry *e);
 
 /* Work-completion status -> -errno (0 for success, -ECANCELED for flushed WRs,
  * -EREMOTEIO for remote access/operation errors, -ETIMEDOUT for retry exhaustion). */
@@ -86,12 +126,14 @@ int pf_verbs_wc_errno(enum ibv_wc_status st);
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 
+#include "pf/common.h"
 #include "pf/util.h"
 
 #define VERBS_EP_MAGIC   0x45564650u /* "PFVE" */
-#define VERBS_EP_VERSION 1u
+#define VERBS_EP_VERSION 2u
 #define VERBS_MAX_NICS   16
 #define VERBS_MAX_READ   (1ull << 31)
 
@@ -114,17 +156,28 @@ struct verbsnic {
     struct ibv_port_attr port_attr;
     union ibv_gid gid;
     int gid_index;
+    uint8_t gid_type;   /* IBV_GID_TYPE_* */
+    uint8_t gid_family; /* pf_verbs_gid_family */
     int numa;
     int max_sge;
-    int rd_atomic;
-    int retry_cnt; /* RC retry count for this device (see PF_VERBS_SOFT_ROCE_VENDOR) */
+    int rd_resp;      /* responder resources: incoming READs outstanding (max_qp_rd_atom) */
+    int rd_init;      /* initiator depth: our READs outstanding (max_qp_init_rd_atom) */
+    uint64_t max_msg; /* port max_msg_sz, at most VERBS_MAX_READ */
+    int retry_cnt;    /* RC retry count for this device (see PF_VERBS_SOFT_ROCE_VENDOR) */
     pthread_rwlock_t mr_lock;
     struct verbsmr *mrs;
+    _Atomic uint64_t async_events; /* async events read so far */
+    _Atomic bool port_err;         /* the last port event was IBV_EVENT_PORT_ERR */
 };
+
+/* Reads and acknowledges the NIC's pending async events, logging each (port and GID changes,
+ * QP and CQ errors, device fatal); called at each qp_create and nic_info. */
+void pf_verbs_drain_async(struct verbsnic *nic);
 
 struct verbsnet {
     struct pf_net base;
     const struct pf_verbs_api *api;
+    struct pf_net_rdma_opts opts;
     int nnics;
     struct verbsnic *nics;
 };
@@ -143,6 +196,8 @@ struct verbsqp {
     struct ibv_cq *cq;
     struct ibv_qp *qp;
     uint32_t psn;
+    uint16_t lid; /* the port's LID and active MTU when this QP was created (re-queried */
+    uint8_t mtu;  /* at every qp_create, i.e. at every handshake) */
     int evfd;
     pthread_mutex_t mu;
     int state;
@@ -177,6 +232,7 @@ static inline int verbs_rc(int rc)
 int pf_verbs_qp_create(struct pf_net *n, int i, struct pf_net_qp **qp_p);
 int pf_verbs_qp_local_endpoint(struct pf_net_qp *qpb, void *buf, size_t cap, size_t *len_p);
 int pf_verbs_qp_connect(struct pf_net_qp *qpb, const void *ep, size_t len);
+int pf_verbs_ep_check(struct pf_net_qp *qpb, const void *ep, size_t len, char *why, size_t whylen);
 int pf_verbs_post_read(struct pf_net_qp *qpb, const struct pf_net_sge *sge, size_t nsge,
                        uint64_t raddr, uint32_t rkey, uint64_t wr_id);
 int pf_verbs_poll(struct pf_net_qp *qpb, struct pf_net_cqe *out, size_t max, uint64_t timeout_ms);

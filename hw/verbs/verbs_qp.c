@@ -28,9 +28,23 @@ int pf_verbs_qp_create(struct pf_net *n, int i, struct pf_net_qp **qp_p)
     if (i < 0 || i >= v->nnics)
         return -EINVAL;
     struct verbsnic *nic = &v->nics[i];
+    /* the port as it is now, not as it was at open: a link that went down since fails this
+     * handshake by name; a LID the subnet manager reassigned or a changed MTU is used */
+    pf_verbs_drain_async(nic);
+    struct ibv_port_attr pa;
+    memset(&pa, 0, sizeof(pa));
+    int prc = verbs_rc(api->query_port(nic->ctx, nic->port, &pa));
+    if (prc || pa.state != IBV_PORT_ACTIVE) {
+        pf_log_ratelimited(PF_LOG_WARN, 1000, "verbs %s: port %u is %s: no new QPs on this NIC",
+                           nic->name, nic->port,
+                           prc ? strerror(-prc) : ibv_port_state_str(pa.state));
+        return -ENETDOWN;
+    }
     struct verbsqp *q = calloc(1, sizeof(*q));
     if (!q)
         return -ENOMEM;
+    q->lid = pa.lid;
+    q->mtu = (uint8_t)pa.active_mtu;
     q->nic = nic;
     q->api = api;
     q->base.net = n;
@@ -79,7 +93,7 @@ int pf_verbs_qp_create(struct pf_net *n, int i, struct pf_net_qp **qp_p)
         goto err_cq;
     }
     struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
-                            .pkey_index = 0,
+                            .pkey_index = (uint16_t)v->opts.pkey_index,
                             .port_num = nic->port,
                             .qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ |
                                                IBV_ACCESS_REMOTE_WRITE};
@@ -117,19 +131,97 @@ int pf_verbs_qp_local_endpoint(struct pf_net_qp *qpb, void *buf, size_t cap, siz
     uint8_t *p = buf;
     memset(p, 0, PF_VERBS_EP_LEN);
     uint32_t magic = VERBS_EP_MAGIC, qpn = q->qp->qp_num, psn = q->psn;
-    uint16_t lid = q->nic->port_attr.lid;
+    uint16_t lid = q->lid;
     for (int k = 0; k < 4; k++) {
         p[k] = (uint8_t)(magic >> (8 * k));
         p[24 + k] = (uint8_t)(qpn >> (8 * k));
         p[28 + k] = (uint8_t)(psn >> (8 * k));
     }
     p[4] = VERBS_EP_VERSION;
-    p[5] = (uint8_t)q->nic->port_attr.active_mtu;
+    p[5] = q->mtu;
     p[6] = q->nic->port_attr.link_layer;
+    p[PF_VERBS_EP_GIDTYPE] = q->nic->gid_type;
     memcpy(p + 8, q->nic->gid.raw, 16);
     p[32] = (uint8_t)lid;
     p[33] = (uint8_t)(lid >> 8);
+    p[PF_VERBS_EP_RD_ATOM] = (uint8_t)q->nic->rd_resp;
+    p[PF_VERBS_EP_FAMILY] = q->nic->gid_family;
     *len_p = PF_VERBS_EP_LEN;
+    return 0;
+}
+
+static const char *verbs_family_str(int fam, int type)
+{
+    if (type == IBV_GID_TYPE_IB)
+        return "InfiniBand";
+    if (fam == 4)
+        return type == IBV_GID_TYPE_ROCE_V1 ? "IPv4 RoCE v1" : "IPv4 RoCE v2";
+    return type == IBV_GID_TYPE_ROCE_V1 ? "IPv6 RoCE v1" : "IPv6 RoCE v2";
+}
+
+int pf_verbs_ep_check(struct pf_net_qp *qpb, const void *ep, size_t len, char *why, size_t whylen)
+{
+    struct verbsqp *q = verbs_qp(qpb);
+    struct verbsnic *nic = q->nic;
+    const uint8_t *p = ep;
+    char tmp[8];
+    if (!why || whylen == 0) {
+        why = tmp;
+        whylen = sizeof(tmp);
+    }
+    why[0] = '\0';
+    if (!ep || len < 5) {
+        snprintf(why, whylen, "malformed verbs endpoint (%zu bytes)", len);
+        return -EINVAL;
+    }
+    uint32_t magic =
+        (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+    if (magic != VERBS_EP_MAGIC) {
+        snprintf(why, whylen, "not a verbs endpoint (the peer runs another --net-backend?)");
+        return -EINVAL;
+    }
+    if (p[4] != VERBS_EP_VERSION || len != PF_VERBS_EP_LEN) {
+        snprintf(why, whylen,
+                 "peer's verbs endpoint is version %u (%zu bytes), this node's %u: "
+                 "run the same release on both",
+                 p[4], len, VERBS_EP_VERSION);
+        return -EPROTO;
+    }
+    enum ibv_mtu mtu = (enum ibv_mtu)p[5];
+    if (mtu < IBV_MTU_256 || mtu > IBV_MTU_4096 || p[PF_VERBS_EP_RD_ATOM] == 0 || p[37] || p[38] ||
+        p[39]) {
+        snprintf(why, whylen, "malformed verbs endpoint");
+        return -EINVAL;
+    }
+    if (p[6] != nic->port_attr.link_layer) {
+        snprintf(why, whylen, "link layer mismatch: peer %s, NIC %s %s",
+                 p[6] == IBV_LINK_LAYER_ETHERNET ? "Ethernet (RoCE)" : "InfiniBand", nic->name,
+                 nic->port_attr.link_layer == IBV_LINK_LAYER_ETHERNET ? "Ethernet (RoCE)"
+                                                                      : "InfiniBand");
+        return -EPROTO;
+    }
+    if (nic->port_attr.link_layer == IBV_LINK_LAYER_ETHERNET) {
+        int ptype = p[PF_VERBS_EP_GIDTYPE], pfam = p[PF_VERBS_EP_FAMILY];
+        /* the family byte must agree with the GID itself */
+        static const uint8_t pre[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+        int gfam = memcmp(p + 8, pre, 12) == 0 ? 4 : 6;
+        if ((ptype != IBV_GID_TYPE_ROCE_V1 && ptype != IBV_GID_TYPE_ROCE_V2) || pfam != gfam) {
+            snprintf(why, whylen, "malformed verbs endpoint (GID type %d, family %d)", ptype, pfam);
+            return -EINVAL;
+        }
+        if (ptype != nic->gid_type || pfam != nic->gid_family) {
+            char pg[INET6_ADDRSTRLEN] = "?", og[INET6_ADDRSTRLEN] = "?";
+            inet_ntop(AF_INET6, p + 8, pg, sizeof(pg));
+            inet_ntop(AF_INET6, nic->gid.raw, og, sizeof(og));
+            snprintf(why, whylen,
+                     "GID family mismatch: peer GID %s is %s, NIC %s GID[%d] %s is %s (the QP "
+                     "would never reach RTR): pick the same family on both with "
+                     "--rdma-gid-subnet or --rdma-gid-index",
+                     pg, verbs_family_str(pfam, ptype), nic->name, nic->gid_index, og,
+                     verbs_family_str(nic->gid_family, nic->gid_type));
+            return -EPROTO;
+        }
+    }
     return 0;
 }
 
@@ -137,25 +229,24 @@ int pf_verbs_qp_connect(struct pf_net_qp *qpb, const void *ep, size_t len)
 {
     struct verbsqp *q = verbs_qp(qpb);
     struct verbsnic *nic = q->nic;
+    const struct pf_net_rdma_opts *o = &nic->net->opts;
     const uint8_t *p = ep;
-    if (!ep || len != PF_VERBS_EP_LEN)
-        return -EINVAL;
-    uint32_t magic = 0, qpn = 0, psn = 0;
+    char why[320];
+    int crc = pf_verbs_ep_check(qpb, ep, len, why, sizeof(why));
+    if (crc) {
+        pf_warn("verbs %s: qp_connect: %s", nic->name, why);
+        return crc;
+    }
+    uint32_t qpn = 0, psn = 0;
     for (int k = 3; k >= 0; k--) {
-        magic = magic << 8 | p[k];
         qpn = qpn << 8 | p[24 + k];
         psn = psn << 8 | p[28 + k];
     }
     uint16_t lid = (uint16_t)(p[32] | p[33] << 8);
     enum ibv_mtu mtu = (enum ibv_mtu)p[5];
-    if (magic != VERBS_EP_MAGIC || p[4] != VERBS_EP_VERSION || mtu < IBV_MTU_256 ||
-        mtu > IBV_MTU_4096 || psn > 0xffffff || qpn > 0xffffff) {
+    int peer_resp = p[PF_VERBS_EP_RD_ATOM];
+    if (psn > 0xffffff || qpn > 0xffffff) {
         pf_warn("verbs %s: qp_connect: malformed endpoint", nic->name);
-        return -EINVAL;
-    }
-    if (p[6] != nic->port_attr.link_layer) {
-        pf_warn("verbs %s: qp_connect: peer link layer %u differs from ours (%u)", nic->name, p[6],
-                nic->port_attr.link_layer);
         return -EINVAL;
     }
     pthread_mutex_lock(&q->mu);
@@ -167,13 +258,13 @@ int pf_verbs_qp_connect(struct pf_net_qp *qpb, const void *ep, size_t len)
     struct ibv_qp_attr a;
     memset(&a, 0, sizeof(a));
     a.qp_state = IBV_QPS_RTR;
-    a.path_mtu = mtu < nic->port_attr.active_mtu ? mtu : nic->port_attr.active_mtu;
+    a.path_mtu = mtu < (enum ibv_mtu)q->mtu ? mtu : (enum ibv_mtu)q->mtu;
     a.dest_qp_num = qpn;
     a.rq_psn = psn;
-    a.max_dest_rd_atomic = (uint8_t)nic->rd_atomic;
+    a.max_dest_rd_atomic = (uint8_t)nic->rd_resp;
     a.min_rnr_timer = PF_VERBS_MIN_RNR;
     a.ah_attr.dlid = lid;
-    a.ah_attr.sl = 0;
+    a.ah_attr.sl = (uint8_t)o->sl;
     a.ah_attr.src_path_bits = 0;
     a.ah_attr.port_num = nic->port;
     if (nic->port_attr.link_layer == IBV_LINK_LAYER_ETHERNET) {
@@ -181,6 +272,7 @@ int pf_verbs_qp_connect(struct pf_net_qp *qpb, const void *ep, size_t len)
         memcpy(a.ah_attr.grh.dgid.raw, p + 8, 16);
         a.ah_attr.grh.sgid_index = (uint8_t)nic->gid_index;
         a.ah_attr.grh.hop_limit = PF_VERBS_HOP_LIMIT;
+        a.ah_attr.grh.traffic_class = (uint8_t)o->traffic_class;
     }
     rc = verbs_rc(q->api->modify_qp(q->qp, &a,
                                     IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
@@ -192,11 +284,13 @@ int pf_verbs_qp_connect(struct pf_net_qp *qpb, const void *ep, size_t len)
     }
     memset(&a, 0, sizeof(a));
     a.qp_state = IBV_QPS_RTS;
-    a.timeout = PF_VERBS_TIMEOUT;
+    a.timeout = (uint8_t)o->timeout;
     a.retry_cnt = (uint8_t)nic->retry_cnt;
-    a.rnr_retry = PF_VERBS_RNR_RETRY;
+    a.rnr_retry = (uint8_t)o->rnr_retry;
     a.sq_psn = q->psn;
-    a.max_rd_atomic = (uint8_t)nic->rd_atomic;
+    /* our outstanding READs are bounded by what the peer's QP answers (its max_dest_rd_atomic,
+     * carried in the endpoint) and by our own initiator depth: the min of the two */
+    a.max_rd_atomic = (uint8_t)(peer_resp < nic->rd_init ? peer_resp : nic->rd_init);
     rc =
         verbs_rc(q->api->modify_qp(q->qp, &a,
                                    IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
@@ -244,8 +338,12 @@ int pf_verbs_post_read(struct pf_net_qp *qpb, const struct pf_net_sge *sge, size
         isge[i] = (struct ibv_sge){.addr = a, .length = (uint32_t)sge[i].len, .lkey = sge[i].lkey};
     }
     pthread_rwlock_unlock(&nic->mr_lock);
-    if (total > VERBS_MAX_READ)
-        return -EINVAL;
+    if (total > nic->max_msg) {
+        pf_log_ratelimited(PF_LOG_WARN, 1000,
+                           "verbs %s: post_read: %llu bytes past the port's max_msg_sz %llu",
+                           nic->name, (unsigned long long)total, (unsigned long long)nic->max_msg);
+        return -EMSGSIZE;
+    }
     struct ibv_send_wr wr, *bad = NULL;
     memset(&wr, 0, sizeof(wr));
     wr.wr_id = wr_id;

@@ -507,6 +507,7 @@ static void tcpnet_close(struct pf_net *n)
     for (int i = 0; i < t->nnics; i++)
         tcpnet_nic_fini(&t->nics[i]);
     free(t->nics);
+    pf_tcpnet_tls_destroy(t->tls); /* after the NICs: their connections closed the relays */
     free(t);
 }
 
@@ -536,6 +537,17 @@ static int tcpnet_open(const struct pf_net_config *cfg, struct pf_net **n_p)
         return -ENOMEM;
     }
     int rc = 0;
+    if (cfg->tls_cert_pem) {
+        char err[256];
+        rc = pf_tcpnet_tls_create(cfg, &t->tls, err, sizeof(err));
+        if (rc) {
+            pf_error("tcp fabric TLS: %s", err);
+            goto err_close;
+        }
+        pf_info("tcp fabric: TLS 1.3 on every connection (%s)",
+                pf_tcpnet_tls_mutual(t->tls) ? "mutual: peers need a certificate of --tls-ca"
+                                             : "servers verified against the system roots");
+    }
     for (size_t i = 0; i < cfg->nnics; i++) {
         t->nnics = (int)i + 1;
         rc = tcpnet_nic_init(t, &t->nics[i], (int)i, cfg->nics[i], nthreads);

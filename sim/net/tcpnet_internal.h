@@ -176,13 +176,32 @@ struct tcpnic {
     struct sconn *conns;
 };
 
+struct tcpnet_tls;
+
 struct tcpnet {
     struct pf_net base;
     int nnics;
     struct tcpnic *nics;
     int sockbuf;
     uint64_t connect_ms;
+    struct tcpnet_tls *tls; /* TLS on every connection (tcpnet_tls.c), or NULL */
 };
+
+/* ---- TLS (tcpnet_tls.c) ----
+ * create: contexts from the PEM texts of cfg (-EINVAL with a message naming the flag).
+ * client: TLS handshake on a connected socket fd towards peer_ip (bounded by deadline_ns),
+ *   then a relay thread owns fd; *app_p is a blocking stream socket carrying the plaintext.
+ *   -ECONNREFUSED (handshake or certificate failed) or -ETIMEDOUT; fd is closed on failure.
+ * server: a relay thread owns the accepted socket fd and does the handshake (bounded);
+ *   *app_p is a non-blocking stream socket (end-of-file when the peer is refused).
+ * destroy: waits (bounded) for the relays, whose fabric ends must be closed by then. */
+int pf_tcpnet_tls_create(const struct pf_net_config *cfg, struct tcpnet_tls **tls_p, char *err,
+                         size_t errlen);
+bool pf_tcpnet_tls_mutual(const struct tcpnet_tls *t);
+void pf_tcpnet_tls_destroy(struct tcpnet_tls *t);
+int pf_tcpnet_tls_client(struct tcpnet_tls *t, int fd, const char *peer_ip, uint64_t deadline_ns,
+                         int *app_p);
+int pf_tcpnet_tls_server(struct tcpnet_tls *t, int fd, int *app_p);
 
 static const struct pf_net_ops tcpnet_ops;
 static inline struct tcpnet *tcpnet_of(struct pf_net *n)

@@ -269,6 +269,17 @@ int pf_tcpnet_qp_connect(struct pf_net_qp *qpb, const void *remote_ep, size_t le
         }
     }
     fcntl(fd, F_SETFL, fl);
+    if (t->tls) {
+        /* the relay owns the TCP socket from here; the QP talks plaintext to the relay */
+        int app = -1;
+        rc = pf_tcpnet_tls_client(t->tls, fd, pstr, deadline, &app);
+        pthread_mutex_lock(&q->mu);
+        q->fd = rc ? -1 : app;
+        pthread_mutex_unlock(&q->mu);
+        if (rc)
+            goto err_state;
+        fd = app;
+    }
     uint8_t hello[TCPNET_HELLO_LEN];
     tcpnet_put32(hello, TCPNET_HELLO_MAGIC);
     tcpnet_put32(hello + 4, TCPNET_VERSION);

@@ -342,10 +342,22 @@ static void tcpnet_accept_all(struct tcpnic *nic)
             close(fd);
             continue;
         }
+        pf_tcpnet_sockopts(nic->net, fd);
+        if (nic->net->tls) {
+            /* the relay owns the TCP socket and does the handshake; a peer that fails it is
+             * refused there and this end reads end-of-file */
+            int app = -1;
+            if (pf_tcpnet_tls_server(nic->net->tls, fd, &app) != 0) {
+                pf_log_ratelimited(PF_LOG_WARN, 5000, "NIC %s: cannot start a TLS relay",
+                                   nic->name);
+                free(c);
+                continue;
+            }
+            fd = app;
+        }
         c->nic = nic;
         c->fd = fd;
         pthread_mutex_init(&c->mu, NULL);
-        pf_tcpnet_sockopts(nic->net, fd);
         pthread_mutex_lock(&nic->conn_mu);
         c->next = nic->conns;
         if (nic->conns)

@@ -10,6 +10,7 @@
 #include "pf/auth.h"
 #include "pf/config.h"
 #include "pf/log.h"
+#include "pf/tenant.h"
 
 struct pf_server_config {
     /* seeds/server.md */
@@ -35,12 +36,20 @@ struct pf_server_config {
     uint64_t ssd_prefetch_queue_depth;
     uint64_t ssd_write_inflight;
     uint64_t ssd_prefetch_inflight;
+    uint64_t ssd_prefetch_staging;
+    bool ssd_recover;
+    bool ssd_reformat;
+    uint64_t ssd_drain_timeout_secs;
     uint64_t max_prefetch_blocks;
     struct pf_strlist nics;
     char *metaserver_addr;
     uint64_t transfer_lock_timeout_secs;
     uint64_t p2p_plan_timeout_ms;
     uint64_t metaserver_queue_depth;
+    /* RDMA transport (docs/net.md "Flags") */
+    char *rdma_gid_index, *rdma_gid_subnet;
+    uint64_t rdma_traffic_class, rdma_sl, rdma_pkey_index, rdma_timeout, rdma_retry_cnt,
+        rdma_rnr_retry;
     /* reference-only flags */
     uint64_t qps_per_peer;
     uint64_t pool_shards;
@@ -49,6 +58,8 @@ struct pf_server_config {
     double trace_sample_rate;
     /* ours (docs/server.md) */
     char *gpu_backend;
+    char *gpu_copy_batch;    /* --gpu-copy-batch auto|on|off */
+    int gpu_copy_batch_mode; /* enum pf_gpu_copy_batch, from gpu_copy_batch */
     char *net_backend;
     uint64_t rpc_threads;
     char *fault_spec;
@@ -65,10 +76,13 @@ struct pf_server_config {
     bool insecure_cluster;  /* --insecure-cluster: P2P without a cluster token */
     char *local_addr_group; /* --local-addr-group: group of the 0660 Unix socket */
 
+    char *tenants_file;     /* --tenants-file (src/tenant) */
+
     /* derived by pf_server_config_parse */
-    struct pf_auth auth; /* the files above, read */
-    bool local_only;     /* --local-rpcs resolved */
-    bool local_gid_set;  /* --local-addr-group resolved */
+    struct pf_auth auth;        /* the files above, read */
+    struct pf_tenancy *tenancy; /* --tenants-file, loaded; NULL without */
+    bool local_only;            /* --local-rpcs resolved */
+    bool local_gid_set;         /* --local-addr-group resolved */
     unsigned local_gid;
     struct pf_fault_plan *faults;
     int *device_ids;

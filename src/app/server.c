@@ -82,6 +82,7 @@ static int open_hal(struct server_app *a)
         .sim_bandwidth = a->cfg.sim_gpu_bandwidth,
         .sim_default_devices = (int)a->cfg.sim_gpus,
         .faults = a->faults,
+        .gpu_copy_batch = a->cfg.gpu_copy_batch_mode,
     };
     int rc = pf_hal_gpu_open(a->cfg.gpu_backend, &gc, &a->gpu, a->gpu_backend,
                              sizeof(a->gpu_backend), err, sizeof(err));
@@ -102,10 +103,34 @@ static int open_hal(struct server_app *a)
 static int start_p2p(struct server_app *a)
 {
     char err[512];
+    struct pf_net_rdma_opts ro = pf_net_rdma_defaults();
+    const char *gix = a->cfg.rdma_gid_index;
+    if (gix && strcmp(gix, "auto") != 0) {
+        char *end = NULL;
+        errno = 0;
+        long v = strtol(gix, &end, 10);
+        if (errno || end == gix || *end || v < 0 || v > 65535) {
+            pf_error("--rdma-gid-index: '%s' is neither auto nor a GID table index", gix);
+            return -EINVAL;
+        }
+        ro.gid_index = (int)v;
+    }
+    ro.gid_subnet = a->cfg.rdma_gid_subnet;
+    ro.traffic_class = (int)a->cfg.rdma_traffic_class;
+    ro.sl = (int)a->cfg.rdma_sl;
+    ro.pkey_index = (int)a->cfg.rdma_pkey_index;
+    ro.timeout = (int)a->cfg.rdma_timeout;
+    ro.retry_cnt = (int)a->cfg.rdma_retry_cnt;
+    ro.rnr_retry = (int)a->cfg.rdma_rnr_retry;
     struct pf_net_config nc = {
         .nics = (const char *const *)a->cfg.nics.v,
         .nnics = a->cfg.nics.n,
         .faults = a->faults,
+        .tls_cert_pem = a->cfg.auth.cert_pem,
+        .tls_key_pem = a->cfg.auth.key_pem,
+        .tls_ca_pem = a->cfg.auth.ca_pem,
+        .rdma = &ro,
+        .pin_bytes = a->cfg.pool_size,
     };
     int rc = pf_hal_net_open(a->cfg.net_backend, &nc, &a->net, a->net_backend,
                              sizeof(a->net_backend), err, sizeof(err));
@@ -167,14 +192,14 @@ static void set_advertise(struct server_app *a)
 
 static const char *const cleanup_params[] = {"id", NULL};
 static const struct pf_http_route routes_prom[] = {
-    {"GET", "/health", pf_http_health, NULL},
+    {"GET", "/health", pf_http_engine_health, NULL},
     {"GET", "/metrics", pf_http_metrics, NULL},
     {"GET", "/instances", pf_http_instances, NULL},
     {"POST", "/instances/cleanup", pf_http_instances_cleanup, cleanup_params},
     {"POST", "/cache/memory/cleanup", pf_http_memory_cleanup, NULL},
 };
 static const struct pf_http_route routes_noprom[] = {
-    {"GET", "/health", pf_http_health, NULL},
+    {"GET", "/health", pf_http_engine_health, NULL},
     {"GET", "/instances", pf_http_instances, NULL},
     {"POST", "/instances/cleanup", pf_http_instances_cleanup, cleanup_params},
     {"POST", "/cache/memory/cleanup", pf_http_memory_cleanup, NULL},
@@ -199,9 +224,15 @@ static int start_engine(struct server_app *a)
         .hll_bits = (unsigned)a->cfg.metric_hll_bucket_bits,
     };
     int rc = pf_engine_create(&ec, &a->svc.engine, err, sizeof(err));
-    if (rc)
+    if (rc) {
         pf_error("%s", err);
-    return rc;
+        return rc;
+    }
+    if (a->cfg.tenancy) {
+        pf_tenancy_attach(a->cfg.tenancy, a->svc.engine);
+        a->svc.tenancy = a->cfg.tenancy;
+    }
+    return 0;
 }
 
 /* SSD tier (--ssd-cache-path): the uring BLK backend (wrapped by faulty: when the fault
@@ -229,6 +260,9 @@ static int start_ssd(struct server_app *a)
         .prefetch_inflight = (uint32_t)a->cfg.ssd_prefetch_inflight,
         .max_prefetch_blocks = (uint32_t)a->cfg.max_prefetch_blocks,
         .integrity = a->cfg.integrity,
+        .recover = a->cfg.ssd_recover,
+        .reformat = a->cfg.ssd_reformat,
+        .prefetch_staging_bytes = a->cfg.ssd_prefetch_staging,
         .blk = a->blk,
     };
     rc = pf_ssd_create(&sc, &a->ssd, err, sizeof(err));
@@ -318,8 +352,14 @@ static int wait_for_stop(struct server_app *a)
         }
         if (p[0].revents & POLLIN) {
             struct signalfd_siginfo si;
-            if (read(a->sfd, &si, sizeof(si)) == sizeof(si))
-                pf_info("received %s, shutting down", strsignal((int)si.ssi_signo));
+            if (read(a->sfd, &si, sizeof(si)) != sizeof(si))
+                continue;
+            if (si.ssi_signo == SIGHUP) { /* only in the set with --tenants-file */
+                char err[512];
+                (void)pf_tenancy_reload(a->cfg.tenancy, err, sizeof(err));
+                continue;
+            }
+            pf_info("received %s, shutting down", strsignal((int)si.ssi_signo));
             return 0;
         }
         if (p[1].revents & POLLIN) {
@@ -363,6 +403,8 @@ int pf_server_main(int argc, char **argv)
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGTERM);
+    if (a->cfg.tenancy)
+        sigaddset(&set, SIGHUP); /* reloads --tenants-file */
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
     a->sfd = signalfd(-1, &set, SFD_CLOEXEC);
@@ -391,6 +433,8 @@ int pf_server_main(int argc, char **argv)
         pf_error("--metaserver-addr: cannot hook the MetaServer client into the engine");
         goto out;
     }
+    if (a->cfg.metaserver_addr && a->ssd)
+        pf_server_meta_set_ssd(a->ssd); /* recovered SSD blocks are registered too */
     if (a->cfg.metrics_otel_endpoint) {
         char err2[256];
         if (pf_otlp_start(a->cfg.metrics_otel_endpoint, (enum pf_otlp_protocol)a->cfg.otlp_protocol,
@@ -422,6 +466,9 @@ int pf_server_main(int argc, char **argv)
 out:
     a->svc.stopping = true;
     pf_rpc_server_stop(a->rpc);
+    a->svc.tenancy = NULL;
+    pf_tenancy_destroy(a->cfg.tenancy); /* before the engine: it holds the quota hook */
+    a->cfg.tenancy = NULL;
     pf_http_server_stop(a->http);
     pf_otlp_stop(a->otlp);
     /* stop the clients before the engine (their threads call into it); the engine's hooks
@@ -433,6 +480,8 @@ out:
      * a hook that loaded the client just before the detach may still call it (and is
      * refused, -ESHUTDOWN) */
     pf_meta_client_stop(a->meta);
+    if (a->ssd && exit_code == 0 && a->cfg.ssd_drain_timeout_secs)
+        pf_ssd_drain(a->ssd, a->cfg.ssd_drain_timeout_secs * 1000); /* bounded, logged */
     pf_ssd_stop(a->ssd); /* releases its blocks; the engine may still call the tier */
     pf_engine_destroy(a->svc.engine);
     pf_p2p_destroy(a->p2p); /* after the prefetch threads (inside the tier until then) */

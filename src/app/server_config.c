@@ -11,6 +11,7 @@
 
 #include "app/app.h"
 #include "pf/fault.h"
+#include "pf/hal_gpu.h"
 #include "pf/metrics.h"
 
 #define F(n_, t_, field_, def_, meta_, help_, ...)                                                 \
@@ -68,6 +69,18 @@ const struct pf_flag pf_server_flags[] = {
       "Max concurrent SSD block writes", .min = 1, .max = 4096),
     F("ssd-prefetch-inflight", PF_FLAG_U64, ssd_prefetch_inflight, "16", "N",
       "Max concurrent SSD block reads", .min = 1, .max = 4096),
+    F("ssd-prefetch-staging", PF_FLAG_SIZE, ssd_prefetch_staging, "1gb", "SIZE",
+      "Max staging memory of SSD prefetch reads at once (larger prefetches are cut, later "
+      "ones wait)",
+      .min = 4096),
+    F("ssd-recover", PF_FLAG_BOOL, ssd_recover, "on", "on|off",
+      "Rebuild the SSD index from the cache files at start-up (off: start them empty)"),
+    F("ssd-drain-timeout-secs", PF_FLAG_U64, ssd_drain_timeout_secs, "5", "SECS",
+      "On SIGTERM/SIGINT, wait up to this long for queued SSD writes before exit (0: none)",
+      .max = 3600),
+    F("ssd-reformat", PF_FLAG_BOOL, ssd_reformat, "off", "on|off",
+      "Overwrite SSD cache files of another format version or not written by PegaFlow "
+      "(off: refuse to start)"),
     F("max-prefetch-blocks", PF_FLAG_U64, max_prefetch_blocks, "800", "N",
       "Max blocks being prefetched from SSD at once (backpressure)", .min = 1, .max = 1u << 30),
     F("nics", PF_FLAG_STRLIST, nics, NULL, "NAMES",
@@ -85,6 +98,24 @@ const struct pf_flag pf_server_flags[] = {
       "Deadline of the query-time MetaServer lookup that plans a request across tiers; slower "
       "or down: local tiers only (docs/p2p.md)",
       .min = 1, .max = 10000),
+    F("rdma-gid-index", PF_FLAG_STR, rdma_gid_index, "auto", "auto|N",
+      "RDMA GID table index on every NIC (auto: an IPv4-mapped RoCE v2 GID on an up device "
+      "first, docs/net.md)"),
+    F("rdma-gid-subnet", PF_FLAG_STR, rdma_gid_subnet, NULL, "CIDR",
+      "Only GIDs inside this IPv4 or IPv6 subnet, e.g. 10.0.0.0/16 (optional)"),
+    F("rdma-traffic-class", PF_FLAG_U64, rdma_traffic_class, "106", "TC",
+      "RoCE traffic class (DSCP << 2 | ECN); 106 = DSCP 26, the usual lossless class", .min = 0,
+      .max = 255),
+    F("rdma-sl", PF_FLAG_U64, rdma_sl, "0", "SL", "Service level (InfiniBand SL, RoCE priority)",
+      .min = 0, .max = 15),
+    F("rdma-pkey-index", PF_FLAG_U64, rdma_pkey_index, "0", "N", "P_Key table index", .min = 0,
+      .max = 65535),
+    F("rdma-timeout", PF_FLAG_U64, rdma_timeout, "18", "T",
+      "QP local ACK timeout, 4.096 us * 2^T per try (18 = 1.07 s)", .min = 1, .max = 31),
+    F("rdma-retry-cnt", PF_FLAG_U64, rdma_retry_cnt, "7", "N", "QP transport retries", .min = 0,
+      .max = 7),
+    F("rdma-rnr-retry", PF_FLAG_U64, rdma_rnr_retry, "7", "N", "QP RNR retries (7 = forever)",
+      .min = 0, .max = 7),
     F("qps-per-peer", PF_FLAG_U64, qps_per_peer, "2", "N",
       "Queue pairs per NIC per peer (must match peers)", .min = 1, .max = 64),
     F("pool-shards", PF_FLAG_U64, pool_shards, "1", "N", "Independent sub-pools per pool", .min = 1,
@@ -98,6 +129,9 @@ const struct pf_flag pf_server_flags[] = {
       .dmax = 1),
     F("gpu-backend", PF_FLAG_STR, gpu_backend, "auto", "NAME",
       "GPU backend: auto, cuda or sim (auto = cuda when a GPU is present)"),
+    F("gpu-copy-batch", PF_FLAG_STR, gpu_copy_batch, "auto", "MODE",
+      "cuda: direct copies of scattered ranges as one cuMemcpyBatchAsync (auto = where the "
+      "driver has it, CUDA 12.8+; on = required; off = one copy per range)"),
     F("net-backend", PF_FLAG_STR, net_backend, "auto", "NAME",
       "NIC backend: auto, verbs or tcp (auto = verbs when an RDMA device is present)"),
     F("rpc-threads", PF_FLAG_U64, rpc_threads, "8", "N", "gRPC handler threads", .min = 1,
@@ -132,6 +166,9 @@ const struct pf_flag pf_server_flags[] = {
     F("local-addr-group", PF_FLAG_STR, local_addr_group, NULL, "GROUP",
       "Group (name or GID) that owns the --local-addr socket; the socket is mode 0660, so "
       "workers of this group may connect"),
+    F("tenants-file", PF_FLAG_STR, tenants_file, NULL, "FILE",
+      "Tenants: token -> tenant, allowed namespaces, RAM quota (reloaded on SIGHUP; "
+      "docs/security.md \"Tenants\")"),
 };
 const size_t pf_server_nflags = PF_ARRAY_SIZE(pf_server_flags);
 
@@ -145,15 +182,19 @@ const struct pf_flag_group pf_server_flag_groups[] = {
                              "metric-hll-bucket-bits", "trace-sample-rate")},
     {"SSD Cache", NAMES("ssd-cache-path", "ssd-cache-capacity", "ssd-cache-shards",
                         "ssd-write-queue-depth", "ssd-prefetch-queue-depth", "ssd-write-inflight",
-                        "ssd-prefetch-inflight", "max-prefetch-blocks")},
+                        "ssd-prefetch-inflight", "ssd-prefetch-staging", "ssd-recover",
+                        "ssd-reformat", "ssd-drain-timeout-secs", "max-prefetch-blocks")},
     {"Cross-Node (Multi-Node Setup; --nics and --metaserver-addr together)",
      NAMES("nics", "metaserver-addr", "transfer-lock-timeout-secs", "metaserver-queue-depth",
-           "p2p-plan-timeout-ms", "qps-per-peer")},
-    {"Engine and backends",
-     NAMES("pool-shards", "integrity", "gpu-backend", "net-backend", "rpc-threads")},
+           "p2p-plan-timeout-ms", "qps-per-peer", "rdma-gid-index", "rdma-gid-subnet",
+           "rdma-traffic-class", "rdma-sl", "rdma-pkey-index", "rdma-timeout", "rdma-retry-cnt",
+           "rdma-rnr-retry")},
+    {"Engine and backends", NAMES("pool-shards", "integrity", "gpu-backend", "gpu-copy-batch",
+                                  "net-backend", "rpc-threads")},
     {"Security (docs/security.md)",
      NAMES("tls-cert", "tls-key", "tls-ca", "cluster-token-file", "admin-token-file", "local-addr",
            "local-rpcs", "insecure-cluster", "local-addr-group")},
+    {"Tenants (docs/security.md)", NAMES("tenants-file")},
     {"Testing and debugging", NAMES("enable-debug", "fault-spec", "sim-gpus", "sim-gpu-bandwidth")},
 };
 const size_t pf_server_nflag_groups = PF_ARRAY_SIZE(pf_server_flag_groups);
@@ -359,6 +400,15 @@ int pf_server_config_parse(struct pf_server_config *cfg, int argc, char **argv, 
                  cfg->gpu_backend);
         return -EINVAL;
     }
+    static const char *const batch_names[] = {"auto", "on", "off", NULL};
+    if (!known_backend(cfg->gpu_copy_batch, batch_names)) {
+        snprintf(err, errlen, "--gpu-copy-batch: unknown mode '%s' (auto, on, off)",
+                 cfg->gpu_copy_batch);
+        return -EINVAL;
+    }
+    cfg->gpu_copy_batch_mode = strcmp(cfg->gpu_copy_batch, "on") == 0    ? PF_GPU_COPY_BATCH_ON
+                               : strcmp(cfg->gpu_copy_batch, "off") == 0 ? PF_GPU_COPY_BATCH_OFF
+                                                                         : PF_GPU_COPY_BATCH_AUTO;
     if (!known_backend(cfg->net_backend, net_names)) {
         snprintf(err, errlen, "--net-backend: unknown backend '%s' (auto, verbs, tcp)",
                  cfg->net_backend);
@@ -450,6 +500,11 @@ int pf_server_config_parse(struct pf_server_config *cfg, int argc, char **argv, 
                  "mutual TLS with --tls-ca), or add --insecure-cluster to run unprotected");
         return -EINVAL;
     }
+    if (cfg->tenants_file) {
+        rc = pf_tenancy_create(cfg->tenants_file, &cfg->tenancy, err, errlen);
+        if (rc)
+            return -EINVAL;
+    }
     const char *env_faults = getenv("PEGAFLOW_FAULTS");
     const char *spec = cfg->fault_spec ? cfg->fault_spec : env_faults;
     const char *what = cfg->fault_spec ? "--fault-spec" : "PEGAFLOW_FAULTS";
@@ -479,4 +534,6 @@ void pf_server_config_free(struct pf_server_config *cfg)
     pf_fault_plan_free(cfg->faults);
     cfg->faults = NULL;
     pf_auth_free(&cfg->auth);
+    pf_tenancy_destroy(cfg->tenancy);
+    cfg->tenancy = NULL;
 }

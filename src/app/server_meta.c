@@ -12,6 +12,7 @@
 #include "pf/block.h"
 #include "pf/cache.h"
 #include "pf/log.h"
+#include "pf/ssd.h"
 
 static void send_runs(struct pf_meta_client *mc, struct pf_block *const *b, size_t n, bool insert)
 {
@@ -45,6 +46,7 @@ struct glue {
     /* set once the client exists (after the gRPC bind); hooks run before that see NULL and
      * skip: the client's first session resyncs every resident block anyway */
     _Atomic(struct pf_meta_client *) mc;
+    struct pf_ssd *ssd; /* set before the client starts */
 };
 
 static void on_sealed(void *ctx, struct pf_block *const *b, size_t n)
@@ -100,12 +102,38 @@ static void emit_block(void *ctx, const struct pf_block *b)
     ec->rc = ec->emit(ec->emit_ctx, pf_ns_name(key.ns), key.hash, key.len);
 }
 
+static int emit_key(void *ctx, const struct pf_block_key *k)
+{
+    struct enum_ctx *ec = ctx;
+    ec->rc = ec->emit(ec->emit_ctx, pf_ns_name(k->ns), k->hash, k->len);
+    return ec->rc;
+}
+
 static int enumerate_resident(void *ctx, pf_meta_emit_fn emit, void *emit_ctx)
 {
     struct glue *g = ctx;
     struct enum_ctx ec = {emit, emit_ctx, 0};
     pf_cache_for_each(pf_engine_cache(g->e), emit_block, &ec);
+    /* and the node's SSD blocks (a key in both is registered twice: inserts are idempotent) */
+    if (ec.rc == 0 && g->ssd)
+        pf_ssd_for_each_key(g->ssd, emit_key, &ec);
     return ec.rc;
+}
+
+static void on_recovered(void *ctx, uint64_t blocks)
+{
+    struct glue *g = ctx;
+    struct pf_meta_client *mc = atomic_load_explicit(&g->mc, memory_order_acquire);
+    pf_info("SSD recovery: %llu block(s) to register with the MetaServer%s",
+            (unsigned long long)blocks, mc ? "" : " (at the first session)");
+    if (mc)
+        pf_meta_client_resync(mc);
+}
+
+void pf_server_meta_set_ssd(struct pf_ssd *ssd)
+{
+    the_glue.ssd = ssd;
+    pf_ssd_set_recovered(ssd, on_recovered, &the_glue);
 }
 
 int pf_server_meta_hooks(struct pf_engine *e)

@@ -17,5 +17,11 @@ int pf_server_meta_hooks(struct pf_engine *e);
 int pf_server_meta_start(struct pf_engine *e, const char *target, const char *advertise,
                          size_t queue_depth, struct pf_meta_client **mc_p);
 void pf_server_meta_detach(void);
+/* Registers the SSD tier's blocks with the MetaServer too: every resync enumerates them
+ * after the RAM-resident ones, and the end of the SSD recovery scan asks for a resync (the
+ * client's chunked, heartbeating re-registration; before the client exists its first
+ * session's resync covers them). Call before pf_server_meta_start. */
+struct pf_ssd;
+void pf_server_meta_set_ssd(struct pf_ssd *ssd);
 
 #endif

@@ -548,6 +548,14 @@ out:
     return rc;
 }
 
+uint32_t pf_ns_count(void)
+{
+    pthread_mutex_lock(&ns_mu);
+    uint32_t n = ns_count;
+    pthread_mutex_unlock(&ns_mu);
+    return n;
+}
+
 const char *pf_ns_name(uint32_t id)
 {
     pthread_mutex_lock(&ns_mu);

@@ -23,6 +23,8 @@ struct pf_cache {
     struct pf_htable index;
     struct pf_list cls[2];
     uint64_t nblocks[2], nbytes[2];
+    uint64_t *ns_bytes; /* resident footprint per namespace id, ns_cap entries */
+    uint32_t ns_cap;
     struct pf_tinylfu *lfu;
     struct pf_metric_child *m_blocks[2];
     struct pf_metric *m_bytes, *m_inserts, *m_rejects;
@@ -92,8 +94,28 @@ static void unlink_block(struct pf_cache *c, struct pf_block *b)
     pf_htable_remove(&c->index, &b->hnode);
     pf_list_del(&b->lru);
     c->nblocks[b->cls]--;
-    c->nbytes[b->cls] -= pf_block_footprint(b);
+    uint64_t fp = pf_block_footprint(b);
+    c->nbytes[b->cls] -= fp;
+    if (pf_block_ns(b) < c->ns_cap)
+        c->ns_bytes[pf_block_ns(b)] -= fp;
     b->resident = 0;
+}
+
+/* Room for namespace id ns in ns_bytes (cache lock). */
+static int ns_reserve(struct pf_cache *c, uint32_t ns)
+{
+    if (ns < c->ns_cap)
+        return 0;
+    uint32_t cap = c->ns_cap ? c->ns_cap : 16;
+    while (cap <= ns)
+        cap *= 2;
+    uint64_t *v = realloc(c->ns_bytes, (size_t)cap * sizeof(*v));
+    if (!v)
+        return -ENOMEM;
+    memset(v + c->ns_cap, 0, (size_t)(cap - c->ns_cap) * sizeof(*v));
+    c->ns_bytes = v;
+    c->ns_cap = cap;
+    return 0;
 }
 
 static void hit(struct pf_cache *c, struct pf_block *b, uint64_t h)
@@ -208,6 +230,7 @@ void pf_cache_destroy(struct pf_cache *c)
     pf_htable_destroy(&c->index);
     pf_tinylfu_destroy(c->lfu);
     pthread_mutex_destroy(&c->mu);
+    free(c->ns_bytes);
     free(c);
 }
 
@@ -304,6 +327,11 @@ int pf_cache_insert(struct pf_cache *c, struct pf_block *b, enum pf_block_class 
             goto out;
         }
     }
+    if (ns_reserve(c, pf_block_ns(b)) != 0) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    c->ns_bytes[pf_block_ns(b)] += footprint;
     pf_block_get(b);
     b->cls = (uint8_t)cls;
     b->resident = 1;
@@ -320,8 +348,17 @@ out:
     return rc;
 }
 
+static bool ns_in(uint32_t ns, const uint32_t *set, size_t nset)
+{
+    for (size_t i = 0; i < nset; i++)
+        if (set[i] == ns)
+            return true;
+    return false;
+}
+
+/* set == NULL: every namespace; else only blocks whose namespace is in set[0..nset). */
 static size_t evict(struct pf_cache *c, size_t max, struct pf_block **out, size_t *skipped_p,
-                    bool spare_queued)
+                    bool spare_queued, const uint32_t *set, size_t nset)
 {
     size_t n = 0, skipped = 0;
     pthread_mutex_lock(&c->mu);
@@ -335,6 +372,10 @@ static size_t evict(struct pf_cache *c, size_t max, struct pf_block **out, size_
         while (n < max && budget-- > 0 && pos != l) {
             struct pf_block *b = pf_list_entry(pos, struct pf_block, lru);
             struct pf_list *prev = pos->prev;
+            if (set && !ns_in(pf_block_ns(b), set, nset)) {
+                pos = prev; /* another namespace's block: untouched, keeps its place */
+                continue;
+            }
             if (b->accessed) {
                 b->accessed = 0; /* recently hit: second chance */
                 pf_list_move(l, &b->lru);
@@ -367,13 +408,32 @@ static size_t evict(struct pf_cache *c, size_t max, struct pf_block **out, size_
 
 size_t pf_cache_evict(struct pf_cache *c, size_t max, struct pf_block **out, size_t *skipped_p)
 {
-    return evict(c, max, out, skipped_p, false);
+    return evict(c, max, out, skipped_p, false, NULL, 0);
 }
 
 size_t pf_cache_evict_sparing(struct pf_cache *c, size_t max, struct pf_block **out,
                               size_t *skipped_p)
 {
-    return evict(c, max, out, skipped_p, true);
+    return evict(c, max, out, skipped_p, true, NULL, 0);
+}
+
+size_t pf_cache_evict_ns(struct pf_cache *c, const uint32_t *ns, size_t nns, size_t max,
+                         struct pf_block **out, size_t *skipped_p)
+{
+    if (nns == 0) {
+        if (skipped_p)
+            *skipped_p = 0;
+        return 0;
+    }
+    return evict(c, max, out, skipped_p, false, ns, nns);
+}
+
+uint64_t pf_cache_ns_bytes(struct pf_cache *c, uint32_t ns)
+{
+    pthread_mutex_lock(&c->mu);
+    uint64_t v = ns < c->ns_cap ? c->ns_bytes[ns] : 0;
+    pthread_mutex_unlock(&c->mu);
+    return v;
 }
 
 size_t pf_cache_remove_all(struct pf_cache *c, struct pf_block ***out_p)

@@ -464,6 +464,32 @@ int pf_client_session_open(struct pf_client *c, const char *instance_id, const c
     return 0;
 }
 
+void pf_client_reconnect(struct pf_client *c)
+{
+    if (c)
+        pf_rpc_channel_reconnect(c->ch);
+}
+
+int pf_client_watch_open(struct pf_client *c, const char *instance_id, uint64_t timeout_ms,
+                         struct pf_session **s_p)
+{
+    Pegaflow__SessionRequest req = PEGAFLOW__SESSION_REQUEST__INIT;
+    req.instance_id = (char *)(instance_id ? instance_id : "");
+    req.namespace_ = (char *)"";
+    req.watch = 1;
+    struct pf_session *s = calloc(1, sizeof(*s));
+    if (!s)
+        return local_err(-ENOMEM, "pf_client_watch_open");
+    int rc = pf_rpc_stream_open(c->ch, "/pegaflow.Engine/Session", &req.base, timeout_ms, &s->s,
+                                &last_err);
+    if (rc) {
+        free(s);
+        return rc;
+    }
+    *s_p = s;
+    return 0;
+}
+
 int pf_client_session_alive(struct pf_session *s)
 {
     return s && pf_rpc_stream_alive(s->s) ? 1 : 0;

@@ -125,6 +125,16 @@ struct pf_session;
 int pf_client_session_open(struct pf_client *c, const char *instance_id, const char *namespace_,
                            uint32_t tp_size, uint32_t world_size, uint64_t timeout_ms,
                            struct pf_session **s_p);
+/* A watch Session (a vLLM worker's): the same stream, but it owns no instance; it ends when
+ * the server process does (kill, restart), which tells the worker to register again and
+ * that no load of that process can still copy. instance_id is only logged (may be NULL).
+ * Close it with pf_client_session_close. */
+int pf_client_watch_open(struct pf_client *c, const char *instance_id, uint64_t timeout_ms,
+                         struct pf_session **s_p);
+/* Forgets the connection's reconnect backoff (gRPC's grows to seconds while a server is
+ * down): the next call connects at once. A worker polling for its restarted server calls
+ * it before each attempt. */
+void pf_client_reconnect(struct pf_client *c);
 /* 1 while the server keeps the stream open, 0 once it ended it. */
 int pf_client_session_alive(struct pf_session *s);
 void pf_client_session_close(struct pf_session *s);
@@ -132,14 +142,22 @@ void pf_client_session_close(struct pf_session *s);
 /* ------------------------------------------------------------------ load state */
 
 /* The load_state_shm record: POSIX shm "/pega_load_<32 hex>", 8-byte offset prefix, then
- * {u32 magic 'PFLD', u32 version 1, i64 state}; state 0 pending, 1 success, -1 error. */
+ * {u32 magic 'PFLD', u32 version 1, i64 state}; state 0 pending, 1 success, -1 error,
+ * 2 cancel asked (the client's pf_loadstate_cancel), -2 cancelled (the server's
+ * confirmation: it stopped before a copy chunk). 1, -1 and -2 are final: after one of them
+ * no byte of the load reaches the GPU. */
 struct pf_loadstate;
 int pf_loadstate_create(struct pf_loadstate **ls_p);
 /* Name to pass as load_state_shm (without the leading '/'; the server accepts both). */
 const char *pf_loadstate_name(const struct pf_loadstate *ls);
 int64_t pf_loadstate_get(const struct pf_loadstate *ls);
-/* Waits until the state is non-zero: returns it (1 or -1), or 0 on timeout. */
+/* Waits until the state is final: returns it (1, -1 or -2), or the pending value (0 or 2)
+ * on timeout. */
 int64_t pf_loadstate_wait(const struct pf_loadstate *ls, uint64_t timeout_ms);
+/* Asks the server to stop the load (0 -> 2, atomically). Returns 2 when asked (now or
+ * before), or the final value it found. Only a final value read afterwards (wait) says
+ * the server stopped copying. */
+int64_t pf_loadstate_cancel(struct pf_loadstate *ls);
 /* Unmaps and unlinks. Accepts NULL. */
 void pf_loadstate_destroy(struct pf_loadstate *ls);
 

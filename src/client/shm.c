@@ -82,13 +82,22 @@ int64_t pf_loadstate_get(const struct pf_loadstate *ls)
     return atomic_load_explicit(ls->state, memory_order_acquire);
 }
 
+int64_t pf_loadstate_cancel(struct pf_loadstate *ls)
+{
+    int64_t expect = 0;
+    if (atomic_compare_exchange_strong_explicit(ls->state, &expect, 2, memory_order_acq_rel,
+                                                memory_order_acquire))
+        return 2;
+    return expect; /* a final value (or 2: asked already) */
+}
+
 int64_t pf_loadstate_wait(const struct pf_loadstate *ls, uint64_t timeout_ms)
 {
     uint64_t deadline = pf_now_ns() + timeout_ms * PF_NS_PER_MS;
     uint64_t sleep_us = 20;
     for (;;) {
         int64_t v = pf_loadstate_get(ls);
-        if (v != 0 || pf_now_ns() >= deadline)
+        if ((v != 0 && v != 2) || pf_now_ns() >= deadline)
             return v;
         usleep((useconds_t)sleep_us); /* poll with backoff: the server writes one word */
         if (sleep_us < 2000)

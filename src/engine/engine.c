@@ -55,6 +55,9 @@ static void init_metrics(struct pf_engine *e)
                                         "Load time from submission to the end of the H2D copy",
                                         NULL, pf_buckets_io_seconds, pf_buckets_io_seconds_n);
     e->m_load_fail = pf_metric_counter("pegaflow_load_failures", "Loads that failed", NULL);
+    e->m_load_cancelled =
+        pf_metric_counter("pegaflow_load_cancelled",
+                          "Loads stopped before a copy chunk because the client cancelled", NULL);
     pf_child_add(pf_metric_child1(e->m_tier, "ram"), 0);
     pf_child_add(pf_metric_child1(e->m_tier, "miss"), 0);
 }
@@ -110,6 +113,34 @@ void pf_engine_evicted(struct pf_engine *e, struct pf_block **blocks, size_t n, 
     uint64_t after = pf_pool_used(e->pool);
     if (before > after)
         pf_metric_add(e->m_reclaimed, (double)(before - after));
+}
+
+void pf_engine_set_quota(struct pf_engine *e, const struct pf_engine_quota *q)
+{
+    e->quota = q ? *q : (struct pf_engine_quota){0};
+}
+
+uint64_t pf_engine_evict_namespaces(struct pf_engine *e, const uint32_t *ns, size_t nns,
+                                    uint64_t goal, uint64_t *nblocks_p)
+{
+    uint64_t freed = 0, nblocks = 0;
+    struct pf_block *batch[64];
+    pthread_mutex_lock(&e->evict_mu);
+    while (freed < goal) {
+        /* one block at a time while close to the goal: evict no more than needed */
+        size_t want = goal - freed > (1u << 26) ? PF_ARRAY_SIZE(batch) : 1;
+        size_t n = pf_cache_evict_ns(e->cache, ns, nns, want, batch, NULL);
+        if (n == 0)
+            break;
+        for (size_t i = 0; i < n; i++)
+            freed += pf_block_footprint(batch[i]);
+        nblocks += n;
+        pf_engine_evicted(e, batch, n, "quota");
+    }
+    pthread_mutex_unlock(&e->evict_mu);
+    if (nblocks_p)
+        *nblocks_p = nblocks;
+    return freed;
 }
 
 #define PF_ALLOC_FLUSH_MS 2000 /* bound of the wait for pending inserts on a full pool */
@@ -338,6 +369,11 @@ err_pool:
 err_free:
     free(e);
     return rc;
+}
+
+int pf_engine_health(struct pf_engine *e, char *why, size_t whylen)
+{
+    return pf_gpu_health(e->gpu, why, whylen);
 }
 
 void pf_engine_destroy(struct pf_engine *e)

@@ -72,6 +72,9 @@ struct pf_xfer {
     int result;
     pf_xfer_done_fn done_fn;
     void (*free_fn)(struct pf_xfer *x); /* releases what the task owns, then frees */
+    /* optional: asked before each chunk of PF_XFER_CHUNK copies (the first included); true
+     * stops the batch there (result -ECANCELED, every submitted copy completed first) */
+    bool (*cancel_fn)(struct pf_xfer *x);
     void *ctx;
     /* D2H with integrity on: when hsums is set the copy thread asks the backend for the
      * fused copy + xxh3 (pf_gpu_copy_batch_hash, hash runs as hjoin says; both malloc'ed
@@ -83,6 +86,9 @@ struct pf_xfer {
     uint64_t *hsums;
     bool hashed;
 };
+
+/* copies per submission when a batch can be cancelled (cancel_fn) */
+#define PF_XFER_CHUNK 64
 
 struct pf_gpu_worker;
 
@@ -302,6 +308,7 @@ struct pf_engine {
     size_t ntiers;
     struct pf_engine_hooks hooks[PF_MAX_HOOKS];
     size_t nhooks;
+    struct pf_engine_quota quota; /* set before serving (pf_engine_set_quota) */
     pthread_mutex_t pf_mu;
     struct pf_htable pf_tasks;
     struct pf_prefetch_pool pf_pool[PF_PREFETCH_POOLS];
@@ -314,7 +321,8 @@ struct pf_engine {
     /* metrics */
     struct pf_metric *m_alloc_fail, *m_inflight_bytes, *m_inflight_gc, *m_hits, *m_misses, *m_tier,
         *m_evictions, *m_evict_class, *m_evict_still_ref, *m_evict_queued, *m_reclaimed,
-        *m_residence, *m_save_bytes, *m_load_bytes, *m_save_dur, *m_load_dur, *m_load_fail;
+        *m_residence, *m_save_bytes, *m_load_bytes, *m_save_dur, *m_load_dur, *m_load_fail,
+        *m_load_cancelled;
 };
 
 /* instance.c */

@@ -2,9 +2,9 @@
  * one for loads (H2D), each with its own HAL stream, bound to the GPU's NUMA node, draining
  * a FIFO of transfer batches. The thread count is fixed by the devices in use, never by
  * how many instances clients register. A batch is submitted with one copy_batch call and
- * synchronised once; the stream wait is bounded (PF_XFER_MAX_MS): a copy that never
- * completes fails the batch with -ETIMEDOUT, and its host memory is deliberately leaked
- * rather than freed under a possibly still running DMA.
+ * synchronised once (a cancellable one, in chunks: see run_batch); the stream wait is bounded
+ * (PF_XFER_MAX_MS): a copy that never completes fails the batch with -ETIMEDOUT, and its host
+ * memory is deliberately leaked rather than freed under a possibly still running DMA.
  *
  * Each instance's worker is a lane: a handle counting its batches in flight, so that
  * unregistering one instance waits only for its own batches (its GPU mappings close after)
@@ -106,20 +106,21 @@ int pf_xfer_wait(struct pf_xfer *x, uint64_t timeout_ms)
     return rc;
 }
 
-static int run_batch(struct gpu_dev *d, struct pf_gpu_stream *s, struct pf_xfer *x)
+/* Submits descs[0..n) and waits for them (bounded by PF_XFER_MAX_MS). The whole batch of
+ * a transfer with hsums goes through the backend's fused copy + hash when it has one. */
+static int run_chunk(struct gpu_dev *d, struct pf_gpu_stream *s, struct pf_xfer *x,
+                     struct pf_copy_desc *descs, size_t n)
 {
-    if (x->n == 0)
-        return 0;
     int rc = -EOPNOTSUPP;
-    x->hashed = false;
-    if (x->hsums && !atomic_load_explicit(&d->no_hash, memory_order_relaxed)) {
-        rc = pf_gpu_copy_batch_hash(s, x->dir, x->mode, x->descs, x->n, x->hjoin, x->hsums);
+    if (x->hsums && descs == x->descs && n == x->n &&
+        !atomic_load_explicit(&d->no_hash, memory_order_relaxed)) {
+        rc = pf_gpu_copy_batch_hash(s, x->dir, x->mode, descs, n, x->hjoin, x->hsums);
         if (rc == -EOPNOTSUPP)
             atomic_store_explicit(&d->no_hash, true, memory_order_relaxed);
         x->hashed = rc == 0;
     }
     if (rc == -EOPNOTSUPP)
-        rc = pf_gpu_copy_batch(s, x->dir, x->mode, x->descs, x->n);
+        rc = pf_gpu_copy_batch(s, x->dir, x->mode, descs, n);
     /* even after a submission error part of the batch may be queued: always sync */
     uint64_t waited = 0;
     int src;
@@ -128,11 +129,32 @@ static int run_batch(struct gpu_dev *d, struct pf_gpu_stream *s, struct pf_xfer 
         if (waited >= PF_XFER_MAX_MS) {
             pf_error("GPU %d: %s batch of %zu copies did not complete in %d s; its host memory "
                      "is leaked to stay safe",
-                     s->device, x->dir == PF_COPY_D2H ? "D2H" : "H2D", x->n, PF_XFER_MAX_MS / 1000);
+                     s->device, x->dir == PF_COPY_D2H ? "D2H" : "H2D", n, PF_XFER_MAX_MS / 1000);
             return -ETIMEDOUT;
         }
     }
     return rc ? rc : src;
+}
+
+/* A cancellable batch (cancel_fn) goes in chunks of PF_XFER_CHUNK copies, each synchronised
+ * before the next is asked for: once cancel_fn said yes nothing more is submitted, and
+ * everything submitted has completed when the batch returns. */
+static int run_batch(struct gpu_dev *d, struct pf_gpu_stream *s, struct pf_xfer *x)
+{
+    x->hashed = false;
+    if (x->n == 0)
+        return 0;
+    if (!x->cancel_fn)
+        return run_chunk(d, s, x, x->descs, x->n);
+    for (size_t i = 0; i < x->n; i += PF_XFER_CHUNK) {
+        if (x->cancel_fn(x))
+            return -ECANCELED;
+        size_t n = x->n - i < PF_XFER_CHUNK ? x->n - i : PF_XFER_CHUNK;
+        int rc = run_chunk(d, s, x, x->descs + i, n);
+        if (rc)
+            return rc;
+    }
+    return 0;
 }
 
 static void lane_done(struct pf_gpu_worker *w)
@@ -160,7 +182,7 @@ static void *copy_main(void *arg)
         struct pf_gpu_worker *lane = li->lane;
         free(li);
         int rc = s ? run_batch(d, s, x) : srs;
-        if (rc && rc != -ETIMEDOUT)
+        if (rc && rc != -ETIMEDOUT && rc != -ECANCELED)
             pf_warn("GPU %d: %s batch of %zu copies failed: %s", d->device_id,
                     x->dir == PF_COPY_D2H ? "D2H" : "H2D", x->n, strerror(-rc));
         pthread_mutex_lock(&x->mu);

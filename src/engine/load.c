@@ -1,8 +1,9 @@
 /* Load (reference §2.5): attach the caller's load_state_shm, consume one share of each
  * lease, check counts and slot shapes, build the H2D copy list and hand it to the device's
  * load thread, then return at once. The load thread sets the shared state to 1 (success)
- * or -1 (failure) after the copies; an error before submission sets -1 and returns the
- * error. The task holds its own block references until the copies completed. */
+ * or -1 (failure) after the copies, or -2 when the client asked to cancel (state 2) before
+ * one of its chunks: nothing is copied after that (loadstate.h); an error before submission sets -1
+ * and returns the error. The task holds its own block references until the copies completed. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,10 +33,22 @@ static void load_free(struct pf_xfer *x)
     free(c);
 }
 
+static bool load_cancelled(struct pf_xfer *x)
+{
+    struct load_ctx *c = x->ctx;
+    return pf_loadstate_cancel_requested(&c->shm);
+}
+
 static void load_done(struct pf_xfer *x)
 {
     struct load_ctx *c = x->ctx;
     struct pf_engine *e = c->e;
+    if (x->result == -ECANCELED) {
+        /* every copy submitted before the cancel was seen has completed */
+        pf_metric_add(e->m_load_cancelled, 1);
+        pf_loadstate_set(&c->shm, PF_LOADSTATE_CANCELLED);
+        return;
+    }
     if (x->result == 0) {
         pf_metric_add(e->m_load_bytes, (double)x->bytes);
         pf_metric_observe(e->m_load_dur, (double)(pf_now_ns() - c->t0) / 1e9);
@@ -307,6 +320,7 @@ int pf_engine_load(struct pf_engine *e, const struct pf_engine_load *l, char *er
     x->ctx = c;
     x->done_fn = load_done;
     x->free_fn = load_free;
+    x->cancel_fn = load_cancelled;
     c = NULL; /* owned by the task now */
     rc = pf_gpu_worker_submit(w->gw, x);
     if (rc) {

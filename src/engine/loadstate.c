@@ -2,7 +2,9 @@
  * bytes 0..8 hold the native-endian offset of an 8-byte aligned record
  * {u32 magic 'PFLD', u32 version 1, i64 state}. The server opens it by name, validates
  * everything before trusting it, and stores the final state with one pwrite after the
- * copies completed (the copies are ordered before it by the completion path). The object
+ * copies completed (the copies are ordered before it by the completion path). The client
+ * may ask to cancel by storing CANCEL_REQ (2) over PENDING; the load thread reads the state
+ * before each chunk of copies and stops there, confirming with CANCELLED (-2). The object
  * is never mapped: a client that shrinks it cannot fault the server. */
 #include <errno.h>
 #include <fcntl.h>
@@ -88,6 +90,17 @@ void pf_loadstate_set(struct pf_loadstate_map *m, int64_t v)
      * a hole or nothing; pwrite cannot fault the server. */
     if (pwrite(m->fd, &v, sizeof(v), m->state_off) != (ssize_t)sizeof(v))
         pf_log_ratelimited(PF_LOG_WARN, 1000, "cannot write load_state_shm: %s", strerror(errno));
+}
+
+bool pf_loadstate_cancel_requested(const struct pf_loadstate_map *m)
+{
+    int64_t v;
+    if (m->fd < 0)
+        return false;
+    /* an aligned 8-byte read of the page the client stores into atomically: old or new */
+    if (pread(m->fd, &v, sizeof(v), m->state_off) != (ssize_t)sizeof(v))
+        return false;
+    return v == PF_LOADSTATE_CANCEL_REQ;
 }
 
 void pf_loadstate_init(struct pf_loadstate_map *m)

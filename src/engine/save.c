@@ -436,6 +436,11 @@ int pf_engine_save(struct pf_engine *e, const char *instance_id, uint32_t tp_ran
         need += seg * plans[i].l->lay.nseg;
         piece = seg > piece ? seg : piece;
     }
+    if (e->quota.check) {
+        rc = e->quota.check(e->quota.ctx, e, in->ns_id, need, err, errlen);
+        if (rc)
+            goto out;
+    }
     if (need > pf_pool_capacity(e->pool)) {
         /* no eviction can make room: fail before touching the cache */
         char nd[32], cp[32];
@@ -534,6 +539,16 @@ int pf_engine_save(struct pf_engine *e, const char *instance_id, uint32_t tp_ran
     rc = save_copy(e, w, x, batch, &queued);
     if (rc && !queued) {
         snprintf(err, errlen, "cannot queue the D2H copy: %s", strerror(-rc));
+        goto out;
+    }
+    if (rc == -ENOTRECOVERABLE) {
+        /* a sticky CUDA error: the device is lost for this process (hal_gpu.h) */
+        char why[256] = "";
+        pf_gpu_health(e->gpu, why, sizeof(why));
+        snprintf(err, errlen,
+                 "instance %s device %d: the server lost its GPU context (%s); nothing was "
+                 "saved, the server is unhealthy and must be restarted",
+                 instance_id, device_id, why[0] ? why : "sticky CUDA error");
         goto out;
     }
     if (rc == -EFAULT) {

@@ -4,9 +4,11 @@
  * (submitted, reported by the next sync), delay (before submission), drop (never submitted;
  * every later sync of that stream times out), corrupt (D2H: bytes flipped in the host
  * destination after the copy; H2D: the data is copied from a corrupted, registered bounce
- * buffer), fatal (the device fails every later op with -EIO). */
+ * buffer), fatal (the device is lost as after a sticky CUDA error, hal_gpu.h "Lost device": every
+ * later op fails with -ENOTRECOVERABLE and health() reports it). */
 #include <errno.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -64,13 +66,13 @@ static struct fgpu *fg(struct pf_gpu *g)
 static int fault_or_dead(struct fgpu *f, const char *op, struct pf_fault_hit *h)
 {
     if (atomic_load(&f->dead))
-        return -EIO;
+        return -ENOTRECOVERABLE;
     if (!pf_fault_check(f->plan, op, h))
         return 0;
     if (h->fatal) {
         atomic_store(&f->dead, true);
         pf_error("injected fatal fault on %s: GPU unusable from now on", op);
-        return -EIO;
+        return -ENOTRECOVERABLE;
     }
     if (h->delay_ms)
         pf_sleep_ms(h->delay_ms);
@@ -153,7 +155,7 @@ static int f_stream_create(struct pf_gpu *g, int dev, struct pf_gpu_stream **s_p
 {
     struct fgpu *f = fg(g);
     if (atomic_load(&f->dead))
-        return -EIO;
+        return -ENOTRECOVERABLE;
     struct fstream *s = calloc(1, sizeof(*s));
     if (!s)
         return -ENOMEM;
@@ -282,7 +284,7 @@ static int f_sync(struct pf_gpu_stream *sp, uint64_t timeout_ms)
     struct fstream *s = pf_container_of(sp, struct fstream, base);
     struct fgpu *f = fg(sp->gpu);
     if (atomic_load(&f->dead))
-        return -EIO;
+        return -ENOTRECOVERABLE;
     if (s->dropped) {
         pf_sleep_ms(timeout_ms < 1000 ? timeout_ms : 1000);
         return -ETIMEDOUT;
@@ -309,6 +311,15 @@ static int f_sync(struct pf_gpu_stream *sp, uint64_t timeout_ms)
     return rc;
 }
 
+static int f_health(struct pf_gpu *g, char *why, size_t whylen)
+{
+    if (atomic_load(&fg(g)->dead)) {
+        snprintf(why, whylen, "GPU context lost: injected fatal fault; restart the server");
+        return -ENOTRECOVERABLE;
+    }
+    return pf_gpu_health(fg(g)->inner, why, whylen);
+}
+
 static void f_close(struct pf_gpu *g)
 {
     struct fgpu *f = fg(g);
@@ -328,6 +339,7 @@ static const struct pf_gpu_ops fgpu_ops = {
     .stream_destroy = f_stream_destroy,
     .copy_batch = f_copy,
     .stream_sync = f_sync,
+    .health = f_health,
     .close = f_close,
     .copy_batch_hash = f_copy_hash,
 };

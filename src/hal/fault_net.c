@@ -272,6 +272,11 @@ static int f_ep_host(struct pf_net *n, const void *ep, size_t len, char *host, s
     return pf_net_ep_host(fn(n)->inner, ep, len, host, hostlen);
 }
 
+static int f_ep_check(struct pf_net_qp *qp, const void *ep, size_t len, char *why, size_t whylen)
+{
+    return pf_net_ep_check(fq(qp)->inner, ep, len, why, whylen);
+}
+
 static void f_close(struct pf_net *n)
 {
     struct fnet *f = fn(n);
@@ -289,6 +294,7 @@ static const struct pf_net_ops fnet_ops = {
     .qp_local_endpoint = f_ep,
     .qp_connect = f_connect,
     .ep_host = f_ep_host,
+    .ep_check = f_ep_check,
     .post_read = f_read,
     .poll = f_poll,
     .qp_invalidate = f_invalidate,

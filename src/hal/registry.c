@@ -59,6 +59,11 @@ static int gs_sync(struct pf_gpu_stream *s, uint64_t t)
 {
     return -EOPNOTSUPP;
 }
+/* no health op: the backend has no way to lose its device, it is always healthy */
+static int gs_health(struct pf_gpu *g, char *why, size_t whylen)
+{
+    return 0;
+}
 static void gs_close(struct pf_gpu *g)
 {
 }
@@ -152,6 +157,7 @@ static void fill_gpu(struct pf_gpu_ops *d, const struct pf_gpu_ops *s)
     FILL(d, s, stream_destroy, gs_stream_destroy);
     FILL(d, s, copy_batch, gs_copy);
     FILL(d, s, stream_sync, gs_sync);
+    FILL(d, s, health, gs_health);
     FILL(d, s, close, gs_close);
     FILL(d, s, copy_batch_hash, gs_copy_hash);
 }
@@ -166,7 +172,8 @@ static void fill_net(struct pf_net_ops *d, const struct pf_net_ops *s)
     FILL(d, s, qp_create, ns_qp_create);
     FILL(d, s, qp_local_endpoint, ns_ep);
     FILL(d, s, qp_connect, ns_connect);
-    d->ep_host = s->ep_host; /* optional: NULL = does not connect by address */
+    d->ep_host = s->ep_host;   /* optional: NULL = does not connect by address */
+    d->ep_check = s->ep_check; /* optional: NULL = no compatibility check */
     FILL(d, s, post_read, ns_read);
     FILL(d, s, poll, ns_poll);
     FILL(d, s, qp_invalidate, ns_inval);
@@ -315,6 +322,13 @@ static const char *strip_faulty(const char *name, bool *faulty)
                 if (rc == 0) {                                                                     \
                     picked = i;                                                                    \
                     break;                                                                         \
+                }                                                                                  \
+                if (rc == -ENOTRECOVERABLE) { /* hardware present but unusable: no fallback */     \
+                    seterr(err, errlen,                                                            \
+                           cls " backend auto: %s is installed but unusable (the log says why); "  \
+                               "not falling back",                                                 \
+                           arr[i].b.name);                                                         \
+                    return rc;                                                                     \
                 }                                                                                  \
                 snprintf(why + strlen(why), sizeof(why) - strlen(why), "%s%s: %s",                 \
                          why[0] ? "; " : "", arr[i].b.name, strerror(-rc));                        \

@@ -28,6 +28,18 @@ static int json_resp(struct pf_http_resp *resp, cJSON *j)
     return 0;
 }
 
+int pf_http_engine_health(void *ctx, const struct pf_http_req *req, struct pf_http_resp *resp)
+{
+    struct pf_engine *e = *(struct pf_engine **)ctx;
+    char why[256] = "";
+    if (e && pf_engine_health(e, why, sizeof(why)) != 0) {
+        char body[300];
+        snprintf(body, sizeof(body), "unhealthy: %s\n", why);
+        return pf_http_resp_text(resp, 503, body);
+    }
+    return pf_http_resp_text(resp, 200, "ok");
+}
+
 int pf_http_instances(void *ctx, const struct pf_http_req *req, struct pf_http_resp *resp)
 {
     struct pf_engine *e = *(struct pf_engine **)ctx;

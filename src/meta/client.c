@@ -65,6 +65,7 @@ struct pf_meta_client {
     bool session;
     bool had_session; /* a session existed at some point: unregister at stop */
     bool resync_pending;
+    bool resync_req; /* pf_meta_client_resync (under mu) */
     uint64_t next_hb_ns, next_refresh_ns, backoff_ms;
 
     _Atomic bool connected;
@@ -258,6 +259,8 @@ static void heartbeat(struct pf_meta_client *c)
     Pegaflow__HeartbeatNodeRequest req = PEGAFLOW__HEARTBEAT_NODE_REQUEST__INIT;
     req.node = c->advertise;
     req.node_id = c->node_id;
+    /* this process never had a session: it is new, its address's session is a former life's */
+    req.replace = !c->had_session;
     size_t ti = pf_meta_targets_current(c->tg);
     int rc = pf_rpc_unary(pf_meta_targets_reg(c->tg, ti), "/pegaflow.MetaServer/HeartbeatNode",
                           &req.base, &pegaflow__heartbeat_node_response__descriptor,
@@ -492,6 +495,10 @@ static void *client_main(void *arg)
         for (;;) {
             uint64_t now = pf_now_ns();
             uint64_t wake = c->next_hb_ns < c->next_refresh_ns ? c->next_hb_ns : c->next_refresh_ns;
+            if (c->resync_req) {
+                c->resync_req = false;
+                c->resync_pending = true;
+            }
             if (c->probe_req) {
                 c->probe_req = false;
                 c->next_hb_ns = now;
@@ -740,6 +747,16 @@ int pf_meta_client_flush(struct pf_meta_client *c, uint64_t timeout_ms)
         rc = -ESHUTDOWN;
     pthread_mutex_unlock(&c->mu);
     return rc;
+}
+
+void pf_meta_client_resync(struct pf_meta_client *c)
+{
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->mu);
+    c->resync_req = true;
+    pthread_cond_signal(&c->wake);
+    pthread_mutex_unlock(&c->mu);
 }
 
 void pf_meta_client_stop(struct pf_meta_client *c)

@@ -15,7 +15,7 @@
  * service answers UNAVAILABLE) or -EPROTO (unexpected backend answer: INTERNAL). */
 struct pf_meta_store_ops {
     void (*destroy)(void *impl);
-    int (*heartbeat)(void *impl, const char *node, const uint8_t node_id[16]);
+    int (*heartbeat)(void *impl, const char *node, const uint8_t node_id[16], bool replace);
     int (*unregister)(void *impl, const char *node, const uint8_t node_id[16],
                       uint64_t *removed_owners_p);
     int (*insert)(void *impl, const char *ns, const struct pf_meta_hash *h, size_t n,

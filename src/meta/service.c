@@ -89,6 +89,51 @@ static int check_hashes(struct pf_rpc_call *call, const ProtobufCBinaryData *h, 
     return 0;
 }
 
+/* The host part of "host:port", "[v6]:port", or of a gRPC peer ("ipv4:h:p", "ipv6:[h]:p",
+ * brackets possibly percent-encoded), lower-cased into out; false when there is none. */
+static bool host_part(const char *a, char *out, size_t cap)
+{
+    if (strncmp(a, "ipv4:", 5) == 0 || strncmp(a, "ipv6:", 5) == 0)
+        a += 5;
+    else if (strncmp(a, "unix:", 5) == 0)
+        return false;
+    size_t n = 0;
+    const char *end = strrchr(a, ':');
+    if (!end || end == a)
+        return false;
+    for (const char *p = a; p < end && n + 1 < cap; p++) {
+        if (*p == '[' || *p == ']')
+            continue;
+        if (p[0] == '%' && (strncmp(p, "%5B", 3) == 0 || strncmp(p, "%5D", 3) == 0 ||
+                            strncmp(p, "%5b", 3) == 0 || strncmp(p, "%5d", 3) == 0)) {
+            p += 2;
+            continue;
+        }
+        out[n++] = (char)(*p >= 'A' && *p <= 'Z' ? *p - 'A' + 'a' : *p);
+    }
+    out[n] = '\0';
+    return n > 0;
+}
+
+static bool is_loopback(const char *h)
+{
+    return strncmp(h, "127.", 4) == 0 || strcmp(h, "::1") == 0;
+}
+
+/* A restarted server asks to replace its previous life's session at once (replace). Only a
+ * caller that connects from the very host it advertises may: a stranger elsewhere cannot
+ * evict a live node, and where the MetaServer requires the cluster token or client
+ * certificates only a member gets this far. Otherwise the previous session must go stale. */
+static bool may_replace(struct pf_rpc_call *call, const char *node)
+{
+    char want[PF_META_NODE_MAX + 1], got[PF_META_NODE_MAX + 1];
+    if (!host_part(node, want, sizeof(want)) ||
+        !host_part(pf_rpc_call_peer(call), got, sizeof(got)))
+        return false;
+    /* loopback names this host whatever address of 127/8 the kernel picked as the source */
+    return strcmp(want, got) == 0 || (is_loopback(want) && is_loopback(got));
+}
+
 static int h_heartbeat(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *msg)
 {
     struct pf_meta_store *st = ctx;
@@ -97,7 +142,13 @@ static int h_heartbeat(void *ctx, struct pf_rpc_call *call, const ProtobufCMessa
     int rc = check_node(call, req->node, req->node_id, id);
     if (rc)
         return rc;
-    rc = pf_meta_store_heartbeat(st, req->node, id);
+    bool replace = req->replace && may_replace(call, req->node);
+    if (req->replace && !replace)
+        pf_log_ratelimited(PF_LOG_WARN, 10000,
+                           "node %s asked to replace its session from %s, another host: refused "
+                           "(the previous session must go stale)",
+                           req->node, pf_rpc_call_peer(call));
+    rc = pf_meta_store_heartbeat_replace(st, req->node, id, replace);
     if (rc)
         return fail_store(call, rc, req->node);
     Pegaflow__HeartbeatNodeResponse resp = PEGAFLOW__HEARTBEAT_NODE_RESPONSE__INIT;

@@ -556,8 +556,14 @@ void pf_meta_store_destroy(struct pf_meta_store *st)
 
 int pf_meta_store_heartbeat(struct pf_meta_store *st, const char *node, const uint8_t node_id[16])
 {
+    return pf_meta_store_heartbeat_replace(st, node, node_id, false);
+}
+
+int pf_meta_store_heartbeat_replace(struct pf_meta_store *st, const char *node,
+                                    const uint8_t node_id[16], bool replace)
+{
     if (st->ops)
-        return st->ops->heartbeat(st->impl, node, node_id);
+        return st->ops->heartbeat(st->impl, node, node_id, replace);
     size_t len;
     if (!meta_store_valid_str(node, PF_META_NODE_MAX, &len) || !node_id)
         return -EINVAL;
@@ -582,6 +588,9 @@ int pf_meta_store_heartbeat(struct pf_meta_store *st, const char *node, const ui
         if (now >= seen && now - seen > st->stale_ns) {
             pf_info("node %s: session %02x%02x%02x%02x... takes over a stale session", node,
                     node_id[0], node_id[1], node_id[2], node_id[3]);
+        } else if (replace) {
+            pf_info("node %s: session %02x%02x%02x%02x... replaces the previous life's (restart)",
+                    node, node_id[0], node_id[1], node_id[2], node_id[3]);
         } else {
             rc = -ESTALE;
             goto out;

@@ -335,7 +335,7 @@ static bool owner_visible(const struct rstore *s, const struct nrec *r, const re
 
 /* ------------------------------------------------------------------ ops */
 
-int rs_heartbeat(void *impl, const char *node, const uint8_t node_id[16])
+int rs_heartbeat(void *impl, const char *node, const uint8_t node_id[16], bool replace)
 {
     struct rstore *s = impl;
     if (!valid_str(node, PF_META_NODE_MAX) || !node_id)
@@ -343,8 +343,10 @@ int rs_heartbeat(void *impl, const char *node, const uint8_t node_id[16])
     char id[PF_ID_LEN], now[24], stale[24];
     rs_id(node_id, id);
     int ln = snprintf(now, sizeof(now), "%llu", (unsigned long long)rs_now_ms(s));
-    int ls =
-        snprintf(stale, sizeof(stale), "%llu", (unsigned long long)(s->cfg.node_stale_secs * 1000));
+    /* replace: a threshold of -1 ms makes any previous session "stale" */
+    int ls = replace ? snprintf(stale, sizeof(stale), "-1")
+                     : snprintf(stale, sizeof(stale), "%llu",
+                                (unsigned long long)(s->cfg.node_stale_secs * 1000));
     const char *a[4] = {node, id, now, stale};
     size_t l[4] = {strlen(node), PF_ID_LEN, (size_t)ln, (size_t)ls};
     long long v;

@@ -80,7 +80,7 @@ int rs_fetch_nodes(struct rstore *s, struct nrec *recs, size_t n, void **rep_p);
 /* now - last_seen <= stale */
 bool rs_rec_fresh(const struct rstore *s, const struct nrec *r, uint64_t now);
 
-int rs_heartbeat(void *impl, const char *node, const uint8_t node_id[16]);
+int rs_heartbeat(void *impl, const char *node, const uint8_t node_id[16], bool replace);
 int rs_insert(void *impl, const char *ns, const struct pf_meta_hash *h, size_t n, const char *node,
               const uint8_t node_id[16], bool *reclaimable);
 int rs_remove(void *impl, const char *ns, const struct pf_meta_hash *h, size_t n, const char *node,

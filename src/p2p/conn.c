@@ -373,7 +373,18 @@ static int conn_apply(struct pf_p2p *p, struct p2p_conn *c, const Pegaflow__Hand
     }
     for (size_t i = 0; i < c->nqps; i++) {
         const ProtobufCBinaryData *ep = &m->nics[i / p->qpn]->endpoints[i % p->qpn];
-        int rc = pf_net_qp_connect(c->qps[i], ep->data, ep->len);
+        /* refused by name before connecting (verbs: GID family / RoCE version mismatch) */
+        int off = snprintf(err, errlen, "NIC %s: ", p->nics[i / p->qpn].name);
+        if (off < 0 || (size_t)off >= errlen)
+            off = 0;
+        int rc = pf_net_ep_check(c->qps[i], ep->data, ep->len, err + off, errlen - (size_t)off);
+        if (rc) {
+            if (!err[off])
+                snprintf(err + off, errlen - (size_t)off, "%s", strerror(-rc));
+            return rc;
+        }
+        err[0] = '\0';
+        rc = pf_net_qp_connect(c->qps[i], ep->data, ep->len);
         if (rc) {
             snprintf(err, errlen, "cannot connect QP %zu on NIC %s: %s", i % p->qpn,
                      p->nics[i / p->qpn].name, strerror(-rc));
@@ -424,6 +435,7 @@ static void conn_install(struct pf_p2p *p, struct p2p_peer *e, struct p2p_conn *
         conn_free(p, f);
         return;
     }
+    c->last_used_ns = pf_now_ns();
     struct p2p_conn **slot = c->outgoing ? &e->out : &e->in;
     struct p2p_conn **other = c->outgoing ? &e->in : &e->out;
     old[0] = *slot;
@@ -532,19 +544,41 @@ err_conn:
     return rc;
 }
 
-/* Leases every free QP of c (conn_mu held); false when none is free. */
-static bool lease_take_locked(struct p2p_conn *c, struct p2p_lease *l)
+/* Leases a share of c's free QPs (conn_mu held): from every NIC half of its free QPs,
+ * rounded up, taken NIC by NIC in turn (QP j of NIC 0, QP j of NIC 1, ...) and at most
+ * PF_ARRAY_SIZE(l->idx) in all. A lone fetch reaches every NIC (8 NICs x 16 QPs no longer
+ * fill the lease with NICs 0-3), and a second fetch to the same peer finds QPs free and runs
+ * alongside instead of waiting for the first. false when none is free. */
+static bool lease_take_locked(const struct pf_p2p *p, struct p2p_conn *c, struct p2p_lease *l)
 {
+    size_t qpn = p->qpn ? p->qpn : 1, nn = c->nqps / qpn;
+    size_t want[P2P_NIC_MAX], pos[P2P_NIC_MAX];
+    for (size_t k = 0; k < nn && k < P2P_NIC_MAX; k++) {
+        size_t nfree = 0;
+        for (size_t j = 0; j < qpn; j++)
+            nfree += !c->busy[k * qpn + j];
+        want[k] = (nfree + 1) / 2;
+        pos[k] = 0;
+    }
     l->nqps = 0;
-    for (size_t i = 0; i < c->nqps && l->nqps < PF_ARRAY_SIZE(l->idx); i++)
-        if (!c->busy[i]) {
+    for (bool more = true; more && l->nqps < PF_ARRAY_SIZE(l->idx);) {
+        more = false;
+        for (size_t k = 0; k < nn && k < P2P_NIC_MAX && l->nqps < PF_ARRAY_SIZE(l->idx); k++) {
+            if (want[k] == 0)
+                continue;
+            while (pos[k] < qpn && c->busy[k * qpn + pos[k]])
+                pos[k]++;
+            if (pos[k] == qpn)
+                continue;
+            size_t i = k * qpn + pos[k]++;
+            c->busy[i] = true;
             l->idx[l->nqps] = i;
             l->qps[l->nqps++] = c->qps[i];
+            more |= --want[k] > 0;
         }
+    }
     if (l->nqps == 0)
         return false;
-    for (size_t i = 0; i < l->nqps; i++)
-        c->busy[l->idx[i]] = true;
     c->refs++;
     l->conn = c;
     return true;
@@ -569,7 +603,8 @@ int p2p_conn_acquire(struct pf_p2p *p, const char *peer, uint64_t deadline_ns, s
             rc = -ESHUTDOWN;
             break;
         }
-        if ((e->out && lease_take_locked(e->out, l)) || (e->in && lease_take_locked(e->in, l))) {
+        if ((e->out && lease_take_locked(p, e->out, l)) ||
+            (e->in && lease_take_locked(p, e->in, l))) {
             l->fresh = did_hs;
             break;
         }
@@ -618,6 +653,7 @@ void p2p_lease_return(struct pf_p2p *p, struct p2p_lease *l)
     pthread_mutex_lock(&p->conn_mu);
     for (size_t i = 0; i < l->nqps; i++)
         l->conn->busy[l->idx[i]] = false;
+    l->conn->last_used_ns = pf_now_ns();
     struct p2p_conn *f = conn_unref_locked(p, l->conn);
     pthread_cond_broadcast(&p->conn_cv);
     pthread_mutex_unlock(&p->conn_mu);
@@ -741,6 +777,33 @@ void p2p_conns_drop_all(struct pf_p2p *p)
         if (!c)
             break;
         conn_kill_pinned(p, c, "shutting down");
+    }
+}
+
+void p2p_conns_evict_idle(struct pf_p2p *p)
+{
+    uint64_t now = pf_now_ns(), idle = p->cfg.conn_idle_ms * PF_NS_PER_MS;
+    for (;;) {
+        struct p2p_conn *c = NULL;
+        pthread_mutex_lock(&p->conn_mu);
+        pf_htable_for_each(&p->peers, i, n)
+        {
+            struct p2p_peer *e = pf_container_of(n, struct p2p_peer, node);
+            struct p2p_conn *cand[2] = {e->out, e->in};
+            for (int k = 0; k < 2 && !c; k++)
+                if (cand[k] && cand[k]->refs == 1 && now > cand[k]->last_used_ns &&
+                    now - cand[k]->last_used_ns >= idle)
+                    c = cand[k];
+        }
+        if (c)
+            c->refs++;
+        pthread_mutex_unlock(&p->conn_mu);
+        if (!c)
+            return;
+        pf_info("closing idle connection %llu to %s (%s, %zu QPs): no fetch for %llu s",
+                (unsigned long long)c->id, c->peer->addr, c->outgoing ? "outgoing" : "incoming",
+                c->nqps, (unsigned long long)(p->cfg.conn_idle_ms / 1000));
+        conn_kill_pinned(p, c, "idle");
     }
 }
 

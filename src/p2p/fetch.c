@@ -412,7 +412,9 @@ static int build_reads(struct fetch *f)
     f->reads = malloc((f->nsegs ? f->nsegs : 1) * sizeof(*f->reads));
     if (!f->reads)
         return -ENOMEM;
-    unsigned rr = 0;
+    /* the NIC round-robin starts where the previous fetch's did plus one, so one-READ
+     * fetches do not all land on the first rail */
+    unsigned rr = atomic_fetch_add_explicit(&p->read_rr, 1, memory_order_relaxed);
     struct p2p_read *cur = NULL;
     uint32_t cur_chunk = 0;
     for (size_t i = 0; i < f->nsegs; i++) {
@@ -606,7 +608,8 @@ static int transfer(struct fetch *f)
             /* a reused connection failing before anything completed: the peer restarted
              * or dropped it meanwhile */
             stale = x.completed == 0 && !fresh && attempt == 0 &&
-                    (rc == -ENOTCONN || rc == -ECONNRESET || rc == -ECANCELED);
+                    (rc == -ENOTCONN || rc == -ECONNRESET || rc == -ECANCELED ||
+                     rc == -EHOSTUNREACH); /* verbs: retries exhausted on a dead peer QP */
             if (!stale || atomic_load(&p->stopping)) {
                 snprintf(f->err, sizeof(f->err),
                          "transfer failed: %s (%zu of %zu READ(s) completed)", strerror(-rc),

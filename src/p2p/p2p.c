@@ -140,6 +140,7 @@ static void *p2p_main(void *arg)
             p2p_hb_regions(p, false);
             pf_p2p_locks_expire(p->locks);
             p2p_blacklist_gc(p);
+            p2p_conns_evict_idle(p);
             pthread_mutex_lock(&p->wk_mu);
             next = pf_now_ns() + p->cfg.housekeeping_ms * PF_NS_PER_MS;
             continue;
@@ -327,6 +328,8 @@ int pf_p2p_create(const struct pf_p2p_config *cfg, struct pf_p2p **p_p, char *er
         c->peer_down_ms = 5000;
     if (!c->plan_timeout_ms)
         c->plan_timeout_ms = PF_P2P_PLAN_TIMEOUT_MS;
+    if (!c->conn_idle_ms)
+        c->conn_idle_ms = 600000;
     c->transport = NULL;
     const char *b = cfg->backend ? cfg->backend : "";
     if (strncmp(b, "faulty:", 7) == 0)
@@ -366,6 +369,19 @@ int pf_p2p_create(const struct pf_p2p_config *cfg, struct pf_p2p **p_p, char *er
             snprintf(err, errlen, "--nics: NIC %d: %s", k, strerror(-rc));
             goto err_free;
         }
+        /* merged READs stay within what every NIC takes in one message (verbs: the port's
+         * max_msg_sz); one block segment (up to PF_P2P_MAX_READ) must fit */
+        uint64_t mm = p->nics[k].max_msg;
+        if (mm && mm < PF_P2P_MAX_READ) {
+            snprintf(err, errlen,
+                     "--nics: NIC %s takes READs of at most %llu bytes, below the "
+                     "%u-byte block segments P2P reads",
+                     p->nics[k].name, (unsigned long long)mm, (unsigned)PF_P2P_MAX_READ);
+            rc = -EINVAL;
+            goto err_free;
+        }
+        if (mm && p->max_read > mm)
+            p->max_read = mm;
     }
     uint8_t raw[16];
     rc = pf_uuid_v4(raw);

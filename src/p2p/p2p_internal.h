@@ -40,6 +40,7 @@ struct p2p_conn {
     bool dead; /* no longer in the table: never handed out again */
     int refs;  /* the table's (while !dead) + one per lease */
     bool *busy;
+    uint64_t last_used_ns; /* installed, or a lease given back (monotonic) */
     /* immutable */
     size_t nqps;
     struct pf_net_qp **qps;
@@ -137,7 +138,8 @@ struct pf_p2p {
 
     struct pf_p2p_locks *locks;
     uint64_t lock_timeout_ms;
-    uint64_t max_read; /* merged READs stay below this (PEGAFLOW_P2P_MAX_READ) */
+    uint64_t max_read;        /* merged READs stay below this (PEGAFLOW_P2P_MAX_READ) */
+    _Atomic unsigned read_rr; /* where the next fetch's NIC round-robin starts */
 
     const struct pf_p2p_transport *tr;
     struct pf_p2p_transport grpc_tr;
@@ -190,6 +192,10 @@ int p2p_conn_acquire(struct pf_p2p *p, const char *peer, uint64_t deadline_ns, s
                      char *err, size_t errlen);
 /* Gives the lease's QPs back (the connection stays usable). */
 void p2p_lease_return(struct pf_p2p *p, struct p2p_lease *l);
+/* Closes connections no lease holds and none was given back for conn_idle_ms (QPs and their
+ * per-connection memory are not free on either side; a peer that still READs over the other
+ * end sees a stale connection and reconnects once). Called by housekeeping. */
+void p2p_conns_evict_idle(struct pf_p2p *p);
 /* The connection failed: it leaves the table, every QP is invalidated, the lease is given
  * back. Returns only after the invalidation. */
 void p2p_lease_fail(struct pf_p2p *p, struct p2p_lease *l);

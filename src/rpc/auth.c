@@ -469,11 +469,17 @@ int pf_auth_env_load(struct pf_auth_env *e, struct pf_rpc_channel_opts *o, char 
     if (tok && *tok &&
         (rc = pf_auth_read_token(tok, "PEGAFLOW_TOKEN_FILE", &e->token, err, errlen)))
         goto err_free;
+    const char *ttok = getenv("PEGAFLOW_TENANT_TOKEN_FILE");
+    if (ttok && *ttok &&
+        (rc =
+             pf_auth_read_token(ttok, "PEGAFLOW_TENANT_TOKEN_FILE", &e->tenant_token, err, errlen)))
+        goto err_free;
     o->tls = e->ca || e->cert;
     o->ca_pem = e->ca;
     o->cert_pem = e->cert;
     o->key_pem = e->key;
     o->token = e->token;
+    o->tenant_token = e->tenant_token;
     return 0;
 err_free:
     pf_auth_env_free(e);
@@ -488,5 +494,6 @@ void pf_auth_env_free(struct pf_auth_env *e)
     free(e->cert);
     wipe_free(e->key);
     wipe_free(e->token);
+    wipe_free(e->tenant_token);
     memset(e, 0, sizeof(*e));
 }

@@ -23,8 +23,10 @@
 struct pf_rpc_channel {
     grpc_channel *ch;
     char *target;
-    char *token; /* cluster token sent on every call, or NULL */
-    grpc_metadata md;
+    char *token;        /* cluster token sent on every call, or NULL */
+    char *tenant_token; /* tenant token (pf-tenant-token), or NULL */
+    grpc_metadata md[2];
+    size_t nmd;
 };
 
 /* process-wide defaults of pf_rpc_channel_open (under def_mu) */
@@ -151,14 +153,20 @@ int pf_rpc_channel_open_opts(const char *target, const struct pf_rpc_channel_opt
     if (!c)
         return -ENOMEM;
     c->target = strdup(target);
-    if (!c->target || (o && o->token && !(c->token = strdup(o->token)))) {
+    if (!c->target || (o && o->token && !(c->token = strdup(o->token))) ||
+        (o && o->tenant_token && !(c->tenant_token = strdup(o->tenant_token)))) {
+        free(c->token);
         free(c->target);
         free(c);
         return -ENOMEM;
     }
     if (c->token) {
-        c->md.key = grpc_slice_from_static_string(PF_AUTH_TOKEN_MD);
-        c->md.value = grpc_slice_from_static_string(c->token);
+        c->md[c->nmd].key = grpc_slice_from_static_string(PF_AUTH_TOKEN_MD);
+        c->md[c->nmd++].value = grpc_slice_from_static_string(c->token);
+    }
+    if (c->tenant_token) {
+        c->md[c->nmd].key = grpc_slice_from_static_string(PF_AUTH_TENANT_MD);
+        c->md[c->nmd++].value = grpc_slice_from_static_string(c->tenant_token);
     }
     pf_rpc_global_init();
     grpc_arg args[] = {
@@ -191,12 +199,19 @@ int pf_rpc_channel_open_opts(const char *target, const struct pf_rpc_channel_opt
     if (!c->ch) {
         pf_rpc_global_shutdown();
         free(c->token);
+        free(c->tenant_token);
         free(c->target);
         free(c);
         return -EINVAL;
     }
     *ch_p = c;
     return 0;
+}
+
+void pf_rpc_channel_reconnect(struct pf_rpc_channel *ch)
+{
+    if (ch)
+        grpc_channel_reset_connect_backoff(ch->ch);
 }
 
 void pf_rpc_channel_close(struct pf_rpc_channel *ch)
@@ -208,6 +223,10 @@ void pf_rpc_channel_close(struct pf_rpc_channel *ch)
     if (ch->token) {
         memset(ch->token, 0, strlen(ch->token));
         free(ch->token);
+    }
+    if (ch->tenant_token) {
+        memset(ch->tenant_token, 0, strlen(ch->tenant_token));
+        free(ch->tenant_token);
     }
     free(ch);
     pf_rpc_global_shutdown();
@@ -297,8 +316,8 @@ static int unary_bb(struct pf_rpc_channel *ch, const char *path, grpc_byte_buffe
     grpc_op ops[6];
     memset(ops, 0, sizeof(ops));
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[0].data.send_initial_metadata.count = ch->token ? 1 : 0;
-    ops[0].data.send_initial_metadata.metadata = ch->token ? &ch->md : NULL;
+    ops[0].data.send_initial_metadata.count = ch->nmd;
+    ops[0].data.send_initial_metadata.metadata = ch->nmd ? ch->md : NULL;
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = reqbb;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -386,8 +405,8 @@ int pf_rpc_stream_open(struct pf_rpc_channel *ch, const char *path, const Protob
     grpc_op ops[4];
     memset(ops, 0, sizeof(ops));
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[0].data.send_initial_metadata.count = ch->token ? 1 : 0;
-    ops[0].data.send_initial_metadata.metadata = ch->token ? &ch->md : NULL;
+    ops[0].data.send_initial_metadata.count = ch->nmd;
+    ops[0].data.send_initial_metadata.metadata = ch->nmd ? ch->md : NULL;
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = s->req;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;

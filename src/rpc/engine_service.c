@@ -13,6 +13,7 @@
 #include "pf/log.h"
 #include "pf/p2p.h"
 #include "pf/service.h"
+#include "pf/tenant.h"
 #include "rpc/validate.h"
 #include "rpc/wire.h"
 
@@ -24,6 +25,28 @@ static Pegaflow__ResponseStatus ok_status = {
 static int fail_errno(struct pf_rpc_call *call, int rc, const char *msg)
 {
     return pf_rpc_fail(call, pf_grpc_code_from_errno(rc), "%s", msg);
+}
+
+/* The tenant checks of a worker call (pf/tenant.h); 0 or the gRPC code (status set). With
+ * no --tenants-file there is nothing to check. tenant (PF_TENANT_NAME_MAX + 1 bytes) gets
+ * the caller's tenant, "" without tenants. */
+static int tenant_check(struct pf_engine_service *svc, struct pf_rpc_call *call,
+                        enum pf_tenant_op op, const char *instance_id, const char *ns, char *tenant)
+{
+    tenant[0] = '\0';
+    if (!svc->tenancy)
+        return 0;
+    size_t len;
+    const void *tok = pf_rpc_call_metadata(call, PF_TENANT_MD, &len);
+    char err[ERRLEN];
+    int rc =
+        pf_tenancy_check(svc->tenancy, op, tok, len, instance_id, ns, tenant, err, sizeof(err));
+    if (rc == 0)
+        return 0;
+    pf_log_ratelimited(PF_LOG_WARN, 5000, "tenant check refused a call from %s: %s",
+                       pf_rpc_call_peer(call), err);
+    return pf_rpc_fail(call, rc == -ENOKEY ? PF_GRPC_UNAUTHENTICATED : PF_GRPC_PERMISSION_DENIED,
+                       "%s", err);
 }
 
 static int need_engine(struct pf_engine_service *svc, struct pf_rpc_call *call)
@@ -38,6 +61,10 @@ static int need_engine(struct pf_engine_service *svc, struct pf_rpc_call *call)
  * QueryPrefetch benchmark's baseline). */
 static int h_health(void *ctx, struct pf_rpc_call *call, const uint8_t *data, size_t len)
 {
+    struct pf_engine_service *svc = ctx;
+    char why[256];
+    if (svc->engine && pf_engine_health(svc->engine, why, sizeof(why)) != 0)
+        return pf_rpc_fail(call, PF_GRPC_UNAVAILABLE, "unhealthy: %s", why);
     Pegaflow__HealthResponse resp = PEGAFLOW__HEALTH_RESPONSE__INIT;
     resp.status = &ok_status;
     return pf_rpc_respond(call, &resp.base);
@@ -46,6 +73,11 @@ static int h_health(void *ctx, struct pf_rpc_call *call, const uint8_t *data, si
 static int h_shutdown(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *req)
 {
     struct pf_engine_service *svc = ctx;
+    size_t tl;
+    if (svc->tenancy && pf_rpc_call_metadata(call, PF_TENANT_MD, &tl))
+        return pf_rpc_fail(call, PF_GRPC_PERMISSION_DENIED,
+                           "Shutdown is not a tenant RPC (a call with %s is refused)",
+                           PF_TENANT_MD);
     pf_info("Shutdown requested over gRPC by %s", pf_rpc_call_peer(call));
     if (svc->request_shutdown)
         svc->request_shutdown(svc->app);
@@ -125,13 +157,17 @@ static int decode_ipc(const ProtobufCBinaryData *b, size_t i, struct pf_ipc_desc
     return rc;
 }
 
-static int h_register(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *m)
+static int register_checked(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *m)
 {
     struct pf_engine_service *svc = ctx;
     const Pegaflow__RegisterContextRequest *r = (const void *)m;
     char err[ERRLEN] = "";
+    char tenant[PF_TENANT_NAME_MAX + 1];
     if (need_engine(svc, call))
         return PF_GRPC_UNAVAILABLE;
+    int trc = tenant_check(svc, call, PF_TENANT_OP_REGISTER, r->instance_id, r->namespace_, tenant);
+    if (trc)
+        return trc;
     size_t n = r->n_layer_names;
     if (n == 0)
         return pf_rpc_fail(call, PF_GRPC_INVALID_ARGUMENT, "layer_names must not be empty");
@@ -187,9 +223,23 @@ static int h_register(void *ctx, struct pf_rpc_call *call, const ProtobufCMessag
     free(layers);
     if (rc)
         return fail_errno(call, rc, err);
+    if (svc->tenancy)
+        pf_tenancy_bind(svc->tenancy, r->instance_id, tenant);
     Pegaflow__RegisterContextResponse resp = PEGAFLOW__REGISTER_CONTEXT_RESPONSE__INIT;
     resp.status = &ok_status;
     return pf_rpc_respond(call, &resp.base);
+}
+
+/* With tenants, a Register holds the tenancy's register lock from its check to its bind. */
+static int h_register(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *m)
+{
+    struct pf_engine_service *svc = ctx;
+    if (!svc->tenancy)
+        return register_checked(ctx, call, m);
+    pf_tenancy_register_lock(svc->tenancy);
+    int rc = register_checked(ctx, call, m);
+    pf_tenancy_register_unlock(svc->tenancy);
+    return rc;
 }
 
 static struct pf_bytes *to_bytes(const ProtobufCBinaryData *b, size_t n)
@@ -205,8 +255,12 @@ static int h_save(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *m
     struct pf_engine_service *svc = ctx;
     const Pegaflow__SaveRequest *r = (const void *)m;
     char err[ERRLEN] = "";
+    char tenant[PF_TENANT_NAME_MAX + 1];
     if (need_engine(svc, call))
         return PF_GRPC_UNAVAILABLE;
+    int trc = tenant_check(svc, call, PF_TENANT_OP_INSTANCE, r->instance_id, NULL, tenant);
+    if (trc)
+        return trc;
     struct pf_engine_save_layer *layers = calloc(r->n_saves ? r->n_saves : 1, sizeof(*layers));
     if (!layers)
         return pf_rpc_fail(call, PF_GRPC_RESOURCE_EXHAUSTED, "out of memory");
@@ -325,11 +379,19 @@ static int h_query(void *ctx, struct pf_rpc_call *call, const uint8_t *data, siz
         return pf_rpc_fail(call, PF_GRPC_DEADLINE_EXCEEDED,
                            "the caller's deadline passed before the query ran");
     }
+    char tenant[PF_TENANT_NAME_MAX + 1];
+    int trc = tenant_check(svc, call, PF_TENANT_OP_INSTANCE, inst, NULL, tenant);
+    if (trc) {
+        free(hashes);
+        return trc;
+    }
     struct pf_engine_query_result res;
     int rc = pf_engine_query(svc->engine, &q, &res, err, sizeof(err));
     free(hashes);
     if (rc)
         return fail_errno(call, rc, err);
+    if (svc->tenancy && !res.loading)
+        pf_tenancy_count_hits(svc->tenancy, tenant, res.num_hit_blocks);
     /* a caller that is gone by the time the answer leaves never learns the lease: release
      * it then instead of leaving the blocks pinned until the lease TTL */
     if (res.has_lease)
@@ -361,8 +423,12 @@ static int h_release(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage
     struct pf_engine_service *svc = ctx;
     const Pegaflow__ReleaseRequest *r = (const void *)m;
     char err[ERRLEN] = "";
+    char tenant[PF_TENANT_NAME_MAX + 1];
     if (need_engine(svc, call))
         return PF_GRPC_UNAVAILABLE;
+    int trc = tenant_check(svc, call, PF_TENANT_OP_ANY, NULL, NULL, tenant);
+    if (trc)
+        return trc;
     struct pf_bytes lease = {r->lease.data, r->lease.len};
     int rc = pf_engine_release(svc->engine, &lease, err, sizeof(err));
     if (rc)
@@ -376,8 +442,12 @@ static int h_load(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *m
     struct pf_engine_service *svc = ctx;
     const Pegaflow__LoadRequest *r = (const void *)m;
     char err[ERRLEN] = "";
+    char tenant[PF_TENANT_NAME_MAX + 1];
     if (need_engine(svc, call))
         return PF_GRPC_UNAVAILABLE;
+    int trc = tenant_check(svc, call, PF_TENANT_OP_INSTANCE, r->instance_id, NULL, tenant);
+    if (trc)
+        return trc;
     int rc = 0;
     struct pf_engine_load_group *groups = calloc(r->n_groups ? r->n_groups : 1, sizeof(*groups));
     struct pf_engine_load_lease *loads = calloc(r->n_loads ? r->n_loads : 1, sizeof(*loads));
@@ -446,8 +516,12 @@ static int h_unregister(void *ctx, struct pf_rpc_call *call, const ProtobufCMess
     struct pf_engine_service *svc = ctx;
     const Pegaflow__UnregisterRequest *r = (const void *)m;
     char err[ERRLEN] = "";
+    char tenant[PF_TENANT_NAME_MAX + 1];
     if (need_engine(svc, call))
         return PF_GRPC_UNAVAILABLE;
+    int trc = tenant_check(svc, call, PF_TENANT_OP_INSTANCE, r->instance_id, NULL, tenant);
+    if (trc)
+        return trc;
     int rc = pf_engine_unregister(svc->engine, r->instance_id, err, sizeof(err));
     if (rc)
         return fail_errno(call, rc, err);
@@ -459,6 +533,7 @@ static int h_unregister(void *ctx, struct pf_rpc_call *call, const ProtobufCMess
 struct session_ctx {
     char *instance;
     uint64_t token;
+    bool watch; /* owns no instance: nothing to clean up */
 };
 
 static int s_session_open(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *m,
@@ -468,8 +543,25 @@ static int s_session_open(void *ctx, struct pf_rpc_call *call, const ProtobufCMe
     const Pegaflow__SessionRequest *r = (const void *)m;
     if (need_engine(svc, call))
         return PF_GRPC_UNAVAILABLE;
+    if (r->watch) {
+        /* a worker watching this process's life: ends only with the stream */
+        struct session_ctx *w = calloc(1, sizeof(*w));
+        if (!w || !(w->instance = strdup(r->instance_id ? r->instance_id : ""))) {
+            free(w);
+            return pf_rpc_fail(call, PF_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+        }
+        w->watch = true;
+        pf_debug("watch session opened (instance '%s') from %s", w->instance,
+                 pf_rpc_call_peer(call));
+        *stream_ctx_p = w;
+        return 0;
+    }
     if (!r->instance_id || !*r->instance_id)
         return pf_rpc_fail(call, PF_GRPC_INVALID_ARGUMENT, "instance_id must not be empty");
+    char tenant[PF_TENANT_NAME_MAX + 1];
+    int trc = tenant_check(svc, call, PF_TENANT_OP_SESSION, r->instance_id, NULL, tenant);
+    if (trc)
+        return trc;
     struct session_ctx *s = calloc(1, sizeof(*s));
     if (!s || !(s->instance = strdup(r->instance_id))) {
         free(s);
@@ -491,7 +583,7 @@ static void s_session_closed(void *ctx, void *stream_ctx, bool cancelled)
 {
     struct pf_engine_service *svc = ctx;
     struct session_ctx *s = stream_ctx;
-    if (svc->engine && !svc->stopping)
+    if (svc->engine && !svc->stopping && !s->watch)
         pf_engine_session_close(svc->engine, s->instance, s->token);
     free(s->instance);
     free(s);

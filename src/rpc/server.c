@@ -241,6 +241,17 @@ static void net_leave(struct pf_rpc_server *s, const char *host)
     pthread_mutex_unlock(&s->net_mu);
 }
 
+const void *pf_rpc_call_metadata(struct pf_rpc_call *call, const char *key, size_t *len_p)
+{
+    for (size_t i = 0; i < call->md.count; i++)
+        if (grpc_slice_str_cmp(call->md.metadata[i].key, key) == 0) {
+            *len_p = GRPC_SLICE_LENGTH(call->md.metadata[i].value);
+            return GRPC_SLICE_START_PTR(call->md.metadata[i].value);
+        }
+    *len_p = 0;
+    return NULL;
+}
+
 const char *pf_rpc_call_peer(struct pf_rpc_call *call)
 {
     if (!call->peer)

@@ -9,9 +9,10 @@
 
 #include "ssd/ssd_internal.h"
 
-int ssd_index_init(struct ssd_index *x, uint32_t nshards, uint64_t shard_cap)
+int ssd_index_init(struct ssd_index *x, uint32_t nshards, uint64_t shard_cap, uint64_t ring_off)
 {
     memset(x, 0, sizeof(*x));
+    x->ring_off = ring_off;
     if (nshards == 0)
         return -EINVAL;
     x->shards = calloc(nshards, sizeof(*x->shards));
@@ -96,22 +97,29 @@ static void prune(struct ssd_index *x, uint32_t sh)
     }
 }
 
-int ssd_index_begin(struct ssd_index *x, const struct pf_block *b, uint64_t len,
-                    struct ssd_place *p_p)
+void ssd_index_drop(struct ssd_index *x, struct ssd_entry *e)
+{
+    entry_free(x, e);
+}
+
+int ssd_index_begin(struct ssd_index *x, const struct pf_block *b, const struct ssd_rec_slot *slots,
+                    uint32_t hdr_len, uint64_t len, uint64_t seq, struct ssd_place *p_p)
 {
     struct pf_block_key key = pf_block_key(b);
     if (ssd_index_find(x, &key))
         return -EEXIST;
     uint32_t sh = x->next_shard % x->nshards;
     uint64_t start, tail;
-    int rc = ssd_ring_plan(&x->shards[sh].ring, len, &start, &tail);
+    uint64_t total = hdr_len ? ssd_rec_span(hdr_len, len) : len;
+    int rc = ssd_ring_plan(&x->shards[sh].ring, total, &start, &tail);
     if (rc)
         return rc;
     struct ssd_entry *e = calloc(1, sizeof(*e) + (size_t)b->nslots * sizeof(e->slots[0]));
     if (!e)
         return -ENOMEM;
     uint64_t off;
-    ssd_ring_alloc(&x->shards[sh].ring, len, &start, &off);
+    ssd_ring_alloc(&x->shards[sh].ring, total, &start, &off);
+    off += x->ring_off + hdr_len;
     x->next_shard = (sh + 1) % x->nshards;
     prune(x, sh);
     e->key = key;
@@ -121,22 +129,22 @@ int ssd_index_begin(struct ssd_index *x, const struct pf_block *b, uint64_t len,
     e->start = start;
     e->off = off;
     e->len = len;
-    for (uint16_t i = 0; i < b->nslots; i++) {
-        struct pf_slot sv, *s = &sv;
-        pf_block_slot(b, i, s);
+    e->seq = seq;
+    e->fp = ssd_layout_fp(slots, b->nslots);
+    for (uint16_t i = 0; i < b->nslots; i++)
         e->slots[i] = (struct ssd_slot_meta){
-            .checksum = s->checksum,
-            .seg_len = s->seg_len,
-            .seg_stride = s->seg_stride,
-            .numa = s->numa,
-            .nseg = s->nseg,
-            .has_checksum = s->has_checksum,
+            .checksum = slots[i].checksum,
+            .seg_len = slots[i].seg_len,
+            .seg_stride = slots[i].seg_stride,
+            .numa = slots[i].numa,
+            .nseg = slots[i].nseg,
+            .has_checksum = 1,
         };
-    }
     pf_htable_insert(&x->table, &e->hnode, pf_key_hash(&e->key));
     pf_list_add_tail(&x->shards[sh].fifo, &e->fifo);
     x->nwriting++;
-    *p_p = (struct ssd_place){.shard = sh, .start = start, .off = off, .len = len};
+    *p_p =
+        (struct ssd_place){.shard = sh, .hdr_len = hdr_len, .start = start, .off = off, .len = len};
     return 0;
 }
 

@@ -117,6 +117,8 @@ struct reader {
     size_t nios, cap;
     struct rio *lost; /* timed out, still owned by the device */
     size_t nlost, caplost;
+    uint64_t staged;             /* staging bytes of the active batches */
+    struct ssd_rbatch *deferred; /* taken, waiting for staging to free up */
 };
 
 #define STAGE_GROUPS 16
@@ -140,20 +142,28 @@ static size_t group_of(struct stage_group *g, size_t *n, int numa)
     return (*n)++;
 }
 
-/* Looks the batch's keys up, stages and rebuilds the committed prefix. Sets rb->planned. */
-static void plan(struct reader *r, struct ssd_rbatch *rb)
+/* Looks the batch's keys up, stages and rebuilds the committed prefix, at most avail bytes
+ * of staging (rb->staging_short when the bound cut it). Sets rb->planned and rb->staged. */
+static void plan(struct reader *r, struct ssd_rbatch *rb, uint64_t avail)
 {
     struct pf_ssd *s = r->s;
     struct ssd_entry **meta = calloc(rb->n, sizeof(*meta));
     if (!meta)
         return;
     size_t planned = 0;
+    rb->staged = 0;
+    rb->staging_short = false;
     pthread_mutex_lock(&s->mu);
     for (; planned < rb->n; planned++) {
         struct ssd_entry *e = ssd_index_find(&s->idx, &rb->keys[planned]);
         if (!e || e->state != SSD_COMMITTED ||
             !ssd_ring_valid(&s->idx.shards[e->shard].ring, e->start))
             break;
+        if (rb->staged + e->len > avail) {
+            rb->staging_short = true; /* the rest waits for a later fetch (bounded staging) */
+            break;
+        }
+        rb->staged += e->len;
         size_t sz = sizeof(*e) + (size_t)e->nslots * sizeof(e->slots[0]);
         meta[planned] = malloc(sz);
         if (!meta[planned])
@@ -291,6 +301,8 @@ static void retire(struct reader *r, size_t k, bool timed_out)
         rb->planned = rb->next_submit;
     }
     if (--rb->remaining == 0) {
+        r->staged -= rb->staged;
+        pf_metric_set(s->m.p_staging, (double)r->staged);
         for (size_t i = 0; i < r->nactive; i++)
             if (r->active[i] == rb) {
                 memmove(&r->active[i], &r->active[i + 1],
@@ -417,23 +429,39 @@ static void expire(struct reader *r, bool all)
 static bool take_batch(struct reader *r, uint64_t wait_ms)
 {
     struct pf_ssd *s = r->s;
-    struct ssd_rbatch *rb = NULL;
-    pthread_mutex_lock(&s->rq_mu);
-    if (s->rq_count == 0 && !s->r_stop && wait_ms) {
-        struct timespec dl = pf_deadline_ms(wait_ms);
-        pthread_cond_timedwait(&s->rq_cv, &s->rq_mu, &dl);
+    const uint64_t bound = s->cfg.prefetch_staging_bytes;
+    struct ssd_rbatch *rb = r->deferred;
+    r->deferred = NULL;
+    bool stop = false;
+    if (!rb && r->staged >= bound)
+        return true; /* at the bound: batches wait in the queue */
+    if (!rb) {
+        pthread_mutex_lock(&s->rq_mu);
+        if (s->rq_count == 0 && !s->r_stop && wait_ms) {
+            struct timespec dl = pf_deadline_ms(wait_ms);
+            pthread_cond_timedwait(&s->rq_cv, &s->rq_mu, &dl);
+        }
+        stop = s->r_stop;
+        if (!stop && s->rq_count > 0) {
+            rb = s->rq[s->rq_head];
+            s->rq_head = (s->rq_head + 1) % s->rq_cap;
+            s->rq_count--;
+        }
+        pthread_mutex_unlock(&s->rq_mu);
     }
-    bool stop = s->r_stop;
-    if (!stop && s->rq_count > 0) {
-        rb = s->rq[s->rq_head];
-        s->rq_head = (s->rq_head + 1) % s->rq_cap;
-        s->rq_count--;
-    }
-    pthread_mutex_unlock(&s->rq_mu);
     if (!rb)
         return !stop;
-    plan(r, rb);
-    if (rb->planned == 0 || activate(r, rb) != 0) {
+    plan(r, rb, bound - r->staged);
+    if (rb->planned == 0 && rb->staging_short && r->nactive > 0) {
+        r->deferred = rb; /* retried when an active batch returns its staging */
+        return true;
+    }
+    if (rb->staging_short)
+        pf_metric_add(s->m.p_staging_limited, (double)(rb->n - rb->planned));
+    if (rb->planned > 0 && activate(r, rb) == 0) {
+        r->staged += rb->staged;
+        pf_metric_set(s->m.p_staging, (double)r->staged);
+    } else {
         for (size_t i = 0; i < rb->planned; i++) {
             pf_block_put(rb->out[i]);
             rb->out[i] = NULL;
@@ -447,6 +475,10 @@ static bool take_batch(struct reader *r, uint64_t wait_ms)
 static void shutdown_reader(struct reader *r)
 {
     struct pf_ssd *s = r->s;
+    if (r->deferred) {
+        finish_batch(s, r->deferred); /* nothing of it was planned */
+        r->deferred = NULL;
+    }
     /* queued batches resolve empty */
     for (;;) {
         pthread_mutex_lock(&s->rq_mu);

@@ -17,6 +17,7 @@
 #include "pf/list.h"
 #include "pf/metrics.h"
 #include "pf/ssd.h"
+#include "ssd/format.h"
 
 /* ---- ring arithmetic (ring.c) ----
  *
@@ -73,16 +74,20 @@ struct ssd_entry {
     struct pf_block_key key;
     uint32_t shard;
     uint8_t state;
+    uint8_t recovered; /* rebuilt by the recovery scan (not written by this process) */
     uint16_t nslots;
-    uint64_t start; /* logical */
-    uint64_t off;   /* file offset */
-    uint64_t len;
+    uint64_t start; /* logical start of the record (header) */
+    uint64_t off;   /* file offset of the payload */
+    uint64_t len;   /* payload bytes */
+    uint64_t seq;   /* record sequence number */
+    uint64_t fp;    /* layout fingerprint (ssd_layout_fp) */
     struct ssd_slot_meta slots[];
 };
 
 /* Where a block lives: enough to read it back and to re-check it, without the entry. */
 struct ssd_place {
     uint32_t shard;
+    uint32_t hdr_len; /* record header bytes before off */
     uint64_t start, off, len;
 };
 
@@ -99,9 +104,11 @@ struct ssd_index {
     uint64_t nwriting, ncommitted;
     uint64_t overtaken; /* WRITING entries pruned by the tail (never happens with one writer
                          * that drains before overtaking its own writes) */
+    uint64_t ring_off;  /* file offset of ring offset 0 (the superblock before it) */
 };
 
-int ssd_index_init(struct ssd_index *x, uint32_t nshards, uint64_t shard_cap);
+/* shard_cap: ring bytes per shard, which start at file offset ring_off. */
+int ssd_index_init(struct ssd_index *x, uint32_t nshards, uint64_t shard_cap, uint64_t ring_off);
 void ssd_index_destroy(struct ssd_index *x);
 struct ssd_entry *ssd_index_find(struct ssd_index *x, const struct pf_block_key *k);
 /* The shard and placement the next ssd_index_begin of len bytes would use, and the tail it
@@ -109,11 +116,14 @@ struct ssd_entry *ssd_index_find(struct ssd_index *x, const struct pf_block_key 
  * shard. */
 int ssd_index_peek(const struct ssd_index *x, uint64_t len, uint32_t *shard_p, uint64_t *start_p,
                    uint64_t *tail_p);
-/* Starts a write of b (len bytes on disk): -EEXIST when the key is indexed (either state),
- * -E2BIG when larger than a shard, -ENOMEM. Allocates ring space on the next shard, prunes
- * overtaken entries, inserts a WRITING entry with b's per-slot geometry and checksums. */
-int ssd_index_begin(struct ssd_index *x, const struct pf_block *b, uint64_t len,
-                    struct ssd_place *p_p);
+/* Starts a write of b (a record of hdr_len + len bytes on disk, slots[] its geometry and
+ * checksums): -EEXIST when the key is indexed (either state), -E2BIG when larger than a
+ * shard, -ENOMEM. Allocates ring space on the next shard, prunes overtaken entries, inserts
+ * a WRITING entry. p_p->off is the payload offset (the header goes at off - hdr_len). */
+int ssd_index_begin(struct ssd_index *x, const struct pf_block *b, const struct ssd_rec_slot *slots,
+                    uint32_t hdr_len, uint64_t len, uint64_t seq, struct ssd_place *p_p);
+/* Removes entry e whatever its state. */
+void ssd_index_drop(struct ssd_index *x, struct ssd_entry *e);
 /* WRITING -> COMMITTED for the entry of key at place. 0, or -ENOENT when it is gone
  * (overtaken) or not the same write. */
 int ssd_index_commit(struct ssd_index *x, const struct pf_block_key *k, const struct ssd_place *p);
@@ -210,8 +220,22 @@ static inline uint32_t ssd_io_outstanding(const struct ssd_io *io)
 
 /* ---- the store (store.c, writer.c, prefetch.c) ---- */
 
+enum ssd_drop {
+    SSD_DROP_TORN,     /* header verifies, payload does not (or runs past the ring end) */
+    SSD_DROP_HEADER,   /* record magic, header checksum or fields do not verify */
+    SSD_DROP_VERSION,  /* record version this build does not read */
+    SSD_DROP_IDENTITY, /* intact record of another file identity (a reset, another file) */
+    SSD_DROP_OLDER,    /* an older record of a key that a newer record replaces */
+    SSD_DROP_GEOMETRY, /* layout no longer matches its namespace */
+    SSD_DROP_NREASONS
+};
+extern const char *const ssd_drop_reason[SSD_DROP_NREASONS];
+
 struct ssd_metrics {
-    struct pf_metric *w_bytes, *w_fail, *w_qfull, *w_pending, *w_inflight, *w_tput;
+    struct pf_metric *r_blocks, *r_bytes, *r_scanned, *r_total, *r_seconds, *r_state;
+    struct pf_metric_child *r_drop[SSD_DROP_NREASONS];
+    struct pf_metric *w_bytes, *w_blocks, *w_fail, *w_qfull, *w_pending, *w_inflight, *w_tput;
+    struct pf_metric *p_staging, *p_staging_limited;
     struct pf_metric *p_bytes, *p_success, *p_fail, *p_qfull, *p_backpressure, *p_inflight, *p_tput;
     struct pf_metric_child *integrity;
 };
@@ -232,6 +256,8 @@ struct ssd_rbatch {
                               * (length and ring checked), else NULL */
     struct ssd_place *place; /* per key, for the first `planned` keys */
     size_t planned;          /* keys found COMMITTED when the reader dispatched the batch */
+    uint64_t staged;         /* reader: staging bytes of the planned blocks */
+    bool staging_short;      /* reader: planning stopped at the staging bound */
     size_t next_submit;      /* reader: next planned block to read */
     size_t remaining;        /* reader: planned reads not finished */
     bool done;               /* under rq_mu */
@@ -275,6 +301,20 @@ struct pf_ssd {
     pthread_mutex_t budget_mu;
     struct ssd_budget budget;
 
+    /* on-disk format and recovery (recover.c) */
+    struct ssd_superblock *sb; /* per shard */
+    bool *need_scan;           /* per shard: an own file of this format to scan */
+    _Atomic uint64_t next_seq; /* next record sequence number */
+    pthread_mutex_t scan_mu;
+    pthread_cond_t scan_cv; /* the writer waits for the scan */
+    bool scan_done;         /* under scan_mu; set when no scan is needed */
+    pthread_t scanner;
+    bool scanner_started;
+    pf_ssd_recovered_fn recovered_fn; /* under scan_mu */
+    void *recovered_ctx;
+    struct ssd_fpset *fps; /* learned layout fingerprints (under mu) */
+    size_t nfps, capfps;
+
     _Atomic bool stopped;
     _Atomic uint64_t next_io_id;
     pf_ssd_promoted_fn promoted_fn;
@@ -285,6 +325,18 @@ struct pf_ssd {
 void ssd_metrics_init(struct ssd_metrics *m);
 /* Throughput (bytes/s) of a transfer of bytes that took ns. */
 double ssd_rate(uint64_t bytes, uint64_t ns);
+
+/* recover.c */
+/* Reads (and when needed writes) every shard's superblock after the files are opened:
+ * decides which shards are scanned. Errors come with a one-line message in err. */
+int ssd_format_open(struct pf_ssd *s, char *err, size_t errlen);
+/* Starts the background scan (or marks it done when nothing is to be scanned). */
+int ssd_recover_start(struct pf_ssd *s, char *err, size_t errlen);
+void ssd_recover_stop(struct pf_ssd *s);
+/* Writer: waits until the scan is finished or the store stops. true when it finished. */
+bool ssd_recover_wait(struct pf_ssd *s, uint64_t timeout_ms);
+/* A sealed block of layout fp in (ns, keylen, nslots) was offered: learn it (under mu). */
+void ssd_fp_learn(struct pf_ssd *s, const struct pf_block_key *k, uint16_t nslots, uint64_t fp);
 
 /* writer.c */
 void *ssd_writer_main(void *arg);

@@ -27,8 +27,34 @@ static const double tput_buckets[] = {1e7, 5e7, 1e8,    2.5e8,  5e8,    1e9, 2e9
 
 void ssd_metrics_init(struct ssd_metrics *m)
 {
+    m->r_blocks = pf_metric_gauge("pegaflow_ssd_recovered_blocks",
+                                  "Blocks the recovery scan put back in the SSD index (net of "
+                                  "those since replaced or dropped for their geometry)",
+                                  NULL);
+    m->r_bytes =
+        pf_metric_gauge("pegaflow_ssd_recovered_bytes",
+                        "Payload bytes of the blocks in pegaflow_ssd_recovered_blocks", NULL);
+    m->r_scanned = pf_metric_gauge("pegaflow_ssd_recovery_scanned_bytes",
+                                   "Bytes of the SSD files the recovery scan has read", NULL);
+    m->r_total = pf_metric_gauge("pegaflow_ssd_recovery_scan_bytes",
+                                 "Bytes of the SSD files the recovery scan reads in all (0: "
+                                 "nothing to recover)",
+                                 NULL);
+    m->r_seconds = pf_metric_gauge("pegaflow_ssd_recovery_seconds",
+                                   "Seconds from start-up to the end of the recovery scan", NULL);
+    m->r_state =
+        pf_metric_gauge("pegaflow_ssd_recovery_state",
+                        "Recovery scan: 1 scanning, 2 finished (or nothing to scan)", NULL);
+    struct pf_metric *drop = pf_metric_counter(
+        "pegaflow_ssd_recovery_dropped_records",
+        "SSD records the recovery scan (or a later geometry check) did not index, by reason",
+        "reason");
+    for (int r = 0; r < SSD_DROP_NREASONS; r++)
+        m->r_drop[r] = pf_metric_child1(drop, ssd_drop_reason[r]);
     m->w_bytes =
         pf_metric_counter("pegaflow_ssd_write_bytes", "Bytes written to the SSD cache", NULL);
+    m->w_blocks = pf_metric_counter("pegaflow_ssd_write_blocks",
+                                    "Block records written to the SSD cache and committed", NULL);
     m->w_fail = pf_metric_counter("pegaflow_ssd_write_failures",
                                   "Block writes to the SSD cache that failed", NULL);
     m->w_qfull = pf_metric_counter("pegaflow_ssd_write_queue_full",
@@ -42,6 +68,15 @@ void ssd_metrics_init(struct ssd_metrics *m)
     m->w_tput = pf_metric_histogram("pegaflow_ssd_write_throughput_bytes_per_second",
                                     "Throughput of each block write to the SSD", NULL, tput_buckets,
                                     PF_ARRAY_SIZE(tput_buckets));
+    m->p_staging = pf_metric_gauge("pegaflow_ssd_prefetch_staging_bytes",
+                                   "Staging memory of SSD prefetch reads not yet handed to their "
+                                   "fetch (at most --ssd-prefetch-staging)",
+                                   NULL);
+    m->p_staging_limited =
+        pf_metric_counter("pegaflow_ssd_prefetch_staging_limited_blocks",
+                          "Committed SSD blocks left out of a prefetch because its staging "
+                          "would exceed --ssd-prefetch-staging (a shorter run is returned)",
+                          NULL);
     m->p_bytes = pf_metric_counter("pegaflow_ssd_prefetch_bytes",
                                    "Bytes prefetched from the SSD cache and accepted", NULL);
     m->p_success = pf_metric_counter("pegaflow_ssd_prefetch_success",
@@ -135,8 +170,8 @@ static int open_files(struct pf_ssd *s, char *err, size_t errlen)
     if (!s->files)
         return -ENOMEM;
     for (uint32_t i = 0; i < s->nshards; i++) {
-        int rc = pf_blk_file_open(s->cfg.blk, s->paths[i], s->shard_cap,
-                                  PF_BLK_OPEN_CREATE | PF_BLK_OPEN_TRUNCATE, &s->files[i]);
+        int rc = pf_blk_file_open(s->cfg.blk, s->paths[i], s->shard_cap, PF_BLK_OPEN_CREATE,
+                                  &s->files[i]);
         if (rc) {
             snprintf(err, errlen, "--ssd-cache-path %s: %s (%s)", s->paths[i], open_reason(rc),
                      strerror(-rc));
@@ -162,6 +197,8 @@ static void defaults(struct pf_ssd_config *c)
         c->prefetch_inflight = 16;
     if (!c->max_prefetch_blocks)
         c->max_prefetch_blocks = 800;
+    if (!c->prefetch_staging_bytes)
+        c->prefetch_staging_bytes = 1ull << 30;
 }
 
 static void log_config(const struct pf_ssd *s, const char *backend)
@@ -174,13 +211,15 @@ static void log_config(const struct pf_ssd *s, const char *backend)
     for (uint32_t i = 0; i < s->nshards; i++)
         pf_info("  shard %u: %s", i, s->paths[i]);
     pf_info("SSD cache: write queue %u batch(es), %u write(s) in flight; prefetch queue %u "
-            "batch(es), %u read(s) in flight, max %u prefetching block(s); integrity %s; I/O "
-            "timeout %llu ms",
+            "batch(es), %u read(s) in flight, max %u prefetching block(s), staging at most %llu "
+            "bytes; integrity %s; I/O timeout %llu ms",
             s->cfg.write_queue_depth, s->cfg.write_inflight, s->cfg.prefetch_queue_depth,
             s->cfg.prefetch_inflight, s->cfg.max_prefetch_blocks,
-            s->cfg.integrity ? "checked" : "off", (unsigned long long)s->io_timeout_ms);
-    pf_info("SSD cache: files truncated at start-up, the index is in memory only: a restart "
-            "begins with an empty SSD cache");
+            (unsigned long long)s->cfg.prefetch_staging_bytes, s->cfg.integrity ? "checked" : "off",
+            (unsigned long long)s->io_timeout_ms);
+    pf_info("SSD cache: recovery %s", s->cfg.recover
+                                          ? "on (the index is rebuilt from the files)"
+                                          : "off (--ssd-recover off: files start empty)");
 }
 
 static void destroy_sync(struct pf_ssd *s)
@@ -193,6 +232,8 @@ static void destroy_sync(struct pf_ssd *s)
     pthread_cond_destroy(&s->done_cv);
     pthread_cond_destroy(&s->rq_cv);
     pthread_cond_destroy(&s->rdone_cv);
+    pthread_mutex_destroy(&s->scan_mu);
+    pthread_cond_destroy(&s->scan_cv);
 }
 
 int pf_ssd_create(const struct pf_ssd_config *cfg, struct pf_ssd **s_p, char *err, size_t errlen)
@@ -215,11 +256,11 @@ int pf_ssd_create(const struct pf_ssd_config *cfg, struct pf_ssd **s_p, char *er
     }
     s->nshards = (uint32_t)nshards;
     s->shard_cap = s->cfg.capacity / s->nshards / PF_BLK_ALIGN * PF_BLK_ALIGN;
-    if (s->shard_cap == 0) {
+    if (s->shard_cap <= SSD_SB_SIZE) {
         snprintf(err, errlen,
-                 "--ssd-cache-capacity %llu bytes is too small for %u shard(s) of at least %u "
+                 "--ssd-cache-capacity %llu bytes is too small for %u shard(s) of more than %u "
                  "bytes",
-                 (unsigned long long)s->cfg.capacity, s->nshards, PF_BLK_ALIGN);
+                 (unsigned long long)s->cfg.capacity, s->nshards, SSD_SB_SIZE);
         goto err_free;
     }
     pthread_mutex_init(&s->mu, NULL);
@@ -230,6 +271,8 @@ int pf_ssd_create(const struct pf_ssd_config *cfg, struct pf_ssd **s_p, char *er
     pf_cond_init(&s->done_cv);
     pf_cond_init(&s->rq_cv);
     pf_cond_init(&s->rdone_cv);
+    pthread_mutex_init(&s->scan_mu, NULL);
+    pf_cond_init(&s->scan_cv);
     s->budget.max = s->cfg.max_prefetch_blocks;
     atomic_init(&s->next_io_id, 1);
     ssd_metrics_init(&s->m);
@@ -239,7 +282,10 @@ int pf_ssd_create(const struct pf_ssd_config *cfg, struct pf_ssd **s_p, char *er
     rc = open_files(s, err, errlen);
     if (rc)
         goto err_files;
-    rc = ssd_index_init(&s->idx, s->nshards, s->shard_cap);
+    rc = ssd_format_open(s, err, errlen);
+    if (rc)
+        goto err_files;
+    rc = ssd_index_init(&s->idx, s->nshards, s->shard_cap - SSD_SB_SIZE, SSD_SB_SIZE);
     if (rc) {
         snprintf(err, errlen, "SSD cache: cannot create the index: %s", strerror(-rc));
         goto err_files;
@@ -275,9 +321,19 @@ int pf_ssd_create(const struct pf_ssd_config *cfg, struct pf_ssd **s_p, char *er
     }
     s->reader_started = true;
     log_config(s, s->cfg.blk->ops->name);
+    rc = ssd_recover_start(s, err, errlen);
+    if (rc)
+        goto err_reader;
     *s_p = s;
     return 0;
+err_reader:
+    pthread_mutex_lock(&s->rq_mu);
+    s->r_stop = true;
+    pthread_cond_broadcast(&s->rq_cv);
+    pthread_mutex_unlock(&s->rq_mu);
+    pthread_join(s->reader, NULL);
 err_writer:
+    atomic_store(&s->stopped, true);
     pthread_mutex_lock(&s->wq_mu);
     s->w_stop = true;
     pthread_cond_broadcast(&s->wq_cv);
@@ -294,6 +350,8 @@ err_files:
     for (uint32_t i = 0; s->files && i < s->nshards; i++)
         pf_blk_file_close(s->files[i]);
     free(s->files);
+    free(s->sb);
+    free(s->need_scan);
 err_paths:
     for (uint32_t i = 0; s->paths && i < s->nshards; i++)
         free(s->paths[i]);
@@ -317,12 +375,13 @@ void pf_ssd_stop(struct pf_ssd *s)
     s->r_stop = true;
     pthread_cond_broadcast(&s->rq_cv);
     pthread_mutex_unlock(&s->rq_mu);
+    ssd_recover_stop(s);
     if (s->writer_started)
         pthread_join(s->writer, NULL);
     if (s->reader_started)
         pthread_join(s->reader, NULL);
     s->writer_started = s->reader_started = false;
-    pf_info("SSD cache stopped (%llu committed block(s) forgotten)",
+    pf_info("SSD cache stopped (%llu committed block(s) on disk)",
             (unsigned long long)s->idx.ncommitted);
 }
 
@@ -338,6 +397,9 @@ void pf_ssd_destroy(struct pf_ssd *s)
     }
     free(s->files);
     free(s->paths);
+    free(s->sb);
+    free(s->need_scan);
+    free(s->fps);
     free(s->wq);
     free(s->rq);
     destroy_sync(s);
@@ -407,6 +469,31 @@ int pf_ssd_flush(struct pf_ssd *s, uint64_t timeout_ms)
     return rc;
 }
 
+int pf_ssd_drain(struct pf_ssd *s, uint64_t timeout_ms)
+{
+    if (!s || atomic_load(&s->stopped))
+        return -ESHUTDOWN;
+    uint64_t t0 = pf_now_ns(), dl = t0 + timeout_ms * PF_NS_PER_MS;
+    int rc = 0;
+    if (s->engine)
+        rc = pf_engine_flush(s->engine, timeout_ms);
+    pthread_mutex_lock(&s->wq_mu);
+    uint64_t pending = s->seq_enq - s->seq_done;
+    pthread_mutex_unlock(&s->wq_mu);
+    uint64_t now = pf_now_ns();
+    if (rc == 0 || rc == -ETIMEDOUT)
+        rc = pf_ssd_flush(s, now < dl ? (dl - now) / PF_NS_PER_MS : 0);
+    double ms = (double)(pf_now_ns() - t0) / 1e6;
+    if (rc == 0)
+        pf_info("SSD drain: %llu pending batch(es) written in %.0f ms", (unsigned long long)pending,
+                ms);
+    else
+        pf_warn("SSD drain: %s after %.0f ms (bound %llu ms): what is not written is not "
+                "recovered by the next start",
+                strerror(-rc), ms, (unsigned long long)timeout_ms);
+    return rc;
+}
+
 /* ---- read side ---- */
 
 size_t pf_ssd_probe(struct pf_ssd *s, const struct pf_block_key *keys, size_t n)
@@ -434,6 +521,9 @@ void pf_ssd_stats(struct pf_ssd *s, struct pf_ssd_stats *st)
     st->writing = s->idx.nwriting;
     st->committed = s->idx.ncommitted;
     pthread_mutex_unlock(&s->mu);
+    pthread_mutex_lock(&s->scan_mu);
+    st->recovery_done = s->scan_done;
+    pthread_mutex_unlock(&s->scan_mu);
     pthread_mutex_lock(&s->budget_mu);
     st->prefetch_reserved = s->budget.used;
     pthread_mutex_unlock(&s->budget_mu);

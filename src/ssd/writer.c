@@ -26,6 +26,7 @@
 struct wslot {
     struct ssd_io io;
     struct pf_block *b; /* strong reference for the duration of the write */
+    uint8_t *hdr;       /* the record header (O_DIRECT-aligned), written before the payload */
     struct ssd_place place;
     uint64_t seq;
 };
@@ -52,8 +53,10 @@ static void slot_release(struct wslot *sl)
 {
     pf_block_put(sl->b);
     free(sl->io.iov);
+    free(sl->hdr);
     sl->b = NULL;
     sl->io.iov = NULL;
+    sl->hdr = NULL;
 }
 
 enum { OV_NONE, OV_INFLIGHT, OV_LOST };
@@ -74,9 +77,56 @@ static int overtakes(struct writer *w, uint32_t sh, uint64_t new_tail)
     return OV_NONE;
 }
 
+/* The record header of b (payload len bytes): slot geometry and checksums (computed here
+ * for slots sealed without one, so every record can be verified by the recovery scan) and
+ * an aligned buffer for the encoded header. The caller encodes it once seq and the shard
+ * identity are known. */
+static int build_header(const struct pf_block *b, const struct pf_block_key *key, uint64_t len,
+                        struct ssd_rec_hdr *h, struct ssd_rec_slot **rs_p, uint8_t **hdr_p)
+{
+    memset(h, 0, sizeof(*h));
+    const char *ns = pf_ns_name(key->ns);
+    size_t ns_len = strlen(ns);
+    if (ns_len > SSD_NS_MAX || b->nslots > SSD_REC_SLOTS_MAX) {
+        pf_log_ratelimited(PF_LOG_WARN, 10000,
+                           "block with a %zu-byte namespace or %u slots does not fit an SSD "
+                           "record header: not written to SSD",
+                           ns_len, b->nslots);
+        return -EINVAL;
+    }
+    struct ssd_rec_slot *rs = calloc(b->nslots, sizeof(*rs));
+    if (!rs)
+        return -ENOMEM;
+    for (uint16_t i = 0; i < b->nslots; i++) {
+        struct pf_slot sv;
+        pf_block_slot(b, i, &sv);
+        rs[i] = (struct ssd_rec_slot){
+            .checksum = sv.has_checksum ? sv.checksum : pf_slot_compute_checksum(&sv),
+            .seg_len = sv.seg_len,
+            .seg_stride = sv.seg_stride,
+            .numa = sv.numa,
+            .nseg = sv.nseg,
+        };
+    }
+    memcpy(h->ns, ns, ns_len + 1);
+    h->key = *key;
+    h->nslots = b->nslots;
+    h->payload_len = len;
+    h->hdr_len = ssd_rec_hdr_len(ns_len, b->nslots);
+    h->layout_fp = ssd_layout_fp(rs, b->nslots);
+    if (posix_memalign((void **)hdr_p, SSD_REC_ALIGN, h->hdr_len) != 0) {
+        free(rs);
+        return -ENOMEM;
+    }
+    *rs_p = rs;
+    return 0;
+}
+
 static int start_write(struct writer *w, struct pf_block *b)
 {
     struct pf_ssd *s = w->s;
+    struct ssd_rec_slot *rs = NULL;
+    uint8_t *hdr = NULL;
     if (!pf_block_upgrade(b)) {
         pf_block_weak_put(b); /* freed while queued */
         return W_SKIPPED;
@@ -89,18 +139,30 @@ static int start_write(struct writer *w, struct pf_block *b)
         goto skip;
     }
     struct pf_block_key key = pf_block_key(b);
+    struct ssd_rec_hdr h;
+    if (build_header(b, &key, len, &h, &rs, &hdr) != 0)
+        goto skip;
     pthread_mutex_lock(&s->mu);
-    if (ssd_index_find(&s->idx, &key)) {
+    ssd_fp_learn(s, &key, b->nslots, h.layout_fp);
+    struct ssd_entry *old = ssd_index_find(&s->idx, &key);
+    if (old && old->recovered && old->state == SSD_COMMITTED && old->fp != h.layout_fp) {
+        /* a recovered record of another geometry is replaced by this block */
+        ssd_index_drop(&s->idx, old);
+        pf_child_add(s->m.r_drop[SSD_DROP_GEOMETRY], 1);
+        old = NULL;
+    }
+    if (old) {
         pthread_mutex_unlock(&s->mu);
         goto skip; /* duplicates are not rewritten */
     }
+    uint64_t total = ssd_rec_span(h.hdr_len, len); /* ring bytes, 4 KiB-aligned */
     uint32_t sh;
     uint64_t start, tail;
     int rc, ov = OV_NONE;
     /* a shard stuck behind a lost write is passed over (the next shard takes the block);
      * only when every shard is stuck is the block left out */
     for (uint32_t tries = 0; tries < s->idx.nshards; tries++) {
-        rc = ssd_index_peek(&s->idx, len, &sh, &start, &tail);
+        rc = ssd_index_peek(&s->idx, total, &sh, &start, &tail);
         if (rc) {
             pthread_mutex_unlock(&s->mu);
             pf_log_ratelimited(PF_LOG_WARN, 10000,
@@ -120,6 +182,8 @@ static int start_write(struct writer *w, struct pf_block *b)
     }
     if (ov == OV_INFLIGHT) {
         pthread_mutex_unlock(&s->mu);
+        free(rs);
+        free(hdr);
         pf_block_put(b); /* keep the weak reference: retried after completions */
         return W_BLOCKED;
     }
@@ -129,8 +193,14 @@ static int start_write(struct writer *w, struct pf_block *b)
         goto skip; /* every shard is stuck: the block stays in RAM only */
     }
     struct ssd_place place;
-    rc = ssd_index_begin(&s->idx, b, len, &place);
+    h.seq = atomic_fetch_add(&s->next_seq, 1);
+    memcpy(h.uuid, s->sb[sh].uuid, sizeof(h.uuid));
+    rc = ssd_rec_encode(&h, rs, hdr, h.hdr_len);
+    if (rc == 0)
+        rc = ssd_index_begin(&s->idx, b, rs, h.hdr_len, len, h.seq, &place);
     pthread_mutex_unlock(&s->mu);
+    free(rs);
+    rs = NULL;
     if (rc) {
         pf_log_ratelimited(PF_LOG_WARN, 10000, "cannot index an SSD write: %s", strerror(-rc));
         pf_metric_add(s->m.w_fail, 1);
@@ -139,19 +209,21 @@ static int start_write(struct writer *w, struct pf_block *b)
     struct wslot *sl = fifo_at(w, w->count);
     memset(sl, 0, sizeof(*sl));
     sl->b = b;
+    sl->hdr = hdr;
     sl->place = place;
     sl->seq = w->cur->seq;
-    sl->io.iov = malloc((size_t)b->nslots * 2 * sizeof(struct iovec));
+    sl->io.iov = malloc(((size_t)b->nslots * 2 + 1) * sizeof(struct iovec));
     sl->io.id = atomic_fetch_add(&s->next_io_id, 1);
     sl->io.op = PF_BLK_WRITE;
     sl->io.file = s->files[place.shard];
-    sl->io.off = sl->io.next_off = place.off;
-    sl->io.len = len;
+    sl->io.off = sl->io.next_off = place.off - place.hdr_len;
+    sl->io.len = place.hdr_len + len;
     sl->io.t0_ns = pf_now_ns();
     if (!sl->io.iov) {
         sl->io.err = -ENOMEM;
     } else {
-        sl->io.niov = ssd_block_iov(b, sl->io.iov);
+        sl->io.iov[0] = (struct iovec){hdr, place.hdr_len};
+        sl->io.niov = 1 + ssd_block_iov(b, sl->io.iov + 1);
         sl->io.nparts = ssd_io_parts(sl->io.niov);
         if (sl->io.nparts > SSD_PARTS_MAX)
             sl->io.err = -E2BIG;
@@ -163,6 +235,8 @@ static int start_write(struct writer *w, struct pf_block *b)
         ssd_io_submit(s->wqueue, &sl->io);
     return W_STARTED;
 skip:
+    free(rs);
+    free(hdr);
     pf_block_put(b);
     pf_block_weak_put(b);
     return W_SKIPPED;
@@ -203,6 +277,7 @@ static void commit_front(struct writer *w, bool force)
         pthread_mutex_unlock(&s->mu);
         if (ok && rc == 0) {
             pf_metric_add(s->m.w_bytes, (double)sl->io.len);
+            pf_metric_add(s->m.w_blocks, 1);
             pf_metric_observe(s->m.w_tput, ssd_rate(sl->io.len, now - sl->io.t0_ns));
         } else if (ok) {
             pf_debug("SSD write on shard %u overtaken by the ring before it committed",
@@ -359,6 +434,10 @@ void *ssd_writer_main(void *arg)
         shutdown_writer(&w);
         return NULL;
     }
+    /* nothing is written before the recovery scan has placed the ring head after the
+     * newest record (offers meanwhile queue up, then are dropped as queue-full) */
+    while (!atomic_load(&s->stopped) && !ssd_recover_wait(s, 200))
+        ;
     for (;;) {
         if (atomic_load(&s->stopped))
             break;

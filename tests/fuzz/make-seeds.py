@@ -269,7 +269,33 @@ def ssd_seeds():
     write("ssd_layout", "no-checksum", bytes([2, 1, 0, 0x00, 0x02, 2, 10, 0, 0, 0x10, 0, 1, 0, 1, 3, 0xff, 0xff, 1, 0]) + b"\x07")
 
 
+def tenants_seeds():
+    tok = b"0123456789abcdef0123"
+    write("tenants", "two", b"# tenants\ntenant=acme token=" + tok + b" namespaces=acme,acme-* ram=4gb\r\n"
+          b"tenant=beta token=" + tok[::-1] + b" namespaces=beta ram=unlimited\n")
+    write("tenants", "overlap", b"tenant=a token=" + tok + b" namespaces=a-*\n"
+          b"tenant=b token=" + tok[::-1] + b" namespaces=a-b\n")
+    write("tenants", "catch-all", b"tenant=all token=" + tok + b" namespaces=*\n")
+    write("tenants", "bad-size", b"tenant=a token=" + tok + b" namespaces=a ram=0\n")
+
+
+def ssd_record_seeds():
+    # see fuzz_ssd_record.c: byte 0 odd: build + corrupt (slots-1, ns length, key length-1,
+    # seq[8], key, uuid[16], ns, per slot: stride/512-1, seg_len seed, nseg-1, numa, checksum
+    # seed; then flips-1 and per flip position (2 bytes), mask; then superblock bytes)
+    one = bytes([1, 0, 7, 31]) + bytes(8) + bytes(range(32)) + bytes(range(16)) + b"default"
+    one += bytes([7, 200, 1, 1, 9])
+    write("ssd_record", "one-slot-flip-key", one + bytes([0, 0, 70, 0x01, 0, 0, 8, 0, 20, 0x04]))
+    many = bytes([3, 63, 0, 15]) + bytes([1] * 8) + bytes(16) + bytes(16) + b"n" * 0
+    many += bytes([3, 17, 0, 2, 5]) * 64
+    write("ssd_record", "many-slots-flip-table", many + bytes([3, 1, 200, 0x80, 0, 5, 1, 6, 9, 7, 9, 0xff]))
+    write("ssd_record", "flip-checksum", one + bytes([0, 0, 121, 0x10, 1, 2, 3, 1, 0xf8, 0x01]))
+    write("ssd_record", "raw-zero", bytes([0]) + bytes(4096))
+    write("ssd_record", "raw-magic", bytes([0]) + b"PFSSDREC" + bytes([1, 0, 0, 0, 0, 2, 0, 0]) + bytes(600))
+
+
 def main():
+    tenants_seeds()
     engine_seeds()
     handshake_seeds()
     meta_seeds()
@@ -279,6 +305,7 @@ def main():
     tcpnet_seeds()
     tcpnet_rx_seeds()
     ssd_seeds()
+    ssd_record_seeds()
     return 0
 
 

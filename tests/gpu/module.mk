@@ -11,17 +11,17 @@ GPU_CHECK_BINS := $(O)/tests/gpu/gpu_probe $(O)/tests/gpu/gpu_hal_check $(O)/tes
 $(O)/tests/gpu/gpu_probe: $(O)/obj/tests/gpu/gpu_probe.o
 	@mkdir -p $(@D)
 	@echo "  LD      $@"
-	@$(CC) $(LDFLAGS_ALL) -o $@ $< $(CUDA_LIBS)
+	@$(CC) $(LDFLAGS_ALL) -o $@ $< $(CUDART_LIBS)
 
 $(O)/tests/gpu/gpu_hal_check: $(O)/obj/tests/gpu/gpu_hal_check.o $(LIBPFCORE)
 	@mkdir -p $(@D)
 	@echo "  LD      $@"
-	@$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIBPFCORE) $(LIBS_ALL) $(CUDA_LIBS) -lstdc++
+	@$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIBPFCORE) $(LIBS_ALL) $(CUDART_LIBS)
 
 $(O)/tests/gpu/gpu_kv_check: $(O)/obj/tests/gpu/gpu_kv_check.o $(LIBPFCLIENT) $(LIBPFCORE)
 	@mkdir -p $(@D)
 	@echo "  LD      $@"
-	@$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIBPFCLIENT) $(LIBPFCORE) $(LIBS_ALL) $(CUDA_LIBS) -lstdc++
+	@$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIBPFCLIENT) $(LIBPFCORE) $(LIBS_ALL) $(CUDART_LIBS)
 
 .PHONY: gpu-check-progs
 gpu-check-progs: $(GPU_CHECK_BINS)

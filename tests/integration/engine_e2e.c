@@ -9,6 +9,9 @@
  *   session     kill -9 of the client holding the Session stream cleans the instance up
  *               within 5 s; its cached blocks still serve a new instance
  *   http        /health, /instances, cleanup endpoints, 404/405
+ *   gpulost     the GPU is lost as after a sticky CUDA error (fault plan: gpu.d2h fatal):
+ *               the save fails saying so, /health answers 503 and the Health RPC
+ *               UNAVAILABLE, and later saves fail the same way (hal_gpu.h "Lost device")
  * Usage: engine_e2e <scenario>... (default: all). Seed: PF_TEST_SEED. */
 #include <errno.h>
 #include <signal.h>
@@ -540,13 +543,46 @@ static void sc_http(void)
     fprintf(stderr, "  http: endpoints answer as documented\n");
 }
 
+static void sc_gpulost(void)
+{
+    const char *args[] = {"--gpu-backend",  "sim",          "--pool-size",     "32mb",
+                          "--enable-debug", "--fault-spec", "gpu.d2h:fatal=1", NULL};
+    struct pft_proc s;
+    PFT_CHECK(pft_start(&s, "pegaflow-server", "127.0.0.1", args) == 0, "start server");
+    struct pf_client *c;
+    PFT_CHECK(pf_client_connect(s.addr, &c) == 0, "connect");
+    char *body = NULL;
+    PFT_CHECK(pft_http(s.http_host, s.http_port, "GET", "/health", &body) == 200, "health");
+    free(body);
+    PFT_CHECK(pf_client_health(c, TMO) == 0, "Health RPC before");
+    struct world W;
+    world_init(&W, "lost-inst", "ns-lost", 1, 1, KV_CONTIG, 16, 8192, true);
+    world_register(c, &W);
+    PFT_CHECK(world_save(c, &W, 500, 0, 4) != 0, "save on a lost GPU succeeded");
+    const char *msg = pf_last_error_message();
+    PFT_CHECK(strstr(msg, "lost its GPU context") && strstr(msg, "restarted") &&
+                  !strstr(msg, "shrank"),
+              "save error: %s", msg);
+    PFT_CHECK(pft_http(s.http_host, s.http_port, "GET", "/health", &body) == 503 &&
+                  strstr(body, "unhealthy") && strstr(body, "GPU context lost"),
+              "health after the loss: %s", body ? body : "(none)");
+    free(body);
+    PFT_CHECK(pf_client_health(c, TMO) != 0 && pf_last_error_code() == 14,
+              "Health RPC after the loss: code %d", pf_last_error_code());
+    PFT_CHECK(world_save(c, &W, 600, 0, 4) != 0 &&
+                  strstr(pf_last_error_message(), "lost its GPU context"),
+              "second save: %s", pf_last_error_message());
+    world_free(&W);
+    pf_client_close(c);
+    PFT_CHECK(pft_stop(&s, SIGTERM, 15000) == 0, "server exit code");
+    fprintf(stderr, "  gpulost: the lost GPU is reported by save, /health and Health\n");
+}
+
 int main(int argc, char **argv)
 {
     seed = world_seed = pft_seed();
-    static const struct pft_scenario sc[] = {{"roundtrip", sc_roundtrip},
-                                             {"eviction", sc_eviction},
-                                             {"errors", sc_errors},
-                                             {"session", sc_session},
-                                             {"http", sc_http}};
+    static const struct pft_scenario sc[] = {{"roundtrip", sc_roundtrip}, {"eviction", sc_eviction},
+                                             {"errors", sc_errors},       {"session", sc_session},
+                                             {"http", sc_http},           {"gpulost", sc_gpulost}};
     return pft_run_scenarios(sc, sizeof(sc) / sizeof(sc[0]), argv + 1, argc - 1);
 }

@@ -14,7 +14,10 @@
 #                                      (0600) and exports PF_CLUSTER_TOKEN_FILE (for the
 #                                      servers' --cluster-token-file) and PEGAFLOW_TOKEN_FILE
 #                                      (libpegaflow clients send it): protected-default
-#                                      nodes (P2P, worker RPCs from another namespace) need it
+#                                      nodes (P2P, worker RPCs from another namespace) need it;
+#                                      also DIR/admin-token, exported as PF_ADMIN_TOKEN_FILE
+#                                      (p2p_cluster.h's servers take it, pft_http sends it) so
+#                                      a test's POST from outside a node's namespace is served
 # Every process started with pf_start is killed at exit.
 
 PF_TMP=${PF_TMP:-}
@@ -42,7 +45,9 @@ pf_cluster_token() {
   f="$dir/cluster-token"
   (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$f" && echo >>"$f") ||
     return 1
-  export PF_CLUSTER_TOKEN_FILE=$f PEGAFLOW_TOKEN_FILE=$f
+  (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$dir/admin-token" &&
+    echo >>"$dir/admin-token") || return 1
+  export PF_CLUSTER_TOKEN_FILE=$f PEGAFLOW_TOKEN_FILE=$f PF_ADMIN_TOKEN_FILE=$dir/admin-token
 }
 
 pf_log() { echo "[$(date +%H:%M:%S.%N | cut -c1-12)] $*"; }

@@ -100,6 +100,12 @@ static void spawn(struct node *n, const char *bin, int gport, const char *const 
         snprintf(sec[0], sizeof(sec[0]), "--cluster-token-file=%s",
                  token_override ? token_override : getenv("PF_CLUSTER_TOKEN_FILE"));
         argv[k++] = sec[0];
+        if (getenv("PF_ADMIN_TOKEN_FILE") && strcmp(bin, "pegaflow-server") == 0) {
+            /* POSTs from the test (outside the node's namespace) carry this token (pft_http) */
+            snprintf(sec[1], sizeof(sec[1]), "--admin-token-file=%s",
+                     getenv("PF_ADMIN_TOKEN_FILE"));
+            argv[k++] = sec[1];
+        }
     }
     for (size_t i = 0; args && args[i] && k < 62; i++)
         argv[k++] = args[i];
@@ -153,6 +159,9 @@ static void start_ms(int port, const char *stale)
     spawn(&MS, "pegaflow-metaserver", port, args);
 }
 
+/* gRPC port of the next start_node (0: any; a restart on the same address sets it) */
+static int next_node_port;
+
 /* extra: more flags (NULL-terminated), e.g. the fault spec */
 static void start_node(struct node *n, const char *const *extra)
 {
@@ -175,7 +184,8 @@ static void start_node(struct node *n, const char *const *extra)
         args[k++] = "64mb";
     }
     args[k] = NULL;
-    spawn(n, "pegaflow-server", 0, args);
+    spawn(n, "pegaflow-server", next_node_port, args);
+    next_node_port = 0;
     /* fetching needs the node's own MetaServer session (no discovery without it) */
     PFT_CHECK(pft_wait_log(&n->p, "MetaServer session established", 20000),
               "%s: no MetaServer session", n->tag);

@@ -42,6 +42,11 @@
  *              replica 1 killed (SIGKILL): B discovers and fetches new blocks through
  *              replica 2; Redis killed: saves and queries answer, no discovery; Redis back
  *              (empty): A re-registers by itself and B fetches again
+ *   tenants    two tenants (--tenants-file) with equal hashes in their own namespaces:
+ *              each fetches its own bytes from A, byte-exact (p2p_tenants.h)
+ *
+ *   ssdrestart issue 25: A killed with its blocks on SSD and restarted on the same file:
+ *              recovered, re-registered with the MetaServer, fetched by B byte-exact
  *
  * Security (PF_P2P_SECURITY_DIR=DIR, made by certs.sh): every process is started with
  * DIR/<tag>.crt/.key, DIR/ca.crt and DIR/token (servers also DIR/admin-token); this
@@ -79,6 +84,7 @@
 #include "p2p_cluster.h"
 #include "p2p_auth.h"
 #include "p2p_redis.h"
+#include "p2p_tenants.h"
 
 /* ------------------------------------------------------------------ scenarios */
 
@@ -634,14 +640,81 @@ static void sc_layouts(void)
     }
 }
 
+static void sc_ssdrestart(void)
+{
+    /* issue 25: A is killed (SIGKILL) with its blocks on its SSD and restarted on the same
+     * file: its recovery scan rebuilds the SSD index and the recovered blocks are
+     * re-registered with the MetaServer (A's RAM is empty); once A has promoted them (a
+     * local query), B discovers them through the MetaServer and fetches them byte-exact */
+    if (!io_uring_usable()) {
+        fprintf(stderr, "    SKIP (ssdrestart): io_uring is not usable here\n");
+        return;
+    }
+    char dir[512], ssd[600];
+    const char *logdir = getenv("PF_TEST_LOGDIR");
+    snprintf(dir, sizeof(dir), "%s/ssdrestart.XXXXXX", logdir ? logdir : "/tmp");
+    PFT_CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    snprintf(ssd, sizeof(ssd), "%s/a.dat", dir);
+    const char *ssd_args[] = {"--ssd-cache-path", ssd, "--ssd-cache-capacity", "64mb", NULL};
+    start_ms(0, "3"); /* the killed A's session goes stale fast: the restarted A takes over */
+    start_node(&NA, ssd_args);
+    start_node(&NB, NULL);
+    struct pf_client *ca = connect_to(&NA), *cb = connect_to(&NB);
+    const size_t N = 16;
+    struct world wa, wb;
+    pworld(&wa, "inst-A", 1, 1, 64, 65536, 25, true);
+    pworld(&wb, "inst-B", 1, 1, 64, 65536, 0, false);
+    world_register(ca, &wa);
+    world_save_ok(ca, &wa, 2500, 0, N);
+    wait_metric(&NA, "pegaflow_ssd_write_blocks_total", (double)N, true, 20000);
+    pf_client_close(ca);
+    int port = NA.p.grpc_port;
+    stop(&NA, SIGKILL);
+    next_node_port = port; /* restarted on its address, as a node keeps its --addr */
+    start_node(&NA, ssd_args);
+    wait_metric(&NA, "pegaflow_ssd_recovery_state", 2, false, 20000);
+    PFT_CHECK(node_metric(&NA, "pegaflow_ssd_recovered_blocks") == (double)N, "recovered %g",
+              node_metric(&NA, "pegaflow_ssd_recovered_blocks"));
+    PFT_CHECK(node_metric(&NA, "pegaflow_cache_resident_blocks") == 0, "A's RAM is not empty");
+    /* the MetaServer learns them from A's SSD index */
+    wait_meta(NA.p.addr, 2500, N, (long)N, 20000);
+    wait_metric(&NA, "pegaflow_metaserver_resync_blocks_total", (double)N, true, 20000);
+    fprintf(stderr, "    A restarted: %zu SSD block(s) recovered and listed by the MetaServer\n",
+            N);
+    ca = connect_to(&NA);
+    world_register(ca, &wa);
+    struct world wa2;
+    pworld(&wa2, "inst-A2", 1, 1, 64, 65536, 0, false);
+    world_register(ca, &wa2);
+    fetch_check(ca, &wa2, "ssdr-a", 2500, N, 0, &wa, 0, 0, (long)N, 20000);
+    world_register(cb, &wb);
+    fetch_check(cb, &wb, "ssdr-b", 2500, N, 0, &wa, 0, 0, (long)N, 30000);
+    PFT_CHECK(node_metric(&NB, "pegaflow_rdma_fetch_total{status=\"ok\"}") >= 1,
+              "B did not fetch from A");
+    pf_client_close(ca);
+    pf_client_close(cb);
+    stop_all();
+    world_free(&wa);
+    world_free(&wa2);
+    world_free(&wb);
+}
+
 static const struct pft_scenario scenarios[] = {
-    {"basic", sc_basic},   {"mutual", sc_mutual},
-    {"three", sc_three},   {"metaserver", sc_metaserver},
-    {"kill", sc_kill},     {"timeout", sc_timeout},
-    {"expire", sc_expire}, {"corrupt", sc_corrupt},
-    {"evict", sc_evict},   {"auth", sc_auth},
-    {"redis", sc_redis},   {"layouts", sc_layouts},
+    {"basic", sc_basic},
+    {"mutual", sc_mutual},
+    {"three", sc_three},
+    {"metaserver", sc_metaserver},
+    {"kill", sc_kill},
+    {"timeout", sc_timeout},
+    {"expire", sc_expire},
+    {"corrupt", sc_corrupt},
+    {"evict", sc_evict},
+    {"auth", sc_auth},
+    {"redis", sc_redis},
+    {"layouts", sc_layouts},
     {"plan", sc_plan},
+    {"tenants", sc_tenants},
+    {"ssdrestart", sc_ssdrestart},
 };
 
 int main(int argc, char **argv)

@@ -1,7 +1,12 @@
 """Checks a pegaflow-sim JSON report and that the run left nothing behind
 (used by test_sim.sh and test_sim_unprivileged.sh).
 
-Usage: sim_check.py REPORT.json [PLOT.svg] [--want-events kill,restart] [--want-remote]"""
+Usage: sim_check.py REPORT.json [PLOT.svg] [--want-events kill,restart] [--want-remote]
+                    [--min-efficiency X]
+
+--min-efficiency: total.efficiency (delivered / available, docs/simulation.md "Efficiency")
+must be at least X; with --want-events restart every restarted node must have had a hit
+(restart_to_hit_s not null; its value is printed, not asserted)."""
 
 import json
 import os
@@ -17,7 +22,11 @@ want_events = []
 want_remote = "--want-remote" in args
 if "--want-events" in args:
     want_events = args[args.index("--want-events") + 1].split(",")
-files = [a for a in args if not a.startswith("--") and a not in ",".join(want_events)]
+min_eff = None
+if "--min-efficiency" in args:
+    min_eff = float(args[args.index("--min-efficiency") + 1])
+files = [a for a in args if not a.startswith("--") and a not in ",".join(want_events)
+         and (min_eff is None or a != args[args.index("--min-efficiency") + 1])]
 doc = json.load(open(files[0]))
 fails = []
 t = doc["total"]
@@ -41,7 +50,23 @@ if t["integrity_failures"] or t["bytes_mismatched"]:
                  f"bytes mismatched {t['bytes_mismatched']}")
 if t["requests"] != sum(r["requests"] for r in doc["nodes"]):
     fails.append("request counts do not add up")
+for k in ("available", "delivered", "efficiency", "loading_then_nothing"):
+    if k not in t:
+        fails.append(f"total lacks {k}")
+for k in ("load_wait_ms", "restart_to_hit_s"):
+    if k not in doc:
+        fails.append(f"report lacks {k}")
+if t.get("delivered") != t.get("verified_blocks"):
+    fails.append(f"delivered {t.get('delivered')} != loaded {t.get('verified_blocks')}")
+if min_eff is not None and (t.get("efficiency") is None or t["efficiency"] < min_eff):
+    fails.append(f"efficiency {t.get('efficiency')} below {min_eff} (available "
+                 f"{t.get('available')}, delivered {t.get('delivered')})")
 got = [e["what"].split()[0] for e in doc["events"]]
+if "restart" in want_events:
+    restarted = {e["what"].split()[1] for e in doc["events"] if e["what"].startswith("restart n")}
+    for n in sorted(restarted):
+        if doc.get("restart_to_hit_s", {}).get(n) is None:
+            fails.append(f"restarted {n} had no hit after its ready")
 for w in want_events:
     if w not in got:
         fails.append(f"event {w} not in {doc['events']}")
@@ -78,7 +103,9 @@ if doc["namespaces"] or doc["mode"] == "netns":
 print(f"sim_check: mode {doc['mode']}, {t['requests']} requests, requested {t['requested']} "
       f"= ram {t['ram']} + ssd {t['ssd']} + remote {t['remote']} + miss {t['miss']}; "
       f"{t['verified_blocks']} loaded blocks verified, integrity failures "
-      f"{t['integrity_failures']}; events {got}")
+      f"{t['integrity_failures']}; events {got}; efficiency {t.get('efficiency')} "
+      f"(available {t.get('available')}, delivered {t.get('delivered')}); load wait ms "
+      f"{doc.get('load_wait_ms')}; restart to first hit s {doc.get('restart_to_hit_s')}")
 for f in fails:
     print("FAIL:", f)
 sys.exit(1 if fails else 0)

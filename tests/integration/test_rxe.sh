@@ -9,6 +9,13 @@
 #   p2p            p2p_e2e with --net-backend verbs --nics rxe0,rxe1 (node A on rxe0, B on
 #                  rxe1, MetaServer on 127.0.0.1): the same scenario code as on the TCP fabric
 #                  (PF_RXE_SCENARIOS, default: basic kill metaserver corrupt evict)
+#   gid_choice     rxe0's GID table lists an IPv6 global and a VLAN IPv4 address before
+#                  10.77.0.1 (ci/rxe-vm.sh): the backend chose ::ffff:10.77.0.1 RoCE v2
+#   dscp           tcpdump on veth1 (UDP 4791) during verbs_cross: every RoCE packet has
+#                  TOS 0x6a (--rdma-traffic-class 106 = DSCP 26)
+#   memlock_nonroot pegaflow-server as nobody: refused by name under a 16 MiB
+#                  RLIMIT_MEMLOCK (64 MiB pool), healthy under 256 MiB
+# (rxe_cases.sh holds those three)
 # Logs: $PF_RXE_LOGS (default <build>/test-logs/rxe/), shared read-write with the guest.
 # Exits 77 with a SKIP line where the guest cannot run (ci/rxe-vm.sh says why), in sanitizer
 # variants (the emulated guest is too slow for them within the test budget) and with PF_RXE=0.
@@ -52,9 +59,17 @@ step() { # name timeout cmd...
 }
 
 rdma link show
+cases="$top/tests/integration/rxe_cases.sh"
 step verbs_fake 120 "$O/tests/unit/net/test_verbs"
 step verbs_loop 240 env PF_VERBS_NIC=rxe0 "$O/tests/unit/net/test_verbs_dev"
+step gid_choice 60 bash "$cases" gid_choice "$logs/verbs_loop.log"
+sed 's/^/        /' "$logs/gid_choice.log"
+step capture_start 40 bash "$cases" capture-start "$logs/roce.pcap"
 step verbs_cross 240 env PF_VERBS_NIC=rxe0 PF_VERBS_NIC_B=rxe1 "$O/tests/unit/net/test_verbs_dev"
+step dscp 60 bash "$cases" dscp "$logs/roce.pcap"
+sed 's/^/        /' "$logs/dscp.log"
+step memlock_nonroot 300 bash "$cases" memlock "$logs"
+sed 's/^/        /' "$logs/memlock_nonroot.log"
 mkdir -p "$logs/p2p"
 # P2P nodes need a cluster token (protected by default, docs/security.md): one per run
 . "$(dirname "$0")/lib.sh" && pf_cluster_token "$logs/p2p" || { echo "FAIL: no cluster token"; exit 1; }

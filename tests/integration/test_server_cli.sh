@@ -65,6 +65,7 @@ bad "--addr: 127.0.0.1:50055 is not routable" --nics eth0 --metaserver-addr http
 bad "--fault-spec: fault injection is refused unless --enable-debug" --fault-spec gpu.d2h:error=EIO
 bad "--fault-spec: fault spec: unknown op" --enable-debug --fault-spec nope:error=EIO
 bad "--gpu-backend: unknown backend 'tpu'" --gpu-backend tpu
+bad "--gpu-copy-batch: unknown mode 'maybe' (auto, on, off)" --gpu-copy-batch maybe
 bad "--metric-hll-bucket-bits" --metric-hll-bucket-bits 99
 bad "--ssd-write-queue-depth" --ssd-write-queue-depth 0
 out=$(PEGAFLOW_FAULTS=gpu.d2h:error=EIO "$PF_BIN/pegaflow-server" 2>&1); rc=$?
@@ -85,7 +86,7 @@ for f in addr devices pool-size hint-value-size use-hugepages enable-lfu-admissi
   metrics-otel-endpoint metrics-period-secs ssd-cache-path ssd-cache-capacity \
   ssd-write-queue-depth ssd-prefetch-queue-depth ssd-write-inflight ssd-prefetch-inflight \
   max-prefetch-blocks nics metaserver-addr transfer-lock-timeout-secs metaserver-queue-depth \
-  gpu-backend net-backend rpc-threads fault-spec enable-debug; do
+  gpu-backend gpu-copy-batch net-backend rpc-threads fault-spec enable-debug; do
   echo "$help" | grep -q -- "--$f " || fail "--help does not list --$f"
 done
 [ "$("$PF_BIN/pegaflow-server" --version)" = "$("$PF_BIN/pegaflow-cli" version)" ] || fail "--version"

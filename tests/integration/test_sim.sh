@@ -25,8 +25,8 @@ cat "$PF_TMP/run.log"
 [ $rc = 0 ] || pf_fail "pegaflow-sim exited with $rc"
 grep -q "every loaded block matched what was saved" "$PF_TMP/run.log" ||
   pf_fail "no integrity verdict"
-check "$PF_TMP/run.json" "$PF_TMP/run.svg" --want-remote --want-events kill,restart ||
-  pf_fail "report checks"
+check "$PF_TMP/run.json" "$PF_TMP/run.svg" --want-remote --want-events kill,restart \
+  --min-efficiency 0.95 || pf_fail "report checks"
 
 # keep_run NAME: a small run that stays up; waits for "cluster kept up"; sets KPID, KTMP
 keep_run() {

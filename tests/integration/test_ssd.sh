@@ -59,6 +59,27 @@ expect_startup_error "$dir/notadir/cache.dat" -- --ssd-cache-path "$dir/notadir/
 # a capacity too small for its shards
 expect_startup_error "--ssd-cache-capacity" -- --ssd-cache-path "$dir/d3" --ssd-cache-shards 4 --ssd-cache-capacity 1kb
 
+# a file of another format version, or not ours: refused with one line naming the flag
+# (never overwritten), or started empty with --ssd-reformat on
+head -c 1048576 /dev/zero >"$dir/v2.dat"
+printf 'PFSSDSB\0\002\0\0\0' | dd of="$dir/v2.dat" conv=notrunc status=none
+expect_startup_error "$dir/v2.dat" "format version 2" "--ssd-reformat" -- \
+  --ssd-cache-path "$dir/v2.dat" --ssd-cache-capacity 1mb
+head -c 1048576 /dev/urandom >"$dir/foreign.dat"
+cp "$dir/foreign.dat" "$dir/foreign.orig"
+expect_startup_error "$dir/foreign.dat" "not a PegaFlow SSD cache file" "--ssd-reformat" -- \
+  --ssd-cache-path "$dir/foreign.dat" --ssd-cache-capacity 1mb
+cmp -s "$dir/foreign.dat" "$dir/foreign.orig" || { echo "FAIL: a refused file was modified"; exit 1; }
+timeout 60 "$server" "${base[@]}" --ssd-cache-path "$dir/foreign.dat" --ssd-cache-capacity 1mb \
+  --ssd-reformat on >"$dir/reformat.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 500); do grep -q ": ready" "$dir/reformat.log" && break; sleep 0.02; done
+grep -q ": ready" "$dir/reformat.log" && grep -q "starting it empty" "$dir/reformat.log" ||
+  { echo "FAIL: --ssd-reformat on did not start empty"; cat "$dir/reformat.log"; kill -9 $pid; exit 1; }
+kill -INT $pid
+wait $pid
+echo "  foreign files: refused (naming --ssd-reformat), started empty with --ssd-reformat on"
+
 # directory layout: 2 paths x 2 shards -> shard-000000..3 in the two directories
 timeout 60 "$server" "${base[@]}" --ssd-cache-path "$dir/p0" --ssd-cache-path "$dir/p1" \
   --ssd-cache-shards 2 --ssd-cache-capacity 8mb >"$dir/layout.log" 2>&1 &

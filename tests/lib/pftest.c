@@ -207,9 +207,18 @@ int pft_http(const char *host, int port, const char *method, const char *path, c
         return -1;
     }
     freeaddrinfo(res);
-    char req[512];
-    int n = snprintf(req, sizeof(req), "%s %s HTTP/1.0\r\nHost: %s\r\nContent-Length: 0\r\n\r\n",
-                     method, path, host);
+    /* PF_ADMIN_TOKEN_FILE (lib.sh's pf_cluster_token): sent as the admin bearer token; a
+     * server without --admin-token-file ignores the header */
+    char auth[200] = "";
+    char *tok = getenv("PF_ADMIN_TOKEN_FILE") ? pft_read_file(getenv("PF_ADMIN_TOKEN_FILE")) : NULL;
+    if (tok) {
+        tok[strcspn(tok, "\r\n")] = '\0';
+        snprintf(auth, sizeof(auth), "Authorization: Bearer %s\r\n", tok);
+        free(tok);
+    }
+    char req[768];
+    int n = snprintf(req, sizeof(req), "%s %s HTTP/1.0\r\nHost: %s\r\n%sContent-Length: 0\r\n\r\n",
+                     method, path, host, auth);
     if (write(fd, req, (size_t)n) != n) {
         close(fd);
         return -1;

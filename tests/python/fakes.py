@@ -240,7 +240,13 @@ class FakeServer:
         self.save_delay_s = 0.0  # a Save waits this long before it reads the GPU blocks
         self.fail_next: dict[str, Any] = {}  # method -> exception (one shot)
         self.loading: dict[str, int] = {}  # req_id -> Loading answers still to give
-        self.load_mode = "complete"  # complete | error | never
+        self.load_mode = "complete"  # complete | error | never | stall
+        # "stall": the copies wait for run_stalled(), which (like the real load thread,
+        # src/engine/gpu_worker.c run_batch with load.c's cancel_fn) reads the state
+        # first and, finding a cancel asked (2), copies nothing and confirms -2
+        self.stalled: list[tuple[ShmLoadState, list]] = []
+        self.watch = False  # offer watch Sessions (EngineClient.open_watch)
+        self.life = 0  # the server process incarnation; restart() starts the next
         self.sessions: dict[str, int] = {}
         # opens an IpcTensor that is not a HostTensor's ("host:<id>") into its memory (a
         # uint8 array), as the server's GPU backend would (faketorch.server_open)
@@ -282,6 +288,33 @@ class FakeServer:
         self.instances.pop(instance_id, None)
         for k in [k for k, v in self.leases.items() if v.instance_id == instance_id]:
             del self.leases[k]
+
+    def restart(self) -> None:
+        """The server process died and a new one started: nothing registered, no lease,
+        no Session; the old process's stalled loads never copy nor confirm."""
+        self.life += 1
+        self.instances.clear()
+        self.leases.clear()
+        self.sessions.clear()
+        for st, _ in self.stalled:
+            st.close()
+        self.stalled = []
+
+    def run_stalled(self) -> None:
+        for st, copies in self.stalled:
+            if st.get() == 2:
+                st.set(-2)
+            else:
+                for lay, b, data in copies:
+                    if lay.tensor is not None:
+                        lay.write(b, data)
+                st.set(1)
+            st.close()
+        self.stalled = []
+
+    def open_watch(self, instance_id):
+        self._gate("watch_open", instance_id=instance_id)
+        return FakeWatch(self, self.life)
 
     def complete_pending(self, state: int = 1) -> None:
         for s in self.pending_states:
@@ -472,6 +505,9 @@ class FakeServer:
             state.set(-1)
             state.close()
             raise
+        if self.load_mode == "stall":
+            self.stalled.append((state, copies))
+            return
         for lay, b, data in copies:
             if lay.tensor is not None:
                 lay.write(b, data)
@@ -507,6 +543,22 @@ class FakeSession:
     def alive(self) -> bool:
         return not self.closed and not self.server.down and \
             self.server.sessions.get(self.instance_id) == self.token
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeWatch:
+    """A watch Session (src/rpc/engine_service.c s_session_open with watch): alive while
+    the server process that opened it runs."""
+
+    def __init__(self, server: FakeServer, life: int):
+        self.server = server
+        self.life = life
+        self.closed = False
+
+    def alive(self) -> bool:
+        return not self.closed and not self.server.down and self.server.life == self.life
 
     def close(self) -> None:
         self.closed = True
@@ -553,6 +605,22 @@ class FakeEngineClient:
 
     def open_session(self, instance_id, namespace, tp_size, world_size, timeout_ms=None):
         return self.server.open_session(instance_id, namespace, tp_size, world_size)
+
+    def has_watch(self) -> bool:
+        return self.server.watch
+
+    def health(self, timeout_ms=None):
+        self.server._gate("health")
+
+    def fresh(self, timeout_ms=1000):
+        """EngineClient.fresh: another client on its own channel, to the same server."""
+        return FakeEngineClient(self.server)
+
+    def reconnect(self):
+        self.server.calls.append(("reconnect", {}))
+
+    def open_watch(self, instance_id="", timeout_ms=None):
+        return self.server.open_watch(instance_id)
 
     def close(self):
         self.closed = True

@@ -108,3 +108,116 @@ def test_client_recovers_after_a_server_restart(plain_server_factory, lib):
         pass  # the server may cancel the in-flight Shutdown call while stopping
     assert s2.proc.wait(10) == 0
     c.close()
+
+
+def test_worker_reregisters_as_soon_as_a_restarted_server_answers(server_factory, engine_lib):
+    """The worker's watch Session ends with the killed server; the worker registers its KV
+    caches with the new process without any Save or Load failing first (the 10 s retry
+    interval of that path never applies)."""
+    from pegaflow.device.sim import SimDeviceAdapter, allocate_kv_caches
+
+    s = server_factory()
+    c = EngineClient(s.target, lib=engine_lib, timeout_ms=5000)
+    require_engine_server(c)
+    kv, ts = allocate_kv_caches(["l0"], (2, 8, 16, 2, 8), np.uint16, lib=engine_lib)
+    w = WorkerConnector(ConnectorContext("rereg-inst", "ns", 16), c, SimDeviceAdapter(0),
+                        save_thread=False, reregister_interval_s=3600.0)
+    try:
+        w.register_kv_caches(ts)
+        assert c.query_raw("rereg-inst", "p", [b"\1" * 32]).num_hit_blocks == 0
+        s.kill()
+        s2 = server_factory("restarted", port=s.port)
+        t0 = time.monotonic()
+        while True:
+            try:
+                c.query_raw("rereg-inst", "p", [b"\1" * 32], timeout_ms=1000)
+                break
+            except (errors.FailedPrecondition, errors.Unavailable, errors.DeadlineExceeded):
+                assert time.monotonic() - t0 < 30, f"not re-registered; log:\n{s2.log()}"
+                time.sleep(0.02)
+        print(f"re-registered {time.monotonic() - t0:.2f} s after the restarted server's ready")
+        assert w.stats.get("reregistrations") == 1
+    finally:
+        w.shutdown()
+        kv.close()
+        c.close()
+
+
+def _metric(s, name: str) -> float:
+    import re as _re
+    import urllib.request
+
+    port = int(_re.findall(r"HTTP listening on \S+ \(port (\d+)\)", s.log())[-1])
+    body = urllib.request.urlopen(f"http://{s.http_host}:{port}/metrics", timeout=5).read()
+    m = _re.search(rf"^{_re.escape(name)} (\S+)$", body.decode(), _re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def test_timed_out_load_is_reported_only_after_the_server_stopped_copying(server_factory,
+                                                                           engine_lib):
+    """Every H2D batch of the server waits 2 s (fault layer): the connector gives up after
+    0.3 s, asks the server to stop, and reports the blocks failed only once the server
+    confirmed. From that report on no destination byte changes (checked after the server's
+    load thread moved on), and only whole chunks from the start landed (byte-exact)."""
+    from pegaflow.connector.plan import LoadIntent, SaveIntent, StepPlan
+    from pegaflow.device.sim import SimDeviceAdapter, allocate_kv_caches
+
+    s = server_factory(extra_args=("--enable-debug", "--fault-spec", "gpu.h2d:delay=2000"))
+    c = EngineClient(s.target, lib=engine_lib, timeout_ms=10000)
+    require_engine_server(c)
+    nb, dst0 = 64, 80  # one layer, split K/V: 2 copies a block, 32 blocks a 64-copy chunk
+    kv, ts = allocate_kv_caches(["l0"], (2, 160, 16, 2, 8), np.uint16, lib=engine_lib)
+    arr = ts["l0"].numpy()
+    rng = np.random.default_rng(24)
+    arr[...] = rng.integers(0, 65535, arr.shape, dtype=np.uint16)
+    ctx = ConnectorContext("cancel-inst", "ns", 16, load_timeout_s=0.3)
+    w = WorkerConnector(ctx, c, SimDeviceAdapter(0), save_thread=False)
+    try:
+        w.register_kv_caches(ts)
+        src = list(range(1, nb + 1))
+        hashes = [bytes([i % 256, i // 256]) * 16 for i in src]
+        w.wait_for_save(StepPlan(saves={"a": SaveIntent(tuple(src), tuple(hashes))}))
+        assert w.stats["saves"] == 1, w.stats
+        deadline = time.monotonic() + 20
+        while True:  # saved blocks become queryable once sealed
+            q = c.query_raw("cancel-inst", "b", hashes)
+            if not q.loading and q.num_hit_blocks == nb:
+                break
+            if q.lease:
+                c.release(q.lease)
+            assert time.monotonic() < deadline, f"{q.num_hit_blocks} of {nb} queryable"
+            time.sleep(0.01)
+        dst = tuple(range(dst0, dst0 + nb))
+        before = arr[:, dst0:dst0 + nb].copy()
+        w.start_load_kv(StepPlan(loads={"b": LoadIntent(dst, q.lease, nb * 16)}))
+        deadline = time.monotonic() + 30
+        while True:
+            _, recv = w.get_finished(set())
+            if recv:
+                break
+            assert time.monotonic() < deadline, "load never reported"
+            time.sleep(0.01)
+        assert recv == {"b"} and w.get_block_ids_with_load_errors() == set(dst)
+        assert w.stats["load_timeouts"] == 1
+        at_report = arr[:, dst0:dst0 + nb].copy()
+        # the load thread is FIFO: once a second load completed, the first's batch is over
+        q2 = c.query_raw("cancel-inst", "c", hashes[:1])
+        w.start_load_kv(StepPlan(loads={"c": LoadIntent((150,), q2.lease, 16)}))
+        deadline = time.monotonic() + 30
+        while not w.get_finished(set())[1]:
+            assert time.monotonic() < deadline, "second load never reported"
+            time.sleep(0.01)
+        assert np.array_equal(arr[:, 150], arr[:, 1])
+        assert np.array_equal(arr[:, dst0:dst0 + nb], at_report), \
+            "destination blocks changed after the failure was reported"
+        landed = 0
+        while landed < nb and np.array_equal(at_report[:, landed], arr[:, 1 + landed]):
+            landed += 1
+        assert landed % 32 == 0 and landed < nb, f"{landed} blocks landed"
+        assert np.array_equal(at_report[:, landed:], before[:, landed:])
+        assert _metric(s, "pegaflow_load_cancelled_total") == 1
+        print(f"{landed} of {nb} blocks landed before the cancel, none after the report")
+    finally:
+        w.shutdown()
+        kv.close()
+        c.close()

@@ -141,6 +141,15 @@ def test_release_load_unregister_session(rec, cl):
     rec.fail(-111, errors.UNAVAILABLE, b"down")
     with pytest.raises(errors.Unavailable):
         cl.open_session("inst", "ns", 1, 1)
+    rec.fail(0, 0, b"")
+    rec.take()
+    assert cl.has_watch()
+    w = cl.open_watch("inst", timeout_ms=77)
+    assert rec.take() == "watch inst=inst t=77\n" and w.alive()
+    w.close()
+    assert rec.take() == "session_close\n"
+    cl.reconnect()
+    assert rec.take().startswith("reconnect ")
 
 
 def test_ipc_builders_and_buffer_growth(rec):

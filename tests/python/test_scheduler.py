@@ -460,9 +460,24 @@ def test_session_opened_and_reopened_when_lost():
     assert w.s.session is not None and w.s.session.alive()
     assert w.server.count("session_open") == 1
     w.server.sessions["inst"] = 99  # superseded / server restarted
-    assert w.s.ensure_session() is False  # retry interval not yet passed
-    w.clock.advance(6)
+    # the server answers: the Session again at once, not after the retry interval
     assert w.s.ensure_session() and w.server.count("session_open") == 2
+
+
+def test_session_end_probes_the_server_on_a_fresh_channel_then_reopens():
+    w = World()
+    w.server.restart()  # the server process is gone: the Session ends ...
+    w.server.down = True  # ... and the new one is not listening yet
+    assert w.s.ensure_session() is False
+    assert w.server.count("health") == 1 and w.server.count("session_open") == 1
+    assert w.s.ensure_session() is False  # inside the probe pause: not asked again
+    assert w.server.count("health") == 1
+    w.clock.advance(0.1)
+    assert w.s.ensure_session() is False and w.server.count("health") == 2
+    w.server.down = False  # the new process answers
+    w.clock.advance(0.1)
+    assert w.s.ensure_session() and w.server.count("health") == 3
+    assert w.server.count("reconnect") == 1 and w.server.count("session_open") == 2
 
 
 def test_session_open_failure_does_not_raise():

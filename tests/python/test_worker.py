@@ -36,7 +36,7 @@ class W:
         kw.update(ctx_kw)
         self.ctx = ConnectorContext("inst", "ns", BS, **kw)
         self.w = WorkerConnector(self.ctx, self.client, self.dev, clock=self.clock,
-                                 save_thread=thread, **wkw)
+                                 save_thread=thread, watch_thread=False, **wkw)
         self.kv = {n: HostTensor(np.zeros((2, N, BS, H, D), np.uint16), rank) for n in LAYERS}
 
     def register(self):
@@ -156,20 +156,117 @@ def test_error_state_is_a_failure():
     assert x.w.get_block_ids_with_load_errors() == {7}
 
 
-def test_load_that_never_completes_fails_strictly_after_the_timeout():
+def test_load_that_never_completes_is_cancelled_strictly_after_the_timeout():
     x = W(load_timeout_s=120.0).register()
     _stored(x, "a", [1, 2], [h(1), h(2)])
     q = x.client.query("inst", "b", [h(1), h(2)])
     x.server.load_mode = "never"
     x.w.start_load_kv(StepPlan(loads={"b": LoadIntent((7, 8), q.lease, 8)}))
     assert x.w.get_finished(set()) == (None, None)
+    st = x.server.pending_states[0]
     x.clock.advance(120.0)
     assert x.w.get_finished(set()) == (None, None)
+    assert st.get() == 0  # not asked yet
     x.clock.advance(0.001)
+    # asked to stop, but not reported before the server confirmed
+    assert x.w.get_finished(set()) == (None, None)
+    assert st.get() == 2
+    assert x.w.stats["load_timeouts"] == 1
+    assert x.w.get_block_ids_with_load_errors() == set()
+    x.server.complete_pending(-2)  # the server: stopped before its next copy
     assert x.w.get_finished(set()) == (None, {"b"})
     assert x.w.get_block_ids_with_load_errors() == {7, 8}
     assert x.w.stats["load_timeouts"] == 1
-    x.server.complete_pending()  # the server's late write lands in a closed record
+
+
+def _stalled_load(x, targets=(7, 8)):
+    _stored(x, "a", [1, 2], [h(1), h(2)])  # blocks 1, 2 hold 100, 101
+    q = x.client.query("inst", "b", [h(1), h(2)])
+    for b in targets:
+        x.fill(b, 99)  # what vLLM's recomputation would have written
+    x.server.load_mode = "stall"
+    x.w.start_load_kv(StepPlan(loads={"b": LoadIntent(tuple(targets), q.lease, 8)}))
+    assert x.w.get_finished(set()) == (None, None)
+
+
+def test_cancelled_load_copies_nothing_after_the_failure_is_reported():
+    """The stalled copies run only after the worker gave up: the fake load thread sees the
+    cancel and copies nothing; the blocks vLLM recomputes keep its bytes."""
+    x = W(load_timeout_s=5.0).register()
+    _stalled_load(x)
+    before = [x.block(7), x.block(8)]
+    x.clock.advance(5.001)
+    assert x.w.get_finished(set()) == (None, None)  # cancel asked, unconfirmed
+    x.server.run_stalled()  # the server reaches its next copy: stops, confirms -2
+    assert x.w.get_finished(set()) == (None, {"b"})
+    assert x.w.get_block_ids_with_load_errors() == {7, 8}
+    for b, old in zip((7, 8), before):
+        assert all(np.array_equal(a, o) for a, o in zip(x.block(b), old))
+
+
+def test_load_that_finished_while_being_cancelled_is_a_success():
+    x = W(load_timeout_s=5.0).register()
+    _stalled_load(x)
+    x.server.run_stalled()  # completes before the worker looks
+    x.clock.advance(5.001)
+    assert x.w.get_finished(set()) == (None, {"b"})
+    assert x.w.get_block_ids_with_load_errors() == set()
+    assert x.block(7)[0].flat[0] == 100 and x.block(8)[0].flat[0] == 101
+
+
+def test_cancelled_load_is_reported_once_the_server_process_is_gone():
+    srv_clock = FakeClock()
+    srv = FakeServer(srv_clock)
+    srv.watch = True
+    x = W(load_timeout_s=5.0, server=srv, clock=srv_clock).register()
+    assert srv.count("watch_open") == 1
+    _stalled_load(x)
+    x.clock.advance(5.001)
+    assert x.w.get_finished(set()) == (None, None)
+    x.w.watch_step()  # the server is still this process: nothing changes
+    assert x.w.get_finished(set()) == (None, None)
+    srv.restart()  # kill -9 and a new process: the old one's copies never run
+    x.w.watch_step()
+    assert x.w.get_finished(set()) == (None, {"b"})
+    assert x.w.get_block_ids_with_load_errors() == {7, 8}
+
+
+def test_cancel_unconfirmed_by_a_live_server_is_given_up_after_cancel_wait():
+    x = W(load_timeout_s=5.0).register()
+    x.w._cancel_wait = 30.0
+    _stalled_load(x)
+    x.clock.advance(5.001)
+    assert x.w.get_finished(set()) == (None, None)
+    x.clock.advance(30.0)
+    assert x.w.get_finished(set()) == (None, None)
+    x.clock.advance(0.01)
+    assert x.w.get_finished(set()) == (None, {"b"})
+
+
+def test_watch_end_reregisters_as_soon_as_the_server_answers():
+    """No Save or Load has to fail, and the 10 s retry interval does not apply."""
+    srv = FakeServer()
+    srv.watch = True
+    x = W(server=srv, clock=srv.clock).register()
+    assert srv.count("register") == 1
+    x.w.watch_step()
+    assert srv.count("register") == 1 and srv.count("watch_open") == 1
+    srv.restart()
+    srv.down = True  # the new process is not listening yet
+    x.w.watch_step()
+    assert srv.count("register") == 1
+    x.clock.advance(0.1)
+    x.w.watch_step()  # still down: one more try, every WATCH_RETRY_S
+    assert srv.count("watch_open") == 3 and srv.count("register") == 1
+    srv.down = False
+    x.w.watch_step()  # inside the retry pause
+    assert srv.count("watch_open") == 3
+    x.clock.advance(0.1)
+    x.w.watch_step()
+    assert srv.count("watch_open") == 4 and srv.count("register") == 2
+    assert "inst" in srv.instances and x.w.stats["reregistrations"] == 1
+    x.w.watch_step()
+    assert srv.count("register") == 2  # the new watch is alive: nothing more
 
 
 def test_pending_load_completes_later():

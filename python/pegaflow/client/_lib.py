@@ -145,12 +145,15 @@ PROTOTYPES: dict[str, tuple[object, list[object]]] = {
     "pf_client_session_open": (
         c_int, [_client_p, c_char_p, c_char_p, c_uint32, c_uint32, c_uint64, POINTER(_session_p)]
     ),
+    "pf_client_watch_open": (c_int, [_client_p, c_char_p, c_uint64, POINTER(_session_p)]),
+    "pf_client_reconnect": (None, [_client_p]),
     "pf_client_session_alive": (c_int, [_session_p]),
     "pf_client_session_close": (None, [_session_p]),
     "pf_loadstate_create": (c_int, [POINTER(_loadstate_p)]),
     "pf_loadstate_name": (c_char_p, [_loadstate_p]),
     "pf_loadstate_get": (c_int64, [_loadstate_p]),
     "pf_loadstate_wait": (c_int64, [_loadstate_p, c_uint64]),
+    "pf_loadstate_cancel": (c_int64, [_loadstate_p]),
     "pf_loadstate_destroy": (None, [_loadstate_p]),
     "pf_client_ipc_cuda": (
         c_int,

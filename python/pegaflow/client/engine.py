@@ -328,6 +328,29 @@ class EngineClient:
                       self._t(timeout_ms), byref(s)))
         return Session(self._lib, s)
 
+    def reconnect(self) -> None:
+        """Drop the channel's reconnect backoff (pf_client_reconnect): the next call tries
+        to connect at once."""
+        if self._lib.has("pf_client_reconnect"):
+            self._lib.fn("pf_client_reconnect")(self._h)
+
+    def fresh(self, timeout_ms: int = 1000) -> "EngineClient":
+        """Another client to the same server on its own channel (no reconnect backoff
+        inherited): to probe a server that was down (close it after)."""
+        return EngineClient(self.target, lib=self._lib, timeout_ms=timeout_ms)
+
+    def has_watch(self) -> bool:
+        return self._lib.has("pf_client_watch_open")
+
+    def open_watch(self, instance_id: str = "", timeout_ms: int | None = None) -> Session:
+        """A watch Session: alive() turns False when the server process ends (a worker's
+        signal to re-register, and proof that no Load of that process still copies)."""
+        f = self._lib.fn("pf_client_watch_open")
+        s = c_void_p()
+        self._check("pf_client_watch_open",
+                    f(self._h, instance_id.encode(), self._t(timeout_ms), byref(s)))
+        return Session(self._lib, s)
+
 
 # ------------------------------------------------------------------ IpcTensor builders
 

@@ -6,11 +6,18 @@ by the client:
     bytes 0..8     native-endian u64: byte offset of the record (8-aligned; 8 here)
     record+0       u32 magic 0x50464C44 ('PFLD')
     record+4       u32 version 1
-    record+8       i64 state: 0 pending, 1 success, -1 error
+    record+8       i64 state: 0 pending, 1 success, -1 error, 2 cancel asked (client),
+                   -2 cancelled (the server stopped before a copy chunk)
 
 The server attaches by name and writes the state once, with a release store, after all
 copies of the batch finished. Readers treat only exactly 1 as success: any other non-zero
 value (including a value torn by a non-atomic read) is a failure, never a false success.
+
+Cancellation (src/engine/loadstate.h): a client that gives up stores 2 over 0
+(compare-and-swap, ``cancel()``); the server reads the state before each chunk of copies
+and, seeing 2, submits nothing more and confirms with -2 once the copies already
+submitted completed. Only a final value (1, -1, -2: ``state_is_final``) proves that no
+byte of the load will reach the GPU any more.
 
 Two implementations with one surface (``name``, ``get()``, ``close()``):
   * CLoadState: libpegaflow's pf_loadstate_* (used when the library has them);
@@ -30,6 +37,7 @@ from ctypes import byref, c_void_p
 MAGIC = 0x50464C44
 VERSION = 1
 PENDING, SUCCESS, ERROR = 0, 1, -1
+CANCEL_REQ, CANCELLED = 2, -2
 RECORD_OFFSET = 8
 SHM_SIZE = 8 + 16 + 8  # prefix + record + alignment slack, as the reference sizes it
 SHM_DIR = "/dev/shm"
@@ -39,8 +47,31 @@ def state_is_done(state: int) -> bool:
     return state != PENDING
 
 
+def state_is_final(state: int) -> bool:
+    """The server wrote its last word: nothing of this load is copied after it."""
+    return state not in (PENDING, CANCEL_REQ)
+
+
 def state_is_success(state: int) -> bool:
     return state == SUCCESS
+
+
+_CAS8: list = []
+
+
+def _cas8():
+    """bool __atomic_compare_exchange_8(void *p, void *expected, u64 desired, int success,
+    int failure) from libatomic (GCC's runtime), or None where it is missing."""
+    if not _CAS8:
+        f = None
+        try:
+            f = ctypes.CDLL("libatomic.so.1").__atomic_compare_exchange_8
+            f.restype = ctypes.c_bool
+            f.argtypes = [c_void_p, c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
+        except (OSError, AttributeError):
+            f = None
+        _CAS8.append(f)
+    return _CAS8[0]
 
 
 class ShmLoadState:
@@ -95,6 +126,20 @@ class ShmLoadState:
             raise ValueError("load state closed")
         return int(self._state.value)
 
+    def cancel(self) -> int:
+        """Ask the server to stop: 0 -> 2, with an atomic compare-and-swap on the mapping
+        (libatomic's __atomic_compare_exchange_8, what C11 atomic_compare_exchange_strong
+        compiles to). Returns 2 (asked now or before) or the final value found."""
+        if self._state is None:
+            raise ValueError("load state closed")
+        cas = _cas8()
+        if cas is None:  # no libatomic: cannot ask safely; wait for the server's own end
+            return int(self._state.value)
+        expect = ctypes.c_int64(PENDING)
+        if cas(ctypes.addressof(self._state), ctypes.addressof(expect), CANCEL_REQ, 4, 2):
+            return CANCEL_REQ
+        return int(expect.value)
+
     def set(self, state: int) -> None:
         """Writer side (the server's role; used by in-process fakes)."""
         self._state.value = int(state)
@@ -137,6 +182,13 @@ class CLoadState:
         if not self._h:
             raise ValueError("load state closed")
         return int(self._lib.fn("pf_loadstate_get")(self._h))
+
+    def cancel(self) -> int:
+        if not self._h:
+            raise ValueError("load state closed")
+        if not self._lib.has("pf_loadstate_cancel"):
+            return int(self.get())  # an older library: cannot ask, wait for the server
+        return int(self._lib.fn("pf_loadstate_cancel")(self._h))
 
     def close(self) -> None:
         h, self._h = self._h, None

@@ -68,6 +68,7 @@ log = logging.getLogger("pegaflow.connector.scheduler")
 
 PROBE_MAX_AGE_S = 300.0  # half the server's 600 s lease TTL
 SESSION_RETRY_S = 5.0
+SERVER_PROBE_S = 0.1  # how often a server whose Session ended is asked whether it is back
 
 # (storage group, lease, positions of the leased blocks within the query)
 _Held = tuple[int, bytes, tuple[int, ...]]
@@ -186,6 +187,8 @@ class SchedulerConnector:
         self._sessions: list = [None] * len(self.clients)
         self._session_retry = session_retry_s
         self._session_next = [0.0] * len(self.clients)
+        self._down = [False] * len(self.clients)  # its Session ended; not answering yet
+        self._probe_next = [0.0] * len(self.clients)
         self._session_lock = threading.Lock()
         self._stop = threading.Event()
         self._keeper = None
@@ -684,6 +687,12 @@ class SchedulerConnector:
         except Exception:
             pass
         now = self._clock()
+        if s is not None and not self._down[i]:
+            self._down[i] = True  # the server process ended (or restarts): watch for it
+        if self._down[i]:
+            if not self._server_back(i, now):
+                return False
+            self._session_next[i] = now  # back: the Session again at once
         if now < self._session_next[i]:
             return False
         self._session_next[i] = now + self._session_retry
@@ -705,8 +714,31 @@ class SchedulerConnector:
         log.debug("liveness Session open for %s (shard %d)", self.ctx.instance_id, i)
         return True
 
+    def _server_back(self, i: int, now: float) -> bool:
+        """After the Session ended: is the server answering again? Asked on a fresh
+        channel (EngineClient.fresh) every SERVER_PROBE_S, since the client's own channel
+        sits in gRPC's reconnect backoff (seconds) after the failed calls; once it answers,
+        that backoff is dropped (reconnect) so queries reach the new process at once."""
+        if now < self._probe_next[i]:
+            return False
+        self._probe_next[i] = now + SERVER_PROBE_S
+        fresh = getattr(self.clients[i], "fresh", None)
+        if fresh is not None:
+            c = fresh(1000)
+            try:
+                c.health(timeout_ms=1000)
+            except Exception:
+                return False
+            finally:
+                c.close()
+            reconnect = getattr(self.clients[i], "reconnect", None)
+            if reconnect is not None:
+                reconnect()
+        self._down[i] = False
+        return True
+
     def _keep_session(self) -> None:
-        while not self._stop.wait(1.0):
+        while not self._stop.wait(SERVER_PROBE_S if any(self._down) else 1.0):
             try:
                 self.ensure_session()
             except Exception:  # pragma: no cover

@@ -11,8 +11,14 @@ neither vLLM nor torch.
   load_state_shm; the RPC returns after submission. A failed RPC (or an intent without a
   lease) turns into load errors for its blocks and "finished receiving" for its requests,
   never an exception.
-* get_finished: polls every pending load state (1 success, anything else non-zero
-  failure, still 0 after load_timeout_s failure); reports each request exactly once.
+* get_finished: polls every pending load state (1 success, anything else final is a
+  failure); reports each request exactly once. A Load still pending after
+  load_timeout_s is cancelled, not abandoned: the worker asks the server to stop
+  (load state 0 -> 2), and reports the blocks failed only once the server confirmed
+  (a final state: -2 cancelled, or the 1/-1 it wrote first) or the server process is
+  gone (the watch Session ended), so no byte lands in a block vLLM already gave to a
+  recomputation. A server that never answers is given up on after cancel_wait_s (its
+  own copy bound, 120 s, plus a margin), with an error logged.
   Requests with planned saves are reported in finished_sending once they are in
   ``finished_req_ids`` (this or an earlier call) and all their saves completed.
 * wait_for_save: records a save fence (a CUDA event on the forward pass's stream, see
@@ -33,10 +39,13 @@ neither vLLM nor torch.
   r``), so every block is copied once; with ``mla_layer_split_kv_cache`` each rank holds
   (and saves) its own layers. Every rank loads every block.
 * TP shards: the worker talks to its shard's server only and uses its shard's leases.
-* Recovery: when Save or Load fails because the server does not have this worker
-  registered (it restarted), the worker registers its KV caches again (same IPC handles; at most every
-  ``reregister_interval_s``), so a running vLLM resumes caching once every worker of the
-  instance has re-registered.
+* Recovery: each registered worker holds a watch Session (EngineClient.open_watch) on a
+  small thread. When it ends (the server process died or restarted) the worker reopens it
+  every WATCH_RETRY_S and, the moment the server answers again, registers its KV caches
+  again (same IPC handles), so a restarted server serves this vLLM within about one retry
+  of its ready, without waiting for a Save or Load to fail. Without a watch (an older
+  library) a Save or Load that fails because the server does not have this worker
+  registered triggers the re-registration (at most every ``reregister_interval_s``).
 """
 
 from __future__ import annotations
@@ -50,7 +59,8 @@ from typing import Any, Mapping
 
 from pegaflow.client.engine import LayerRegistration, LeaseLoad, RegisterArgs, SaveLayer
 from pegaflow.client.errors import FailedPrecondition, InvalidArgument, VersionMismatch
-from pegaflow.client.loadstate import create_load_state, state_is_success
+from pegaflow.client.loadstate import (CANCELLED, create_load_state, state_is_final,
+                                       state_is_success)
 from pegaflow.connector.config import ConnectorContext
 from pegaflow.connector.events import WorkerEventLog
 from pegaflow.connector.layout import infer_layout, state_layout
@@ -68,6 +78,8 @@ class _PendingLoad:
     started: float
     nblocks: int = 0  # blocks this Load writes (per layer of its group)
     block_bytes: int = 0  # bytes of one block over the group's layers
+    epoch: int = 0  # the server process it went to (WorkerConnector._server_epoch)
+    cancel_at: float | None = None  # when the worker asked the server to stop it
 
 
 @dataclass
@@ -83,6 +95,12 @@ class _SaveTask:
 
 _STOP = object()
 REREGISTER_INTERVAL_S = 10.0
+WATCH_POLL_S = 0.05  # how often the watch thread looks at its Session
+WATCH_RETRY_S = 0.1  # reopen attempts while the server is down
+WATCH_FORCE_TRIES = 20  # re-registration attempts at that pace once it answers again
+# a cancelled Load not confirmed by a live server after this is given up on: the server
+# bounds one copy chunk at 120 s (PF_XFER_MAX_MS in src/engine/gpu_worker.c)
+CANCEL_WAIT_S = 150.0
 
 
 def _registration_lost(e: BaseException) -> bool:
@@ -100,7 +118,9 @@ class WorkerConnector:
     def __init__(self, ctx: ConnectorContext, client: Any, device: Any, *,
                  clock=time.monotonic, load_state_factory=None, save_thread: bool = True,
                  expected_num_blocks: int | None = None,
-                 reregister_interval_s: float = REREGISTER_INTERVAL_S):
+                 reregister_interval_s: float = REREGISTER_INTERVAL_S,
+                 watch: bool = True, watch_thread: bool = True,
+                 cancel_wait_s: float = CANCEL_WAIT_S):
         self.ctx = ctx
         self.client = client
         self.device = device
@@ -119,6 +139,18 @@ class WorkerConnector:
         self._reregister_interval = reregister_interval_s
         self._device_id: int | None = None
         self._rl = RateLimitedLog(log, clock=clock)
+        # watch Session: ends when the server process does
+        self._watch_enabled = watch and hasattr(client, "open_watch") and (
+            not hasattr(client, "has_watch") or client.has_watch())
+        self._watch_thread_on = watch_thread
+        self._watch = None
+        self._watch_client = None  # the fresh client holding the watch, if any
+        self._force_left = 0
+        self._watch_next = 0.0
+        self._watch_stop = threading.Event()
+        self._watch_thr: threading.Thread | None = None
+        self._server_epoch = 0  # bumped each time the watch Session ends
+        self._cancel_wait = cancel_wait_s
         # loads
         self._pending: list[_PendingLoad] = []
         self._req_loads: dict[str, int] = {}  # request -> its Loads not yet complete
@@ -214,6 +246,7 @@ class WorkerConnector:
         self.registered = True
         self._reg_args = args
         self.namespace = namespace
+        self._start_watch()
         log.info("registered %d KV layer(s) of instance %s (namespace %s, tp %d/%d, pp %d, "
                  "device %d, %d blocks of %d bytes x %d segment(s))", len(regs),
                  self.ctx.instance_id, namespace, self.ctx.tp_rank, self.ctx.tp_size,
@@ -228,11 +261,93 @@ class WorkerConnector:
                     log.warning("pegaflow-server does not know instance %s (restarted?): "
                                 "registering the KV caches again", self.ctx.instance_id)
 
-    def maybe_reregister(self) -> bool:
-        """Register again after the server lost the instance; True when (re)registered."""
+    # ---------------------------------------------------------------- watch Session
+
+    def _start_watch(self) -> None:
+        if not self._watch_enabled:
+            return
+        self.watch_step()
+        if self._watch_thread_on and self._watch_thr is None:
+            self._watch_thr = threading.Thread(target=self._watch_loop, daemon=True,
+                                               name="pegaflow-watch")
+            self._watch_thr.start()
+
+    def _watch_loop(self) -> None:
+        while not self._watch_stop.wait(WATCH_POLL_S):
+            try:
+                self.watch_step()
+            except Exception:  # pragma: no cover - watch_step handles its errors
+                log.exception("watch thread")
+
+    def watch_step(self) -> None:
+        """One look at the watch Session: notice its end (the server process is gone: its
+        Loads cannot copy any more, and this worker must register again), reopen it once
+        the server answers, and then re-register at once."""
+        w = self._watch
+        if w is not None and w.alive():
+            if (self._reregister_due is not None and self._force_left > 0
+                    and self._clock() >= self._watch_next):
+                # the first attempt after the server came back failed (e.g. the main
+                # channel was still connecting): again, every WATCH_RETRY_S, for a while
+                self._force_left -= 1
+                self._watch_next = self._clock() + WATCH_RETRY_S
+                self.maybe_reregister(force=True)
+            return
+        if w is not None:
+            self._watch = None
+            try:
+                w.close()
+            except Exception:  # pragma: no cover
+                pass
+            self._server_epoch += 1
+            self._watch_next = 0.0  # try at once: the new process may be up already
+            with self._reg_lock:
+                self._reregister_due = self._clock()
+            log.warning("pegaflow-server ended the watch Session (it stopped or restarted): "
+                        "registering instance %s again as soon as it answers",
+                        self.ctx.instance_id)
+        now = self._clock()
+        if now < self._watch_next:
+            return
+        self._watch_next = now + WATCH_RETRY_S
+        try:
+            self._watch, self._watch_client = self._open_watch()
+        except Exception as e:
+            self._rl(logging.INFO, "watch", "watch Session not open yet: %s", e)
+            return
+        self._rl.reset("watch")
+        if self._reregister_due is not None:
+            # the server answers on a fresh channel; the main one may sit in gRPC's
+            # reconnect backoff (seconds) after the failed calls: drop it, once
+            reconnect = getattr(self.client, "reconnect", None)
+            if reconnect is not None:
+                reconnect()
+            self._force_left = WATCH_FORCE_TRIES
+            self.maybe_reregister(force=True)
+
+    def _open_watch(self):
+        """(watch, the client that holds it). A fresh channel per attempt where the client
+        can make one (EngineClient.fresh): it connects at once when the server is back."""
+        to = min(1000, self.ctx.rpc_timeout_ms)
+        old, self._watch_client = self._watch_client, None
+        if old is not None:
+            old.close()
+        fresh = getattr(self.client, "fresh", None)
+        if fresh is None:
+            return self.client.open_watch(self.ctx.instance_id, timeout_ms=to), None
+        c = fresh(to)
+        try:
+            return c.open_watch(self.ctx.instance_id, timeout_ms=to), c
+        except BaseException:
+            c.close()
+            raise
+
+    def maybe_reregister(self, force: bool = False) -> bool:
+        """Register again after the server lost the instance; True when (re)registered.
+        ``force``: now, even inside the retry interval (the server just came back)."""
         with self._reg_lock:
             due = self._reregister_due
-            if due is None or self._clock() < due:
+            if due is None or (self._clock() < due and not force):
                 return False
             self._reregister_due = self._clock() + self._reregister_interval
             try:
@@ -332,7 +447,8 @@ class WorkerConnector:
             self._note_failure(e)
             return
         self._pending.append(_PendingLoad(state, req_blocks, self._clock(), nblocks,
-                                          self._group_bytes.get(group, 0)))
+                                          self._group_bytes.get(group, 0),
+                                          self._server_epoch))
 
     def _release_all(self, items: list[LeaseLoad]) -> None:
         for it in items:
@@ -350,14 +466,30 @@ class WorkerConnector:
             except Exception as e:  # pragma: no cover
                 st = -1
                 log.warning("reading load state %s: %s", p.state.name, e)
-            if st == 0 and now - p.started <= self.ctx.load_timeout_s:
-                still.append(p)
-                continue
+            if not state_is_final(st):
+                if p.cancel_at is None:
+                    if now - p.started <= self.ctx.load_timeout_s:
+                        still.append(p)
+                        continue
+                    # give up: ask the server to stop before its next copy
+                    self.stats["load_timeouts"] += 1
+                    self.recorder.add("load_timeouts")
+                    st = self._cancel(p)
+                    p.cancel_at = now
+                if not state_is_final(st):
+                    if p.epoch != self._server_epoch:
+                        pass  # that server process is gone: nothing of it copies any more
+                    elif now - p.cancel_at <= self._cancel_wait:
+                        still.append(p)  # wait for the server's confirmation
+                        continue
+                    else:
+                        log.error("Load %s: pegaflow-server neither finished nor confirmed "
+                                  "the cancel within %.0f s; reporting its blocks failed",
+                                  p.state.name, self._cancel_wait)
             p.state.close()
-            if st == 0:
-                self.stats["load_timeouts"] += 1
-                self.recorder.add("load_timeouts")
-                self._fail_load(p.req_blocks, f"not complete after {self.ctx.load_timeout_s:.0f} s")
+            if not state_is_final(st) or st == CANCELLED:
+                self._fail_load(p.req_blocks, f"not complete after {self.ctx.load_timeout_s:.0f} "
+                                f"s (cancelled{'' if st == CANCELLED else ', server gone'})")
             elif state_is_success(st):
                 for rid in p.req_blocks:
                     self._load_done(rid)
@@ -374,6 +506,13 @@ class WorkerConnector:
             else:
                 self._fail_load(p.req_blocks, f"server reported state {st}")
         self._pending = still
+
+    def _cancel(self, p: _PendingLoad) -> int:
+        try:
+            return int(p.state.cancel())
+        except Exception as e:  # pragma: no cover
+            log.warning("cancelling load %s: %s", p.state.name, e)
+            return int(p.state.get())
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errs, self._load_errors = self._load_errors, set()
@@ -582,6 +721,19 @@ class WorkerConnector:
     # ---------------------------------------------------------------- shutdown
 
     def shutdown(self, unregister: bool = True) -> None:
+        self._watch_stop.set()
+        if self._watch_thr is not None:
+            self._watch_thr.join(timeout=5)
+            self._watch_thr = None
+        if self._watch is not None:
+            try:
+                self._watch.close()
+            except Exception:  # pragma: no cover
+                pass
+            self._watch = None
+        if self._watch_client is not None:
+            self._watch_client.close()
+            self._watch_client = None
         if self._thread is not None:
             self._q.put(_STOP)
             self._thread.join(timeout=self.ctx.rpc_timeout_ms / 1000 + 5)

@@ -16,7 +16,7 @@ import threading
 import time
 
 from pegaflow.sim import cluster as cl
-from pegaflow.sim import promtext, report
+from pegaflow.sim import efficiency, promtext, report
 from pegaflow.sim.engine import MODELS
 from pegaflow.sim.workload import Workload
 
@@ -84,9 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
         "GPUs, TCP fabric, optional SSD files), each in its own network namespace as root "
         "(distinct loopback addresses otherwise), driven through the real vLLM connector "
         "with a multi-turn, shared-prefix workload. Nodes are numbered 1..N.",
-        epilog="Times: 30s, 500ms, or 40%% (when that share of the requests has been "
-        "dispatched). Example: pegaflow-sim --nodes 3 --requests 300 --kill-node 2@30%% "
-        "--restart-node 2@60%% --json out.json --plot out.svg. See docs/simulation.md.")
+        epilog="Times: 30s, 500ms, or 40% (when that share of the requests has been "
+        "dispatched). Example: pegaflow-sim --nodes 3 --requests 300 --kill-node 2@30% "
+        "--restart-node 2@60% --json out.json --plot out.svg. See docs/simulation.md.")
     ap.add_argument("--nodes", type=int, default=3, help="pegaflow-server nodes (default 3)")
     ap.add_argument("--requests", type=int, default=300, help="requests (turns) to replay "
                     "(default 300)")
@@ -150,7 +150,10 @@ class Sim:
         self.timeline: list[dict] = []
         self.fault_log: list[dict] = []
         self.t0 = 0.0
+        self.t0_wall = 0.0
         self.block_bytes = self.model.block_bytes
+        self.lives = efficiency.Lives()  # server lives per node (wall clock)
+        self.holds = efficiency.Holdings(self.lives)  # who saved / loaded which block when
 
     def say(self, msg: str) -> None:
         if self.tty:
@@ -201,6 +204,7 @@ class Sim:
                                 start_at=start).group(1))
         self.ports[k] = (g, h)
         self.c.wait_log(p, r": ready\n", start_at=start)
+        self.lives.start(k, time.time())
         if wait_meta and self.ms is not None and self.ms.popen.poll() is None:
             self.c.wait_log(p, "MetaServer session established", start_at=start)
 
@@ -259,8 +263,12 @@ class Sim:
         if kind in ("metrics", "paused") and ev.get("m") is not None:
             self.last[k] = ev["m"]
             self.record_point()
+        elif kind == "saved":
+            self.holds.hold(k, ev["t"], ev["h"])
         elif kind == "done":
             self.done.setdefault(k, []).append(ev)
+            if ev.get("loaded_blocks") and ev.get("t_loaded"):
+                self.holds.hold(k, ev["t_loaded"], (ev.get("asked") or [])[:ev["loaded_blocks"]])
             cid = pending.pop(ev["id"], None)
             if cid is not None:
                 wl.answered(cid, ev["output"])
@@ -313,6 +321,7 @@ class Sim:
                 self.handle(kk, ev, wl, pending)
                 got = kk == k and ev.get("ev") == "paused"
             self.c.kill(p, signal.SIGKILL)
+            self.lives.end(k, time.time())
             for key, v in self.last.pop(k, {}).items():
                 self.base.setdefault(k, {})[key] = self.base.setdefault(k, {}).get(key, 0) + v
             self.send(k, {"op": "resume"})
@@ -412,6 +421,7 @@ class Sim:
         pending: dict[str, int] = {}
         dispatched = 0
         self.t0 = time.monotonic()
+        self.t0_wall = time.time()
         next_at = 0.0
         last_print = 0.0
         last_plain = -1
@@ -470,6 +480,7 @@ class Sim:
                 want.discard(k)
         doc = self.build_report(seed, elapsed, mode)
         print(report.table(doc["nodes"], doc["total"]))
+        print(report.delivery_table(doc))
         tot = doc["total"]
         verdict = ("every loaded block matched what was saved"
                    if tot["integrity_failures"] == 0 else
@@ -487,7 +498,8 @@ class Sim:
         if a.plot:
             report.svg(a.plot, self.timeline, self.fault_log,
                        f"pegaflow-sim: {a.nodes} nodes, {a.requests} requests, "
-                       f"{self.model.name}, seed {seed}")
+                       f"{self.model.name}, seed {seed}",
+                       efficiency=efficiency.windowed(self.done, self.t0_wall))
             print(f"plot: {a.plot}")
         if a.keep:
             for k in self.drivers:
@@ -537,9 +549,33 @@ class Sim:
             except subprocess.TimeoutExpired:
                 self.c.kill(p)
 
+    def tier_delivered(self, m: dict[str, float], row: dict) -> tuple[dict[str, int], str]:
+        """Blocks per tier that arrived: the server's
+        pegaflow_cache_tier_blocks_delivered_total{tier} where it has it, else an estimate
+        (RAM as decided, SSD prefetch successes, peer bytes / block size, miss 0)."""
+        if any(key.startswith("pegaflow_cache_tier_blocks_delivered_total") for key in m):
+            return ({t: int(promtext.get(m, "pegaflow_cache_tier_blocks_delivered_total",
+                                         tier=TIER_LABEL[t])) for t in report.TIERS}, "server")
+        return ({"ram": row["ram"], "ssd": row["ssd_delivered"],
+                 "remote": row["remote_delivered"], "miss": 0}, "estimate")
+
+    @staticmethod
+    def tier_shortfall(m: dict[str, float]) -> dict[str, int]:
+        out = {t: 0 for t in report.TIERS}
+        inv = {v: k for k, v in TIER_LABEL.items()}
+        for key, v in m.items():
+            if key.startswith("pegaflow_prefetch_shortfall_blocks_total{"):
+                labels = dict(x.split("=", 1) for x in key[key.index("{") + 1:-1].split(",")
+                              if "=" in x)
+                t = inv.get(labels.get("tier", ""))
+                if t:
+                    out[t] += int(v)
+        return out
+
     def build_report(self, seed: int, elapsed: float, mode: str) -> dict:
         rows = []
         bs = self.model.block_size
+        eff = efficiency.summarize(self.done, self.holds, self.lives)
         for k in range(1, self.a.nodes + 1):
             m = self.totals(k)
             tiers = self.tier_blocks(m)
@@ -573,6 +609,16 @@ class Sim:
                     "pegaflow_faults_injected_total"))),
             }
             row["accounting_ok"] = sum(tiers[t] for t in report.TIERS) == requested
+            row["tier_decided"] = {t: tiers[t] for t in report.TIERS}
+            row["tier_delivered"], row["delivered_source"] = self.tier_delivered(m, row)
+            row["tier_shortfall"] = self.tier_shortfall(m)
+            e = eff["nodes"].get(k, {"available": 0, "delivered": 0, "efficiency": None,
+                                     "loading_then_nothing": 0, "unreachable_requests": 0})
+            row["unreachable_requests"] = e["unreachable_requests"]
+            row["available"] = e["available"]
+            row["delivered"] = e["delivered"]
+            row["efficiency"] = e["efficiency"]
+            row["loading_then_nothing"] = e["loading_then_nothing"]
             rows.append(row)
         total = {"node": "total"}
         for key in ("requested", "ram", "ssd", "remote", "miss", "miss_node_down",
@@ -582,6 +628,17 @@ class Sim:
                     "remote_delivered", "ssd_written_blocks"):
             total[key] = sum(r[key] for r in rows)
         total["bytes"] = {t: sum(r["bytes"][t] for r in rows) for t in report.TIERS}
+        for key in ("tier_decided", "tier_delivered", "tier_shortfall"):
+            total[key] = {t: sum(r[key][t] for r in rows) for t in report.TIERS}
+        total["delivered_source"] = ("server" if all(r["delivered_source"] == "server"
+                                                     for r in rows) else "estimate")
+        total["available"] = eff["available"]
+        total["delivered"] = eff["delivered"]
+        total["efficiency"] = eff["efficiency"]
+        total["loading_then_nothing"] = eff["loading_then_nothing"]
+        total["unreachable_requests"] = eff["unreachable_requests"]
+        total["load_wait_ms"] = eff["load_wait_ms"]
+        total["restart_to_hit_s"] = eff["restart_to_hit_s"]
         allm: dict[str, float] = {}
         for k in range(1, self.a.nodes + 1):
             for key, v in self.totals(k).items():
@@ -604,6 +661,7 @@ class Sim:
                 "shm_owners": self.c.shm_pids,
                 "namespaces": list(self.c.namespaces),
                 "nodes": rows, "total": total, "accounting_ok": total["accounting_ok"],
+                "load_wait_ms": eff["load_wait_ms"], "restart_to_hit_s": eff["restart_to_hit_s"],
                 "timeline": self.timeline}
 
 

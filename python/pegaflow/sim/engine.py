@@ -22,6 +22,7 @@ loaded block is checked byte for byte against what the model would have computed
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -98,7 +99,11 @@ class ReqState:
     bad_blocks: int = 0
     bad_bytes: int = 0
     first_query: float = 0.0
+    ready_at: float = 0.0  # the first answer that was not Loading
     load_done: float = 0.0
+    first_query_wall: float = 0.0  # time.time() of the first query (for the cluster view)
+    ready_wall: float = 0.0
+    load_done_wall: float = 0.0
     done: bool = False
 
 
@@ -159,6 +164,7 @@ class Engine:
 
         self.m = model
         self.tp = tp
+        self.instance_id = instance_id
         self.seed = seed & 0xFFFFFFFFFFFFFFFF
         self.budget = token_budget
         self.num_blocks = num_blocks
@@ -237,9 +243,13 @@ class Engine:
         self.completed: list[ReqState] = []
         self._ctx_hash: dict[str, list[int]] = {}
         self._first_query: dict[str, tuple[int, str]] = {}
+        self.asked: dict[str, list[bytes]] = {}  # request -> hashes of its first query
+        self.saved: list[tuple[float, list[bytes]]] = []  # (time.time(), hashes) per Save
+        self._saved_lock = threading.Lock()
         self._seen: set[str] = set()
         self._agg: dict[str, dict[str, int]] = {"s": {}, "r": {}}  # reports per id so far
         self._observe_queries()
+        self._observe_saves()
         self.steps = 0
 
     # ---------------------------------------------------------------- model
@@ -343,9 +353,33 @@ class Engine:
             if first:
                 self._first_query[req_id] = (
                     len(hashes), "unreachable" if getattr(res, "unreachable", False) else "ok")
+                self.asked[req_id] = [bytes(h) for h in hashes]
             return res
 
         client.query = query
+
+    def _observe_saves(self) -> None:
+        """Wraps each worker's client.save: the hashes of every Save the server accepted,
+        with the time it answered (the blocks are in the node's RAM from then on)."""
+        for w in self.workers:
+            wc = getattr(w, "_worker", None)
+            if wc is None:
+                continue
+            client = wc.client
+            orig = client.save
+
+            def save(instance_id, tp_rank, pp_rank, device_id, layers, _orig=orig, **kw):
+                _orig(instance_id, tp_rank, pp_rank, device_id, layers, **kw)
+                hs = list(layers[0].block_hashes) if layers else []
+                with self._saved_lock:
+                    self.saved.append((time.time(), [bytes(h) for h in hs]))
+
+            client.save = save
+
+    def take_saved(self) -> list[tuple[float, list[bytes]]]:
+        with self._saved_lock:
+            out, self.saved = self.saved, []
+        return out
 
     def _alloc(self, st: ReqState, ntokens: int) -> list[int]:
         need = cdiv(ntokens, self.m.block_size) - len(st.blocks)
@@ -379,6 +413,7 @@ class Engine:
             nb = n // self.m.block_size
             st.loaded_blocks = nb
             st.load_done = time.monotonic()
+            st.load_done_wall = time.time()
             for i in range(nb):
                 bad = self.verify_block(st, i)
                 if bad:
@@ -415,6 +450,7 @@ class Engine:
             if not st.queried or (req.num_computed_tokens == 0 and not st.ext_tokens):
                 if not st.queried:
                     st.first_query = time.monotonic()
+                    st.first_query_wall = time.time()
                 ext, is_async = self.sched.get_num_new_matched_tokens(req, 0)
                 if not st.queried:
                     st.queried = True
@@ -425,6 +461,9 @@ class Engine:
                     st.prefetched = True
                     skipped.append(st)
                     continue
+                if not st.ready_at:
+                    st.ready_at = time.monotonic()
+                    st.ready_wall = time.time()
                 if is_async and ext > 0:
                     self._alloc(st, ext)
                     self.sched.update_state_after_alloc(req, KVCacheBlocks((list(st.blocks),)),

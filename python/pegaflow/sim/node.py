@@ -31,6 +31,11 @@ def _stdin_reader(q: "queue.Queue[dict | None]") -> None:
     q.put(None)  # EOF: pegaflow-sim went away
 
 
+def _short(h: bytes) -> str:
+    """A block hash as the controller keys it (the first 12 bytes, hex)."""
+    return bytes(h)[:12].hex()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pegaflow-sim-node")
     ap.add_argument("--host", required=True)
@@ -102,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         if not paused and now >= next_scrape:
             next_scrape = now + a.scrape_interval
             send(scrape_msg("metrics"))
+        for t_saved, hs in eng.take_saved():  # (the save thread's, timed when accepted)
+            send({"ev": "saved", "t": t_saved, "h": [_short(h) for h in hs]})
         if paused or not eng.busy():
             continue
         if eng.step() == 0:
@@ -114,7 +121,13 @@ def main(argv: list[str] | None = None) -> int:
                   "bad_bytes": st.bad_bytes, "prompt_len": st.req.num_prompt_tokens,
                   "latency_s": time.monotonic() - st.arrived,
                   "load_wait_s": (st.load_done - st.first_query) if st.load_done else 0.0,
+                  "ready_wait_s": (st.ready_at - st.first_query) if st.ready_at else None,
+                  "t_query": st.first_query_wall, "t_ready": st.ready_wall or None,
+                  "t_loaded": st.load_done_wall or None,
+                  "asked": [_short(h) for h in eng.asked.pop(st.rid, [])],
                   "output": list(st.req.output_token_ids)})
+    for t_saved, hs in eng.take_saved():
+        send({"ev": "saved", "t": t_saved, "h": [_short(h) for h in hs]})
     send(scrape_msg("metrics"))
     eng.shutdown()
     send({"ev": "bye"})

@@ -17,6 +17,10 @@ WANTED = (
     "pegaflow_faults_injected_total",
     "pegaflow_ssd_prefetch_success_total",
     "pegaflow_ssd_write_bytes_total",
+    # issue 24's attribution counters, where the server has them
+    "pegaflow_cache_tier_blocks_delivered_total",
+    "pegaflow_prefetch_shortfall_blocks_total",
+    "pegaflow_load_cancelled_total",
 )
 _LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)')
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')

@@ -49,6 +49,40 @@ def table(rows: list[dict], total: dict) -> str:
     return "\n".join(out)
 
 
+def _f(v, fmt: str = "{:.1f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def delivery_table(doc: dict) -> str:
+    """Per tier: blocks the query path decided, that arrived (the server's
+    pegaflow_cache_tier_blocks_delivered_total, or an estimate), and the shortfall the
+    server counted; then available / delivered / efficiency per node, load waits,
+    Loading-then-nothing and the restarted nodes' time to their first hit."""
+    tot = doc["total"]
+    src = tot.get("delivered_source", "estimate")
+    head = ["tier", "decided", f"delivered ({src})", "shortfall"]
+    lines = [[t, str(tot["tier_decided"][t]), str(tot["tier_delivered"][t]),
+              str(tot["tier_shortfall"][t])] for t in TIERS]
+    w = [max(len(h), *(len(l[i]) for l in lines)) for i, h in enumerate(head)]
+    fmt = lambda c: "  ".join(x.rjust(w[i]) if i else x.ljust(w[i])  # noqa: E731
+                              for i, x in enumerate(c))
+    out = [fmt(head), fmt(["-" * x for x in w])] + [fmt(l) for l in lines]
+    out.append("")
+    for r in doc["nodes"] + [tot]:
+        out.append(f"{r['node']:>5}: available {r['available']}, delivered {r['delivered']}, "
+                   f"efficiency {_f(r['efficiency'] and 100 * r['efficiency'])}%, "
+                   f"Loading then nothing {r['loading_then_nothing']}, requests to a down "
+                   f"server {r['unreachable_requests']}")
+    lw = doc["load_wait_ms"]
+    out.append(f"load wait (first query -> Ready) p50 {_f(lw['ready_p50'])} ms, p99 "
+               f"{_f(lw['ready_p99'])} ms; (-> load complete) p50 {_f(lw['loaded_p50'])} ms, "
+               f"p99 {_f(lw['loaded_p99'])} ms, over {lw['loaded_requests']} loading requests")
+    for n, v in sorted(doc["restart_to_hit_s"].items()):
+        out.append(f"restarted {n}: first hit {_f(v, '{:.2f}')} s after its ready"
+                   + (" (no hit)" if v is None else ""))
+    return "\n".join(out)
+
+
 def write_json(path: str, doc: dict) -> None:
     with open(path, "w") as f:
         json.dump(doc, f, indent=2, sort_keys=True)
@@ -73,8 +107,10 @@ def windowed(timeline: list[dict], window_s: float = 2.0) -> list[tuple[float, d
     return out
 
 
-def svg(path: str, timeline: list[dict], events: list[dict], title: str) -> None:
-    """Hit ratio per tier over time (2 s window), fault events as dashed lines."""
+def svg(path: str, timeline: list[dict], events: list[dict], title: str,
+        efficiency: list[tuple[float, float]] | None = None) -> None:
+    """Hit ratio per tier over time (2 s window), efficiency (delivered / available of the
+    requests asked in the last 4 s, black dotted), fault events as dashed lines."""
     W, H, L, R, T, B = 900, 420, 60, 130, 40, 50
     pts = windowed(timeline)
     tmax = max([p["t"] for p in timeline] + [e["t"] for e in events] + [1.0])
@@ -101,6 +137,10 @@ def svg(path: str, timeline: list[dict], events: list[dict], title: str) -> None
             d = " ".join(f"{x(pt):.1f},{y(v[t]):.1f}" for pt, v in pts)
             s.append(f'<polyline fill="none" stroke="{COLORS[t]}" stroke-width="2" '
                      f'points="{d}"><title>{t}</title></polyline>')
+    if efficiency:
+        d = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in efficiency)
+        s.append(f'<polyline fill="none" stroke="#000" stroke-width="2" stroke-dasharray="2,3" '
+                 f'points="{d}"><title>efficiency</title></polyline>')
     for i, e in enumerate(events):
         xe = x(e["t"])
         s.append(f'<line x1="{xe:.1f}" y1="{T}" x2="{xe:.1f}" y2="{H - B}" stroke="#000" '
@@ -112,6 +152,11 @@ def svg(path: str, timeline: list[dict], events: list[dict], title: str) -> None
         s.append(f'<line x1="{W - R + 15}" y1="{yy}" x2="{W - R + 40}" y2="{yy}" '
                  f'stroke="{COLORS[t]}" stroke-width="3"/>')
         s.append(f'<text x="{W - R + 46}" y="{yy + 4}">{t}</text>')
+    if efficiency:
+        yy = T + 10 + 20 * len(TIERS)
+        s.append(f'<line x1="{W - R + 15}" y1="{yy}" x2="{W - R + 40}" y2="{yy}" '
+                 'stroke="#000" stroke-width="3" stroke-dasharray="2,3"/>')
+        s.append(f'<text x="{W - R + 46}" y="{yy + 4}">efficiency</text>')
     s.append("</svg>")
     with open(path, "w") as f:
         f.write("\n".join(s) + "\n")

@@ -25,6 +25,8 @@
 
 /* Metadata key of the cluster token on gRPC calls. */
 #define PF_AUTH_TOKEN_MD "pf-cluster-token"
+/* Metadata key of a tenant token (pf/tenant.h; libpegaflow: PEGAFLOW_TENANT_TOKEN_FILE). */
+#define PF_AUTH_TENANT_MD "pf-tenant-token"
 /* Longest token accepted from a file (bytes, after trimming trailing whitespace). */
 #define PF_AUTH_TOKEN_MAX 4096
 
@@ -115,7 +117,8 @@ struct pf_rpc_channel_opts {
     const char *ca_pem;   /* verify the server against this CA */
     const char *cert_pem; /* client certificate chain (mutual TLS), with key_pem */
     const char *key_pem;
-    const char *token; /* sent as PF_AUTH_TOKEN_MD on every call */
+    const char *token;        /* sent as PF_AUTH_TOKEN_MD on every call */
+    const char *tenant_token; /* sent as PF_AUTH_TENANT_MD (never a process default) */
 };
 
 struct pf_rpc_channel;
@@ -132,12 +135,14 @@ void pf_auth_channel_opts(const struct pf_auth *a, struct pf_rpc_channel_opts *o
 
 /* The channel options libpegaflow takes from its environment: PEGAFLOW_TLS_CA (TLS with
  * that CA), PEGAFLOW_TLS_CERT + PEGAFLOW_TLS_KEY (client certificate), PEGAFLOW_TOKEN_FILE
- * (cluster token). The PEM texts and the token are malloc'ed into *e and *o points into
- * them (free with pf_auth_env_free after the channel is open: channels copy). -errno with a
- * message naming the variable when a file is unreadable or malformed, or only one of
- * CERT/KEY is set (-EINVAL). */
+ * (cluster token), PEGAFLOW_TENANT_TOKEN_FILE (tenant token, docs/security.md "Tenants").
+ * The PEM texts and the tokens are malloc'ed into *e and *o points into them (free with
+ * pf_auth_env_free after the channel is open: channels copy). -errno with a message naming
+ * the variable when a file is unreadable or malformed, or only one of CERT/KEY is set
+ * (-EINVAL). */
 struct pf_auth_env {
     char *ca, *cert, *key, *token;
+    char *tenant_token; /* PEGAFLOW_TENANT_TOKEN_FILE */
 };
 int pf_auth_env_load(struct pf_auth_env *e, struct pf_rpc_channel_opts *o, char *err,
                      size_t errlen);

@@ -223,5 +223,7 @@ int pf_ns_intern(const char *ns, uint32_t *id_p);
 /* Returns the id of an already interned namespace or -ENOENT (never interns). */
 int pf_ns_lookup(const char *ns, uint32_t *id_p);
 const char *pf_ns_name(uint32_t id);
+/* Namespaces interned so far: ids are 0 .. pf_ns_count() - 1. */
+uint32_t pf_ns_count(void);
 
 #endif

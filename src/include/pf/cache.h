@@ -49,7 +49,8 @@ bool pf_cache_contains(struct pf_cache *c, const struct pf_block_key *key);
 
 /* Inserts b with class cls, taking the cache's own strong reference. Returns 1 when
  * inserted, 0 when the key was already resident (recency refreshed, class unchanged, b not
- * taken), -EACCES when TinyLFU rejected it. */
+ * taken), -EACCES when TinyLFU rejected it, -ENOMEM when the per-namespace byte table
+ * cannot grow (b not taken). */
 int pf_cache_insert(struct pf_cache *c, struct pf_block *b, enum pf_block_class cls);
 
 /* Removes up to max evictable blocks, oldest first, reclaimable class first. The removed
@@ -62,6 +63,13 @@ size_t pf_cache_evict(struct pf_cache *c, size_t max, struct pf_block **out, siz
  * writes still waiting in the queue. */
 size_t pf_cache_evict_sparing(struct pf_cache *c, size_t max, struct pf_block **out,
                               size_t *skipped_p);
+/* As pf_cache_evict, restricted to blocks whose namespace id is in ns[0..nns) (a tenant's
+ * namespaces, src/tenant): blocks of other namespaces are passed over and keep their place.
+ * nns 0 evicts nothing. */
+size_t pf_cache_evict_ns(struct pf_cache *c, const uint32_t *ns, size_t nns, size_t max,
+                         struct pf_block **out, size_t *skipped_p);
+/* Footprint (pf_block_footprint) of the resident blocks of namespace id ns. */
+uint64_t pf_cache_ns_bytes(struct pf_cache *c, uint32_t ns);
 /* Removes every resident block regardless of references; *out_p is a malloc'ed array the
  * caller frees after putting each block. Returns the count (0 and *out_p NULL if empty). */
 size_t pf_cache_remove_all(struct pf_cache *c, struct pf_block ***out_p);

@@ -165,6 +165,9 @@ int pf_engine_session_open(struct pf_engine *e, const char *instance_id, uint64_
 void pf_engine_session_close(struct pf_engine *e, const char *instance_id, uint64_t token);
 
 /* Admin (HTTP). */
+/* 0 while the engine can serve; -ENOTRECOVERABLE with a sentence in why once its GPU
+ * backend lost a device (hal_gpu.h "Lost device"): GET /health then answers 503. */
+int pf_engine_health(struct pf_engine *e, char *why, size_t whylen);
 /* Malloc'ed array of malloc'ed ids; returns count. */
 size_t pf_engine_list_instances(struct pf_engine *e, char ***ids_p);
 /* Unregisters one instance (id != NULL) or all; fills the removed ids (malloc'ed array of
@@ -251,6 +254,25 @@ struct pf_engine_hooks {
     void *ctx;
 };
 int pf_engine_add_hooks(struct pf_engine *e, const struct pf_engine_hooks *h);
+
+/* Quota of a Save (tenants, src/tenant): called by pf_engine_save once it knows the new
+ * pinned bytes `need` (blocks not already resident) of a save by an instance in namespace id
+ * ns, before allocating. Returns 0 to proceed, or -ENOSPC (RESOURCE_EXHAUSTED) with a
+ * message in err. Runs on the RPC thread without engine locks; may call
+ * pf_engine_evict_namespaces and pf_engine_flush. */
+struct pf_engine_quota {
+    int (*check)(void *ctx, struct pf_engine *e, uint32_t ns, uint64_t need, char *err,
+                 size_t errlen);
+    void *ctx;
+};
+/* Installs the quota hook (before serving traffic; NULL check = none). */
+void pf_engine_set_quota(struct pf_engine *e, const struct pf_engine_quota *q);
+/* Evicts resident, unreferenced RAM blocks of the namespace ids ns[0..nns), oldest first,
+ * until their footprint reaches goal bytes or nothing more of them is evictable; blocks of
+ * other namespaces are never touched. Evictions run the evicted hooks (reason "quota").
+ * Returns the bytes of footprint evicted; *nblocks_p (may be NULL) the blocks. */
+uint64_t pf_engine_evict_namespaces(struct pf_engine *e, const uint32_t *ns, size_t nns,
+                                    uint64_t goal, uint64_t *nblocks_p);
 
 /* Accessors for tiers and tests. */
 struct pf_pool *pf_engine_pool(struct pf_engine *e);

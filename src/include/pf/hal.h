@@ -23,7 +23,9 @@ struct pf_gpu_backend {
     const char *name;
     int hardware; /* 1: real device backend, tried first by "auto" */
     const struct pf_gpu_ops *ops;
-    /* Opens the backend. -ENODEV when no device is usable (auto then falls back). */
+    /* Opens the backend. -ENODEV when no device is usable (auto then falls back);
+     * -ENOTRECOVERABLE when the hardware is installed but cannot be used (e.g. a GPU whose
+     * driver is too old): auto then fails instead of silently using the simulation. */
     int (*open)(const struct pf_gpu_config *cfg, struct pf_gpu **g_p);
 };
 
@@ -59,7 +61,8 @@ const struct pf_blk_ops *pf_hal_blk_filled(const struct pf_blk_ops *ops);
 
 /* Opens a backend by name ("auto", "sim", "cuda", "faulty:sim", ...). On success the name
  * of the backend actually opened is written to chosen (may be NULL). Errors: -ENOENT
- * (unknown name, the message lists the known ones), -ENODEV (no such hardware), others
+ * (unknown name, the message lists the known ones), -ENODEV (no such hardware),
+ * -ENOTRECOVERABLE (hardware installed but unusable; "auto" does not fall back), others
  * from the backend. err gets a one-line reason. */
 int pf_hal_gpu_open(const char *name, const struct pf_gpu_config *cfg, struct pf_gpu **g_p,
                     char *chosen, size_t chosenlen, char *err, size_t errlen);

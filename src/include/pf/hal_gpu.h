@@ -10,12 +10,20 @@
  * the process at all), host memory is a plain pointer that must be registered
  * (host_register) before a copy touches it.
  *
- * Backends: "cuda" (hw/cuda, CUDA runtime + IPC handles), "sim" (sim/gpu, POSIX shared
- * memory "device memory" and engine threads doing the copies), and the "faulty:<inner>"
- * decorator (src/hal/fault_gpu.c) driven by the fault plan.
+ * Backends: "cuda" (hw/cuda, the CUDA driver API loaded at run time + IPC handles), "sim" (sim/gpu,
+ * POSIX shared memory "device memory" and engine threads doing the copies), and the
+ * "faulty:<inner>" decorator (src/hal/fault_gpu.c) driven by the fault plan.
  *
  * Threading: a pf_gpu and its mappings may be used from any thread. A stream is used by
- * one thread at a time (its owner), which submits batches and syncs. */
+ * one thread at a time (its owner), which submits batches and syncs.
+ *
+ * Lost device: some GPU faults are not recoverable in-process (CUDA's sticky errors, e.g.
+ * 700 illegal address, 719 launch failed: "any further CUDA work will return the same
+ * error", cuda.h). After one, the backend is dead: every op that needs the device answers
+ * -ENOTRECOVERABLE (streams are NOT usable again), health() answers -ENOTRECOVERABLE with
+ * the reason, and the server reports itself unhealthy so its supervisor restarts it.
+ * Teardown ops (ipc_close, host_unregister, stream_destroy, close) still free the
+ * backend's own memory. */
 #ifndef PF_HAL_GPU_H
 #define PF_HAL_GPU_H
 
@@ -123,9 +131,14 @@ struct pf_gpu_ops {
     int (*copy_batch)(struct pf_gpu_stream *s, enum pf_copy_dir dir, enum pf_copy_mode mode,
                       const struct pf_copy_desc *d, size_t n);
     /* Waits until every copy enqueued so far finished. Returns 0, the first error a copy
-     * reported since the previous sync (then the stream is usable again), or -ETIMEDOUT
-     * (work still in flight; call again). */
+     * reported since the previous sync, or -ETIMEDOUT (work still in flight; call again).
+     * After an ordinary error the stream is usable again; after -ENOTRECOVERABLE (the
+     * device is lost, see above) it never is. */
     int (*stream_sync)(struct pf_gpu_stream *s, uint64_t timeout_ms);
+    /* 0 while the backend can reach its devices; -ENOTRECOVERABLE once a device is lost,
+     * with a sentence in why (what failed, what to do). Cheap, any thread. Backends
+     * without it are always healthy. */
+    int (*health)(struct pf_gpu *g, char *why, size_t whylen);
     void (*close)(struct pf_gpu *g);
     /* Optional (default -EOPNOTSUPP; the CUDA backend keeps it so and callers then hash the
      * host bytes themselves): copy_batch that also computes xxh3-64 checksums of the bytes
@@ -147,6 +160,13 @@ struct pf_gpu {
     const struct pf_gpu_ops *ops;
 };
 
+/* --gpu-copy-batch: how direct-mode copies of scattered ranges are issued (cuda). */
+enum pf_gpu_copy_batch {
+    PF_GPU_COPY_BATCH_AUTO = 0, /* cuMemcpyBatchAsync where the driver has it (12.8+) */
+    PF_GPU_COPY_BATCH_ON = 1,   /* required: open fails on older drivers */
+    PF_GPU_COPY_BATCH_OFF = 2,  /* one async copy per merged range */
+};
+
 /* Backend-independent open parameters. */
 struct pf_gpu_config {
     const int *devices; /* --devices; NULL = all the backend finds */
@@ -154,6 +174,7 @@ struct pf_gpu_config {
     uint64_t sim_bandwidth;       /* sim: bytes/s per device copy engine, 0 = unlimited */
     int sim_default_devices;      /* sim: devices when --devices is not given */
     struct pf_fault_plan *faults; /* faulty: decorator's plan */
+    enum pf_gpu_copy_batch gpu_copy_batch;
 };
 
 static inline int pf_gpu_device_count(struct pf_gpu *g)
@@ -207,6 +228,10 @@ static inline int pf_gpu_copy_batch_hash(struct pf_gpu_stream *s, enum pf_copy_d
                                          size_t n, const uint8_t *join, uint64_t *sums)
 {
     return s->gpu->ops->copy_batch_hash(s, dir, mode, d, n, join, sums);
+}
+static inline int pf_gpu_health(struct pf_gpu *g, char *why, size_t whylen)
+{
+    return g->ops->health(g, why, whylen);
 }
 static inline void pf_gpu_close(struct pf_gpu *g)
 {

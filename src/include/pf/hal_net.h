@@ -43,6 +43,7 @@ struct pf_net_nic_info {
     int numa_node; /* -1 when unknown */
     char addr[64]; /* printable address (IP for tcp, GID for verbs) */
     bool active;
+    uint64_t max_msg; /* largest READ the NIC takes (verbs: port max_msg_sz); 0 = no limit */
 };
 
 struct pf_net_mr {
@@ -87,6 +88,11 @@ struct pf_net_ops {
      * (docs/security.md). -EINVAL for a malformed endpoint; NULL (-EOPNOTSUPP) when the
      * backend does not connect by IP address (verbs: the fabric routes by GID). */
     int (*ep_host)(struct pf_net *n, const void *remote_ep, size_t len, char *host, size_t hostlen);
+    /* Optional: whether qp_connect(qp, remote_ep) can work, with the reason when not
+     * (verbs: the two GIDs differ in family or RoCE version, so the QP would never reach
+     * RTR/RTS; link layers differ). 0, or -EPROTO / -EINVAL with why filled. NULL: no check. */
+    int (*ep_check)(struct pf_net_qp *qp, const void *remote_ep, size_t len, char *why,
+                    size_t whylen);
     /* Posts one READ of sum(sge[i].len) bytes from (raddr, rkey). -EAGAIN when the send
      * queue is full (poll, then retry), -ENOTCONN when the QP is not connected or broken. */
     int (*post_read)(struct pf_net_qp *qp, const struct pf_net_sge *sge, size_t nsge,
@@ -104,10 +110,48 @@ struct pf_net {
     const struct pf_net_ops *ops;
 };
 
+/* RDMA transport settings (--rdma-* flags, docs/net.md "Flags"); backends without RDMA
+ * ignore them. pf_net_rdma_defaults fills the defaults. */
+struct pf_net_rdma_opts {
+    int gid_index;          /* --rdma-gid-index: -1 = choose (docs/net.md "GID choice") */
+    const char *gid_subnet; /* --rdma-gid-subnet: CIDR the GID must be in; NULL = any */
+    int traffic_class;      /* --rdma-traffic-class: GRH traffic class (DSCP << 2 | ECN) */
+    int sl;                 /* --rdma-sl: service level (IB SL / RoCE PCP) */
+    int pkey_index;         /* --rdma-pkey-index */
+    int timeout;            /* --rdma-timeout: local ACK timeout, 4.096 us * 2^timeout */
+    int retry_cnt;          /* --rdma-retry-cnt: transport retries (0..7) */
+    int rnr_retry;          /* --rdma-rnr-retry: RNR retries (0..7, 7 = forever) */
+};
+
+#define PF_NET_RDMA_TC      106 /* DSCP 26 (the lossless class of NCCL/Mooncake setups), ECT(0) */
+#define PF_NET_RDMA_SL      0
+#define PF_NET_RDMA_TIMEOUT 18 /* 4.096 us * 2^18 = 1.07 s per try */
+#define PF_NET_RDMA_RETRY   7
+#define PF_NET_RDMA_RNR     7
+
+static inline struct pf_net_rdma_opts pf_net_rdma_defaults(void)
+{
+    return (struct pf_net_rdma_opts){.gid_index = -1,
+                                     .traffic_class = PF_NET_RDMA_TC,
+                                     .sl = PF_NET_RDMA_SL,
+                                     .timeout = PF_NET_RDMA_TIMEOUT,
+                                     .retry_cnt = PF_NET_RDMA_RETRY,
+                                     .rnr_retry = PF_NET_RDMA_RNR};
+}
+
 struct pf_net_config {
     const char *const *nics; /* --nics */
     size_t nnics;
     struct pf_fault_plan *faults;
+    /* TLS of the TCP fabric (docs/security.md "Fabric TLS"): the node certificate chain,
+     * its key and the cluster CA as PEM text (--tls-cert/--tls-key/--tls-ca). With a
+     * certificate every fabric connection is TLS 1.3, or refused; NULL: plaintext. Backends
+     * that cannot encrypt (verbs: RDMA READs bypass the host) ignore them. */
+    const char *tls_cert_pem, *tls_key_pem, *tls_ca_pem;
+    const struct pf_net_rdma_opts *rdma; /* NULL = pf_net_rdma_defaults() */
+    /* Bytes the caller will register on every NIC (the pool): verbs checks RLIMIT_MEMLOCK
+     * against pin_bytes x NICs at open (0 = no check). */
+    uint64_t pin_bytes;
 };
 
 static inline int pf_net_nic_count(struct pf_net *n)
@@ -145,6 +189,11 @@ static inline int pf_net_ep_host(struct pf_net *n, const void *ep, size_t len, c
                                  size_t hostlen)
 {
     return n->ops->ep_host ? n->ops->ep_host(n, ep, len, host, hostlen) : -EOPNOTSUPP;
+}
+static inline int pf_net_ep_check(struct pf_net_qp *qp, const void *ep, size_t len, char *why,
+                                  size_t whylen)
+{
+    return qp->net->ops->ep_check ? qp->net->ops->ep_check(qp, ep, len, why, whylen) : 0;
 }
 static inline int pf_net_post_read(struct pf_net_qp *qp, const struct pf_net_sge *sge, size_t nsge,
                                    uint64_t raddr, uint32_t rkey, uint64_t wr_id)

@@ -60,6 +60,9 @@ int pf_http_health(void *ctx, const struct pf_http_req *req, struct pf_http_resp
 int pf_http_metrics(void *ctx, const struct pf_http_req *req, struct pf_http_resp *resp);
 
 /* pegaflow-server admin handlers; ctx points to a `struct pf_engine *` variable. */
+/* GET /health of pegaflow-server (ctx: struct pf_engine **): 200 "ok", or 503 with the
+ * reason once the engine lost its GPU (pf_engine_health), so a supervisor restarts it. */
+int pf_http_engine_health(void *ctx, const struct pf_http_req *req, struct pf_http_resp *resp);
 int pf_http_instances(void *ctx, const struct pf_http_req *req, struct pf_http_resp *resp);
 int pf_http_instances_cleanup(void *ctx, const struct pf_http_req *req, struct pf_http_resp *resp);
 int pf_http_memory_cleanup(void *ctx, const struct pf_http_req *req, struct pf_http_resp *resp);

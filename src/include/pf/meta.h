@@ -96,8 +96,14 @@ int pf_meta_store_create(const struct pf_meta_store_config *cfg, struct pf_meta_
 /* Frees everything. No call may be in flight. Accepts NULL. */
 void pf_meta_store_destroy(struct pf_meta_store *st);
 
-/* HeartbeatNode. node: non-empty address (<= PF_META_NODE_MAX bytes). */
+/* HeartbeatNode. node: non-empty address (<= PF_META_NODE_MAX bytes). Another node_id
+ * holding a fresh session for node: -ESTALE. */
 int pf_meta_store_heartbeat(struct pf_meta_store *st, const char *node, const uint8_t node_id[16]);
+/* The same; replace: node_id takes node's session at once even when the previous one is
+ * still fresh (a restarted server whose claim to the address the caller has checked:
+ * service.c h_heartbeat). */
+int pf_meta_store_heartbeat_replace(struct pf_meta_store *st, const char *node,
+                                    const uint8_t node_id[16], bool replace);
 
 /* UnregisterNode: drops the node record when its current session is node_id, then removes
  * every owner entry of (node, node_id) and keys left empty (a full scan). Never fails for an

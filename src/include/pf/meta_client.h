@@ -109,6 +109,10 @@ int pf_meta_client_flush(struct pf_meta_client *c, uint64_t timeout_ms);
  * deadline when a session was ever established. Bounded by the RPC in flight
  * (rpc_timeout_ms) + 3 s.
  * Idempotent. */
+/* Asks for a re-registration of every resident block (enumerate_resident, in chunks, with
+ * heartbeats, as the resync after a new session) at the next opportunity: e.g. once the SSD
+ * tier has recovered its blocks. Any thread; never blocks. */
+void pf_meta_client_resync(struct pf_meta_client *c);
 void pf_meta_client_stop(struct pf_meta_client *c);
 /* stop + free. Accepts NULL. */
 void pf_meta_client_destroy(struct pf_meta_client *c);

@@ -139,6 +139,7 @@ struct pf_p2p_config {
     uint64_t peer_down_ms;        /* after a failed handshake the peer is skipped: 5000; a
                                    * failed fetch ranks the holder last for as long */
     uint64_t plan_timeout_ms;     /* query-time discovery deadline (--p2p-plan-timeout-ms) */
+    uint64_t conn_idle_ms;        /* a connection no fetch leased this long is closed: 600000 */
 };
 
 /* Registers every pool region on every NIC, registers the "rdma" tier with the engine

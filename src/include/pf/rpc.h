@@ -164,6 +164,9 @@ bool pf_rpc_call_expired(struct pf_rpc_call *call);
 typedef void (*pf_rpc_undo_fn)(void *ctx, const void *arg, size_t len);
 int pf_rpc_call_on_cancel(struct pf_rpc_call *call, pf_rpc_undo_fn fn, void *ctx, const void *arg,
                           size_t len);
+/* The value of the first request metadata entry named key (lower case), its length in
+ * *len_p; NULL when absent. Valid during the handler. */
+const void *pf_rpc_call_metadata(struct pf_rpc_call *call, const char *key, size_t *len_p);
 /* Peer address of the call ("ipv4:1.2.3.4:5678"), valid during the handler. */
 const char *pf_rpc_call_peer(struct pf_rpc_call *call);
 
@@ -175,6 +178,9 @@ struct pf_rpc_channel;
  * backoff (100 ms .. 1 s) so a restarted server is reachable again quickly. */
 int pf_rpc_channel_open(const char *target, struct pf_rpc_channel **ch_p);
 void pf_rpc_channel_close(struct pf_rpc_channel *ch);
+/* Drops the channel's reconnect backoff: the next call connects at once. For a caller
+ * that knows the server just came back (a restart); calls in flight are unaffected. */
+void pf_rpc_channel_reconnect(struct pf_rpc_channel *ch);
 const char *pf_rpc_channel_target(const struct pf_rpc_channel *ch);
 
 /* One unary call with a deadline of timeout_ms. On OK returns 0 and *resp_p is the

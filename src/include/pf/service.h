@@ -11,6 +11,7 @@
 
 struct pf_engine;
 struct pf_p2p;
+struct pf_tenancy;
 
 struct pf_engine_service {
     struct pf_engine *engine; /* NULL until the engine exists */
@@ -20,6 +21,8 @@ struct pf_engine_service {
     /* Called by the Shutdown RPC (from an RPC thread); must only signal the main thread. */
     void (*request_shutdown)(void *app);
     void *app;
+    /* --tenants-file (src/tenant); NULL: no tenant checks. Set before the server starts. */
+    struct pf_tenancy *tenancy;
     /* set while the server stops: closing Session streams then does not unregister */
     _Atomic bool stopping;
 };

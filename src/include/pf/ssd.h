@@ -3,9 +3,12 @@
  *
  * Files: with one path and one shard the path is the cache file; otherwise each path is a
  * directory holding shard-NNNNNN.dat files (global id = path index x shards + local index).
- * Files are created (with their parent directories), truncated and sized to
- * capacity / shards rounded down to 512 bytes. The index lives in memory only: a restart
- * starts with an empty SSD cache.
+ * Files are created (with their parent directories) and sized to capacity / shards rounded
+ * down to 512 bytes. Each starts with a superblock and every record with a self-describing
+ * header (docs/ssd.md, "On-disk format"): with recover set, a background scan rebuilds the
+ * index from the files while the tier serves (the writer starts after it); otherwise the
+ * files get a new identity and start empty. A file of another format is refused unless
+ * reformat is set.
  *
  * Write pipeline: the engine's `sealed` hook offers newly resident blocks as weak
  * references into a bounded queue of write_queue_depth batches (never blocks; a full queue
@@ -44,23 +47,27 @@ struct pf_ssd;
 struct pf_ssd_config {
     const char *const *paths; /* --ssd-cache-path (>= 1) */
     size_t npaths;
-    uint64_t capacity;             /* --ssd-cache-capacity, all shards together */
-    uint32_t shards_per_path;      /* --ssd-cache-shards (0 = 1) */
-    uint32_t write_queue_depth;    /* batches (0 = 8) */
-    uint32_t prefetch_queue_depth; /* batches (0 = 2) */
-    uint32_t write_inflight;       /* block writes (0 = 2) */
-    uint32_t prefetch_inflight;    /* block reads (0 = 16) */
-    uint32_t max_prefetch_blocks;  /* global budget (0 = 800) */
-    bool integrity;                /* verify slot checksums after reads */
-    uint64_t io_timeout_ms;        /* bound on one block I/O and on a fetch (0 = 30 s) */
-    struct pf_blk *blk;            /* opened BLK backend, not owned */
+    uint64_t capacity;               /* --ssd-cache-capacity, all shards together */
+    uint32_t shards_per_path;        /* --ssd-cache-shards (0 = 1) */
+    uint32_t write_queue_depth;      /* batches (0 = 8) */
+    uint32_t prefetch_queue_depth;   /* batches (0 = 2) */
+    uint32_t write_inflight;         /* block writes (0 = 2) */
+    uint32_t prefetch_inflight;      /* block reads (0 = 16) */
+    uint32_t max_prefetch_blocks;    /* global budget (0 = 800) */
+    uint64_t prefetch_staging_bytes; /* staging memory of reads not yet handed back (0 = 1 GiB) */
+    bool integrity;                  /* verify slot checksums after reads */
+    bool recover;  /* --ssd-recover: rebuild the index from the files at start (else empty) */
+    bool reformat; /* --ssd-reformat: overwrite files of another format (else refuse them) */
+    uint64_t io_timeout_ms; /* bound on one block I/O and on a fetch (0 = 30 s) */
+    struct pf_blk *blk;     /* opened BLK backend, not owned */
     /* Staging memory before (or without) pf_ssd_attach: plain allocations from pool
      * (tests). After attach: the engine's evicting allocator. */
     struct pf_pool *pool;
 };
 
-/* Opens (creates, truncates, sizes) every shard file and starts the writer and reader
- * threads. Logs the configuration. Errors (-EINVAL bad configuration, -ENOSPC capacity
+/* Opens (creates, sizes) every shard file, reads its superblock, starts the writer and
+ * reader threads and the recovery scan. Logs the configuration. Errors (-EPROTO a file of
+ * another format without reformat, (-EINVAL bad configuration, -ENOSPC capacity
  * larger than the free space, -ENOENT/-EACCES/-ENOTDIR unopenable path, -EINVAL a file
  * system without O_DIRECT, others) come with a one-line message naming the path in err. */
 int pf_ssd_create(const struct pf_ssd_config *cfg, struct pf_ssd **s_p, char *err, size_t errlen);
@@ -84,6 +91,12 @@ int pf_ssd_offer(struct pf_ssd *s, struct pf_block *const *blocks, size_t n);
  * or -ESHUTDOWN (the store is stopping or stopped). Any thread. */
 int pf_ssd_flush(struct pf_ssd *s, uint64_t timeout_ms);
 
+/* Shutdown drain (SIGTERM): waits until every save the engine accepted is sealed and every
+ * batch offered so far is written (or dropped), bounded by timeout_ms in all, and logs
+ * what it did. What is not written by then is simply not recovered by the next start.
+ * 0 or -ETIMEDOUT / -ESHUTDOWN. Call before pf_ssd_stop, once traffic has stopped. */
+int pf_ssd_drain(struct pf_ssd *s, uint64_t timeout_ms);
+
 /* Tier operations (also usable directly by tests); see struct pf_tier in pf/engine.h. */
 size_t pf_ssd_probe(struct pf_ssd *s, const struct pf_block_key *keys, size_t n);
 size_t pf_ssd_fetch(struct pf_ssd *s, const struct pf_block_key *keys, size_t n,
@@ -94,11 +107,21 @@ size_t pf_ssd_fetch(struct pf_ssd *s, const struct pf_block_key *keys, size_t n,
 typedef void (*pf_ssd_promoted_fn)(void *ctx, struct pf_block *const *blocks, size_t n);
 void pf_ssd_set_promoted(struct pf_ssd *s, pf_ssd_promoted_fn fn, void *ctx);
 
+/* Called once on the recovery thread when the scan has finished and recovered at least one
+ * block (e.g. to re-register them with the MetaServer); must not block. Set any time. */
+typedef void (*pf_ssd_recovered_fn)(void *ctx, uint64_t blocks);
+void pf_ssd_set_recovered(struct pf_ssd *s, pf_ssd_recovered_fn fn, void *ctx);
+/* Calls fn for every committed key (under the index lock: fn must be quick and must not
+ * call the tier) until it returns non-zero, which is returned. */
+int pf_ssd_for_each_key(struct pf_ssd *s, int (*fn)(void *ctx, const struct pf_block_key *k),
+                        void *ctx);
+
 struct pf_ssd_stats {
     uint32_t shards;
     uint64_t shard_capacity;
     uint64_t writing, committed; /* index entries */
     uint64_t prefetch_reserved;  /* budget in use */
+    bool recovery_done;          /* the recovery scan finished (or none was needed) */
 };
 void pf_ssd_stats(struct pf_ssd *s, struct pf_ssd_stats *st);
 

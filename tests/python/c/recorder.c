@@ -257,6 +257,24 @@ int pf_client_session_open(struct pf_client *c, const char *inst, const char *ns
     return 0;
 }
 
+int pf_client_watch_open(struct pf_client *c, const char *inst, uint64_t t,
+                         struct pf_session **s_p)
+{
+    (void)c;
+    say("watch inst=%s t=%llu\n", inst ? inst : "", (unsigned long long)t);
+    int rc = answer();
+    if (rc)
+        return rc;
+    *s_p = calloc(1, sizeof(**s_p));
+    (*s_p)->alive = 1;
+    return 0;
+}
+
+void pf_client_reconnect(struct pf_client *c)
+{
+    say("reconnect %s\n", c->target);
+}
+
 int pf_client_session_alive(struct pf_session *s)
 {
     return s->alive;
@@ -290,6 +308,11 @@ int64_t pf_loadstate_wait(const struct pf_loadstate *ls, uint64_t t)
     (void)ls;
     (void)t;
     return 0;
+}
+int64_t pf_loadstate_cancel(struct pf_loadstate *ls)
+{
+    (void)ls;
+    return 2;
 }
 void pf_loadstate_destroy(struct pf_loadstate *ls)
 {

@@ -487,12 +487,70 @@ static void test_leases(void **st)
     pf_block_put(b[1]);
 }
 
+/* Per-namespace bytes and namespace-restricted eviction (tenant quotas, src/tenant): only
+ * the named namespaces' unreferenced blocks go, oldest first; the others keep their place. */
+static void test_evict_by_namespace(void **st)
+{
+    struct pf_cache *c;
+    assert_int_equal(pf_cache_create(NULL, &c), 0);
+    assert_int_equal(pf_cache_ns_bytes(c, 7), 0);
+    for (uint32_t i = 0; i < 6; i++) { /* interleaved: 7, 8, 7, 8, ... */
+        struct pf_block *b = blk(7 + (i & 1), i);
+        assert_int_equal(pf_cache_insert(c, b, PF_CLASS_RETAINED), 1);
+        pf_block_put(b);
+    }
+    struct pf_block *far = blk(300, 1); /* an id past the table's first growth */
+    assert_int_equal(pf_cache_insert(c, far, PF_CLASS_RECLAIMABLE), 1);
+    pf_block_put(far);
+    assert_int_equal(pf_cache_ns_bytes(c, 7), 300);
+    assert_int_equal(pf_cache_ns_bytes(c, 8), 300);
+    assert_int_equal(pf_cache_ns_bytes(c, 300), 100);
+    assert_int_equal(pf_cache_ns_bytes(c, 9), 0);
+    /* a referenced block of namespace 7 is skipped */
+    struct pf_block_key k4 = key(7, 4);
+    struct pf_block *held[1];
+    assert_int_equal(pf_cache_lookup_each(c, &k4, 1, held), 1);
+    uint32_t ns7 = 7;
+    struct pf_block *out[8];
+    size_t skipped = 9;
+    assert_int_equal(pf_cache_evict_ns(c, &ns7, 1, 0, out, &skipped), 0);
+    assert_int_equal(pf_cache_evict_ns(c, &ns7, 0, 8, out, &skipped), 0);
+    assert_int_equal(skipped, 0);
+    size_t n = pf_cache_evict_ns(c, &ns7, 1, 8, out, &skipped);
+    assert_int_equal(n, 2);
+    assert_int_equal(skipped, 1);
+    struct pf_block_key k0 = key(7, 0), k2 = key(7, 2);
+    assert_true(pf_block_key_eq(out[0], &k0)); /* oldest first */
+    assert_true(pf_block_key_eq(out[1], &k2));
+    for (size_t i = 0; i < n; i++)
+        pf_block_put(out[i]);
+    assert_int_equal(pf_cache_ns_bytes(c, 7), 100); /* the held one */
+    assert_int_equal(pf_cache_ns_bytes(c, 8), 300); /* untouched */
+    for (uint32_t i = 1; i < 6; i += 2) {
+        struct pf_block_key k = key(8, i);
+        assert_true(pf_cache_contains(c, &k));
+    }
+    /* two namespaces at once, reclaimable first as always */
+    uint32_t two[2] = {8, 300};
+    n = pf_cache_evict_ns(c, two, 2, 2, out, NULL);
+    assert_int_equal(n, 2);
+    assert_int_equal(pf_block_ns(out[0]), 300);
+    assert_int_equal(pf_block_ns(out[1]), 8);
+    for (size_t i = 0; i < n; i++)
+        pf_block_put(out[i]);
+    assert_int_equal(pf_cache_ns_bytes(c, 300), 0);
+    assert_int_equal(pf_cache_ns_bytes(c, 8), 200);
+    pf_block_put(held[0]);
+    pf_cache_destroy(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prefix_and_classes),
         cmocka_unit_test(test_eviction_order),
         cmocka_unit_test(test_eviction_spares_queued),
+        cmocka_unit_test(test_evict_by_namespace),
         cmocka_unit_test(test_cleanup_and_hints),
         cmocka_unit_test(test_tinylfu),
         cmocka_unit_test(test_block_refs),

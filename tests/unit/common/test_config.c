@@ -130,6 +130,10 @@ static void test_server_defaults(void **st)
     assert_int_equal(c.ssd_write_inflight, 2);
     assert_int_equal(c.ssd_prefetch_inflight, 16);
     assert_int_equal(c.max_prefetch_blocks, 800);
+    assert_true(c.ssd_recover); /* issue 25: recovery on by default */
+    assert_false(c.ssd_reformat);
+    assert_int_equal(c.ssd_drain_timeout_secs, 5);
+    assert_int_equal(c.ssd_prefetch_staging, 1ull << 30);
     assert_int_equal(c.transfer_lock_timeout_secs, 120);
     assert_int_equal(c.metaserver_queue_depth, 4096);
     assert_int_equal(c.rpc_threads, 8);

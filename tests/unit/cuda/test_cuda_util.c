@@ -18,35 +18,38 @@
 static void test_errno_table(void **st)
 {
     static const struct {
-        cudaError_t e;
+        CUresult e;
         int err;
     } cases[] = {
-        {cudaSuccess, 0},
-        {cudaErrorInvalidValue, -EINVAL},
-        {cudaErrorMemoryAllocation, -ENOMEM},
-        {cudaErrorInsufficientDriver, -ENODEV},
-        {cudaErrorNoDevice, -ENODEV},
-        {cudaErrorInvalidDevice, -ENODEV},
-        {cudaErrorStubLibrary, -ENODEV},
-        {cudaErrorDevicesUnavailable, -ENODEV},
-        {cudaErrorSystemDriverMismatch, -ENODEV},
-        {cudaErrorNotReady, -EAGAIN},
-        {cudaErrorInvalidDevicePointer, -EFAULT},
-        {cudaErrorInvalidHostPointer, -EFAULT},
-        {cudaErrorIllegalAddress, -EFAULT},
-        {cudaErrorHostMemoryAlreadyRegistered, -EEXIST},
-        {cudaErrorHostMemoryNotRegistered, -ENOENT},
-        {cudaErrorInvalidResourceHandle, -ENOENT},
-        {cudaErrorLaunchTimeout, -ETIMEDOUT},
-        {cudaErrorTimeout, -ETIMEDOUT},
-        {cudaErrorNoKernelImageForDevice, -ENOEXEC},
-        {cudaErrorLaunchOutOfResources, -ENOMEM},
-        {cudaErrorNotSupported, -EOPNOTSUPP},
-        {cudaErrorNotPermitted, -EPERM},
-        {cudaErrorCudartUnloading, -ESHUTDOWN},
-        {cudaErrorLaunchFailure, -EIO},
-        {cudaErrorECCUncorrectable, -EIO},
-        {cudaErrorUnknown, -EIO},
+        {CUDA_SUCCESS, 0},
+        {CUDA_ERROR_INVALID_VALUE, -EINVAL},
+        {CUDA_ERROR_OUT_OF_MEMORY, -ENOMEM},
+        {CUDA_ERROR_NOT_INITIALIZED, -ENODEV},
+        {CUDA_ERROR_NO_DEVICE, -ENODEV},
+        {CUDA_ERROR_INVALID_DEVICE, -ENODEV},
+        {CUDA_ERROR_STUB_LIBRARY, -ENODEV},
+        {CUDA_ERROR_DEVICE_UNAVAILABLE, -ENODEV},
+        {CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, -ENODEV},
+        {CUDA_ERROR_NOT_READY, -EAGAIN},
+        {CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, -EEXIST},
+        {CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, -ENOENT},
+        {CUDA_ERROR_INVALID_HANDLE, -ENOENT},
+        {CUDA_ERROR_TIMEOUT, -ETIMEDOUT},
+        {CUDA_ERROR_NO_BINARY_FOR_GPU, -ENOEXEC},
+        {CUDA_ERROR_UNSUPPORTED_PTX_VERSION, -ENOEXEC},
+        {CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, -ENOMEM},
+        {CUDA_ERROR_NOT_SUPPORTED, -EOPNOTSUPP},
+        {CUDA_ERROR_NOT_PERMITTED, -EPERM},
+        {CUDA_ERROR_DEINITIALIZED, -ESHUTDOWN},
+        {CUDA_ERROR_ECC_UNCORRECTABLE, -EIO},
+        {CUDA_ERROR_UNKNOWN, -EIO},
+        /* sticky (cuda.h: "any further CUDA work will return the same error") */
+        {CUDA_ERROR_ILLEGAL_ADDRESS, -ENOTRECOVERABLE},
+        {CUDA_ERROR_LAUNCH_FAILED, -ENOTRECOVERABLE},
+        {CUDA_ERROR_LAUNCH_TIMEOUT, -ENOTRECOVERABLE},
+        {CUDA_ERROR_MISALIGNED_ADDRESS, -ENOTRECOVERABLE},
+        {CUDA_ERROR_CONTAINED, -ENOTRECOVERABLE},
+        {CUDA_ERROR_EXTERNAL_DEVICE, -ENOTRECOVERABLE},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         if (pf_cuda_errno(cases[i].e) != cases[i].err)
@@ -55,33 +58,46 @@ static void test_errno_table(void **st)
     }
 }
 
+static void test_sticky_codes(void **st)
+{
+    /* exactly the codes cuda.h documents with "This leaves the process in an inconsistent
+     * state and any further CUDA work will return the same error" */
+    static const int sticky[] = {226, 700, 702, 714, 715, 716, 717, 718, 719, 911};
+    for (int c = 0; c < 1000; c++) {
+        bool want = false;
+        for (size_t i = 0; i < sizeof(sticky) / sizeof(sticky[0]); i++)
+            want = want || sticky[i] == c;
+        if (pf_cuda_sticky((CUresult)c) != want)
+            fail_msg("CUDA error %d: sticky %d, want %d", c, pf_cuda_sticky((CUresult)c), want);
+    }
+    assert_false(pf_cuda_sticky(CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES)); /* 701: recoverable */
+}
+
 static void test_errno_unknown_codes_are_eio(void **st)
 {
-    assert_int_equal(pf_cuda_errno((cudaError_t)12345), -EIO);
-    assert_int_equal(pf_cuda_errno((cudaError_t)-1), -EIO);
-    assert_int_equal(pf_cuda_errno(cudaErrorApiFailureBase), -EIO);
+    assert_int_equal(pf_cuda_errno((CUresult)12345), -EIO);
+    assert_int_equal(pf_cuda_errno((CUresult)-1), -EIO);
 }
 
 static void test_errno_every_code_negative(void **st)
 {
-    /* every non-success code in the runtime's range translates to a negative errno */
     for (int c = 1; c < 1000; c++)
-        assert_true(pf_cuda_errno((cudaError_t)c) < 0);
+        assert_true(pf_cuda_errno((CUresult)c) < 0);
 }
 
 static void test_no_gpu_codes(void **st)
 {
-    assert_true(pf_cuda_no_gpu(cudaErrorInsufficientDriver));
-    assert_true(pf_cuda_no_gpu(cudaErrorNoDevice));
-    assert_true(pf_cuda_no_gpu(cudaErrorStubLibrary));
-    assert_false(pf_cuda_no_gpu(cudaSuccess));
-    assert_false(pf_cuda_no_gpu(cudaErrorInvalidValue));
-    assert_false(pf_cuda_no_gpu(cudaErrorMemoryAllocation));
-    assert_false(pf_cuda_no_gpu(cudaErrorIllegalAddress));
+    assert_true(pf_cuda_no_gpu(CUDA_ERROR_NO_DEVICE));
+    assert_true(pf_cuda_no_gpu(CUDA_ERROR_STUB_LIBRARY));
+    assert_true(pf_cuda_no_gpu(CUDA_ERROR_SYSTEM_DRIVER_MISMATCH));
+    assert_false(pf_cuda_no_gpu(CUDA_SUCCESS));
+    assert_false(pf_cuda_no_gpu(CUDA_ERROR_INVALID_VALUE));
+    assert_false(pf_cuda_no_gpu(CUDA_ERROR_OUT_OF_MEMORY));
+    assert_false(pf_cuda_no_gpu(CUDA_ERROR_ILLEGAL_ADDRESS));
     /* every "no GPU" code also translates to -ENODEV */
     for (int c = 1; c < 1000; c++)
-        if (pf_cuda_no_gpu((cudaError_t)c))
-            assert_int_equal(pf_cuda_errno((cudaError_t)c), -ENODEV);
+        if (pf_cuda_no_gpu((CUresult)c))
+            assert_int_equal(pf_cuda_errno((CUresult)c), -ENODEV);
 }
 
 static void test_busid_normalize(void **st)
@@ -174,6 +190,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errno_table),
+        cmocka_unit_test(test_sticky_codes),
         cmocka_unit_test(test_errno_unknown_codes_are_eio),
         cmocka_unit_test(test_errno_every_code_negative),
         cmocka_unit_test(test_no_gpu_codes),

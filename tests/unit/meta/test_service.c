@@ -86,11 +86,13 @@ static int call(struct fx *f, const char *m, const ProtobufCMessage *req,
     return pf_rpc_unary(f->ch, path, req, d, 5000, resp, st);
 }
 
-static int heartbeat(struct fx *f, const char *node, const char *id, struct pf_rpc_status *st)
+static int heartbeat_r(struct fx *f, const char *node, const char *id, bool replace,
+                       struct pf_rpc_status *st)
 {
     Pegaflow__HeartbeatNodeRequest req = PEGAFLOW__HEARTBEAT_NODE_REQUEST__INIT;
     req.node = (char *)node;
     req.node_id = (char *)id;
+    req.replace = replace;
     ProtobufCMessage *r;
     int rc =
         call(f, "HeartbeatNode", &req.base, &pegaflow__heartbeat_node_response__descriptor, &r, st);
@@ -115,7 +117,38 @@ static int insert(struct fx *f, const char *ns, const char *node, const char *id
                 &pegaflow__insert_block_hashes_response__descriptor, (ProtobufCMessage **)resp, st);
 }
 
+static int heartbeat(struct fx *f, const char *node, const char *id, struct pf_rpc_status *st)
+{
+    return heartbeat_r(f, node, id, false, st);
+}
+
 #define BIN(s) ((ProtobufCBinaryData){sizeof(s) - 1, (uint8_t *)(s)})
+
+/* A restarted server (new node_id, replace) takes its address's fresh session at once, but
+ * only when it calls from the host it advertises (this test calls from 127.0.0.1). */
+static void test_replace_from_own_host(void **state)
+{
+    struct fx *f = *state;
+    struct pf_rpc_status st;
+    assert_int_equal(heartbeat(f, "127.0.0.1:7", U1, &st), 0);
+    assert_int_not_equal(heartbeat(f, "127.0.0.1:7", U2, &st), 0);
+    assert_int_equal(st.code, PF_GRPC_FAILED_PRECONDITION);
+    assert_int_equal(heartbeat_r(f, "127.0.0.1:7", U2, true, &st), 0);
+    /* the previous life is out; the new one refreshes without replace */
+    assert_int_not_equal(heartbeat(f, "127.0.0.1:7", U1, &st), 0);
+    assert_int_equal(st.code, PF_GRPC_FAILED_PRECONDITION);
+    assert_int_equal(heartbeat(f, "127.0.0.1:7", U2, &st), 0);
+    /* another host's address: replace is refused, its session stays */
+    assert_int_equal(heartbeat(f, "10.1.2.3:7", U1, &st), 0);
+    assert_int_not_equal(heartbeat_r(f, "10.1.2.3:7", U2, true, &st), 0);
+    assert_int_equal(st.code, PF_GRPC_FAILED_PRECONDITION);
+    assert_int_equal(heartbeat(f, "10.1.2.3:7", U1, &st), 0);
+    /* a loopback address other than the caller's source names this host too */
+    assert_int_equal(heartbeat(f, "127.0.0.3:7", U1, &st), 0);
+    assert_int_equal(heartbeat_r(f, "127.0.0.3:7", U2, true, &st), 0);
+    assert_int_equal(heartbeat(f, "[::1]:7", U1, &st), 0);
+    assert_int_equal(heartbeat_r(f, "[::1]:7", U2, true, &st), 0); /* loopback, v4 caller */
+}
 
 static void test_validation(void **state)
 {
@@ -265,6 +298,7 @@ int main(void)
     pf_rpc_global_init();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_validation, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_replace_from_own_host, setup, teardown),
         cmocka_unit_test_setup_teardown(test_insert_query_reclaimable, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sweeper, setup, teardown),
     };

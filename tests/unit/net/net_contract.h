@@ -98,9 +98,16 @@ struct nc_pair {
     struct pf_net_mr *src_mr, *dst_mr;
 };
 
+/* TLS PEM texts nc_open hands to every backend it opens (test_tcpnet_tls.c); NULL: none. */
+static const char *nc_tls_cert, *nc_tls_key, *nc_tls_ca;
+
 static struct pf_net *nc_open(const char *backend, const char *const *nics)
 {
-    struct pf_net_config cfg = {.nics = nics, .nnics = 1};
+    struct pf_net_config cfg = {.nics = nics,
+                                .nnics = 1,
+                                .tls_cert_pem = nc_tls_cert,
+                                .tls_key_pem = nc_tls_key,
+                                .tls_ca_pem = nc_tls_ca};
     struct pf_net *n = NULL;
     char chosen[64], err[256];
     int rc = pf_hal_net_open(backend, &cfg, &n, chosen, sizeof(chosen), err, sizeof(err));

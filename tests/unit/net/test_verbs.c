@@ -22,6 +22,7 @@
 #include "pf/clock.h"
 #include "pf/common.h"
 #include "pf/hal.h"
+#include "pf/log.h"
 
 #if __has_include(<infiniband/verbs.h>)
 #include "../../../hw/verbs/verbs_internal.h"
@@ -30,475 +31,27 @@
 #pragma weak pf_verbs_open_api
 #pragma weak pf_verbs_pick_gid
 #pragma weak pf_verbs_wc_errno
+#pragma weak pf_verbs_parse_subnet
 #else
 #define HAVE_IBV_HEADERS 0
 #endif
 
 #if HAVE_IBV_HEADERS
 
-/* ---------------------------------------------------------------- the fake HCA */
+#include "fake_hca.h"
 
-#define FAKE_MAX_WR 512
-
-struct fake_dev {
-    struct ibv_device dev;
-    struct ibv_device_attr attr;
-    int nports;
-    struct ibv_port_attr port[4]; /* 1-based */
-    struct ibv_gid_entry gid[4][8];
-    int ngid[4];
-};
-
-struct fake_ctx {
-    struct ibv_context ctx;
-    struct fake_dev *dev;
-};
-
-struct fake_cq {
-    struct ibv_cq cq;
-    struct fake_ch *ch;
-    bool armed;
-    struct ibv_wc q[FAKE_MAX_WR];
-    int head, n;
-};
-
-struct fake_ch {
-    struct ibv_comp_channel ch;
-    struct fake_cq *cq;
-};
-
-struct fake_wr {
-    uint64_t wr_id, raddr;
-    uint32_t rkey;
-    int opcode, flags, nsge;
-    struct ibv_sge sge[16];
-    bool done;
-};
-
-struct fake_qp {
-    struct ibv_qp qp;
-    struct fake_cq *cq;
-    struct ibv_qp_init_attr init;
-    enum ibv_qp_state state;
-    enum ibv_qp_state trans[8];
-    int ntrans;
-    struct ibv_qp_attr init_attr, rtr, rts;
-    int init_mask, rtr_mask, rts_mask;
-    struct fake_wr wr[FAKE_MAX_WR];
-    int nposted, ncompleted;
-    int flush_polls; /* >0: flush after that many poll_cq calls once in ERR; -1: never */
-    bool flush_pending;
-    bool destroyed;
-};
-
-static struct {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    struct fake_dev devs[2];
-    int ndev;
-    bool no_list;
-    int flush_polls; /* copied into each new QP */
-    struct fake_qp *qps[64];
-    int nqps;
-    uint32_t next_key, next_qpn;
-    int mrs_live, pds_live, ctx_live, cq_live, ch_live;
-    int acked_events;
-} F = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
-
-static struct ibv_device *fake_list[4];
-
-static struct ibv_device **f_get_device_list(int *n)
-{
-    if (F.no_list) {
-        errno = ENOSYS;
-        return NULL;
-    }
-    for (int i = 0; i < F.ndev; i++)
-        fake_list[i] = &F.devs[i].dev;
-    fake_list[F.ndev] = NULL;
-    *n = F.ndev;
-    return fake_list;
-}
-static void f_free_device_list(struct ibv_device **l)
-{
-    (void)l;
-}
-static const char *f_get_device_name(struct ibv_device *d)
-{
-    return d->name;
-}
-static struct ibv_context *f_open_device(struct ibv_device *d)
-{
-    struct fake_ctx *c = calloc(1, sizeof(*c));
-    c->dev = pf_container_of(d, struct fake_dev, dev);
-    F.ctx_live++;
-    return &c->ctx;
-}
-static int f_close_device(struct ibv_context *c)
-{
-    F.ctx_live--;
-    free(pf_container_of(c, struct fake_ctx, ctx));
-    return 0;
-}
-static struct fake_dev *fdev(struct ibv_context *c)
-{
-    return pf_container_of(c, struct fake_ctx, ctx)->dev;
-}
-static int f_query_device(struct ibv_context *c, struct ibv_device_attr *a)
-{
-    *a = fdev(c)->attr;
-    return 0;
-}
-static int f_query_port(struct ibv_context *c, uint8_t p, struct ibv_port_attr *a)
-{
-    struct fake_dev *d = fdev(c);
-    if (p < 1 || p > d->nports)
-        return EINVAL;
-    *a = d->port[p];
-    return 0;
-}
-static int f_query_gid_ex(struct ibv_context *c, uint32_t p, uint32_t i, struct ibv_gid_entry *e)
-{
-    struct fake_dev *d = fdev(c);
-    if (p < 1 || (int)p > d->nports || (int)i >= d->ngid[p])
-        return ENODATA;
-    *e = d->gid[p][i];
-    return 0;
-}
-static struct ibv_pd *f_alloc_pd(struct ibv_context *c)
-{
-    struct ibv_pd *pd = calloc(1, sizeof(*pd));
-    pd->context = c;
-    F.pds_live++;
-    return pd;
-}
-static int f_dealloc_pd(struct ibv_pd *pd)
-{
-    F.pds_live--;
-    free(pd);
-    return 0;
-}
-static struct ibv_mr *f_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access)
-{
-    struct ibv_mr *m = calloc(1, sizeof(*m));
-    m->pd = pd;
-    m->addr = addr;
-    m->length = len;
-    m->lkey = ++F.next_key;
-    m->rkey = 0x1000 + F.next_key;
-    F.mrs_live++;
-    return m;
-}
-static int f_dereg_mr(struct ibv_mr *m)
-{
-    F.mrs_live--;
-    free(m);
-    return 0;
-}
-static struct ibv_comp_channel *f_create_ch(struct ibv_context *c)
-{
-    struct fake_ch *ch = calloc(1, sizeof(*ch));
-    ch->ch.context = c;
-    ch->ch.fd = eventfd(0, EFD_CLOEXEC);
-    F.ch_live++;
-    return &ch->ch;
-}
-static int f_destroy_ch(struct ibv_comp_channel *ch)
-{
-    close(ch->fd);
-    F.ch_live--;
-    free(pf_container_of(ch, struct fake_ch, ch));
-    return 0;
-}
-static struct ibv_cq *f_create_cq(struct ibv_context *c, int cqe, void *ctx,
-                                  struct ibv_comp_channel *ch, int vec)
-{
-    struct fake_cq *cq = calloc(1, sizeof(*cq));
-    cq->cq.context = c;
-    cq->cq.cq_context = ctx;
-    cq->cq.cqe = cqe;
-    cq->ch = pf_container_of(ch, struct fake_ch, ch);
-    cq->ch->cq = cq;
-    F.cq_live++;
-    return &cq->cq;
-}
-static int f_destroy_cq(struct ibv_cq *cq)
-{
-    F.cq_live--;
-    free(pf_container_of(cq, struct fake_cq, cq));
-    return 0;
-}
-static struct fake_cq *fcq(struct ibv_cq *cq)
-{
-    return pf_container_of(cq, struct fake_cq, cq);
-}
-static int f_req_notify(struct ibv_cq *cq, int so)
-{
-    pthread_mutex_lock(&F.mu);
-    fcq(cq)->armed = true;
-    pthread_cond_broadcast(&F.cv);
-    pthread_mutex_unlock(&F.mu);
-    return 0;
-}
-static int f_get_cq_event(struct ibv_comp_channel *ch, struct ibv_cq **cq, void **ctx)
-{
-    uint64_t v;
-    if (read(ch->fd, &v, sizeof(v)) != sizeof(v))
-        return -1;
-    struct fake_cq *c = pf_container_of(ch, struct fake_ch, ch)->cq;
-    *cq = &c->cq;
-    *ctx = c->cq.cq_context;
-    return 0;
-}
-static void f_ack(struct ibv_cq *cq, unsigned n)
-{
-    F.acked_events += (int)n;
-}
-static struct ibv_qp *f_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *a)
-{
-    struct fake_qp *q = calloc(1, sizeof(*q));
-    q->init = *a;
-    q->cq = fcq(a->send_cq);
-    q->qp.qp_num = ++F.next_qpn;
-    q->qp.pd = pd;
-    q->state = IBV_QPS_RESET;
-    q->flush_polls = F.flush_polls;
-    F.qps[F.nqps++] = q;
-    return &q->qp;
-}
-static struct fake_qp *fqp(struct ibv_qp *qp)
-{
-    return pf_container_of(qp, struct fake_qp, qp);
-}
-static int f_destroy_qp(struct ibv_qp *qp)
-{
-    fqp(qp)->destroyed = true; /* kept for the test's assertions */
-    return 0;
-}
-
-/* Caller holds F.mu. */
-static void fake_push(struct fake_qp *q, struct fake_wr *w, enum ibv_wc_status st)
-{
-    struct fake_cq *c = q->cq;
-    struct ibv_wc *wc = &c->q[(c->head + c->n) % FAKE_MAX_WR];
-    memset(wc, 0, sizeof(*wc));
-    wc->wr_id = w->wr_id;
-    wc->status = st;
-    wc->opcode = IBV_WC_RDMA_READ;
-    wc->qp_num = q->qp.qp_num;
-    c->n++;
-    w->done = true;
-    q->ncompleted++;
-    if (c->armed) {
-        c->armed = false;
-        uint64_t one = 1;
-        assert_int_equal(write(c->ch->ch.fd, &one, sizeof(one)), sizeof(one));
-    }
-}
-
-static void fake_flush(struct fake_qp *q)
-{
-    for (int i = 0; i < q->nposted; i++)
-        if (!q->wr[i].done)
-            fake_push(q, &q->wr[i], IBV_WC_WR_FLUSH_ERR);
-    q->flush_pending = false;
-}
-
-static int f_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask)
-{
-    struct fake_qp *q = fqp(qp);
-    pthread_mutex_lock(&F.mu);
-    int rc = 0;
-    if (!(mask & IBV_QP_STATE)) {
-        rc = EINVAL;
-        goto out;
-    }
-    enum ibv_qp_state to = a->qp_state;
-    bool legal = to == IBV_QPS_ERR || (q->state == IBV_QPS_RESET && to == IBV_QPS_INIT) ||
-                 (q->state == IBV_QPS_INIT && to == IBV_QPS_RTR) ||
-                 (q->state == IBV_QPS_RTR && to == IBV_QPS_RTS);
-    if (!legal) {
-        rc = EINVAL;
-        goto out;
-    }
-    if (to == IBV_QPS_INIT) {
-        q->init_attr = *a;
-        q->init_mask = mask;
-    } else if (to == IBV_QPS_RTR) {
-        q->rtr = *a;
-        q->rtr_mask = mask;
-    } else if (to == IBV_QPS_RTS) {
-        q->rts = *a;
-        q->rts_mask = mask;
-    }
-    q->state = to;
-    q->trans[q->ntrans++] = to;
-    if (to == IBV_QPS_ERR) {
-        if (q->flush_polls == 0)
-            fake_flush(q);
-        else if (q->flush_polls > 0)
-            q->flush_pending = true;
-    }
-out:
-    pthread_mutex_unlock(&F.mu);
-    return rc;
-}
-
-static int f_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
-{
-    struct fake_qp *q = fqp(qp);
-    pthread_mutex_lock(&F.mu);
-    int rc = 0;
-    if (q->state != IBV_QPS_RTS) {
-        rc = EINVAL;
-    } else if (q->nposted - q->ncompleted >= (int)q->init.cap.max_send_wr ||
-               q->nposted == FAKE_MAX_WR) {
-        rc = ENOMEM;
-    } else {
-        struct fake_wr *w = &q->wr[q->nposted++];
-        w->wr_id = wr->wr_id;
-        w->raddr = wr->wr.rdma.remote_addr;
-        w->rkey = wr->wr.rdma.rkey;
-        w->opcode = wr->opcode;
-        w->flags = (int)wr->send_flags;
-        w->nsge = wr->num_sge;
-        memcpy(w->sge, wr->sg_list, (size_t)wr->num_sge * sizeof(struct ibv_sge));
-    }
-    if (rc)
-        *bad = wr;
-    pthread_mutex_unlock(&F.mu);
-    return rc;
-}
-
-static int f_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
-{
-    struct fake_cq *c = fcq(cq);
-    pthread_mutex_lock(&F.mu);
-    for (int i = 0; i < F.nqps; i++) {
-        struct fake_qp *q = F.qps[i];
-        if (q->cq == c && q->flush_pending && --q->flush_polls == 0)
-            fake_flush(q);
-    }
-    int k = 0;
-    while (k < n && c->n) {
-        wc[k++] = c->q[c->head];
-        c->head = (c->head + 1) % FAKE_MAX_WR;
-        c->n--;
-    }
-    pthread_mutex_unlock(&F.mu);
-    return k;
-}
-
-/* Completes the oldest n pending WRs of q with st. */
-static void fake_complete(struct fake_qp *q, int n, enum ibv_wc_status st)
-{
-    pthread_mutex_lock(&F.mu);
-    for (int i = 0; i < q->nposted && n > 0; i++)
-        if (!q->wr[i].done) {
-            fake_push(q, &q->wr[i], st);
-            n--;
-        }
-    pthread_mutex_unlock(&F.mu);
-}
-
-static char sysfs_dir[64];
-
-static const struct pf_verbs_api fake_api_template = {
-    .get_device_list = f_get_device_list,
-    .free_device_list = f_free_device_list,
-    .get_device_name = f_get_device_name,
-    .open_device = f_open_device,
-    .close_device = f_close_device,
-    .query_device = f_query_device,
-    .query_port = f_query_port,
-    .query_gid_ex = f_query_gid_ex,
-    .alloc_pd = f_alloc_pd,
-    .dealloc_pd = f_dealloc_pd,
-    .reg_mr = f_reg_mr,
-    .dereg_mr = f_dereg_mr,
-    .create_comp_channel = f_create_ch,
-    .destroy_comp_channel = f_destroy_ch,
-    .create_cq = f_create_cq,
-    .destroy_cq = f_destroy_cq,
-    .req_notify_cq = f_req_notify,
-    .get_cq_event = f_get_cq_event,
-    .ack_cq_events = f_ack,
-    .create_qp = f_create_qp,
-    .destroy_qp = f_destroy_qp,
-    .modify_qp = f_modify_qp,
-    .post_send = f_post_send,
-    .poll_cq = f_poll_cq,
-    .drain_ms = 2000,
-};
-static struct pf_verbs_api fake_api;
-
-static void gid_set(struct ibv_gid_entry *e, const char *txt, uint32_t type)
-{
-    memset(e, 0, sizeof(*e));
-    e->gid_type = type;
-    if (txt)
-        assert_int_equal(inet_pton(AF_INET6, txt, e->gid.raw), 1);
-}
-
-/* One RoCE device "mlx5_0" (port 1 DOWN, port 2 ACTIVE) and one IB device "ib0". */
-static void fake_reset(void)
-{
-    for (int i = 0; i < F.nqps; i++)
-        free(F.qps[i]);
-    F.nqps = 0;
-    F.mrs_live = F.pds_live = F.ctx_live = F.cq_live = F.ch_live = 0; /* no cascades */
-    F.no_list = false;
-    F.flush_polls = 0;
-    memset(F.devs, 0, sizeof(F.devs));
-    F.ndev = 2;
-    struct fake_dev *d = &F.devs[0];
-    snprintf(d->dev.name, sizeof(d->dev.name), "mlx5_0");
-    d->attr.phys_port_cnt = 2;
-    d->attr.max_sge = 30;
-    d->attr.max_sge_rd = 30;
-    d->attr.max_qp_rd_atom = 16;
-    d->attr.max_qp_init_rd_atom = 16;
-    d->nports = 2;
-    d->port[1].state = IBV_PORT_DOWN;
-    d->port[1].link_layer = IBV_LINK_LAYER_ETHERNET;
-    d->port[2].state = IBV_PORT_ACTIVE;
-    d->port[2].link_layer = IBV_LINK_LAYER_ETHERNET;
-    d->port[2].active_mtu = IBV_MTU_4096;
-    d->port[2].gid_tbl_len = 4;
-    d->ngid[2] = 4;
-    gid_set(&d->gid[2][0], "fe80::1", IBV_GID_TYPE_ROCE_V1);
-    gid_set(&d->gid[2][1], "fe80::1", IBV_GID_TYPE_ROCE_V2);
-    gid_set(&d->gid[2][2], "::ffff:10.0.0.1", IBV_GID_TYPE_ROCE_V1);
-    gid_set(&d->gid[2][3], "::ffff:10.0.0.1", IBV_GID_TYPE_ROCE_V2);
-    d = &F.devs[1];
-    snprintf(d->dev.name, sizeof(d->dev.name), "ib0");
-    d->attr.phys_port_cnt = 1;
-    d->attr.max_sge = 4;
-    d->attr.max_sge_rd = 1;
-    d->attr.max_qp_rd_atom = 8;
-    d->attr.max_qp_init_rd_atom = 128;
-    d->nports = 1;
-    d->port[1].state = IBV_PORT_ACTIVE;
-    d->port[1].link_layer = IBV_LINK_LAYER_INFINIBAND;
-    d->port[1].lid = 7;
-    d->port[1].active_mtu = IBV_MTU_2048;
-    d->port[1].gid_tbl_len = 2;
-    d->ngid[1] = 2;
-    gid_set(&d->gid[1][0], "fe80::2:c903:a:1", IBV_GID_TYPE_IB);
-    gid_set(&d->gid[1][1], NULL, IBV_GID_TYPE_IB);
-    fake_api = fake_api_template;
-    fake_api.sysfs_root = sysfs_dir;
-}
+static const struct pf_net_rdma_opts *T_opts; /* what fopen_nic passes (NULL: defaults) */
 
 static int setup(void **st)
 {
     fake_reset();
+    T_opts = NULL;
     return 0;
 }
 
 static struct pf_net *fopen_nic(const char *name)
 {
-    struct pf_net_config cfg = {.nics = (const char *[]){name}, .nnics = 1};
+    struct pf_net_config cfg = {.nics = (const char *[]){name}, .nnics = 1, .rdma = T_opts};
     struct pf_net *n = NULL;
     assert_int_equal(pf_verbs_open_api(&fake_api, &cfg, &n), 0);
     return n;
@@ -508,27 +61,82 @@ static struct pf_net *fopen_nic(const char *name)
 
 static void test_gid_rule(void **st)
 {
-    struct ibv_gid_entry e[5];
+    struct ibv_gid_entry e[6];
+    const struct pf_verbs_gid_rule any = {.index = -1};
     /* RoCEv2 non-link-local wins over everything before it */
     gid_set(&e[0], "fe80::1", IBV_GID_TYPE_ROCE_V2);
     gid_set(&e[1], "::ffff:10.0.0.1", IBV_GID_TYPE_ROCE_V1);
     gid_set(&e[2], "fe80::1", IBV_GID_TYPE_IB);
     gid_set(&e[3], "2001:db8::1", IBV_GID_TYPE_ROCE_V2);
-    assert_int_equal(pf_verbs_pick_gid(e, 4), 3);
+    assert_int_equal(pf_verbs_pick_gid(e, NULL, 4, &any), 3);
+    /* an IPv4-mapped RoCE v2 GID beats an IPv6 global one listed before it (SLAAC
+     * addresses come first in mlx5 tables; NCCL_IB_ADDR_FAMILY defaults to AF_INET) */
+    gid_set(&e[4], "::ffff:10.0.0.1", IBV_GID_TYPE_ROCE_V2);
+    assert_int_equal(pf_verbs_pick_gid(e, NULL, 5, &any), 4);
+    /* ... unless its net device is down */
+    int8_t up[6] = {1, 1, 1, 1, 0, 1};
+    assert_int_equal(pf_verbs_pick_gid(e, up, 5, &any), 3);
+    /* the rxe guest's table (tests/integration/test_rxe.sh gid_choice): a VLAN device on
+     * the port's netdev (ifindex 2) came up with it (8021q does that) and its IPv4 GID sits
+     * before the netdev's own; on equal rank the port's own netdev (entry 0's) wins */
+    struct ibv_gid_entry g[5];
+    gid_dev(&g[0], "fe80::8cf1:21ff:fede:4832", IBV_GID_TYPE_ROCE_V2, 2);
+    gid_dev(&g[1], "2001:db8:77::1", IBV_GID_TYPE_ROCE_V2, 2);
+    gid_dev(&g[2], "::ffff:10.78.0.1", IBV_GID_TYPE_ROCE_V2, 6);
+    gid_dev(&g[3], "fe80::8cf1:21ff:fede:4832", IBV_GID_TYPE_ROCE_V2, 6);
+    gid_dev(&g[4], "::ffff:10.77.0.1", IBV_GID_TYPE_ROCE_V2, 2);
+    int8_t gup[5] = {1, 1, 1, 1, 1};
+    assert_int_equal(pf_verbs_pick_gid(g, gup, 5, &any), 4);
+    /* only the VLAN has an IPv4 address: it is the best there is */
+    gid_dev(&g[4], NULL, IBV_GID_TYPE_ROCE_V2, 0);
+    assert_int_equal(pf_verbs_pick_gid(g, gup, 5, &any), 2);
     /* no RoCEv2 global: the first IB-type GID (link-local or not) */
-    assert_int_equal(pf_verbs_pick_gid(e, 3), 2);
+    assert_int_equal(pf_verbs_pick_gid(e, NULL, 3, &any), 2);
     /* no IB type: any non-link-local */
     gid_set(&e[2], "fe80::9", IBV_GID_TYPE_ROCE_V2);
-    assert_int_equal(pf_verbs_pick_gid(e, 3), 1);
-    /* only link-local: index 0 */
-    assert_int_equal(pf_verbs_pick_gid(e, 1), 0);
+    assert_int_equal(pf_verbs_pick_gid(e, NULL, 3, &any), 1);
+    /* only link-local: that one */
+    assert_int_equal(pf_verbs_pick_gid(e, NULL, 1, &any), 0);
     /* empty (all-zero) entries are never chosen by a rule */
     gid_set(&e[0], NULL, IBV_GID_TYPE_ROCE_V2);
     gid_set(&e[1], NULL, IBV_GID_TYPE_IB);
     gid_set(&e[2], "::ffff:192.168.1.5", IBV_GID_TYPE_ROCE_V1);
-    assert_int_equal(pf_verbs_pick_gid(e, 3), 2);
+    assert_int_equal(pf_verbs_pick_gid(e, NULL, 3, &any), 2);
     gid_set(&e[2], NULL, IBV_GID_TYPE_ROCE_V1);
-    assert_int_equal(pf_verbs_pick_gid(e, 3), 0);
+    assert_int_equal(pf_verbs_pick_gid(e, NULL, 3, &any), -ENOENT);
+
+    /* overrides: an index (must be non-empty), a subnet (IPv4 matches IPv4-mapped only) */
+    gid_set(&e[0], "fe80::1", IBV_GID_TYPE_ROCE_V2);
+    gid_set(&e[1], "2001:db8:0:1::5", IBV_GID_TYPE_ROCE_V2);
+    gid_set(&e[2], "::ffff:10.1.2.3", IBV_GID_TYPE_ROCE_V1);
+    gid_set(&e[3], "::ffff:10.1.2.3", IBV_GID_TYPE_ROCE_V2);
+    gid_set(&e[4], "::ffff:172.16.9.9", IBV_GID_TYPE_ROCE_V2);
+    gid_set(&e[5], NULL, IBV_GID_TYPE_ROCE_V2);
+    struct pf_verbs_gid_rule r = {.index = 2};
+    assert_int_equal(pf_verbs_pick_gid(e, NULL, 6, &r), 2);
+    r.index = 5; /* empty */
+    assert_int_equal(pf_verbs_pick_gid(e, NULL, 6, &r), -ENOENT);
+    r.index = 6; /* past the table */
+    assert_int_equal(pf_verbs_pick_gid(e, NULL, 6, &r), -ENOENT);
+    r.index = -1;
+    assert_int_equal(pf_verbs_pick_gid(e, NULL, 6, &r), 3);
+    assert_int_equal(pf_verbs_parse_subnet("172.16.0.0/12", &r), 0);
+    assert_int_equal(pf_verbs_pick_gid(e, NULL, 6, &r), 4);
+    assert_int_equal(pf_verbs_parse_subnet("10.1.2.0/24", &r), 0);
+    assert_int_equal(pf_verbs_pick_gid(e, NULL, 6, &r), 3); /* v2 over v1 */
+    assert_int_equal(pf_verbs_parse_subnet("2001:db8::/48", &r), 0);
+    assert_int_equal(pf_verbs_pick_gid(e, NULL, 6, &r), 1);
+    assert_int_equal(pf_verbs_parse_subnet("192.168.0.0/16", &r), 0);
+    assert_int_equal(pf_verbs_pick_gid(e, NULL, 6, &r), -ENOENT);
+    r.index = 3; /* index and subnet together: the index must lie in the subnet */
+    assert_int_equal(pf_verbs_pick_gid(e, NULL, 6, &r), -ENOENT);
+    assert_int_equal(pf_verbs_parse_subnet("10.1.2.3/32", &r), 0);
+    assert_int_equal(pf_verbs_pick_gid(e, NULL, 6, &r), 3);
+    /* malformed CIDRs */
+    const char *bad[] = {"10.0.0.0", "10.0.0.0/33", "2001:db8::/129", "10.0.0/8",
+                         "x/8",      "10.0.0.0/",   "10.0.0.0/8x",    ""};
+    for (size_t i = 0; i < PF_ARRAY_SIZE(bad); i++)
+        assert_int_equal(pf_verbs_parse_subnet(bad[i], &r), -EINVAL);
 }
 
 static void test_wc_errno(void **st)
@@ -571,7 +179,10 @@ static void test_port_and_gid_selection(void **st)
     struct pf_net_nic_info info;
     assert_int_equal(pf_net_nic_info(n, 0, &info), 0);
     assert_string_equal(info.name, "mlx5_0");
-    assert_string_equal(info.addr, "::ffff:10.0.0.1"); /* GID[3]: RoCEv2, not link-local */
+    /* GID[7]: IPv4-mapped RoCE v2 on an up device (today's first-non-link-local rule took
+     * the SLAAC IPv6 GID[3], which a peer choosing IPv4 never reaches) */
+    assert_string_equal(info.addr, "::ffff:10.0.0.1");
+    assert_int_equal(info.max_msg, 1u << 30);
     assert_true(info.active);
     assert_int_equal(info.numa_node, 1); /* from the fake sysfs */
     struct pf_net_qp *qp;
@@ -666,14 +277,23 @@ static void test_qp_attributes_and_transitions(void **st)
     assert_int_equal(q->rtr.min_rnr_timer, 12);
     assert_int_equal(q->rtr.ah_attr.is_global, 1);
     assert_int_equal(q->rtr.ah_attr.grh.hop_limit, 64);
-    assert_int_equal(q->rtr.ah_attr.grh.sgid_index, 3);
+    assert_int_equal(q->rtr.ah_attr.grh.sgid_index, 7);
     assert_int_equal(q->rtr.ah_attr.port_num, 2);
-    assert_memory_equal(q->rtr.ah_attr.grh.dgid.raw, F.devs[0].gid[2][3].gid.raw, 16);
+    assert_memory_equal(q->rtr.ah_attr.grh.dgid.raw, F.devs[0].gid[2][7].gid.raw, 16);
     assert_true(q->rtr_mask & IBV_QP_AV);
     assert_true(q->rtr_mask & IBV_QP_MAX_DEST_RD_ATOMIC);
     /* the peer's RTR rq_psn is our RTS sq_psn */
     assert_int_equal(p.fa->rtr.rq_psn, q->rts.sq_psn);
-    assert_int_equal(q->rts.timeout, 14);
+    /* lossless-fabric defaults (docs/net.md): TC 106 = DSCP 26, SL 0, P_Key index 0,
+     * timeout 18 (4.096 us * 2^18 = 1.07 s per try), retry 7, RNR retry 7 */
+    assert_int_equal(q->rtr.ah_attr.grh.traffic_class, 106);
+    assert_int_equal(q->rtr.ah_attr.sl, 0);
+    assert_int_equal(q->init_attr.pkey_index, 0);
+    assert_true(q->init_mask & IBV_QP_PKEY_INDEX);
+    assert_int_equal(q->rts.timeout, 18);
+    assert_true(q->rts_mask & IBV_QP_TIMEOUT);
+    assert_true(q->rts_mask & IBV_QP_RETRY_CNT);
+    assert_true(q->rts_mask & IBV_QP_RNR_RETRY);
     assert_int_equal(q->rts.retry_cnt, 7);
     assert_int_equal(q->rts.rnr_retry, 7);
     assert_int_equal(q->rts.max_rd_atomic, 16);
@@ -710,7 +330,7 @@ static void test_soft_roce_retry(void **st)
     assert_int_equal(p.fa->rts.retry_cnt, 6);
     assert_int_equal(p.fb->rts.retry_cnt, 6);
     assert_int_equal(p.fb->rts.rnr_retry, 7); /* RNR 7 is "forever" by the spec, and wanted */
-    assert_int_equal(p.fb->rts.timeout, 14);
+    assert_int_equal(p.fb->rts.timeout, 18);
     vpair_close(&p);
 }
 
@@ -924,6 +544,357 @@ static void test_invalidate_wakes_poller(void **st)
     vpair_close(&p);
 }
 
+/* --rdma-* settings reach ibv_modify_qp: P_Key index at INIT, SL and traffic class in the
+ * address vector at RTR, timeout / retry / RNR retry at RTS (ibv_modify_qp(3)); bad values
+ * are refused at open. */
+static void test_qp_flags_reach_modify_qp(void **st)
+{
+    struct pf_net_rdma_opts o = pf_net_rdma_defaults();
+    o.traffic_class = 184; /* DSCP 46 */
+    o.sl = 3;
+    o.pkey_index = 2;
+    o.timeout = 20;
+    o.retry_cnt = 5;
+    o.rnr_retry = 6;
+    T_opts = &o;
+    struct vpair p;
+    vpair_open(&p, "mlx5_0");
+    for (int k = 0; k < 2; k++) {
+        struct fake_qp *q = k ? p.fb : p.fa;
+        assert_int_equal(q->init_attr.pkey_index, 2);
+        assert_int_equal(q->rtr.ah_attr.sl, 3);
+        assert_int_equal(q->rtr.ah_attr.grh.traffic_class, 184);
+        assert_int_equal(q->rts.timeout, 20);
+        assert_int_equal(q->rts.retry_cnt, 5);
+        assert_int_equal(q->rts.rnr_retry, 6);
+    }
+    vpair_close(&p);
+    /* soft-RoCE keeps its 7 -> 6 rule, a lower setting stays */
+    F.devs[0].attr.vendor_id = 0xffffff;
+    o.retry_cnt = 7;
+    vpair_open(&p, "mlx5_0");
+    assert_int_equal(p.fb->rts.retry_cnt, 6);
+    vpair_close(&p);
+    o.retry_cnt = 3;
+    vpair_open(&p, "mlx5_0");
+    assert_int_equal(p.fb->rts.retry_cnt, 3);
+    vpair_close(&p);
+
+    struct pf_net_config cfg = {.nics = (const char *[]){"mlx5_0"}, .nnics = 1, .rdma = &o};
+    struct pf_net *n = NULL;
+    struct pf_net_rdma_opts bad[8];
+    for (int i = 0; i < 8; i++)
+        bad[i] = pf_net_rdma_defaults();
+    bad[0].traffic_class = 256;
+    bad[1].sl = 16;
+    bad[2].timeout = 0; /* "wait forever": never */
+    bad[3].timeout = 32;
+    bad[4].retry_cnt = 8;
+    bad[5].rnr_retry = -1;
+    bad[6].pkey_index = 4; /* the fake has 4 P_Keys */
+    bad[7].gid_index = -2;
+    for (int i = 0; i < 8; i++) {
+        cfg.rdma = &bad[i];
+        assert_int_equal(pf_verbs_open_api(&fake_api, &cfg, &n), -EINVAL);
+    }
+    assert_int_equal(F.ctx_live, 0);
+    assert_int_equal(F.pds_live, 0);
+}
+
+/* --rdma-gid-index / --rdma-gid-subnet pick the GID; one that matches nothing is refused
+ * at open by name. */
+static void test_gid_overrides(void **st)
+{
+    struct pf_net_rdma_opts o = pf_net_rdma_defaults();
+    T_opts = &o;
+    struct pf_net_nic_info info;
+    o.gid_subnet = "2001:db8::/64";
+    struct pf_net *n = fopen_nic("mlx5_0");
+    assert_int_equal(pf_net_nic_info(n, 0, &info), 0);
+    assert_string_equal(info.addr, "2001:db8::1");
+    pf_net_close(n);
+    o.gid_subnet = "192.168.5.0/24"; /* only on the down VLAN device: chosen, with a warning */
+    n = fopen_nic("mlx5_0");
+    assert_int_equal(pf_net_nic_info(n, 0, &info), 0);
+    assert_string_equal(info.addr, "::ffff:192.168.5.1");
+    pf_net_close(n);
+    o.gid_subnet = NULL;
+    o.gid_index = 6;
+    n = fopen_nic("mlx5_0");
+    struct pf_net_qp *qp;
+    assert_int_equal(pf_net_qp_create(n, 0, &qp), 0);
+    uint8_t ep[PF_NET_EP_MAX];
+    size_t len;
+    assert_int_equal(pf_net_qp_local_endpoint(qp, ep, sizeof(ep), &len), 0);
+    assert_int_equal(ep[PF_VERBS_EP_GIDTYPE], IBV_GID_TYPE_ROCE_V1);
+    assert_int_equal(ep[PF_VERBS_EP_FAMILY], 4);
+    pf_net_qp_destroy(qp);
+    pf_net_close(n);
+
+    struct pf_net_config cfg = {.nics = (const char *[]){"mlx5_0"}, .nnics = 1, .rdma = &o};
+    o.gid_index = 8; /* past the table */
+    assert_int_equal(pf_verbs_open_api(&fake_api, &cfg, &n), -ENOENT);
+    o.gid_index = -1;
+    o.gid_subnet = "172.16.0.0/12";
+    assert_int_equal(pf_verbs_open_api(&fake_api, &cfg, &n), -ENOENT);
+    o.gid_subnet = "10.0.0.0";
+    assert_int_equal(pf_verbs_open_api(&fake_api, &cfg, &n), -EINVAL);
+    assert_int_equal(F.ctx_live, 0);
+}
+
+struct nq {
+    struct pf_net *n;
+    struct pf_net_qp *qp;
+    struct fake_qp *f;
+    uint8_t ep[PF_NET_EP_MAX];
+    size_t len;
+};
+
+static void nq_open(struct nq *x, const char *nic, const struct pf_net_rdma_opts *o)
+{
+    T_opts = o;
+    x->n = fopen_nic(nic);
+    assert_int_equal(pf_net_qp_create(x->n, 0, &x->qp), 0);
+    x->f = F.qps[F.nqps - 1];
+    assert_int_equal(pf_net_qp_local_endpoint(x->qp, x->ep, sizeof(x->ep), &x->len), 0);
+}
+
+static void nq_close(struct nq *x)
+{
+    pf_net_qp_destroy(x->qp);
+    pf_net_close(x->n);
+}
+
+/* The endpoint carries the GID's family and RoCE version; a peer that chose another family
+ * (or version) is refused by name before any ibv_modify_qp, on both sides, instead of a QP
+ * that never reaches RTR. */
+static void test_gid_family_mismatch(void **st)
+{
+    struct pf_net_rdma_opts v6 = pf_net_rdma_defaults(), v1 = pf_net_rdma_defaults();
+    v6.gid_subnet = "2001:db8::/64";
+    v1.gid_index = 6; /* IPv4, RoCE v1 */
+    struct nq a, b, c;
+    nq_open(&a, "mlx5_0", NULL); /* IPv4 RoCE v2 */
+    nq_open(&b, "mlx5_0", &v6);
+    nq_open(&c, "mlx5_0", &v1);
+    assert_int_equal(a.len, PF_VERBS_EP_LEN);
+    assert_int_equal(a.ep[PF_VERBS_EP_FAMILY], 4);
+    assert_int_equal(b.ep[PF_VERBS_EP_FAMILY], 6);
+    assert_int_equal(a.ep[PF_VERBS_EP_GIDTYPE], IBV_GID_TYPE_ROCE_V2);
+    char why[320];
+    assert_int_equal(pf_net_ep_check(a.qp, b.ep, b.len, why, sizeof(why)), -EPROTO);
+    assert_non_null(strstr(why, "GID family mismatch"));
+    assert_non_null(strstr(why, "2001:db8::1 is IPv6 RoCE v2"));
+    assert_non_null(strstr(why, "::ffff:10.0.0.1 is IPv4 RoCE v2"));
+    assert_non_null(strstr(why, "--rdma-gid-subnet"));
+    assert_int_equal(pf_net_ep_check(b.qp, a.ep, a.len, why, sizeof(why)), -EPROTO);
+    assert_int_equal(pf_net_ep_check(a.qp, c.ep, c.len, why, sizeof(why)), -EPROTO);
+    assert_non_null(strstr(why, "IPv4 RoCE v1"));
+    /* qp_connect refuses the same, and the QP stays in INIT */
+    assert_int_equal(pf_net_qp_connect(a.qp, b.ep, b.len), -EPROTO);
+    assert_int_equal(pf_net_qp_connect(b.qp, a.ep, a.len), -EPROTO);
+    assert_int_equal(a.f->ntrans, 1);
+    assert_int_equal(b.f->ntrans, 1);
+    /* a family byte that contradicts the GID is malformed */
+    uint8_t lie[PF_NET_EP_MAX];
+    memcpy(lie, b.ep, b.len);
+    lie[PF_VERBS_EP_FAMILY] = 4;
+    assert_int_equal(pf_net_ep_check(a.qp, lie, b.len, why, sizeof(why)), -EINVAL);
+    /* a version-1 endpoint (36 bytes, no family) from an older node: refused by name */
+    memcpy(lie, a.ep, a.len);
+    lie[4] = 1;
+    assert_int_equal(pf_net_ep_check(a.qp, lie, 36, why, sizeof(why)), -EPROTO);
+    assert_non_null(strstr(why, "version 1"));
+    assert_int_equal(pf_net_qp_connect(a.qp, lie, 36), -EPROTO);
+    /* same family: accepted */
+    struct nq d;
+    nq_open(&d, "mlx5_0", NULL);
+    assert_int_equal(pf_net_ep_check(a.qp, d.ep, d.len, why, sizeof(why)), 0);
+    assert_int_equal(pf_net_qp_connect(a.qp, d.ep, d.len), 0);
+    /* an IB endpoint on a RoCE NIC: the link layer is named */
+    struct nq ib;
+    nq_open(&ib, "ib0", NULL);
+    assert_int_equal(pf_net_ep_check(b.qp, ib.ep, ib.len, why, sizeof(why)), -EPROTO);
+    assert_non_null(strstr(why, "link layer"));
+    nq_close(&ib);
+    nq_close(&d);
+    nq_close(&c);
+    nq_close(&b);
+    nq_close(&a);
+}
+
+/* Outstanding READs: our max_rd_atomic is the min of our initiator depth and the peer's
+ * responder resources (carried in its endpoint); max_dest_rd_atomic is our own. */
+static void test_rd_atomic_negotiated(void **st)
+{
+    F.devs[0].attr.max_qp_rd_atom = 16;
+    F.devs[0].attr.max_qp_init_rd_atom = 8;
+    struct nq a, b;
+    nq_open(&a, "mlx5_0", NULL);
+    nq_open(&b, "mlx5_0", NULL);
+    assert_int_equal(a.ep[PF_VERBS_EP_RD_ATOM], 16);
+    b.ep[PF_VERBS_EP_RD_ATOM] = 4; /* a peer whose device answers 4 READs per QP */
+    assert_int_equal(pf_net_qp_connect(a.qp, b.ep, b.len), 0);
+    assert_int_equal(a.f->rts.max_rd_atomic, 4);
+    assert_int_equal(a.f->rtr.max_dest_rd_atomic, 16);
+    assert_int_equal(pf_net_qp_connect(b.qp, a.ep, a.len), 0);
+    assert_int_equal(b.f->rts.max_rd_atomic, 8); /* our initiator depth is the bound */
+    /* 0 responder resources is malformed */
+    struct nq c;
+    nq_open(&c, "mlx5_0", NULL);
+    c.ep[PF_VERBS_EP_RD_ATOM] = 0;
+    struct nq d;
+    nq_open(&d, "mlx5_0", NULL);
+    assert_int_equal(pf_net_qp_connect(d.qp, c.ep, c.len), -EINVAL);
+    nq_close(&d);
+    nq_close(&c);
+    nq_close(&b);
+    nq_close(&a);
+}
+
+/* A READ longer than the port's max_msg_sz is refused (-EMSGSIZE) before the HCA sees it,
+ * and nic_info reports the limit so the P2P layer keeps merged READs below it. */
+static void test_max_msg(void **st)
+{
+    F.devs[0].port[2].max_msg_sz = 4096;
+    struct vpair p;
+    vpair_open(&p, "mlx5_0");
+    struct pf_net_nic_info info;
+    assert_int_equal(pf_net_nic_info(p.n, 0, &info), 0);
+    assert_int_equal(info.max_msg, 4096);
+    struct pf_net_sge s[2] = {{p.buf, 4096, p.mr->lkey}, {p.buf + 4096, 1, p.mr->lkey}};
+    assert_int_equal(pf_net_post_read(p.qb, s, 2, 0x1000, 1, 1), -EMSGSIZE);
+    assert_int_equal(pf_net_post_read(p.qb, s, 1, 0x1000, 1, 2), 0);
+    assert_int_equal(p.fb->nposted, 1);
+    vpair_close(&p);
+}
+
+/* The port is re-queried at every qp_create (every handshake creates fresh QPs): a port
+ * that went down after open refuses new QPs with -ENETDOWN, and a LID or MTU that changed
+ * is what the endpoint carries. */
+static void test_port_requeried_at_handshake(void **st)
+{
+    struct pf_net *n = fopen_nic("ib0");
+    struct pf_net_qp *qp;
+    F.devs[1].port[1].state = IBV_PORT_DOWN;
+    assert_int_equal(pf_net_qp_create(n, 0, &qp), -ENETDOWN);
+    struct pf_net_nic_info info;
+    assert_int_equal(pf_net_nic_info(n, 0, &info), 0);
+    assert_false(info.active);
+    F.devs[1].port[1].state = IBV_PORT_ACTIVE;
+    F.devs[1].port[1].lid = 9; /* the subnet manager reassigned it */
+    F.devs[1].port[1].active_mtu = IBV_MTU_1024;
+    assert_int_equal(pf_net_qp_create(n, 0, &qp), 0);
+    uint8_t ep[PF_NET_EP_MAX];
+    size_t len;
+    assert_int_equal(pf_net_qp_local_endpoint(qp, ep, sizeof(ep), &len), 0);
+    assert_int_equal(ep[32] | ep[33] << 8, 9);
+    assert_int_equal(ep[5], IBV_MTU_1024);
+    pf_net_qp_destroy(qp);
+    pf_net_close(n);
+}
+
+/* Async events are read (polled, the fd non-blocking) at each qp_create and nic_info,
+ * logged by name and acknowledged: a port error, a QP fatal error. */
+static void test_async_events_read(void **st)
+{
+    struct vpair p;
+    vpair_open(&p, "mlx5_0");
+    F.async[0] = (struct ibv_async_event){.event_type = IBV_EVENT_PORT_ERR, .element.port_num = 2};
+    F.async[1] =
+        (struct ibv_async_event){.event_type = IBV_EVENT_QP_FATAL, .element.qp = &p.fb->qp};
+    F.nasync = 2;
+    char path[] = "/tmp/pf-verbs-log-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    unlink(path);
+    pf_log_set_fd(fd);
+    struct pf_net_nic_info info;
+    assert_int_equal(pf_net_nic_info(p.n, 0, &info), 0);
+    pf_log_set_fd(2);
+    assert_int_equal(F.nasync, 0);
+    assert_int_equal(F.async_acked, 2);
+    assert_int_equal(F.async_out, 0);
+    char log[2048] = "";
+    assert_true(pread(fd, log, sizeof(log) - 1, 0) > 0);
+    close(fd);
+    assert_non_null(strstr(log, "async event: port error (port 2)"));
+    char qpl[64];
+    snprintf(qpl, sizeof(qpl), "on QP 0x%x (its READs complete in error)", p.fb->qp.qp_num);
+    assert_non_null(strstr(log, qpl));
+    /* at the next handshake (qp_create) too */
+    F.async[0] =
+        (struct ibv_async_event){.event_type = IBV_EVENT_PORT_ACTIVE, .element.port_num = 2};
+    F.nasync = 1;
+    struct pf_net_qp *q3;
+    assert_int_equal(pf_net_qp_create(p.n, 0, &q3), 0);
+    assert_int_equal(F.async_acked, 3);
+    pf_net_qp_destroy(q3);
+    vpair_close(&p);
+}
+
+/* Regions are registered with IBV_ACCESS_RELAXED_ORDERING (an optional hint, ibv_reg_mr(3));
+ * a kernel that refuses it with EINVAL gets the registration without it. */
+static void test_reg_relaxed_ordering(void **st)
+{
+    struct pf_net *n = fopen_nic("mlx5_0");
+    static uint8_t buf[8192];
+    struct pf_net_mr *mr;
+    assert_int_equal(pf_net_reg_mem(n, 0, buf, sizeof(buf), PF_NET_ACCESS_REMOTE_READ, &mr), 0);
+    assert_int_equal(F.last_access, IBV_ACCESS_REMOTE_READ | IBV_ACCESS_RELAXED_ORDERING);
+    pf_net_dereg_mem(mr);
+    F.reject_ro = true;
+    assert_int_equal(pf_net_reg_mem(n, 0, buf, sizeof(buf),
+                                    PF_NET_ACCESS_LOCAL_WRITE | PF_NET_ACCESS_REMOTE_READ, &mr),
+                     0);
+    assert_int_equal(F.last_access, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+    assert_int_equal(F.mrs_live, 1);
+    pf_net_dereg_mem(mr);
+    pf_net_close(n);
+    assert_int_equal(F.mrs_live, 0);
+}
+
+/* RLIMIT_MEMLOCK against pool x NICs at open (ib_umem_get charges every registration),
+ * unless unlimited or CAP_IPC_LOCK; the message says what to raise. */
+static void test_memlock_check(void **st)
+{
+    struct pf_net_config cfg = {
+        .nics = (const char *[]){"mlx5_0", "ib0"}, .nnics = 2, .pin_bytes = 1ull << 30};
+    struct pf_net *n = NULL;
+    F.memlock = 1536ull << 20; /* 1.5 GiB: one NIC's worth, not two */
+    char path[] = "/tmp/pf-verbs-log-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    unlink(path);
+    pf_log_set_fd(fd);
+    int rc = pf_verbs_open_api(&fake_api, &cfg, &n);
+    pf_log_set_fd(2);
+    assert_int_equal(rc, -ENOMEM);
+    assert_int_equal(F.ctx_live, 0); /* refused before any device was opened */
+    char log[2048] = "";
+    assert_true(pread(fd, log, sizeof(log) - 1, 0) > 0);
+    close(fd);
+    assert_non_null(strstr(log, "RLIMIT_MEMLOCK"));
+    assert_non_null(strstr(log, "2 NIC(s)"));
+    assert_non_null(strstr(log, "ulimit -l"));
+    assert_non_null(strstr(log, "LimitMEMLOCK"));
+    assert_non_null(strstr(log, "CAP_IPC_LOCK"));
+    F.cap_ipc_lock = true;
+    assert_int_equal(pf_verbs_open_api(&fake_api, &cfg, &n), 0);
+    pf_net_close(n);
+    F.cap_ipc_lock = false;
+    F.memlock = 2ull << 30;
+    assert_int_equal(pf_verbs_open_api(&fake_api, &cfg, &n), 0);
+    pf_net_close(n);
+    F.memlock = UINT64_MAX;
+    assert_int_equal(pf_verbs_open_api(&fake_api, &cfg, &n), 0);
+    pf_net_close(n);
+    F.memlock = 0; /* no pool to pin: nothing to check */
+    cfg.pin_bytes = 0;
+    assert_int_equal(pf_verbs_open_api(&fake_api, &cfg, &n), 0);
+    pf_net_close(n);
+}
+
 static int make_sysfs(void)
 {
     snprintf(sysfs_dir, sizeof(sysfs_dir), "/tmp/pf-verbs-sysfs-XXXXXX");
@@ -982,6 +953,15 @@ int main(void)
         cmocka_unit_test_setup(test_invalidate_drains, setup),
         cmocka_unit_test_setup(test_invalidate_without_flush, setup),
         cmocka_unit_test_setup(test_invalidate_wakes_poller, setup),
+        cmocka_unit_test_setup(test_qp_flags_reach_modify_qp, setup),
+        cmocka_unit_test_setup(test_gid_overrides, setup),
+        cmocka_unit_test_setup(test_gid_family_mismatch, setup),
+        cmocka_unit_test_setup(test_rd_atomic_negotiated, setup),
+        cmocka_unit_test_setup(test_max_msg, setup),
+        cmocka_unit_test_setup(test_memlock_check, setup),
+        cmocka_unit_test_setup(test_port_requeried_at_handshake, setup),
+        cmocka_unit_test_setup(test_async_events_read, setup),
+        cmocka_unit_test_setup(test_reg_relaxed_ordering, setup),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     fake_reset();

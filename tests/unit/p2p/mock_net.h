@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -160,6 +161,19 @@ static inline int mn_connect(struct pf_net_qp *qp, const void *ep, size_t len)
     return rc;
 }
 
+/* ep_check (hal_net.h): an endpoint whose 4th byte is 'F' stands for a verbs peer that chose
+ * another GID family (hw/verbs pf_verbs_ep_check), refused by name before any connect. */
+static inline int mn_ep_check(struct pf_net_qp *qp, const void *ep, size_t len, char *why,
+                              size_t whylen)
+{
+    (void)qp;
+    if (len == 8 && ((const uint8_t *)ep)[3] == 'F') {
+        snprintf(why, whylen, "GID family mismatch: peer GID is IPv6 RoCE v2, ours IPv4 RoCE v2");
+        return -EPROTO;
+    }
+    return 0;
+}
+
 static inline int mn_post(struct pf_net_qp *qp, const struct pf_net_sge *sge, size_t nsge,
                           uint64_t raddr, uint32_t rkey, uint64_t wr_id)
 {
@@ -304,6 +318,7 @@ static const struct pf_net_ops mn_ops = {
     .qp_create = mn_qp_create,
     .qp_local_endpoint = mn_ep,
     .qp_connect = mn_connect,
+    .ep_check = mn_ep_check,
     .post_read = mn_post,
     .poll = mn_poll,
     .qp_invalidate = mn_invalidate,

@@ -24,6 +24,7 @@
 #include "pf/hal.h"
 #include "pf/meta_client.h"
 #include "pf/metrics.h"
+#include "pf/log.h"
 #include "pf/pool.h"
 
 #define NBLK    16
@@ -64,6 +65,7 @@ struct peer {
     int sess_released[MAXSESS];
     int nsess;
     int nnics, qpn;
+    bool ep_family_mismatch;
 };
 
 static struct peer P;
@@ -131,6 +133,8 @@ static ProtobufCMessage *handshake_reply(void)
     for (int i = 0; i < 8; i++) {
         memset(epb[i], 0, 8);
         memcpy(epb[i], "MQP", 3);
+        if (P.ep_family_mismatch)
+            epb[i][3] = 'F'; /* mock_net.h mn_ep_check refuses it */
         epb[i][4] = (uint8_t)(100 + i);
         eps[i] = (ProtobufCBinaryData){8, epb[i]};
     }
@@ -298,14 +302,21 @@ struct fx {
     uint64_t base_used;
     uint64_t used_at_invalidate;
     int invalidates_seen;
+    bool heal_on_inval;
 };
 
 static struct fx F;
+static uint64_t F_idle_ms; /* fx_up's conn_idle_ms (0: the default) */
 
 static pthread_mutex_t inval_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void on_inval(void *ctx, struct mqp *q)
 {
+    if (F.heal_on_inval) { /* the scripted fault ends with the broken connection */
+        pthread_mutex_lock(&F.m.mu);
+        F.m.complete_err_nth = F.m.drop_from_nth = 0;
+        pthread_mutex_unlock(&F.m.mu);
+    }
     uint64_t u = pf_pool_used(pf_engine_pool(F.e));
     pthread_mutex_lock(&inval_mu);
     F.invalidates_seen++;
@@ -353,6 +364,7 @@ static void fx_up(int nnics, uint64_t pool, uint64_t gap)
         .qp_wait_ms = 2000,
         .peer_down_ms = 1,
         .plan_timeout_ms = 7,
+        .conn_idle_ms = F_idle_ms,
     };
     assert_int_equal(pf_p2p_create(&pc, &F.p, err, sizeof(err)), 0);
     assert_int_equal(F.m.regs, nnics); /* one pool region per NIC */
@@ -465,6 +477,99 @@ static void test_merged_reads_two_nics(void **st)
     assert_true(F.m.reads < NBLK * SLOTS * 2);
     assert_true(F.m.nics_used[0] > 0 || F.m.nics_used[1] > 0);
     put_all(out, NBLK);
+    fx_down();
+}
+
+/* One-READ fetches rotate over the NICs (the round-robin starts where the last fetch's
+ * did, plus one; it restarted at 0 per fetch, piling small fetches onto one rail). */
+static void test_small_fetches_spread_over_nics(void **st)
+{
+    fx_up(2, 16 << 20, 0);
+    struct pf_block *out[NBLK];
+    for (int i = 0; i < 4; i++) {
+        int r0 = F.m.reads;
+        char req[16];
+        snprintf(req, sizeof(req), "n%d", i);
+        assert_int_equal(fetch(req, 1, false, out), 1);
+        check_blocks(out, 1);
+        put_all(out, 1);
+        assert_int_equal(F.m.reads - r0, 1); /* one merged READ per fetch */
+    }
+    assert_true(F.m.nics_used[0] >= 1);
+    assert_true(F.m.nics_used[1] >= 1);
+    fx_down();
+}
+
+/* A lease takes half of each NIC's free QPs (rounded up), NIC by NIC: a lone fetch reaches
+ * every NIC, a second fetch to the same peer gets the rest and runs alongside, a third
+ * waits (here: until its deadline) until QPs come back. */
+static void test_leases_share_qps(void **st)
+{
+    fx_up(2, 16 << 20, GAP);
+    char err[P2P_ERRLEN];
+    struct p2p_lease l1, l2, l3;
+    uint64_t dl = pf_now_ns() + 2000 * PF_NS_PER_MS;
+    assert_int_equal(p2p_conn_acquire(F.p, PEER, dl, &l1, err, sizeof(err)), 0);
+    assert_int_equal(l1.nqps, 2);
+    assert_int_equal(l1.qps[0]->nic, 0);
+    assert_int_equal(l1.qps[1]->nic, 1);
+    assert_int_equal(p2p_conn_acquire(F.p, PEER, dl, &l2, err, sizeof(err)), 0);
+    assert_int_equal(l2.nqps, 2);
+    assert_int_equal(l2.qps[0]->nic, 0);
+    assert_int_equal(l2.qps[1]->nic, 1);
+    assert_true(l2.qps[0] != l1.qps[0] && l2.qps[1] != l1.qps[1]);
+    assert_int_equal(P.hs_calls, 1);
+    assert_int_equal(
+        p2p_conn_acquire(F.p, PEER, pf_now_ns() + 50 * PF_NS_PER_MS, &l3, err, sizeof(err)),
+        -ETIMEDOUT);
+    p2p_lease_return(F.p, &l1);
+    assert_int_equal(p2p_conn_acquire(F.p, PEER, dl, &l3, err, sizeof(err)), 0);
+    assert_int_equal(l3.nqps, 2);
+    p2p_lease_return(F.p, &l3);
+    p2p_lease_return(F.p, &l2);
+    fx_down();
+}
+
+/* A connection no fetch used for conn_idle_ms is closed by housekeeping (its QPs destroyed),
+ * and the next fetch handshakes again; one in use is never evicted. */
+static void test_idle_connection_evicted(void **st)
+{
+    F_idle_ms = 150;
+    fx_up(1, 16 << 20, GAP);
+    F_idle_ms = 0;
+    struct pf_block *out[NBLK];
+    assert_int_equal(fetch("i1", 2, false, out), 2);
+    check_blocks(out, 2);
+    put_all(out, 2);
+    /* held by a lease: not evicted however long it stays idle */
+    char err[P2P_ERRLEN];
+    struct p2p_lease l;
+    assert_int_equal(
+        p2p_conn_acquire(F.p, PEER, pf_now_ns() + 2000 * PF_NS_PER_MS, &l, err, sizeof(err)), 0);
+    uint64_t until = pf_now_ns() + 400 * PF_NS_PER_MS; /* > idle + housekeeping periods */
+    while (pf_now_ns() < until)
+        usleep(10000);
+    pthread_mutex_lock(&F.m.mu);
+    int live = F.m.live_qps;
+    pthread_mutex_unlock(&F.m.mu);
+    assert_int_equal(live, 2);
+    p2p_lease_return(F.p, &l);
+    /* given back: closed once idle */
+    uint64_t dl = pf_now_ns() + 10 * PF_NS_PER_SEC;
+    for (;;) {
+        pthread_mutex_lock(&F.m.mu);
+        live = F.m.live_qps;
+        pthread_mutex_unlock(&F.m.mu);
+        if (live == 0)
+            break;
+        assert_true(pf_now_ns() < dl);
+        usleep(10000);
+    }
+    assert_int_equal(P.hs_calls, 1);
+    assert_int_equal(fetch("i2", 2, false, out), 2);
+    check_blocks(out, 2);
+    put_all(out, 2);
+    assert_int_equal(P.hs_calls, 2);
     fx_down();
 }
 
@@ -665,6 +770,54 @@ static void test_stale_connection_replaced_once(void **st)
     fx_down();
 }
 
+/* Retries exhausted (a -ETIMEDOUT completion, which the transfer reads as -EHOSTUNREACH)
+ * on a reused connection before any READ completed: the peer's QP is gone (it dropped its
+ * side, or the rail bounced). Replaced once, as the TCP fabric's -ENOTCONN is, instead of
+ * failing the fetch and blacklisting the request. */
+static void test_stale_retry_exhausted_replaced_once(void **st)
+{
+    fx_up(1, 16 << 20, GAP);
+    struct pf_block *out[NBLK];
+    assert_int_equal(fetch("x1", 2, false, out), 2);
+    put_all(out, 2);
+    pthread_mutex_lock(&F.m.mu);
+    F.m.complete_err_nth = F.m.reads + 1;
+    F.m.complete_err = -ETIMEDOUT;
+    F.m.drop_from_nth = F.m.reads + 2; /* nothing else completes on the dead connection */
+    pthread_mutex_unlock(&F.m.mu);
+    F.heal_on_inval = true;
+    assert_int_equal(fetch("x2", 4, false, out), 4);
+    check_blocks(out, 4);
+    put_all(out, 4);
+    assert_int_equal(P.hs_calls, 2);
+    assert_false(pf_p2p_blacklisted(F.p, "x2"));
+    fx_down();
+}
+
+/* A holder whose endpoints the backend refuses (verbs: another GID family) fails the
+ * handshake by name, before any QP connects; the fetch is a miss. */
+static void test_endpoint_refused_by_name(void **st)
+{
+    fx_up(1, 16 << 20, GAP);
+    P.ep_family_mismatch = true;
+    char path[] = "/tmp/pf-fetch-log-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    unlink(path);
+    pf_log_set_fd(fd);
+    struct pf_block *out[NBLK];
+    size_t got = fetch("g1", 4, false, out);
+    pf_log_set_fd(2);
+    assert_int_equal(got, 0);
+    assert_int_equal(F.m.connects, 0);
+    char log[4096] = "";
+    assert_true(pread(fd, log, sizeof(log) - 1, 0) > 0);
+    close(fd);
+    if (!strstr(log, "GID family mismatch"))
+        fail_msg("the fetch log does not name the mismatch: %s", log);
+    fx_down();
+}
+
 static void test_wait_for_full_prefix(void **st)
 {
     fx_up(1, 16 << 20, GAP);
@@ -792,6 +945,11 @@ int main(void)
         cmocka_unit_test(test_checksum_mismatch),
         cmocka_unit_test(test_alloc_failure_keeps_connection),
         cmocka_unit_test(test_stale_connection_replaced_once),
+        cmocka_unit_test(test_stale_retry_exhausted_replaced_once),
+        cmocka_unit_test(test_small_fetches_spread_over_nics),
+        cmocka_unit_test(test_endpoint_refused_by_name),
+        cmocka_unit_test(test_leases_share_qps),
+        cmocka_unit_test(test_idle_connection_evicted),
         cmocka_unit_test(test_wait_for_full_prefix),
         cmocka_unit_test(test_stop_during_transfer),
         cmocka_unit_test(test_discover_deadline_and_down_window),

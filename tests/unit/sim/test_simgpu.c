@@ -344,9 +344,14 @@ static void test_faults(void **st)
 
     assert_int_equal(pf_fault_plan_parse("gpu.h2d:fatal=1", &p, err, sizeof(err)), 0);
     fx_open(&f, "sim", p, 0, SZ);
-    assert_int_equal(pf_gpu_copy_batch(f.s, PF_COPY_H2D, 0, &c, 1), -EIO);
-    assert_int_equal(pf_gpu_copy_batch(f.s, PF_COPY_D2H, 0, &c, 1), -EIO);
-    assert_int_equal(pf_gpu_stream_sync(f.s, 50), -EIO);
+    /* fatal: the device is lost (hal_gpu.h "Lost device"), health says so */
+    char why[128];
+    assert_int_equal(pf_gpu_health(f.g, why, sizeof(why)), 0);
+    assert_int_equal(pf_gpu_copy_batch(f.s, PF_COPY_H2D, 0, &c, 1), -ENOTRECOVERABLE);
+    assert_int_equal(pf_gpu_copy_batch(f.s, PF_COPY_D2H, 0, &c, 1), -ENOTRECOVERABLE);
+    assert_int_equal(pf_gpu_stream_sync(f.s, 50), -ENOTRECOVERABLE);
+    assert_int_equal(pf_gpu_health(f.g, why, sizeof(why)), -ENOTRECOVERABLE);
+    assert_non_null(strstr(why, "GPU context lost"));
     fx_close(&f);
     pf_fault_plan_free(p);
 }

@@ -208,7 +208,7 @@ static void test_queue_full(void **st)
 
 static void small_ring(struct pf_ssd_config *c)
 {
-    c->capacity = 4 * 24576; /* exactly four blocks */
+    c->capacity = SSD_SB_SIZE + 4 * (4096 + 24576); /* exactly four records */
 }
 
 static void test_overwritten_during_read(void **st)
@@ -244,11 +244,11 @@ static void test_overwritten_during_read(void **st)
 static void test_corruption_is_a_miss(void **st)
 {
     struct setup s;
-    setup_store(&s, 4, 16 << 20, "seed=11;blk.read:nth=2,times=1,corrupt=1", NULL);
+    setup_store(&s, 4, 16 << 20, "seed=11;blk.read:nth=3,times=1,corrupt=1", NULL);
     const char *ssd[] = {"ssd"};
     double i0 = pf_metric_value_of("pegaflow_integrity_failures_total", ssd);
     struct pf_block *out[4];
-    /* read 2 (block 1) comes back with flipped bytes: block 0 only */
+    /* read 2 (block 1; read 1 was the superblock's) comes back with flipped bytes: block 0 only */
     assert_int_equal(pf_ssd_fetch(s.t.ssd, s.k, 4, false, out), 1);
     assert_true(ssdt_same(s.b[0], out[0]));
     put_all(out, 1);
@@ -269,7 +269,7 @@ static void integrity_off(struct pf_ssd_config *c)
 static void test_integrity_off(void **st)
 {
     struct setup s;
-    setup_store(&s, 2, 16 << 20, "seed=12;blk.read:nth=1,times=1,corrupt=1", integrity_off);
+    setup_store(&s, 2, 16 << 20, "seed=12;blk.read:nth=2,times=1,corrupt=1", integrity_off);
     struct pf_block *out[2];
     /* --integrity off: nothing is verified, the corrupted bytes are served */
     assert_int_equal(pf_ssd_fetch(s.t.ssd, s.k, 2, false, out), 2);
@@ -283,7 +283,7 @@ static void test_read_error(void **st)
 {
     struct setup s;
     setup_store(&s, 3, 16 << 20,
-                "seed=13;blk.read:nth=1,times=1,error=EIO;blk.read:nth=3,times=1,error=EIO,"
+                "seed=13;blk.read:nth=2,times=1,error=EIO;blk.read:nth=4,times=1,error=EIO,"
                 "at=complete",
                 NULL);
     double f0 = ssdt_metric("pegaflow_ssd_prefetch_failures");
@@ -363,6 +363,49 @@ static void test_stop_wakes_a_waiting_fetch(void **st)
     teardown_store(&s);
 }
 
+static void staging2(struct pf_ssd_config *c)
+{
+    c->prefetch_staging_bytes = 2 * 24576; /* two blocks */
+    c->prefetch_queue_depth = 4;
+}
+
+static void test_staging_bound(void **st)
+{
+    /* --ssd-prefetch-staging: a fetch larger than the bound gets the run that fits (the
+     * rest counted); while one fetch holds the whole bound, the next waits and is served
+     * once the first returns its staging */
+    struct setup s;
+    setup_store(&s, 4, 16 << 20, NULL, staging2);
+    double l0 = ssdt_metric("pegaflow_ssd_prefetch_staging_limited_blocks");
+    struct pf_block *out[4];
+    assert_int_equal(pf_ssd_fetch(s.t.ssd, s.k, 4, false, out), 2);
+    assert_true(ssdt_same(s.b[0], out[0]) && ssdt_same(s.b[1], out[1]));
+    put_all(out, 2);
+    assert_int_equal(ssdt_metric("pegaflow_ssd_prefetch_staging_limited_blocks") - l0, 2);
+    assert_int_equal(ssdt_metric("pegaflow_ssd_prefetch_staging_bytes"), 0);
+    gate_hold(s.t.gate, PF_BLK_READ, true);
+    unsigned r0 = gate_submitted(s.t.gate, PF_BLK_READ);
+    struct fetcher a, b;
+    fetch_async(&a, s.t.ssd, s.k, 2);
+    SSDT_WAIT(gate_submitted(s.t.gate, PF_BLK_READ) == r0 + 2);
+    assert_int_equal(ssdt_metric("pegaflow_ssd_prefetch_staging_bytes"), 2 * 24576);
+    fetch_async(&b, s.t.ssd, s.k + 2, 2);
+    usleep(20000);
+    /* at the bound: no staging, no read for the second fetch */
+    assert_int_equal(gate_submitted(s.t.gate, PF_BLK_READ), r0 + 2);
+    assert_int_equal(ssdt_metric("pegaflow_ssd_prefetch_staging_bytes"), 2 * 24576);
+    gate_hold(s.t.gate, PF_BLK_READ, false);
+    assert_int_equal(fetch_join(&a), 2);
+    assert_int_equal(fetch_join(&b), 2);
+    assert_true(ssdt_same(s.b[0], a.out[0]) && ssdt_same(s.b[1], a.out[1]) &&
+                ssdt_same(s.b[2], b.out[0]) && ssdt_same(s.b[3], b.out[1]));
+    put_all(a.out, 2);
+    put_all(b.out, 2);
+    assert_int_equal(ssdt_metric("pegaflow_ssd_prefetch_staging_bytes"), 0);
+    assert_int_equal(ssdt_metric("pegaflow_ssd_prefetch_staging_limited_blocks") - l0, 2);
+    teardown_store(&s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -377,6 +420,7 @@ int main(void)
         cmocka_unit_test(test_staging_failure),
         cmocka_unit_test(test_read_timeout),
         cmocka_unit_test(test_stop_wakes_a_waiting_fetch),
+        cmocka_unit_test(test_staging_bound),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

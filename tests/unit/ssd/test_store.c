@@ -4,6 +4,8 @@
  * defaults, stats, and the promoted-block forwarding for the MetaServer client. */
 #include <sys/stat.h>
 
+#include <string.h>
+
 #include "ssdtest.h"
 
 #include "ssd/ssd_internal.h"
@@ -105,8 +107,10 @@ static void test_file_layout(void **st)
     for (uint32_t i = 0; i < 12; i++)
         b[i] = ssdt_block(&t, 700 + i, 1, 4096, 2, false);
     ssdt_write(&t, b, 12);
+    /* each record: its header, then the block */
+    uint64_t rec = 8192 + ssd_rec_hdr_len(strlen("ssdtest"), 1);
     for (uint32_t i = 0; i < 6; i++)
-        assert_int_equal(t.ssd->idx.shards[i].ring.head, 2 * 8192);
+        assert_int_equal(t.ssd->idx.shards[i].ring.head, 2 * rec);
     for (int i = 0; i < 12; i++) {
         struct ssd_entry *e = ssd_index_find(&t.ssd->idx, SSDT_KEY(b[i]));
         assert_non_null(e);
@@ -116,8 +120,20 @@ static void test_file_layout(void **st)
     ssdt_fini(&t);
 }
 
+static void read_sb(struct ssdt *t, uint8_t *buf)
+{
+    char path[400];
+    snprintf(path, sizeof(path), "%s/cache.dat", t->dir);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    assert_int_equal(fread(buf, 1, SSD_SB_SIZE, f), SSD_SB_SIZE);
+    fclose(f);
+}
+
 static void test_restart_is_empty(void **st)
 {
+    /* --ssd-recover off: the file gets a new identity; nothing of the previous run is
+     * indexed, and not even a later run with recovery on serves it */
     struct ssdt t;
     ssdt_init(&t, 4 << 20, NULL);
     struct pf_ssd_config c = ssdt_config(&t, 1 << 20);
@@ -126,19 +142,29 @@ static void test_restart_is_empty(void **st)
     ssdt_write(&t, &b, 1);
     assert_int_equal(pf_ssd_probe(t.ssd, SSDT_KEY(b), 1), 1);
     pf_ssd_destroy(t.ssd);
-    /* the same file again: truncated, nothing indexed, nothing readable */
+    uint8_t buf[SSD_SB_SIZE];
+    struct ssd_superblock sb1, sb2;
+    uint32_t v;
+    read_sb(&t, buf);
+    assert_int_equal(ssd_sb_decode(buf, &sb1, &v), 0);
     ssdt_open(&t, &c);
     assert_int_equal(pf_ssd_probe(t.ssd, SSDT_KEY(b), 1), 0);
     assert_int_equal(ssdt_stats(&t).committed, 0);
-    char path[400];
-    snprintf(path, sizeof(path), "%s/cache.dat", t.dir);
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    uint8_t buf[4096];
-    assert_int_equal(fread(buf, 1, sizeof(buf), f), sizeof(buf));
-    fclose(f);
-    for (size_t i = 0; i < sizeof(buf); i++)
-        assert_int_equal(buf[i], 0);
+    read_sb(&t, buf);
+    assert_int_equal(ssd_sb_decode(buf, &sb2, &v), 0);
+    assert_memory_not_equal(sb1.uuid, sb2.uuid, sizeof(sb1.uuid));
+    pf_ssd_destroy(t.ssd);
+    double idrop =
+        pf_metric_value_of("pegaflow_ssd_recovery_dropped_records", (const char *[]){"identity"});
+    c.recover = true;
+    ssdt_open(&t, &c);
+    SSDT_WAIT(ssdt_stats(&t).recovery_done);
+    assert_int_equal(pf_ssd_probe(t.ssd, SSDT_KEY(b), 1), 0);
+    assert_int_equal(ssdt_stats(&t).committed, 0);
+    assert_int_equal(
+        pf_metric_value_of("pegaflow_ssd_recovery_dropped_records", (const char *[]){"identity"}) -
+            idrop,
+        1);
     pf_block_put(b);
     ssdt_fini(&t);
 }

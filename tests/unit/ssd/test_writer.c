@@ -7,6 +7,11 @@
 
 #include "ssd/ssd_internal.h"
 
+/* One 32 KiB block on disk: a 4 KiB record header, then the block; CAP(n): a shard of n records
+ * after its superblock. */
+#define REC    (32768 + 4096)
+#define CAP(n) (SSD_SB_SIZE + (n)*REC)
+
 static struct pf_block *blk(struct ssdt *t, uint32_t id)
 {
     return ssdt_block(t, id, 2, 8192, 2, false); /* 32 KiB */
@@ -80,17 +85,17 @@ static void test_duplicates_and_oversize(void **st)
 {
     struct ssdt t;
     ssdt_init(&t, 8 << 20, NULL);
-    struct pf_ssd_config c = ssdt_config(&t, 64 << 10); /* two 32 KiB blocks */
+    struct pf_ssd_config c = ssdt_config(&t, CAP(2)); /* two 32 KiB blocks */
     ssdt_open(&t, &c);
     struct pf_block *a = blk(&t, 20);
     double w0 = ssdt_metric("pegaflow_ssd_write_bytes");
     ssdt_write(&t, &a, 1);
-    assert_int_equal(ssdt_metric("pegaflow_ssd_write_bytes") - w0, 32768);
+    assert_int_equal(ssdt_metric("pegaflow_ssd_write_bytes") - w0, REC);
     /* the same block, and another block object with the same key: not rewritten */
     ssdt_write(&t, &a, 1);
     struct pf_block *a2 = blk(&t, 20);
     ssdt_write(&t, &a2, 1);
-    assert_int_equal(ssdt_metric("pegaflow_ssd_write_bytes") - w0, 32768);
+    assert_int_equal(ssdt_metric("pegaflow_ssd_write_bytes") - w0, REC);
     assert_int_equal(ssdt_stats(&t).committed, 1);
     /* larger than the shard: dropped, the next one is written */
     struct pf_block *big = ssdt_block(&t, 21, 5, 8192, 2, false); /* 80 KiB */
@@ -111,8 +116,8 @@ static void test_failed_writes(void **st)
 {
     struct ssdt t;
     ssdt_init(&t, 8 << 20,
-              "seed=3;blk.write:nth=2,times=1,error=EIO;"
-              "blk.write:nth=4,times=1,error=EIO,at=complete");
+              "seed=3;blk.write:nth=3,times=1,error=EIO;"
+              "blk.write:nth=5,times=1,error=EIO,at=complete");
     struct pf_ssd_config c = ssdt_config(&t, 4 << 20);
     ssdt_open(&t, &c);
     struct pf_block *b[5];
@@ -120,7 +125,8 @@ static void test_failed_writes(void **st)
         b[i] = blk(&t, 30 + i);
     double f0 = ssdt_metric("pegaflow_ssd_write_failures");
     ssdt_write(&t, b, 5);
-    /* write 2 failed at submission, write 4 at completion (every rule counts every write) */
+    /* write 2 failed at submission, write 4 at completion (every rule counts every write,
+     * the superblock's at start-up first) */
     assert_int_equal(ssdt_metric("pegaflow_ssd_write_failures") - f0, 2);
     assert_int_equal(ssdt_stats(&t).committed, 3);
     assert_int_equal(ssdt_stats(&t).writing, 0);
@@ -140,7 +146,7 @@ static void test_no_overtaking_in_flight(void **st)
      * overwrite the first block's bytes while its write is outstanding, so it waits */
     struct ssdt t;
     ssdt_init(&t, 16 << 20, NULL);
-    struct pf_ssd_config c = ssdt_config(&t, 64 << 10);
+    struct pf_ssd_config c = ssdt_config(&t, CAP(2));
     c.write_inflight = 4;
     ssdt_open(&t, &c);
     struct pf_block *b[4];
@@ -195,12 +201,12 @@ static void test_write_timeout(void **st)
 
 static void test_lost_write_stalls_no_shard_forever(void **st)
 {
-    /* the first write never completes (dropped by the device): after its timeout its space
-     * on shard 0 cannot be reused, so shard 1 takes the writes that would need it; nothing
-     * waits forever and what is written reads back byte-exact */
+    /* the first block write (after the two superblocks) never completes (dropped by the device):
+     * after its timeout its space on shard 0 cannot be reused, so shard 1 takes the writes that
+     * would need it; nothing waits forever and what is written reads back byte-exact */
     struct ssdt t;
-    ssdt_init(&t, 16 << 20, "seed=1;blk.write:nth=1,times=1,drop=1");
-    struct pf_ssd_config c = ssdt_config(&t, 128 << 10); /* 2 shards of 2 blocks */
+    ssdt_init(&t, 16 << 20, "seed=1;blk.write:nth=3,times=1,drop=1");
+    struct pf_ssd_config c = ssdt_config(&t, 2 * CAP(2)); /* 2 shards of 2 blocks */
     c.shards_per_path = 2;
     c.io_timeout_ms = 100;
     ssdt_open(&t, &c);

@@ -1,0 +1,1 @@
+CORE_SRCS += $(wildcard src/tenant/*.c)
