@@ -184,7 +184,8 @@ def rows_fabric(j):
     out = []
     for t in j.get("results", []):
         per = [r / f for f, r in zip(t.get("fabric_s", []), t.get("raw_s", [])) if f]
-        out.append(row(f"TCP fabric READ, {t['block'] >> 10} KiB blocks vs plain TCP (fastest of 1 and 4 streams)",
+        out.append(row(f"TCP fabric READ, {t['block'] >> 10} KiB blocks vs plain TCP "
+                       "(fastest of 1 and 4 streams)",
                        f"{t['fabric_gbps']:.2f} GB/s", f"raw {t['raw_gbps']:.2f} GB/s",
                        spread(per) or t["ratio"], 0.7, "ge",
                        "bytes verified" if t.get("verified") else "BYTES NOT VERIFIED"))
