@@ -120,6 +120,9 @@ static int cuda_info(struct pf_gpu *pg, int dev, struct pf_gpu_dev_info *info_p)
     snprintf(info_p->name, sizeof(info_p->name), "%s", d->name);
     snprintf(info_p->pci_bus_id, sizeof(info_p->pci_bus_id), "%s", d->busid);
     info_p->total_mem = d->total_mem;
+    /* two streams per direction: the next batch's upload and launch (or batched copy call)
+     * is enqueued while the previous batch's DMA runs, instead of after its sync */
+    info_p->copy_streams = 2;
     return 0;
 }
 

@@ -442,6 +442,23 @@ struct pf_session {
     struct pf_rpc_stream *s;
 };
 
+/* Opens the Session stream of req (a Session or a watch); *s_p on success. */
+static int session_stream_open(struct pf_client *c, Pegaflow__SessionRequest *req, const char *what,
+                               uint64_t timeout_ms, struct pf_session **s_p)
+{
+    struct pf_session *s = calloc(1, sizeof(*s));
+    if (!s)
+        return local_err(-ENOMEM, what);
+    int rc = pf_rpc_stream_open(c->ch, "/pegaflow.Engine/Session", &req->base, timeout_ms, &s->s,
+                                &last_err);
+    if (rc) {
+        free(s);
+        return rc;
+    }
+    *s_p = s;
+    return 0;
+}
+
 int pf_client_session_open(struct pf_client *c, const char *instance_id, const char *namespace_,
                            uint32_t tp_size, uint32_t world_size, uint64_t timeout_ms,
                            struct pf_session **s_p)
@@ -451,17 +468,7 @@ int pf_client_session_open(struct pf_client *c, const char *instance_id, const c
     req.namespace_ = (char *)namespace_;
     req.tp_size = tp_size;
     req.world_size = world_size;
-    struct pf_session *s = calloc(1, sizeof(*s));
-    if (!s)
-        return local_err(-ENOMEM, "pf_client_session_open");
-    int rc = pf_rpc_stream_open(c->ch, "/pegaflow.Engine/Session", &req.base, timeout_ms, &s->s,
-                                &last_err);
-    if (rc) {
-        free(s);
-        return rc;
-    }
-    *s_p = s;
-    return 0;
+    return session_stream_open(c, &req, "pf_client_session_open", timeout_ms, s_p);
 }
 
 void pf_client_reconnect(struct pf_client *c)
@@ -477,17 +484,7 @@ int pf_client_watch_open(struct pf_client *c, const char *instance_id, uint64_t 
     req.instance_id = (char *)(instance_id ? instance_id : "");
     req.namespace_ = (char *)"";
     req.watch = 1;
-    struct pf_session *s = calloc(1, sizeof(*s));
-    if (!s)
-        return local_err(-ENOMEM, "pf_client_watch_open");
-    int rc = pf_rpc_stream_open(c->ch, "/pegaflow.Engine/Session", &req.base, timeout_ms, &s->s,
-                                &last_err);
-    if (rc) {
-        free(s);
-        return rc;
-    }
-    *s_p = s;
-    return 0;
+    return session_stream_open(c, &req, "pf_client_watch_open", timeout_ms, s_p);
 }
 
 int pf_client_session_alive(struct pf_session *s)

@@ -104,15 +104,17 @@ static const struct {
     const char *name;
     int val;
 } errnames[] = {
-    E(EPERM),       E(ENOENT),       E(EINTR),        E(EIO),        E(ENXIO),       E(E2BIG),
-    E(EBADF),       E(EAGAIN),       E(ENOMEM),       E(EACCES),     E(EFAULT),      E(EBUSY),
-    E(EEXIST),      E(ENODEV),       E(EINVAL),       E(ENFILE),     E(EMFILE),      E(EFBIG),
-    E(ENOSPC),      E(ESPIPE),       E(EROFS),        E(EPIPE),      E(ERANGE),      E(ENOSYS),
-    E(ENODATA),     E(ETIME),        E(EPROTO),       E(EBADMSG),    E(EOVERFLOW),   E(EILSEQ),
-    E(ENOTSOCK),    E(EMSGSIZE),     E(ENOTSUP),      E(EOPNOTSUPP), E(EADDRINUSE),  E(ENETDOWN),
-    E(ENETUNREACH), E(ECONNABORTED), E(ECONNRESET),   E(ENOBUFS),    E(EISCONN),     E(ENOTCONN),
-    E(ETIMEDOUT),   E(ECONNREFUSED), E(EHOSTUNREACH), E(EALREADY),   E(EINPROGRESS), E(ESTALE),
-    E(ECANCELED),   E(EREMOTEIO),    E(EHWPOISON),    E(ESHUTDOWN),
+    E(EPERM),     E(ENOENT),      E(EINTR),           E(EIO),          E(ENXIO),
+    E(E2BIG),     E(EBADF),       E(EAGAIN),          E(ENOMEM),       E(EACCES),
+    E(EFAULT),    E(EBUSY),       E(EEXIST),          E(ENODEV),       E(EINVAL),
+    E(ENFILE),    E(EMFILE),      E(EFBIG),           E(ENOSPC),       E(ESPIPE),
+    E(EROFS),     E(EPIPE),       E(ERANGE),          E(ENOSYS),       E(ENODATA),
+    E(ETIME),     E(EPROTO),      E(EBADMSG),         E(EOVERFLOW),    E(EILSEQ),
+    E(ENOTSOCK),  E(EMSGSIZE),    E(ENOTSUP),         E(EOPNOTSUPP),   E(EADDRINUSE),
+    E(ENETDOWN),  E(ENETUNREACH), E(ECONNABORTED),    E(ECONNRESET),   E(ENOBUFS),
+    E(EISCONN),   E(ENOTCONN),    E(ETIMEDOUT),       E(ECONNREFUSED), E(EHOSTUNREACH),
+    E(EALREADY),  E(EINPROGRESS), E(ESTALE),          E(ECANCELED),    E(EREMOTEIO),
+    E(EHWPOISON), E(ESHUTDOWN),   E(ENOTRECOVERABLE),
 };
 #undef E
 

@@ -90,6 +90,9 @@ struct pf_xfer {
 /* copies per submission when a batch can be cancelled (cancel_fn) */
 #define PF_XFER_CHUNK 64
 
+/* Upper bound of the copy threads (streams) per device and direction (gpu_worker.c). */
+#define PF_COPY_STREAMS_MAX 4
+
 struct pf_gpu_worker;
 
 int pf_gpu_worker_create(struct pf_gpu *gpu, int hal_dev, int numa, int32_t device_id,

@@ -1,7 +1,13 @@
-/* Copy threads per GPU, shared by every instance registered on it: one for saves (D2H),
- * one for loads (H2D), each with its own HAL stream, bound to the GPU's NUMA node, draining
- * a FIFO of transfer batches. The thread count is fixed by the devices in use, never by
- * how many instances clients register. A batch is submitted with one copy_batch call and
+/* Copy threads per GPU, shared by every instance registered on it: for saves (D2H) and for
+ * loads (H2D), each thread with its own HAL stream, bound to the GPU's NUMA node, draining
+ * its direction's FIFO of transfer batches. A direction has as many threads as the backend
+ * asks for (pf_gpu_dev_info.copy_streams, at least 1, at most PF_COPY_STREAMS_MAX): with
+ * two, the next batch is submitted (its descriptors uploaded, its copies or kernel
+ * enqueued) while the previous one still drains, so scattered small batches do not leave
+ * the copy engine idle between them. Batches of one direction may therefore complete out
+ * of order: every caller waits for each of its own batches (save_copy chunk by chunk, a
+ * Load's one batch). The thread count is fixed by the devices in use, never by how many
+ * instances clients register. A batch is submitted with one copy_batch call and
  * synchronised once (a cancellable one, in chunks: see run_batch); the stream wait is bounded
  * (PF_XFER_MAX_MS): a copy that never completes fails the batch with -ETIMEDOUT, and its host
  * memory is deliberately leaked rather than freed under a possibly still running DMA.
@@ -24,9 +30,11 @@
 
 struct gpu_dev;
 
+/* One direction of a device: its queue and the threads (one stream each) that drain it. */
 struct copy_thread {
     struct gpu_dev *d;
-    pthread_t thr;
+    pthread_t thr[PF_COPY_STREAMS_MAX];
+    size_t nthr; /* threads started */
     struct pf_queue q;
     bool started;
     enum pf_copy_dir dir;
@@ -203,22 +211,31 @@ static void *copy_main(void *arg)
     return NULL;
 }
 
-static int thread_start(struct gpu_dev *d, struct copy_thread *t, enum pf_copy_dir dir)
+static int thread_start(struct gpu_dev *d, struct copy_thread *t, enum pf_copy_dir dir, size_t nthr)
 {
     t->d = d;
     t->dir = dir;
+    t->nthr = 0;
     int rc = pf_queue_init(&t->q, 0);
     if (rc)
         return rc;
-    char name[16];
-    snprintf(name, sizeof(name), "%s-gpu%d", dir == PF_COPY_D2H ? "save" : "load", d->device_id);
-    rc = pf_thread_start(&t->thr, name, d->numa, copy_main, t);
-    if (rc) {
-        pf_queue_destroy(&t->q);
-        return rc;
+    for (size_t i = 0; i < nthr; i++) {
+        char name[32]; /* pf_thread_start keeps the first 15 bytes (the kernel's limit) */
+        snprintf(name, sizeof(name), "%s-gpu%d.%u", dir == PF_COPY_D2H ? "save" : "load",
+                 (int)(d->device_id & 0xffff), (unsigned)(i & 0xf));
+        rc = pf_thread_start(&t->thr[i], name, d->numa, copy_main, t);
+        if (rc)
+            goto err_threads;
+        t->nthr++;
     }
     t->started = true;
     return 0;
+err_threads:
+    pf_queue_close(&t->q);
+    for (size_t i = 0; i < t->nthr; i++)
+        pthread_join(t->thr[i], NULL);
+    pf_queue_destroy(&t->q);
+    return rc;
 }
 
 static void thread_stop(struct copy_thread *t)
@@ -226,9 +243,20 @@ static void thread_stop(struct copy_thread *t)
     if (!t->started)
         return;
     pf_queue_close(&t->q);
-    pthread_join(t->thr, NULL);
+    for (size_t i = 0; i < t->nthr; i++)
+        pthread_join(t->thr[i], NULL);
     pf_queue_destroy(&t->q);
     t->started = false;
+}
+
+/* Streams per direction the backend asks for, clamped to [1, PF_COPY_STREAMS_MAX]. */
+static size_t copy_streams(struct pf_gpu *gpu, int hal_dev)
+{
+    struct pf_gpu_dev_info info;
+    if (pf_gpu_device_info(gpu, hal_dev, &info) != 0 || info.copy_streams < 1)
+        return 1;
+    return info.copy_streams > PF_COPY_STREAMS_MAX ? PF_COPY_STREAMS_MAX
+                                                   : (size_t)info.copy_streams;
 }
 
 /* The shared device of (gpu, hal_dev), started on first use; under devs_mu. */
@@ -248,10 +276,11 @@ static int dev_get_locked(struct pf_gpu *gpu, int hal_dev, int numa, int32_t dev
     d->hal_dev = hal_dev;
     d->numa = numa;
     d->device_id = device_id;
-    int rc = thread_start(d, &d->save, PF_COPY_D2H);
+    size_t nthr = copy_streams(gpu, hal_dev);
+    int rc = thread_start(d, &d->save, PF_COPY_D2H, nthr);
     if (rc)
         goto err_free;
-    rc = thread_start(d, &d->load, PF_COPY_H2D);
+    rc = thread_start(d, &d->load, PF_COPY_H2D, nthr);
     if (rc)
         goto err_save;
     d->refs = 1;

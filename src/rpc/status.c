@@ -46,7 +46,7 @@ const struct pf_errno_code pf_errno_codes[] = {
     {ENOBUFS, PF_GRPC_RESOURCE_EXHAUSTED}, {ENOMEM, PF_GRPC_RESOURCE_EXHAUSTED},
     {ENOSPC, PF_GRPC_RESOURCE_EXHAUSTED},  {ECANCELED, PF_GRPC_CANCELLED},
     {ECONNREFUSED, PF_GRPC_UNAVAILABLE},   {ENOTCONN, PF_GRPC_UNAVAILABLE},
-    {ESHUTDOWN, PF_GRPC_UNAVAILABLE},
+    {ESHUTDOWN, PF_GRPC_UNAVAILABLE},      {ENOTRECOVERABLE, PF_GRPC_UNAVAILABLE},
 };
 const size_t pf_errno_ncodes = sizeof(pf_errno_codes) / sizeof(pf_errno_codes[0]);
 

@@ -560,6 +560,9 @@ static void sc_gpulost(void)
     world_register(c, &W);
     PFT_CHECK(world_save(c, &W, 500, 0, 4) != 0, "save on a lost GPU succeeded");
     const char *msg = pf_last_error_message();
+    /* a server fault that a restart cures: UNAVAILABLE (14), never INTERNAL */
+    PFT_CHECK(pf_last_error_code() == 14, "save on a lost GPU: code %d, want UNAVAILABLE",
+              pf_last_error_code());
     PFT_CHECK(strstr(msg, "lost its GPU context") && strstr(msg, "restarted") &&
                   !strstr(msg, "shrank"),
               "save error: %s", msg);

@@ -107,6 +107,15 @@ static void spawn(struct node *n, const char *bin, int gport, const char *const 
             argv[k++] = sec[1];
         }
     }
+    /* The query-time MetaServer lookup's deadline (--p2p-plan-timeout-ms, 50 ms by default)
+     * is not what these scenarios test (unit/engine/test_plan and unit/p2p/test_fetch do):
+     * give it room so a loaded CI machine or the TCG rxe guest still plans the remote tier
+     * (unless the scenario gives its own) */
+    bool own_plan_tmo = false;
+    for (size_t i = 0; args && args[i]; i++)
+        own_plan_tmo |= strncmp(args[i], "--p2p-plan-timeout-ms", 21) == 0;
+    if (strcmp(bin, "pegaflow-server") == 0 && !own_plan_tmo)
+        argv[k++] = "--p2p-plan-timeout-ms=3000";
     for (size_t i = 0; args && args[i] && k < 62; i++)
         argv[k++] = args[i];
     argv[k] = NULL;

@@ -6,7 +6,9 @@ Usage: sim_check.py REPORT.json [PLOT.svg] [--want-events kill,restart] [--want-
 
 --min-efficiency: total.efficiency (delivered / available, docs/simulation.md "Efficiency")
 must be at least X; with --want-events restart every restarted node must have had a hit
-(restart_to_hit_s not null; its value is printed, not asserted)."""
+(restart_to_hit_s not null; its value is printed, not asserted) and, with --ssd on, must
+have recovered blocks from its SSD file (restart_ssd.recovered_blocks > 0; what its SSD
+delivered since is printed)."""
 
 import json
 import os
@@ -67,6 +69,10 @@ if "restart" in want_events:
     for n in sorted(restarted):
         if doc.get("restart_to_hit_s", {}).get(n) is None:
             fails.append(f"restarted {n} had no hit after its ready")
+        # issue 25: with SSD on, the restarted server recovers its previous life's records
+        rs = doc.get("restart_ssd", {}).get(n)
+        if doc.get("ssd") == "on" and (not rs or rs["recovered_blocks"] <= 0):
+            fails.append(f"restarted {n} recovered nothing from its SSD file: {rs}")
 for w in want_events:
     if w not in got:
         fails.append(f"event {w} not in {doc['events']}")
@@ -105,7 +111,8 @@ print(f"sim_check: mode {doc['mode']}, {t['requests']} requests, requested {t['r
       f"{t['verified_blocks']} loaded blocks verified, integrity failures "
       f"{t['integrity_failures']}; events {got}; efficiency {t.get('efficiency')} "
       f"(available {t.get('available')}, delivered {t.get('delivered')}); load wait ms "
-      f"{doc.get('load_wait_ms')}; restart to first hit s {doc.get('restart_to_hit_s')}")
+      f"{doc.get('load_wait_ms')}; restart to first hit s {doc.get('restart_to_hit_s')}; "
+      f"restart SSD {doc.get('restart_ssd')}")
 for f in fails:
     print("FAIL:", f)
 sys.exit(1 if fails else 0)

@@ -82,7 +82,7 @@ start_ms() { # start_ms NAME
 start_ms ms1
 start_ms ms2
 pf_log "MetaServer replicas $T_ms1 and $T_ms2 on $STORE"
-grep -q "store: Redis at 127.0.0.1:${RP[0]}" "$PF_TMP/ms1.log" || pf_fail "ms1 does not log its store"
+grep -q "store: Redis at redis://127.0.0.1:${RP[0]}" "$PF_TMP/ms1.log" || pf_fail "ms1 does not log its store"
 
 A=127.0.0.2:50055
 B=127.0.0.3:50055

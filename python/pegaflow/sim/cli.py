@@ -153,6 +153,7 @@ class Sim:
         self.t0_wall = 0.0
         self.block_bytes = self.model.block_bytes
         self.lives = efficiency.Lives()  # server lives per node (wall clock)
+        self.restarted: set[int] = set()  # nodes whose server was restarted
         self.holds = efficiency.Holdings(self.lives)  # who saved / loaded which block when
 
     def say(self, msg: str) -> None:
@@ -332,6 +333,7 @@ class Sim:
                 self.say(f"[{t:6.1f}s] restart node n{k}: still running, skipped")
                 return
             self.start_server(k, wait_meta=False)
+            self.restarted.add(k)
             self.say(f"[{t:6.1f}s] restarted node n{k}'s pegaflow-server (ready after "
                      f"{time.monotonic() - self.t0 - t:.1f} s)")
         elif what == "kill-metaserver":
@@ -552,12 +554,30 @@ class Sim:
     def tier_delivered(self, m: dict[str, float], row: dict) -> tuple[dict[str, int], str]:
         """Blocks per tier that arrived: the server's
         pegaflow_cache_tier_blocks_delivered_total{tier} where it has it, else an estimate
-        (RAM as decided, SSD prefetch successes, peer bytes / block size, miss 0)."""
+        (RAM as decided, SSD prefetch successes, peer bytes / block size, miss 0). The
+        server's counter has the prefetch tiers only (ssd, rdma: docs/metrics.md): RAM hits
+        are handed over in the query's own answer (its lease), so RAM delivered is RAM
+        decided, and a miss delivers nothing."""
         if any(key.startswith("pegaflow_cache_tier_blocks_delivered_total") for key in m):
-            return ({t: int(promtext.get(m, "pegaflow_cache_tier_blocks_delivered_total",
-                                         tier=TIER_LABEL[t])) for t in report.TIERS}, "server")
+            out = {t: int(promtext.get(m, "pegaflow_cache_tier_blocks_delivered_total",
+                                       tier=TIER_LABEL[t])) for t in ("ssd", "remote")}
+            return ({"ram": row["ram"], **out, "miss": 0}, "server")
         return ({"ram": row["ram"], "ssd": row["ssd_delivered"],
                  "remote": row["remote_delivered"], "miss": 0}, "estimate")
+
+    @staticmethod
+    def shortfall_reasons(m: dict[str, float]) -> dict[str, int]:
+        """pegaflow_prefetch_shortfall_blocks_total summed per reason ("rdma/down": 4)."""
+        inv = {v: k for k, v in TIER_LABEL.items()}
+        out: dict[str, int] = {}
+        for key, v in m.items():
+            if key.startswith("pegaflow_prefetch_shortfall_blocks_total{") and v:
+                labels = dict(x.split("=", 1) for x in key[key.index("{") + 1:-1].split(",")
+                              if "=" in x)
+                k = f"{inv.get(labels.get('tier', ''), labels.get('tier', '?'))}/" \
+                    f"{labels.get('reason', '?')}"
+                out[k] = out.get(k, 0) + int(v)
+        return out
 
     @staticmethod
     def tier_shortfall(m: dict[str, float]) -> dict[str, int]:
@@ -570,6 +590,22 @@ class Sim:
                 t = inv.get(labels.get("tier", ""))
                 if t:
                     out[t] += int(v)
+        return out
+
+    def restart_ssd(self) -> dict[str, dict[str, int]]:
+        """Per node whose server was restarted: what its current life recovered from its SSD
+        file (pegaflow_ssd_recovered_blocks, docs/ssd.md "Recovery") and how many blocks its
+        SSD delivered into requests since that start (the life's own
+        pegaflow_cache_tier_blocks_delivered_total{tier="ssd"}): a restarted node that
+        serves from the SSD it had before shows both above 0."""
+        out = {}
+        for k in sorted(self.restarted):
+            m = self.last.get(k, {})
+            out[f"n{k}"] = {
+                "recovered_blocks": int(promtext.get(m, "pegaflow_ssd_recovered_blocks")),
+                "ssd_delivered": int(promtext.get(m, "pegaflow_cache_tier_blocks_delivered_total",
+                                                  tier="ssd")),
+            }
         return out
 
     def build_report(self, seed: int, elapsed: float, mode: str) -> dict:
@@ -612,6 +648,7 @@ class Sim:
             row["tier_decided"] = {t: tiers[t] for t in report.TIERS}
             row["tier_delivered"], row["delivered_source"] = self.tier_delivered(m, row)
             row["tier_shortfall"] = self.tier_shortfall(m)
+            row["shortfall_reasons"] = self.shortfall_reasons(m)
             e = eff["nodes"].get(k, {"available": 0, "delivered": 0, "efficiency": None,
                                      "loading_then_nothing": 0, "unreachable_requests": 0})
             row["unreachable_requests"] = e["unreachable_requests"]
@@ -630,6 +667,10 @@ class Sim:
         total["bytes"] = {t: sum(r["bytes"][t] for r in rows) for t in report.TIERS}
         for key in ("tier_decided", "tier_delivered", "tier_shortfall"):
             total[key] = {t: sum(r[key][t] for r in rows) for t in report.TIERS}
+        total["shortfall_reasons"] = {}
+        for r in rows:
+            for k, v in r["shortfall_reasons"].items():
+                total["shortfall_reasons"][k] = total["shortfall_reasons"].get(k, 0) + v
         total["delivered_source"] = ("server" if all(r["delivered_source"] == "server"
                                                      for r in rows) else "estimate")
         total["available"] = eff["available"]
@@ -639,6 +680,7 @@ class Sim:
         total["unreachable_requests"] = eff["unreachable_requests"]
         total["load_wait_ms"] = eff["load_wait_ms"]
         total["restart_to_hit_s"] = eff["restart_to_hit_s"]
+        total["restart_ssd"] = self.restart_ssd()
         allm: dict[str, float] = {}
         for k in range(1, self.a.nodes + 1):
             for key, v in self.totals(k).items():
@@ -662,7 +704,7 @@ class Sim:
                 "namespaces": list(self.c.namespaces),
                 "nodes": rows, "total": total, "accounting_ok": total["accounting_ok"],
                 "load_wait_ms": eff["load_wait_ms"], "restart_to_hit_s": eff["restart_to_hit_s"],
-                "timeline": self.timeline}
+                "restart_ssd": total["restart_ssd"], "timeline": self.timeline}
 
 
 def _term(signum, frame):

@@ -21,6 +21,8 @@ WANTED = (
     "pegaflow_cache_tier_blocks_delivered_total",
     "pegaflow_prefetch_shortfall_blocks_total",
     "pegaflow_load_cancelled_total",
+    # issue 25: what a restarted node's SSD scan put back (a gauge of the current life)
+    "pegaflow_ssd_recovered_blocks",
 )
 _LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)')
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')

@@ -67,6 +67,10 @@ def delivery_table(doc: dict) -> str:
     fmt = lambda c: "  ".join(x.rjust(w[i]) if i else x.ljust(w[i])  # noqa: E731
                               for i, x in enumerate(c))
     out = [fmt(head), fmt(["-" * x for x in w])] + [fmt(l) for l in lines]
+    reasons = tot.get("shortfall_reasons") or {}
+    if reasons:
+        out.append("shortfall by tier/reason: " + ", ".join(
+            f"{k} {v}" for k, v in sorted(reasons.items())))
     out.append("")
     for r in doc["nodes"] + [tot]:
         out.append(f"{r['node']:>5}: available {r['available']}, delivered {r['delivered']}, "
@@ -78,8 +82,11 @@ def delivery_table(doc: dict) -> str:
                f"{_f(lw['ready_p99'])} ms; (-> load complete) p50 {_f(lw['loaded_p50'])} ms, "
                f"p99 {_f(lw['loaded_p99'])} ms, over {lw['loaded_requests']} loading requests")
     for n, v in sorted(doc["restart_to_hit_s"].items()):
+        rs = doc.get("restart_ssd", {}).get(n)
         out.append(f"restarted {n}: first hit {_f(v, '{:.2f}')} s after its ready"
-                   + (" (no hit)" if v is None else ""))
+                   + (" (no hit)" if v is None else "")
+                   + (f"; recovered {rs['recovered_blocks']} blocks from its SSD, which "
+                      f"delivered {rs['ssd_delivered']} since" if rs else ""))
     return "\n".join(out)
 
 

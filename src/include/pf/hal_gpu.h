@@ -64,6 +64,10 @@ struct pf_gpu_dev_info {
     char name[64];
     char pci_bus_id[32];
     uint64_t total_mem;
+    /* Streams per copy direction the engine keeps busy on this device (0 = 1): with more
+     * than one, a batch is submitted while the previous one still drains (the engine's
+     * gpu_worker.c; at most PF_COPY_STREAMS_MAX). */
+    int copy_streams;
 };
 
 enum pf_copy_dir {

@@ -216,6 +216,20 @@ static void test_register_and_remove(void **state)
     srv_stop(&s);
 }
 
+/* The resync counter is added once a resync finished, after its blocks are already visible:
+ * wait for it (bounded) instead of reading it once. */
+static bool wait_metric_at_least(const char *name, double want)
+{
+    uint64_t dl = pf_now_ns() + 20 * PF_NS_PER_SEC;
+    while (pf_now_ns() < dl) {
+        if (metric(name) >= want)
+            return true;
+        pf_sleep_ms(20);
+    }
+    printf("%s = %g, want >= %g\n", name, metric(name), want);
+    return false;
+}
+
 static void test_resync_after_session_loss(void **state)
 {
     struct srv s = {0};
@@ -236,7 +250,7 @@ static void test_resync_after_session_loss(void **state)
     /* the session probe notices, the session is reset and everything is re-registered */
     assert_true(wait_visible(s.st, 0, 199, 200));
     assert_true(metric("pegaflow_metaserver_session_resets") >= resets0 + 1);
-    assert_true(metric("pegaflow_metaserver_resync_blocks") >= resync0 + 400);
+    assert_true(wait_metric_at_least("pegaflow_metaserver_resync_blocks", resync0 + 400));
     pf_meta_client_destroy(c);
     srv_stop(&s);
 }
