@@ -1,10 +1,13 @@
 /* Helpers shared by the benchmarks (header-only: every bench/<name>.c is its own program).
- * Timing, spreads of per-run ratios, /metrics reading, raw O_DIRECT io_uring transfers and
- * registering one contiguous sim-GPU layer. Every helper exits the program with a message on
- * failure (a benchmark has no recovery path). */
+ * Timing, medians / percentiles / spreads of per-run figures (an even count has the mean of
+ * the two middle values as its median), process RSS, the measured server's environment,
+ * JSON results through libcjson, /metrics reading, raw O_DIRECT io_uring transfers and
+ * registering one contiguous sim-GPU layer. No bench keeps its own copy of these. Every helper
+ * exits the program with a message on failure (a benchmark has no recovery path). */
 #ifndef PF_BENCHUTIL_H
 #define PF_BENCHUTIL_H
 
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <liburing.h>
@@ -40,6 +43,133 @@ static inline void bu_spread(const double *v, int n, double out[3])
     out[1] = n % 2 ? c[n / 2] : (c[n / 2 - 1] + c[n / 2]) / 2;
     out[2] = c[n - 1];
     free(c);
+}
+
+/* The median of v[0..n) (n >= 1; v is not reordered): the middle value, or the mean of the
+ * two middle values for an even n. */
+static inline double bu_median(const double *v, int n)
+{
+    double s[3];
+    bu_spread(v, n, s);
+    return s[1];
+}
+
+/* The q-quantile (0..1) of v[0..n) by nearest rank (v is not reordered). */
+static inline double bu_pct(const double *v, size_t n, double q)
+{
+    double *c = malloc(n * sizeof(*c));
+    memcpy(c, v, n * sizeof(*c));
+    qsort(c, n, sizeof(*c), bu_cmpd);
+    double r = c[(size_t)(q * (double)(n - 1) + 0.5)];
+    free(c);
+    return r;
+}
+
+/* VmRSS of pid in KiB, -1 when unreadable. */
+static inline long bu_rss_kb(pid_t pid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    long v = -1;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "VmRSS: %ld kB", &v) == 1)
+            break;
+    fclose(f);
+    return v;
+}
+
+/* Exits when the environment of process pid holds name= (the measured server must run as a
+ * user starts it: nothing the bench set for its own baselines may leak into it). */
+static inline void bu_check_env_clean(pid_t pid, const char *name)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/environ", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "bench: cannot read %s: %s\n", path, strerror(errno));
+        pft_fail_cleanup();
+        exit(1);
+    }
+    char buf[4096];
+    size_t nl = strlen(name), len = 0;
+    int c;
+    while ((c = fgetc(f)) != EOF) {
+        if (c != 0 && len + 1 < sizeof(buf)) {
+            buf[len++] = (char)c;
+            continue;
+        }
+        buf[len] = 0;
+        if (len > nl && strncmp(buf, name, nl) == 0 && buf[nl] == '=') {
+            fprintf(stderr, "bench: the measured server (pid %d) inherited %s\n", (int)pid, buf);
+            fclose(f);
+            pft_fail_cleanup();
+            exit(1);
+        }
+        len = 0;
+    }
+    fclose(f);
+}
+
+/* ---- JSON results (libcjson): build a tree, write it once ---- */
+
+static inline cJSON *bu_json_check(cJSON *j)
+{
+    if (!j) {
+        fprintf(stderr, "bench: out of memory building the JSON result\n");
+        exit(1);
+    }
+    return j;
+}
+
+/* A new object named k inside o (o NULL: a new root). */
+static inline cJSON *bu_json_obj(cJSON *o, const char *k)
+{
+    cJSON *c = bu_json_check(cJSON_CreateObject());
+    if (o)
+        cJSON_AddItemToObject(o, k, c);
+    return c;
+}
+
+static inline void bu_json_num(cJSON *o, const char *k, double v)
+{
+    bu_json_check(cJSON_AddNumberToObject(o, k, v));
+}
+
+static inline void bu_json_str(cJSON *o, const char *k, const char *v)
+{
+    bu_json_check(cJSON_AddStringToObject(o, k, v));
+}
+
+static inline void bu_json_bool(cJSON *o, const char *k, int v)
+{
+    bu_json_check(cJSON_AddBoolToObject(o, k, v));
+}
+
+/* k: [v[0], ..., v[n-1]] */
+static inline void bu_json_nums(cJSON *o, const char *k, const double *v, int n)
+{
+    cJSON_AddItemToObject(o, k, bu_json_check(cJSON_CreateDoubleArray(v, n)));
+}
+
+/* Writes root (one line) to path, or to stdout when path is NULL or "-"; frees root.
+ * Exits when the file cannot be written. */
+static inline void bu_json_write(cJSON *root, const char *path)
+{
+    char *txt = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    if (!txt) {
+        fprintf(stderr, "bench: out of memory printing the JSON result\n");
+        exit(1);
+    }
+    FILE *f = path && strcmp(path, "-") != 0 ? fopen(path, "w") : stdout;
+    if (!f || fprintf(f, "%s\n", txt) < 0 || (f != stdout && fclose(f) != 0)) {
+        fprintf(stderr, "bench: cannot write %s: %s\n", path ? path : "stdout", strerror(errno));
+        exit(1);
+    }
+    cJSON_free(txt);
 }
 
 static inline void bu_die(const char *bench, const char *what)

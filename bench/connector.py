@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import importlib.util
 import json
 import os
@@ -122,6 +123,7 @@ class HookTimer:
 
     def __init__(self):
         self.total = 0.0
+        self.cpu = 0.0  # this thread's CPU time inside the hooks (robust on a loaded machine)
         self.depth = 0
 
     def wrap(self, obj) -> None:
@@ -141,11 +143,12 @@ class HookTimer:
             if self.depth:
                 return fn(*a, **kw)
             self.depth += 1
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             try:
                 return fn(*a, **kw)
             finally:
                 self.total += time.perf_counter() - t0
+                self.cpu += time.thread_time() - c0
                 self.depth -= 1
 
         return call
@@ -170,6 +173,15 @@ def connector_run(args, srv, lib, round_no, patch):
               block_size=16, heads=4, head_dim=64, token_budget=args.blocks * 16 * args.requests)
     saver = Engine(backend, patch, instance_id=f"bench-save-{round_no}", **kw)
     loader = Engine(backend, patch, instance_id=f"bench-load-{round_no}", **kw)
+    for e in (saver, loader):
+        # vLLM allocates its KV cache zero-filled at startup, so its pages exist before the
+        # first step; do the same (untimed) rather than charge the connector with the
+        # first touch of fresh sim memory, which the replay (on these instances) never pays
+        for kv in e.kv:
+            for t in kv.values():
+                t.numpy()[...] = 0
+        warm_server(make(), e)
+    srv.cleanup_ram()
     for e in (saver, loader):
         timer.wrap(e.sched)
         for w in e.workers:
@@ -197,7 +209,26 @@ def connector_run(args, srv, lib, round_no, patch):
             if blocks != snap[h]:
                 raise RuntimeError(f"request {i}: loaded bytes differ from the saved ones")
     del worker_mod
-    return timer.total, steps, calls, (saver, loader)
+    return timer.total, timer.cpu, steps, calls, (saver, loader)
+
+
+def warm_server(client, engine) -> None:
+    """One untimed Save of every block of every worker of a fresh instance (other hashes),
+    waited for until queryable: the server maps the instance's KV memory and touches each
+    page once, as during the first steps of a running vLLM. The caller then empties the RAM
+    cache. Without it the connector run (fresh instances) pays the sim's first-touch page
+    faults that the replay, on the same instances afterwards, never sees."""
+    from pegaflow.client.engine import SaveLayer
+
+    for i, w in enumerate(engine.workers):
+        wc = w._worker
+        inst = wc.ctx.instance_id
+        ids = list(range(engine.num_blocks))
+        hs = [f"warm-{inst}-{i}-{b}".encode().ljust(32, b"#") for b in ids]
+        client.save(inst, wc.ctx.tp_rank, wc.ctx.pp_rank, wc.device_id,
+                    [SaveLayer(n, ids, hs) for n in wc.layers])
+        wait_queryable(client, inst, hs)
+    client.close()
 
 
 def wait_queryable(client, instance_id: str, hashes: list, timeout_s: float = 30.0) -> None:
@@ -214,14 +245,15 @@ def wait_queryable(client, instance_id: str, hashes: list, timeout_s: float = 30
 
 
 def replay(calls, client, lib, deadline_s=60.0) -> float:
-    """The recorded calls, back to back; returns seconds (waits for visibility between the
-    save and load halves are not counted, as in the connector run)."""
+    """The recorded calls, back to back; returns (wall seconds, this thread's CPU seconds)
+    (waits for visibility between the save and load halves are not counted, as in the
+    connector run)."""
     import dataclasses
 
     from pegaflow.client.loadstate import create_load_state, state_is_done, state_is_success
 
     leases: dict[bytes, bytes] = {}
-    total = 0.0
+    total = cpu = 0.0
     for name, a, kw, rec in calls:
         if name == "barrier":  # untimed: the saves are sealed before the loads begin
             wait_queryable(client, *a)
@@ -234,9 +266,10 @@ def replay(calls, client, lib, deadline_s=60.0) -> float:
             st = create_load_state(lib)
             a[3] = st.name
             a[5] = [dataclasses.replace(ll, lease=leases.get(ll.lease, ll.lease)) for ll in a[5]]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         r = getattr(client, name)(*a, **kw)
         total += time.perf_counter() - t0
+        cpu += time.thread_time() - c0
         if st is not None:
             # untimed, as in the connector, whose hooks post a load and later see it done
             dl = time.monotonic() + deadline_s
@@ -256,7 +289,7 @@ def replay(calls, client, lib, deadline_s=60.0) -> float:
             client.release(new)
         except Exception:
             pass
-    return total
+    return total, cpu
 
 
 def main() -> int:
@@ -293,31 +326,41 @@ def main() -> int:
     srv = Server(bindir, logdir)
     direct = EngineClient(srv.target, lib=lib, timeout_ms=30000)
     conn_s, direct_s, ratios, steps_l, ncalls = [], [], [], [], []
+    cpu_ratios, conn_cpu, direct_cpu = [], [], []
     keep = []
     try:
         prev = None
         for r in range(-1, a.rounds):  # round -1: warm-up, untimed
             direct_first = r >= 0 and r % 2 == 1 and prev is not None
             d = None
+            # each side starts from a collected heap: a collection the other side's garbage
+            # triggers would otherwise land in whichever runs second
             if direct_first:
                 srv.cleanup_ram()
-                d = replay(prev, direct, lib)
+                gc.collect()
+                d, dc = replay(prev, direct, lib)
             srv.cleanup_ram()
-            c, steps, calls, engines = connector_run(a, srv, lib, r + 1, patch)
+            gc.collect()
+            c, cc, steps, calls, engines = connector_run(a, srv, lib, r + 1, patch)
             keep.append(engines)
             if not direct_first:
                 srv.cleanup_ram()
-                d = replay(calls, direct, lib)
+                gc.collect()
+                d, dc = replay(calls, direct, lib)
             prev = calls
             if r < 0:
                 continue
             conn_s.append(c)
             direct_s.append(d)
             ratios.append(d / c)
+            conn_cpu.append(cc)
+            direct_cpu.append(dc)
+            cpu_ratios.append(dc / cc if cc > 0 else 0.0)
             steps_l.append(steps)
             ncalls.append(sum(1 for x in calls if x[0] != "barrier"))
             print(f"  round {r + 1}: connector {c * 1e3:.1f} ms in hooks over {steps} steps, "
-                  f"direct {d * 1e3:.1f} ms for {ncalls[-1]} calls, ratio {d / c:.2f}",
+                  f"direct {d * 1e3:.1f} ms for {ncalls[-1]} calls, ratio {d / c:.2f}; CPU "
+                  f"{cc * 1e3:.1f} / {dc * 1e3:.1f} ms, ratio {cpu_ratios[-1]:.2f}",
                   file=sys.stderr, flush=True)
     finally:
         for engs in keep:
@@ -334,10 +377,14 @@ def main() -> int:
     steps = statistics.median(steps_l)
     rs = [min(ratios), statistics.median(ratios), max(ratios)]
     per_step = (med_c - med_d) / steps * 1e6 if steps else 0.0
+    crs = [min(cpu_ratios), statistics.median(cpu_ratios), max(cpu_ratios)]
     print(f"{'path':<44} {'connector ms':>12} {'direct ms':>10} {'min':>6} {'median':>6} "
           f"{'max':>6}")
     print(f"{'save+load of vLLM-shaped steps':<44} {med_c * 1e3:>12.1f} {med_d * 1e3:>10.1f} "
           f"{rs[0]:>6.2f} {rs[1]:>6.2f} {rs[2]:>6.2f}")
+    print(f"{'  CPU time of the calling thread':<44} {statistics.median(conn_cpu) * 1e3:>12.1f} "
+          f"{statistics.median(direct_cpu) * 1e3:>10.1f} {crs[0]:>6.2f} {crs[1]:>6.2f} "
+          f"{crs[2]:>6.2f}")
     print(f"connector overhead: {(med_c - med_d) * 1e3:.2f} ms per round, {per_step:.0f} us per "
           f"computing step ({steps:.0f} steps, {statistics.median(ncalls):.0f} libpegaflow calls "
           f"per round)")
@@ -350,7 +397,9 @@ def main() -> int:
     doc = {"bench": "connector", "rounds": a.rounds, "requests": a.requests,
            "blocks": a.blocks, "layers": a.layers, "connector_ms": med_c * 1e3,
            "direct_ms": med_d * 1e3, "ratio": rs, "steps": steps,
-           "overhead_us_per_step": per_step, "calls": statistics.median(ncalls)}
+           "overhead_us_per_step": per_step, "calls": statistics.median(ncalls),
+           "connector_cpu_ms": statistics.median(conn_cpu) * 1e3,
+           "direct_cpu_ms": statistics.median(direct_cpu) * 1e3, "cpu_ratio": crs}
     if a.json:
         with open(a.json, "w") as f:
             json.dump(doc, f)

@@ -43,39 +43,6 @@
 
 #define TMO 120000
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
-static int cmpd(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double pct(double *v, size_t n, double p)
-{
-    qsort(v, n, sizeof(*v), cmpd);
-    return v[(size_t)(p * (double)(n - 1))];
-}
-
-static long rss_kb(pid_t pid)
-{
-    char path[64], line[256];
-    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    long v = -1;
-    while (f && fgets(line, sizeof(line), f))
-        if (strncmp(line, "VmRSS:", 6) == 0)
-            v = strtol(line + 6, NULL, 10);
-    if (f)
-        fclose(f);
-    return v;
-}
-
 /* CPU time of the server's threads (ns, from /proc/PID/task/TID/schedstat), summed by thread
  * name (numbered threads of one kind, "rpc-3", count as "rpc"); for PF_BENCH_VERBOSE's split
  * of where a save's CPU goes, which a busy machine distorts far less than wall time. */
@@ -197,9 +164,9 @@ static double best_copy(uint8_t *dst, const uint8_t *src, uint64_t len, uint64_t
     double best = 0;
     for (size_t k = 0; k < NCOPIES; k++) {
         memset(dst, 0, len);
-        double t = now_s();
+        double t = bu_now();
         copies[k].fn(dst, src, len, bs);
-        double g = (double)len / (now_s() - t) / 1e9;
+        double g = (double)len / (bu_now() - t) / 1e9;
         if (memcmp(dst, src, len) != 0) {
             fprintf(stderr, "bench: baseline %s copied wrong bytes\n", copies[k].name);
             exit(1);
@@ -212,23 +179,14 @@ static double best_copy(uint8_t *dst, const uint8_t *src, uint64_t len, uint64_t
     return best;
 }
 
-static double median3(double *v, size_t n, double *min_p, double *max_p)
+/* median of v[0..n) (the mean of the middle two for an even n), with min and max */
+static double median3(const double *v, size_t n, double *min_p, double *max_p)
 {
-    double *c = malloc(n * sizeof(*c));
-    memcpy(c, v, n * sizeof(*c));
-    qsort(c, n, sizeof(*c), cmpd);
-    *min_p = c[0];
-    *max_p = c[n - 1];
-    double m = c[n / 2];
-    free(c);
-    return m;
-}
-
-static void die(const char *what)
-{
-    fprintf(stderr, "bench: %s: %s (%d)\n", what, pf_last_error_message(), pf_last_error_code());
-    pft_fail_cleanup();
-    exit(1);
+    double m[3];
+    bu_spread(v, (int)n, m);
+    *min_p = m[0];
+    *max_p = m[2];
+    return m[1];
 }
 
 static void hash_of(uint64_t tag, uint64_t i, uint8_t *h)
@@ -291,10 +249,10 @@ static double save_range32(struct pf_client *c, const char *inst, uint64_t tag, 
             sl[l] = (struct pf_save_layer){
                 .name = names[l], .block_ids = ids, .hashes = hs, .hash_len = 32, .n = k};
         }
-        double t0 = now_s();
+        double t0 = bu_now();
         if (pf_client_save(c, inst, 0, 0, 0, sl, NL32, TMO))
-            die("save (32 layers)");
-        t += now_s() - t0;
+            bu_die("engine", "save (32 layers)");
+        t += bu_now() - t0;
     }
     free(ids);
     free(hs);
@@ -316,10 +274,10 @@ static double save_range(struct pf_client *c, const char *inst, uint64_t tag, ui
         }
         struct pf_save_layer sl = {
             .name = "ALL_LAYERS", .block_ids = ids, .hashes = hs, .hash_len = 32, .n = k};
-        double t0 = now_s();
+        double t0 = bu_now();
         if (pf_client_save(c, inst, 0, 0, 0, &sl, 1, TMO))
-            die("save");
-        t += now_s() - t0;
+            bu_die("engine", "save");
+        t += bu_now() - t0;
     }
     free(ids);
     free(hs);
@@ -333,11 +291,11 @@ static uint32_t query_n(struct pf_client *c, const char *inst, uint64_t tag, uin
     for (uint64_t i = 0; i < n; i++)
         hash_of(tag, first + i, hs + i * 32);
     struct pf_query_result r;
-    double t0 = now_s();
+    double t0 = bu_now();
     if (pf_client_query(c, inst, "bench", hs, NULL, 32, n, 0, 0, &r, NULL, 0, TMO))
-        die("query");
+        bu_die("engine", "query");
     if (secs)
-        *secs = now_s() - t0;
+        *secs = bu_now() - t0;
     free(hs);
     if (lease && r.lease_len)
         memcpy(lease, r.lease, 16);
@@ -371,10 +329,10 @@ static size_t query_bytes(const char *inst, uint64_t tag, uint64_t first, uint64
 static void wait_resident(struct pf_client *c, const char *inst, uint64_t tag, uint64_t first,
                           uint64_t n)
 {
-    double dl = now_s() + 60;
+    double dl = bu_now() + 60;
     while (query_n(c, inst, tag, first + n - 1, 1, NULL, NULL) != 1) {
-        if (now_s() > dl)
-            die("blocks not sealed in 60 s");
+        if (bu_now() > dl)
+            bu_die("engine", "blocks not sealed in 60 s");
         usleep(1000);
     }
 }
@@ -433,12 +391,19 @@ int main(int argc, char **argv)
         runs = 3; /* also --quick: one run per size is too noisy on a shared VM */
     /* the baseline's memcpy runs with glibc's non-temporal threshold at one block (the
      * fastest block-sized memcpy on this machine): re-exec once with the tunable set */
-    if (!getenv("GLIBC_TUNABLES")) {
+    if (!getenv("GLIBC_TUNABLES") && !getenv("PF_BENCH_REEXEC")) {
         setenv("GLIBC_TUNABLES", "glibc.cpu.x86_non_temporal_threshold=0x10000", 1);
+        setenv("PF_BENCH_REEXEC", "1", 1);
         execv("/proc/self/exe", argv);
         /* exec failed: go on with the default threshold (the method line says so) */
-        unsetenv("GLIBC_TUNABLES");
     }
+    /* glibc read the tunable at this process's start; the server must not inherit it: it is
+     * measured as every user starts it (its sim copy chooses non-temporal stores itself) */
+    char tunables[160];
+    snprintf(tunables, sizeof(tunables), "%s",
+             getenv("GLIBC_TUNABLES") ? getenv("GLIBC_TUNABLES") : "default");
+    unsetenv("GLIBC_TUNABLES");
+    unsetenv("PF_BENCH_REEXEC");
     const uint64_t TOTAL = quick ? (128ull << 20) : (1ull << 30);
     const uint64_t NBLK_META = quick ? 100000 : 1000000;
     FILE *js = json ? fopen(json, "w") : NULL;
@@ -453,16 +418,16 @@ int main(int argc, char **argv)
         memset(b, 0, TOTAL); /* both buffers faulted in before timing */
         double t0;
         for (int r = 0; r < 3; r++) { /* best of 3: the machine's single-thread limit */
-            t0 = now_s();
+            t0 = bu_now();
             memcpy(r % 2 ? a : b, r % 2 ? b : a, TOTAL);
-            double g = (double)TOTAL / (now_s() - t0) / 1e9;
+            double g = (double)TOTAL / (bu_now() - t0) / 1e9;
             if (g > memcpy_gbs)
                 memcpy_gbs = g;
         }
-        t0 = now_s();
+        t0 = bu_now();
         volatile uint64_t sink = XXH3_64bits_dispatch(a, TOTAL); /* as the server's checksums */
         (void)sink;
-        xxh_gbs = (double)TOTAL / (now_s() - t0) / 1e9;
+        xxh_gbs = (double)TOTAL / (bu_now() - t0) / 1e9;
         free(a);
         free(b);
         printf("machine: memcpy %.2f GB/s (1 thread), xxh3 %.2f GB/s (%.2fx memcpy)\n", memcpy_gbs,
@@ -470,18 +435,23 @@ int main(int argc, char **argv)
     }
     /* ---- server ---- */
     char pool[32];
-    snprintf(pool, sizeof(pool), "%llumb", (unsigned long long)(TOTAL * 5 / 4 >> 20));
+    /* room for the throughput data and, next to it, both metadata sets (512 B blocks plus
+     * their warm-up, 32 x 16 B slots): --quick's 128 MiB alone would evict during those */
+    uint64_t meta_need = (8 * 16384 + NBLK_META) * 512 + NBLK_META * NL32 * 16;
+    snprintf(pool, sizeof(pool), "%llumb",
+             (unsigned long long)((TOTAL * 5 / 4 + meta_need * 5 / 4) >> 20));
     const char *args[] = {"--gpu-backend", "sim", "--pool-size", pool, "--log-level", "info", NULL};
     struct pft_proc s;
     if (pft_start(&s, "pegaflow-server", "127.0.0.1", args))
         return 1;
+    bu_check_env_clean(s.pid, "GLIBC_TUNABLES");
     struct pf_client *c;
     if (pf_client_connect(s.addr, &c))
-        die("connect");
+        bu_die("engine", "connect");
     struct pf_simkv *src = NULL, *dst = NULL;
     if (!query_only && !meta_only) {
         if (pf_simkv_create(TOTAL, 0, &src) || pf_simkv_create(TOTAL, 0, &dst))
-            die("simkv");
+            bu_die("engine", "simkv");
         pft_fill(pf_simkv_ptr(src), TOTAL, 2, 2);
         memset(pf_simkv_ptr(dst), 0, TOTAL);
 
@@ -490,7 +460,7 @@ int main(int argc, char **argv)
         uint8_t *hostbuf =
             mmap(NULL, TOTAL, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (hostbuf == MAP_FAILED)
-            die("mmap baseline buffer");
+            bu_die("engine", "mmap baseline buffer");
         madvise(hostbuf, TOTAL, MADV_HUGEPAGE);
         memset(hostbuf, 0, TOTAL);
         printf("\n%-9s %9s %9s %6s %6s %6s %9s %9s %6s %6s %6s  %s\n", "block", "save GB/s",
@@ -517,7 +487,7 @@ int main(int argc, char **argv)
             snprintf(src_id, sizeof(src_id), "src-%d", si);
             snprintf(dst_id, sizeof(dst_id), "dst-%d", si);
             if (reg(c, src_id, src, nb, bs) || reg(c, dst_id, dst, nb, bs))
-                die("register");
+                bu_die("engine", "register");
             /* warm-up round (untimed): the server's first touch of each page of the freshly
              * mapped "GPU" memory is a page fault a real GPU does not have */
             const char *names[1] = {"ALL_LAYERS"};
@@ -537,10 +507,10 @@ int main(int argc, char **argv)
                 bool verbose = getenv("PF_BENCH_VERBOSE") != NULL;
                 if (verbose)
                     server_cpu(s.pid, &c0);
-                double t = now_s();
+                double t = bu_now();
                 double trpc = save_range(c, src_id, tag, 0, nb, nb < 4096 ? nb : 4096, nb);
                 wait_resident(c, src_id, tag, 0, nb);
-                double ts = now_s() - t;
+                double ts = bu_now() - t;
                 if (verbose) {
                     server_cpu(s.pid, &c1);
                     fprintf(stderr,
@@ -550,19 +520,19 @@ int main(int argc, char **argv)
                 }
                 uint8_t lease[16];
                 if (query_n(c, dst_id, tag, 0, nb, lease, NULL) != nb)
-                    die("query after save");
+                    bu_die("engine", "query after save");
                 size_t gsz = 1, cnt = nb;
                 struct pf_load_item it = {
                     .lease = lease, .lease_len = 16, .targets = targets, .group_counts = &cnt};
                 struct pf_loadstate *ls;
                 pf_loadstate_create(&ls);
-                t = now_s();
+                t = bu_now();
                 if (pf_client_load(c, dst_id, 0, 0, pf_loadstate_name(ls), names, &gsz, 1, &it, 1,
                                    TMO))
-                    die("load");
+                    bu_die("engine", "load");
                 if (pf_loadstate_wait(ls, TMO) != 1)
-                    die("load state");
-                double tl = now_s() - t;
+                    bu_die("engine", "load state");
+                double tl = bu_now() - t;
                 pf_loadstate_destroy(ls);
                 if (verbose) {
                     server_cpu(s.pid, &c0);
@@ -572,7 +542,7 @@ int main(int argc, char **argv)
                 }
                 /* every repeat checks every byte the save and the load moved */
                 if (memcmp(pf_simkv_ptr(src), pf_simkv_ptr(dst), TOTAL) != 0)
-                    die("loaded bytes differ");
+                    bu_die("engine", "loaded bytes differ");
                 memset(pf_simkv_ptr(dst), 0, TOTAL);
                 pft_http(s.http_host, s.http_port, "POST", "/cache/memory/cleanup", NULL);
                 if (r < 0)
@@ -625,8 +595,7 @@ int main(int argc, char **argv)
             "%s), AVX2 streaming copy in block calls, one %llu MiB memcpy, simkv shm <-> "
             "THP-advised anonymous memory; every repeat memcmp's all bytes; ratios min/median/max "
             "of per-run ratios\n",
-            runs, getenv("GLIBC_TUNABLES") ? getenv("GLIBC_TUNABLES") : "default",
-            (unsigned long long)(TOTAL >> 20));
+            runs, tunables, (unsigned long long)(TOTAL >> 20));
         if (js)
             fprintf(js, "  ],\n");
     }
@@ -635,19 +604,19 @@ int main(int argc, char **argv)
     const uint64_t mbs = 512;
     struct pf_simkv *small;
     if (pf_simkv_create(16384 * mbs, 0, &small))
-        die("simkv small");
+        bu_die("engine", "simkv small");
     pft_fill(pf_simkv_ptr(small), 16384 * mbs, 3, 3);
     if (reg(c, "meta", small, 16384, mbs))
-        die("register meta");
+        bu_die("engine", "register meta");
     /* warm-up: saves of the measured request size (blocks that stay resident, other hashes),
      * eight, so that the RPC threads' request buffers and heap arenas, which do not grow with
      * the blocks, exist before the first RSS reading */
     save_range(c, "meta", 6, 0, 8 * 16384, 16384, 16384);
     wait_resident(c, "meta", 6, 0, 8 * 16384);
-    long rss0 = rss_kb(s.pid);
+    long rss0 = bu_rss_kb(s.pid);
     double tsave = save_range(c, "meta", 7, 0, NBLK_META, 16384, 16384);
     wait_resident(c, "meta", 7, 0, NBLK_META);
-    long rss1 = rss_kb(s.pid);
+    long rss1 = bu_rss_kb(s.pid);
     double per_block = (double)(rss1 - rss0) * 1024.0 / (double)NBLK_META;
     printf("\n%llu resident blocks of %llu B: %.0f bytes of server memory per block "
            "(RSS delta), saved at %.0f blocks/s\n",
@@ -659,26 +628,26 @@ int main(int argc, char **argv)
          * holds both sets: no eviction may free metadata between the two RSS readings) */
         const uint64_t lbs = 16;
         if (pf_simkv_create(16384 * lbs * NL32, 0, &k32))
-            die("simkv 32 layers");
+            bu_die("engine", "simkv 32 layers");
         pft_fill(pf_simkv_ptr(k32), 16384 * lbs * NL32, 4, 4);
         if (reg32(c, "meta32", k32, 16384, lbs))
-            die("register 32 layers");
+            bu_die("engine", "register 32 layers");
         char *mbody = NULL;
         pft_http(s.http_host, s.http_port, "GET", "/metrics", &mbody);
         const char *ev = mbody ? strstr(mbody, "\npegaflow_cache_block_evictions_total ") : NULL;
         double ev0 = ev ? strtod(ev + 39, NULL) : -1;
         free(mbody);
-        long rss2 = rss_kb(s.pid);
+        long rss2 = bu_rss_kb(s.pid);
         double tsave32 = save_range32(c, "meta32", 8, NBLK_META, 4096, 16384);
         wait_resident(c, "meta32", 8, 0, NBLK_META);
-        long rss3 = rss_kb(s.pid);
+        long rss3 = bu_rss_kb(s.pid);
         mbody = NULL;
         pft_http(s.http_host, s.http_port, "GET", "/metrics", &mbody);
         ev = mbody ? strstr(mbody, "\npegaflow_cache_block_evictions_total ") : NULL;
         double ev1 = ev ? strtod(ev + 39, NULL) : -2;
         free(mbody);
         if (ev0 < 0 || ev1 != ev0)
-            die("evictions during the metadata measurement (the pool is too small)");
+            bu_die("engine", "evictions during the metadata measurement (the pool is too small)");
         double per_block32 = (double)(rss3 - rss2) * 1024.0 / (double)NBLK_META;
         printf("%llu resident blocks of %d layers x %llu B: %.0f bytes of server memory per block "
                "(%.0f per layer slot), saved at %.0f blocks/s\n",
@@ -697,12 +666,12 @@ int main(int argc, char **argv)
     for (int i = 0; i < 50; i++)
         pf_client_health(c, TMO);
     for (int i = 0; i < iters; i++) {
-        double t1 = now_s();
+        double t1 = bu_now();
         if (pf_client_health(c, TMO))
-            die("health");
-        lat[i] = now_s() - t1;
+            bu_die("engine", "health");
+        lat[i] = bu_now() - t1;
     }
-    double h50 = pct(lat, (size_t)iters, 0.5), h99 = pct(lat, (size_t)iters, 0.99);
+    double h50 = bu_median(lat, (int)iters), h99 = bu_pct(lat, (size_t)iters, 0.99);
     printf("\n%-26s %10s %10s %10s %12s %10s\n", "RPC", "p50 us", "p99 us", "p50/Health",
            "same-bytes", "ratio");
     printf("%-26s %10.1f %10.1f %10.2f\n", "Health (empty)", h50 * 1e6, h99 * 1e6, 1.0);
@@ -715,7 +684,7 @@ int main(int argc, char **argv)
     double *blat = malloc((size_t)iters * sizeof(double));
     struct pf_rpc_channel *rch;
     if (pf_rpc_channel_open(s.addr, &rch))
-        die("channel");
+        bu_die("engine", "channel");
     for (int qi = 0; qi < 2; qi++) {
         /* interleaved: each QueryPrefetch is followed by a Health RPC carrying the very same
          * request bytes (validated on the wire, never decoded), the RPC path's own cost */
@@ -723,23 +692,23 @@ int main(int argc, char **argv)
             uint64_t first = ((uint64_t)i * 7919) % (NBLK_META - qn[qi]);
             uint32_t hits = query_n(c, "meta", 7, first, qn[qi], NULL, &lat[i]);
             if (hits != qn[qi])
-                die("query missed resident blocks");
+                bu_die("engine", "query missed resident blocks");
             uint8_t *req;
             size_t reqlen = query_bytes("meta", 7, first, qn[qi], &req);
             struct pf_rpc_status st;
             ProtobufCMessage *resp = NULL;
-            double t1 = now_s();
+            double t1 = bu_now();
             if (pf_rpc_unary_raw(rch, "/pegaflow.Engine/Health", req, reqlen,
                                  &pegaflow__health_response__descriptor, TMO, &resp, &st))
-                die("health with the query's bytes");
-            blat[i] = now_s() - t1;
+                bu_die("engine", "health with the query's bytes");
+            blat[i] = bu_now() - t1;
             protobuf_c_message_free_unpacked(resp, NULL);
             free(req);
         }
         if (getenv("PF_BENCH_VERBOSE"))
             server_times(&s);
-        double q50 = pct(lat, (size_t)iters, 0.5), q99 = pct(lat, (size_t)iters, 0.99);
-        double b50 = pct(blat, (size_t)iters, 0.5);
+        double q50 = bu_median(lat, (int)iters), q99 = bu_pct(lat, (size_t)iters, 0.99);
+        double b50 = bu_median(blat, (int)iters);
         char label[64];
         snprintf(label, sizeof(label), "QueryPrefetch %llu hash%s", (unsigned long long)qn[qi],
                  qn[qi] > 1 ? "es" : "");

@@ -38,6 +38,7 @@
 #include "pf/meta.h"
 #include "pf/rpc.h"
 #include "pf/util.h"
+#include "benchutil.h"
 #include "pfredis.h"
 
 extern char **environ;
@@ -108,21 +109,6 @@ static void node_uuid(long i, char out[PF_UUID_STR_LEN])
 static double secs_since(uint64_t t0)
 {
     return (double)(pf_now_ns() - t0) / 1e9;
-}
-
-static long rss_kb(pid_t pid)
-{
-    char path[64], line[256];
-    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return -1;
-    long v = -1;
-    while (fgets(line, sizeof(line), f))
-        if (sscanf(line, "VmRSS: %ld kB", &v) == 1)
-            break;
-    fclose(f);
-    return v;
 }
 
 /* ------------------------------------------------------------------ RPC part */
@@ -256,22 +242,6 @@ struct results {
 
 #define QSLICES 4 /* query measurements alternate with their baseline: ABBA slices */
 
-static int cmpd(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static void spread(const double *v, int n, double out[3])
-{
-    double c[QSLICES];
-    memcpy(c, v, (size_t)n * sizeof(*c));
-    qsort(c, (size_t)n, sizeof(*c), cmpd);
-    out[0] = c[0];
-    out[1] = n % 2 ? c[n / 2] : (c[n / 2 - 1] + c[n / 2]) / 2;
-    out[2] = c[n - 1];
-}
-
 static int spawn_metaserver(pid_t *pid_p, int *port_p, char *logpath)
 {
     snprintf(logpath, 128, "/tmp/pf-bench-metaserver.%d.log", (int)getpid());
@@ -371,8 +341,8 @@ static int rpc_part(struct results *r)
             goto out;
     }
     pf_sleep_ms(200);
-    r->rss0_kb = rss_kb(pid);
-    long redis0 = store_url ? rss_kb(bredis.pid) : 0;
+    r->rss0_kb = bu_rss_kb(pid);
+    long redis0 = store_url ? bu_rss_kb(bredis.pid) : 0;
     pthread_t *th = calloc((size_t)nnodes, sizeof(*th));
     pthread_barrier_t start;
     pthread_barrier_init(&start, NULL, (unsigned)nnodes + 1);
@@ -394,10 +364,11 @@ static int rpc_part(struct results *r)
     r->rpc_insert_s = secs_since(t0);
     r->rpc_insert_per_s = (double)total / r->rpc_insert_s;
     pf_sleep_ms(200);
-    r->rss1_kb = rss_kb(pid);
+    r->rss1_kb = bu_rss_kb(pid);
     r->rss_bytes_per_key = (double)(r->rss1_kb - r->rss0_kb) * 1024.0 / (double)nkeys;
     if (store_url)
-        r->redis_rss_bytes_per_key = (double)(rss_kb(bredis.pid) - redis0) * 1024.0 / (double)nkeys;
+        r->redis_rss_bytes_per_key =
+            (double)(bu_rss_kb(bredis.pid) - redis0) * 1024.0 / (double)nkeys;
     if (rc)
         goto out;
 
@@ -416,13 +387,13 @@ static int rpc_part(struct results *r)
         r->q_bad += bad;
         rv[k] = pv[k] > 0 ? qv[k] / pv[k] : 0;
     }
-    spread(qv, QSLICES, sp);
+    bu_spread(qv, QSLICES, sp);
     r->rpc_q_per_s = sp[1];
-    spread(hv, QSLICES, sp);
+    bu_spread(hv, QSLICES, sp);
     r->rpc_qh_per_s = sp[1];
-    spread(pv, QSLICES, sp);
+    bu_spread(pv, QSLICES, sp);
     r->rpc_ping_per_s = sp[1];
-    spread(rv, QSLICES, r->q_vs_empty);
+    bu_spread(rv, QSLICES, r->q_vs_empty);
 
     /* UnregisterNode of node 0: a full scan */
     char name[64], uuid[PF_UUID_STR_LEN];
@@ -460,7 +431,8 @@ struct st_thread {
     struct pf_meta_store *st;
     long id;
     uint64_t deadline;
-    long n;
+    long n;   /* registrations / queries whose answer was checked and right */
+    long bad; /* failed calls and wrong answers: never counted in n */
     pthread_barrier_t *start;
 };
 
@@ -476,8 +448,11 @@ static void *st_register(void *arg)
     pthread_barrier_wait(t->start);
     for (size_t off = 0; off < total; off += CHUNK) {
         size_t k = total - off < CHUNK ? total - off : CHUNK;
-        pf_meta_store_insert(t->st, "bench", (const struct pf_meta_hash *)(h + off), k, name, id,
-                             NULL);
+        if (pf_meta_store_insert(t->st, "bench", (const struct pf_meta_hash *)(h + off), k, name,
+                                 id, NULL) != 0) {
+            t->bad++;
+            continue;
+        }
         t->n += (long)k;
     }
     free(h);
@@ -497,9 +472,19 @@ static void *st_query(void *arg)
             h[i] = (struct pf_meta_hash){HLEN, key_at(start + i)};
         struct pf_meta_prefix *res;
         size_t nres;
-        if (pf_meta_store_query_prefix(t->st, "bench", h, (size_t)qlen, &res, &nres) == 0)
-            free(res);
-        t->n++;
+        if (pf_meta_store_query_prefix(t->st, "bench", h, (size_t)qlen, &res, &nres) != 0) {
+            t->bad++;
+            continue;
+        }
+        /* every key of a run has the same nowners owners: each holds the whole prefix */
+        bool ok = nres == (size_t)nowners;
+        for (size_t i = 0; ok && i < nres; i++)
+            ok = res[i].prefix_len == (uint64_t)qlen;
+        free(res);
+        if (ok)
+            t->n++;
+        else
+            t->bad++;
     }
     free(h);
     return NULL;
@@ -539,8 +524,13 @@ static void store_part(struct results *r)
     for (long i = 0; i < nnodes; i++) {
         pthread_join(th[i], NULL);
         total += t[i].n;
+        r->q_bad += t[i].bad;
     }
     pthread_barrier_destroy(&start);
+    if (total != nkeys * nowners) { /* each key registered by its nowners owners */
+        fprintf(stderr, "store: %ld of %ld registrations succeeded\n", total, nkeys * nowners);
+        r->q_bad += nkeys * nowners - total;
+    }
     r->st_insert_s = secs_since(t0);
     r->st_insert_per_s = (double)total / r->st_insert_s;
     struct pf_meta_store_stats ss;
@@ -558,10 +548,11 @@ static void store_part(struct results *r)
         for (long i = 0; i < nnodes; i++) {
             pthread_join(th[i], NULL);
             nq += t[i].n;
+            r->q_bad += t[i].bad;
         }
         qv[k] = (double)nq / secs_since(t0);
     }
-    spread(qv, QSLICES, r->st_q_spread);
+    bu_spread(qv, QSLICES, r->st_q_spread);
     r->st_q_per_s = r->st_q_spread[1];
     char name[64];
     uint8_t id[16] = {0};
@@ -699,42 +690,47 @@ int main(int argc, char **argv)
                rr.rss_bytes_per_key, "-");
         printf("%-44s %14ld %14s\n", "wrong query answers", rr.q_bad, "-");
     }
-    char rjson[1024] = "";
-    if (want_redis)
-        snprintf(rjson, sizeof(rjson),
-                 ",\"redis\":{\"rpc_insert_registrations_per_s\":%.0f,\"rpc_query_per_s\":%.0f,"
-                 "\"rpc_unregister_ms\":%.2f,\"redis_rss_bytes_per_key\":%.1f,"
-                 "\"metaserver_rss_bytes_per_key\":%.1f,\"store_insert_registrations_per_s\":%.0f,"
-                 "\"store_query_per_s\":%.0f,\"used_memory_bytes_per_key\":%.1f,"
-                 "\"wrong_answers\":%ld}",
-                 rr.rpc_insert_per_s, rr.rpc_q_per_s, rr.rpc_unregister_ms,
-                 rr.redis_rss_bytes_per_key, rr.rss_bytes_per_key, rr.st_insert_per_s,
-                 rr.st_q_per_s, rr.st_bytes_per_key, rr.q_bad);
-    char json[4096];
-    snprintf(json, sizeof(json),
-             "{\"bench\":\"metaserver\",\"keys\":%ld,\"nodes\":%ld,\"owners_per_key\":%ld,"
-             "\"query_len\":%ld,\"cpus\":%ld,"
-             "\"rpc\":{\"insert_registrations_per_s\":%.0f,\"insert_seconds\":%.3f,"
-             "\"query_per_s\":%.0f,\"query_hashes_per_s\":%.0f,\"empty_rtt_per_s\":%.0f,"
-             "\"unregister_ms\":%.2f,\"removed_owners\":%ld,\"rss_bytes_per_key\":%.1f,"
-             "\"rss_after_kb\":%ld,\"wrong_answers\":%ld,"
-             "\"query_vs_empty\":[%.3f,%.3f,%.3f]},"
-             "\"store\":{\"insert_registrations_per_s\":%.0f,\"query_per_s\":%.0f,"
-             "\"query_per_s_spread\":[%.0f,%.0f,%.0f],"
-             "\"unregister_ms\":%.2f,\"store_bytes_per_key\":%.1f}%s}\n",
-             nkeys, nnodes, nowners, qlen, sysconf(_SC_NPROCESSORS_ONLN), r.rpc_insert_per_s,
-             r.rpc_insert_s, r.rpc_q_per_s, r.rpc_qh_per_s, r.rpc_ping_per_s, r.rpc_unregister_ms,
-             r.removed_owners, r.rss_bytes_per_key, r.rss1_kb, r.q_bad, r.q_vs_empty[0],
-             r.q_vs_empty[1], r.q_vs_empty[2], r.st_insert_per_s, r.st_q_per_s, r.st_q_spread[0],
-             r.st_q_spread[1], r.st_q_spread[2], r.st_unregister_ms, r.st_bytes_per_key, rjson);
-    printf("\n%s", json);
-    if (json_path) {
-        FILE *f = fopen(json_path, "w");
-        if (f) {
-            fputs(json, f);
-            fclose(f);
-        }
+    cJSON *root = bu_json_obj(NULL, NULL);
+    bu_json_str(root, "bench", "metaserver");
+    bu_json_num(root, "keys", (double)nkeys);
+    bu_json_num(root, "nodes", (double)nnodes);
+    bu_json_num(root, "owners_per_key", (double)nowners);
+    bu_json_num(root, "query_len", (double)qlen);
+    bu_json_num(root, "cpus", (double)sysconf(_SC_NPROCESSORS_ONLN));
+    cJSON *rpc = bu_json_obj(root, "rpc");
+    bu_json_num(rpc, "insert_registrations_per_s", r.rpc_insert_per_s);
+    bu_json_num(rpc, "insert_seconds", r.rpc_insert_s);
+    bu_json_num(rpc, "query_per_s", r.rpc_q_per_s);
+    bu_json_num(rpc, "query_hashes_per_s", r.rpc_qh_per_s);
+    bu_json_num(rpc, "empty_rtt_per_s", r.rpc_ping_per_s);
+    bu_json_num(rpc, "unregister_ms", r.rpc_unregister_ms);
+    bu_json_num(rpc, "removed_owners", (double)r.removed_owners);
+    bu_json_num(rpc, "rss_bytes_per_key", r.rss_bytes_per_key);
+    bu_json_num(rpc, "rss_after_kb", (double)r.rss1_kb);
+    bu_json_num(rpc, "wrong_answers", (double)r.q_bad);
+    bu_json_nums(rpc, "query_vs_empty", r.q_vs_empty, 3);
+    cJSON *store = bu_json_obj(root, "store");
+    bu_json_num(store, "insert_registrations_per_s", r.st_insert_per_s);
+    bu_json_num(store, "query_per_s", r.st_q_per_s);
+    bu_json_nums(store, "query_per_s_spread", r.st_q_spread, 3);
+    bu_json_num(store, "unregister_ms", r.st_unregister_ms);
+    bu_json_num(store, "store_bytes_per_key", r.st_bytes_per_key);
+    if (want_redis) {
+        cJSON *red = bu_json_obj(root, "redis");
+        bu_json_num(red, "rpc_insert_registrations_per_s", rr.rpc_insert_per_s);
+        bu_json_num(red, "rpc_query_per_s", rr.rpc_q_per_s);
+        bu_json_num(red, "rpc_unregister_ms", rr.rpc_unregister_ms);
+        bu_json_num(red, "redis_rss_bytes_per_key", rr.redis_rss_bytes_per_key);
+        bu_json_num(red, "metaserver_rss_bytes_per_key", rr.rss_bytes_per_key);
+        bu_json_num(red, "store_insert_registrations_per_s", rr.st_insert_per_s);
+        bu_json_num(red, "store_query_per_s", rr.st_q_per_s);
+        bu_json_num(red, "used_memory_bytes_per_key", rr.st_bytes_per_key);
+        bu_json_num(red, "wrong_answers", (double)rr.q_bad);
     }
+    printf("\n");
+    if (json_path)
+        bu_json_write(cJSON_Duplicate(root, 1), json_path);
+    bu_json_write(root, NULL); /* the table is followed by the JSON, as before */
     pf_rpc_global_shutdown();
     return r.q_bad ? 1 : 0;
 }

@@ -63,6 +63,7 @@
 #include "pf/rpc.h"
 #include "pfnetns.h"
 #include "pftest.h"
+#include "benchutil.h"
 #include "rawverbs.h"
 
 #define MAX_BLOCKS 8
@@ -215,17 +216,20 @@ static void spawn(struct proc *p, const char *bin, const char *ip, const char *c
     snprintf(p->addr, sizeof(p->addr), "%s:%d", ip, p->grpc_port);
 }
 
-static double metric(struct proc *p, const char *ip, const char *name)
+/* One series of p's /metrics; absent reads as dflt. */
+static double metric_or(struct proc *p, const char *ip, const char *name, double dflt)
 {
     char *body = NULL;
     if (pft_http(ip, p->http_port, "GET", "/metrics", &body) != 200)
         die("%s /metrics failed", p->tag);
-    char key[256];
-    snprintf(key, sizeof(key), "\n%s ", name);
-    char *s = strstr(body, key);
-    double v = s ? strtod(s + strlen(key), NULL) : 0;
+    double v = bu_metric_in(body, name);
     free(body);
-    return v;
+    return v < 0 ? dflt : v;
+}
+
+static double metric(struct proc *p, const char *ip, const char *name)
+{
+    return metric_or(p, ip, name, 0);
 }
 
 /* ------------------------------------------------------------------ namespaces */
@@ -442,6 +446,49 @@ static double fetch_on_b(const char *inst, const char *req, uint64_t space, uint
     return s;
 }
 
+/* The fetched blocks themselves, not only the integrity metric: loads B's copies of blocks
+ * [h0, h0+n) of A (block i of kv_a) into kv_b, one kv_b-full at a time, and compares every
+ * byte with A's memory. Outside the timed rounds. */
+static void verify_on_b(const char *inst, uint64_t space, uint64_t h0, uint64_t n, uint64_t bs)
+{
+    uint64_t per = (16ull << 20) / bs;
+    uint8_t *hs = malloc(per * HLEN);
+    int64_t *targets = malloc(per * sizeof(*targets));
+    const char *names[] = {"ALL_LAYERS"};
+    for (uint64_t off = 0; off < n; off += per) {
+        uint64_t m = n - off < per ? n - off : per;
+        for (uint64_t i = 0; i < m; i++) {
+            hash_of(space, h0 + off + i, hs + i * HLEN);
+            targets[i] = (int64_t)i;
+        }
+        memset(pf_simkv_ptr(kv_b), 0, m * bs);
+        struct pf_query_result r;
+        if (pf_client_query(cb, inst, "verify", hs, NULL, HLEN, m, 0, 0, &r, NULL, 0, TMO))
+            die("verify query: %s", pf_last_error_message());
+        if (r.loading || r.num_hit_blocks != m || !r.lease_len)
+            die("verify: %u of %llu fetched blocks resident on B", r.num_hit_blocks,
+                (unsigned long long)m);
+        size_t gsz = 1, cnt = m;
+        struct pf_load_item it = {
+            .lease = r.lease, .lease_len = r.lease_len, .targets = targets, .group_counts = &cnt};
+        struct pf_loadstate *ls;
+        if (pf_loadstate_create(&ls))
+            die("load state");
+        if (pf_client_load(cb, inst, 0, 0, pf_loadstate_name(ls), names, &gsz, 1, &it, 1, TMO) ||
+            pf_loadstate_wait(ls, TMO) != 1)
+            die("verify load: %s", pf_last_error_message());
+        pf_loadstate_destroy(ls);
+        pf_client_release(cb, r.lease, r.lease_len, TMO);
+        const uint8_t *want = (const uint8_t *)pf_simkv_ptr(kv_a) + off * bs;
+        for (uint64_t i = 0; i < m; i++)
+            if (memcmp((const uint8_t *)pf_simkv_ptr(kv_b) + i * bs, want + i * bs, bs) != 0)
+                die("block %llu of %llu KiB fetched by B differs from A's bytes",
+                    (unsigned long long)(off + i), (unsigned long long)(bs >> 10));
+    }
+    free(hs);
+    free(targets);
+}
+
 static void cleanup_b(void)
 {
     char *body = NULL;
@@ -450,24 +497,7 @@ static void cleanup_b(void)
     free(body);
 }
 
-static int cmp_double(const void *a, const void *b);
-static double pct(const double *v, int n, double q);
 #include "p2p_miss.h"
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double pct(const double *v, int n, double q)
-{
-    double s[256];
-    memcpy(s, v, (size_t)n * sizeof(double));
-    qsort(s, (size_t)n, sizeof(double), cmp_double);
-    int i = (int)(q * (n - 1) + 0.5);
-    return s[i];
-}
 
 static int parse_opts(int argc, char **argv, struct opts *o)
 {
@@ -785,9 +815,10 @@ int main(int argc, char **argv)
                 r->raw[k] = (double)o.size / (m < best ? m : best) / 1e9;
             }
         }
-        r->p2p_med = pct(r->p2p, o.reps, 0.5);
-        r->raw_med = pct(r->raw, o.reps, 0.5);
-        r->srv_med = pct(r->srv, o.reps, 0.5);
+        verify_on_b(ib, bs, 0, n, bs); /* the last round's fetched blocks, every byte */
+        r->p2p_med = bu_median(r->p2p, o.reps);
+        r->raw_med = bu_median(r->raw, o.reps);
+        r->srv_med = bu_median(r->srv, o.reps);
         printf("%-6lluk %10.3f %10.3f %7.2f %10.3f  ", (unsigned long long)(bs >> 10), r->p2p_med,
                r->raw_med, r->p2p_med / r->raw_med, r->srv_med);
         for (int k = 0; k < o.reps; k++)
@@ -795,8 +826,8 @@ int main(int argc, char **argv)
         printf("\n");
         fflush(stdout);
     }
-    if (metric(&NB, np.ip[1], "pegaflow_integrity_failures_total{tier=\"remote\"}") != 0)
-        die("integrity failures during the benchmark");
+    if (metric_or(&NB, np.ip[1], "pegaflow_integrity_failures_total{tier=\"remote\"}", -1) != 0)
+        die("integrity failures during the benchmark (or the series is missing)");
 
     /* latency of a 16-block prefix */
     if (verbs)
@@ -809,7 +840,8 @@ int main(int argc, char **argv)
                "same veth pair, same huge-page advice, the fastest of block-size, 256 KiB and "
                "single calls; p2p = B's QueryPrefetch Loading -> Ready (discovery, lock, READs, "
                "every slot's checksum verified with --integrity on, sealed); every fetched block "
-               "counted; medians\n",
+               "counted, and after the last round loaded on B and compared byte for byte with A's; "
+               "medians\n",
                o.reps, o.qps);
     double health[50];
     for (int i = 0; i < 50; i++) {
@@ -817,7 +849,7 @@ int main(int argc, char **argv)
         pf_client_health(cb, TMO);
         health[i] = (double)(pf_now_ns() - t0) / 1e6;
     }
-    double hp50 = pct(health, 50, 0.5);
+    double hp50 = bu_median(health, 50);
     printf("\n16-block prefix fetch latency (%d runs each; Health RPC round trip p50 %.3f ms)\n",
            o.lat_reps, hp50);
     printf("%-8s %10s %10s %14s\n", "block", "p50 ms", "p99 ms", "server mean ms");
@@ -842,8 +874,8 @@ int main(int argc, char **argv)
         }
         double s1 = metric(&NB, np.ip[1], "pegaflow_rdma_fetch_duration_seconds_sum");
         double c1 = metric(&NB, np.ip[1], "pegaflow_rdma_fetch_duration_seconds_count");
-        r->lat_p50 = pct(r->lat, o.lat_reps, 0.5);
-        r->lat_p99 = pct(r->lat, o.lat_reps, 0.99);
+        r->lat_p50 = bu_median(r->lat, o.lat_reps);
+        r->lat_p99 = bu_pct(r->lat, (size_t)o.lat_reps, 0.99);
         r->lat_srv_ms = c1 > c0 ? (s1 - s0) / (c1 - c0) * 1e3 : 0;
         printf("%-6lluk %10.3f %10.3f %14.3f\n", (unsigned long long)(bs >> 10), r->lat_p50,
                r->lat_p99, r->lat_srv_ms);

@@ -57,10 +57,10 @@ static void pure_miss_bench(struct miss_result *m)
         }
     }
     m->reps = MISS_REPS;
-    m->p2p_p50_us = pct(a, MISS_REPS, 0.5);
-    m->p2p_p99_us = pct(a, MISS_REPS, 0.99);
-    m->plain_p50_us = pct(b, MISS_REPS, 0.5);
-    m->plain_p99_us = pct(b, MISS_REPS, 0.99);
+    m->p2p_p50_us = bu_median(a, MISS_REPS);
+    m->p2p_p99_us = bu_pct(a, MISS_REPS, 0.99);
+    m->plain_p50_us = bu_median(b, MISS_REPS);
+    m->plain_p99_us = bu_pct(b, MISS_REPS, 0.99);
     free(hs);
     pf_client_close(cp);
     printf("\npure miss: QueryPrefetch of %d hashes nobody holds, %d runs each, ABBA, Ready(0) "

@@ -16,13 +16,7 @@
 #include "pf/hal.h"
 #include "pf/pool.h"
 #include "rpc/wire.h"
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
+#include "benchutil.h"
 
 /* Resident blocks need an allocation: one static stand-in whose count never drops to 0. */
 static uint8_t fake_mem[64];
@@ -121,19 +115,19 @@ int main(int argc, char **argv)
             uint8_t *buf = malloc(len);
             protobuf_c_message_pack(&q.base, buf);
             /* decoded as the server does: the wire reader, hashes pointing into the buffer */
-            double t0 = now_s();
+            double t0 = bu_now();
             struct pf_wire w = {buf, buf + len};
             struct pf_wire_field f = {0};
             size_t k = 0;
             while (pf_wire_next(&w, &f) == 1)
                 if (f.number == 2 && k < qn[qi])
                     pb[k++] = (struct pf_bytes){f.data, f.len};
-            double t1 = now_s();
+            double t1 = bu_now();
             struct pf_engine_query eq = {
                 .instance_id = "q", .req_id = "r", .hashes = pb, .n = qn[qi]};
             struct pf_engine_query_result res;
             pf_engine_query(e, &eq, &res, err, sizeof(err));
-            double t2 = now_s();
+            double t2 = bu_now();
             struct pf_bytes lease = {res.lease, 16};
             pf_engine_release(e, &lease, err, sizeof(err));
             free(buf);
@@ -145,9 +139,9 @@ int main(int argc, char **argv)
             t_dec += t1 - t0;
             t_eng += t2 - t1;
             /* the RAM cache's part alone: prefix lookup of the same keys (already hashed) */
-            double t3 = now_s();
+            double t3 = bu_now();
             size_t got = pf_cache_prefix(pf_engine_cache(e), keys + first, qn[qi], hit);
-            t_cache += now_s() - t3;
+            t_cache += bu_now() - t3;
             for (size_t i = 0; i < got; i++)
                 pf_block_put(hit[i]);
         }

@@ -362,17 +362,23 @@ int main(int argc, char **argv)
            "every round memcmp's all loaded bytes\n",
            rounds, (unsigned long long)(total >> 20), (unsigned long long)(bs >> 10),
            (unsigned long long)(pool >> 20), dir);
-    FILE *js = json ? fopen(json, "w") : NULL;
-    if (js) {
-        fprintf(js,
-                "{\"bench\":\"ssd_server\",\"dir\":\"%s\",\"block_bytes\":%llu,\"bytes\":%llu,"
-                "\"rounds\":%d,\"seed\":%llu,"
-                "\"write\":{\"server_gbs\":%.3f,\"raw_gbs\":%.3f,\"ratio\":[%.3f,%.3f,%.3f]},"
-                "\"read\":{\"server_gbs\":%.3f,\"raw_gbs\":%.3f,\"ratio\":[%.3f,%.3f,%.3f]}}\n",
-                dir, (unsigned long long)bs, (unsigned long long)total, rounds,
-                (unsigned long long)seed, msw[1], mrw[1], mwr[0], mwr[1], mwr[2], msr[1], mrr[1],
-                mrd[0], mrd[1], mrd[2]);
-        fclose(js);
+    if (json) {
+        cJSON *root = bu_json_obj(NULL, NULL);
+        bu_json_str(root, "bench", "ssd_server");
+        bu_json_str(root, "dir", dir);
+        bu_json_num(root, "block_bytes", (double)bs);
+        bu_json_num(root, "bytes", (double)total);
+        bu_json_num(root, "rounds", rounds);
+        bu_json_num(root, "seed", (double)seed);
+        cJSON *w = bu_json_obj(root, "write");
+        bu_json_num(w, "server_gbs", msw[1]);
+        bu_json_num(w, "raw_gbs", mrw[1]);
+        bu_json_nums(w, "ratio", mwr, 3);
+        cJSON *rd = bu_json_obj(root, "read");
+        bu_json_num(rd, "server_gbs", msr[1]);
+        bu_json_num(rd, "raw_gbs", mrr[1]);
+        bu_json_nums(rd, "ratio", mrd, 3);
+        bu_json_write(root, json);
     }
     pf_client_close(c);
     pf_simkv_destroy(src);

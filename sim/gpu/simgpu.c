@@ -10,7 +10,11 @@
  * mapping table (device side) and the host registrations (host side) before anything is
  * queued, so a violation is -EFAULT and never a stray write. Mappings are refcounted: a
  * copy in flight keeps its mapping alive even if ipc_close runs concurrently. Consecutive
- * descriptors adjacent on both sides are copied as one (up to MERGE_MAX bytes).
+ * descriptors adjacent on both sides are copied as one (up to MERGE_MAX bytes), with
+ * non-temporal stores from PF_COPY_NT_MIN bytes on (pf_copy_bulk: the server chooses them,
+ * no GLIBC_TUNABLES needed). copy_batch_hash (D2H) copies each descriptor in L2-sized
+ * chunks and hashes every chunk from the destination right after writing it, one XXH3
+ * state per hash run (pf_copy_hash), so a save with integrity on reads its bytes once.
  * An optional per-device bandwidth cap (bytes/s) models a PCIe link shared by the
  * device's streams. */
 #include <errno.h>
@@ -27,6 +31,7 @@
 
 #define PF_LOG_MOD "simgpu"
 #include "pf/clock.h"
+#include "pf/copy.h"
 #include "pf/guard.h"
 #include "pf/hal.h"
 #include "pf/log.h"
@@ -72,6 +77,11 @@ struct simgpu {
     struct simreg *regs;
 };
 
+/* Batches of at least this many bytes are split between two copy lanes (the stream's engine
+ * thread and a helper), as a GPU runs a transfer on more than one copy engine: a single
+ * CPU thread's memcpy (and, with integrity on, its xxh3) is not the memory's limit. */
+#define LANE_MIN (512ull << 10)
+
 /* Descriptors adjacent on both sides (consecutive blocks of one layer into one allocation)
  * merge into one copy while it stays below this: a block-sized memcpy loop runs well below
  * one large memcpy (glibc uses non-temporal stores only for large calls). */
@@ -87,6 +97,8 @@ struct copy_op {
 struct batch {
     struct batch *next;
     enum pf_copy_dir dir;
+    const uint8_t *join; /* copy_batch_hash: ops[i] is descriptor i, never merged */
+    uint64_t *sums;
     size_t n;
     struct copy_op ops[];
 };
@@ -101,6 +113,23 @@ struct simstream {
     uint64_t submitted, completed;
     int first_err;
     bool stop;
+    struct pf_hash_state *hash; /* the engine thread's, for copy_batch_hash */
+    /* the second copy lane: a helper thread that runs the back half of a large batch */
+    pthread_t lane_thr;
+    bool lane_started, lane_stop; /* lane_stop: set after the engine thread ended */
+    pthread_cond_t lane_cv;       /* under mu */
+    struct lane_job *job;         /* posted by the engine thread, NULL when idle */
+    struct pf_hash_state *lane_hash;
+};
+
+/* A part of a batch's ops for one lane: ops[from, to) of b (split points at hash-run
+ * boundaries), or for a plain batch of one large op, the tail range in `part`. */
+struct lane_job {
+    struct batch *b;
+    size_t from, to;
+    struct copy_op part; /* len > 0: copy this range instead of ops[from, to) */
+    int err;
+    bool done;
 };
 
 static const struct pf_gpu_ops simgpu_ops;
@@ -311,6 +340,113 @@ static void throttle(struct simgpu *s, struct simdev *d, uint64_t len)
     }
 }
 
+struct guarded_op {
+    struct copy_op *op;
+    enum pf_copy_dir dir;
+    struct pf_hash_state *hash; /* NULL: plain copy */
+};
+
+static void run_op(void *arg)
+{
+    struct guarded_op *g = arg;
+    struct copy_op *op = g->op;
+    if (g->hash)
+        pf_copy_hash(op->host, op->dev, op->len, g->hash);
+    else if (g->dir == PF_COPY_D2H)
+        pf_copy_bulk(op->host, op->dev, op->len);
+    else
+        pf_copy_bulk(op->dev, op->host, op->len);
+}
+
+/* Copies ops[from, to) of b (or j->part) on the calling thread; the first fault ends the
+ * range with -EFAULT. Hash runs never cross a lane's range. */
+static int run_range(struct batch *b, size_t from, size_t to, const struct copy_op *part,
+                     struct pf_hash_state *hash)
+{
+    for (size_t i = from; i < to; i++) {
+        struct copy_op *op = part ? (struct copy_op *)part : &b->ops[i];
+        /* the device side is a client's shm object: a client that shrinks it must fail
+         * this batch, not kill the server (SIGBUS contained by pf_guard_call) */
+        struct guarded_op g = {op, b->dir, b->sums ? hash : NULL};
+        if (g.hash && (i == from || !b->join[i]))
+            pf_hash_reset(g.hash);
+        if (pf_guard_call(run_op, &g) != 0) {
+            pf_log_ratelimited(PF_LOG_WARN, 1000,
+                               "%s copy %zu of %zu faulted: sim GPU memory %s is no longer "
+                               "backed at offset %llu (+%llu bytes; the client shrank or "
+                               "removed it)",
+                               b->dir == PF_COPY_D2H ? "D2H" : "H2D", i, b->n, op->map->name,
+                               (unsigned long long)((char *)op->dev - (char *)op->map->host),
+                               (unsigned long long)op->len);
+            return -EFAULT;
+        }
+        if (g.hash && (i + 1 == b->n || !b->join[i + 1]))
+            b->sums[i] = pf_hash_digest(g.hash);
+    }
+    return 0;
+}
+
+static void *lane_main(void *arg)
+{
+    struct simstream *st = arg;
+    pthread_mutex_lock(&st->mu);
+    for (;;) {
+        while (!st->lane_stop && (!st->job || st->job->done))
+            pthread_cond_wait(&st->lane_cv, &st->mu);
+        if (!st->job || st->job->done)
+            break; /* lane_stop */
+        struct lane_job *j = st->job;
+        pthread_mutex_unlock(&st->mu);
+        int err = run_range(j->b, j->from, j->to, j->part.len ? &j->part : NULL, st->lane_hash);
+        pthread_mutex_lock(&st->mu);
+        j->err = err;
+        j->done = true;
+        pthread_cond_broadcast(&st->lane_cv);
+    }
+    pthread_mutex_unlock(&st->mu);
+    return NULL;
+}
+
+/* Where a batch of total bytes splits between the two lanes: *j describes the second
+ * lane's share, the first lane keeps ops[0, *mid_p) (and, for a single plain op, its head
+ * of *head_p bytes). False: too small to be worth a second thread, or no split point. */
+static bool split(struct batch *b, uint64_t total, struct lane_job *j, size_t *mid_p,
+                  uint64_t *head_p)
+{
+    if (total < LANE_MIN)
+        return false;
+    *j = (struct lane_job){.b = b};
+    if (!b->sums && b->n == 1) { /* one large (merged) plain copy: halves of it */
+        uint64_t head = (b->ops[0].len / 2 + 4095) & ~4095ull;
+        j->part = b->ops[0];
+        j->part.dev = (char *)j->part.dev + head;
+        j->part.host = (char *)j->part.host + head;
+        j->part.len -= head;
+        j->from = 0;
+        j->to = 1;
+        *mid_p = 1;
+        *head_p = head;
+        return j->part.len > 0;
+    }
+    uint64_t acc = 0;
+    size_t mid = 0;
+    for (size_t i = 0; i < b->n; i++) {
+        bool boundary = !b->sums || !b->join[i];
+        if (boundary && acc >= total / 2) {
+            mid = i;
+            break;
+        }
+        acc += b->ops[i].len;
+    }
+    if (mid == 0)
+        return false;
+    j->from = mid;
+    j->to = b->n;
+    *mid_p = mid;
+    *head_p = 0;
+    return true;
+}
+
 static void *stream_main(void *arg)
 {
     struct simstream *st = arg;
@@ -324,27 +460,32 @@ static void *stream_main(void *arg)
         struct batch *b = st->head;
         pthread_mutex_unlock(&st->mu);
         uint64_t bytes = 0;
-        int err = 0;
-        for (size_t i = 0; i < b->n; i++) {
-            struct copy_op *op = &b->ops[i];
-            /* the device side is a client's shm object: a client that shrinks it must fail
-             * this batch, not kill the server (SIGBUS contained by pf_guard_copy) */
-            int rc = err                     ? 0
-                     : b->dir == PF_COPY_D2H ? pf_guard_copy(op->host, op->dev, op->len)
-                                             : pf_guard_copy(op->dev, op->host, op->len);
-            if (rc) {
-                pf_log_ratelimited(PF_LOG_WARN, 1000,
-                                   "%s copy %zu of %zu faulted: sim GPU memory %s is no "
-                                   "longer backed at offset %llu (+%llu bytes; the client "
-                                   "shrank or removed it)",
-                                   b->dir == PF_COPY_D2H ? "D2H" : "H2D", i, b->n, op->map->name,
-                                   (unsigned long long)((char *)op->dev - (char *)op->map->host),
-                                   (unsigned long long)op->len);
-                err = -EFAULT;
-            }
-            bytes += op->len;
-            map_put(op->map);
+        for (size_t i = 0; i < b->n; i++)
+            bytes += b->ops[i].len;
+        struct lane_job job;
+        size_t mid = b->n;
+        uint64_t head = 0;
+        int err;
+        if (st->lane_started && split(b, bytes, &job, &mid, &head)) {
+            pthread_mutex_lock(&st->mu);
+            st->job = &job;
+            pthread_cond_broadcast(&st->lane_cv);
+            pthread_mutex_unlock(&st->mu);
+            struct copy_op first = b->ops[0];
+            first.len = head;
+            err = run_range(b, 0, mid, head ? &first : NULL, st->hash);
+            pthread_mutex_lock(&st->mu);
+            while (!job.done)
+                pthread_cond_wait(&st->lane_cv, &st->mu);
+            st->job = NULL;
+            pthread_mutex_unlock(&st->mu);
+            if (!err)
+                err = job.err;
+        } else {
+            err = run_range(b, 0, b->n, NULL, st->hash);
         }
+        for (size_t i = 0; i < b->n; i++)
+            map_put(b->ops[i].map);
         throttle(st->g, dev, bytes);
         pthread_mutex_lock(&st->mu);
         if (err && !st->first_err)
@@ -360,6 +501,21 @@ static void *stream_main(void *arg)
     return NULL;
 }
 
+/* Ends the lane thread (the engine thread is gone or never started) and frees its state. */
+static void lane_stop(struct simstream *st)
+{
+    if (st->lane_started) {
+        pthread_mutex_lock(&st->mu);
+        st->lane_stop = true;
+        pthread_cond_broadcast(&st->lane_cv);
+        pthread_mutex_unlock(&st->mu);
+        pthread_join(st->lane_thr, NULL);
+        st->lane_started = false;
+    }
+    pf_hash_state_free(st->lane_hash);
+    st->lane_hash = NULL;
+}
+
 static int s_stream_create(struct pf_gpu *g, int dev, struct pf_gpu_stream **s_p)
 {
     struct simgpu *s = sg(g);
@@ -371,21 +527,38 @@ static int s_stream_create(struct pf_gpu *g, int dev, struct pf_gpu_stream **s_p
     st->base.gpu = g;
     st->base.device = dev;
     st->g = s;
+    st->hash = pf_hash_state_new();
+    if (!st->hash) {
+        free(st);
+        return -ENOMEM;
+    }
     pthread_mutex_init(&st->mu, NULL);
     int rc = pf_cond_init(&st->cv);
     if (rc)
         goto err_free;
+    rc = pf_cond_init(&st->lane_cv);
+    if (rc)
+        goto err_cond;
     char name[16];
+    /* the second lane is an optimisation: without its thread the stream copies alone */
+    st->lane_hash = pf_hash_state_new();
+    snprintf(name, sizeof(name), "simgpu%d-b", s->devs[dev].index);
+    st->lane_started = st->lane_hash &&
+                       pf_thread_start(&st->lane_thr, name, s->devs[dev].numa, lane_main, st) == 0;
     snprintf(name, sizeof(name), "simgpu%d", s->devs[dev].index);
     rc = pf_thread_start(&st->thr, name, s->devs[dev].numa, stream_main, st);
     if (rc)
-        goto err_cond;
+        goto err_lane;
     *s_p = &st->base;
     return 0;
+err_lane:
+    lane_stop(st);
+    pthread_cond_destroy(&st->lane_cv);
 err_cond:
     pthread_cond_destroy(&st->cv);
 err_free:
     pthread_mutex_destroy(&st->mu);
+    pf_hash_state_free(st->hash);
     free(st);
     return rc;
 }
@@ -398,15 +571,36 @@ static void s_stream_destroy(struct pf_gpu_stream *sp)
     pthread_cond_broadcast(&st->cv);
     pthread_mutex_unlock(&st->mu);
     pthread_join(st->thr, NULL); /* drains queued batches first */
+    lane_stop(st);
+    pthread_cond_destroy(&st->lane_cv);
     pthread_cond_destroy(&st->cv);
     pthread_mutex_destroy(&st->mu);
+    pf_hash_state_free(st->hash);
     free(st);
 }
+
+static int enqueue(struct simstream *st, enum pf_copy_dir dir, const struct pf_copy_desc *d,
+                   size_t n, const uint8_t *join, uint64_t *sums);
 
 static int s_copy(struct pf_gpu_stream *sp, enum pf_copy_dir dir, enum pf_copy_mode mode,
                   const struct pf_copy_desc *d, size_t n)
 {
-    struct simstream *st = pf_container_of(sp, struct simstream, base);
+    return enqueue(pf_container_of(sp, struct simstream, base), dir, d, n, NULL, NULL);
+}
+
+static int s_copy_hash(struct pf_gpu_stream *sp, enum pf_copy_dir dir, enum pf_copy_mode mode,
+                       const struct pf_copy_desc *d, size_t n, const uint8_t *join, uint64_t *sums)
+{
+    if (dir != PF_COPY_D2H || (n && (!join || !sums)))
+        return -EINVAL;
+    return enqueue(pf_container_of(sp, struct simstream, base), dir, d, n, join, sums);
+}
+
+/* Validates every descriptor, then queues one batch (sums != NULL: hashed, unmerged). */
+static int enqueue(struct simstream *st, enum pf_copy_dir dir, const struct pf_copy_desc *d,
+                   size_t n, const uint8_t *join, uint64_t *sums)
+{
+    struct pf_gpu_stream *sp = &st->base;
     struct simgpu *s = st->g;
     if (dir != PF_COPY_D2H && dir != PF_COPY_H2D)
         return -EINVAL;
@@ -417,6 +611,8 @@ static int s_copy(struct pf_gpu_stream *sp, enum pf_copy_dir dir, enum pf_copy_m
         return -ENOMEM;
     b->next = NULL;
     b->dir = dir;
+    b->join = join;
+    b->sums = sums;
     b->n = 0;
     int rc = 0;
     pthread_rwlock_rdlock(&s->lock);
@@ -442,7 +638,7 @@ static int s_copy(struct pf_gpu_stream *sp, enum pf_copy_dir dir, enum pf_copy_m
         }
         char *dev = (char *)m->host + off;
         struct copy_op *prev = b->n ? &b->ops[b->n - 1] : NULL;
-        if (prev && prev->map == m && (char *)prev->dev + prev->len == dev &&
+        if (prev && !sums && prev->map == m && (char *)prev->dev + prev->len == dev &&
             (char *)prev->host + prev->len == (char *)d[i].host && prev->len <= MERGE_MAX) {
             prev->len += d[i].len; /* adjacent on both sides: one larger copy */
             continue;
@@ -554,6 +750,7 @@ static const struct pf_gpu_ops simgpu_ops = {
     .copy_batch = s_copy,
     .stream_sync = s_sync,
     .close = s_close,
+    .copy_batch_hash = s_copy_hash,
 };
 
 static const struct pf_gpu_backend simgpu_backend = {

@@ -78,3 +78,19 @@ int pf_guard_copy(void *dst, const void *src, size_t len)
     guard_jmp = NULL;
     return faulted ? -EFAULT : 0;
 }
+
+int pf_guard_call(void (*fn)(void *arg), void *arg)
+{
+    sigjmp_buf jb;
+    volatile int faulted = 0;
+    if (sigsetjmp(jb, 0) != 0) {
+        faulted = 1;
+    } else {
+        guard_jmp = &jb;
+        atomic_signal_fence(memory_order_seq_cst);
+        fn(arg);
+        atomic_signal_fence(memory_order_seq_cst);
+    }
+    guard_jmp = NULL;
+    return faulted ? -EFAULT : 0;
+}

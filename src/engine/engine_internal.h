@@ -76,6 +76,15 @@ struct pf_xfer {
      * stops the batch there (result -ECANCELED, every submitted copy completed first) */
     bool (*cancel_fn)(struct pf_xfer *x);
     void *ctx;
+    /* D2H with integrity on: when hsums is set the copy thread asks the backend for the
+     * fused copy + xxh3 (pf_gpu_copy_batch_hash, hash runs as hjoin says; both malloc'ed
+     * by the submitter). hashed tells, once done, whether
+     * hsums holds the checksums; false when the backend has no fused copy (then the copy
+     * ran as a plain copy_batch and the submitter hashes the host bytes itself). pf_xfer_put
+     * frees hjoin and hsums. */
+    const uint8_t *hjoin;
+    uint64_t *hsums;
+    bool hashed;
 };
 
 /* copies per submission when a batch can be cancelled (cancel_fn) */
@@ -90,6 +99,9 @@ int pf_gpu_worker_create(struct pf_gpu *gpu, int hal_dev, int numa, int32_t devi
                          struct pf_gpu_worker **w_p);
 /* Finishes queued work, joins the threads. Accepts NULL. */
 void pf_gpu_worker_destroy(struct pf_gpu_worker *w);
+/* Whether w's backend may offer the fused copy + hash: true until a copy_batch_hash on its
+ * device answered -EOPNOTSUPP. */
+bool pf_gpu_worker_can_hash(const struct pf_gpu_worker *w);
 /* Queues x on the save (D2H) or load (H2D) thread; takes a reference. */
 int pf_gpu_worker_submit(struct pf_gpu_worker *w, struct pf_xfer *x);
 

@@ -46,7 +46,8 @@ struct gpu_dev {
     struct pf_gpu *gpu;
     int hal_dev;
     int numa;
-    int32_t device_id; /* the first lane's, for logs */
+    int32_t device_id;    /* the first lane's, for logs */
+    _Atomic bool no_hash; /* the backend answered copy_batch_hash with -EOPNOTSUPP */
     struct copy_thread save, load;
 };
 
@@ -92,6 +93,8 @@ void pf_xfer_put(struct pf_xfer *x)
         x->free_fn(x);
     pthread_mutex_destroy(&x->mu);
     pthread_cond_destroy(&x->cv);
+    free((void *)x->hjoin);
+    free(x->hsums);
     free(x->descs);
     free(x);
 }
@@ -111,11 +114,21 @@ int pf_xfer_wait(struct pf_xfer *x, uint64_t timeout_ms)
     return rc;
 }
 
-/* Submits descs[0..n) and waits for them (bounded by PF_XFER_MAX_MS). */
-static int run_chunk(struct pf_gpu_stream *s, struct pf_xfer *x, struct pf_copy_desc *descs,
-                     size_t n)
+/* Submits descs[0..n) and waits for them (bounded by PF_XFER_MAX_MS). The whole batch of
+ * a transfer with hsums goes through the backend's fused copy + hash when it has one. */
+static int run_chunk(struct gpu_dev *d, struct pf_gpu_stream *s, struct pf_xfer *x,
+                     struct pf_copy_desc *descs, size_t n)
 {
-    int rc = pf_gpu_copy_batch(s, x->dir, x->mode, descs, n);
+    int rc = -EOPNOTSUPP;
+    if (x->hsums && descs == x->descs && n == x->n &&
+        !atomic_load_explicit(&d->no_hash, memory_order_relaxed)) {
+        rc = pf_gpu_copy_batch_hash(s, x->dir, x->mode, descs, n, x->hjoin, x->hsums);
+        if (rc == -EOPNOTSUPP)
+            atomic_store_explicit(&d->no_hash, true, memory_order_relaxed);
+        x->hashed = rc == 0;
+    }
+    if (rc == -EOPNOTSUPP)
+        rc = pf_gpu_copy_batch(s, x->dir, x->mode, descs, n);
     /* even after a submission error part of the batch may be queued: always sync */
     uint64_t waited = 0;
     int src;
@@ -134,17 +147,18 @@ static int run_chunk(struct pf_gpu_stream *s, struct pf_xfer *x, struct pf_copy_
 /* A cancellable batch (cancel_fn) goes in chunks of PF_XFER_CHUNK copies, each synchronised
  * before the next is asked for: once cancel_fn said yes nothing more is submitted, and
  * everything submitted has completed when the batch returns. */
-static int run_batch(struct pf_gpu_stream *s, struct pf_xfer *x)
+static int run_batch(struct gpu_dev *d, struct pf_gpu_stream *s, struct pf_xfer *x)
 {
+    x->hashed = false;
     if (x->n == 0)
         return 0;
     if (!x->cancel_fn)
-        return run_chunk(s, x, x->descs, x->n);
+        return run_chunk(d, s, x, x->descs, x->n);
     for (size_t i = 0; i < x->n; i += PF_XFER_CHUNK) {
         if (x->cancel_fn(x))
             return -ECANCELED;
         size_t n = x->n - i < PF_XFER_CHUNK ? x->n - i : PF_XFER_CHUNK;
-        int rc = run_chunk(s, x, x->descs + i, n);
+        int rc = run_chunk(d, s, x, x->descs + i, n);
         if (rc)
             return rc;
     }
@@ -175,7 +189,7 @@ static void *copy_main(void *arg)
         struct pf_xfer *x = li->x;
         struct pf_gpu_worker *lane = li->lane;
         free(li);
-        int rc = s ? run_batch(s, x) : srs;
+        int rc = s ? run_batch(d, s, x) : srs;
         if (rc && rc != -ETIMEDOUT && rc != -ECANCELED)
             pf_warn("GPU %d: %s batch of %zu copies failed: %s", d->device_id,
                     x->dir == PF_COPY_D2H ? "D2H" : "H2D", x->n, strerror(-rc));
@@ -356,4 +370,9 @@ int pf_gpu_worker_submit(struct pf_gpu_worker *w, struct pf_xfer *x)
         pthread_mutex_unlock(&w->mu);
     }
     return rc;
+}
+
+bool pf_gpu_worker_can_hash(const struct pf_gpu_worker *w)
+{
+    return !atomic_load_explicit(&w->d->no_hash, memory_order_relaxed);
 }

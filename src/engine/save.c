@@ -46,6 +46,49 @@ static void checksum_items(struct pf_insert_batch *b, size_t from, size_t to)
     }
 }
 
+/* Integrity on, layer-first: one batch copied and hashed in one pass by the backend (item
+ * i's nseg descriptors form one hash run: k then v, as pf_slot_compute_checksum hashes
+ * them). Returns 0 with every item's checksum written (hashed here when the backend has
+ * no fused copy: then the copy ran as a plain copy_batch), or the first error. join and sums
+ * belong to x from here on (pf_xfer_put frees them: a copy that outlives a timed-out wait
+ * may still write sums). */
+static int save_copy_hashed(struct pf_engine *e, struct pf_worker *w, struct pf_xfer *x,
+                            struct pf_insert_batch *b, bool *queued_p)
+{
+    *queued_p = false;
+    uint8_t *join = malloc(x->n ? x->n : 1);
+    uint64_t *sums = malloc((x->n ? x->n : 1) * sizeof(*sums));
+    if (!join || !sums) {
+        free(join);
+        free(sums);
+        return -ENOMEM;
+    }
+    size_t d = 0;
+    for (size_t i = 0; i < b->n; i++)
+        for (uint8_t g = 0; g < b->items[i].s.nseg; g++)
+            join[d++] = g != 0;
+    x->hjoin = join;
+    x->hsums = sums;
+    int rc = pf_gpu_worker_submit(w->gw, x);
+    if (rc)
+        return rc;
+    *queued_p = true;
+    rc = pf_xfer_wait(x, e->cfg.copy_timeout_ms);
+    if (rc)
+        return rc;
+    if (!x->hashed) {
+        checksum_items(b, 0, b->n);
+        return 0;
+    }
+    d = 0;
+    for (size_t i = 0; i < b->n; i++) {
+        d += b->items[i].s.nseg;
+        b->items[i].s.checksum = sums[d - 1];
+        b->items[i].s.has_checksum = 1;
+    }
+    return 0;
+}
+
 /* Runs x's copies on the device's save thread and waits; with integrity on, also writes each
  * item's checksum (pipelined by chunk). Each chunk holds a reference to x, so x's
  * allocations outlive every chunk, also one that never completes. *queued_p is false when
@@ -60,6 +103,8 @@ static int save_copy(struct pf_engine *e, struct pf_worker *w, struct pf_xfer *x
     size_t per_item = 0;
     for (size_t i = 0; i < b->n; i++)
         per_item += b->items[i].s.nseg;
+    if (e->cfg.integrity && per_item == x->n && pf_gpu_worker_can_hash(w->gw))
+        return save_copy_hashed(e, w, x, b, queued_p);
     if (!e->cfg.integrity || x->bytes <= e->cfg.save_chunk_bytes || per_item != x->n) {
         rc = pf_gpu_worker_submit(w->gw, x);
         if (rc) {

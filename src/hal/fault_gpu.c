@@ -270,6 +270,15 @@ static int f_copy(struct pf_gpu_stream *sp, enum pf_copy_dir dir, enum pf_copy_m
     return rc;
 }
 
+/* The decorator injects its faults on copy_batch only, so it offers no fused copy+hash:
+ * the engine falls back to copy_batch and hashes the host bytes itself, and every gpu.d2h
+ * fault (drop, corrupt after the copy, error) applies exactly as without the extension. */
+static int f_copy_hash(struct pf_gpu_stream *sp, enum pf_copy_dir dir, enum pf_copy_mode mode,
+                       const struct pf_copy_desc *d, size_t n, const uint8_t *join, uint64_t *sums)
+{
+    return -EOPNOTSUPP;
+}
+
 static int f_sync(struct pf_gpu_stream *sp, uint64_t timeout_ms)
 {
     struct fstream *s = pf_container_of(sp, struct fstream, base);
@@ -332,6 +341,7 @@ static const struct pf_gpu_ops fgpu_ops = {
     .stream_sync = f_sync,
     .health = f_health,
     .close = f_close,
+    .copy_batch_hash = f_copy_hash,
 };
 
 int pf_fault_gpu_wrap(struct pf_gpu *inner, struct pf_fault_plan *plan, struct pf_gpu **g_p)

@@ -50,6 +50,11 @@ static int gs_copy(struct pf_gpu_stream *s, enum pf_copy_dir d, enum pf_copy_mod
 {
     return -EOPNOTSUPP;
 }
+static int gs_copy_hash(struct pf_gpu_stream *s, enum pf_copy_dir d, enum pf_copy_mode m,
+                        const struct pf_copy_desc *c, size_t n, const uint8_t *j, uint64_t *h)
+{
+    return -EOPNOTSUPP;
+}
 static int gs_sync(struct pf_gpu_stream *s, uint64_t t)
 {
     return -EOPNOTSUPP;
@@ -154,6 +159,7 @@ static void fill_gpu(struct pf_gpu_ops *d, const struct pf_gpu_ops *s)
     FILL(d, s, stream_sync, gs_sync);
     FILL(d, s, health, gs_health);
     FILL(d, s, close, gs_close);
+    FILL(d, s, copy_batch_hash, gs_copy_hash);
 }
 
 static void fill_net(struct pf_net_ops *d, const struct pf_net_ops *s)

@@ -99,3 +99,27 @@ def test_merge_of_several_runs(tmp_path):
     assert row["ratio"] == [0.5, 0.7, 0.9] and row["runs"] == 3
     assert row["met"] is False and row["figure"] == "0.7"
     assert "3 runs merged" in (out / "report.md").read_text()
+
+
+def test_even_merge_is_a_true_median_and_nothing_fixed(tmp_path):
+    """--merge of an even number of runs: the median is the mean of the two middle runs'
+    medians; report.md lists only rows this run measured (no fixed before/after list)."""
+    docs = []
+    for i, med in enumerate([0.5, 0.9, 0.7, 0.6]):
+        doc = {"meta": {"date": "d", "host": "h", "cpus": 2, "quick": True},
+               "rows": [{"bench": "ssd", "path": "p", "figure": f"{med}", "baseline": "b",
+                         "ratio": [med - 0.1, med, med + 0.1], "target": 0.66, "better": "ge",
+                         "met": med >= 0.66, "note": ""}],
+               "errors": {}}
+        path = tmp_path / f"r{i}.json"
+        path.write_text(json.dumps(doc))
+        docs.append(str(path))
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, os.path.join(TOP, "bench", "report.py"), "--out", str(out),
+                        "--merge", *docs], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    row = json.loads((out / "report.json").read_text())["rows"][0]
+    assert row["ratio"][0] == 0.5 and row["ratio"][2] == 0.9
+    assert abs(row["ratio"][1] - 0.65) < 1e-9 and row["met"] is False  # (0.6 + 0.7) / 2
+    md = (out / "report.md").read_text()
+    assert "Which change moved" not in md and "->" not in md

@@ -90,6 +90,29 @@ class PegaKVEvents(KVConnectorKVEvents if KVConnectorKVEvents is not None else _
         return f"PegaKVEvents({len(self._records)} saved-block reports)"
 
 
+def _event_fields(cls) -> frozenset | None:
+    """The keyword fields an event class takes (msgspec ``__struct_fields__`` or dataclass
+    fields; None: unknown, pass everything), computed once per class: take_events runs
+    every scheduler step and must not introspect a class per block."""
+    got = _FIELDS.get(cls, _MISSING)
+    if got is _MISSING:
+        fields = getattr(cls, "__struct_fields__", None)
+        if fields is None:
+            import dataclasses
+
+            fields = ([f.name for f in dataclasses.fields(cls)]
+                      if dataclasses.is_dataclass(cls) else None)
+        got = _FIELDS[cls] = frozenset(fields) if fields is not None else None
+    return got
+
+
+_FIELDS: dict = {}
+_MISSING = object()
+_STORED_KEYS = frozenset(("block_hashes", "parent_block_hash", "token_ids", "block_size",
+                          "lora_id", "medium", "lora_name", "ownership"))
+_REMOVED_KEYS = frozenset(("block_hashes", "medium", "ownership"))
+
+
 def _router_events(records) -> list:
     """Plain records (events.py) -> vLLM's BlockStored / BlockRemoved, medium CPU, the
     hashes converted as vLLM converts its own (bytes, or int64 with
@@ -103,27 +126,37 @@ def _router_events(records) -> list:
     except ImportError:
         conv = lambda h: h  # noqa: E731
     medium = getattr(ke, "MEDIUM_CPU", "CPU")
+    # vLLM decides the hash form once per call of its own (an environment setting read on
+    # every call): ask once per batch; bytes returned unchanged -> no per-hash call at all
+    probe = b"\x00" * 32
+    if conv(probe) is probe:
+        conv = None
+    stored_cls, removed_cls = ke.BlockStored, ke.BlockRemoved
+    sf, rf = _event_fields(stored_cls), _event_fields(removed_cls)
 
-    def make(cls, **kw):
-        fields = getattr(cls, "__struct_fields__", None)
-        if fields is None:
-            import dataclasses
+    # a class that takes every field needs no filtering per event
+    if sf is not None and sf >= _STORED_KEYS:
+        sf = None
+    if rf is not None and rf >= _REMOVED_KEYS:
+        rf = None
 
-            fields = [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(
-                cls) else list(kw)
-        return cls(**{k: v for k, v in kw.items() if k in fields})
+    def keep(kw: dict, fields) -> dict:
+        return kw if fields is None else {k: v for k, v in kw.items() if k in fields}
 
     out = []
     for r in records:
         if r[0] == "stored":
             _, h, parent, tokens, bs, lora_id, lora_name = r
-            out.append(make(ke.BlockStored, block_hashes=[conv(h)],
-                            parent_block_hash=conv(parent) if parent is not None else None,
-                            token_ids=list(tokens), block_size=bs, lora_id=lora_id,
-                            medium=medium, lora_name=lora_name, ownership="pegaflow"))
+            out.append(stored_cls(**keep(dict(
+                block_hashes=[conv(h) if conv else h],
+                parent_block_hash=(conv(parent) if conv else parent) if parent is not None
+                else None,
+                token_ids=list(tokens), block_size=bs, lora_id=lora_id, medium=medium,
+                lora_name=lora_name, ownership="pegaflow"), sf)))
         elif r[0] == "removed":
-            out.append(make(ke.BlockRemoved, block_hashes=[conv(r[1])], medium=medium,
-                            ownership="pegaflow"))
+            out.append(removed_cls(**keep(dict(block_hashes=[conv(r[1]) if conv else r[1]],
+                                               medium=medium,
+                                               ownership="pegaflow"), rf)))
     return out
 
 

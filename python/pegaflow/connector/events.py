@@ -103,8 +103,13 @@ class EventTracker:
         if h not in self._announced:
             self._announce(bytes(h), meta)
 
+    def announced(self, h: bytes) -> bool:
+        return h in self._announced
+
     def answered(self, hashes: Sequence[bytes], num_hit: int) -> None:
         """A Ready answer: announced blocks from the first miss on are gone."""
+        if not self._announced:  # nothing announced yet: no per-block work on the hot path
+            return
         for h in hashes[max(0, num_hit):]:
             h = bytes(h)
             if self._announced.pop(h, None) is not None:

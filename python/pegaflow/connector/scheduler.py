@@ -423,9 +423,10 @@ class SchedulerConnector:
             if intent.lease is not None and probe is not None:
                 vbs = self.ctx.virtual_block_size
                 n0 = cdiv(num_external_tokens, vbs)
+                ev = self.events
                 for j in range(n0):
-                    self.events.hit(probe.hashes[j],
-                                    EventTracker.describe(request, start + j, vbs))
+                    if not ev.announced(probe.hashes[j]):  # describe only what is new
+                        ev.hit(probe.hashes[j], EventTracker.describe(request, start + j, vbs))
                 tier = "prefetched" if probe.prefetched else "ram"
                 self.recorder.add(f"hit_tokens_{tier}", num_external_tokens)
                 self.recorder.add("miss_tokens", max(0, len(probe.hashes) * vbs

@@ -531,6 +531,11 @@ class WorkerConnector:
         for it in plan.saves.values():
             for g, (bids, hs) in it.by_group().items():
                 ids, hashes, seen = per.setdefault(g, ([], [], set()))
+                if 0 not in bids and seen.isdisjoint(hs) and len(set(hs)) == len(hs):
+                    ids.extend(bids)  # the common case, without a Python loop per block
+                    hashes.extend(hs)
+                    seen.update(hs)
+                    continue
                 for b, h in zip(bids, hs):
                     if b == 0 or h in seen:  # null block; same block twice in one batch
                         continue
@@ -594,6 +599,11 @@ class WorkerConnector:
                 return
 
     def _merge(self, batch: list[_SaveTask]) -> dict[int, tuple[list[int], list[bytes]]]:
+        if len(batch) == 1:  # one task: wait_for_save already dropped its duplicates
+            t = batch[0]
+            out = {0: (t.block_ids, t.hashes)}
+            out.update(t.groups or {})
+            return {g: v for g, v in out.items() if v[0]}
         per: dict[int, tuple[list[int], list[bytes], set[bytes]]] = {}
         for t in batch:
             groups = {0: (t.block_ids, t.hashes)}

@@ -28,4 +28,10 @@ int pf_guard_init(void);
  * of src or dst could not be accessed (SIGBUS/SIGSEGV). */
 int pf_guard_copy(void *dst, const void *src, size_t len);
 
+/* fn(arg) with faults contained as in pf_guard_copy: 0, or -EFAULT when fn touched an
+ * inaccessible page (fn is abandoned at the fault; what it wrote so far is garbage). fn
+ * must not take locks, allocate or call another guarded function (it may be left midway).
+ * Used for the sim copy engine's bulk and fused copy+hash loops. */
+int pf_guard_call(void (*fn)(void *arg), void *arg);
+
 #endif

@@ -144,6 +144,20 @@ struct pf_gpu_ops {
      * without it are always healthy. */
     int (*health)(struct pf_gpu *g, char *why, size_t whylen);
     void (*close)(struct pf_gpu *g);
+    /* Optional (default -EOPNOTSUPP; the CUDA backend keeps it so and callers then hash the
+     * host bytes themselves): copy_batch that also computes xxh3-64 checksums of the bytes
+     * it copies, in the same pass, while they are still in the CPU's caches. D2H only
+     * (-EINVAL otherwise). Descriptors form hash runs: descriptor i starts a new run unless
+     * join[i] is non-zero, then its bytes continue the run of descriptor i-1 (join[0] is
+     * ignored). When a stream_sync after this call returned 0, sums[i] of the last
+     * descriptor of every run holds XXH3_64bits (seed 0, the value pf_checksum2 gives) of
+     * the run's bytes in descriptor order, as they were written to the host; the other
+     * entries are unspecified. join and sums must stay valid until that sync; on any
+     * error sums are unspecified. Validation and errors as copy_batch; n == 0 returns 0
+     * (a backend probe). */
+    int (*copy_batch_hash)(struct pf_gpu_stream *s, enum pf_copy_dir dir, enum pf_copy_mode mode,
+                           const struct pf_copy_desc *d, size_t n, const uint8_t *join,
+                           uint64_t *sums);
 };
 
 struct pf_gpu {
@@ -212,6 +226,12 @@ static inline int pf_gpu_copy_batch(struct pf_gpu_stream *s, enum pf_copy_dir di
 static inline int pf_gpu_stream_sync(struct pf_gpu_stream *s, uint64_t timeout_ms)
 {
     return s->gpu->ops->stream_sync(s, timeout_ms);
+}
+static inline int pf_gpu_copy_batch_hash(struct pf_gpu_stream *s, enum pf_copy_dir dir,
+                                         enum pf_copy_mode mode, const struct pf_copy_desc *d,
+                                         size_t n, const uint8_t *join, uint64_t *sums)
+{
+    return s->gpu->ops->copy_batch_hash(s, dir, mode, d, n, join, sums);
 }
 static inline int pf_gpu_health(struct pf_gpu *g, char *why, size_t whylen)
 {

@@ -1,0 +1,142 @@
+/* Bulk copies: non-temporal stores chosen by size, and the fused copy + xxh3 pass (see
+ * pf/copy.h). The project compiles for baseline x86-64; the AVX2 streaming loop is built
+ * with a target attribute and chosen at run time, SSE2 (baseline) otherwise. */
+#include <stdlib.h>
+#include <string.h>
+
+#define XXH_STATIC_LINKING_ONLY
+#include <xxh_x86dispatch.h>
+#include <xxhash.h>
+
+#include "pf/copy.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+__attribute__((target("avx2"))) static void nt_avx2(char *d, const char *s, size_t n)
+{
+    /* d is 32-byte aligned, n a multiple of 128 */
+    for (size_t i = 0; i < n; i += 128) {
+        __m256i x0 = _mm256_loadu_si256((const __m256i *)(s + i));
+        __m256i x1 = _mm256_loadu_si256((const __m256i *)(s + i + 32));
+        __m256i x2 = _mm256_loadu_si256((const __m256i *)(s + i + 64));
+        __m256i x3 = _mm256_loadu_si256((const __m256i *)(s + i + 96));
+        _mm256_stream_si256((__m256i *)(d + i), x0);
+        _mm256_stream_si256((__m256i *)(d + i + 32), x1);
+        _mm256_stream_si256((__m256i *)(d + i + 64), x2);
+        _mm256_stream_si256((__m256i *)(d + i + 96), x3);
+    }
+}
+
+static void nt_sse2(char *d, const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i += 128) {
+        for (size_t k = 0; k < 128; k += 64) {
+            __m128i x0 = _mm_loadu_si128((const __m128i *)(s + i + k));
+            __m128i x1 = _mm_loadu_si128((const __m128i *)(s + i + k + 16));
+            __m128i x2 = _mm_loadu_si128((const __m128i *)(s + i + k + 32));
+            __m128i x3 = _mm_loadu_si128((const __m128i *)(s + i + k + 48));
+            _mm_stream_si128((__m128i *)(d + i + k), x0);
+            _mm_stream_si128((__m128i *)(d + i + k + 16), x1);
+            _mm_stream_si128((__m128i *)(d + i + k + 32), x2);
+            _mm_stream_si128((__m128i *)(d + i + k + 48), x3);
+        }
+    }
+}
+
+void pf_copy_nt(void *dst, const void *src, size_t len)
+{
+    char *d = dst;
+    const char *s = src;
+    size_t head = (size_t)(-(uintptr_t)d & 31); /* bytes until d is 32-byte aligned */
+    if (head > len)
+        head = len;
+    memcpy(d, s, head);
+    d += head;
+    s += head;
+    len -= head;
+    size_t body = len & ~(size_t)127;
+    if (body) {
+        if (__builtin_cpu_supports("avx2"))
+            nt_avx2(d, s, body);
+        else
+            nt_sse2(d, s, body);
+        _mm_sfence(); /* streaming stores are weakly ordered: visible before we return */
+    }
+    memcpy(d + body, s + body, len - body);
+}
+#else
+void pf_copy_nt(void *dst, const void *src, size_t len)
+{
+    memcpy(dst, src, len);
+}
+#endif
+
+void pf_copy_bulk(void *dst, const void *src, size_t len)
+{
+    if (len >= PF_COPY_NT_MIN)
+        pf_copy_nt(dst, src, len);
+    else
+        memcpy(dst, src, len);
+}
+
+struct pf_hash_state {
+    XXH3_state_t st;
+};
+
+struct pf_hash_state *pf_hash_state_new(void)
+{
+    struct pf_hash_state *h = aligned_alloc(64, sizeof(*h));
+    if (h)
+        XXH3_64bits_reset(&h->st);
+    return h;
+}
+
+void pf_hash_state_free(struct pf_hash_state *h)
+{
+    free(h);
+}
+
+void pf_hash_reset(struct pf_hash_state *h)
+{
+    XXH3_64bits_reset(&h->st);
+}
+
+uint64_t pf_hash_digest(const struct pf_hash_state *h)
+{
+    return XXH3_64bits_digest(&h->st);
+}
+
+/* Large copies go through a small bounce buffer that stays in L1: the source chunk is read
+ * from memory once (into the bounce), then streamed to the destination with non-temporal
+ * stores and hashed, both from L1. The bytes hashed are exactly the bytes written, even if
+ * the source changes meanwhile, and the destination is never read. Small copies (below the
+ * streaming threshold) use cached stores and hash the destination while it is in L1/L2. */
+#define BOUNCE (16u << 10)
+static _Thread_local _Alignas(64) unsigned char bounce[BOUNCE];
+
+void pf_copy_hash(void *dst, const void *src, size_t len, struct pf_hash_state *h)
+{
+    char *d = dst;
+    const char *s = src;
+    if (len < PF_COPY_NT_MIN) {
+        while (len) {
+            size_t c = len < PF_COPY_HASH_CHUNK ? len : PF_COPY_HASH_CHUNK;
+            memcpy(d, s, c); /* cached stores: the chunk is hashed from L1/L2 next */
+            XXH3_64bits_update_dispatch(&h->st, d, c);
+            d += c;
+            s += c;
+            len -= c;
+        }
+        return;
+    }
+    while (len) {
+        size_t c = len < BOUNCE ? len : BOUNCE;
+        memcpy(bounce, s, c);
+        pf_copy_nt(d, bounce, c);
+        XXH3_64bits_update_dispatch(&h->st, bounce, c);
+        d += c;
+        s += c;
+        len -= c;
+    }
+}
