@@ -2,7 +2,9 @@
  * FIFO of entries (by logical start) per shard. Allocating ring space prunes, from the FIFO
  * front, every entry the new tail overtook, so the index never claims a block whose bytes
  * were overwritten. Entries carry the per-slot geometry, NUMA node and checksum needed to
- * rebuild the block. Callers hold the store lock. */
+ * rebuild the block. Every namespace keeps its live bytes (entry spans, either state) and its
+ * entries by sequence number, for the tenants' SSD quotas (ssd_index_shed). Callers hold the
+ * store lock. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
