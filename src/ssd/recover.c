@@ -650,7 +650,13 @@ static void *scan_main(void *arg)
             (unsigned long long)tot.drop[SSD_DROP_VERSION],
             (unsigned long long)tot.drop[SSD_DROP_IDENTITY],
             (unsigned long long)tot.drop[SSD_DROP_OLDER]);
+    /* quotas before the recovered blocks are announced; again after scan_done, for a hook
+     * installed in between (pf_ssd_set_quota enforces only once the scan is done) */
+    if (!atomic_load(&s->stopped))
+        ssd_quota_enforce_all(s);
     finish(s, atomic_load(&s->stopped) ? 0 : tot.blocks);
+    if (!atomic_load(&s->stopped))
+        ssd_quota_enforce_all(s);
     return NULL;
 }
 

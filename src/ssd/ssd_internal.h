@@ -368,6 +368,10 @@ bool ssd_recover_wait(struct pf_ssd *s, uint64_t timeout_ms);
 /* A sealed block of layout fp in (ns, keylen, nslots) was offered: learn it (under mu). */
 void ssd_fp_learn(struct pf_ssd *s, const struct pf_block_key *k, uint16_t nslots, uint64_t fp);
 
+/* store.c: holds every tenant's indexed records to its SSD quota (pf_ssd_quota), dropping
+ * its oldest entries; after the recovery scan and when a quota hook is installed. */
+void ssd_quota_enforce_all(struct pf_ssd *s);
+
 /* writer.c */
 void *ssd_writer_main(void *arg);
 /* prefetch.c */

@@ -15,7 +15,8 @@
  *   ssd-quota  with the SSD on: a reload gives A an SSD quota of 4 records; A's next saves
  *              drop A's own oldest SSD entries (a load after a RAM cleanup misses them)
  *              while B's SSD blocks load byte-exact; pegaflow_tenant_ssd_bytes <= quota; a
- *              record larger than the quota is not written
+ *              record larger than the quota is not written; a restart recovers the
+ *              records (dropped ones too) and holds them to the quota again
  * Usage: tenant_e2e [scenario...]. Seed: PF_TEST_SEED. */
 #include <errno.h>
 #include <signal.h>
@@ -503,14 +504,56 @@ static void sc_ssd_quota(void)
     wait_sealed(ca, A.id, h0 + 100, 1);
     wait_metric(&s, "pegaflow_tenant_ssd_refused_blocks_total", "tenant=\"A\"", 1);
     PFT_CHECK(metric_or(&s, "pegaflow_ssd_write_blocks_total", 0) == w0, "a refused block written");
+    PFT_CHECK(tmetric(&s, "pegaflow_tenant_ssd_bytes", "tenant=\"A\"") == a, "A's SSD bytes");
 
     pf_client_close(ca);
     pf_client_close(cb);
+    PFT_CHECK(pft_stop(&s, SIGTERM, 15000) == 0, "server exit code");
+    /* a restart recovers every record still on disk (A's dropped ones too): the recovered
+     * ones count and are held to the quota (now 2 records: A's newest 2 stay) */
+    snprintf(text, sizeof(text),
+             "tenant=A token=" TOK_A " namespaces=sa ssd=%.0f\n"
+             "tenant=B token=" TOK_B " namespaces=sb\n",
+             2 * rec);
+    write_text("tenants", text);
+    PFT_CHECK(pft_start(&s, "pegaflow-server", "127.0.0.1", args) == 0, "restart");
+    uint64_t dl = pft_now_ms() + TMO;
+    while (metric_or(&s, "pegaflow_ssd_recovery_state", 0) != 2) {
+        PFT_CHECK(pft_now_ms() < dl, "SSD recovery not done after %d ms", TMO);
+        usleep(10000);
+    }
+    PFT_CHECK(metric_or(&s, "pegaflow_ssd_recovered_blocks", 0) >= 3 * N, "recovered %g blocks",
+              metric_or(&s, "pegaflow_ssd_recovered_blocks", 0));
+    /* the quota hook may be installed after the scan: wait for its pass */
+    wait_metric(&s, "pegaflow_tenant_ssd_evicted_blocks_total", "tenant=\"A\"", 1);
+    PFT_CHECK(tmetric(&s, "pegaflow_tenant_ssd_bytes", "tenant=\"A\"") == 2 * rec &&
+                  tmetric(&s, "pegaflow_tenant_ssd_bytes", "tenant=\"B\"") == b8,
+              "recovered SSD bytes A %g (want %g) B %g (want %g)",
+              tmetric(&s, "pegaflow_tenant_ssd_bytes", "tenant=\"A\""), 2 * rec,
+              tmetric(&s, "pegaflow_tenant_ssd_bytes", "tenant=\"B\""), b8);
+    ca = connect_as(&s, "a.tok");
+    cb = connect_as(&s, "b.tok");
+    world_register(ca, &A2);
+    world_register(cb, &B2);
+    for (size_t i = 0; i < N + 6; i += 2) {
+        char req[64];
+        snprintf(req, sizeof(req), "a-gone-%zu", i);
+        bool loading = query_ready(ca, A2.id, req, h0 + i, 2, &res);
+        PFT_CHECK(!loading && res.num_hit_blocks == 0,
+                  "A's blocks %zu.. over the quota after recovery: loading=%d hits=%u", i, loading,
+                  res.num_hit_blocks);
+    }
+    load_from_ssd(ca, &A2, h0 + N + 6, 2, 10, "a-recovered");
+    compare(&A, 1 + N + 6, &A2, 10, 2);
+    load_from_ssd(cb, &B2, h0, N, 10, "b-recovered");
+    compare(&B, 1, &B2, 10, N);
+    pf_client_close(ca);
+    pf_client_close(cb);
+    PFT_CHECK(pft_stop(&s, SIGTERM, 15000) == 0, "server exit code");
     world_free(&A);
     world_free(&A2);
     world_free(&B);
     world_free(&B2);
-    PFT_CHECK(pft_stop(&s, SIGTERM, 15000) == 0, "server exit code");
     fprintf(stderr, "  ssd-quota: %g bytes per record, A's oldest dropped, B's byte-exact\n", rec);
 }
 
