@@ -429,6 +429,8 @@ int pf_server_main(int argc, char **argv)
         goto out;
     if (a->ssd && pf_ssd_attach(a->ssd, a->svc.engine) != 0)
         goto out;
+    if (a->ssd && a->cfg.tenancy)
+        pf_tenancy_attach_ssd(a->cfg.tenancy, a->ssd);
     if (a->cfg.metaserver_addr && pf_server_meta_hooks(a->svc.engine) != 0) {
         pf_error("--metaserver-addr: cannot hook the MetaServer client into the engine");
         goto out;

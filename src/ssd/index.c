@@ -2,7 +2,9 @@
  * FIFO of entries (by logical start) per shard. Allocating ring space prunes, from the FIFO
  * front, every entry the new tail overtook, so the index never claims a block whose bytes
  * were overwritten. Entries carry the per-slot geometry, NUMA node and checksum needed to
- * rebuild the block. Callers hold the store lock. */
+ * rebuild the block. Every namespace keeps its live bytes (entry spans, either state) and its
+ * entries by sequence number, for the tenants' SSD quotas (ssd_index_shed). Callers hold the
+ * store lock. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,10 +34,49 @@ int ssd_index_init(struct ssd_index *x, uint32_t nshards, uint64_t shard_cap, ui
     return 0;
 }
 
+/* The accounting of namespace ns, created when create (NULL on ENOMEM or when absent). */
+static struct ssd_ns *ns_get(struct ssd_index *x, uint32_t ns, bool create)
+{
+    if (ns < x->nns && x->ns[ns])
+        return x->ns[ns];
+    if (!create)
+        return NULL;
+    if (ns >= x->nns) {
+        uint32_t n = x->nns ? x->nns : 8;
+        while (n <= ns)
+            n *= 2;
+        struct ssd_ns **v = realloc(x->ns, (size_t)n * sizeof(*v));
+        if (!v)
+            return NULL;
+        memset(v + x->nns, 0, (size_t)(n - x->nns) * sizeof(*v));
+        x->ns = v;
+        x->nns = n;
+    }
+    struct ssd_ns *a = calloc(1, sizeof(*a));
+    if (!a)
+        return NULL;
+    pf_list_init(&a->fifo);
+    x->ns[ns] = a;
+    return a;
+}
+
+static void ns_link(struct ssd_ns *a, struct ssd_entry *e)
+{
+    pf_list_add_tail(&a->fifo, &e->nsfifo);
+    a->bytes += e->span;
+    a->entries++;
+}
+
 static void entry_free(struct ssd_index *x, struct ssd_entry *e)
 {
     pf_htable_remove(&x->table, &e->hnode);
     pf_list_del(&e->fifo);
+    struct ssd_ns *a = ns_get(x, e->key.ns, false);
+    if (a && pf_list_linked(&e->nsfifo)) {
+        pf_list_del(&e->nsfifo);
+        a->bytes -= e->span;
+        a->entries--;
+    }
     if (e->state == SSD_WRITING)
         x->nwriting--;
     else
@@ -53,6 +94,11 @@ void ssd_index_destroy(struct ssd_index *x)
         }
     }
     pf_htable_destroy(&x->table);
+    for (uint32_t i = 0; i < x->nns; i++)
+        free(x->ns[i]);
+    free(x->ns);
+    x->ns = NULL;
+    x->nns = 0;
     free(x->shards);
     x->shards = NULL;
     x->nshards = 0;
@@ -114,7 +160,9 @@ int ssd_index_begin(struct ssd_index *x, const struct pf_block *b, const struct 
     int rc = ssd_ring_plan(&x->shards[sh].ring, total, &start, &tail);
     if (rc)
         return rc;
-    struct ssd_entry *e = calloc(1, sizeof(*e) + (size_t)b->nslots * sizeof(e->slots[0]));
+    struct ssd_ns *a = ns_get(x, key.ns, true);
+    struct ssd_entry *e =
+        a ? calloc(1, sizeof(*e) + (size_t)b->nslots * sizeof(e->slots[0])) : NULL;
     if (!e)
         return -ENOMEM;
     uint64_t off;
@@ -131,6 +179,7 @@ int ssd_index_begin(struct ssd_index *x, const struct pf_block *b, const struct 
     e->len = len;
     e->seq = seq;
     e->fp = ssd_layout_fp(slots, b->nslots);
+    e->span = total;
     for (uint16_t i = 0; i < b->nslots; i++)
         e->slots[i] = (struct ssd_slot_meta){
             .checksum = slots[i].checksum,
@@ -142,6 +191,7 @@ int ssd_index_begin(struct ssd_index *x, const struct pf_block *b, const struct 
         };
     pf_htable_insert(&x->table, &e->hnode, pf_key_hash(&e->key));
     pf_list_add_tail(&x->shards[sh].fifo, &e->fifo);
+    ns_link(a, e);
     x->nwriting++;
     *p_p =
         (struct ssd_place){.shard = sh, .hdr_len = hdr_len, .start = start, .off = off, .len = len};
@@ -191,4 +241,90 @@ size_t ssd_index_prefix(struct ssd_index *x, const struct pf_block_key *keys, si
 bool ssd_index_intact(const struct ssd_index *x, const struct ssd_place *p)
 {
     return p->shard < x->nshards && ssd_ring_valid(&x->shards[p->shard].ring, p->start);
+}
+
+int ssd_index_insert(struct ssd_index *x, struct ssd_entry *e)
+{
+    struct ssd_ns *a = ns_get(x, e->key.ns, true);
+    if (!a)
+        return -ENOMEM;
+    pf_htable_insert(&x->table, &e->hnode, pf_key_hash(&e->key));
+    pf_list_add_tail(&x->shards[e->shard].fifo, &e->fifo);
+    ns_link(a, e);
+    x->ncommitted++;
+    return 0;
+}
+
+static int by_seq(const void *pa, const void *pb)
+{
+    const struct ssd_entry *a = *(struct ssd_entry *const *)pa, *b = *(struct ssd_entry *const *)pb;
+    return a->seq < b->seq ? -1 : a->seq > b->seq;
+}
+
+int ssd_index_ns_sort(struct ssd_index *x)
+{
+    for (uint32_t i = 0; i < x->nns; i++) {
+        struct ssd_ns *a = x->ns[i];
+        if (!a || a->entries < 2)
+            continue;
+        struct ssd_entry **v = malloc((size_t)a->entries * sizeof(*v));
+        if (!v)
+            return -ENOMEM;
+        size_t n = 0;
+        struct pf_list *pos, *tmp;
+        pf_list_for_each_safe(pos, tmp, &a->fifo)
+        {
+            v[n++] = pf_list_entry(pos, struct ssd_entry, nsfifo);
+            pf_list_del(pos);
+        }
+        qsort(v, n, sizeof(*v), by_seq);
+        for (size_t k = 0; k < n; k++)
+            pf_list_add_tail(&a->fifo, &v[k]->nsfifo);
+        free(v);
+    }
+    return 0;
+}
+
+uint64_t ssd_index_ns_bytes(const struct ssd_index *x, uint32_t ns)
+{
+    return ns < x->nns && x->ns[ns] ? x->ns[ns]->bytes : 0;
+}
+
+/* The oldest COMMITTED entry of namespace a (NULL when none). */
+static struct ssd_entry *oldest_committed(struct ssd_ns *a)
+{
+    struct pf_list *pos, *tmp;
+    pf_list_for_each_safe(pos, tmp, &a->fifo)
+    {
+        struct ssd_entry *e = pf_list_entry(pos, struct ssd_entry, nsfifo);
+        if (e->state == SSD_COMMITTED)
+            return e;
+    }
+    return NULL;
+}
+
+uint64_t ssd_index_shed(struct ssd_index *x, const uint32_t *ns, size_t nns, uint64_t goal,
+                        uint64_t *bytes_p)
+{
+    uint64_t n = 0, bytes = 0, used = 0;
+    for (size_t i = 0; i < nns; i++)
+        used += ssd_index_ns_bytes(x, ns[i]);
+    while (used > goal) {
+        struct ssd_entry *victim = NULL;
+        for (size_t i = 0; i < nns; i++) {
+            struct ssd_ns *a = ns_get(x, ns[i], false);
+            struct ssd_entry *e = a ? oldest_committed(a) : NULL;
+            if (e && (!victim || e->seq < victim->seq))
+                victim = e;
+        }
+        if (!victim)
+            break;
+        used -= victim->span;
+        bytes += victim->span;
+        n++;
+        entry_free(x, victim);
+    }
+    if (bytes_p)
+        *bytes_p = bytes;
+    return n;
 }

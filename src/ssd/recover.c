@@ -378,6 +378,7 @@ static void index_record(struct scan *c, const struct ssd_rec_hdr *h, uint64_t p
     e->len = h->payload_len;
     e->seq = h->seq;
     e->fp = h->layout_fp;
+    e->span = ssd_rec_span(h->hdr_len, h->payload_len);
     for (uint16_t i = 0; i < h->nslots; i++) {
         struct ssd_rec_slot rs;
         ssd_rec_slot_at(h, i, &rs);
@@ -398,10 +399,9 @@ static void index_record(struct scan *c, const struct ssd_rec_hdr *h, uint64_t p
         pf_metric_add(s->m.r_bytes, -(double)old->len);
         ssd_index_drop(&s->idx, old);
     }
+    if (keep && ssd_index_insert(&s->idx, e) != 0)
+        keep = false;
     if (keep) {
-        pf_htable_insert(&s->idx.table, &e->hnode, pf_key_hash(&e->key));
-        pf_list_add_tail(&s->idx.shards[c->sh].fifo, &e->fifo);
-        s->idx.ncommitted++;
         pf_metric_add(s->m.r_blocks, 1);
         pf_metric_add(s->m.r_bytes, (double)e->len);
     }
@@ -622,6 +622,12 @@ static void *scan_main(void *arg)
     }
     pf_blk_queue_destroy(q); /* waits for whatever the device still owns */
     free(ra);
+    /* the scan inserted in disk order: the per-namespace quota order is by age */
+    pthread_mutex_lock(&s->mu);
+    if (ssd_index_ns_sort(&s->idx) != 0)
+        pf_warn("SSD recovery: out of memory ordering the recovered blocks by age: SSD quota "
+                "evictions may take them in disk order");
+    pthread_mutex_unlock(&s->mu);
     if (err)
         pf_error("SSD recovery: cannot create an I/O queue: %s", strerror(-err));
     /* never reuse a sequence number of a record still on disk */
@@ -644,7 +650,13 @@ static void *scan_main(void *arg)
             (unsigned long long)tot.drop[SSD_DROP_VERSION],
             (unsigned long long)tot.drop[SSD_DROP_IDENTITY],
             (unsigned long long)tot.drop[SSD_DROP_OLDER]);
+    /* quotas before the recovered blocks are announced; again after scan_done, for a hook
+     * installed in between (pf_ssd_set_quota enforces only once the scan is done) */
+    if (!atomic_load(&s->stopped))
+        ssd_quota_enforce_all(s);
     finish(s, atomic_load(&s->stopped) ? 0 : tot.blocks);
+    if (!atomic_load(&s->stopped))
+        ssd_quota_enforce_all(s);
     return NULL;
 }
 

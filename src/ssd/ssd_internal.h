@@ -71,6 +71,7 @@ struct ssd_slot_meta {
 struct ssd_entry {
     struct pf_hnode hnode;
     struct pf_list fifo;
+    struct pf_list nsfifo; /* the namespace's entries, by sequence number */
     struct pf_block_key key;
     uint32_t shard;
     uint8_t state;
@@ -81,6 +82,7 @@ struct ssd_entry {
     uint64_t len;   /* payload bytes */
     uint64_t seq;   /* record sequence number */
     uint64_t fp;    /* layout fingerprint (ssd_layout_fp) */
+    uint64_t span;  /* ring bytes of the record (header + payload, ssd_rec_span) */
     struct ssd_slot_meta slots[];
 };
 
@@ -96,8 +98,18 @@ struct ssd_index_shard {
     struct pf_list fifo;
 };
 
+/* Live bytes of one namespace: the spans of its indexed entries (WRITING ones included:
+ * their space is reserved), and the entries oldest first. */
+struct ssd_ns {
+    uint64_t bytes;
+    uint64_t entries;
+    struct pf_list fifo;
+};
+
 struct ssd_index {
     struct pf_htable table;
+    struct ssd_ns **ns; /* by namespace id, allocated on first use */
+    uint32_t nns;
     struct ssd_index_shard *shards;
     uint32_t nshards;
     uint32_t next_shard;
@@ -124,6 +136,21 @@ int ssd_index_begin(struct ssd_index *x, const struct pf_block *b, const struct 
                     uint32_t hdr_len, uint64_t len, uint64_t seq, struct ssd_place *p_p);
 /* Removes entry e whatever its state. */
 void ssd_index_drop(struct ssd_index *x, struct ssd_entry *e);
+/* Inserts a COMMITTED entry built by the recovery scan (key, shard, start, span, seq set;
+ * the key not indexed yet) at the end of its shard's FIFO. -ENOMEM (e not inserted). */
+int ssd_index_insert(struct ssd_index *x, struct ssd_entry *e);
+/* Orders every namespace's entries by sequence number (after the recovery scan, which
+ * inserts in disk order). */
+int ssd_index_ns_sort(struct ssd_index *x);
+/* Live bytes (entry spans) of namespace ns: every entry the index holds counts, from
+ * ssd_index_begin / ssd_index_insert until it is dropped, removed, superseded or overtaken
+ * by the ring. */
+uint64_t ssd_index_ns_bytes(const struct ssd_index *x, uint32_t ns);
+/* Drops the COMMITTED entries of the namespaces ns[0..nns), oldest (lowest sequence number)
+ * first, until their live bytes are at most goal or none is left to drop (WRITING entries
+ * are never dropped). Returns the entries dropped; *bytes_p (may be NULL) their spans. */
+uint64_t ssd_index_shed(struct ssd_index *x, const uint32_t *ns, size_t nns, uint64_t goal,
+                        uint64_t *bytes_p);
 /* WRITING -> COMMITTED for the entry of key at place. 0, or -ENOENT when it is gone
  * (overtaken) or not the same write. */
 int ssd_index_commit(struct ssd_index *x, const struct pf_block_key *k, const struct ssd_place *p);
@@ -315,6 +342,9 @@ struct pf_ssd {
     struct ssd_fpset *fps; /* learned layout fingerprints (under mu) */
     size_t nfps, capfps;
 
+    pthread_mutex_t quota_mu; /* quota: held across its calls */
+    struct pf_ssd_quota quota;
+
     _Atomic bool stopped;
     _Atomic uint64_t next_io_id;
     pf_ssd_promoted_fn promoted_fn;
@@ -337,6 +367,10 @@ void ssd_recover_stop(struct pf_ssd *s);
 bool ssd_recover_wait(struct pf_ssd *s, uint64_t timeout_ms);
 /* A sealed block of layout fp in (ns, keylen, nslots) was offered: learn it (under mu). */
 void ssd_fp_learn(struct pf_ssd *s, const struct pf_block_key *k, uint16_t nslots, uint64_t fp);
+
+/* store.c: holds every tenant's indexed records to its SSD quota (pf_ssd_quota), dropping
+ * its oldest entries; after the recovery scan and when a quota hook is installed. */
+void ssd_quota_enforce_all(struct pf_ssd *s);
 
 /* writer.c */
 void *ssd_writer_main(void *arg);

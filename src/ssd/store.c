@@ -233,6 +233,7 @@ static void destroy_sync(struct pf_ssd *s)
     pthread_cond_destroy(&s->rq_cv);
     pthread_cond_destroy(&s->rdone_cv);
     pthread_mutex_destroy(&s->scan_mu);
+    pthread_mutex_destroy(&s->quota_mu);
     pthread_cond_destroy(&s->scan_cv);
 }
 
@@ -272,6 +273,7 @@ int pf_ssd_create(const struct pf_ssd_config *cfg, struct pf_ssd **s_p, char *er
     pf_cond_init(&s->rq_cv);
     pf_cond_init(&s->rdone_cv);
     pthread_mutex_init(&s->scan_mu, NULL);
+    pthread_mutex_init(&s->quota_mu, NULL);
     pf_cond_init(&s->scan_cv);
     s->budget.max = s->cfg.max_prefetch_blocks;
     atomic_init(&s->next_io_id, 1);
@@ -510,6 +512,70 @@ void pf_ssd_set_promoted(struct pf_ssd *s, pf_ssd_promoted_fn fn, void *ctx)
 {
     s->promoted_fn = fn;
     s->promoted_ctx = ctx;
+}
+
+void ssd_quota_enforce_all(struct pf_ssd *s)
+{
+    pthread_mutex_lock(&s->mu);
+    uint32_t nns = s->idx.nns;
+    pthread_mutex_unlock(&s->mu);
+    for (uint32_t ns = 0; ns < nns && !atomic_load(&s->stopped); ns++) {
+        if (pf_ssd_ns_bytes(s, ns) == 0)
+            continue;
+        uint32_t *ids = NULL;
+        size_t nids = 0;
+        char tenant[128] = "";
+        uint64_t quota = 0;
+        pthread_mutex_lock(&s->quota_mu);
+        if (s->quota.lookup)
+            quota = s->quota.lookup(s->quota.ctx, ns, &ids, &nids, tenant, sizeof(tenant));
+        pthread_mutex_unlock(&s->quota_mu);
+        if (!quota || !ids) {
+            free(ids);
+            continue;
+        }
+        uint64_t bytes = 0;
+        pthread_mutex_lock(&s->mu);
+        uint64_t n = ssd_index_shed(&s->idx, ids, nids, quota, &bytes);
+        pthread_mutex_unlock(&s->mu);
+        free(ids);
+        if (!n)
+            continue;
+        pthread_mutex_lock(&s->quota_mu);
+        if (s->quota.shed)
+            s->quota.shed(s->quota.ctx, tenant, n, bytes);
+        pthread_mutex_unlock(&s->quota_mu);
+        pf_info("SSD: tenant %s: %llu recovered block(s) (%llu bytes) over its SSD quota dropped "
+                "from the index",
+                tenant, (unsigned long long)n, (unsigned long long)bytes);
+    }
+}
+
+void pf_ssd_set_quota(struct pf_ssd *s, const struct pf_ssd_quota *q)
+{
+    pthread_mutex_lock(&s->quota_mu);
+    if (q)
+        s->quota = *q;
+    else
+        memset(&s->quota, 0, sizeof(s->quota));
+    pthread_mutex_unlock(&s->quota_mu);
+    if (!q)
+        return;
+    /* the recovered records are held to the quotas once the scan is done (by the scan when
+     * it finishes after this) */
+    pthread_mutex_lock(&s->scan_mu);
+    bool done = s->scan_done;
+    pthread_mutex_unlock(&s->scan_mu);
+    if (done)
+        ssd_quota_enforce_all(s);
+}
+
+uint64_t pf_ssd_ns_bytes(struct pf_ssd *s, uint32_t ns)
+{
+    pthread_mutex_lock(&s->mu);
+    uint64_t b = ssd_index_ns_bytes(&s->idx, ns);
+    pthread_mutex_unlock(&s->mu);
+    return b;
 }
 
 void pf_ssd_stats(struct pf_ssd *s, struct pf_ssd_stats *st)

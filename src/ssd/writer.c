@@ -122,11 +122,51 @@ static int build_header(const struct pf_block *b, const struct pf_block_key *key
     return 0;
 }
 
+/* The SSD quota of one record's tenant (pf_ssd_quota). */
+struct quota {
+    uint64_t quota; /* 0: none */
+    uint32_t *ids;
+    size_t nids;
+    char tenant[128];
+    uint64_t shed_blocks, shed_bytes;
+    bool counted;
+};
+
+static void quota_lookup(struct pf_ssd *s, uint32_t ns, struct quota *q)
+{
+    pthread_mutex_lock(&s->quota_mu);
+    if (s->quota.lookup)
+        q->quota =
+            s->quota.lookup(s->quota.ctx, ns, &q->ids, &q->nids, q->tenant, sizeof(q->tenant));
+    pthread_mutex_unlock(&s->quota_mu);
+    if (q->quota && !q->ids) {
+        q->quota = 0; /* out of memory: the namespace of this record alone */
+        q->nids = 0;
+    }
+}
+
+/* Counts (once) what the quota did for one record: shed entries, and refused bytes (0:
+ * the record is written). */
+static void quota_count(struct pf_ssd *s, struct quota *q, uint64_t blocks, uint64_t bytes,
+                        uint64_t refused)
+{
+    if (!q->quota || q->counted)
+        return;
+    q->counted = true;
+    pthread_mutex_lock(&s->quota_mu);
+    if (blocks && s->quota.shed)
+        s->quota.shed(s->quota.ctx, q->tenant, blocks, bytes);
+    if (refused && s->quota.refused)
+        s->quota.refused(s->quota.ctx, q->tenant, refused);
+    pthread_mutex_unlock(&s->quota_mu);
+}
+
 static int start_write(struct writer *w, struct pf_block *b)
 {
     struct pf_ssd *s = w->s;
     struct ssd_rec_slot *rs = NULL;
     uint8_t *hdr = NULL;
+    struct quota q = {0};
     if (!pf_block_upgrade(b)) {
         pf_block_weak_put(b); /* freed while queued */
         return W_SKIPPED;
@@ -142,6 +182,16 @@ static int start_write(struct writer *w, struct pf_block *b)
     struct ssd_rec_hdr h;
     if (build_header(b, &key, len, &h, &rs, &hdr) != 0)
         goto skip;
+    uint64_t total = ssd_rec_span(h.hdr_len, len); /* ring bytes, 4 KiB-aligned */
+    quota_lookup(s, key.ns, &q);
+    if (q.quota && total > q.quota) {
+        quota_count(s, &q, 0, 0, total);
+        pf_log_ratelimited(PF_LOG_WARN, 10000,
+                           "tenant %s: a block of %llu SSD bytes is larger than its SSD quota "
+                           "(%llu bytes): not written to SSD",
+                           q.tenant, (unsigned long long)total, (unsigned long long)q.quota);
+        goto skip;
+    }
     pthread_mutex_lock(&s->mu);
     ssd_fp_learn(s, &key, b->nslots, h.layout_fp);
     struct ssd_entry *old = ssd_index_find(&s->idx, &key);
@@ -155,7 +205,19 @@ static int start_write(struct writer *w, struct pf_block *b)
         pthread_mutex_unlock(&s->mu);
         goto skip; /* duplicates are not rewritten */
     }
-    uint64_t total = ssd_rec_span(h.hdr_len, len); /* ring bytes, 4 KiB-aligned */
+    if (q.quota) {
+        /* the tenant's own oldest blocks leave the SSD index until this record fits */
+        q.shed_blocks = ssd_index_shed(&s->idx, q.ids, q.nids, q.quota - total, &q.shed_bytes);
+        uint64_t used = 0;
+        for (size_t i = 0; i < q.nids; i++)
+            used += ssd_index_ns_bytes(&s->idx, q.ids[i]);
+        if (used + total > q.quota) {
+            /* what is left are the tenant's writes still in flight */
+            pthread_mutex_unlock(&s->mu);
+            quota_count(s, &q, q.shed_blocks, q.shed_bytes, total);
+            goto skip;
+        }
+    }
     uint32_t sh;
     uint64_t start, tail;
     int rc, ov = OV_NONE;
@@ -182,6 +244,8 @@ static int start_write(struct writer *w, struct pf_block *b)
     }
     if (ov == OV_INFLIGHT) {
         pthread_mutex_unlock(&s->mu);
+        quota_count(s, &q, q.shed_blocks, q.shed_bytes, 0);
+        free(q.ids);
         free(rs);
         free(hdr);
         pf_block_put(b); /* keep the weak reference: retried after completions */
@@ -199,6 +263,7 @@ static int start_write(struct writer *w, struct pf_block *b)
     if (rc == 0)
         rc = ssd_index_begin(&s->idx, b, rs, h.hdr_len, len, h.seq, &place);
     pthread_mutex_unlock(&s->mu);
+    quota_count(s, &q, q.shed_blocks, q.shed_bytes, 0);
     free(rs);
     rs = NULL;
     if (rc) {
@@ -206,6 +271,8 @@ static int start_write(struct writer *w, struct pf_block *b)
         pf_metric_add(s->m.w_fail, 1);
         goto skip;
     }
+    free(q.ids);
+    q.ids = NULL;
     struct wslot *sl = fifo_at(w, w->count);
     memset(sl, 0, sizeof(*sl));
     sl->b = b;
@@ -235,6 +302,8 @@ static int start_write(struct writer *w, struct pf_block *b)
         ssd_io_submit(s->wqueue, &sl->io);
     return W_STARTED;
 skip:
+    quota_count(s, &q, q.shed_blocks, q.shed_bytes, 0);
+    free(q.ids);
     free(rs);
     free(hdr);
     pf_block_put(b);

@@ -81,6 +81,24 @@ static bool rule_match(const struct pf_tenant_rule *r, const char *ns)
 }
 
 /* namespaces=a,b*,c: 0 or -EINVAL/-ENOMEM with the reason in err. */
+/* A quota value: a size above 0 (pf_parse_size) or "unlimited" (0). */
+static int parse_quota(const char *key, const char *v, size_t vl, const char *where, uint64_t *b_p,
+                       char *err, size_t errlen)
+{
+    char buf[64];
+    uint64_t b = 0;
+    if (vl == 9 && memcmp(v, "unlimited", 9) == 0) {
+        b = 0;
+    } else if (vl == 0 || vl >= sizeof(buf) ||
+               (memcpy(buf, v, vl), buf[vl] = '\0', pf_parse_size(buf, &b) != 0) || b == 0) {
+        snprintf(err, errlen, "%s: %s='%.*s' is not a size above 0 (e.g. 512mb, 4gb) or unlimited",
+                 where, key, (int)(vl > 64 ? 64 : vl), v);
+        return -EINVAL;
+    }
+    *b_p = b;
+    return 0;
+}
+
 static int parse_rules(struct pf_tenant *t, const char *v, size_t n, const char *where, char *err,
                        size_t errlen)
 {
@@ -138,7 +156,7 @@ static int parse_rules(struct pf_tenant *t, const char *v, size_t n, const char 
 static int parse_line(struct pf_tenant *t, const char *s, size_t n, const char *where, char *err,
                       size_t errlen)
 {
-    bool seen_ns = false, seen_ram = false;
+    bool seen_ns = false, seen_ram = false, seen_ssd = false;
     size_t i = 0;
     while (i < n) {
         while (i < n && (s[i] == ' ' || s[i] == '\t'))
@@ -196,31 +214,26 @@ static int parse_line(struct pf_tenant *t, const char *s, size_t n, const char *
             int rc = parse_rules(t, v, vl, where, err, errlen);
             if (rc)
                 return rc;
-        } else if (KEY("ram")) {
-            ONCE(seen_ram);
-            seen_ram = true;
-            char buf[64];
-            uint64_t b = 0;
-            if (vl == 9 && memcmp(v, "unlimited", 9) == 0) {
-                b = 0;
-            } else if (vl == 0 || vl >= sizeof(buf) ||
-                       (memcpy(buf, v, vl), buf[vl] = '\0', pf_parse_size(buf, &b) != 0) ||
-                       b == 0) {
-                snprintf(err, errlen,
-                         "%s: ram='%.*s' is not a size above 0 (e.g. 512mb, 4gb) or unlimited",
-                         where, (int)(vl > 64 ? 64 : vl), v);
-                return -EINVAL;
+        } else if (KEY("ram") || KEY("ssd")) {
+            bool ram = KEY("ram");
+            if (ram) {
+                ONCE(seen_ram);
+                seen_ram = true;
+            } else {
+                ONCE(seen_ssd);
+                seen_ssd = true;
             }
-            t->ram_quota = b;
-        } else if (KEY("ssd")) {
-            snprintf(err, errlen,
-                     "%s: ssd= quotas are not supported by this server (RAM quotas only, "
-                     "docs/security.md)",
-                     where);
-            return -EINVAL;
+            uint64_t b = 0;
+            int rc = parse_quota(ram ? "ram" : "ssd", v, vl, where, &b, err, errlen);
+            if (rc)
+                return rc;
+            if (ram)
+                t->ram_quota = b;
+            else
+                t->ssd_quota = b;
         } else {
             snprintf(err, errlen,
-                     "%s: unknown key '%.*s' (expected tenant, token, namespaces, ram)", where,
+                     "%s: unknown key '%.*s' (expected tenant, token, namespaces, ram, ssd)", where,
                      (int)(kl > 64 ? 64 : kl), f);
             return -EINVAL;
         }

@@ -7,7 +7,12 @@
  * that would take the tenant past its quota first waits (bounded) for its earlier saves to
  * be sealed, then evicts the tenant's own unreferenced blocks, oldest first
  * (pf_engine_evict_namespaces: other tenants' blocks are never touched); when that cannot
- * make room it is refused with -ENOSPC (RESOURCE_EXHAUSTED). */
+ * make room it is refused with -ENOSPC (RESOURCE_EXHAUSTED).
+ *
+ * Quota (SSD): the SSD writer asks ssd_lookup before writing a record of a tenant's
+ * namespace and drops the tenant's own oldest SSD index entries until it fits
+ * (pf_ssd_quota in pf/ssd.h); the quota is read per record, so a reload applies at the next
+ * write. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -21,6 +26,7 @@
 #include "pf/engine.h"
 #include "pf/log.h"
 #include "pf/metrics.h"
+#include "pf/ssd.h"
 #include "pf/tenant.h"
 
 #define QUOTA_FLUSH_MS 2000
@@ -40,6 +46,8 @@ struct pf_tenancy {
     size_t nb, capb;
     struct pf_engine *engine;
     struct pf_metric *m_hits, *m_evict_blocks, *m_evict_bytes, *m_refusals, *m_reloads, *m_ram;
+    struct pf_ssd *ssd;
+    struct pf_metric *m_ssd, *m_ssd_evict_blocks, *m_ssd_evict_bytes, *m_ssd_refused;
 };
 
 int pf_tenancy_create(const char *path, struct pf_tenancy **tc_p, char *err, size_t errlen)
@@ -70,6 +78,18 @@ int pf_tenancy_create(const char *path, struct pf_tenancy **tc_p, char *err, siz
                                           "tenant");
     tc->m_refusals = pf_metric_counter("pegaflow_tenant_refusals",
                                        "Worker RPCs refused by the tenant checks", "tenant,reason");
+    tc->m_ssd_evict_blocks = pf_metric_counter(
+        "pegaflow_tenant_ssd_evicted_blocks",
+        "A tenant's blocks dropped from the SSD index to keep its SSD quota", "tenant");
+    tc->m_ssd_evict_bytes = pf_metric_counter(
+        "pegaflow_tenant_ssd_evicted_bytes",
+        "SSD bytes of a tenant's blocks dropped from the SSD index to keep its SSD quota",
+        "tenant");
+    tc->m_ssd_refused = pf_metric_counter(
+        "pegaflow_tenant_ssd_refused_blocks",
+        "A tenant's blocks not written to SSD: larger than its SSD quota, or its writes in "
+        "flight already fill it",
+        "tenant");
     tc->m_reloads = pf_metric_counter("pegaflow_tenant_reloads",
                                       "Reloads of --tenants-file (SIGHUP)", "result");
     pf_info("tenants: %zu tenant(s) from %s", tc->cur->n, path);
@@ -209,6 +229,70 @@ void pf_tenancy_attach(struct pf_tenancy *tc, struct pf_engine *e)
                                    collect_ram, tc);
 }
 
+/* pf_ssd_quota.lookup: the SSD quota of the tenant owning namespace id ns. */
+static uint64_t ssd_lookup(void *ctx, uint32_t ns, uint32_t **ids_p, size_t *nids_p, char *tenant,
+                           size_t tlen)
+{
+    struct pf_tenancy *tc = ctx;
+    uint64_t quota = 0;
+    pthread_rwlock_rdlock(&tc->lk);
+    const struct pf_tenant *t = pf_tenants_by_namespace(tc->cur, pf_ns_name(ns));
+    if (t && t->ssd_quota) {
+        quota = t->ssd_quota;
+        snprintf(tenant, tlen, "%s", t->name);
+        *ids_p = tenant_ns_ids(t, nids_p);
+    }
+    pthread_rwlock_unlock(&tc->lk);
+    return quota;
+}
+
+static void ssd_shed(void *ctx, const char *tenant, uint64_t blocks, uint64_t bytes)
+{
+    struct pf_tenancy *tc = ctx;
+    pf_child_add(pf_metric_child1(tc->m_ssd_evict_blocks, tenant), (double)blocks);
+    pf_child_add(pf_metric_child1(tc->m_ssd_evict_bytes, tenant), (double)bytes);
+    pf_debug("tenant %s: dropped %llu block(s) (%llu bytes) from the SSD for its SSD quota", tenant,
+             (unsigned long long)blocks, (unsigned long long)bytes);
+}
+
+static void ssd_refused(void *ctx, const char *tenant, uint64_t bytes)
+{
+    struct pf_tenancy *tc = ctx;
+    (void)bytes;
+    pf_child_add(pf_metric_child1(tc->m_ssd_refused, tenant), 1);
+}
+
+static void collect_ssd(void *ctx, pf_metric_emit_fn emit, void *emit_ctx)
+{
+    struct pf_tenancy *tc = ctx;
+    pthread_rwlock_rdlock(&tc->lk);
+    for (size_t i = 0; tc->ssd && i < tc->cur->n; i++) {
+        size_t n = 0;
+        uint32_t *ids = tenant_ns_ids(&tc->cur->t[i], &n);
+        if (!ids)
+            continue;
+        uint64_t b = 0;
+        for (size_t k = 0; k < n; k++)
+            b += pf_ssd_ns_bytes(tc->ssd, ids[k]);
+        const char *lv[1] = {tc->cur->t[i].name};
+        emit(emit_ctx, lv, (double)b);
+        free(ids);
+    }
+    pthread_rwlock_unlock(&tc->lk);
+}
+
+void pf_tenancy_attach_ssd(struct pf_tenancy *tc, struct pf_ssd *s)
+{
+    tc->ssd = s;
+    struct pf_ssd_quota q = {
+        .lookup = ssd_lookup, .shed = ssd_shed, .refused = ssd_refused, .ctx = tc};
+    pf_ssd_set_quota(s, &q);
+    tc->m_ssd = pf_metric_gauge_fn("pegaflow_tenant_ssd_bytes",
+                                   "SSD bytes (record headers included) of a tenant's blocks the "
+                                   "SSD index holds",
+                                   "tenant", collect_ssd, tc);
+}
+
 int pf_tenancy_reload(struct pf_tenancy *tc, char *err, size_t errlen)
 {
     struct pf_tenants *n;
@@ -236,6 +320,10 @@ void pf_tenancy_destroy(struct pf_tenancy *tc)
         pf_engine_set_quota(tc->engine, NULL);
     if (tc->m_ram)
         pf_metric_gauge_fn_clear(tc->m_ram, tc);
+    if (tc->ssd)
+        pf_ssd_set_quota(tc->ssd, NULL); /* waits for a lookup in progress */
+    if (tc->m_ssd)
+        pf_metric_gauge_fn_clear(tc->m_ssd, tc);
     for (size_t i = 0; i < tc->nb; i++)
         free(tc->b[i].instance);
     free(tc->b);

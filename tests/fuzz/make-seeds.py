@@ -271,12 +271,13 @@ def ssd_seeds():
 
 def tenants_seeds():
     tok = b"0123456789abcdef0123"
-    write("tenants", "two", b"# tenants\ntenant=acme token=" + tok + b" namespaces=acme,acme-* ram=4gb\r\n"
-          b"tenant=beta token=" + tok[::-1] + b" namespaces=beta ram=unlimited\n")
+    write("tenants", "two", b"# tenants\ntenant=acme token=" + tok + b" namespaces=acme,acme-* ram=4gb ssd=64gb\r\n"
+          b"tenant=beta token=" + tok[::-1] + b" namespaces=beta ram=unlimited ssd=unlimited\n")
     write("tenants", "overlap", b"tenant=a token=" + tok + b" namespaces=a-*\n"
           b"tenant=b token=" + tok[::-1] + b" namespaces=a-b\n")
     write("tenants", "catch-all", b"tenant=all token=" + tok + b" namespaces=*\n")
     write("tenants", "bad-size", b"tenant=a token=" + tok + b" namespaces=a ram=0\n")
+    write("tenants", "bad-ssd", b"tenant=a token=" + tok + b" namespaces=a ssd=1gb ssd=0\n")
 
 
 def ssd_record_seeds():

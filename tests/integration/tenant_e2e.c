@@ -12,6 +12,11 @@
  *              resident and load byte-exact; a save larger than the quota and a save whose
  *              room is held by a lease are RESOURCE_EXHAUSTED; a bad file keeps the old set;
  *              a tenant removed by a reload is refused
+ *   ssd-quota  with the SSD on: a reload gives A an SSD quota of 4 records; A's next saves
+ *              drop A's own oldest SSD entries (a load after a RAM cleanup misses them)
+ *              while B's SSD blocks load byte-exact; pegaflow_tenant_ssd_bytes <= quota; a
+ *              record larger than the quota is not written; a restart recovers the
+ *              records (dropped ones too) and holds them to the quota again
  * Usage: tenant_e2e [scenario...]. Seed: PF_TEST_SEED. */
 #include <errno.h>
 #include <signal.h>
@@ -361,12 +366,204 @@ static void sc_quota(void)
     fprintf(stderr, "  quota: %g bytes for 8 blocks, own blocks evicted, others untouched\n", fp8);
 }
 
+/* Waits (deadline) until the SSD writer has written `blocks` blocks in all and has nothing
+ * pending or in flight. */
+static void wait_ssd_written(struct pft_proc *s, double blocks)
+{
+    uint64_t dl = pft_now_ms() + TMO;
+    for (;;) {
+        double w = metric_or(s, "pegaflow_ssd_write_blocks_total", 0);
+        if (w >= blocks && metric_or(s, "pegaflow_ssd_write_queue_pending", 0) == 0 &&
+            metric_or(s, "pegaflow_ssd_write_inflight", 0) == 0)
+            return;
+        PFT_CHECK(pft_now_ms() < dl, "SSD writer wrote %g of %g block(s) after %d ms", w, blocks,
+                  TMO);
+        usleep(5000);
+    }
+}
+
+static void cleanup_ram(struct pft_proc *s)
+{
+    char *body = NULL;
+    PFT_CHECK(pft_http(s->http_host, s->http_port, "POST", "/cache/memory/cleanup", &body) == 200,
+              "memory cleanup: %s", body ? body : "");
+    free(body);
+}
+
+/* The n blocks from h0 of instance inst load from the SSD into dst (blocks first_dst..)
+ * after a RAM cleanup: the query answers Loading, then all n hit. */
+static void load_from_ssd(struct pf_client *c, struct world *dst, uint64_t h0, size_t n,
+                          uint32_t first_dst, const char *req)
+{
+    struct pf_query_result res;
+    bool loading = query_ready(c, dst->id, req, h0, n, &res);
+    PFT_CHECK(loading && res.num_hit_blocks == n, "%s: loading=%d hits=%u of %zu", req, loading,
+              res.num_hit_blocks, n);
+    world_load_ok(c, dst, res.lease, n, first_dst);
+}
+
+/* SSD quotas: A (ssd=unlimited first) and B (no SSD quota) write 8 blocks each to the SSD;
+ * a reload gives A an SSD quota of 4 records; A's next 8 blocks drop A's own oldest SSD
+ * entries (12 of them) while B's stay. After a RAM cleanup A's dropped blocks miss, A's
+ * newest 4 and all of B's load from the SSD byte-exact; the gauge is within the quota. */
+static void sc_ssd_quota(void)
+{
+    setup_dir();
+    write_text("tenants", "tenant=A token=" TOK_A " namespaces=sa ssd=unlimited\n"
+                          "tenant=B token=" TOK_B " namespaces=sb\n");
+    char tpath[512], spath[512];
+    snprintf(tpath, sizeof(tpath), "%s/tenants", dir);
+    snprintf(spath, sizeof(spath), "%s/ssd.dat", dir);
+    const char *args[] = {"--gpu-backend",
+                          "sim",
+                          "--pool-size",
+                          "64mb",
+                          "--sim-gpus",
+                          "2",
+                          "--tenants-file",
+                          tpath,
+                          "--ssd-cache-path",
+                          spath,
+                          "--ssd-cache-capacity",
+                          "64mb",
+                          NULL};
+    struct pft_proc s;
+    if (pft_start(&s, "pegaflow-server", "127.0.0.1", args) != 0) {
+        PFT_CHECK(pft_log_contains(&s, "io_uring is not usable"), "start server with an SSD");
+        fprintf(stderr, "  SKIP ssd-quota: io_uring is not usable on this host\n");
+        return;
+    }
+    struct pf_client *ca = connect_as(&s, "a.tok"), *cb = connect_as(&s, "b.tok");
+    struct world A, A2, B, B2;
+    world_init_tagged(&A, "sa-1", "sa", 1, 2, KV_SPLIT, 32, 4096, 1, true);
+    world_init_tagged(&A2, "sa-2", "sa", 1, 2, KV_SPLIT, 32, 4096, 1, false);
+    world_init_tagged(&B, "sb-1", "sb", 1, 2, KV_SPLIT, 32, 4096, 2, true);
+    world_init_tagged(&B2, "sb-2", "sb", 1, 2, KV_SPLIT, 32, 4096, 2, false);
+    world_register(ca, &A);
+    world_register(ca, &A2);
+    world_register(cb, &B);
+    world_register(cb, &B2);
+    const uint64_t h0 = 7000;
+    world_save_ok(ca, &A, h0, 1, N);
+    wait_sealed(ca, A.id, h0, N);
+    world_save_ok(cb, &B, h0, 1, N);
+    wait_sealed(cb, B.id, h0, N);
+    wait_ssd_written(&s, 2 * N);
+    double a8 = tmetric(&s, "pegaflow_tenant_ssd_bytes", "tenant=\"A\"");
+    double b8 = tmetric(&s, "pegaflow_tenant_ssd_bytes", "tenant=\"B\"");
+    PFT_CHECK(a8 > 0 && a8 == b8, "SSD bytes A %g B %g (equal saves)", a8, b8);
+    double rec = a8 / N; /* one record: header + block */
+
+    /* A's SSD quota: 4 records, from the next write on */
+    char text[512];
+    snprintf(text, sizeof(text),
+             "tenant=A token=" TOK_A " namespaces=sa ssd=%.0f\n"
+             "tenant=B token=" TOK_B " namespaces=sb\n",
+             4 * rec);
+    write_text("tenants", text);
+    PFT_CHECK(kill(s.pid, SIGHUP) == 0, "SIGHUP");
+    wait_metric(&s, "pegaflow_tenant_reloads_total", "result=\"ok\"", 1);
+    world_save_ok(ca, &A, h0 + N, 1 + N, N);
+    wait_sealed(ca, A.id, h0 + N, N);
+    wait_ssd_written(&s, 3 * N);
+    double a = tmetric(&s, "pegaflow_tenant_ssd_bytes", "tenant=\"A\"");
+    PFT_CHECK(a <= 4 * rec && a > 0, "A's SSD bytes %g, quota %g", a, 4 * rec);
+    PFT_CHECK(tmetric(&s, "pegaflow_tenant_ssd_bytes", "tenant=\"B\"") == b8, "B's SSD bytes");
+    PFT_CHECK(tmetric(&s, "pegaflow_tenant_ssd_evicted_blocks_total", "tenant=\"A\"") == N + 4,
+              "A's SSD quota evictions %g",
+              tmetric(&s, "pegaflow_tenant_ssd_evicted_blocks_total", "tenant=\"A\""));
+    PFT_CHECK(tmetric(&s, "pegaflow_tenant_ssd_evicted_blocks_total", "tenant=\"B\"") == 0,
+              "B's SSD evictions");
+
+    /* RAM gone: what is left of A's is its newest 4; B keeps all */
+    cleanup_ram(&s);
+    struct pf_query_result res;
+    for (size_t i = 0; i < N + 4; i += 4) {
+        char req[64];
+        snprintf(req, sizeof(req), "a-dropped-%zu", i);
+        bool loading = query_ready(ca, A2.id, req, h0 + i, 4, &res);
+        PFT_CHECK(!loading && res.num_hit_blocks == 0,
+                  "A's blocks %zu.. dropped for the SSD quota answered loading=%d hits=%u", i,
+                  loading, res.num_hit_blocks);
+    }
+    load_from_ssd(ca, &A2, h0 + N + 4, 4, 1, "a-kept");
+    compare(&A, 1 + N + 4, &A2, 1, 4);
+    load_from_ssd(cb, &B2, h0, N, 1, "b-all");
+    compare(&B, 1, &B2, 1, N);
+
+    /* a record larger than the quota is not written */
+    snprintf(text, sizeof(text),
+             "tenant=A token=" TOK_A " namespaces=sa ssd=%.0f\n"
+             "tenant=B token=" TOK_B " namespaces=sb\n",
+             rec / 2);
+    write_text("tenants", text);
+    PFT_CHECK(kill(s.pid, SIGHUP) == 0, "SIGHUP");
+    wait_metric(&s, "pegaflow_tenant_reloads_total", "result=\"ok\"", 2);
+    double w0 = metric_or(&s, "pegaflow_ssd_write_blocks_total", 0);
+    world_save_ok(ca, &A, h0 + 100, 1, 1);
+    wait_sealed(ca, A.id, h0 + 100, 1);
+    wait_metric(&s, "pegaflow_tenant_ssd_refused_blocks_total", "tenant=\"A\"", 1);
+    PFT_CHECK(metric_or(&s, "pegaflow_ssd_write_blocks_total", 0) == w0, "a refused block written");
+    PFT_CHECK(tmetric(&s, "pegaflow_tenant_ssd_bytes", "tenant=\"A\"") == a, "A's SSD bytes");
+
+    pf_client_close(ca);
+    pf_client_close(cb);
+    PFT_CHECK(pft_stop(&s, SIGTERM, 15000) == 0, "server exit code");
+    /* a restart recovers every record still on disk (A's dropped ones too): the recovered
+     * ones count and are held to the quota (now 2 records: A's newest 2 stay) */
+    snprintf(text, sizeof(text),
+             "tenant=A token=" TOK_A " namespaces=sa ssd=%.0f\n"
+             "tenant=B token=" TOK_B " namespaces=sb\n",
+             2 * rec);
+    write_text("tenants", text);
+    PFT_CHECK(pft_start(&s, "pegaflow-server", "127.0.0.1", args) == 0, "restart");
+    uint64_t dl = pft_now_ms() + TMO;
+    while (metric_or(&s, "pegaflow_ssd_recovery_state", 0) != 2) {
+        PFT_CHECK(pft_now_ms() < dl, "SSD recovery not done after %d ms", TMO);
+        usleep(10000);
+    }
+    PFT_CHECK(metric_or(&s, "pegaflow_ssd_recovered_blocks", 0) >= 3 * N, "recovered %g blocks",
+              metric_or(&s, "pegaflow_ssd_recovered_blocks", 0));
+    /* the quota hook may be installed after the scan: wait for its pass */
+    wait_metric(&s, "pegaflow_tenant_ssd_evicted_blocks_total", "tenant=\"A\"", 1);
+    PFT_CHECK(tmetric(&s, "pegaflow_tenant_ssd_bytes", "tenant=\"A\"") == 2 * rec &&
+                  tmetric(&s, "pegaflow_tenant_ssd_bytes", "tenant=\"B\"") == b8,
+              "recovered SSD bytes A %g (want %g) B %g (want %g)",
+              tmetric(&s, "pegaflow_tenant_ssd_bytes", "tenant=\"A\""), 2 * rec,
+              tmetric(&s, "pegaflow_tenant_ssd_bytes", "tenant=\"B\""), b8);
+    ca = connect_as(&s, "a.tok");
+    cb = connect_as(&s, "b.tok");
+    world_register(ca, &A2);
+    world_register(cb, &B2);
+    for (size_t i = 0; i < N + 6; i += 2) {
+        char req[64];
+        snprintf(req, sizeof(req), "a-gone-%zu", i);
+        bool loading = query_ready(ca, A2.id, req, h0 + i, 2, &res);
+        PFT_CHECK(!loading && res.num_hit_blocks == 0,
+                  "A's blocks %zu.. over the quota after recovery: loading=%d hits=%u", i, loading,
+                  res.num_hit_blocks);
+    }
+    load_from_ssd(ca, &A2, h0 + N + 6, 2, 10, "a-recovered");
+    compare(&A, 1 + N + 6, &A2, 10, 2);
+    load_from_ssd(cb, &B2, h0, N, 10, "b-recovered");
+    compare(&B, 1, &B2, 10, N);
+    pf_client_close(ca);
+    pf_client_close(cb);
+    PFT_CHECK(pft_stop(&s, SIGTERM, 15000) == 0, "server exit code");
+    world_free(&A);
+    world_free(&A2);
+    world_free(&B);
+    world_free(&B2);
+    fprintf(stderr, "  ssd-quota: %g bytes per record, A's oldest dropped, B's byte-exact\n", rec);
+}
+
 int main(int argc, char **argv)
 {
     world_seed = pft_seed();
     static const struct pft_scenario sc[] = {
         {"isolation", sc_isolation},
         {"quota", sc_quota},
+        {"ssd-quota", sc_ssd_quota},
     };
     return pft_run_scenarios(sc, sizeof(sc) / sizeof(sc[0]), argv + 1, argc - 1);
 }

@@ -121,6 +121,29 @@ void pf_ssd_set_recovered(struct pf_ssd *s, pf_ssd_recovered_fn fn, void *ctx);
 int pf_ssd_for_each_key(struct pf_ssd *s, int (*fn)(void *ctx, const struct pf_block_key *k),
                         void *ctx);
 
+/* SSD byte quotas (tenants, src/tenant; docs/security.md "Tenants"). Before writing a block
+ * of namespace id ns the writer asks lookup, outside the store's locks: it returns the quota
+ * in bytes of the tenant owning ns (0: no quota; then nothing else is set) and the namespace
+ * ids the quota covers (malloc'ed into *ids_p, *nids_p entries; the caller frees) and the
+ * tenant's name (into tenant, tlen bytes). When the tenant's live bytes (pf_ssd_ns_bytes over
+ * the ids) plus the record would exceed the quota, the tenant's own oldest committed index
+ * entries are dropped until it fits (never another namespace's; counted by shed); a record
+ * that still does not fit, or is larger than the quota, is not written (refused). The
+ * callbacks run on the writer thread and must not call the store. */
+struct pf_ssd_quota {
+    uint64_t (*lookup)(void *ctx, uint32_t ns, uint32_t **ids_p, size_t *nids_p, char *tenant,
+                       size_t tlen);
+    void (*shed)(void *ctx, const char *tenant, uint64_t blocks, uint64_t bytes);
+    void (*refused)(void *ctx, const char *tenant, uint64_t bytes);
+    void *ctx;
+};
+/* Installs (q) or removes (NULL) the quota hook; any time. Returns once no call of the
+ * previous hook is running, so its context may be freed after a removal. */
+void pf_ssd_set_quota(struct pf_ssd *s, const struct pf_ssd_quota *q);
+/* Live SSD bytes of namespace id ns: the ring bytes (record header + payload) of every block
+ * the index holds for it (writes in flight included), 0 when none. */
+uint64_t pf_ssd_ns_bytes(struct pf_ssd *s, uint32_t ns);
+
 struct pf_ssd_stats {
     uint32_t shards;
     uint64_t shard_capacity;

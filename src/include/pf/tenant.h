@@ -82,6 +82,10 @@ struct pf_tenancy;
 int pf_tenancy_create(const char *path, struct pf_tenancy **tc_p, char *err, size_t errlen);
 /* Installs the engine's Save quota hook and the RAM bytes gauge (before serving). */
 void pf_tenancy_attach(struct pf_tenancy *tc, struct pf_engine *e);
+/* Installs the SSD writer's quota hook (pf_ssd_quota) and the SSD bytes gauge; s must
+ * outlive the tenancy (pf_tenancy_destroy removes the hook). */
+struct pf_ssd;
+void pf_tenancy_attach_ssd(struct pf_tenancy *tc, struct pf_ssd *s);
 /* Re-reads the file. On success the new set replaces the old one (instances keep their
  * tenant by name: a tenant removed from the file has its calls refused) and a line
  * "tenants reloaded from PATH: N tenant(s)" is logged; pegaflow_tenant_reloads_total

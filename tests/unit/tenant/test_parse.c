@@ -27,12 +27,13 @@ static int parse(const char *text, struct pf_tenants **t_p, char *err, size_t er
 static void test_good(void **st)
 {
     (void)st;
-    const char *text = "# tenants\n"
-                       "\n"
-                       "   # indented comment\n"
-                       "tenant=acme token=" TOK_A " namespaces=acme,acme-* ram=4mb\r\n"
-                       "\ttenant=beta.2  namespaces=beta token=" TOK_B " ram=unlimited\n"
-                       "tenant=c_3 token=cccccccccccccccc3 namespaces=x*"; /* no final newline */
+    const char *text =
+        "# tenants\n"
+        "\n"
+        "   # indented comment\n"
+        "tenant=acme token=" TOK_A " namespaces=acme,acme-* ram=4mb ssd=1gb\r\n"
+        "\ttenant=beta.2  namespaces=beta token=" TOK_B " ssd=unlimited ram=unlimited\n"
+        "tenant=c_3 token=cccccccccccccccc3 namespaces=x*"; /* no final newline */
     struct pf_tenants *t = NULL;
     char err[512] = "";
     assert_int_equal(parse(text, &t, err, sizeof(err)), 0);
@@ -45,6 +46,9 @@ static void test_good(void **st)
     assert_true(t->t[0].rules[1].prefix);
     assert_string_equal(t->t[0].rules[1].pat, "acme-");
     assert_int_equal(t->t[1].ram_quota, 0);
+    assert_int_equal(t->t[0].ssd_quota, 1ull << 30);
+    assert_int_equal(t->t[1].ssd_quota, 0);
+    assert_int_equal(t->t[2].ssd_quota, 0); /* absent: unlimited */
     assert_string_equal(t->t[1].name, "beta.2");
 
     assert_ptr_equal(pf_tenants_by_token(t, TOK_A, strlen(TOK_A)), &t->t[0]);
@@ -119,7 +123,13 @@ static void test_refusals(void **st)
     refuse("tenant=a token=" TOK_A " namespaces=a ram=lots\n", "T:1: ram='lots' is not a size");
     refuse("tenant=a token=" TOK_A " namespaces=a ram=0\n", "T:1: ram='0' is not a size above 0");
     refuse("tenant=a token=" TOK_A " namespaces=a ram=\n", "T:1: ram='' is not a size");
-    refuse("tenant=a token=" TOK_A " namespaces=a ssd=1gb\n", "T:1: ssd= quotas are not supported");
+    refuse("tenant=a token=" TOK_A " namespaces=a ssd=1gb ssd=2gb\n", "T:1: ssd= given twice");
+    refuse("tenant=a token=" TOK_A " namespaces=a ssd=lots\n", "T:1: ssd='lots' is not a size");
+    refuse("tenant=a token=" TOK_A " namespaces=a ssd=0\n", "T:1: ssd='0' is not a size above 0");
+    refuse("tenant=a token=" TOK_A " namespaces=a ssd=\n", "T:1: ssd='' is not a size");
+    refuse("tenant=a token=" TOK_A " namespaces=a ssd=-1gb\n", "T:1: ssd='-1gb' is not a size");
+    refuse("tenant=a token=" TOK_A " namespaces=a ssd=Unlimited\n",
+           "T:1: ssd='Unlimited' is not a size");
     refuse(GOOD "tenant=a token=" TOK_B " namespaces=b\n",
            "T:2: tenant a is already defined on line 1");
     refuse(GOOD "tenant=b token=" TOK_A " namespaces=b\n",
