@@ -76,9 +76,14 @@ memlock)
   # about the memlock check (the guest's network reaches nothing but the guest)
   args=(--gpu-backend sim --net-backend verbs --nics rxe0 --metaserver-addr http://127.0.0.1:9
         --insecure-cluster --addr 10.77.0.1:50199 --pool-size 64mb --http-addr 127.0.0.1:19391)
+  # nobody cannot reach a checkout inside a 0700 directory (a fresh clone in mktemp -d):
+  # run a staged copy of the binary from a directory nobody may enter
+  stage=$(mktemp -d /tmp/pf-memlock.XXXXXX) || fail "mktemp"
+  chmod 755 "$stage" && install -m 755 "$PF_BIN/pegaflow-server" "$stage/" ||
+    fail "cannot stage pegaflow-server in $stage"
   run_as_nobody() { # memlock-KiB; execs: call it in a subshell (or with &), its pid is the server's
     exec setpriv --reuid=nobody --regid=nogroup --clear-groups bash -c \
-      'ulimit -l "$1" || exit 90; shift; exec "$@"' _ "$1" "$PF_BIN/pegaflow-server" "${args[@]}"
+      'ulimit -l "$1" || exit 90; shift; exec "$@"' _ "$1" "$stage/pegaflow-server" "${args[@]}"
   }
   (run_as_nobody 16384) >"$out/memlock-refused.log" 2>&1
   rc=$?
@@ -98,6 +103,7 @@ memlock)
   echo "as nobody with RLIMIT_MEMLOCK 256 MiB: started on rxe0 and healthy"
   kill -TERM $pid
   wait $pid || fail "exit $? after SIGTERM (log: $out/memlock-ok.log)"
+  rm -rf "$stage"
   ;;
 *) fail "unknown case $case" ;;
 esac
