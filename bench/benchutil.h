@@ -1,8 +1,10 @@
 /* Helpers shared by the benchmarks (header-only: every bench/<name>.c is its own program).
  * Timing, medians / percentiles / spreads of per-run figures (an even count has the mean of
- * the two middle values as its median), process RSS, the measured server's environment,
- * JSON results through libcjson, /metrics reading, raw O_DIRECT io_uring transfers and
- * registering one contiguous sim-GPU layer. No bench keeps its own copy of these. Every helper
+ * the two middle values as its median), process RSS and free memory, option parsing from a
+ * table, the measured server's environment, JSON results through libcjson, /metrics
+ * reading, raw O_DIRECT io_uring transfers, registering one contiguous sim-GPU layer and
+ * saving / querying / waiting for ranges of seeded hashes on it. No bench keeps its own copy
+ * of these. Every helper
  * exits the program with a message on failure (a benchmark has no recovery path). */
 #ifndef PF_BENCHUTIL_H
 #define PF_BENCHUTIL_H
@@ -11,6 +13,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <liburing.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +22,7 @@
 #include <unistd.h>
 
 #include "client/pegaflow.h"
+#include "pf/config.h"
 #include "pftest.h"
 
 static inline double bu_now(void)
@@ -79,6 +84,109 @@ static inline long bu_rss_kb(pid_t pid)
             break;
     fclose(f);
     return v;
+}
+
+/* MemAvailable of this machine in bytes (/proc/meminfo), -1 when unreadable. */
+static inline double bu_mem_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f)
+        return -1;
+    char line[256];
+    long kb = -1;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "MemAvailable: %ld kB", &kb) == 1)
+            break;
+    fclose(f);
+    return kb < 0 ? -1 : (double)kb * 1024.0;
+}
+
+/* ---- options: one table per bench ---- */
+
+enum bu_opt_kind {
+    BU_FLAG,   /* bool, no value */
+    BU_INT,    /* int */
+    BU_LONG,   /* long */
+    BU_U32,    /* uint32_t */
+    BU_DOUBLE, /* double */
+    BU_SIZE,   /* uint64_t, pf_parse_size syntax (4k, 1m, 2g) */
+    BU_STR,    /* const char * (points into argv) */
+    BU_STRS,   /* struct bu_strs: the option may repeat, each value appended */
+};
+
+#define BU_STRS_MAX 8
+struct bu_strs {
+    const char *v[BU_STRS_MAX];
+    int n;
+};
+
+struct bu_opt {
+    const char *name; /* "--json"; NULL ends the table */
+    enum bu_opt_kind kind;
+    void *dst;
+};
+
+/* Parses argv[1..argc) against opts (a NULL name ends the table). An unknown option, a
+ * missing value or a value that is not a number of the option's kind prints "usage: USAGE"
+ * with the offending argument and exits 2. Range checks stay with the bench. */
+static inline void bu_parse_opts(int argc, char **argv, const struct bu_opt *opts,
+                                 const char *usage)
+{
+    for (int i = 1; i < argc; i++) {
+        const struct bu_opt *o = opts;
+        while (o->name && strcmp(o->name, argv[i]) != 0)
+            o++;
+        if (!o->name) {
+            fprintf(stderr, "unknown option %s\nusage: %s\n", argv[i], usage);
+            exit(2);
+        }
+        if (o->kind == BU_FLAG) {
+            *(bool *)o->dst = true;
+            continue;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "%s needs a value\nusage: %s\n", o->name, usage);
+            exit(2);
+        }
+        const char *v = argv[++i];
+        char *end = NULL;
+        errno = 0;
+        switch (o->kind) {
+        case BU_INT:
+            *(int *)o->dst = (int)strtol(v, &end, 10);
+            break;
+        case BU_LONG:
+            *(long *)o->dst = strtol(v, &end, 10);
+            break;
+        case BU_U32:
+            *(uint32_t *)o->dst = (uint32_t)strtoul(v, &end, 10);
+            break;
+        case BU_DOUBLE:
+            *(double *)o->dst = strtod(v, &end);
+            break;
+        case BU_SIZE:
+            end = pf_parse_size(v, (uint64_t *)o->dst) == 0 ? (char *)"" : (char *)v;
+            break;
+        case BU_STRS: {
+            struct bu_strs *l = o->dst;
+            if (l->n == BU_STRS_MAX) {
+                fprintf(stderr, "%s: at most %d\nusage: %s\n", o->name, BU_STRS_MAX, usage);
+                exit(2);
+            }
+            l->v[l->n++] = v;
+            end = (char *)"";
+            break;
+        }
+        default:
+            *(const char **)o->dst = v;
+            end = (char *)"";
+            break;
+        }
+        if (errno || !end || *end || end == v) {
+            fprintf(stderr, "%s: bad value '%s'\nusage: %s\n", o->name, v, usage);
+            exit(2);
+        }
+    }
 }
 
 /* Exits when the environment of process pid holds name= (the measured server must run as a
@@ -299,6 +407,82 @@ static inline double bu_raw_uring(const char *path, int write, uint8_t *buf, uin
     io_uring_queue_exit(&ring);
     close(fd);
     return (double)(n * bs) / t;
+}
+
+/* ---- ranges of seeded hashes on one registered layer "ALL_LAYERS" ---- */
+
+/* The 32-byte hash of block i of series tag. */
+static inline void bu_hash_of(uint64_t tag, uint64_t i, uint8_t *h)
+{
+    pft_fill(h, 32, tag, i);
+}
+
+/* Saves the blocks of hashes [first, first+n) of series tag in Save calls of `batch`, block
+ * ids (first + i) % id_mod; returns the seconds spent inside the calls, and the seconds of
+ * each call in per_call[0..ceil(n/batch)) when per_call is not NULL. Exits on a failure. */
+static inline double bu_save_range(struct pf_client *c, const char *inst, uint64_t tag,
+                                   uint64_t first, uint64_t n, uint64_t batch, uint64_t id_mod,
+                                   uint64_t tmo, double *per_call)
+{
+    uint32_t *ids = malloc(batch * sizeof(*ids));
+    uint8_t *hs = malloc(batch * 32);
+    double t = 0;
+    for (uint64_t b = 0; b < n; b += batch) {
+        uint64_t k = n - b < batch ? n - b : batch;
+        for (uint64_t i = 0; i < k; i++) {
+            ids[i] = (uint32_t)((first + b + i) % id_mod);
+            bu_hash_of(tag, first + b + i, hs + i * 32);
+        }
+        struct pf_save_layer sl = {
+            .name = "ALL_LAYERS", .block_ids = ids, .hashes = hs, .hash_len = 32, .n = k};
+        double t0 = bu_now();
+        if (pf_client_save(c, inst, 0, 0, 0, &sl, 1, tmo))
+            bu_die("bench", "save");
+        double d = bu_now() - t0;
+        if (per_call)
+            per_call[b / batch] = d;
+        t += d;
+    }
+    free(ids);
+    free(hs);
+    return t;
+}
+
+/* QueryPrefetch of hashes [first, first+n) of series tag in namespace "bench": the hit
+ * count; the call's seconds in *secs (if not NULL); the lease copied to lease (16 bytes,
+ * if not NULL), else released. Exits on a failure. */
+static inline uint32_t bu_query_n(struct pf_client *c, const char *inst, uint64_t tag,
+                                  uint64_t first, uint64_t n, uint8_t *lease, double *secs,
+                                  uint64_t tmo)
+{
+    uint8_t *hs = malloc(n * 32);
+    for (uint64_t i = 0; i < n; i++)
+        bu_hash_of(tag, first + i, hs + i * 32);
+    struct pf_query_result r;
+    double t0 = bu_now();
+    if (pf_client_query(c, inst, "bench", hs, NULL, 32, n, 0, 0, &r, NULL, 0, tmo))
+        bu_die("bench", "query");
+    if (secs)
+        *secs = bu_now() - t0;
+    free(hs);
+    if (lease && r.lease_len)
+        memcpy(lease, r.lease, 16);
+    else if (r.lease_len)
+        pf_client_release(c, r.lease, 16, tmo);
+    return r.num_hit_blocks;
+}
+
+/* Waits (60 s at most, else exits) until the last block of [first, first+n) is queryable:
+ * the insert thread seals in order, so then all are. */
+static inline void bu_wait_resident(struct pf_client *c, const char *inst, uint64_t tag,
+                                    uint64_t first, uint64_t n, uint64_t tmo)
+{
+    double dl = bu_now() + 60;
+    while (bu_query_n(c, inst, tag, first + n - 1, 1, NULL, NULL, tmo) != 1) {
+        if (bu_now() > dl)
+            bu_die("bench", "blocks not sealed in 60 s");
+        usleep(1000);
+    }
 }
 
 #endif

@@ -461,6 +461,10 @@ static double raw_best(struct reader *r, uint64_t blk, double *chunked_p, double
     return *chunked_p < *whole_p ? *chunked_p : *whole_p;
 }
 
+#define USAGE                                                                                      \
+    "fabric [--size BYTES] [--blocks 256k,1m,4m] [--reps N] [--qps N] [--loopback] "               \
+    "[--backend tcp|verbs] [--nics A,B] [--json PATH]"
+
 static int parse_opts(int argc, char **argv, struct opts *o)
 {
     *o = (struct opts){.size = 1ull << 30,
@@ -471,53 +475,36 @@ static int parse_opts(int argc, char **argv, struct opts *o)
                        .json = "fabric.json",
                        .backend = "tcp",
                        .nics = {"rxe0", "rxe1"}};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--loopback")) {
-            o->loopback = true;
-            continue;
-        }
-        if (!v)
-            goto usage;
-        i++;
-        if (!strcmp(a, "--size")) {
-            if (pf_parse_size(v, &o->size) || o->size == 0)
+    const char *blocks = NULL, *nics = NULL;
+    const struct bu_opt opts[] = {{"--loopback", BU_FLAG, &o->loopback},
+                                  {"--size", BU_SIZE, &o->size},
+                                  {"--reps", BU_INT, &o->reps},
+                                  {"--qps", BU_INT, &o->qps},
+                                  {"--json", BU_STR, &o->json},
+                                  {"--backend", BU_STR, &o->backend},
+                                  {"--nics", BU_STR, &nics},
+                                  {"--blocks", BU_STR, &blocks},
+                                  {NULL, 0, NULL}};
+    bu_parse_opts(argc, argv, opts, USAGE);
+    if (o->size == 0 || o->reps < 1 || o->reps > MAX_REPS || o->qps < 1 || o->qps > MAX_QPS ||
+        (strcmp(o->backend, "tcp") && strcmp(o->backend, "verbs")))
+        goto usage;
+    if (nics && sscanf(nics, "%63[^,],%63s", o->nics[0], o->nics[1]) != 2)
+        goto usage;
+    if (blocks) {
+        char buf[256];
+        snprintf(buf, sizeof(buf), "%s", blocks);
+        o->nblocks = 0;
+        for (char *save, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            if (o->nblocks == MAX_BLOCKS || pf_parse_size(t, &o->blocks[o->nblocks]) ||
+                o->blocks[o->nblocks] == 0)
                 goto usage;
-        } else if (!strcmp(a, "--reps")) {
-            o->reps = atoi(v);
-            if (o->reps < 1 || o->reps > MAX_REPS)
-                goto usage;
-        } else if (!strcmp(a, "--qps")) {
-            o->qps = atoi(v);
-            if (o->qps < 1 || o->qps > MAX_QPS)
-                goto usage;
-        } else if (!strcmp(a, "--json")) {
-            o->json = v;
-        } else if (!strcmp(a, "--backend")) {
-            if (strcmp(v, "tcp") && strcmp(v, "verbs"))
-                goto usage;
-            o->backend = v;
-        } else if (!strcmp(a, "--nics")) {
-            if (sscanf(v, "%63[^,],%63s", o->nics[0], o->nics[1]) != 2)
-                goto usage;
-        } else if (!strcmp(a, "--blocks")) {
-            char buf[256];
-            snprintf(buf, sizeof(buf), "%s", v);
-            o->nblocks = 0;
-            for (char *save, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-                if (o->nblocks == MAX_BLOCKS || pf_parse_size(t, &o->blocks[o->nblocks]) ||
-                    o->blocks[o->nblocks] == 0)
-                    goto usage;
-                o->nblocks++;
-            }
-        } else {
-            goto usage;
+            o->nblocks++;
         }
     }
     return 0;
 usage:
-    fprintf(stderr, "usage: fabric [--size BYTES] [--blocks 256k,1m,4m] [--reps N] [--qps N] "
-                    "[--loopback] [--backend tcp|verbs] [--nics A,B] [--json PATH]\n");
+    fprintf(stderr, "usage: %s\n", USAGE);
     return -1;
 }
 
@@ -650,13 +637,14 @@ int main(int argc, char **argv)
                    "block-size and 256 KiB calls and of one stream in single calls",
            verbs ? " (soft-RoCE's work runs in kernel threads and is not counted)"
                  : ", block-size raw stream");
-    FILE *j = fopen(o.json, "w");
-    if (j)
-        fprintf(j,
-                "{\n  \"benchmark\": \"fabric\",\n  \"backend\": \"%s\",\n  \"topology\": "
-                "\"%s\",\n  \"bytes\": %" PRIu64 ",\n  \"qps\": %d,\n  \"reps\": %d,\n  "
-                "\"results\": [\n",
-                backend, topo, o.size, o.qps, o.reps);
+    cJSON *root = bu_json_obj(NULL, NULL);
+    bu_json_str(root, "benchmark", "fabric");
+    bu_json_str(root, "backend", backend);
+    bu_json_str(root, "topology", topo);
+    bu_json_num(root, "bytes", (double)o.size);
+    bu_json_num(root, "qps", o.qps);
+    bu_json_num(root, "reps", o.reps);
+    cJSON *res = bu_json_check(cJSON_AddArrayToObject(root, "results"));
     double worst = 1e9;
     for (int b = 0; b < o.nblocks; b++) {
         double fm = bu_median(fab[b], o.reps), rm = bu_median(raw[b], o.reps);
@@ -676,32 +664,25 @@ int main(int argc, char **argv)
         printf("%-10s %14.3f %14.3f %14.3f %8.3f %8.3f %9.2f %9.2f  %s\n", bl, fgb, rgb,
                (double)o.size / fbest / 1e9, ratio, pratio, fcpu, rcpu,
                ok[b] ? "verified" : "MISMATCH");
-        if (j) {
-            fprintf(j,
-                    "    {\"block\": %" PRIu64 ", \"fabric_gbps\": %.4f, \"raw_gbps\": %.4f, "
-                    "\"ratio\": %.4f, \"paired_ratio\": %.4f, \"fabric_cpu_s_per_gib\": "
-                    "%.3f, \"raw_cpu_s_per_gib\": %.3f, \"verified\": %s, \"fabric_s\": [",
-                    o.blocks[b], fgb, rgb, ratio, pratio, fcpu, rcpu, ok[b] ? "true" : "false");
-            for (int k = 0; k < o.reps; k++)
-                fprintf(j, "%s%.6f", k ? ", " : "", fab[b][k]);
-            fprintf(j, "], \"raw_s\": [");
-            for (int k = 0; k < o.reps; k++)
-                fprintf(j, "%s%.6f", k ? ", " : "", raw[b][k]);
-            fprintf(j, "], \"raw_block_writes_s\": [");
-            for (int k = 0; k < o.reps; k++)
-                fprintf(j, "%s%.6f", k ? ", " : "", rawc[b][k]);
-            fprintf(j, "], \"raw_single_write_s\": [");
-            for (int k = 0; k < o.reps; k++)
-                fprintf(j, "%s%.6f", k ? ", " : "", raww[b][k]);
-            fprintf(j, "]}%s\n", b + 1 < o.nblocks ? "," : "");
-        }
+        cJSON *jb = bu_json_obj(NULL, NULL);
+        cJSON_AddItemToArray(res, jb);
+        bu_json_num(jb, "block", (double)o.blocks[b]);
+        bu_json_num(jb, "fabric_gbps", fgb);
+        bu_json_num(jb, "raw_gbps", rgb);
+        bu_json_num(jb, "ratio", ratio);
+        bu_json_num(jb, "paired_ratio", pratio);
+        bu_json_num(jb, "fabric_cpu_s_per_gib", fcpu);
+        bu_json_num(jb, "raw_cpu_s_per_gib", rcpu);
+        bu_json_bool(jb, "verified", ok[b]);
+        bu_json_nums(jb, "fabric_s", fab[b], o.reps);
+        bu_json_nums(jb, "raw_s", raw[b], o.reps);
+        bu_json_nums(jb, "raw_block_writes_s", rawc[b], o.reps);
+        bu_json_nums(jb, "raw_single_write_s", raww[b], o.reps);
     }
     printf("\nworst ratio %s/raw: %.3f (target >= 0.7)\n", verbs ? "verbs" : "fabric", worst);
-    if (j) {
-        fprintf(j, "  ],\n  \"worst_ratio\": %.4f\n}\n", worst);
-        fclose(j);
-        printf("JSON: %s\n", o.json);
-    }
+    bu_json_num(root, "worst_ratio", worst);
+    bu_json_write(root, o.json);
+    printf("JSON: %s\n", o.json);
     rc = 0;
     for (int b = 0; b < o.nblocks; b++)
         if (!ok[b])

@@ -567,38 +567,137 @@ static void store_part(struct results *r)
     free(th);
 }
 
+/* The table of one run: the memory store, then the Redis store when rr is not NULL. */
+static void print_results(const struct results *r, const struct results *rr)
+{
+    char unreg_label[64];
+    snprintf(unreg_label, sizeof(unreg_label), "UnregisterNode at %ld keys (ms)", nkeys);
+    double regs = (double)nkeys * (double)nowners;
+    printf("\n%-44s %14s %14s\n", "", "gRPC", "store only");
+    printf("%-44s %14.0f %14.0f\n", "InsertBlockHashes registrations/s", r->rpc_insert_per_s,
+           r->st_insert_per_s);
+    printf("%-44s %14.2f %14.2f\n", "  time to register all (s)", r->rpc_insert_s, r->st_insert_s);
+    printf("%-44s %14.0f %14.0f\n", "QueryPrefixBlocks queries/s", r->rpc_q_per_s, r->st_q_per_s);
+    printf("%-44s %14.0f %14.0f\n", "  hashes looked up/s", r->rpc_qh_per_s,
+           r->st_q_per_s * (double)qlen);
+    printf("%-44s %14.0f %14s\n", "  empty round trip (1-hash miss) queries/s", r->rpc_ping_per_s,
+           "-");
+    printf("%-44s %14.2f %14s\n", "  query cost vs empty round trip",
+           r->rpc_ping_per_s / (r->rpc_q_per_s ? r->rpc_q_per_s : 1), "-");
+    printf("%-44s %4.2f/%4.2f/%4.2f %14s\n", "  query/empty rate, min/median/max of slices",
+           r->q_vs_empty[0], r->q_vs_empty[1], r->q_vs_empty[2], "-");
+    printf("%-44s %14.1f %14.1f\n", unreg_label, r->rpc_unregister_ms, r->st_unregister_ms);
+    printf("%-44s %14.1f %14s\n", "memory per key: server RSS delta / keys (B)",
+           r->rss_bytes_per_key, "-");
+    printf("%-44s %14s %14.1f\n", "memory per key: store tables+entries (B)", "-",
+           r->st_bytes_per_key);
+    printf("%-44s %14.1f %14s\n", "  per owner entry (bytes)",
+           r->rss_bytes_per_key * (double)nkeys / regs, "-");
+    printf("%-44s %14ld %14s\n", "  server RSS after registration (MiB)", r->rss1_kb / 1024, "-");
+    printf("%-44s %14ld %14s\n", "UnregisterNode removed owner entries", r->removed_owners, "-");
+    printf("%-44s %14ld %14s\n", "wrong query answers", r->q_bad, "-");
+    printf("method: %ld keys of %u B, %ld owners each, %ld node threads; gRPC prefix queries of "
+           "%ld hashes and the empty round trip (1-hash query on an unknown namespace) in %d "
+           "alternating slices (ABBA) of %.2f s, medians and min/median/max of the per-slice "
+           "ratios; every answer checked (owners, prefix length); memory = server RSS delta over "
+           "registration (after one warm-up chunk per node in another namespace) / keys; "
+           "in-process = pf_meta_store calls from the same threads, %d "
+           "slices\n",
+           nkeys, HLEN, nowners, nnodes, qlen, QSLICES, qsecs / QSLICES, QSLICES);
+    if (rr) {
+        printf("\nRedis store (one redis-server, same keys and nodes)\n");
+        printf("%-44s %14s %14s\n", "", "gRPC", "store only");
+        printf("%-44s %14.0f %14.0f\n", "InsertBlockHashes registrations/s", rr->rpc_insert_per_s,
+               rr->st_insert_per_s);
+        printf("%-44s %14.2f %14.2f\n", "  time to register all (s)", rr->rpc_insert_s,
+               rr->st_insert_s);
+        printf("%-44s %14.0f %14.0f\n", "QueryPrefixBlocks queries/s", rr->rpc_q_per_s,
+               rr->st_q_per_s);
+        printf("%-44s %14.2f %14s\n", "  vs memory store over gRPC",
+               rr->rpc_q_per_s / (r->rpc_q_per_s ? r->rpc_q_per_s : 1), "-");
+        printf("%-44s %14.1f %14.1f\n", unreg_label, rr->rpc_unregister_ms, rr->st_unregister_ms);
+        printf("%-44s %14.1f %14s\n", "memory per key: redis-server RSS delta (B)",
+               rr->redis_rss_bytes_per_key, "-");
+        printf("%-44s %14s %14.1f\n", "memory per key: Redis used_memory delta (B)", "-",
+               rr->st_bytes_per_key);
+        printf("%-44s %14.1f %14s\n", "memory per key: MetaServer RSS delta (B)",
+               rr->rss_bytes_per_key, "-");
+        printf("%-44s %14ld %14s\n", "wrong query answers", rr->q_bad, "-");
+    }
+}
+
+/* The JSON result of one run (rr: the Redis store's, or NULL), to --json and stdout. */
+static void write_results(const struct results *r, const struct results *rr)
+{
+    cJSON *root = bu_json_obj(NULL, NULL);
+    bu_json_str(root, "bench", "metaserver");
+    bu_json_num(root, "keys", (double)nkeys);
+    bu_json_num(root, "nodes", (double)nnodes);
+    bu_json_num(root, "owners_per_key", (double)nowners);
+    bu_json_num(root, "query_len", (double)qlen);
+    bu_json_num(root, "cpus", (double)sysconf(_SC_NPROCESSORS_ONLN));
+    cJSON *rpc = bu_json_obj(root, "rpc");
+    bu_json_num(rpc, "insert_registrations_per_s", r->rpc_insert_per_s);
+    bu_json_num(rpc, "insert_seconds", r->rpc_insert_s);
+    bu_json_num(rpc, "query_per_s", r->rpc_q_per_s);
+    bu_json_num(rpc, "query_hashes_per_s", r->rpc_qh_per_s);
+    bu_json_num(rpc, "empty_rtt_per_s", r->rpc_ping_per_s);
+    bu_json_num(rpc, "unregister_ms", r->rpc_unregister_ms);
+    bu_json_num(rpc, "removed_owners", (double)r->removed_owners);
+    bu_json_num(rpc, "rss_bytes_per_key", r->rss_bytes_per_key);
+    bu_json_num(rpc, "rss_after_kb", (double)r->rss1_kb);
+    bu_json_num(rpc, "wrong_answers", (double)r->q_bad);
+    bu_json_nums(rpc, "query_vs_empty", r->q_vs_empty, 3);
+    cJSON *store = bu_json_obj(root, "store");
+    bu_json_num(store, "insert_registrations_per_s", r->st_insert_per_s);
+    bu_json_num(store, "query_per_s", r->st_q_per_s);
+    bu_json_nums(store, "query_per_s_spread", r->st_q_spread, 3);
+    bu_json_num(store, "unregister_ms", r->st_unregister_ms);
+    bu_json_num(store, "store_bytes_per_key", r->st_bytes_per_key);
+    if (rr) {
+        cJSON *red = bu_json_obj(root, "redis");
+        bu_json_num(red, "rpc_insert_registrations_per_s", rr->rpc_insert_per_s);
+        bu_json_num(red, "rpc_query_per_s", rr->rpc_q_per_s);
+        bu_json_num(red, "rpc_unregister_ms", rr->rpc_unregister_ms);
+        bu_json_num(red, "redis_rss_bytes_per_key", rr->redis_rss_bytes_per_key);
+        bu_json_num(red, "metaserver_rss_bytes_per_key", rr->rss_bytes_per_key);
+        bu_json_num(red, "store_insert_registrations_per_s", rr->st_insert_per_s);
+        bu_json_num(red, "store_query_per_s", rr->st_q_per_s);
+        bu_json_num(red, "used_memory_bytes_per_key", rr->st_bytes_per_key);
+        bu_json_num(red, "wrong_answers", (double)rr->q_bad);
+    }
+    printf("\n");
+    if (json_path)
+        bu_json_write(cJSON_Duplicate(root, 1), json_path);
+    bu_json_write(root, NULL); /* the table is followed by the JSON, as before */
+}
+
+#define USAGE                                                                                      \
+    "metaserver [--keys N] [--nodes N] [--owners N] [--query-len L] [--query-secs S] "             \
+    "[--metaserver PATH] [--store memory|redis] [--json FILE]"
+
 int main(int argc, char **argv)
 {
     static char defpath[4096];
     const char *bin = getenv("PF_BIN");
     snprintf(defpath, sizeof(defpath), "%s/pegaflow-metaserver", bin ? bin : "build/rel/bin");
     ms_path = defpath;
-    bool want_redis = false;
-    for (int i = 1; i < argc; i += 2) {
-        const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
-        if (!strcmp(k, "--keys"))
-            nkeys = atol(v);
-        else if (!strcmp(k, "--nodes"))
-            nnodes = atol(v);
-        else if (!strcmp(k, "--owners"))
-            nowners = atol(v);
-        else if (!strcmp(k, "--query-len"))
-            qlen = atol(v);
-        else if (!strcmp(k, "--query-secs"))
-            qsecs = atof(v);
-        else if (!strcmp(k, "--metaserver"))
-            ms_path = v;
-        else if (!strcmp(k, "--json"))
-            json_path = v;
-        else if (!strcmp(k, "--store") && (!strcmp(v, "redis") || !strcmp(v, "memory")))
-            want_redis = !strcmp(v, "redis");
-        else {
-            fprintf(stderr, "usage: metaserver [--keys N] [--nodes N] [--owners N] [--query-len L] "
-                            "[--query-secs S] [--metaserver PATH] [--store memory|redis] "
-                            "[--json FILE]\n");
-            return 2;
-        }
+    const char *store = "memory";
+    const struct bu_opt opts[] = {{"--keys", BU_LONG, &nkeys},
+                                  {"--nodes", BU_LONG, &nnodes},
+                                  {"--owners", BU_LONG, &nowners},
+                                  {"--query-len", BU_LONG, &qlen},
+                                  {"--query-secs", BU_DOUBLE, &qsecs},
+                                  {"--metaserver", BU_STR, &ms_path},
+                                  {"--json", BU_STR, &json_path},
+                                  {"--store", BU_STR, &store},
+                                  {NULL, 0, NULL}};
+    bu_parse_opts(argc, argv, opts, USAGE);
+    if (strcmp(store, "memory") != 0 && strcmp(store, "redis") != 0) {
+        fprintf(stderr, "--store: memory or redis\nusage: %s\n", USAGE);
+        return 2;
     }
+    bool want_redis = !strcmp(store, "redis");
     if (nkeys < (long)RUN || nnodes < 1 || nnodes > 200 || nowners < 1 || nowners > nnodes ||
         qlen < 1 || qlen > (long)RUN) {
         fprintf(stderr, "bad parameters\n");
@@ -636,101 +735,8 @@ int main(int argc, char **argv)
         pft_redis_stop(&bredis);
         r.q_bad += rr.q_bad;
     }
-    double regs = (double)nkeys * (double)nowners;
-    printf("\n%-44s %14s %14s\n", "", "gRPC", "store only");
-    printf("%-44s %14.0f %14.0f\n", "InsertBlockHashes registrations/s", r.rpc_insert_per_s,
-           r.st_insert_per_s);
-    printf("%-44s %14.2f %14.2f\n", "  time to register all (s)", r.rpc_insert_s, r.st_insert_s);
-    printf("%-44s %14.0f %14.0f\n", "QueryPrefixBlocks queries/s", r.rpc_q_per_s, r.st_q_per_s);
-    printf("%-44s %14.0f %14.0f\n", "  hashes looked up/s", r.rpc_qh_per_s,
-           r.st_q_per_s * (double)qlen);
-    printf("%-44s %14.0f %14s\n", "  empty round trip (1-hash miss) queries/s", r.rpc_ping_per_s,
-           "-");
-    printf("%-44s %14.2f %14s\n", "  query cost vs empty round trip",
-           r.rpc_ping_per_s / (r.rpc_q_per_s ? r.rpc_q_per_s : 1), "-");
-    printf("%-44s %4.2f/%4.2f/%4.2f %14s\n", "  query/empty rate, min/median/max of slices",
-           r.q_vs_empty[0], r.q_vs_empty[1], r.q_vs_empty[2], "-");
-    printf("%-44s %14.1f %14.1f\n", "UnregisterNode at 10^6 keys (ms)", r.rpc_unregister_ms,
-           r.st_unregister_ms);
-    printf("%-44s %14.1f %14s\n", "memory per key: server RSS delta / keys (B)",
-           r.rss_bytes_per_key, "-");
-    printf("%-44s %14s %14.1f\n", "memory per key: store tables+entries (B)", "-",
-           r.st_bytes_per_key);
-    printf("%-44s %14.1f %14s\n", "  per owner entry (bytes)",
-           r.rss_bytes_per_key * (double)nkeys / regs, "-");
-    printf("%-44s %14ld %14s\n", "  server RSS after registration (MiB)", r.rss1_kb / 1024, "-");
-    printf("%-44s %14ld %14s\n", "UnregisterNode removed owner entries", r.removed_owners, "-");
-    printf("%-44s %14ld %14s\n", "wrong query answers", r.q_bad, "-");
-    printf("method: %ld keys of %u B, %ld owners each, %ld node threads; gRPC prefix queries of "
-           "%ld hashes and the empty round trip (1-hash query on an unknown namespace) in %d "
-           "alternating slices (ABBA) of %.2f s, medians and min/median/max of the per-slice "
-           "ratios; every answer checked (owners, prefix length); memory = server RSS delta over "
-           "registration (after one warm-up chunk per node in another namespace) / keys; "
-           "in-process = pf_meta_store calls from the same threads, %d "
-           "slices\n",
-           nkeys, HLEN, nowners, nnodes, qlen, QSLICES, qsecs / QSLICES, QSLICES);
-    if (want_redis) {
-        printf("\nRedis store (one redis-server, same keys and nodes)\n");
-        printf("%-44s %14s %14s\n", "", "gRPC", "store only");
-        printf("%-44s %14.0f %14.0f\n", "InsertBlockHashes registrations/s", rr.rpc_insert_per_s,
-               rr.st_insert_per_s);
-        printf("%-44s %14.2f %14.2f\n", "  time to register all (s)", rr.rpc_insert_s,
-               rr.st_insert_s);
-        printf("%-44s %14.0f %14.0f\n", "QueryPrefixBlocks queries/s", rr.rpc_q_per_s,
-               rr.st_q_per_s);
-        printf("%-44s %14.2f %14s\n", "  vs memory store over gRPC",
-               rr.rpc_q_per_s / (r.rpc_q_per_s ? r.rpc_q_per_s : 1), "-");
-        printf("%-44s %14.1f %14.1f\n", "UnregisterNode at 10^6 keys (ms)", rr.rpc_unregister_ms,
-               rr.st_unregister_ms);
-        printf("%-44s %14.1f %14s\n", "memory per key: redis-server RSS delta (B)",
-               rr.redis_rss_bytes_per_key, "-");
-        printf("%-44s %14s %14.1f\n", "memory per key: Redis used_memory delta (B)", "-",
-               rr.st_bytes_per_key);
-        printf("%-44s %14.1f %14s\n", "memory per key: MetaServer RSS delta (B)",
-               rr.rss_bytes_per_key, "-");
-        printf("%-44s %14ld %14s\n", "wrong query answers", rr.q_bad, "-");
-    }
-    cJSON *root = bu_json_obj(NULL, NULL);
-    bu_json_str(root, "bench", "metaserver");
-    bu_json_num(root, "keys", (double)nkeys);
-    bu_json_num(root, "nodes", (double)nnodes);
-    bu_json_num(root, "owners_per_key", (double)nowners);
-    bu_json_num(root, "query_len", (double)qlen);
-    bu_json_num(root, "cpus", (double)sysconf(_SC_NPROCESSORS_ONLN));
-    cJSON *rpc = bu_json_obj(root, "rpc");
-    bu_json_num(rpc, "insert_registrations_per_s", r.rpc_insert_per_s);
-    bu_json_num(rpc, "insert_seconds", r.rpc_insert_s);
-    bu_json_num(rpc, "query_per_s", r.rpc_q_per_s);
-    bu_json_num(rpc, "query_hashes_per_s", r.rpc_qh_per_s);
-    bu_json_num(rpc, "empty_rtt_per_s", r.rpc_ping_per_s);
-    bu_json_num(rpc, "unregister_ms", r.rpc_unregister_ms);
-    bu_json_num(rpc, "removed_owners", (double)r.removed_owners);
-    bu_json_num(rpc, "rss_bytes_per_key", r.rss_bytes_per_key);
-    bu_json_num(rpc, "rss_after_kb", (double)r.rss1_kb);
-    bu_json_num(rpc, "wrong_answers", (double)r.q_bad);
-    bu_json_nums(rpc, "query_vs_empty", r.q_vs_empty, 3);
-    cJSON *store = bu_json_obj(root, "store");
-    bu_json_num(store, "insert_registrations_per_s", r.st_insert_per_s);
-    bu_json_num(store, "query_per_s", r.st_q_per_s);
-    bu_json_nums(store, "query_per_s_spread", r.st_q_spread, 3);
-    bu_json_num(store, "unregister_ms", r.st_unregister_ms);
-    bu_json_num(store, "store_bytes_per_key", r.st_bytes_per_key);
-    if (want_redis) {
-        cJSON *red = bu_json_obj(root, "redis");
-        bu_json_num(red, "rpc_insert_registrations_per_s", rr.rpc_insert_per_s);
-        bu_json_num(red, "rpc_query_per_s", rr.rpc_q_per_s);
-        bu_json_num(red, "rpc_unregister_ms", rr.rpc_unregister_ms);
-        bu_json_num(red, "redis_rss_bytes_per_key", rr.redis_rss_bytes_per_key);
-        bu_json_num(red, "metaserver_rss_bytes_per_key", rr.rss_bytes_per_key);
-        bu_json_num(red, "store_insert_registrations_per_s", rr.st_insert_per_s);
-        bu_json_num(red, "store_query_per_s", rr.st_q_per_s);
-        bu_json_num(red, "used_memory_bytes_per_key", rr.st_bytes_per_key);
-        bu_json_num(red, "wrong_answers", (double)rr.q_bad);
-    }
-    printf("\n");
-    if (json_path)
-        bu_json_write(cJSON_Duplicate(root, 1), json_path);
-    bu_json_write(root, NULL); /* the table is followed by the JSON, as before */
+    print_results(&r, want_redis ? &rr : NULL);
+    write_results(&r, want_redis ? &rr : NULL);
     pf_rpc_global_shutdown();
     return r.q_bad ? 1 : 0;
 }

@@ -22,31 +22,25 @@
 static uint8_t fake_mem[64];
 static struct pf_alloc fake = {.ptr = fake_mem, .size = sizeof(fake_mem), .refs = 1u << 30};
 
-static int usage(void)
-{
-    fprintf(stderr,
-            "usage: query_cpu [--blocks N (>= 8192, default 1000000)] [--iters N (4096-hash "
-            "queries, default 300)] [--json FILE]\n");
-    return 2;
-}
+#define USAGE                                                                                      \
+    "query_cpu [--blocks N (>= 8192, default 1000000)] [--iters N (4096-hash queries, default "    \
+    "300)] [--json FILE]"
 
 int main(int argc, char **argv)
 {
-    size_t n = 1000000;
+    long nb = 1000000;
     int iters4096 = 300;
     const char *json = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--blocks") && i + 1 < argc)
-            n = strtoull(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--iters") && i + 1 < argc)
-            iters4096 = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--json") && i + 1 < argc)
-            json = argv[++i];
-        else
-            return usage();
+    const struct bu_opt opts[] = {{"--blocks", BU_LONG, &nb},
+                                  {"--iters", BU_INT, &iters4096},
+                                  {"--json", BU_STR, &json},
+                                  {NULL, 0, NULL}};
+    bu_parse_opts(argc, argv, opts, USAGE);
+    if (nb < 8192 || iters4096 < 1) {
+        fprintf(stderr, "usage: %s\n", USAGE);
+        return 2;
     }
-    if (n < 8192 || iters4096 < 1)
-        return usage();
+    size_t n = (size_t)nb;
     double dec_us[2] = {0, 0}, eng_us[2] = {0, 0}, cache_us[2] = {0, 0};
     char chosen[32], err[256];
     struct pf_gpu *g;
@@ -157,17 +151,16 @@ int main(int argc, char **argv)
         free(pb);
     }
     if (json) {
-        FILE *f = fopen(json, "w");
-        if (!f) {
-            perror(json);
-            return 1;
-        }
-        fprintf(f,
-                "{\"bench\":\"query_cpu\",\"resident\":%zu,\"decode_us_1\":%.2f,"
-                "\"engine_us_1\":%.2f,\"cache_us_1\":%.2f,\"decode_us_4096\":%.1f,"
-                "\"engine_us_4096\":%.1f,\"cache_us_4096\":%.1f}\n",
-                n, dec_us[0], eng_us[0], cache_us[0], dec_us[1], eng_us[1], cache_us[1]);
-        fclose(f);
+        cJSON *root = bu_json_obj(NULL, NULL);
+        bu_json_str(root, "bench", "query_cpu");
+        bu_json_num(root, "resident", (double)n);
+        bu_json_num(root, "decode_us_1", dec_us[0]);
+        bu_json_num(root, "engine_us_1", eng_us[0]);
+        bu_json_num(root, "cache_us_1", cache_us[0]);
+        bu_json_num(root, "decode_us_4096", dec_us[1]);
+        bu_json_num(root, "engine_us_4096", eng_us[1]);
+        bu_json_num(root, "cache_us_4096", cache_us[1]);
+        bu_json_write(root, json);
     }
     free(keys);
     free(hit);

@@ -4,18 +4,26 @@ and writes report.md and report.json: for each path the figure, its baseline, th
 (min/median/max over the benchmark's runs) and the target.
 
     python3 bench/report.py [--out build/bench] [--bin build/rel] [--quick] [--from DIR]
-                            [--repeat N] [--merge R1.json R2.json ...]
+                            [--no-curves] [--repeat N] [--merge R1.json R2.json ...]
 
 Each benchmark measures its baseline in the same run, interleaved (see bench/README.md);
 this script only runs them and tabulates. A benchmark that fails or cannot run here (e.g.
-namespaces without root) is reported as such, never left out silently."""
+namespaces without root) is reported as such, never left out silently.
+
+"How cost grows" (bench/curves.py): the curves, drawn as SVG files next to report.md and
+linked from it; --no-curves (make bench CURVES=0) skips them. With --from DIR they are drawn
+from DIR/curves.json and DIR/ssd.json when present."""
 import argparse
+import shutil
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import curves  # noqa: E402  (bench/curves.py, next to this file)
 
 # name -> (binary, args for a full run, args for --quick); a binary ending in .py is a
 # Python benchmark of bench/ run with the system Python
@@ -32,7 +40,14 @@ BENCHES = {
 }
 
 
-def run_bench(name, bindir, outdir, quick):
+def bench_env(bindir):
+    env = dict(os.environ)
+    env.setdefault("PF_BIN", os.path.join(bindir, "bin"))
+    env.setdefault("PEGAFLOW_LIB", os.path.join(bindir, "lib", "libpegaflow.so"))
+    return env
+
+
+def run_bench(name, bindir, outdir, quick, extra=()):
     exe, full, q = BENCHES[name]
     path = os.path.join(outdir, name + ".json")
     here = os.path.dirname(os.path.abspath(__file__))
@@ -42,10 +57,8 @@ def run_bench(name, bindir, outdir, quick):
         prog = ["bash", os.path.join(os.path.dirname(here), "tests", "gpu", "bench.sh")]
     else:
         prog = [os.path.join(bindir, "bench", exe)]
-    cmd = prog + (q if quick else full) + ["--json", path]
-    env = dict(os.environ)
-    env.setdefault("PF_BIN", os.path.join(bindir, "bin"))
-    env.setdefault("PEGAFLOW_LIB", os.path.join(bindir, "lib", "libpegaflow.so"))
+    cmd = prog + (q if quick else full) + list(extra) + ["--json", path]
+    env = bench_env(bindir)
     log = os.path.join(outdir, name + ".log")
     t0 = time.time()
     print(f"report: running {' '.join(cmd)}", flush=True)
@@ -260,18 +273,26 @@ def fmt_ratio(r):
     return f"{r[0]:.3g} / {r[1]:.3g} / {r[2]:.3g}"
 
 
-def write_report(results, errors, outdir, meta):
+def write_report(results, errors, outdir, meta, curve_doc=None):
     rows = []
     for name, j in results.items():
         try:
             rows.extend(dict(r, bench=name) for r in EXTRACT[name](j))
         except (KeyError, TypeError, ZeroDivisionError) as e:
             errors[name] = f"unexpected JSON ({e!r})"
-    return write_rows(rows, errors, outdir, meta)
+    drawn = None
+    if curve_doc is not None:
+        try:
+            charts, notes = curves.draw_curves(curve_doc, results.get("ssd"), outdir)
+            drawn = {"charts": charts, "notes": notes, "seconds": curve_doc.get("seconds")}
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+            errors["curves"] = f"unexpected curve JSON ({e!r})"
+    return write_rows(rows, errors, outdir, meta, drawn)
 
 
-def write_rows(rows, errors, outdir, meta):
-    doc = {"meta": meta, "rows": rows, "errors": errors, "not_measured": NOT_YET}
+def write_rows(rows, errors, outdir, meta, drawn=None):
+    doc = {"meta": meta, "rows": rows, "errors": errors, "not_measured": NOT_YET,
+           "curves": drawn}
     with open(os.path.join(outdir, "report.json"), "w") as f:
         json.dump(doc, f, indent=2)
     lines = ["# PegaFlow benchmark report", "",
@@ -293,6 +314,8 @@ def write_rows(rows, errors, outdir, meta):
               "bench/README.md, \"Closing the gaps\"."]
     if NOT_YET:
         lines += ["", "## Not measured yet", ""] + [f"- {x}" for x in NOT_YET]
+    if drawn:
+        lines += curves.markdown(drawn["charts"], drawn["notes"], drawn.get("seconds"))
     with open(os.path.join(outdir, "report.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     return rows
@@ -343,6 +366,8 @@ def main():
                     help="run everything N times (OUT/run-I/) and merge the runs")
     ap.add_argument("--merge", nargs="+", metavar="REPORT_JSON",
                     help="merge the report.json of earlier runs instead of running")
+    ap.add_argument("--no-curves", action="store_true",
+                    help="skip the curves of \"How cost grows\" (make bench CURVES=0)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     if a.repeat > 1 and not a.merge:
@@ -351,6 +376,7 @@ def main():
             sub = os.path.join(a.out, f"run-{i + 1}")
             args = [sys.executable, os.path.abspath(__file__), "--out", sub, "--bin", a.bin]
             args += (["--quick"] if a.quick else []) + (["--only", a.only] if a.only else [])
+            args += ["--no-curves"] if a.no_curves or i > 0 else []  # curves: the first run
             subprocess.call(args, stdout=subprocess.DEVNULL)
             docs.append(os.path.join(sub, "report.json"))
         a.merge = docs
@@ -362,7 +388,13 @@ def main():
         rows, errors = merge_runs(docs)
         meta = dict(docs[0]["meta"], runs=len(docs),
                     date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
-        write_rows(rows, errors, a.out, meta)
+        drawn = next((d.get("curves") for d in docs if d.get("curves")), None)
+        if drawn:  # the curves of the run that drew them, next to the merged report
+            src = os.path.dirname(os.path.abspath(a.merge[[d.get("curves") for d in docs].index(drawn)]))
+            for c in drawn["charts"]:
+                if os.path.abspath(a.out) != src:
+                    shutil.copy(os.path.join(src, c["file"]), os.path.join(a.out, c["file"]))
+        write_rows(rows, errors, a.out, meta, drawn)
         print(open(os.path.join(a.out, "report.md")).read())
         return 0 if rows else 1
     names = a.only.split(",") if a.only else list(BENCHES)
@@ -375,14 +407,26 @@ def main():
             except (OSError, ValueError) as e:
                 errors[n] = f"no JSON ({e})"
             continue
-        j, err = run_bench(n, a.bin, a.out, a.quick)
+        extra = ["--depth-curve", "0"] if n == "ssd" and a.no_curves else []
+        j, err = run_bench(n, a.bin, a.out, a.quick, extra)
         if j is None:
             errors[n] = err
         else:
             results[n] = j
+    curve_doc = None
+    if a.src:
+        try:
+            with open(os.path.join(a.src, "curves.json")) as f:
+                curve_doc = json.load(f)
+        except OSError:
+            pass  # no curves in that directory: none drawn
+        except ValueError as e:
+            errors["curves"] = f"no JSON ({e})"
+    elif not a.no_curves and not a.only:
+        curve_doc = curves.run_curves(a.bin, a.out, a.quick, bench_env(a.bin))
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host": os.uname().nodename,
             "cpus": os.cpu_count(), "quick": a.quick}
-    rows = write_report(results, errors, a.out, meta)
+    rows = write_report(results, errors, a.out, meta, curve_doc)
     print(open(os.path.join(a.out, "report.md")).read())
     return 0 if rows else 1
 

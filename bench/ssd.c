@@ -63,6 +63,7 @@ struct opts {
     uint32_t fetch_blocks;
     bool integrity;
     const char *json;
+    uint64_t depth_bytes; /* bytes per phase of the depth curve (0: no curve) */
 };
 
 static void die(const char *what, int err)
@@ -363,21 +364,52 @@ static struct raw_variant raw_pick(struct tier *t, const char *path, bool wr,
     return best;
 }
 
-static void usage(void)
+/* The depth curve: tier and raw throughput at 1, 2, 4, ..., 32 requests in flight, for
+ * write and read, o->depth_bytes a phase. The tier is recreated (a new file) per depth with
+ * write-inflight = prefetch-inflight = depth; raw runs use the buffer kind calibrated per
+ * direction (wv, rv) at the same depth. The same checks as a round (index probe, every
+ * fetched byte). One object per depth in arr. */
+static void depth_curve(struct tier *t, struct pf_ssd_config *sc, const char *tier_path,
+                        const char *raw_path, const uint64_t *sums, struct raw_variant wv,
+                        struct raw_variant rv, const struct raw_bufs *b, cJSON *arr)
 {
-    fprintf(stderr, "usage: ssd [--dir DIR] [--block-size SIZE] [--slots N] [--total SIZE] "
-                    "[--rounds N] [--write-inflight N] [--prefetch-inflight N] [--fetchers N] "
-                    "[--fetch-blocks N] [--integrity on|off] [--json FILE]\n");
-    exit(2);
+    uint64_t bs = t->o->block, nq = t->o->depth_bytes / bs, bytes = nq * bs;
+    char err[512];
+    fprintf(stderr, "  depth curve: %llu MiB a phase\n", (unsigned long long)(bytes >> 20));
+    for (size_t i = 0; i < sizeof(raw_qds) / sizeof(raw_qds[0]); i++) {
+        unsigned d = raw_qds[i];
+        pf_ssd_destroy(t->ssd);
+        t->ssd = NULL;
+        unlink(tier_path);
+        sc->recover = false;
+        sc->write_inflight = d;
+        sc->prefetch_inflight = d;
+        if (pf_ssd_create(sc, &t->ssd, err, sizeof(err)) != 0) {
+            fprintf(stderr, "bench/ssd: depth %u: %s\n", d, err);
+            exit(1);
+        }
+        uint64_t first = (uint64_t)(100 + i) * nq * 4;
+        double tw = tier_write(t, first, nq, sums);
+        double rw = raw_write_v(raw_path, bytes, bs, (struct raw_variant){d, wv.thp}, b);
+        double tr = tier_read(t, first, nq);
+        double rr = raw_read_v(t, tier_path, bytes, (struct raw_variant){d, rv.thp}, b);
+        fprintf(stderr,
+                "  depth %2u: write raw %.2f tier %.2f GB/s, read raw %.2f tier %.2f GB/s\n", d,
+                rw / 1e9, tw / 1e9, rr / 1e9, tr / 1e9);
+        cJSON *o = bu_json_obj(NULL, NULL);
+        cJSON_AddItemToArray(arr, o);
+        bu_json_num(o, "depth", d);
+        bu_json_num(o, "tier_write_bytes_per_s", tw);
+        bu_json_num(o, "raw_write_bytes_per_s", rw);
+        bu_json_num(o, "tier_read_bytes_per_s", tr);
+        bu_json_num(o, "raw_read_bytes_per_s", rr);
+    }
 }
 
-static uint64_t arg_size(const char *s)
-{
-    uint64_t v;
-    if (pf_parse_size(s, &v) != 0 || v == 0)
-        usage();
-    return v;
-}
+#define USAGE                                                                                      \
+    "ssd [--dir DIR] [--block-size SIZE] [--slots N] [--total SIZE] [--rounds N] "                 \
+    "[--write-inflight N] [--prefetch-inflight N] [--fetchers N] [--fetch-blocks N] "              \
+    "[--integrity on|off] [--depth-curve SIZE (0: none)] [--json FILE]"
 
 int main(int argc, char **argv)
 {
@@ -394,41 +426,31 @@ int main(int argc, char **argv)
         .fetch_blocks = 32,
         .integrity = true,
     };
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!v)
-            usage();
-        if (strcmp(a, "--dir") == 0)
-            o.dir = v;
-        else if (strcmp(a, "--block-size") == 0)
-            o.block = arg_size(v);
-        else if (strcmp(a, "--slots") == 0)
-            o.slots = (uint32_t)atoi(v);
-        else if (strcmp(a, "--total") == 0)
-            o.total = arg_size(v);
-        else if (strcmp(a, "--rounds") == 0)
-            o.rounds = atoi(v);
-        else if (strcmp(a, "--write-inflight") == 0)
-            o.winflight = (uint32_t)atoi(v);
-        else if (strcmp(a, "--prefetch-inflight") == 0)
-            o.rinflight = (uint32_t)atoi(v);
-        else if (strcmp(a, "--fetchers") == 0)
-            o.fetchers = atoi(v);
-        else if (strcmp(a, "--fetch-blocks") == 0)
-            o.fetch_blocks = (uint32_t)atoi(v);
-        else if (strcmp(a, "--integrity") == 0)
-            o.integrity = strcmp(v, "off") != 0;
-        else if (strcmp(a, "--json") == 0)
-            o.json = v;
-        else
-            usage();
-        i++;
-    }
+    const char *integ = "on";
+    o.depth_bytes = UINT64_MAX; /* default: a quarter of --total */
+    const struct bu_opt opts[] = {{"--dir", BU_STR, &o.dir},
+                                  {"--block-size", BU_SIZE, &o.block},
+                                  {"--slots", BU_U32, &o.slots},
+                                  {"--total", BU_SIZE, &o.total},
+                                  {"--rounds", BU_INT, &o.rounds},
+                                  {"--write-inflight", BU_U32, &o.winflight},
+                                  {"--prefetch-inflight", BU_U32, &o.rinflight},
+                                  {"--fetchers", BU_INT, &o.fetchers},
+                                  {"--fetch-blocks", BU_U32, &o.fetch_blocks},
+                                  {"--integrity", BU_STR, &integ},
+                                  {"--depth-curve", BU_SIZE, &o.depth_bytes},
+                                  {"--json", BU_STR, &o.json},
+                                  {NULL, 0, NULL}};
+    bu_parse_opts(argc, argv, opts, USAGE);
+    o.integrity = strcmp(integ, "off") != 0;
+    if (o.depth_bytes == UINT64_MAX)
+        o.depth_bytes = o.total / 4;
     if (o.slots == 0 || o.block % (1024ull * o.slots) != 0 || o.rounds < 1 || o.rounds > 99 ||
         o.fetchers < 1 || o.fetchers > 16 || o.fetch_blocks == 0 || o.winflight == 0 ||
-        o.rinflight == 0 || o.total < o.block) {
+        o.rinflight == 0 || o.total < o.block ||
+        (o.depth_bytes && o.depth_bytes < RAW_QD_MAX * o.block)) {
         fprintf(stderr, "bench/ssd: the block size must be a multiple of 1 KiB x slots; "
-                        "rounds 1..99, fetchers 1..16\n");
+                        "rounds 1..99, fetchers 1..16; --depth-curve 0 or >= 32 blocks\n");
         return 2;
     }
     pf_log_set_level(PF_LOG_WARN);
@@ -618,30 +640,51 @@ int main(int argc, char **argv)
            "flight; 4 in flight: %.3f GB/s, ratio %.3f; first SSD hit after %.1f ms)\n",
            "recover", seq1 / 1e9, scan / 1e9, scan / seq1, (unsigned long long)(ring >> 20),
            seq4 / 1e9, scan / seq4, (double)first_hit / 1e6);
-    FILE *js = o.json ? fopen(o.json, "w") : stdout;
-    if (!js)
-        die(o.json, errno);
-    fprintf(js,
-            "{\"bench\":\"ssd\",\"dir\":\"%s\",\"block_bytes\":%llu,\"slots\":%u,"
-            "\"bytes_per_phase\":%llu,\"rounds\":%d,\"write_inflight\":%u,"
-            "\"prefetch_inflight\":%u,\"fetchers\":%d,\"fetch_blocks\":%u,\"integrity\":%s,"
-            "\"write\":{\"raw_bytes_per_s\":%.0f,\"tier_bytes_per_s\":%.0f,\"ratio\":%.4f},"
-            "\"read\":{\"raw_bytes_per_s\":%.0f,\"tier_bytes_per_s\":%.0f,\"ratio\":%.4f},"
-            "\"read_hot_buffer\":{\"raw_bytes_per_s\":%.0f,\"ratio\":%.4f},"
-            "\"raw_write_variant\":{\"depth\":%u,\"huge_page_buffer\":%s},"
-            "\"raw_read_variant\":{\"depth\":%u,\"huge_page_buffer\":%s},"
-            "\"recovery\":{\"ring_bytes\":%llu,\"scan_seconds\":%.4f,\"scan_bytes_per_s\":%.0f,"
-            "\"raw_seq_qd1_bytes_per_s\":%.0f,\"raw_seq_qd4_bytes_per_s\":%.0f,"
-            "\"ratio_qd1\":%.4f,\"ratio_qd4\":%.4f,\"first_hit_seconds\":%.4f,"
-            "\"target_ratio\":0.8},"
-            "\"target_ratio\":0.85}\n",
-            o.dir, (unsigned long long)o.block, o.slots, (unsigned long long)o.total, o.rounds,
-            o.winflight, o.rinflight, o.fetchers, o.fetch_blocks, o.integrity ? "true" : "false",
-            mrw, mtw, mtw / mrw, mrr, mtr, mtr / mrr, mrh, mtr / mrh, wv.qd,
-            wv.thp ? "true" : "false", rv.qd, rv.thp ? "true" : "false", (unsigned long long)ring,
-            secs(scan_ns), scan, seq1, seq4, scan / seq1, scan / seq4, secs(first_hit));
-    if (js != stdout)
-        fclose(js);
+    cJSON *root = bu_json_obj(NULL, NULL);
+    bu_json_str(root, "bench", "ssd");
+    bu_json_str(root, "dir", o.dir);
+    bu_json_num(root, "block_bytes", (double)o.block);
+    bu_json_num(root, "slots", o.slots);
+    bu_json_num(root, "bytes_per_phase", (double)o.total);
+    bu_json_num(root, "rounds", o.rounds);
+    bu_json_num(root, "write_inflight", o.winflight);
+    bu_json_num(root, "prefetch_inflight", o.rinflight);
+    bu_json_num(root, "fetchers", o.fetchers);
+    bu_json_num(root, "fetch_blocks", o.fetch_blocks);
+    bu_json_bool(root, "integrity", o.integrity);
+    cJSON *jw = bu_json_obj(root, "write");
+    bu_json_num(jw, "raw_bytes_per_s", mrw);
+    bu_json_num(jw, "tier_bytes_per_s", mtw);
+    bu_json_num(jw, "ratio", mtw / mrw);
+    cJSON *jr = bu_json_obj(root, "read");
+    bu_json_num(jr, "raw_bytes_per_s", mrr);
+    bu_json_num(jr, "tier_bytes_per_s", mtr);
+    bu_json_num(jr, "ratio", mtr / mrr);
+    cJSON *jh = bu_json_obj(root, "read_hot_buffer");
+    bu_json_num(jh, "raw_bytes_per_s", mrh);
+    bu_json_num(jh, "ratio", mtr / mrh);
+    cJSON *jv = bu_json_obj(root, "raw_write_variant");
+    bu_json_num(jv, "depth", wv.qd);
+    bu_json_bool(jv, "huge_page_buffer", wv.thp);
+    jv = bu_json_obj(root, "raw_read_variant");
+    bu_json_num(jv, "depth", rv.qd);
+    bu_json_bool(jv, "huge_page_buffer", rv.thp);
+    cJSON *jrec = bu_json_obj(root, "recovery");
+    bu_json_num(jrec, "ring_bytes", (double)ring);
+    bu_json_num(jrec, "scan_seconds", secs(scan_ns));
+    bu_json_num(jrec, "scan_bytes_per_s", scan);
+    bu_json_num(jrec, "raw_seq_qd1_bytes_per_s", seq1);
+    bu_json_num(jrec, "raw_seq_qd4_bytes_per_s", seq4);
+    bu_json_num(jrec, "ratio_qd1", scan / seq1);
+    bu_json_num(jrec, "ratio_qd4", scan / seq4);
+    bu_json_num(jrec, "first_hit_seconds", secs(first_hit));
+    bu_json_num(jrec, "target_ratio", 0.8);
+    bu_json_num(root, "target_ratio", 0.85);
+    if (o.depth_bytes) {
+        cJSON *arr = bu_json_check(cJSON_AddArrayToObject(root, "depths"));
+        depth_curve(&t, &sc, tier_path, raw_path, sums, wv, rv, &rb, arr);
+    }
+    bu_json_write(root, o.json);
     pf_ssd_destroy(t.ssd);
     pf_blk_close(t.blk);
     for (uint32_t i = 0; i < o.slots; i++)

@@ -203,10 +203,13 @@ static double raw_read(const char *path, const uint8_t *src, uint8_t *kv, uint8_
     return (double)total / (a > b ? a : b);
 }
 
+#define USAGE                                                                                      \
+    "ssd_server [--dir DIR] [--total SIZE] [--block-size SIZE] [--rounds N] [--json FILE] "        \
+    "[--server-arg ARG]..."
+
 static void usage(void)
 {
-    fprintf(stderr, "usage: ssd_server [--dir DIR] [--total SIZE] [--block-size SIZE] "
-                    "[--rounds N] [--json FILE] [--server-arg ARG]...\n");
+    fprintf(stderr, "usage: %s\n", USAGE);
     exit(2);
 }
 
@@ -216,30 +219,15 @@ int main(int argc, char **argv)
     const char *dir = tmp ? tmp : "/tmp";
     uint64_t total = 1ull << 30, bs = 1 << 20;
     int rounds = 3;
-    const char *extra[8];
-    int nextra = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!v)
-            usage();
-        if (strcmp(a, "--dir") == 0)
-            dir = v;
-        else if (strcmp(a, "--total") == 0) {
-            if (pf_parse_size(v, &total))
-                usage();
-        } else if (strcmp(a, "--block-size") == 0) {
-            if (pf_parse_size(v, &bs))
-                usage();
-        } else if (strcmp(a, "--rounds") == 0)
-            rounds = atoi(v);
-        else if (strcmp(a, "--json") == 0)
-            json = v;
-        else if (strcmp(a, "--server-arg") == 0 && nextra < 8)
-            extra[nextra++] = v;
-        else
-            usage();
-        i++;
-    }
+    struct bu_strs extra = {0};
+    const struct bu_opt opts[] = {{"--dir", BU_STR, &dir},
+                                  {"--total", BU_SIZE, &total},
+                                  {"--block-size", BU_SIZE, &bs},
+                                  {"--rounds", BU_INT, &rounds},
+                                  {"--json", BU_STR, &json},
+                                  {"--server-arg", BU_STRS, &extra},
+                                  {NULL, 0, NULL}};
+    bu_parse_opts(argc, argv, opts, USAGE);
     if (bs < 4096 || bs % 4096 || total < 16 * bs || rounds < 1 || rounds > 99)
         usage();
     uint64_t nb = total / bs;
@@ -271,8 +259,8 @@ int main(int argc, char **argv)
                           NULL,
                           NULL,
                           NULL};
-    for (int i = 0; i < nextra; i++)
-        args[12 + i] = extra[i];
+    for (int i = 0; i < extra.n; i++)
+        args[12 + i] = extra.v[i];
     struct pft_proc s;
     if (pft_start(&s, "pegaflow-server", "127.0.0.1", args))
         return 1;

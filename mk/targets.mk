@@ -25,10 +25,11 @@ coverage:
 
 # `make bench`: build, run every benchmark, write build/bench/report.md and report.json
 # (QUICK=1: smaller sizes, a smoke run; the figures then mean little; REPEAT=N: N whole runs,
-# merged as min/median/max of the runs' medians). bench-build: build only.
+# merged as min/median/max of the runs' medians; the curves of "How cost grows", SVG files
+# next to report.md, unless CURVES=0). bench-build: build only.
 bench: bench-build
 	@/usr/bin/python3 bench/report.py --out build/bench --bin $(O) $(if $(QUICK),--quick) \
-		$(if $(REPEAT),--repeat $(REPEAT))
+		$(if $(REPEAT),--repeat $(REPEAT)) $(if $(filter 0,$(CURVES)),--no-curves)
 
 bench-build:
 	@$(MAKE) --no-print-directory -j$(NPROC) all $(BENCH_BINS)

@@ -123,3 +123,144 @@ def test_even_merge_is_a_true_median_and_nothing_fixed(tmp_path):
     assert abs(row["ratio"][1] - 0.65) < 1e-9 and row["met"] is False  # (0.6 + 0.7) / 2
     md = (out / "report.md").read_text()
     assert "Which change moved" not in md and "->" not in md
+
+
+# ---- "How cost grows": the curves drawn as SVG next to report.md ----
+
+sys.path.insert(0, os.path.join(TOP, "bench"))
+import curves  # noqa: E402
+
+
+def curve_fixture():
+    return {
+        "seconds": 123.0,
+        "engine": {"block_bytes": 64, "iters": 50, "points": [
+            {"blocks": 10000, "save_batch": 256, "save_p50_us": 90.0, "query1_p50_us": 40.0,
+             "query_hashes": 4096, "query_p50_us": 700.0, "bytes_per_block": 180.0},
+            {"blocks": 100000, "save_batch": 256, "save_p50_us": 95.0, "query1_p50_us": 41.0,
+             "query_hashes": 4096, "query_p50_us": 760.0, "bytes_per_block": 150.0},
+            {"blocks": 1000000, "save_batch": 256, "save_p50_us": 99.0, "query1_p50_us": 45.0,
+             "query_hashes": 4096, "query_p50_us": 900.0, "bytes_per_block": 140.0}],
+            "stopped_at": 10000000,
+            "stopped_why": "memory: 10000000 blocks need ~9.9 GiB more"},
+        "p2p": {"not_measured": "bench/p2p has no --concurrent", "seconds": 0.1},
+        "metaserver": {
+            "memory": [{"keys": 100000, "bytes_per_key": 120.0, "store_query_per_s": 90000,
+                        "rpc_query_per_s": 9000},
+                       {"keys": 1000000, "bytes_per_key": 110.0, "store_query_per_s": 85000,
+                        "rpc_query_per_s": 8800}],
+            "redis": [{"keys": 100000, "bytes_per_key": 300.0, "store_query_per_s": 9000,
+                       "rpc_query_per_s": 3000}],
+            "stopped": {"memory": "stopped at 1e+07 keys: time: ~400 s needed",
+                        "redis": "stopped at 1e+06 keys: time: ~300 s needed"}}}
+
+
+SSD_DEPTHS = {"block_bytes": 1 << 20, "write": {"raw_bytes_per_s": 2e9, "tier_bytes_per_s": 1.8e9,
+                                                "ratio": 0.9},
+              "read": {"raw_bytes_per_s": 2e9, "tier_bytes_per_s": 1.5e9, "ratio": 0.75},
+              "depths": [{"depth": d, "tier_write_bytes_per_s": 1e8 * d,
+                          "raw_write_bytes_per_s": 1.1e8 * d, "tier_read_bytes_per_s": 0.9e8 * d,
+                          "raw_read_bytes_per_s": 1e8 * d} for d in (1, 2, 4, 8, 16, 32)]}
+
+
+def run_report(tmp_path, only, extra=()):
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, os.path.join(TOP, "bench", "report.py"), "--from",
+                        str(tmp_path / "in"), "--out", str(out), "--only", only, *extra],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def test_curves_drawn_as_svg_next_to_the_report(tmp_path):
+    import xml.etree.ElementTree as ET
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "curves.json").write_text(json.dumps(curve_fixture()))
+    (src / "ssd.json").write_text(json.dumps(SSD_DEPTHS))
+    out = run_report(tmp_path, "ssd")
+    md = (out / "report.md").read_text()
+    want = {"curve_engine_latency.svg": 3, "curve_engine_memory.svg": 1,
+            "curve_ssd_depth.svg": 4, "curve_meta_memory.svg": 2, "curve_meta_qps.svg": 3}
+    for name, nseries in want.items():
+        root = ET.parse(out / name).getroot()  # well-formed XML, or this raises
+        assert root.tag == "{http://www.w3.org/2000/svg}svg"
+        groups = [g for g in root.iter("{http://www.w3.org/2000/svg}g")
+                  if g.get("class") == "series"]
+        assert len(groups) == nseries, name  # one series per curve drawn
+        assert f"]({name})" in md  # linked from report.md
+        texts = " ".join(t.text or "" for t in root.iter("{http://www.w3.org/2000/svg}text"))
+        assert "(log scale)" in texts  # x is a count: log-x, labelled
+    # every series of the memory chart has its measured points, in order
+    root = ET.parse(out / "curve_engine_memory.svg").getroot()
+    circles = list(root.iter("{http://www.w3.org/2000/svg}circle"))
+    assert len(circles) == 3
+    xs = [float(c.get("cx")) for c in circles]
+    assert xs == sorted(xs) and xs[0] < xs[-1]
+    assert "## How cost grows" in md and "The curves took 123 s" in md
+    assert "stopped at 10000000 blocks: memory" in md
+    assert "memory store: stopped at 1e+07 keys" in md
+    assert "redis store: stopped at 1e+06 keys" in md
+    assert "not measured: bench/p2p has no --concurrent" in md
+    assert "curve_p2p_concurrent.svg" not in md and not (out / "curve_p2p_concurrent.svg").exists()
+    doc = json.loads((out / "report.json").read_text())
+    assert [c["file"] for c in doc["curves"]["charts"]] == list(want)
+
+
+def test_p2p_concurrency_curve_from_runs(tmp_path):
+    import xml.etree.ElementTree as ET
+    src = tmp_path / "in"
+    src.mkdir()
+    fx = curve_fixture()
+    fx["p2p"] = {"runs": {str(n): {"concurrent": n, "throughput": [
+        {"block": 262144, "p2p_gbps": 1.0 * n, "raw_gbps": 2.0},
+        {"block": 4194304, "p2p_gbps": 1.5 * n, "raw_gbps": 2.5}]} for n in (1, 2, 4)}}
+    (src / "curves.json").write_text(json.dumps(fx))
+    (src / "ssd.json").write_text(json.dumps({k: v for k, v in SSD_DEPTHS.items()
+                                              if k != "depths"}))
+    out = run_report(tmp_path, "ssd")
+    root = ET.parse(out / "curve_p2p_concurrent.svg").getroot()
+    groups = [g for g in root.iter("{http://www.w3.org/2000/svg}g") if g.get("class") == "series"]
+    assert [g.get("data-name") for g in groups] == ["P2P 256 KiB blocks", "P2P 4096 KiB blocks"]
+    assert all(len(list(g.iter("{http://www.w3.org/2000/svg}circle"))) == 3 for g in groups)
+    md = (out / "report.md").read_text()
+    assert "| 4096 KiB | 4 | 6.00 | 2.50 |" in md
+    # no depth figures in ssd.json: said, not drawn
+    assert "SSD throughput at depth 1 to 32: not measured" in md
+
+
+def test_p2p_without_concurrent_flag_is_detected():
+    usage = ("usage: p2p [--size BYTES] [--blocks 256k,1m,4m] [--reps N] [--lat-reps N] "
+             "[--json FILE]\n")
+    assert not curves.p2p_has_concurrent(usage)
+    assert curves.p2p_has_concurrent(usage.replace("[--json", "[--concurrent N] [--json"))
+    assert curves.p2p_has_concurrent("bench/p2p: netns: operation not permitted\n")
+
+
+def test_metaserver_curve_stops_where_memory_or_time_ends():
+    last = {"keys": 10 ** 6, "seconds": 10.0, "bytes_per_key_all": 200.0}
+    assert curves.meta_does_not_fit(10 ** 7, None, 100, 1 << 40) is None
+    assert curves.meta_does_not_fit(10 ** 7, last, 1000, 1 << 40) is None
+    why = curves.meta_does_not_fit(10 ** 8, last, 10 ** 6, 24 << 30)  # 30 GB > 20 GiB
+    assert why.startswith("memory:")
+    why = curves.meta_does_not_fit(10 ** 7, last, 50, 1 << 40)  # ~100 s > 50 s left
+    assert why.startswith("time:")
+
+
+def test_no_curves_without_curve_json(tmp_path):
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "ssd.json").write_text(json.dumps(SSD_DEPTHS))
+    out = run_report(tmp_path, "ssd")
+    assert "How cost grows" not in (out / "report.md").read_text()
+    assert not list(out.glob("*.svg"))
+
+
+def test_svg_chart_escapes_and_handles_no_points():
+    import xml.etree.ElementTree as ET
+    svg = curves.svg_chart("a < b & c", "keys", "B", [("x<y", [(1, None)])])
+    root = ET.fromstring(svg)
+    assert "no points measured" in "".join(t.text or "" for t in root.iter(
+        "{http://www.w3.org/2000/svg}text"))
+    svg = curves.svg_chart("t", "n", "y", [("s", [(10, 1.0), (1000, 2.0)])], logy=True)
+    ET.fromstring(svg)
