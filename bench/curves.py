@@ -7,10 +7,11 @@ run_curves() measures, within a time budget, and returns one JSON document (curv
   p2p         bench/p2p --concurrent N for N = 1, 2, 4 (not measured when bench/p2p has no
               --concurrent)
   metaserver  bench/metaserver --keys K: memory per key and queries/s of the memory store at
-              10^5 .. 10^8 keys and of the Redis store (--store redis) at 10^5 .. 10^7; each
-              next point is first estimated from the last one (memory against MemAvailable
-              less a reserve, time against what is left of the budget) and not started when it
-              does not fit: the document says where it stopped and why
+              10^5 .. 10^8 keys and of the Redis store (--store redis) at 10^5, 3x10^5, 10^6,
+              10^7, each store within its own budget; each next point is first estimated from
+              the last one (memory against MemAvailable less a reserve, time linear in keys
+              against what is left of the budget) and not started when it does not fit: the
+              document says where it stopped and why
 SSD throughput at depth 1 .. 32 comes from bench/ssd's own JSON ("depths").
 
 draw_curves() turns that document (and ssd.json) into SVG files (plain <svg>, no library:
@@ -63,13 +64,13 @@ def plan(quick):
         return {"engine_points": [10 ** 4, 10 ** 5, 10 ** 6], "engine_budget": 40,
                 "p2p_args": ["--size", "64m", "--reps", "1", "--lat-reps", "1",
                              "--blocks", "1m"],
-                "meta_memory": [1000, 10000, 100000], "meta_redis": [1000, 10000],
-                "meta_budget": 60, "meta_query_secs": "0.4"}
+                "meta_memory": [10 ** 4, 10 ** 5], "meta_redis": [10 ** 4, 3 * 10 ** 4],
+                "meta_memory_budget": 30, "meta_redis_budget": 30, "meta_query_secs": "0.4"}
     return {"engine_points": [10 ** 4, 10 ** 5, 10 ** 6, 10 ** 7], "engine_budget": 150,
             "p2p_args": ["--size", "256m", "--reps", "2", "--lat-reps", "1"],
             "meta_memory": [10 ** 5, 10 ** 6, 10 ** 7, 10 ** 8],
-            "meta_redis": [10 ** 5, 10 ** 6, 10 ** 7],
-            "meta_budget": 150, "meta_query_secs": "1"}
+            "meta_redis": [10 ** 5, 3 * 10 ** 5, 10 ** 6, 10 ** 7],
+            "meta_memory_budget": 100, "meta_redis_budget": 100, "meta_query_secs": "1"}
 
 
 def run_engine_curve(bindir, outdir, env, p):
@@ -147,48 +148,35 @@ def meta_does_not_fit(keys, last, left_s, avail):
 
 
 def run_meta_curve(bindir, outdir, env, p):
-    """Memory store at p['meta_memory'] keys; the Redis store (same runs, --store redis)
-    at p['meta_redis']. One run per key count; stops at the first that does not fit."""
+    """The memory store at p['meta_memory'] keys, then the Redis store (--store redis) at
+    p['meta_redis'], each within its own budget; one run per key count, each store stops at
+    its first point that does not fit (or fails)."""
     out = {"memory": [], "redis": [], "stopped": {}, "seconds": 0.0}
-    t_end = time.time() + p["meta_budget"]
-    last = {"memory": None, "redis": None}
-    for keys in sorted(set(p["meta_memory"]) | set(p["meta_redis"])):
-        want = [s for s in ("memory", "redis") if keys in p[f"meta_{s}"] and
-                s not in out["stopped"]]
-        if not want:
-            continue
-        redis = "redis" in want
-        ref = last["redis"] if redis else last["memory"]
-        why = meta_does_not_fit(keys, ref, t_end - time.time(), mem_available())
-        if why and redis and "memory" in want:  # try the memory store alone
-            out["stopped"]["redis"] = f"stopped at {keys:.0e} keys: {why}"
-            redis, want = False, ["memory"]
-            why = meta_does_not_fit(keys, last["memory"], t_end - time.time(), mem_available())
-        if why:
-            for s in want:
-                out["stopped"][s] = f"stopped at {keys:.0e} keys: {why}"
-            continue
-        path = os.path.join(outdir, f"metaserver-{keys}.json")
-        cmd = [os.path.join(bindir, "bench", "metaserver"), "--keys", str(keys),
-               "--query-secs", p["meta_query_secs"], "--json", path]
-        if redis:
-            cmd += ["--store", "redis"]
-        rc, secs = _run(cmd, os.path.join(outdir, f"metaserver-{keys}.log"), env,
-                        max(60, t_end - time.time() + 60))
-        out["seconds"] += secs
-        doc = _load(path) if rc == 0 else None
-        if doc is None:
-            for s in want:
-                out["stopped"][s] = f"stopped at {keys:.0e} keys: exit {rc} " \
-                                    f"(see metaserver-{keys}.log)"
-            continue
-        mem_b = doc["rpc"]["rss_bytes_per_key"] + doc["store"].get("store_bytes_per_key", 0) + 32
-        for s in want:
-            pt = _meta_point(doc, s)
-            out[s].append(pt)
-            allb = mem_b + (pt["bytes_per_key"] + doc["redis"]["metaserver_rss_bytes_per_key"]
-                            if s == "redis" else 0)
-            last[s] = {"keys": keys, "seconds": secs, "bytes_per_key_all": allb}
+    for store in ("memory", "redis"):
+        t_end = time.time() + p[f"meta_{store}_budget"]
+        last = None
+        for keys in p[f"meta_{store}"]:
+            why = meta_does_not_fit(keys, last, t_end - time.time(), mem_available())
+            if why:
+                out["stopped"][store] = f"stopped at {keys:.0e} keys: {why}"
+                break
+            name = f"metaserver-{store}-{keys}"
+            path = os.path.join(outdir, name + ".json")
+            cmd = [os.path.join(bindir, "bench", "metaserver"), "--keys", str(keys),
+                   "--query-secs", p["meta_query_secs"], "--store", store, "--json", path]
+            rc, secs = _run(cmd, os.path.join(outdir, name + ".log"), env,
+                            max(60, t_end - time.time() + 60))
+            out["seconds"] += secs
+            doc = _load(path) if rc == 0 else None
+            if doc is None:
+                out["stopped"][store] = f"stopped at {keys:.0e} keys: exit {rc} (see {name}.log)"
+                break
+            pt = _meta_point(doc, store)
+            out[store].append(pt)
+            allb = doc["rpc"]["rss_bytes_per_key"] + doc["store"].get("store_bytes_per_key", 0) + 32
+            if store == "redis":
+                allb += pt["bytes_per_key"] + doc["redis"]["metaserver_rss_bytes_per_key"]
+            last = {"keys": keys, "seconds": secs, "bytes_per_key_all": allb}
     return out
 
 
@@ -196,7 +184,7 @@ def run_curves(bindir, outdir, quick, env):
     p = plan(quick)
     t0 = time.time()
     print("report: curves (engine, p2p concurrency, metaserver)", flush=True)
-    doc = {"quick": quick,
+    doc = {"quick": quick, "plan": p,
            "engine": run_engine_curve(bindir, outdir, env, p),
            "p2p": run_p2p_curve(bindir, outdir, env, p),
            "metaserver": run_meta_curve(bindir, outdir, env, p)}
@@ -407,9 +395,20 @@ def charts_meta(m, outdir):
                    "queries/s (64-block prefixes)", ser_q, notes, hdr, [], logy=True)], []
 
 
+def plan_note(p):
+    """Where each curve was meant to go (the points a run tries before any stop)."""
+    if not p:
+        return []
+    f = lambda v: ", ".join(f"{x:.0e}" for x in v)  # noqa: E731
+    return [f"Points tried: engine {f(p['engine_points'])} blocks (budget "
+            f"{p['engine_budget']} s); MetaServer memory store {f(p['meta_memory'])} keys, "
+            f"Redis store {f(p['meta_redis'])} keys ({p['meta_memory_budget']} s and "
+            f"{p['meta_redis_budget']} s); P2P 1, 2, 4 requesters; SSD depths 1 .. 32."]
+
+
 def draw_curves(doc, ssd, outdir):
     """Writes the SVG files into outdir; returns (charts, notes) for the report."""
-    charts, notes = [], []
+    charts, notes = [], plan_note(doc.get("plan"))
     for c, n in (charts_engine(doc.get("engine"), outdir), charts_p2p(doc.get("p2p"), outdir),
                  charts_ssd(ssd, outdir), charts_meta(doc.get("metaserver"), outdir)):
         charts += c
@@ -432,6 +431,9 @@ def markdown(charts, notes, seconds):
             lines += ["| " + " | ".join(t[0]) + " |", "|" + "---|" * len(t[0])]
             lines += ["| " + " | ".join(r) + " |" for r in t[1:]]
             lines.append("")
-    if notes:
-        lines += ["Not drawn:", ""] + [f"- {n}" for n in notes]
+    plan = [n for n in notes if n.startswith("Points tried:")]
+    rest = [n for n in notes if not n.startswith("Points tried:")]
+    lines[3:3] = plan + ([""] if plan else [])
+    if rest:
+        lines += ["Not drawn:", ""] + [f"- {n}" for n in rest]
     return lines
