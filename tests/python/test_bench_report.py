@@ -264,3 +264,30 @@ def test_svg_chart_escapes_and_handles_no_points():
         "{http://www.w3.org/2000/svg}text"))
     svg = curves.svg_chart("t", "n", "y", [("s", [(10, 1.0), (1000, 2.0)])], logy=True)
     ET.fromstring(svg)
+
+
+def test_merge_keeps_the_curves_of_the_run_that_drew_them(tmp_path):
+    """--repeat N: only the first run draws curves; the merged report links its SVG files,
+    copied next to the merged report.md."""
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "curves.json").write_text(json.dumps(curve_fixture()))
+    (src / "ssd.json").write_text(json.dumps(SSD_DEPTHS))
+    run1 = run_report(tmp_path, "ssd")
+    run2 = tmp_path / "run2"
+    r = subprocess.run([sys.executable, os.path.join(TOP, "bench", "report.py"), "--from",
+                        str(src), "--out", str(run2), "--only", "ssd"], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    doc2 = json.loads((run2 / "report.json").read_text())
+    doc2["curves"] = None  # as a later run of --repeat, which skips the curves
+    (run2 / "report.json").write_text(json.dumps(doc2))
+    merged = tmp_path / "merged"
+    r = subprocess.run([sys.executable, os.path.join(TOP, "bench", "report.py"), "--out",
+                        str(merged), "--merge", str(run2 / "report.json"),
+                        str(run1 / "report.json")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    md = (merged / "report.md").read_text()
+    assert "## How cost grows" in md and "2 runs merged" in md
+    for f in ("curve_engine_latency.svg", "curve_ssd_depth.svg"):
+        assert (merged / f).read_bytes() == (run1 / f).read_bytes()
