@@ -414,7 +414,7 @@ def main():
         else:
             results[n] = j
     curve_doc = None
-    if a.src:
+    if a.src and not a.no_curves:
         try:
             with open(os.path.join(a.src, "curves.json")) as f:
                 curve_doc = json.load(f)

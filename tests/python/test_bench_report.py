@@ -247,11 +247,15 @@ def test_metaserver_curve_stops_where_memory_or_time_ends():
     assert why.startswith("time:")
 
 
-def test_no_curves_without_curve_json(tmp_path):
+def test_no_curves_without_curve_json_or_with_no_curves(tmp_path):
     src = tmp_path / "in"
     src.mkdir()
     (src / "ssd.json").write_text(json.dumps(SSD_DEPTHS))
     out = run_report(tmp_path, "ssd")
+    assert "How cost grows" not in (out / "report.md").read_text()
+    assert not list(out.glob("*.svg"))
+    (src / "curves.json").write_text(json.dumps(curve_fixture()))
+    out = run_report(tmp_path, "ssd", ["--no-curves"])  # make bench CURVES=0
     assert "How cost grows" not in (out / "report.md").read_text()
     assert not list(out.glob("*.svg"))
 
