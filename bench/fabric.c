@@ -508,130 +508,171 @@ usage:
     return -1;
 }
 
-int main(int argc, char **argv)
-{
+/* ---- the phases of a run ---- */
+
+struct run {
     struct opts o;
-    if (parse_opts(argc, argv, &o))
-        return 2;
-    signal(SIGPIPE, SIG_IGN);
-    pf_log_set_level(PF_LOG_WARN);
-    const char *topo = "loopback 127.0.0.1 <-> 127.0.0.2";
-    const char *nic_a = "127.0.0.1", *nic_b = "127.0.0.2", *hip = "127.0.0.1";
+    bool verbs;
+    const char *topo, *nic_a, *nic_b, *hip;
     char topo_buf[320];
-    backend = o.backend;
-    bool verbs = strcmp(backend, "verbs") == 0;
-    if (verbs) { /* two RDMA devices of this host; the raw TCP server stays on loopback */
-        nic_a = o.nics[0];
-        nic_b = o.nics[1];
-        snprintf(topo_buf, sizeof(topo_buf),
-                 "verbs %s (holder) -> %s (reader), against a raw verbs READ loop", nic_a, nic_b);
-        topo = topo_buf;
-    } else if (!o.loopback && geteuid() == 0) {
-        signal(SIGINT, on_signal);
-        signal(SIGTERM, on_signal);
-        if (pft_netpair_setup(&np, "pfbench", 213) == 0) {
-            atexit(ns_cleanup);
-            nic_a = np.veth[0];
-            nic_b = np.veth[1];
-            hip = np.ip[0];
-            snprintf(topo_buf, sizeof(topo_buf), "veth %s (%s, netns %s) <-> %s (%s, netns %s)",
-                     np.veth[0], np.ip[0], np.ns[0], np.veth[1], np.ip[1], np.ns[1]);
-            topo = topo_buf;
-        } else {
-            fprintf(stderr, "fabric: cannot create network namespaces: using loopback\n");
-        }
-    }
-    printf("fabric: %s, %" PRIu64 " MiB per fetch, %d QP(s), %d reps\n", topo, o.size >> 20, o.qps,
-           o.reps);
-    fflush(stdout);
-
-    int sv[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv))
-        return 1;
-    pid_t pid = fork();
-    if (pid < 0)
-        return 1;
-    if (pid == 0) {
-        close(sv[0]);
-        int rc = holder(&o, sv[1], nic_a, hip);
-        np.made = false;
-        _exit(rc);
-    }
-    close(sv[1]);
-    int rc = 1;
-    uint8_t *rawsrc = NULL;
-    struct reader r = {.o = &o, .holder_ip = hip, .holder = pid};
-    if (np.made && pft_netns_enter(np.ns[1])) {
-        fprintf(stderr, "reader: cannot enter %s\n", np.ns[1]);
-        goto out;
-    }
-    r.net = open_nic(nic_b);
-    r.dst = map_prefaulted(o.size);
-    if (!r.net || !r.dst)
-        goto out;
-    if (pf_net_reg_mem(r.net, 0, r.dst, o.size, PF_NET_ACCESS_LOCAL_WRITE, &r.mr))
-        goto out;
-    struct hello mine;
-    memset(&mine, 0, sizeof(mine));
-    mine.nqps = (uint16_t)o.qps;
-    for (int i = 0; i < o.qps; i++) {
-        size_t l = 0;
-        if (pf_net_qp_create(r.net, 0, &r.qp[i]) ||
-            pf_net_qp_local_endpoint(r.qp[i], mine.ep[i], sizeof(mine.ep[i]), &l))
-            goto out;
-        mine.eplen[i] = (uint32_t)l;
-    }
-    char c;
-    if (pft_read_full(sv[0], &r.h, sizeof(r.h)) || pft_write_full(sv[0], &mine, sizeof(mine)) ||
-        pft_read_full(sv[0], &c, 1)) {
-        fprintf(stderr, "fabric: holder failed to start\n");
-        goto out;
-    }
-    for (int i = 0; i < o.qps; i++)
-        if (pf_net_qp_connect(r.qp[i], r.h.ep[i], r.h.eplen[i]))
-            goto out;
-    if (verbs) { /* the baseline's source: the holder's bytes, on the holder's device */
-        rawsrc = map_prefaulted(o.size);
-        if (!rawsrc)
-            goto out;
-        fill_seeded(rawsrc, o.size, 0x5eed);
-        int e = rv_open(&rawv, nic_a, nic_b, rawsrc, r.dst, o.size);
-        if (e) {
-            fprintf(stderr, "fabric: raw verbs baseline on %s -> %s: %s\n", nic_a, nic_b,
-                    strerror(-e));
-            goto out;
-        }
-    }
-
+    int ctl; /* the socket to the holder process */
+    pid_t pid;
+    struct reader r;
+    uint8_t *rawsrc;
     double fab[MAX_BLOCKS][MAX_REPS], raw[MAX_BLOCKS][MAX_REPS];
     double rawc[MAX_BLOCKS][MAX_REPS], raww[MAX_BLOCKS][MAX_REPS];
     double fabcpu[MAX_BLOCKS][MAX_REPS], rawcpu[MAX_BLOCKS][MAX_REPS];
     bool ok[MAX_BLOCKS];
-    for (int b = 0; b < o.nblocks; b++) {
-        for (int k = 0; k < o.reps; k++) {
+};
+
+/* Where the two sides run: two RDMA devices (verbs; the raw TCP server stays on loopback),
+ * a veth pair between two namespaces (root), or loopback. */
+static void choose_topology(struct run *f)
+{
+    f->topo = "loopback 127.0.0.1 <-> 127.0.0.2";
+    f->nic_a = "127.0.0.1";
+    f->nic_b = "127.0.0.2";
+    f->hip = "127.0.0.1";
+    backend = f->o.backend;
+    f->verbs = strcmp(backend, "verbs") == 0;
+    if (f->verbs) {
+        f->nic_a = f->o.nics[0];
+        f->nic_b = f->o.nics[1];
+        snprintf(f->topo_buf, sizeof(f->topo_buf),
+                 "verbs %s (holder) -> %s (reader), against a raw verbs READ loop", f->nic_a,
+                 f->nic_b);
+        f->topo = f->topo_buf;
+    } else if (!f->o.loopback && geteuid() == 0) {
+        signal(SIGINT, on_signal);
+        signal(SIGTERM, on_signal);
+        if (pft_netpair_setup(&np, "pfbench", 213) == 0) {
+            atexit(ns_cleanup);
+            f->nic_a = np.veth[0];
+            f->nic_b = np.veth[1];
+            f->hip = np.ip[0];
+            snprintf(f->topo_buf, sizeof(f->topo_buf),
+                     "veth %s (%s, netns %s) <-> %s (%s, netns %s)", np.veth[0], np.ip[0], np.ns[0],
+                     np.veth[1], np.ip[1], np.ns[1]);
+            f->topo = f->topo_buf;
+        } else {
+            fprintf(stderr, "fabric: cannot create network namespaces: using loopback\n");
+        }
+    }
+    printf("fabric: %s, %" PRIu64 " MiB per fetch, %d QP(s), %d reps\n", f->topo, f->o.size >> 20,
+           f->o.qps, f->o.reps);
+    fflush(stdout);
+}
+
+/* Forks the holder process (node A's side); 0 or -1. */
+static int start_holder(struct run *f)
+{
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv))
+        return -1;
+    f->pid = fork();
+    if (f->pid < 0)
+        return -1;
+    if (f->pid == 0) {
+        close(sv[0]);
+        int rc = holder(&f->o, sv[1], f->nic_a, f->hip);
+        np.made = false;
+        _exit(rc);
+    }
+    close(sv[1]);
+    f->ctl = sv[0];
+    f->r = (struct reader){.o = &f->o, .holder_ip = f->hip, .holder = f->pid};
+    return 0;
+}
+
+/* The reader (node B's side): its NIC, destination memory, QPs connected to the holder's,
+ * and for verbs the raw READ loop's source; 0 or -1. */
+static int connect_reader(struct run *f)
+{
+    struct reader *r = &f->r;
+    const struct opts *o = &f->o;
+    if (np.made && pft_netns_enter(np.ns[1])) {
+        fprintf(stderr, "reader: cannot enter %s\n", np.ns[1]);
+        return -1;
+    }
+    r->net = open_nic(f->nic_b);
+    r->dst = map_prefaulted(o->size);
+    if (!r->net || !r->dst)
+        return -1;
+    if (pf_net_reg_mem(r->net, 0, r->dst, o->size, PF_NET_ACCESS_LOCAL_WRITE, &r->mr))
+        return -1;
+    struct hello mine;
+    memset(&mine, 0, sizeof(mine));
+    mine.nqps = (uint16_t)o->qps;
+    for (int i = 0; i < o->qps; i++) {
+        size_t l = 0;
+        if (pf_net_qp_create(r->net, 0, &r->qp[i]) ||
+            pf_net_qp_local_endpoint(r->qp[i], mine.ep[i], sizeof(mine.ep[i]), &l))
+            return -1;
+        mine.eplen[i] = (uint32_t)l;
+    }
+    char c;
+    if (pft_read_full(f->ctl, &r->h, sizeof(r->h)) || pft_write_full(f->ctl, &mine, sizeof(mine)) ||
+        pft_read_full(f->ctl, &c, 1)) {
+        fprintf(stderr, "fabric: holder failed to start\n");
+        return -1;
+    }
+    for (int i = 0; i < o->qps; i++)
+        if (pf_net_qp_connect(r->qp[i], r->h.ep[i], r->h.eplen[i]))
+            return -1;
+    if (f->verbs) { /* the baseline's source: the holder's bytes, on the holder's device */
+        f->rawsrc = map_prefaulted(o->size);
+        if (!f->rawsrc)
+            return -1;
+        fill_seeded(f->rawsrc, o->size, 0x5eed);
+        int e = rv_open(&rawv, f->nic_a, f->nic_b, f->rawsrc, r->dst, o->size);
+        if (e) {
+            fprintf(stderr, "fabric: raw verbs baseline on %s -> %s: %s\n", f->nic_a, f->nic_b,
+                    strerror(-e));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Every block size, --reps runs of the fabric and of the raw baseline (ABBA order); 0 or -1. */
+static int measure(struct run *f)
+{
+    const struct opts *o = &f->o;
+    struct reader *r = &f->r;
+    for (int b = 0; b < o->nblocks; b++) {
+        for (int k = 0; k < o->reps; k++) {
             /* alternate the order so drift hurts both equally; every fabric round starts
              * from a cleared destination and its bytes are checked (outside the timing) */
             if (k == 0)
-                ok[b] = true;
+                f->ok[b] = true;
             if (k % 2 == 1)
-                raw[b][k] = raw_best(&r, o.blocks[b], &rawc[b][k], &raww[b][k], &rawcpu[b][k]);
-            memset(r.dst, 0, o.size);
-            fab[b][k] = fabric_round_cpu(&r, o.blocks[b], &fabcpu[b][k]);
-            ok[b] = ok[b] && fab[b][k] > 0 && pf_hash64(r.dst, o.size) == r.h.checksum;
+                f->raw[b][k] =
+                    raw_best(r, o->blocks[b], &f->rawc[b][k], &f->raww[b][k], &f->rawcpu[b][k]);
+            memset(r->dst, 0, o->size);
+            f->fab[b][k] = fabric_round_cpu(r, o->blocks[b], &f->fabcpu[b][k]);
+            f->ok[b] = f->ok[b] && f->fab[b][k] > 0 && pf_hash64(r->dst, o->size) == r->h.checksum;
             if (k % 2 == 0)
-                raw[b][k] = raw_best(&r, o.blocks[b], &rawc[b][k], &raww[b][k], &rawcpu[b][k]);
-            if (fab[b][k] <= 0 || raw[b][k] <= 0)
-                goto out;
+                f->raw[b][k] =
+                    raw_best(r, o->blocks[b], &f->rawc[b][k], &f->raww[b][k], &f->rawcpu[b][k]);
+            if (f->fab[b][k] <= 0 || f->raw[b][k] <= 0)
+                return -1;
         }
     }
+    return 0;
+}
 
+/* The table and the JSON; 0, or 1 when some block size's bytes did not verify. */
+static int report(struct run *f)
+{
+    const struct opts *o = &f->o;
+    bool verbs = f->verbs;
     printf("\n%-10s %14s %14s %14s %8s %8s %9s %9s  %s\n", "block",
            verbs ? "verbs GB/s" : "fabric GB/s", verbs ? "raw verbs GB/s" : "raw TCP GB/s",
            "fabric best", "ratio", "paired", "fab CPU", "raw CPU", "bytes");
     printf("(GB/s = 1e9 bytes/s, medians of %d runs; raw = %s;\n ratio = fabric/raw of the "
            "medians; paired = median of per-run fabric/raw;\n CPU = user+system seconds per GiB "
            "of both processes%s)\n",
-           o.reps,
+           o->reps,
            verbs ? "ibv_post_send READs of the block size, 128 outstanding, on the same devices"
                  : "the fastest, in each run, of 1 and " RAW_STREAMS_STR " parallel streams in "
                    "block-size and 256 KiB calls and of one stream in single calls",
@@ -640,64 +681,85 @@ int main(int argc, char **argv)
     cJSON *root = bu_json_obj(NULL, NULL);
     bu_json_str(root, "benchmark", "fabric");
     bu_json_str(root, "backend", backend);
-    bu_json_str(root, "topology", topo);
-    bu_json_num(root, "bytes", (double)o.size);
-    bu_json_num(root, "qps", o.qps);
-    bu_json_num(root, "reps", o.reps);
+    bu_json_str(root, "topology", f->topo);
+    bu_json_num(root, "bytes", (double)o->size);
+    bu_json_num(root, "qps", o->qps);
+    bu_json_num(root, "reps", o->reps);
     cJSON *res = bu_json_check(cJSON_AddArrayToObject(root, "results"));
     double worst = 1e9;
-    for (int b = 0; b < o.nblocks; b++) {
-        double fm = bu_median(fab[b], o.reps), rm = bu_median(raw[b], o.reps);
-        double fbest = fab[b][0];
-        for (int k = 1; k < o.reps; k++)
-            fbest = fab[b][k] < fbest ? fab[b][k] : fbest;
-        double fgb = (double)o.size / fm / 1e9, rgb = (double)o.size / rm / 1e9;
+    int rc = 0;
+    for (int b = 0; b < o->nblocks; b++) {
+        double fm = bu_median(f->fab[b], o->reps), rm = bu_median(f->raw[b], o->reps);
+        double fbest = f->fab[b][0];
+        for (int k = 1; k < o->reps; k++)
+            fbest = f->fab[b][k] < fbest ? f->fab[b][k] : fbest;
+        double fgb = (double)o->size / fm / 1e9, rgb = (double)o->size / rm / 1e9;
         double ratio = rm / fm, paired[MAX_REPS];
-        for (int k = 0; k < o.reps; k++) /* same-moment pairs: robust to load drift */
-            paired[k] = raw[b][k] / fab[b][k];
-        double pratio = bu_median(paired, o.reps);
+        for (int k = 0; k < o->reps; k++) /* same-moment pairs: robust to load drift */
+            paired[k] = f->raw[b][k] / f->fab[b][k];
+        double pratio = bu_median(paired, o->reps);
         worst = ratio < worst ? ratio : worst;
         char bl[32];
-        snprintf(bl, sizeof(bl), "%" PRIu64 " KiB", o.blocks[b] >> 10);
-        double gib = (double)o.size / (double)(1ull << 30);
-        double fcpu = bu_median(fabcpu[b], o.reps) / gib, rcpu = bu_median(rawcpu[b], o.reps) / gib;
+        snprintf(bl, sizeof(bl), "%" PRIu64 " KiB", o->blocks[b] >> 10);
+        double gib = (double)o->size / (double)(1ull << 30);
+        double fcpu = bu_median(f->fabcpu[b], o->reps) / gib,
+               rcpu = bu_median(f->rawcpu[b], o->reps) / gib;
         printf("%-10s %14.3f %14.3f %14.3f %8.3f %8.3f %9.2f %9.2f  %s\n", bl, fgb, rgb,
-               (double)o.size / fbest / 1e9, ratio, pratio, fcpu, rcpu,
-               ok[b] ? "verified" : "MISMATCH");
+               (double)o->size / fbest / 1e9, ratio, pratio, fcpu, rcpu,
+               f->ok[b] ? "verified" : "MISMATCH");
         cJSON *jb = bu_json_obj(NULL, NULL);
         cJSON_AddItemToArray(res, jb);
-        bu_json_num(jb, "block", (double)o.blocks[b]);
+        bu_json_num(jb, "block", (double)o->blocks[b]);
         bu_json_num(jb, "fabric_gbps", fgb);
         bu_json_num(jb, "raw_gbps", rgb);
         bu_json_num(jb, "ratio", ratio);
         bu_json_num(jb, "paired_ratio", pratio);
         bu_json_num(jb, "fabric_cpu_s_per_gib", fcpu);
         bu_json_num(jb, "raw_cpu_s_per_gib", rcpu);
-        bu_json_bool(jb, "verified", ok[b]);
-        bu_json_nums(jb, "fabric_s", fab[b], o.reps);
-        bu_json_nums(jb, "raw_s", raw[b], o.reps);
-        bu_json_nums(jb, "raw_block_writes_s", rawc[b], o.reps);
-        bu_json_nums(jb, "raw_single_write_s", raww[b], o.reps);
+        bu_json_bool(jb, "verified", f->ok[b]);
+        bu_json_nums(jb, "fabric_s", f->fab[b], o->reps);
+        bu_json_nums(jb, "raw_s", f->raw[b], o->reps);
+        bu_json_nums(jb, "raw_block_writes_s", f->rawc[b], o->reps);
+        bu_json_nums(jb, "raw_single_write_s", f->raww[b], o->reps);
+        if (!f->ok[b])
+            rc = 1;
     }
     printf("\nworst ratio %s/raw: %.3f (target >= 0.7)\n", verbs ? "verbs" : "fabric", worst);
     bu_json_num(root, "worst_ratio", worst);
-    bu_json_write(root, o.json);
-    printf("JSON: %s\n", o.json);
-    rc = 0;
-    for (int b = 0; b < o.nblocks; b++)
-        if (!ok[b])
-            rc = 1;
-out:
-    c = 'q';
-    pft_write_full(sv[0], &c, 1);
-    close(sv[0]);
-    waitpid(pid, NULL, 0);
-    for (int i = 0; i < o.qps; i++)
-        pf_net_qp_destroy(r.qp[i]);
-    pf_net_dereg_mem(r.mr);
-    pf_net_close(r.net);
+    bu_json_write(root, o->json);
+    printf("JSON: %s\n", o->json);
+    return rc;
+}
+
+/* Stops the holder and frees the reader's side. */
+static void teardown(struct run *f)
+{
+    char c = 'q';
+    pft_write_full(f->ctl, &c, 1);
+    close(f->ctl);
+    waitpid(f->pid, NULL, 0);
+    for (int i = 0; i < f->o.qps; i++)
+        pf_net_qp_destroy(f->r.qp[i]);
+    pf_net_dereg_mem(f->r.mr);
+    pf_net_close(f->r.net);
     rv_close(&rawv);
-    if (rawsrc)
-        munmap(rawsrc, o.size);
+    if (f->rawsrc)
+        munmap(f->rawsrc, f->o.size);
+}
+
+int main(int argc, char **argv)
+{
+    static struct run f; /* the result arrays: too large for the stack */
+    if (parse_opts(argc, argv, &f.o))
+        return 2;
+    signal(SIGPIPE, SIG_IGN);
+    pf_log_set_level(PF_LOG_WARN);
+    choose_topology(&f);
+    if (start_holder(&f))
+        return 1;
+    int rc = 1;
+    if (connect_reader(&f) == 0 && measure(&f) == 0)
+        rc = report(&f);
+    teardown(&f);
     return rc;
 }
