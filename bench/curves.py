@@ -66,11 +66,11 @@ def plan(quick):
                              "--blocks", "1m"],
                 "meta_memory": [10 ** 4, 10 ** 5], "meta_redis": [10 ** 4, 3 * 10 ** 4],
                 "meta_memory_budget": 30, "meta_redis_budget": 30, "meta_query_secs": "0.4"}
-    return {"engine_points": [10 ** 4, 10 ** 5, 10 ** 6, 10 ** 7], "engine_budget": 90,
+    return {"engine_points": [10 ** 4, 10 ** 5, 10 ** 6, 10 ** 7], "engine_budget": 80,
             "p2p_args": ["--size", "256m", "--reps", "2", "--lat-reps", "1"],
             "meta_memory": [10 ** 5, 10 ** 6, 10 ** 7, 10 ** 8],
             "meta_redis": [10 ** 5, 3 * 10 ** 5, 10 ** 6, 10 ** 7],
-            "meta_memory_budget": 100, "meta_redis_budget": 130, "meta_query_secs": "1"}
+            "meta_memory_budget": 140, "meta_redis_budget": 140, "meta_query_secs": "1"}
 
 
 def run_engine_curve(bindir, outdir, env, p):
