@@ -223,8 +223,11 @@ def _ticks(lo, hi, log):
         if b - a < 1:
             b = a + 1
         t = [10.0 ** e for e in range(a, b + 1)]
-        if len(t) <= 2:  # a narrow range: 1-2-5 steps too
+        if len(t) <= 2:  # a narrow range: 1-2-5 steps too, up to the first at or above hi
             t = sorted({m * 10.0 ** e for e in range(a, b + 1) for m in (1, 2, 5)})
+            lo_t = max(x for x in t if x <= lo * (1 + 1e-9))
+            hi_t = min(x for x in t if x >= hi * (1 - 1e-9))
+            t = [x for x in t if lo_t <= x <= hi_t]
         return t[0], t[-1], t
     if hi <= lo:
         hi = lo + 1
