@@ -26,6 +26,12 @@ static struct pf_alloc fake = {.ptr = fake_mem, .size = sizeof(fake_mem), .refs 
     "query_cpu [--blocks N (>= 8192, default 1000000)] [--iters N (4096-hash queries, default "    \
     "300)] [--json FILE]"
 
+static int usage(void)
+{
+    fprintf(stderr, "usage: %s\n", USAGE);
+    return 2;
+}
+
 int main(int argc, char **argv)
 {
     long nb = 1000000;
@@ -36,11 +42,9 @@ int main(int argc, char **argv)
                                   {"--json", BU_STR, &json},
                                   {NULL, 0, NULL}};
     bu_parse_opts(argc, argv, opts, USAGE);
-    if (nb < 8192 || iters4096 < 1) {
-        fprintf(stderr, "usage: %s\n", USAGE);
-        return 2;
-    }
-    size_t n = (size_t)nb;
+    size_t n = nb < 0 ? 0 : (size_t)nb;
+    if (n < 8192 || iters4096 < 1)
+        return usage();
     double dec_us[2] = {0, 0}, eng_us[2] = {0, 0}, cache_us[2] = {0, 0};
     char chosen[32], err[256];
     struct pf_gpu *g;
