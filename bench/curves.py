@@ -26,6 +26,16 @@ from xml.sax.saxutils import escape
 RESERVE = 4 << 30  # bytes of MemAvailable left to the rest of the machine
 
 
+def count(n):
+    """10^7, 3x10^5 or 1234: a count as the report writes it."""
+    n = int(n)
+    e = len(str(n)) - 1
+    m = n // 10 ** e
+    if n >= 1000 and m * 10 ** e == n:
+        return f"10^{e}" if m == 1 else f"{m}x10^{e}"
+    return str(n)
+
+
 def mem_available():
     try:
         with open("/proc/meminfo") as f:
@@ -136,13 +146,13 @@ def meta_does_not_fit(keys, last, left_s, avail):
     scale = keys / last["keys"]
     need = keys * (last["bytes_per_key_all"] * 1.5)
     if avail is not None and need > avail - RESERVE:
-        return (f"memory: ~{need / 2 ** 30:.1f} GiB needed at {keys:.0e} keys "
-                f"({last['bytes_per_key_all']:.0f} B a key measured at {last['keys']:.0e}), "
+        return (f"memory: ~{need / 2 ** 30:.1f} GiB needed at {count(keys)} keys "
+                f"({last['bytes_per_key_all']:.0f} B a key measured at {count(last['keys'])}), "
                 f"MemAvailable less the {RESERVE >> 30} GiB reserve is "
                 f"{(avail - RESERVE) / 2 ** 30:.1f} GiB")
     if last["seconds"] * scale > left_s:
-        return (f"time: ~{last['seconds'] * scale:.0f} s needed at {keys:.0e} keys "
-                f"({last['seconds']:.0f} s at {last['keys']:.0e}), {max(left_s, 0):.0f} s of "
+        return (f"time: ~{last['seconds'] * scale:.0f} s needed at {count(keys)} keys "
+                f"({last['seconds']:.0f} s at {count(last['keys'])}), {max(left_s, 0):.0f} s of "
                 "the budget left")
     return None
 
@@ -158,7 +168,7 @@ def run_meta_curve(bindir, outdir, env, p):
         for keys in p[f"meta_{store}"]:
             why = meta_does_not_fit(keys, last, t_end - time.time(), mem_available())
             if why:
-                out["stopped"][store] = f"stopped at {keys:.0e} keys: {why}"
+                out["stopped"][store] = f"stopped at {count(keys)} keys: {why}"
                 break
             name = f"metaserver-{store}-{keys}"
             path = os.path.join(outdir, name + ".json")
@@ -169,7 +179,7 @@ def run_meta_curve(bindir, outdir, env, p):
             out["seconds"] += secs
             doc = _load(path) if rc == 0 else None
             if doc is None:
-                out["stopped"][store] = f"stopped at {keys:.0e} keys: exit {rc} (see {name}.log)"
+                out["stopped"][store] = f"stopped at {count(keys)} keys: exit {rc} (see {name}.log)"
                 break
             pt = _meta_point(doc, store)
             out[store].append(pt)
@@ -402,7 +412,7 @@ def plan_note(p):
     """Where each curve was meant to go (the points a run tries before any stop)."""
     if not p:
         return []
-    f = lambda v: ", ".join(f"{x:.0e}" for x in v)  # noqa: E731
+    f = lambda v: ", ".join(count(x) for x in v)  # noqa: E731
     return [f"Points tried: engine {f(p['engine_points'])} blocks (budget "
             f"{p['engine_budget']} s); MetaServer memory store {f(p['meta_memory'])} keys, "
             f"Redis store {f(p['meta_redis'])} keys ({p['meta_memory_budget']} s and "

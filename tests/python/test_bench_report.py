@@ -151,8 +151,8 @@ def curve_fixture():
                         "rpc_query_per_s": 8800}],
             "redis": [{"keys": 100000, "bytes_per_key": 300.0, "store_query_per_s": 9000,
                        "rpc_query_per_s": 3000}],
-            "stopped": {"memory": "stopped at 1e+07 keys: time: ~400 s needed",
-                        "redis": "stopped at 1e+06 keys: time: ~300 s needed"}}}
+            "stopped": {"memory": "stopped at 10^7 keys: time: ~400 s needed",
+                        "redis": "stopped at 10^6 keys: time: ~300 s needed"}}}
 
 
 SSD_DEPTHS = {"block_bytes": 1 << 20, "write": {"raw_bytes_per_s": 2e9, "tier_bytes_per_s": 1.8e9,
@@ -199,8 +199,8 @@ def test_curves_drawn_as_svg_next_to_the_report(tmp_path):
     assert xs == sorted(xs) and xs[0] < xs[-1]
     assert "## How cost grows" in md and "The curves took 123 s" in md
     assert "stopped at 10000000 blocks: memory" in md
-    assert "memory store: stopped at 1e+07 keys" in md
-    assert "redis store: stopped at 1e+06 keys" in md
+    assert "memory store: stopped at 10^7 keys" in md
+    assert "redis store: stopped at 10^6 keys" in md
     assert "not measured: bench/p2p has no --concurrent" in md
     assert "curve_p2p_concurrent.svg" not in md and not (out / "curve_p2p_concurrent.svg").exists()
     doc = json.loads((out / "report.json").read_text())
@@ -295,3 +295,38 @@ def test_merge_keeps_the_curves_of_the_run_that_drew_them(tmp_path):
     assert "## How cost grows" in md and "2 runs merged" in md
     for f in ("curve_engine_latency.svg", "curve_ssd_depth.svg"):
         assert (merged / f).read_bytes() == (run1 / f).read_bytes()
+
+
+def test_metaserver_curve_runs_points_in_order_and_records_the_stop(tmp_path):
+    """run_meta_curve against a stand-in bench/metaserver: points in order per store, the
+    next point refused on memory (its estimate from the last point's bytes per key), a
+    failing run recorded as the stop, never a crash."""
+    bindir = tmp_path / "bin"
+    (bindir / "bench").mkdir(parents=True)
+    fake = bindir / "bench" / "metaserver"
+    fake.write_text("""#!/usr/bin/env python3
+import json, sys
+a = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+keys = int(a["--keys"])
+if a["--store"] == "redis" and keys > 1000:
+    sys.exit(1)
+doc = {"keys": keys, "rpc": {"rss_bytes_per_key": 10.0 ** 6, "query_per_s": 5000.0},
+       "store": {"query_per_s": 90000.0, "store_bytes_per_key": 60.0}}
+if a["--store"] == "redis":
+    doc["redis"] = {"redis_rss_bytes_per_key": 250.0, "store_query_per_s": 2000.0,
+                    "rpc_query_per_s": 1500.0, "metaserver_rss_bytes_per_key": 80.0}
+json.dump(doc, open(a["--json"], "w"))
+""")
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    p = {"meta_memory": [1000, 10 ** 7, 10 ** 8], "meta_redis": [1000, 3000, 10 ** 4],
+         "meta_memory_budget": 600, "meta_redis_budget": 600, "meta_query_secs": "0.1"}
+    m = curves.run_meta_curve(str(bindir), str(out), dict(os.environ), p)
+    assert [x["keys"] for x in m["memory"]] == [1000]
+    assert m["memory"][0]["bytes_per_key"] == 10.0 ** 6
+    assert m["stopped"]["memory"].startswith("stopped at 10^7 keys: memory:")
+    assert [x["keys"] for x in m["redis"]] == [1000]
+    assert m["redis"][0] == {"keys": 1000, "bytes_per_key": 250.0, "store_query_per_s": 2000.0,
+                             "rpc_query_per_s": 1500.0}
+    assert m["stopped"]["redis"].startswith("stopped at 3x10^3 keys: exit 1")
