@@ -213,129 +213,148 @@ static void usage(void)
     exit(2);
 }
 
-int main(int argc, char **argv)
+/* ---- the phases of a run ---- */
+
+struct run {
+    const char *dir, *json;
+    uint64_t total, bs, nb, pool, chunk, win, seed;
+    int rounds;
+    struct bu_strs extra;
+    char spath[1024], rpath[1024];
+    struct pft_proc s;
+    struct pf_client *c;
+    struct pf_simkv *src, *dst;
+    uint8_t *sp, *dp, *thp;
+    /* per round: server / raw write and read GB/s, their ratios */
+    double sw[99], rw[99], sr[99], rr[99], wr[99], rdr[99];
+};
+
+static void parse(int argc, char **argv, struct run *R)
 {
-    const char *tmp = getenv("TMPDIR"), *json = NULL;
-    const char *dir = tmp ? tmp : "/tmp";
-    uint64_t total = 1ull << 30, bs = 1 << 20;
-    int rounds = 3;
-    struct bu_strs extra = {0};
-    const struct bu_opt opts[] = {{"--dir", BU_STR, &dir},
-                                  {"--total", BU_SIZE, &total},
-                                  {"--block-size", BU_SIZE, &bs},
-                                  {"--rounds", BU_INT, &rounds},
-                                  {"--json", BU_STR, &json},
-                                  {"--server-arg", BU_STRS, &extra},
+    const char *tmp = getenv("TMPDIR");
+    R->dir = tmp ? tmp : "/tmp";
+    R->total = 1ull << 30;
+    R->bs = 1 << 20;
+    R->rounds = 3;
+    const struct bu_opt opts[] = {{"--dir", BU_STR, &R->dir},
+                                  {"--total", BU_SIZE, &R->total},
+                                  {"--block-size", BU_SIZE, &R->bs},
+                                  {"--rounds", BU_INT, &R->rounds},
+                                  {"--json", BU_STR, &R->json},
+                                  {"--server-arg", BU_STRS, &R->extra},
                                   {NULL, 0, NULL}};
     bu_parse_opts(argc, argv, opts, USAGE);
-    if (bs < 4096 || bs % 4096 || total < 16 * bs || rounds < 1 || rounds > 99)
+    if (R->bs < 4096 || R->bs % 4096 || R->total < 16 * R->bs || R->rounds < 1 || R->rounds > 99)
         usage();
-    uint64_t nb = total / bs;
-    total = nb * bs;
-    uint64_t pool = total + total / 4, chunk = nb / 32, win = nb / 8;
-    char poolarg[32], cap[32], spath[1024], rpath[1024];
-    snprintf(poolarg, sizeof(poolarg), "%llu", (unsigned long long)pool);
+    R->nb = R->total / R->bs;
+    R->total = R->nb * R->bs;
+    R->pool = R->total + R->total / 4;
+    R->chunk = R->nb / 32;
+    R->win = R->nb / 8;
+}
+
+/* The server (pool 1.25x the data, SSD 2x, write queue 64 batches, --server-arg extras),
+ * the two instances on seeded / zeroed KV memory and the huge-page copy of the source. */
+static void start(struct run *R)
+{
+    uint64_t total = R->total;
+    char poolarg[32], cap[32];
+    snprintf(poolarg, sizeof(poolarg), "%llu", (unsigned long long)R->pool);
     snprintf(cap, sizeof(cap), "%llu", (unsigned long long)(2 * total));
-    snprintf(spath, sizeof(spath), "%s/pf-bench-ssd-server.dat", dir);
-    snprintf(rpath, sizeof(rpath), "%s/pf-bench-ssd-server-raw.dat", dir);
-    const char *args[] = {"--gpu-backend",
-                          "sim",
-                          "--pool-size",
-                          poolarg,
-                          "--ssd-cache-path",
-                          spath,
-                          "--ssd-cache-capacity",
-                          cap,
-                          "--ssd-write-queue-depth",
-                          "64",
-                          "--log-level",
-                          "info",
-                          NULL,
-                          NULL,
-                          NULL,
-                          NULL,
-                          NULL,
-                          NULL,
-                          NULL,
-                          NULL,
-                          NULL};
-    for (int i = 0; i < extra.n; i++)
-        args[12 + i] = extra.v[i];
-    struct pft_proc s;
-    if (pft_start(&s, "pegaflow-server", "127.0.0.1", args))
-        return 1;
-    struct pf_client *c;
-    if (pf_client_connect(s.addr, &c))
+    snprintf(R->spath, sizeof(R->spath), "%s/pf-bench-ssd-server.dat", R->dir);
+    snprintf(R->rpath, sizeof(R->rpath), "%s/pf-bench-ssd-server-raw.dat", R->dir);
+    const char *args[12 + BU_STRS_MAX + 1] = {
+        "--gpu-backend",           "sim",    "--pool-size",          poolarg,
+        "--ssd-cache-path",        R->spath, "--ssd-cache-capacity", cap,
+        "--ssd-write-queue-depth", "64",     "--log-level",          "info"};
+    for (int i = 0; i < R->extra.n; i++)
+        args[12 + i] = R->extra.v[i];
+    if (pft_start(&R->s, "pegaflow-server", "127.0.0.1", args))
+        exit(1);
+    if (pf_client_connect(R->s.addr, &R->c))
         die("connect");
-    struct pf_simkv *src, *dst;
-    if (pf_simkv_create(total, 0, &src) || pf_simkv_create(total, 0, &dst))
+    if (pf_simkv_create(total, 0, &R->src) || pf_simkv_create(total, 0, &R->dst))
         die("simkv");
-    uint8_t *sp = pf_simkv_ptr(src), *dp = pf_simkv_ptr(dst);
-    uint64_t seed = pft_seed();
-    pft_fill(sp, total, seed, 1);
-    memset(dp, 0, total);
-    if (bu_register(c, "src", "bench", src, nb, bs, TMO) ||
-        bu_register(c, "dst", "bench", dst, nb, bs, TMO))
+    R->sp = pf_simkv_ptr(R->src);
+    R->dp = pf_simkv_ptr(R->dst);
+    R->seed = pft_seed();
+    pft_fill(R->sp, total, R->seed, 1);
+    memset(R->dp, 0, total);
+    if (bu_register(R->c, "src", "bench", R->src, R->nb, R->bs, TMO) ||
+        bu_register(R->c, "dst", "bench", R->dst, R->nb, R->bs, TMO))
         die("register");
     fprintf(stderr,
             "bench/ssd_server: %s, %llu MiB in %llu KiB blocks, pool %llu MiB, %d round(s), "
             "seed %llu\n",
-            dir, (unsigned long long)(total >> 20), (unsigned long long)(bs >> 10),
-            (unsigned long long)(pool >> 20), rounds, (unsigned long long)seed);
+            R->dir, (unsigned long long)(total >> 20), (unsigned long long)(R->bs >> 10),
+            (unsigned long long)(R->pool >> 20), R->rounds, (unsigned long long)R->seed);
     /* the same bytes in memory of the pool's kind (anonymous, huge pages advised): raw I/O
      * from/into it is faster when the KV memory's pages are scattered (more segments per
      * request); each round's raw figure is the faster of the two */
-    uint8_t *thp = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (thp == MAP_FAILED)
+    R->thp = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (R->thp == MAP_FAILED)
         die("mmap");
-    madvise(thp, total, MADV_HUGEPAGE);
-    memcpy(thp, sp, total);
-    double sw[99], rw[99], sr[99], rr[99], wr[99], rdr[99];
-    for (int r = -1; r < rounds; r++) { /* round -1: warm-up (first faults, file layout) */
-        uint64_t tag = 1000 + (uint64_t)(r + 1);
-        double tsw, trw, tsr, trr;
-        int via = 0;
-        bool raw_first = r >= 0 && r % 2 == 0;
-        if (raw_first) {
-            trw = raw_write(rpath, sp, thp, total, bs);
-            tsw = server_write(c, &s, tag, nb, bs, chunk);
-            trr = raw_read(rpath, sp, dp, thp, total, bs);
-            if (pft_http(s.http_host, s.http_port, "POST", "/cache/memory/cleanup", NULL) != 200)
-                die("memory cleanup");
-            tsr = server_read(c, tag, nb, win, &via);
-            check_bytes(sp, dp, total, "server load from SSD");
-        } else {
-            tsw = server_write(c, &s, tag, nb, bs, chunk);
-            trw = raw_write(rpath, sp, thp, total, bs);
-            if (pft_http(s.http_host, s.http_port, "POST", "/cache/memory/cleanup", NULL) != 200)
-                die("memory cleanup");
-            tsr = server_read(c, tag, nb, win, &via);
-            check_bytes(sp, dp, total, "server load from SSD");
-            trr = raw_read(rpath, sp, dp, thp, total, bs);
-        }
-        if (via == 0)
-            die("no window went through the SSD tier (RAM cleanup did not take?)");
-        pft_http(s.http_host, s.http_port, "POST", "/cache/memory/cleanup", NULL);
-        if (r < 0)
-            continue;
-        sw[r] = (double)total / tsw / 1e9;
-        rw[r] = (double)total / trw / 1e9;
-        sr[r] = (double)total / tsr / 1e9;
-        rr[r] = (double)total / trr / 1e9;
-        wr[r] = sw[r] / rw[r];
-        rdr[r] = sr[r] / rr[r];
-        fprintf(stderr,
-                "  round %d: write server %.2f raw %.2f GB/s, read server %.2f raw %.2f GB/s "
-                "(%d window(s) via SSD)\n",
-                r + 1, sw[r], rw[r], sr[r], rr[r], via);
+    madvise(R->thp, total, MADV_HUGEPAGE);
+    memcpy(R->thp, R->sp, total);
+}
+
+/* One round (r < 0: the untimed warm-up): server and raw write, then read, ABBA order. */
+static void round_run(struct run *R, int r)
+{
+    struct pf_client *c = R->c;
+    const struct pft_proc *s = &R->s;
+    uint64_t total = R->total, bs = R->bs, nb = R->nb;
+    uint8_t *sp = R->sp, *dp = R->dp, *thp = R->thp;
+    const char *rpath = R->rpath;
+    uint64_t tag = 1000 + (uint64_t)(r + 1);
+    double tsw, trw, tsr, trr;
+    int via = 0;
+    bool raw_first = r >= 0 && r % 2 == 0;
+    if (raw_first) {
+        trw = raw_write(rpath, sp, thp, total, bs);
+        tsw = server_write(c, s, tag, nb, bs, R->chunk);
+        trr = raw_read(rpath, sp, dp, thp, total, bs);
+        if (pft_http(s->http_host, s->http_port, "POST", "/cache/memory/cleanup", NULL) != 200)
+            die("memory cleanup");
+        tsr = server_read(c, tag, nb, R->win, &via);
+        check_bytes(sp, dp, total, "server load from SSD");
+    } else {
+        tsw = server_write(c, s, tag, nb, bs, R->chunk);
+        trw = raw_write(rpath, sp, thp, total, bs);
+        if (pft_http(s->http_host, s->http_port, "POST", "/cache/memory/cleanup", NULL) != 200)
+            die("memory cleanup");
+        tsr = server_read(c, tag, nb, R->win, &via);
+        check_bytes(sp, dp, total, "server load from SSD");
+        trr = raw_read(rpath, sp, dp, thp, total, bs);
     }
+    if (via == 0)
+        die("no window went through the SSD tier (RAM cleanup did not take?)");
+    pft_http(s->http_host, s->http_port, "POST", "/cache/memory/cleanup", NULL);
+    if (r < 0)
+        return;
+    R->sw[r] = (double)total / tsw / 1e9;
+    R->rw[r] = (double)total / trw / 1e9;
+    R->sr[r] = (double)total / tsr / 1e9;
+    R->rr[r] = (double)total / trr / 1e9;
+    R->wr[r] = R->sw[r] / R->rw[r];
+    R->rdr[r] = R->sr[r] / R->rr[r];
+    fprintf(stderr,
+            "  round %d: write server %.2f raw %.2f GB/s, read server %.2f raw %.2f GB/s "
+            "(%d window(s) via SSD)\n",
+            r + 1, R->sw[r], R->rw[r], R->sr[r], R->rr[r], via);
+}
+
+/* The table, the method line and the JSON (--json). */
+static void report(const struct run *R)
+{
+    int rounds = R->rounds;
     double msw[3], mrw[3], msr[3], mrr[3], mwr[3], mrd[3];
-    bu_spread(sw, rounds, msw);
-    bu_spread(rw, rounds, mrw);
-    bu_spread(sr, rounds, msr);
-    bu_spread(rr, rounds, mrr);
-    bu_spread(wr, rounds, mwr);
-    bu_spread(rdr, rounds, mrd);
+    bu_spread(R->sw, rounds, msw);
+    bu_spread(R->rw, rounds, mrw);
+    bu_spread(R->sr, rounds, msr);
+    bu_spread(R->rr, rounds, mrr);
+    bu_spread(R->wr, rounds, mwr);
+    bu_spread(R->rdr, rounds, mrd);
     printf("%-34s %11s %9s %6s %6s %6s\n", "phase", "server GB/s", "raw GB/s", "min", "median",
            "max");
     printf("%-34s %11.3f %9.3f %6.2f %6.2f %6.2f\n", "save -> on SSD (2 writes in flight)", msw[1],
@@ -348,32 +367,47 @@ int main(int argc, char **argv)
            "io_uring O_DIRECT one block per request at the same depths, the faster "
            "of from/into the same KV memory and from/into huge-page-advised memory, a file of %s; "
            "every round memcmp's all loaded bytes\n",
-           rounds, (unsigned long long)(total >> 20), (unsigned long long)(bs >> 10),
-           (unsigned long long)(pool >> 20), dir);
-    if (json) {
-        cJSON *root = bu_json_obj(NULL, NULL);
-        bu_json_str(root, "bench", "ssd_server");
-        bu_json_str(root, "dir", dir);
-        bu_json_num(root, "block_bytes", (double)bs);
-        bu_json_num(root, "bytes", (double)total);
-        bu_json_num(root, "rounds", rounds);
-        bu_json_num(root, "seed", (double)seed);
-        cJSON *w = bu_json_obj(root, "write");
-        bu_json_num(w, "server_gbs", msw[1]);
-        bu_json_num(w, "raw_gbs", mrw[1]);
-        bu_json_nums(w, "ratio", mwr, 3);
-        cJSON *rd = bu_json_obj(root, "read");
-        bu_json_num(rd, "server_gbs", msr[1]);
-        bu_json_num(rd, "raw_gbs", mrr[1]);
-        bu_json_nums(rd, "ratio", mrd, 3);
-        bu_json_write(root, json);
-    }
-    pf_client_close(c);
-    pf_simkv_destroy(src);
-    pf_simkv_destroy(dst);
-    munmap(thp, total);
-    int rc = pft_stop(&s, SIGTERM, 60000);
-    unlink(spath);
-    unlink(rpath);
+           rounds, (unsigned long long)(R->total >> 20), (unsigned long long)(R->bs >> 10),
+           (unsigned long long)(R->pool >> 20), R->dir);
+    if (!R->json)
+        return;
+    cJSON *root = bu_json_obj(NULL, NULL);
+    bu_json_str(root, "bench", "ssd_server");
+    bu_json_str(root, "dir", R->dir);
+    bu_json_num(root, "block_bytes", (double)R->bs);
+    bu_json_num(root, "bytes", (double)R->total);
+    bu_json_num(root, "rounds", rounds);
+    bu_json_num(root, "seed", (double)R->seed);
+    cJSON *w = bu_json_obj(root, "write");
+    bu_json_num(w, "server_gbs", msw[1]);
+    bu_json_num(w, "raw_gbs", mrw[1]);
+    bu_json_nums(w, "ratio", mwr, 3);
+    cJSON *rd = bu_json_obj(root, "read");
+    bu_json_num(rd, "server_gbs", msr[1]);
+    bu_json_num(rd, "raw_gbs", mrr[1]);
+    bu_json_nums(rd, "ratio", mrd, 3);
+    bu_json_write(root, R->json);
+}
+
+static int stop(struct run *R)
+{
+    pf_client_close(R->c);
+    pf_simkv_destroy(R->src);
+    pf_simkv_destroy(R->dst);
+    munmap(R->thp, R->total);
+    int rc = pft_stop(&R->s, SIGTERM, 60000);
+    unlink(R->spath);
+    unlink(R->rpath);
     return rc == 0 ? 0 : 1;
+}
+
+int main(int argc, char **argv)
+{
+    static struct run R;
+    parse(argc, argv, &R);
+    start(&R);
+    for (int r = -1; r < R.rounds; r++) /* round -1: warm-up (first faults, file layout) */
+        round_run(&R, r);
+    report(&R);
+    return stop(&R);
 }
