@@ -411,7 +411,26 @@ static void depth_curve(struct tier *t, struct pf_ssd_config *sc, const char *ti
     "[--write-inflight N] [--prefetch-inflight N] [--fetchers N] [--fetch-blocks N] "              \
     "[--integrity on|off] [--depth-curve SIZE (0: none)] [--json FILE]"
 
-int main(int argc, char **argv)
+/* ---- the phases of a run ---- */
+
+struct run {
+    struct opts o;
+    struct tier t;
+    uint64_t n, *sums, hbufs;
+    char tier_path[1024], raw_path[1024];
+    const char *paths[1];
+    struct pf_ssd_config sc;
+    struct pf_alloc *wa;
+    uint8_t *hbuf;
+    struct raw_bufs rb;
+    struct raw_variant wv, rv;
+    double rw[99], tw[99], rr[99], tr[99], rh[99]; /* per round, bytes/s */
+    double mrw, mtw, mrr, mtr, mrh;                /* their medians */
+    uint64_t ring, scan_ns, first_hit;             /* recovery */
+    double scan, seq1, seq4;
+};
+
+static void parse(int argc, char **argv, struct opts *op)
 {
     const char *tmp = getenv("TMPDIR");
     struct opts o = {
@@ -451,252 +470,313 @@ int main(int argc, char **argv)
         (o.depth_bytes && o.depth_bytes < RAW_QD_MAX * o.block)) {
         fprintf(stderr, "bench/ssd: the block size must be a multiple of 1 KiB x slots; "
                         "rounds 1..99, fetchers 1..16; --depth-curve 0 or >= 32 blocks\n");
-        return 2;
+        exit(2);
     }
-    pf_log_set_level(PF_LOG_WARN);
-    uint64_t n = o.total / o.block;
-    o.total = n * o.block;
+    *op = o;
+}
 
-    struct tier t = {.o = &o, .stride = o.block / o.slots / 2};
-    /* pool: source slots, staging for every fetcher's batch, the raw buffers */
-    uint64_t pool_size = o.block + 2ull * o.fetchers * o.fetch_blocks * o.block +
-                         (uint64_t)o.winflight * o.block + 2ull * RAW_QD_MAX * o.block + (64 << 20);
+/* The pool (source slots, staging for every fetcher's batch, the raw buffers), the block
+ * device, the tier's file and the store on it. */
+static void setup_tier(struct run *R)
+{
+    struct opts *o = &R->o;
+    struct tier *t = &R->t;
+    R->n = o->total / o->block;
+    o->total = R->n * o->block;
+    uint64_t n = R->n;
+    *t = (struct tier){.o = o, .stride = o->block / o->slots / 2};
+    uint64_t pool_size = o->block + 2ull * o->fetchers * o->fetch_blocks * o->block +
+                         (uint64_t)o->winflight * o->block + 2ull * RAW_QD_MAX * o->block +
+                         (64 << 20);
     struct pf_pool_config pc = {.size = pool_size, .shards = 1, .skip_memcheck = true};
     char err[512];
-    int rc = pf_pool_create(&pc, &t.pool, err, sizeof(err));
+    int rc = pf_pool_create(&pc, &t->pool, err, sizeof(err));
     if (rc) {
         fprintf(stderr, "bench/ssd: pool: %s\n", err);
-        return 1;
+        exit(1);
     }
-    t.src = calloc(o.slots, sizeof(*t.src));
-    uint64_t *sums = calloc(o.slots, sizeof(*sums));
-    for (uint32_t i = 0; i < o.slots; i++)
-        if (pf_pool_alloc(t.pool, 2 * t.stride, -1, &t.src[i]) != 0)
+    t->src = calloc(o->slots, sizeof(*t->src));
+    R->sums = calloc(o->slots, sizeof(*R->sums));
+    for (uint32_t i = 0; i < o->slots; i++)
+        if (pf_pool_alloc(t->pool, 2 * t->stride, -1, &t->src[i]) != 0)
             die("source slot", ENOMEM);
-    t.img = malloc(o.block);
-    if (!t.img)
+    t->img = malloc(o->block);
+    if (!t->img)
         die("block image", ENOMEM);
     pf_hal_init();
     char chosen[64];
-    rc = pf_hal_blk_open("uring", NULL, &t.blk, chosen, sizeof(chosen), err, sizeof(err));
+    rc = pf_hal_blk_open("uring", NULL, &t->blk, chosen, sizeof(chosen), err, sizeof(err));
     if (rc) {
         fprintf(stderr, "bench/ssd: %s\n", err);
-        return 1;
+        exit(1);
     }
-    char tier_path[1024], raw_path[1024];
-    snprintf(tier_path, sizeof(tier_path), "%s/pf-bench-ssd-tier.dat", o.dir);
-    snprintf(raw_path, sizeof(raw_path), "%s/pf-bench-ssd-raw.dat", o.dir);
-    const char *paths[1] = {tier_path};
+    snprintf(R->tier_path, sizeof(R->tier_path), "%s/pf-bench-ssd-tier.dat", o->dir);
+    snprintf(R->raw_path, sizeof(R->raw_path), "%s/pf-bench-ssd-raw.dat", o->dir);
+    R->paths[0] = R->tier_path;
     /* the tier's file: a superblock, then n records (header + block): one lap a round */
     if (pf_ns_intern("bench-ssd", &bench_ns) != 0)
         die("namespace", ENOMEM);
-    uint64_t hdr = ssd_rec_hdr_len(strlen("bench-ssd"), (uint16_t)o.slots);
+    uint64_t hdr = ssd_rec_hdr_len(strlen("bench-ssd"), (uint16_t)o->slots);
     off0 = SSD_SB_SIZE + hdr;
-    pitch = ssd_rec_span(hdr, o.block);
-    struct pf_ssd_config sc = {
-        .paths = paths,
+    pitch = ssd_rec_span(hdr, o->block);
+    R->sc = (struct pf_ssd_config){
+        .paths = R->paths,
         .npaths = 1,
         .capacity = SSD_SB_SIZE + n * pitch,
         .write_queue_depth = 8,
-        .prefetch_queue_depth = (uint32_t)o.fetchers,
-        .write_inflight = o.winflight,
-        .prefetch_inflight = o.rinflight,
-        .max_prefetch_blocks = (uint32_t)o.fetchers * o.fetch_blocks,
-        .integrity = o.integrity,
+        .prefetch_queue_depth = (uint32_t)o->fetchers,
+        .write_inflight = o->winflight,
+        .prefetch_inflight = o->rinflight,
+        .max_prefetch_blocks = (uint32_t)o->fetchers * o->fetch_blocks,
+        .integrity = o->integrity,
         .io_timeout_ms = 60000,
-        .blk = t.blk,
-        .pool = t.pool,
+        .blk = t->blk,
+        .pool = t->pool,
     };
-    rc = pf_ssd_create(&sc, &t.ssd, err, sizeof(err));
+    rc = pf_ssd_create(&R->sc, &t->ssd, err, sizeof(err));
     if (rc) {
         fprintf(stderr, "bench/ssd: %s\n", err);
-        return 1;
+        exit(1);
     }
     fprintf(stderr,
             "bench/ssd: %s, block %llu KiB (%u slots x K/V of %llu KiB), %llu MiB per phase, "
             "%d round(s), write inflight %u, read inflight %u, %d fetcher(s) x %u blocks, "
             "integrity %s\n",
-            o.dir, (unsigned long long)(o.block >> 10), o.slots,
-            (unsigned long long)(t.stride >> 10), (unsigned long long)(o.total >> 20), o.rounds,
-            o.winflight, o.rinflight, o.fetchers, o.fetch_blocks, o.integrity ? "on" : "off");
-    /* raw buffers in the same pinned pool the tier uses (the physical layout of the
-     * memory decides how many segments an O_DIRECT request has, hence how the block layer
-     * splits and merges it): writes from write-inflight blocks (the tier writes from a
-     * few hot source slots too); reads into as much rotating memory as the tier stages at
-     * once (fetchers x fetch-blocks blocks: a cache lands every block in distinct memory).
-     * For reference only, raw reads into a freshly malloc'ed hot buffer of read-inflight
-     * blocks (usually physically contiguous, so requests split less and merge more). */
-    uint64_t wbufs = RAW_QD_MAX, rbufs = (uint64_t)o.fetchers * o.fetch_blocks, hbufs = o.rinflight;
+            o->dir, (unsigned long long)(o->block >> 10), o->slots,
+            (unsigned long long)(t->stride >> 10), (unsigned long long)(o->total >> 20), o->rounds,
+            o->winflight, o->rinflight, o->fetchers, o->fetch_blocks, o->integrity ? "on" : "off");
+}
+
+/* Raw buffers in the same pinned pool the tier uses (the physical layout of the memory
+ * decides how many segments an O_DIRECT request has, hence how the block layer splits and
+ * merges it): writes from write-inflight blocks (the tier writes from a few hot source slots
+ * too); reads into as much rotating memory as the tier stages at once (fetchers x
+ * fetch-blocks blocks: a cache lands every block in distinct memory). For reference only,
+ * raw reads into a freshly malloc'ed hot buffer of read-inflight blocks (usually physically
+ * contiguous, so requests split less and merge more). */
+static void setup_raw(struct run *R)
+{
+    const struct opts *o = &R->o;
+    uint64_t wbufs = RAW_QD_MAX, rbufs = (uint64_t)o->fetchers * o->fetch_blocks;
+    R->hbufs = o->rinflight;
     if (rbufs < RAW_QD_MAX)
         rbufs = RAW_QD_MAX;
-    struct pf_alloc *wa;
-    if (pf_pool_alloc(t.pool, wbufs * o.block, -1, &wa) != 0)
+    if (pf_pool_alloc(R->t.pool, wbufs * o->block, -1, &R->wa) != 0)
         die("raw buffers in the pool", ENOMEM);
-    uint8_t *wbuf = wa->ptr, *hbuf;
-    if (posix_memalign((void **)&hbuf, 4096, hbufs * o.block) != 0)
+    uint8_t *wbuf = R->wa->ptr;
+    if (posix_memalign((void **)&R->hbuf, 4096, R->hbufs * o->block) != 0)
         die("raw buffers", ENOMEM);
-    for (uint64_t i = 0; i < wbufs * o.block; i++)
+    for (uint64_t i = 0; i < wbufs * o->block; i++)
         wbuf[i] = (uint8_t)(i * 131 + 7);
-    memset(hbuf, 0, hbufs * o.block);
-    struct raw_bufs rb = {.wbuf = wbuf, .rbufs = rbufs};
-    rb.thp = mmap(NULL, RAW_QD_MAX * o.block, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                  -1, 0);
-    if (rb.thp == MAP_FAILED)
+    memset(R->hbuf, 0, R->hbufs * o->block);
+    R->rb = (struct raw_bufs){.wbuf = wbuf, .rbufs = rbufs};
+    R->rb.thp = mmap(NULL, RAW_QD_MAX * o->block, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (R->rb.thp == MAP_FAILED)
         die("huge-page raw buffer", errno);
-    madvise(rb.thp, RAW_QD_MAX * o.block, MADV_HUGEPAGE);
-    memcpy(rb.thp, wbuf, RAW_QD_MAX * o.block);
-    struct raw_variant wv = {0}, rv = {0};
-    double rw[99], tw[99], rr[99], tr[99], rh[99];
-    for (int r = 0; r < o.rounds; r++) {
-        /* this round's bytes (and checksums): a block of an earlier round cannot pass */
-        for (uint32_t i = 0; i < o.slots; i++) {
-            uint8_t *p = t.src[i]->ptr;
-            for (uint64_t j = 0; j < 2 * t.stride; j++)
-                p[j] = (uint8_t)(j * 29 + i * 7 + 1 + (uint64_t)r * 13 + (j >> 12) * r);
-            struct pf_slot sl = {
-                .k = p, .v = p + t.stride, .seg_len = (uint32_t)t.stride, .nseg = 2};
-            sums[i] = pf_slot_compute_checksum(&sl);
-            memcpy(t.img + (uint64_t)i * 2 * t.stride, p, 2 * t.stride);
-        }
-        /* ABBA: who goes first alternates, and each read is two phases after its write,
-         * so device caching and drift favour neither side */
-        if (r == 0)
-            wv = raw_pick(&t, raw_path, true, &rb);
-        if (r % 2 == 0) {
-            rw[r] = raw_write_v(raw_path, o.total, o.block, wv, &rb);
-            tw[r] = tier_write(&t, (uint64_t)r * n, n, sums);
-            if (r == 0)
-                rv = raw_pick(&t, tier_path, false, &rb); /* the tier's file now holds data */
-            rr[r] = raw_read_v(&t, tier_path, o.total, rv, &rb);
-            tr[r] = tier_read(&t, (uint64_t)r * n, n);
-        } else {
-            tw[r] = tier_write(&t, (uint64_t)r * n, n, sums);
-            rw[r] = raw_write_v(raw_path, o.total, o.block, wv, &rb);
-            tr[r] = tier_read(&t, (uint64_t)r * n, n);
-            rr[r] = raw_read_v(&t, tier_path, o.total, rv, &rb);
-        }
-        rh[r] = raw_run(tier_path, false, o.total, o.block, o.rinflight, hbuf, hbufs, t.img);
-        fprintf(stderr,
-                "  round %d: write raw %.2f tier %.2f GB/s, read raw %.2f tier %.2f GB/s "
-                "(raw into a hot %llu MiB buffer %.2f)\n",
-                r + 1, rw[r] / 1e9, tw[r] / 1e9, rr[r] / 1e9, tr[r] / 1e9,
-                (unsigned long long)(hbufs * o.block >> 20), rh[r] / 1e9);
+    madvise(R->rb.thp, RAW_QD_MAX * o->block, MADV_HUGEPAGE);
+    memcpy(R->rb.thp, wbuf, RAW_QD_MAX * o->block);
+}
+
+/* Round r: its own bytes, then raw and tier write and read in ABBA order, and the raw read
+ * into the hot buffer. */
+static void round_run(struct run *R, int r)
+{
+    const struct opts *o = &R->o;
+    struct tier *t = &R->t;
+    uint64_t n = R->n;
+    /* this round's bytes (and checksums): a block of an earlier round cannot pass */
+    for (uint32_t i = 0; i < o->slots; i++) {
+        uint8_t *p = t->src[i]->ptr;
+        for (uint64_t j = 0; j < 2 * t->stride; j++)
+            p[j] = (uint8_t)(j * 29 + i * 7 + 1 + (uint64_t)r * 13 + (j >> 12) * r);
+        struct pf_slot sl = {.k = p, .v = p + t->stride, .seg_len = (uint32_t)t->stride, .nseg = 2};
+        R->sums[i] = pf_slot_compute_checksum(&sl);
+        memcpy(t->img + (uint64_t)i * 2 * t->stride, p, 2 * t->stride);
     }
-    double mrw = bu_median(rw, o.rounds), mtw = bu_median(tw, o.rounds);
-    double mrr = bu_median(rr, o.rounds), mtr = bu_median(tr, o.rounds),
-           mrh = bu_median(rh, o.rounds);
+    /* ABBA: who goes first alternates, and each read is two phases after its write,
+     * so device caching and drift favour neither side */
+    if (r == 0)
+        R->wv = raw_pick(t, R->raw_path, true, &R->rb);
+    if (r % 2 == 0) {
+        R->rw[r] = raw_write_v(R->raw_path, o->total, o->block, R->wv, &R->rb);
+        R->tw[r] = tier_write(t, (uint64_t)r * n, n, R->sums);
+        if (r == 0)
+            R->rv = raw_pick(t, R->tier_path, false, &R->rb); /* the tier's file holds data */
+        R->rr[r] = raw_read_v(t, R->tier_path, o->total, R->rv, &R->rb);
+        R->tr[r] = tier_read(t, (uint64_t)r * n, n);
+    } else {
+        R->tw[r] = tier_write(t, (uint64_t)r * n, n, R->sums);
+        R->rw[r] = raw_write_v(R->raw_path, o->total, o->block, R->wv, &R->rb);
+        R->tr[r] = tier_read(t, (uint64_t)r * n, n);
+        R->rr[r] = raw_read_v(t, R->tier_path, o->total, R->rv, &R->rb);
+    }
+    R->rh[r] =
+        raw_run(R->tier_path, false, o->total, o->block, o->rinflight, R->hbuf, R->hbufs, t->img);
+    fprintf(stderr,
+            "  round %d: write raw %.2f tier %.2f GB/s, read raw %.2f tier %.2f GB/s "
+            "(raw into a hot %llu MiB buffer %.2f)\n",
+            r + 1, R->rw[r] / 1e9, R->tw[r] / 1e9, R->rr[r] / 1e9, R->tr[r] / 1e9,
+            (unsigned long long)(R->hbufs * o->block >> 20), R->rh[r] / 1e9);
+}
+
+/* The rounds' medians and their table. */
+static void report_rounds(struct run *R)
+{
+    int rounds = R->o.rounds;
+    R->mrw = bu_median(R->rw, rounds);
+    R->mtw = bu_median(R->tw, rounds);
+    R->mrr = bu_median(R->rr, rounds);
+    R->mtr = bu_median(R->tr, rounds);
+    R->mrh = bu_median(R->rh, rounds);
     printf("%-10s %14s %14s %8s\n", "phase", "raw GB/s", "tier GB/s", "ratio");
-    printf("%-10s %14.3f %14.3f %8.3f\n", "write", mrw / 1e9, mtw / 1e9, mtw / mrw);
-    printf("%-10s %14.3f %14.3f %8.3f\n", "read", mrr / 1e9, mtr / 1e9, mtr / mrr);
+    printf("%-10s %14.3f %14.3f %8.3f\n", "write", R->mrw / 1e9, R->mtw / 1e9, R->mtw / R->mrw);
+    printf("%-10s %14.3f %14.3f %8.3f\n", "read", R->mrr / 1e9, R->mtr / 1e9, R->mtr / R->mrr);
     printf("%-10s %14.3f %14.3f %8.3f   (raw into a hot %llu MiB buffer, reference only)\n",
-           "read-hot", mrh / 1e9, mtr / 1e9, mtr / mrh,
-           (unsigned long long)(hbufs * o.block >> 20));
-    /* recovery after a restart: the store is closed and reopened on its file with
-     * recovery on; the scan rate against raw sequential O_DIRECT reads of the same ring
-     * (8 MiB requests, one in flight as the scan, and four in flight), and the time from
-     * pf_ssd_create to the first SSD hit (a block of the last round) */
+           "read-hot", R->mrh / 1e9, R->mtr / 1e9, R->mtr / R->mrh,
+           (unsigned long long)(R->hbufs * R->o.block >> 20));
+}
+
+/* Recovery after a restart: the store is closed and reopened on its file with recovery on;
+ * the scan rate against raw sequential O_DIRECT reads of the same ring (8 MiB requests, one
+ * in flight as the scan, and four in flight), and the time from pf_ssd_create to the first
+ * SSD hit (a block of the last round). */
+static void recovery(struct run *R)
+{
+    struct tier *t = &R->t;
+    uint64_t n = R->n;
     const uint64_t CH = 8ull << 20;
-    uint64_t ring = n * pitch, seq_total = ring / CH * CH;
-    pf_ssd_destroy(t.ssd);
-    t.ssd = NULL;
+    R->ring = n * pitch;
+    uint64_t seq_total = R->ring / CH * CH;
+    pf_ssd_destroy(t->ssd);
+    t->ssd = NULL;
     uint8_t *sbuf;
     if (posix_memalign((void **)&sbuf, 4096, 4 * CH) != 0)
         die("sequential read buffer", ENOMEM);
     uint64_t so = off0, sp = pitch;
     off0 = SSD_SB_SIZE;
     pitch = CH;
-    double seq1 = seq_total ? raw_run(tier_path, false, seq_total, CH, 1, sbuf, 4, NULL) : 0;
-    double seq4 = seq_total ? raw_run(tier_path, false, seq_total, CH, 4, sbuf, 4, NULL) : 0;
+    R->seq1 = seq_total ? raw_run(R->tier_path, false, seq_total, CH, 1, sbuf, 4, NULL) : 0;
+    R->seq4 = seq_total ? raw_run(R->tier_path, false, seq_total, CH, 4, sbuf, 4, NULL) : 0;
     off0 = so;
     pitch = sp;
     free(sbuf);
-    sc.recover = true;
-    struct pf_block_key k0 = key_of((uint64_t)(o.rounds - 1) * n);
+    R->sc.recover = true;
+    struct pf_block_key k0 = key_of((uint64_t)(R->o.rounds - 1) * n);
     uint64_t r0 = pf_now_ns(), first_hit = 0;
-    rc = pf_ssd_create(&sc, &t.ssd, err, sizeof(err));
-    if (rc) {
+    char err[512];
+    if (pf_ssd_create(&R->sc, &t->ssd, err, sizeof(err))) {
         fprintf(stderr, "bench/ssd: reopen: %s\n", err);
-        return 1;
+        exit(1);
     }
     struct pf_ssd_stats st;
     for (;;) {
-        if (!first_hit && pf_ssd_probe(t.ssd, &k0, 1) == 1)
+        if (!first_hit && pf_ssd_probe(t->ssd, &k0, 1) == 1)
             first_hit = pf_now_ns() - r0;
-        pf_ssd_stats(t.ssd, &st);
+        pf_ssd_stats(t->ssd, &st);
         if (st.recovery_done)
             break;
         usleep(200);
     }
     uint64_t scan_ns = pf_now_ns() - r0;
-    if (!first_hit && pf_ssd_probe(t.ssd, &k0, 1) == 1)
+    if (!first_hit && pf_ssd_probe(t->ssd, &k0, 1) == 1)
         first_hit = scan_ns;
     if (st.committed != n || !first_hit) {
         fprintf(stderr, "bench/ssd: recovery found %llu of %llu blocks\n",
                 (unsigned long long)st.committed, (unsigned long long)n);
         exit(1);
     }
-    double scan = (double)ring / secs(scan_ns);
+    R->scan_ns = scan_ns;
+    R->first_hit = first_hit;
+    R->scan = (double)R->ring / secs(scan_ns);
     printf("%-10s %14.3f %14.3f %8.3f   (recovery scan of %llu MiB vs raw 8 MiB reads, 1 in "
            "flight; 4 in flight: %.3f GB/s, ratio %.3f; first SSD hit after %.1f ms)\n",
-           "recover", seq1 / 1e9, scan / 1e9, scan / seq1, (unsigned long long)(ring >> 20),
-           seq4 / 1e9, scan / seq4, (double)first_hit / 1e6);
+           "recover", R->seq1 / 1e9, R->scan / 1e9, R->scan / R->seq1,
+           (unsigned long long)(R->ring >> 20), R->seq4 / 1e9, R->scan / R->seq4,
+           (double)first_hit / 1e6);
+}
+
+/* The JSON result (--json, else stdout), the depth curve's figures in it. */
+static void write_json(struct run *R)
+{
+    const struct opts *o = &R->o;
     cJSON *root = bu_json_obj(NULL, NULL);
     bu_json_str(root, "bench", "ssd");
-    bu_json_str(root, "dir", o.dir);
-    bu_json_num(root, "block_bytes", (double)o.block);
-    bu_json_num(root, "slots", o.slots);
-    bu_json_num(root, "bytes_per_phase", (double)o.total);
-    bu_json_num(root, "rounds", o.rounds);
-    bu_json_num(root, "write_inflight", o.winflight);
-    bu_json_num(root, "prefetch_inflight", o.rinflight);
-    bu_json_num(root, "fetchers", o.fetchers);
-    bu_json_num(root, "fetch_blocks", o.fetch_blocks);
-    bu_json_bool(root, "integrity", o.integrity);
+    bu_json_str(root, "dir", o->dir);
+    bu_json_num(root, "block_bytes", (double)o->block);
+    bu_json_num(root, "slots", o->slots);
+    bu_json_num(root, "bytes_per_phase", (double)o->total);
+    bu_json_num(root, "rounds", o->rounds);
+    bu_json_num(root, "write_inflight", o->winflight);
+    bu_json_num(root, "prefetch_inflight", o->rinflight);
+    bu_json_num(root, "fetchers", o->fetchers);
+    bu_json_num(root, "fetch_blocks", o->fetch_blocks);
+    bu_json_bool(root, "integrity", o->integrity);
     cJSON *jw = bu_json_obj(root, "write");
-    bu_json_num(jw, "raw_bytes_per_s", mrw);
-    bu_json_num(jw, "tier_bytes_per_s", mtw);
-    bu_json_num(jw, "ratio", mtw / mrw);
+    bu_json_num(jw, "raw_bytes_per_s", R->mrw);
+    bu_json_num(jw, "tier_bytes_per_s", R->mtw);
+    bu_json_num(jw, "ratio", R->mtw / R->mrw);
     cJSON *jr = bu_json_obj(root, "read");
-    bu_json_num(jr, "raw_bytes_per_s", mrr);
-    bu_json_num(jr, "tier_bytes_per_s", mtr);
-    bu_json_num(jr, "ratio", mtr / mrr);
+    bu_json_num(jr, "raw_bytes_per_s", R->mrr);
+    bu_json_num(jr, "tier_bytes_per_s", R->mtr);
+    bu_json_num(jr, "ratio", R->mtr / R->mrr);
     cJSON *jh = bu_json_obj(root, "read_hot_buffer");
-    bu_json_num(jh, "raw_bytes_per_s", mrh);
-    bu_json_num(jh, "ratio", mtr / mrh);
+    bu_json_num(jh, "raw_bytes_per_s", R->mrh);
+    bu_json_num(jh, "ratio", R->mtr / R->mrh);
     cJSON *jv = bu_json_obj(root, "raw_write_variant");
-    bu_json_num(jv, "depth", wv.qd);
-    bu_json_bool(jv, "huge_page_buffer", wv.thp);
+    bu_json_num(jv, "depth", R->wv.qd);
+    bu_json_bool(jv, "huge_page_buffer", R->wv.thp);
     jv = bu_json_obj(root, "raw_read_variant");
-    bu_json_num(jv, "depth", rv.qd);
-    bu_json_bool(jv, "huge_page_buffer", rv.thp);
+    bu_json_num(jv, "depth", R->rv.qd);
+    bu_json_bool(jv, "huge_page_buffer", R->rv.thp);
     cJSON *jrec = bu_json_obj(root, "recovery");
-    bu_json_num(jrec, "ring_bytes", (double)ring);
-    bu_json_num(jrec, "scan_seconds", secs(scan_ns));
-    bu_json_num(jrec, "scan_bytes_per_s", scan);
-    bu_json_num(jrec, "raw_seq_qd1_bytes_per_s", seq1);
-    bu_json_num(jrec, "raw_seq_qd4_bytes_per_s", seq4);
-    bu_json_num(jrec, "ratio_qd1", scan / seq1);
-    bu_json_num(jrec, "ratio_qd4", scan / seq4);
-    bu_json_num(jrec, "first_hit_seconds", secs(first_hit));
+    bu_json_num(jrec, "ring_bytes", (double)R->ring);
+    bu_json_num(jrec, "scan_seconds", secs(R->scan_ns));
+    bu_json_num(jrec, "scan_bytes_per_s", R->scan);
+    bu_json_num(jrec, "raw_seq_qd1_bytes_per_s", R->seq1);
+    bu_json_num(jrec, "raw_seq_qd4_bytes_per_s", R->seq4);
+    bu_json_num(jrec, "ratio_qd1", R->scan / R->seq1);
+    bu_json_num(jrec, "ratio_qd4", R->scan / R->seq4);
+    bu_json_num(jrec, "first_hit_seconds", secs(R->first_hit));
     bu_json_num(jrec, "target_ratio", 0.8);
     bu_json_num(root, "target_ratio", 0.85);
-    if (o.depth_bytes) {
+    if (o->depth_bytes) {
         cJSON *arr = bu_json_check(cJSON_AddArrayToObject(root, "depths"));
-        depth_curve(&t, &sc, tier_path, raw_path, sums, wv, rv, &rb, arr);
+        depth_curve(&R->t, &R->sc, R->tier_path, R->raw_path, R->sums, R->wv, R->rv, &R->rb, arr);
     }
-    bu_json_write(root, o.json);
-    pf_ssd_destroy(t.ssd);
-    pf_blk_close(t.blk);
-    for (uint32_t i = 0; i < o.slots; i++)
-        pf_alloc_put(t.src[i]);
-    pf_alloc_put(wa);
-    pf_pool_destroy(t.pool);
-    free(t.src);
-    free(t.img);
-    free(sums);
-    free(hbuf);
-    munmap(rb.thp, RAW_QD_MAX * o.block);
-    unlink(tier_path);
-    unlink(raw_path);
+    bu_json_write(root, o->json);
+}
+
+static void teardown(struct run *R)
+{
+    struct tier *t = &R->t;
+    pf_ssd_destroy(t->ssd);
+    pf_blk_close(t->blk);
+    for (uint32_t i = 0; i < R->o.slots; i++)
+        pf_alloc_put(t->src[i]);
+    pf_alloc_put(R->wa);
+    pf_pool_destroy(t->pool);
+    free(t->src);
+    free(t->img);
+    free(R->sums);
+    free(R->hbuf);
+    munmap(R->rb.thp, RAW_QD_MAX * R->o.block);
+    unlink(R->tier_path);
+    unlink(R->raw_path);
+}
+
+int main(int argc, char **argv)
+{
+    static struct run R;
+    parse(argc, argv, &R.o);
+    pf_log_set_level(PF_LOG_WARN);
+    setup_tier(&R);
+    setup_raw(&R);
+    for (int r = 0; r < R.o.rounds; r++)
+        round_run(&R, r);
+    report_rounds(&R);
+    recovery(&R);
+    write_json(&R); /* runs the depth curve (--depth-curve) into the JSON */
+    teardown(&R);
     return 0;
 }
