@@ -116,6 +116,8 @@ static void start(struct curve *k)
     bu_wait_resident(k->c, "curve", TAG + 1, 0, (uint64_t)k->fill_batch, TMO);
     k->rss0_kb = bu_rss_kb(k->s.pid);
     k->ev0 = bu_metric(&k->s, "pegaflow_cache_block_evictions_total");
+    if (k->ev0 < 0)
+        bu_die("engine_curve", "no pegaflow_cache_block_evictions_total in /metrics");
     k->t0 = bu_now();
 }
 
