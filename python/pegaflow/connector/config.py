@@ -426,6 +426,9 @@ class ConnectorContext:
     mla_layer_split: bool = False
     # vLLM's KV cache groups (empty: one group, all layers, storage group 0)
     groups: tuple[CacheGroup, ...] = ()
+    # KV cache events for routers (events.py): build_context sets it from vLLM's
+    # kv_events_config (kv_events_enabled); without them the connector does no event work
+    kv_events: bool = True
 
     @property
     def local_rank(self) -> int:
@@ -501,6 +504,20 @@ class ConnectorContext:
     @property
     def cross_layer_name(self) -> str:
         return f"{CROSS_LAYER_NAME}_pp{self.pp_rank}" if self.pp_size > 1 else CROSS_LAYER_NAME
+
+
+def kv_events_enabled(vllm_config: Any) -> bool:
+    """Whether vLLM publishes KV cache events, the connector's ``take_events`` included.
+    vLLM's scheduler hands every step's events to ``EventPublisherFactory.create
+    (kv_events_config)`` (vllm/distributed/kv_events.py), which is a NullEventPublisher
+    (drops them) unless ``kv_events_config`` is set with ``enable_kv_cache_events`` and a
+    publisher other than "null" (KVEventsConfig, vllm/config/kv_events.py: publisher
+    None means "zmq" when enabled). vLLM's own CPU offload connector gates its events the
+    same way. A vLLM without kv_events_config publishes nothing."""
+    c = getattr(vllm_config, "kv_events_config", None)
+    if c is None or not getattr(c, "enable_kv_cache_events", False):
+        return False
+    return getattr(c, "publisher", None) != "null"
 
 
 def build_context(vllm_config: Any, options: ConnectorOptions, *, num_cache_groups: int = 1,
@@ -596,6 +613,7 @@ def build_context(vllm_config: Any, options: ConnectorOptions, *, num_cache_grou
         page_first=page_first,
         mla_layer_split=layer_split,
         groups=tuple(groups) if len(groups) > 1 else (),
+        kv_events=kv_events_enabled(vllm_config),
     )
 
 

@@ -406,11 +406,13 @@ class WorkerConnector:
             for gl in leases:
                 items, reqs, count = by_group.setdefault(gl.group, ([], {}, [0]))
                 # vLLM's null block 0 (skipped sliding-window / older state positions)
-                # is never a destination
-                targets = [None if not t else t for t in gl.targets]
+                # is never a destination (no Python loop per block unless there is one)
+                targets = gl.targets
+                if 0 in targets:
+                    targets = tuple(None if not t else t for t in targets)
                 items.append(LeaseLoad(gl.lease, [targets]))
                 reqs[rid] = it.block_ids
-                count[0] += sum(1 for t in targets if t is not None)
+                count[0] += len(targets) - targets.count(None)
             self._req_loads[rid] = self._req_loads.get(rid, 0) + len({gl.group for gl in leases})
         if failed:
             for rid in failed:
@@ -655,8 +657,9 @@ class WorkerConnector:
                 rec.observe("save_duration_s", max(0.0, self._clock() - t0))
                 # (striped replicas report every hash of the batch: together they stored
                 # it, and each rank's own report decides whether it counts as stored)
-                self.event_log.saved(all_hashes)
-            elif per and self.registered:
+                if self.ctx.kv_events:
+                    self.event_log.saved(all_hashes)
+            elif per and self.registered and self.ctx.kv_events:
                 # skip_save (MLA replica), or a striped rank with nothing of its own:
                 # report the same hashes so the scheduler's "all workers saved it" rule
                 # is decided by the ranks that copied
