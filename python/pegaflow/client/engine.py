@@ -90,6 +90,9 @@ class RegisterArgs:
     client_version: str | None = None  # None: the library's pf_client_version()
 
 
+_NONE_TO_MINUS1 = {None: -1}  # .get(x, x): None -> -1, anything else unchanged
+
+
 def _u8(buf: bytes):
     """(keepalive, uint8_t*) for a bytes object; NULL for empty input."""
     if not buf:
@@ -318,8 +321,8 @@ class EngineClient:
             if len(ll.block_ids_by_group) != len(groups):
                 raise ValueError(f"load item {i}: {len(ll.block_ids_by_group)} target groups "
                                  f"for {len(groups)} layer groups")
-            # targets as int64, None -> -1 (no Python loop per block unless a None is there)
-            tgs = [g if None not in g else [-1 if x is None else x for x in g]
+            # targets as int64, None -> -1 (mapped in C: no Python code per block)
+            tgs = [g if None not in g else list(map(_NONE_TO_MINUS1.get, g, g))
                    for g in ll.block_ids_by_group]
             tg = (c_int64 * max(1, sum(map(len, tgs))))(*chain.from_iterable(tgs))
             gc = (c_size_t * max(1, len(groups)))(*[len(g) for g in ll.block_ids_by_group])

@@ -54,6 +54,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from itertools import compress
 from typing import Any
 
 from pegaflow.client.engine import QueryResult
@@ -146,8 +147,8 @@ def _saved_pairs(table, hashes, lo: int, hi: int) -> tuple[tuple[int, ...], tupl
     ids = tuple(table[lo:hi])
     hs = tuple(map(bytes, hashes[lo:lo + len(ids)]))
     if 0 in ids:
-        keep = [i for i, b in enumerate(ids) if b != 0]
-        ids, hs = tuple(ids[i] for i in keep), tuple(hs[i] for i in keep)
+        keep = tuple(map(bool, ids))
+        ids, hs = tuple(compress(ids, keep)), tuple(compress(hs, keep))
     return ids, hs
 
 

@@ -94,6 +94,7 @@ class _SaveTask:
 
 
 _STOP = object()
+_NULL_TO_NONE = {0: None}  # .get(t, t): vLLM's null block 0 -> no target
 REREGISTER_INTERVAL_S = 10.0
 WATCH_POLL_S = 0.05  # how often the watch thread looks at its Session
 WATCH_RETRY_S = 0.1  # reopen attempts while the server is down
@@ -406,10 +407,10 @@ class WorkerConnector:
             for gl in leases:
                 items, reqs, count = by_group.setdefault(gl.group, ([], {}, [0]))
                 # vLLM's null block 0 (skipped sliding-window / older state positions)
-                # is never a destination (no Python loop per block unless there is one)
+                # is never a destination (mapped in C: no Python code per block)
                 targets = gl.targets
                 if 0 in targets:
-                    targets = tuple(None if not t else t for t in targets)
+                    targets = tuple(map(_NULL_TO_NONE.get, targets, targets))
                 items.append(LeaseLoad(gl.lease, [targets]))
                 reqs[rid] = it.block_ids
                 count[0] += len(targets) - targets.count(None)
