@@ -161,6 +161,27 @@ class HookTimer:
         return call
 
 
+def _settle_loads(w, deadline_s: float = 60.0) -> None:
+    """After the (timed) start_load_kv hook, wait untimed until the server finished the
+    Loads it posted, as the replay waits after each Load: the sim GPU's transfer is CPU
+    work of the server, which would otherwise run during the connector's next hooks on
+    this machine's cores but never during the replay's next calls (on a GPU it is DMA).
+    The connector still sees the Loads done in its own get_finished."""
+    timed = w.start_load_kv
+
+    @functools.wraps(timed)
+    def call(*a, **kw):
+        r = timed(*a, **kw)
+        dl = time.monotonic() + deadline_s
+        for p in list(w._worker._pending):
+            while p.state.get() == 0:  # PENDING
+                if time.monotonic() > dl:
+                    raise RuntimeError("a Load posted by the connector did not finish")
+        return r
+
+    w.start_load_kv = call
+
+
 def prompts(round_no: int, n: int, tokens: int) -> list[list[int]]:
     return [[(round_no * 7919 + r * 104729 + t * 31) % 30000 + 1 for t in range(tokens)]
             for r in range(n)]
@@ -195,6 +216,7 @@ def connector_run(args, srv, lib, round_no, patch):
         timer.wrap(e.sched)
         for w in e.workers:
             timer.wrap(w)
+            _settle_loads(w)
     binding[0] = 0.0  # from here on every recorded call is inside a hook
     ps = prompts(round_no, args.requests, args.blocks * 16 + 1)
     for i, p in enumerate(ps):

@@ -47,6 +47,7 @@ import logging
 import os
 import uuid
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Mapping
 
 log = logging.getLogger("pegaflow.connector")
@@ -383,6 +384,9 @@ def describe_cache_groups(kv_cache_config: Any) -> tuple[CacheGroup, ...]:
 class ConnectorContext:
     """Per-process identity and topology, shared by scheduler and worker logic.
 
+    Frozen: the derived values the hooks read every step (virtual_block_size, hybrid,
+    prefix_group_index, ...) are computed once per context (cached_property).
+
     ``tp_rank``/``tp_size`` are the *effective* values sent to the server: MLA with one
     cache group collapses TP (KV identical on every TP rank) to the DCP rank / size."""
 
@@ -430,11 +434,11 @@ class ConnectorContext:
     # kv_events_config (kv_events_enabled); without them the connector does no event work
     kv_events: bool = True
 
-    @property
+    @cached_property
     def local_rank(self) -> int:
         return self.physical_tp_rank if self.local_tp_rank is None else self.local_tp_rank
 
-    @property
+    @cached_property
     def local_size(self) -> int:
         return self.tp_size if self.local_tp_size is None else self.local_tp_size
 
@@ -444,16 +448,16 @@ class ConnectorContext:
             return self.namespace
         return shard_namespace(self.namespace.rsplit(":tp-shard-", 1)[0], i, self.num_shards)
 
-    @property
+    @cached_property
     def hybrid(self) -> bool:
         return len(self.groups) > 1
 
-    @property
+    @cached_property
     def storage_groups(self) -> tuple[CacheGroup, ...]:
         """The groups ordered by storage id (storage group 0 first)."""
         return tuple(sorted(self.groups, key=lambda g: g.storage_id))
 
-    @property
+    @cached_property
     def prefix_group_index(self) -> int:
         """vLLM index of the group whose blocks are queried as a prefix (storage 0)."""
         for g in self.groups:
@@ -468,14 +472,14 @@ class ConnectorContext:
                 return g.storage_id
         return 0
 
-    @property
+    @cached_property
     def stripe_saves(self) -> bool:
         """Page-first MLA replicas: rank r of the shard saves the blocks with
         ``block_id % local_tp_size == r`` (all layers of those pages); together the
         ranks store every block once."""
         return self.page_first and not self.mla_layer_split and self.local_size > 1
 
-    @property
+    @cached_property
     def virtual_block_size(self) -> int:
         """Tokens per scheduler block = per entry of request.block_hashes."""
         if self.hash_block_size:
@@ -489,11 +493,11 @@ class ConnectorContext:
         ns = self.namespace_cross_layer if cross_layer else self.namespace_per_layer
         return ns or self.namespace
 
-    @property
+    @cached_property
     def read_enabled(self) -> bool:
         return self.mode == READ_WRITE
 
-    @property
+    @cached_property
     def skip_save(self) -> bool:
         """Collapsed MLA not registered page-first (PP > 1): every TP rank holds the same
         KV; only TP rank 0 copies it. (Page-first replicas stripe instead; layer-split

@@ -498,14 +498,11 @@ class WorkerConnector:
                     self._load_done(rid)
                 n = p.nblocks
                 self.stats["loaded_blocks"] += n
-                rec = self.recorder
-                rec.add("load_success")
-                rec.add("load_blocks", n)
-                rec.add("load_bytes", n * p.block_bytes)
-                rec.observe("load_op_blocks", n)
-                # submission to the poll that saw it complete (get_finished runs once
-                # per step, so this is an upper bound by at most one step)
-                rec.observe("load_duration_s", max(0.0, now - p.started))
+                # duration: submission to the poll that saw it complete (get_finished
+                # runs once per step, so this is an upper bound by at most one step)
+                self.recorder.record(
+                    {"load_success": 1, "load_blocks": n, "load_bytes": n * p.block_bytes},
+                    {"load_op_blocks": n, "load_duration_s": max(0.0, now - p.started)})
             else:
                 self._fail_load(p.req_blocks, f"server reported state {st}")
         self._pending = still
@@ -650,12 +647,10 @@ class WorkerConnector:
                                  self.device_id, layers, timeout_ms=self.ctx.rpc_timeout_ms)
                 self.stats["saves"] += 1
                 self.stats["saved_blocks"] += nblocks
-                rec = self.recorder
-                rec.add("save_success")
-                rec.add("save_blocks", nblocks)
-                rec.add("save_bytes", nbytes)
-                rec.observe("save_op_blocks", nblocks)
-                rec.observe("save_duration_s", max(0.0, self._clock() - t0))
+                self.recorder.record(
+                    {"save_success": 1, "save_blocks": nblocks, "save_bytes": nbytes},
+                    {"save_op_blocks": nblocks,
+                     "save_duration_s": max(0.0, self._clock() - t0)})
                 # (striped replicas report every hash of the batch: together they stored
                 # it, and each rank's own report decides whether it counts as stored)
                 if self.ctx.kv_events:
@@ -714,7 +709,8 @@ class WorkerConnector:
         recving, self._recving = self._recving, set()
         sending: set[str] = set()
         with self._cv:
-            self._finished.update(r for r in (finished_req_ids or ()) if r in self._save_reqs)
+            if finished_req_ids:
+                self._finished.update(self._save_reqs.intersection(finished_req_ids))
             for rid in list(self._finished):
                 if self._outstanding.get(rid, 0) == 0:
                     sending.add(rid)
