@@ -96,6 +96,7 @@ class Server:
 
 
 REPLAYED = ("save", "query", "query_raw", "release", "load")
+MAX_GAP_S = 0.02  # longer pauses between two calls (the harness's own work) replay as this
 
 
 class Recorder:
@@ -106,7 +107,7 @@ class Recorder:
     def __init__(self, client, calls: list, binding: list):
         self._c = client
         self._calls = calls
-        self._binding = binding
+        self._binding = binding  # [seconds in calls, end of the last call (or None)]
 
     def __getattr__(self, name):
         fn = getattr(self._c, name)
@@ -115,11 +116,15 @@ class Recorder:
 
         def call(*a, **kw):
             t0 = time.perf_counter()
+            last = self._binding[1]
             try:
                 r = fn(*a, **kw)
             finally:
-                self._binding[0] += time.perf_counter() - t0
-            self._calls.append((name, a, kw, r))
+                t1 = self._binding[1] = time.perf_counter()
+                self._binding[0] += t1 - t0
+            # the time since the previous call ended: the spaced replay waits as long
+            gap = min(t0 - last, MAX_GAP_S) if last is not None else 0.0
+            self._calls.append((name, a, kw, r, gap))
             return r
 
         return call
@@ -193,7 +198,7 @@ def connector_run(args, srv, lib, round_no, patch):
     from harness import Engine, RealBackend
 
     calls: list = []
-    binding = [0.0]
+    binding = [0.0, None]
     backend = RealBackend(srv.target, lib)
     make = backend.client
     backend.client = lambda: Recorder(make(), calls, binding)
@@ -217,7 +222,7 @@ def connector_run(args, srv, lib, round_no, patch):
         for w in e.workers:
             timer.wrap(w)
             _settle_loads(w)
-    binding[0] = 0.0  # from here on every recorded call is inside a hook
+    binding[:] = [0.0, None]  # from here on every recorded call is inside a hook
     ps = prompts(round_no, args.requests, args.blocks * 16 + 1)
     for i, p in enumerate(ps):
         saver.add_request(f"s{round_no}-{i}", p, max_tokens=1)
@@ -228,7 +233,8 @@ def connector_run(args, srv, lib, round_no, patch):
             for h in saver.requests[f"s{round_no}-{i}"].block_hashes[:args.blocks]]
     wait_queryable(probe, f"bench-load-{round_no}", want)
     probe.close()
-    calls.append(("barrier", (f"bench-load-{round_no}", want), {}, None))
+    calls.append(("barrier", (f"bench-load-{round_no}", want), {}, None, 0.0))
+    binding[1] = None  # the loader's first call: no gap across the barrier
     for i, p in enumerate(ps):
         loader.add_request(f"l{round_no}-{i}", p, max_tokens=1)
     steps += loader.run(timeout_s=120)
@@ -276,8 +282,9 @@ def wait_queryable(client, instance_id: str, hashes: list, timeout_s: float = 30
         time.sleep(0.002)
 
 
-def replay(calls, client, lib, deadline_s=60.0) -> float:
-    """The recorded calls, back to back; returns (wall seconds, this thread's CPU seconds)
+def replay(calls, client, lib, deadline_s=60.0, spaced: bool = False) -> float:
+    """The recorded calls, back to back (``spaced``: each after the pause that preceded it
+    in the connector's run, untimed); returns (wall seconds, this thread's CPU seconds)
     (waits for visibility between the save and load halves are not counted, as in the
     connector run)."""
     import dataclasses
@@ -286,7 +293,7 @@ def replay(calls, client, lib, deadline_s=60.0) -> float:
 
     leases: dict[bytes, bytes] = {}
     total = cpu = 0.0
-    for name, a, kw, rec in calls:
+    for name, a, kw, rec, gap in calls:
         if name == "barrier":  # untimed: the saves are sealed before the loads begin
             wait_queryable(client, *a)
             continue
@@ -296,6 +303,10 @@ def replay(calls, client, lib, deadline_s=60.0) -> float:
         st = None
         if name == "load":
             a[5] = [dataclasses.replace(ll, lease=leases.get(ll.lease, ll.lease)) for ll in a[5]]
+        if spaced and gap > 0:
+            # untimed: as long as the connector's run went between its two calls (idle
+            # here, the connector's and the harness's own work there)
+            time.sleep(gap)
         t0, c0 = time.perf_counter(), time.thread_time()
         if name == "load":
             # timed: a Load needs its completion record (pf_loadstate_create), which the
@@ -335,6 +346,7 @@ def measure(a, srv, lib, direct, patch, kv_events: bool) -> dict:
     a.kv_events = kv_events
     conn_s, direct_s, ratios, steps_l, ncalls = [], [], [], [], []
     cpu_ratios, conn_cpu, direct_cpu, bind_s = [], [], [], []
+    spaced_s, spaced_cpu, sratios = [], [], []
     live: list = []  # engines of the last round (a direct-first round replays on them)
     try:
         prev = None
@@ -344,9 +356,7 @@ def measure(a, srv, lib, direct, patch, kv_events: bool) -> dict:
             # each side starts from a collected heap: a collection the other side's garbage
             # triggers would otherwise land in whichever runs second
             if direct_first:
-                srv.cleanup_ram()
-                gc.collect()
-                d, dc = replay(prev, direct, lib)
+                d, dc, sp, spc = replays(prev, srv, direct, lib)
             # older instances are shut down (untimed): their watch threads would otherwise
             # pile up round after round and compete for the GIL with both sides
             _shutdown(live)
@@ -357,14 +367,15 @@ def measure(a, srv, lib, direct, patch, kv_events: bool) -> dict:
                                                              r + 1 + 100 * kv_events, patch)
             live = list(engines)
             if not direct_first:
-                srv.cleanup_ram()
-                gc.collect()
-                d, dc = replay(calls, direct, lib)
+                d, dc, sp, spc = replays(calls, srv, direct, lib)
             prev = calls
             if r < 0:
                 continue
             conn_s.append(c)
             direct_s.append(d)
+            spaced_s.append(sp)
+            spaced_cpu.append(spc)
+            sratios.append(sp / c)
             bind_s.append(cb)
             ratios.append(d / c)
             conn_cpu.append(cc)
@@ -376,7 +387,8 @@ def measure(a, srv, lib, direct, patch, kv_events: bool) -> dict:
                   f"{c * 1e3:.1f} ms in hooks over {steps} steps ({cb * 1e3:.1f} ms of it in "
                   f"the binding), direct {d * 1e3:.1f} ms for {ncalls[-1]} calls, ratio "
                   f"{d / c:.2f}; CPU {cc * 1e3:.1f} / {dc * 1e3:.1f} ms, ratio "
-                  f"{cpu_ratios[-1]:.2f}", file=sys.stderr, flush=True)
+                  f"{cpu_ratios[-1]:.2f}; spaced direct {sp * 1e3:.1f} ms (CPU "
+                  f"{spc * 1e3:.1f}), ratio {sp / c:.2f}", file=sys.stderr, flush=True)
     finally:
         _shutdown(live)
     med_c, med_d = statistics.median(conn_s), statistics.median(direct_s)
@@ -388,7 +400,21 @@ def measure(a, srv, lib, direct, patch, kv_events: bool) -> dict:
             "calls": statistics.median(ncalls),
             "connector_cpu_ms": statistics.median(conn_cpu) * 1e3,
             "direct_cpu_ms": statistics.median(direct_cpu) * 1e3,
-            "cpu_ratio": [min(cpu_ratios), statistics.median(cpu_ratios), max(cpu_ratios)]}
+            "cpu_ratio": [min(cpu_ratios), statistics.median(cpu_ratios), max(cpu_ratios)],
+            "spaced_direct_ms": statistics.median(spaced_s) * 1e3,
+            "spaced_direct_cpu_ms": statistics.median(spaced_cpu) * 1e3,
+            "spaced_ratio": [min(sratios), statistics.median(sratios), max(sratios)]}
+
+
+def replays(calls, srv, direct, lib):
+    """The recording replayed back to back, then spaced as the connector made it; the RAM
+    cache emptied and the heap collected before each."""
+    out = []
+    for spaced in (False, True):
+        srv.cleanup_ram()
+        gc.collect()
+        out += replay(calls, direct, lib, spaced=spaced)
+    return out
 
 
 def _shutdown(engines) -> None:
@@ -460,6 +486,10 @@ def main() -> int:
               f"{j['binding_in_hooks_ms']:>12.1f}")
         print(f"{'  CPU time of the calling thread':<48} {j['connector_cpu_ms']:>12.1f} "
               f"{j['direct_cpu_ms']:>10.1f} {crs[0]:>6.2f} {crs[1]:>6.2f} {crs[2]:>6.2f}")
+        srs = j["spaced_ratio"]
+        print(f"{'  wall, direct spaced as the connector':<48} {j['connector_ms']:>12.1f} "
+              f"{j['spaced_direct_ms']:>10.1f} {srs[0]:>6.2f} {srs[1]:>6.2f} {srs[2]:>6.2f}"
+              f"   (direct CPU {j['spaced_direct_cpu_ms']:.1f} ms)")
         print(f"  connector overhead: {j['connector_ms'] - j['direct_ms']:.2f} ms per round, "
               f"{j['overhead_us_per_step']:.0f} us per computing step ({j['steps']:.0f} steps, "
               f"{j['calls']:.0f} libpegaflow calls per round)")
@@ -467,7 +497,9 @@ def main() -> int:
           f"{a.requests} requests x {a.blocks} blocks of 16 tokens, {a.layers} layers, TP 1, "
           f"sim GPU; connector = wall time inside its hooks (saves synchronous), of which the "
           f"recorded binding calls; direct = the same recorded libpegaflow calls replayed "
-          f"through the ctypes binding, a Load with its load state's creation and destruction "
+          f"through the ctypes binding back to back, and spaced (each after the pause that "
+          f"preceded it in the connector's run, at most {MAX_GAP_S * 1e3:.0f} ms, untimed), "
+          f"a Load with its load state's creation and destruction "
           f"(load transfers and the wait for sealed saves untimed on both sides); RAM cache "
           f"emptied before each; every loaded byte compared with the saved one; "
           f"ratio = direct / connector")
