@@ -107,6 +107,8 @@ def pack_hashes(hashes: Sequence[bytes]):
     No Python code runs per hash (join and map(len) iterate in C; the library reads the
     joined bytes in place), so the cost of a call does not grow with Python work per
     block. Each hash is a bytes-like object (vLLM's block hashes are bytes)."""
+    if not isinstance(hashes, (list, tuple)):
+        hashes = list(hashes)  # (an iterator is read once)
     if not hashes:
         return None, None, None, None, 0
     blob = b"".join(hashes)
