@@ -58,6 +58,7 @@ import numpy as np
 
 from vllm.config import (
     CacheConfig,
+    KVEventsConfig,
     KVTransferConfig,
     ModelConfig,
     ParallelConfig,
@@ -247,7 +248,7 @@ class Engine:
                  head_dim: int = 8, token_budget: int = 64, policy: str = "recompute",
                  extra_config: dict | None = None, seed: int = 1234,
                  report_preempted: bool = True, stats_mode: str = "main",
-                 hybrid: bool = False, mla: bool = False):
+                 hybrid: bool = False, mla: bool = False, kv_events: bool = True):
         self.backend = backend
         self.tp = tp
         self.L = layers
@@ -281,6 +282,10 @@ class Engine:
             cache_config=CacheConfig(block_size=block_size),
             parallel_config=ParallelConfig(tensor_parallel_size=tp),
             scheduler_config=SchedulerConfig(disable_hybrid_kv_cache_manager=not hybrid),
+            # KV events published (--kv-events-config '{"enable_kv_cache_events": true}');
+            # kv_events=False: vLLM's default, the connector does no event work
+            kv_events_config=KVEventsConfig(enable_kv_cache_events=True) if kv_events
+            else None,
             kv_transfer_config=KVTransferConfig(
                 kv_connector="PegaKVConnector", kv_role="kv_both",
                 kv_connector_module_path="pegaflow.connector", engine_id=instance_id,

@@ -99,6 +99,7 @@ SPEC: list[tuple[str, str, str]] = (
        ("vllm.config.kv_transfer", "KVTransferConfig", "fields"),
        ("vllm.config.kv_transfer", "KVTransferConfig.get_from_extra_config", "sig"),
        ("vllm.config", "VllmConfig", "fields"),
+       ("vllm.config.kv_events", "KVEventsConfig", "fields"),
        ("vllm.config", "CacheConfig", "fields"),
        ("vllm.config", "SchedulerConfig", "fields")]
     + [("vllm.distributed.kv_events", c, "fields") for c in ("BlockStored", "BlockRemoved")]

@@ -17,6 +17,7 @@ import errno
 import logging
 from ctypes import POINTER, byref, c_char_p, c_int64, c_size_t, c_uint8, c_uint32, c_void_p
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Sequence
 
 from pegaflow.client import _lib
@@ -89,6 +90,9 @@ class RegisterArgs:
     client_version: str | None = None  # None: the library's pf_client_version()
 
 
+_NONE_TO_MINUS1 = {None: -1}  # .get(x, x): None -> -1, anything else unchanged
+
+
 def _u8(buf: bytes):
     """(keepalive, uint8_t*) for a bytes object; NULL for empty input."""
     if not buf:
@@ -98,15 +102,25 @@ def _u8(buf: bytes):
 
 
 def pack_hashes(hashes: Sequence[bytes]):
-    """Concatenated hash buffer + (hash_lens array or None, hash_len) per pegaflow.h."""
-    hashes = [bytes(h) for h in hashes]
+    """Concatenated hash buffer + (hash_lens array or None, hash_len) per pegaflow.h.
+
+    No Python code runs per hash (join and map(len) iterate in C; the library reads the
+    joined bytes in place), so the cost of a call does not grow with Python work per
+    block. Each hash is a bytes-like object (vLLM's block hashes are bytes)."""
+    if not isinstance(hashes, (list, tuple)):
+        hashes = list(hashes)  # (an iterator is read once)
+    if not hashes:
+        return None, None, None, None, 0
     blob = b"".join(hashes)
-    lens = {len(h) for h in hashes}
-    keep, ptr = _u8(blob)
-    if len(lens) <= 1:
-        return keep, ptr, None, None, (lens.pop() if lens else 0)
-    arr = (c_uint32 * len(hashes))(*[len(h) for h in hashes])
-    return keep, ptr, arr, ctypes.cast(arr, POINTER(c_uint32)), 0
+    if not blob:
+        return None, None, None, None, 0
+    lens = set(map(len, hashes))
+    # a pointer into blob itself (no copy); the caller keeps blob alive during the call
+    ptr = ctypes.cast(ctypes.c_char_p(blob), POINTER(c_uint8))
+    if len(lens) == 1:
+        return blob, ptr, None, None, lens.pop()
+    arr = (c_uint32 * len(hashes))(*map(len, hashes))
+    return blob, ptr, arr, ctypes.cast(arr, POINTER(c_uint32)), 0
 
 
 class Session:
@@ -221,20 +235,32 @@ class EngineClient:
         f = self._lib.fn("pf_client_save")
         keep = []
         arr = (_lib.PfSaveLayer * max(1, len(layers)))()
+        # The connector passes every layer of a group the same id and hash sequences:
+        # marshal each distinct sequence once per call, not once per layer.
+        id_arrs: dict[int, object] = {}
+        hash_arrs: dict[int, tuple] = {}
         for i, layer in enumerate(layers):
-            if len(layer.block_ids) != len(layer.block_hashes):
-                raise ValueError(f"save layer {layer.name}: {len(layer.block_ids)} block ids "
-                                 f"but {len(layer.block_hashes)} hashes")
-            ids = (c_uint32 * max(1, len(layer.block_ids)))(*layer.block_ids)
-            hk, hp, lk, lp, hlen = pack_hashes(layer.block_hashes)
-            keep += [ids, hk, lk]
+            bids, bhs = layer.block_ids, layer.block_hashes
+            if len(bids) != len(bhs):
+                raise ValueError(f"save layer {layer.name}: {len(bids)} block ids "
+                                 f"but {len(bhs)} hashes")
+            ids = id_arrs.get(id(bids))
+            if ids is None:
+                ids = id_arrs[id(bids)] = ctypes.cast(
+                    (c_uint32 * max(1, len(bids)))(*bids), POINTER(c_uint32))
+                keep.append(bids)  # the id() keys stay valid while the call runs
+            packed = hash_arrs.get(id(bhs))
+            if packed is None:
+                packed = hash_arrs[id(bhs)] = pack_hashes(bhs)
+                keep.append(bhs)
+            _, hp, _, lp, hlen = packed
             s = arr[i]
             s.name = layer.name.encode()
-            s.block_ids = ctypes.cast(ids, POINTER(c_uint32))
+            s.block_ids = ids
             s.hashes = hp
             s.hash_lens = lp
             s.hash_len = hlen
-            s.n = len(layer.block_ids)
+            s.n = len(bids)
         self._check("pf_client_save",
                     f(self._h, instance_id.encode(), tp_rank, pp_rank, device_id,
                       ctypes.cast(arr, POINTER(_lib.PfSaveLayer)), len(layers),
@@ -297,8 +323,10 @@ class EngineClient:
             if len(ll.block_ids_by_group) != len(groups):
                 raise ValueError(f"load item {i}: {len(ll.block_ids_by_group)} target groups "
                                  f"for {len(groups)} layer groups")
-            flat = [(-1 if b is None else int(b)) for g in ll.block_ids_by_group for b in g]
-            tg = (c_int64 * max(1, len(flat)))(*flat)
+            # targets as int64, None -> -1 (mapped in C: no Python code per block)
+            tgs = [g if None not in g else list(map(_NONE_TO_MINUS1.get, g, g))
+                   for g in ll.block_ids_by_group]
+            tg = (c_int64 * max(1, sum(map(len, tgs))))(*chain.from_iterable(tgs))
             gc = (c_size_t * max(1, len(groups)))(*[len(g) for g in ll.block_ids_by_group])
             lk, lp = _u8(ll.lease)
             keep += [tg, gc, lk]

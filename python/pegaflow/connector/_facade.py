@@ -498,14 +498,14 @@ class PegaKVConnector(KVConnectorBase_V1, *_HMA_BASES):
 
     def take_events(self) -> Iterable[Any]:
         """BlockStored / BlockRemoved for blocks in PegaFlow on this node (scheduler)."""
-        if self._scheduler is None:
-            return ()
+        if self._scheduler is None or not self._ctx.kv_events:
+            return ()  # vLLM publishes no KV events: none are tracked
         records = self._scheduler.take_events()
         return _router_events(records) if records else ()
 
     def get_kv_connector_kv_cache_events(self) -> PegaKVEvents | None:
         """Worker: the hashes this worker's Saves stored since the last call."""
-        if self._worker is None:
+        if self._worker is None or not self._ctx.kv_events:
             return None
         records = self._worker.event_log.take()
         return PegaKVEvents(records) if records else None

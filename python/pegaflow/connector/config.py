@@ -47,6 +47,7 @@ import logging
 import os
 import uuid
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Mapping
 
 log = logging.getLogger("pegaflow.connector")
@@ -383,6 +384,9 @@ def describe_cache_groups(kv_cache_config: Any) -> tuple[CacheGroup, ...]:
 class ConnectorContext:
     """Per-process identity and topology, shared by scheduler and worker logic.
 
+    Frozen: the derived values the hooks read every step (virtual_block_size, hybrid,
+    prefix_group_index, ...) are computed once per context (cached_property).
+
     ``tp_rank``/``tp_size`` are the *effective* values sent to the server: MLA with one
     cache group collapses TP (KV identical on every TP rank) to the DCP rank / size."""
 
@@ -426,12 +430,15 @@ class ConnectorContext:
     mla_layer_split: bool = False
     # vLLM's KV cache groups (empty: one group, all layers, storage group 0)
     groups: tuple[CacheGroup, ...] = ()
+    # KV cache events for routers (events.py): build_context sets it from vLLM's
+    # kv_events_config (kv_events_enabled); without them the connector does no event work
+    kv_events: bool = True
 
-    @property
+    @cached_property
     def local_rank(self) -> int:
         return self.physical_tp_rank if self.local_tp_rank is None else self.local_tp_rank
 
-    @property
+    @cached_property
     def local_size(self) -> int:
         return self.tp_size if self.local_tp_size is None else self.local_tp_size
 
@@ -441,16 +448,16 @@ class ConnectorContext:
             return self.namespace
         return shard_namespace(self.namespace.rsplit(":tp-shard-", 1)[0], i, self.num_shards)
 
-    @property
+    @cached_property
     def hybrid(self) -> bool:
         return len(self.groups) > 1
 
-    @property
+    @cached_property
     def storage_groups(self) -> tuple[CacheGroup, ...]:
         """The groups ordered by storage id (storage group 0 first)."""
         return tuple(sorted(self.groups, key=lambda g: g.storage_id))
 
-    @property
+    @cached_property
     def prefix_group_index(self) -> int:
         """vLLM index of the group whose blocks are queried as a prefix (storage 0)."""
         for g in self.groups:
@@ -465,14 +472,14 @@ class ConnectorContext:
                 return g.storage_id
         return 0
 
-    @property
+    @cached_property
     def stripe_saves(self) -> bool:
         """Page-first MLA replicas: rank r of the shard saves the blocks with
         ``block_id % local_tp_size == r`` (all layers of those pages); together the
         ranks store every block once."""
         return self.page_first and not self.mla_layer_split and self.local_size > 1
 
-    @property
+    @cached_property
     def virtual_block_size(self) -> int:
         """Tokens per scheduler block = per entry of request.block_hashes."""
         if self.hash_block_size:
@@ -486,11 +493,11 @@ class ConnectorContext:
         ns = self.namespace_cross_layer if cross_layer else self.namespace_per_layer
         return ns or self.namespace
 
-    @property
+    @cached_property
     def read_enabled(self) -> bool:
         return self.mode == READ_WRITE
 
-    @property
+    @cached_property
     def skip_save(self) -> bool:
         """Collapsed MLA not registered page-first (PP > 1): every TP rank holds the same
         KV; only TP rank 0 copies it. (Page-first replicas stripe instead; layer-split
@@ -501,6 +508,20 @@ class ConnectorContext:
     @property
     def cross_layer_name(self) -> str:
         return f"{CROSS_LAYER_NAME}_pp{self.pp_rank}" if self.pp_size > 1 else CROSS_LAYER_NAME
+
+
+def kv_events_enabled(vllm_config: Any) -> bool:
+    """Whether vLLM publishes KV cache events, the connector's ``take_events`` included.
+    vLLM's scheduler hands every step's events to ``EventPublisherFactory.create
+    (kv_events_config)`` (vllm/distributed/kv_events.py), which is a NullEventPublisher
+    (drops them) unless ``kv_events_config`` is set with ``enable_kv_cache_events`` and a
+    publisher other than "null" (KVEventsConfig, vllm/config/kv_events.py: publisher
+    None means "zmq" when enabled). vLLM's own CPU offload connector gates its events the
+    same way. A vLLM without kv_events_config publishes nothing."""
+    c = getattr(vllm_config, "kv_events_config", None)
+    if c is None or not getattr(c, "enable_kv_cache_events", False):
+        return False
+    return getattr(c, "publisher", None) != "null"
 
 
 def build_context(vllm_config: Any, options: ConnectorOptions, *, num_cache_groups: int = 1,
@@ -596,6 +617,7 @@ def build_context(vllm_config: Any, options: ConnectorOptions, *, num_cache_grou
         page_first=page_first,
         mla_layer_split=layer_split,
         groups=tuple(groups) if len(groups) > 1 else (),
+        kv_events=kv_events_enabled(vllm_config),
     )
 
 

@@ -54,6 +54,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from itertools import compress
 from typing import Any
 
 from pegaflow.client.engine import QueryResult
@@ -136,6 +137,19 @@ def _publishable(request: Any) -> int:
     n = len(request.block_hashes)
     limit = getattr(request, "num_publishable_block_hashes", None)
     return n if limit is None else max(0, min(n, int(limit)))
+
+
+def _saved_pairs(table, hashes, lo: int, hi: int) -> tuple[tuple[int, ...], tuple[bytes, ...]]:
+    """Block ids ``table[lo:hi]`` and their hashes, without vLLM's null block 0 (skipped
+    sliding-window / older state positions, never saved). No Python loop per block on
+    the common path (slices; bytes() mapped in C: vLLM's hashes are bytes already, which
+    bytes() returns as they are); a table shorter than ``hi`` ends the range."""
+    ids = tuple(table[lo:hi])
+    hs = tuple(map(bytes, hashes[lo:lo + len(ids)]))
+    if 0 in ids:
+        keep = tuple(map(bool, ids))
+        ids, hs = tuple(compress(ids, keep)), tuple(compress(hs, keep))
+    return ids, hs
 
 
 def _is_preempted(request: Any) -> bool:
@@ -275,7 +289,7 @@ class SchedulerConnector:
             give_up("another shard is still loading")
             probe.loading = probe.prefetched = True
             return True
-        if not unreachable:
+        if not unreachable and self.ctx.kv_events:
             self.events.answered(hashes, min(hits0))
         k = min(min(hits0), max(0, max_blocks))
         if k > 0 and self.ctx.hybrid:
@@ -422,11 +436,12 @@ class SchedulerConnector:
             intent, start = self._commit(rid, blocks, tables, num_external_tokens, probe)
             if intent.lease is not None and probe is not None:
                 vbs = self.ctx.virtual_block_size
-                n0 = cdiv(num_external_tokens, vbs)
-                ev = self.events
-                for j in range(n0):
-                    if not ev.announced(probe.hashes[j]):  # describe only what is new
-                        ev.hit(probe.hashes[j], EventTracker.describe(request, start + j, vbs))
+                if self.ctx.kv_events:
+                    ev = self.events
+                    for j in range(cdiv(num_external_tokens, vbs)):
+                        if not ev.announced(probe.hashes[j]):  # describe only what is new
+                            ev.hit(probe.hashes[j],
+                                   EventTracker.describe(request, start + j, vbs))
                 tier = "prefetched" if probe.prefetched else "ram"
                 self.recorder.add(f"hit_tokens_{tier}", num_external_tokens)
                 self.recorder.add("miss_tokens", max(0, len(probe.hashes) * vbs
@@ -590,38 +605,37 @@ class SchedulerConnector:
         vbs = self.ctx.virtual_block_size
         end = num_computed + num_scheduled
         full = min(end // vbs, _publishable(st.request), len(st.block_ids))
-        if full <= st.cursor:
+        cur = st.cursor
+        if full <= cur:
             return
-        pairs = []
-        for i in range(st.cursor, full):
-            b, h = st.block_ids[i], bytes(hashes[i])
-            if b == 0:
-                continue
-            pairs.append((b, h))
-            self.events.planned(h, EventTracker.describe(st.request, i, vbs))
+        ids, hs = _saved_pairs(st.block_ids, hashes, cur, full)
+        if self.ctx.kv_events:
+            ev = self.events
+            for i in range(cur, full):
+                if st.block_ids[i] != 0:
+                    ev.planned(bytes(hashes[i]), EventTracker.describe(st.request, i, vbs))
         extra = []
         for g in self.ctx.storage_groups[1:] if self.ctx.hybrid else ():
             table = st.tables.get(g.vllm_index, [])
             if g.kind == FULL:
-                idx = range(st.cursor, full)
+                gids, ghs = _saved_pairs(table, hashes, cur, full)
             elif end % vbs == 0 and full == end // vbs:
-                idx = (full - 1,)  # the state after exactly ``full`` blocks
+                # the state after exactly ``full`` blocks
+                gids, ghs = _saved_pairs(table, hashes, full - 1, full)
             else:
-                idx = ()  # the step ended inside a block: no state at a block boundary
-            gi = [(table[i], bytes(hashes[i])) for i in idx if i < len(table) and table[i]]
-            if gi:
-                extra.append((g.storage_id, tuple(p[0] for p in gi), tuple(p[1] for p in gi)))
+                continue  # the step ended inside a block: no state at a block boundary
+            if gids:
+                extra.append((g.storage_id, gids, ghs))
         st.cursor = full
-        if not pairs and not extra:
+        if not ids and not extra:
             return
-        plan.saves[rid] = SaveIntent(tuple(p[0] for p in pairs), tuple(p[1] for p in pairs),
-                                     tuple(extra))
+        plan.saves[rid] = SaveIntent(ids, hs, tuple(extra))
         st.save_planned = True
         self.stats["saves_planned"] += 1
 
     def update_connector_output(self, connector_output: Any) -> None:
         ev = getattr(connector_output, "kv_cache_events", None)
-        if ev is not None and getattr(ev, "pegaflow", False):
+        if ev is not None and self.ctx.kv_events and getattr(ev, "pegaflow", False):
             self.events.reports(ev.get_all_events())
         invalid = getattr(connector_output, "invalid_block_ids", None)
         if invalid:

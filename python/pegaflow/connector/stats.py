@@ -105,12 +105,25 @@ class StatsRecorder:
 
     def observe(self, key: str, value: float) -> None:
         with self._lock:
-            obs = self._data.setdefault(key, [])
-            if len(obs) >= MAX_OBSERVATIONS:
-                self._data["dropped_observations"] = self._data.get("dropped_observations",
-                                                                    0) + 1
-                return
-            obs.append(value)
+            self._observe(key, value)
+
+    def _observe(self, key: str, value: float) -> None:
+        obs = self._data.setdefault(key, [])
+        if len(obs) >= MAX_OBSERVATIONS:
+            self._data["dropped_observations"] = self._data.get("dropped_observations", 0) + 1
+            return
+        obs.append(value)
+
+    def record(self, counts: Mapping[str, int | float],
+               observations: Mapping[str, float] = ()) -> None:
+        """Several ``add`` and ``observe`` at once, under one lock (one RPC's figures)."""
+        with self._lock:
+            d = self._data
+            for key, n in counts.items():
+                if n:
+                    d[key] = d.get(key, 0) + n
+            for key, value in dict(observations).items():
+                self._observe(key, value)
 
     def take(self) -> dict[str, Any] | None:
         """The data recorded since the last take (None when nothing happened)."""

@@ -94,6 +94,7 @@ class _SaveTask:
 
 
 _STOP = object()
+_NULL_TO_NONE = {0: None}  # .get(t, t): vLLM's null block 0 -> no target
 REREGISTER_INTERVAL_S = 10.0
 WATCH_POLL_S = 0.05  # how often the watch thread looks at its Session
 WATCH_RETRY_S = 0.1  # reopen attempts while the server is down
@@ -406,11 +407,13 @@ class WorkerConnector:
             for gl in leases:
                 items, reqs, count = by_group.setdefault(gl.group, ([], {}, [0]))
                 # vLLM's null block 0 (skipped sliding-window / older state positions)
-                # is never a destination
-                targets = [None if not t else t for t in gl.targets]
+                # is never a destination (mapped in C: no Python code per block)
+                targets = gl.targets
+                if 0 in targets:
+                    targets = tuple(map(_NULL_TO_NONE.get, targets, targets))
                 items.append(LeaseLoad(gl.lease, [targets]))
                 reqs[rid] = it.block_ids
-                count[0] += sum(1 for t in targets if t is not None)
+                count[0] += len(targets) - targets.count(None)
             self._req_loads[rid] = self._req_loads.get(rid, 0) + len({gl.group for gl in leases})
         if failed:
             for rid in failed:
@@ -495,14 +498,11 @@ class WorkerConnector:
                     self._load_done(rid)
                 n = p.nblocks
                 self.stats["loaded_blocks"] += n
-                rec = self.recorder
-                rec.add("load_success")
-                rec.add("load_blocks", n)
-                rec.add("load_bytes", n * p.block_bytes)
-                rec.observe("load_op_blocks", n)
-                # submission to the poll that saw it complete (get_finished runs once
-                # per step, so this is an upper bound by at most one step)
-                rec.observe("load_duration_s", max(0.0, now - p.started))
+                # duration: submission to the poll that saw it complete (get_finished
+                # runs once per step, so this is an upper bound by at most one step)
+                self.recorder.record(
+                    {"load_success": 1, "load_blocks": n, "load_bytes": n * p.block_bytes},
+                    {"load_op_blocks": n, "load_duration_s": max(0.0, now - p.started)})
             else:
                 self._fail_load(p.req_blocks, f"server reported state {st}")
         self._pending = still
@@ -647,16 +647,15 @@ class WorkerConnector:
                                  self.device_id, layers, timeout_ms=self.ctx.rpc_timeout_ms)
                 self.stats["saves"] += 1
                 self.stats["saved_blocks"] += nblocks
-                rec = self.recorder
-                rec.add("save_success")
-                rec.add("save_blocks", nblocks)
-                rec.add("save_bytes", nbytes)
-                rec.observe("save_op_blocks", nblocks)
-                rec.observe("save_duration_s", max(0.0, self._clock() - t0))
+                self.recorder.record(
+                    {"save_success": 1, "save_blocks": nblocks, "save_bytes": nbytes},
+                    {"save_op_blocks": nblocks,
+                     "save_duration_s": max(0.0, self._clock() - t0)})
                 # (striped replicas report every hash of the batch: together they stored
                 # it, and each rank's own report decides whether it counts as stored)
-                self.event_log.saved(all_hashes)
-            elif per and self.registered:
+                if self.ctx.kv_events:
+                    self.event_log.saved(all_hashes)
+            elif per and self.registered and self.ctx.kv_events:
                 # skip_save (MLA replica), or a striped rank with nothing of its own:
                 # report the same hashes so the scheduler's "all workers saved it" rule
                 # is decided by the ranks that copied
@@ -710,7 +709,8 @@ class WorkerConnector:
         recving, self._recving = self._recving, set()
         sending: set[str] = set()
         with self._cv:
-            self._finished.update(r for r in (finished_req_ids or ()) if r in self._save_reqs)
+            if finished_req_ids:
+                self._finished.update(self._save_reqs.intersection(finished_req_ids))
             for rid in list(self._finished):
                 if self._outstanding.get(rid, 0) == 0:
                     sending.add(rid)

@@ -3,6 +3,7 @@
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm.config.kv_events import KVEventsConfig
 from vllm.config.kv_transfer import KVTransferConfig
 
 
@@ -62,9 +63,10 @@ class VllmConfig:
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
     scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
     kv_transfer_config: KVTransferConfig | None = None
+    kv_events_config: KVEventsConfig | None = None
     additional_config: dict | Any = field(default_factory=dict)
     instance_id: str = ""
 
 
-__all__ = ["CacheConfig", "KVTransferConfig", "ModelConfig", "ParallelConfig",
-           "SchedulerConfig", "VllmConfig"]
+__all__ = ["CacheConfig", "KVEventsConfig", "KVTransferConfig", "ModelConfig",
+           "ParallelConfig", "SchedulerConfig", "VllmConfig"]
