@@ -287,7 +287,9 @@ def test_server_killed_mid_run(world, engines, monkeypatch):
                and not any(sch._down) and all(x is not None for x in sch.sessions)):
         assert time.monotonic() < deadline, "the workers did not register again within 30 s"
         rid = f"E{i}"
-        e2.add_request(rid, PROMPT_A, max_tokens=1)
+        # a prompt of its own: once the workers have registered again, E{i}'s saves land,
+        # and the same prompt would hit them in E{i+1} before the scheduler's Session is back
+        e2.add_request(rid, [20000 + 100 * i + k for k in range(len(PROMPT_A))], max_tokens=1)
         e2.run()
         assert e2.logs[rid].finished_status.name == "FINISHED_LENGTH_CAPPED"
         assert e2.logs[rid].loaded_blocks == 0
