@@ -31,6 +31,12 @@ int pf_verbs_qp_create(struct pf_net *n, int i, struct pf_net_qp **qp_p)
     /* the port as it is now, not as it was at open: a link that went down since fails this
      * handshake by name; a LID the subnet manager reassigned or a changed MTU is used */
     pf_verbs_drain_async(nic);
+    int rrc = pf_verbs_nic_ready(nic); /* a NIC down since open: its port may be back */
+    if (rrc) {
+        pf_log_ratelimited(PF_LOG_WARN, 1000, "verbs %s: %s: no new QPs on this NIC", nic->name,
+                           rrc == -ENETDOWN ? "no ACTIVE port" : strerror(-rrc));
+        return rrc;
+    }
     struct ibv_port_attr pa;
     memset(&pa, 0, sizeof(pa));
     int prc = verbs_rc(api->query_port(nic->ctx, nic->port, &pa));

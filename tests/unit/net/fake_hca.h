@@ -3,8 +3,8 @@
  * ibv_modify_qp(3) allows, the send queue bound, completions in post order, flushes on ERR,
  * the completion channel, ibv_query_gid_ex(3) entries (GID type, net device) with ENODATA
  * for empty ones, async events on a non-blocking async_fd (ibv_get_async_event(3)), and
- * ibv_reg_mr(3) access flags. Included once, by test_verbs.c, after cmocka.h and
- * verbs_internal.h. */
+ * ibv_reg_mr(3) access flags. Included once per test (test_verbs.c, test_verbs_rails.c), after
+ * cmocka.h and verbs_internal.h. */
 #ifndef PF_TEST_FAKE_HCA_H
 #define PF_TEST_FAKE_HCA_H
 
@@ -376,7 +376,7 @@ static int f_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 }
 
 /* Completes the oldest n pending WRs of q with st. */
-static void fake_complete(struct fake_qp *q, int n, enum ibv_wc_status st)
+static inline void fake_complete(struct fake_qp *q, int n, enum ibv_wc_status st)
 {
     pthread_mutex_lock(&F.mu);
     for (int i = 0; i < q->nposted && n > 0; i++)
