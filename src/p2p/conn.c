@@ -93,10 +93,52 @@ static void conn_free(struct pf_p2p *p, struct p2p_conn *c)
     free(c->nregions);
     free(c->qps);
     free(c->busy);
+    free(c->rail);
     free(c);
 }
 
-static int conn_new(struct pf_p2p *p, bool outgoing, struct p2p_conn **c_p)
+/* Destroys the QPs of rail k of a connection not yet installed (never connected, or the
+ * handler did not pair the rail) and marks it DOWN. */
+static void conn_rail_drop(struct pf_p2p *p, struct p2p_conn *c, int k)
+{
+    size_t live = 0;
+    for (size_t j = 0; j < p->qpn; j++) {
+        struct pf_net_qp **q = &c->qps[(size_t)k * p->qpn + j];
+        if (*q) {
+            pf_net_qp_destroy(*q);
+            *q = NULL;
+            live++;
+        }
+    }
+    c->rail[k] = P2P_RAIL_DOWN;
+    if (live) {
+        pthread_mutex_lock(&p->conn_mu);
+        p->nqps -= live;
+        pthread_mutex_unlock(&p->conn_mu);
+        pf_metric_add(p->m_qps, -(double)live);
+    }
+}
+
+static size_t conn_rails_up(const struct pf_p2p *p, const struct p2p_conn *c, char *names,
+                            size_t nlen)
+{
+    size_t up = 0;
+    if (names && nlen)
+        names[0] = '\0';
+    for (int k = 0; k < p->nnics; k++) {
+        if (c->rail[k] == P2P_RAIL_UP)
+            up++;
+        else if (names && strlen(names) + 1 < nlen)
+            snprintf(names + strlen(names), nlen - strlen(names), "%s%s", names[0] ? ", " : "",
+                     p->nics[k].name);
+    }
+    return up;
+}
+
+/* Creates the QPs of a new connection on every NIC k with want[k] (want NULL: all). A NIC
+ * whose QPs cannot be created (verbs: its port is not ACTIVE now, -ENETDOWN) leaves its rail
+ * DOWN; -ENETDOWN when no rail is left. */
+static int conn_new(struct pf_p2p *p, bool outgoing, const bool *want, struct p2p_conn **c_p)
 {
     struct p2p_conn *c = calloc(1, sizeof(*c));
     if (!c)
@@ -105,27 +147,44 @@ static int conn_new(struct pf_p2p *p, bool outgoing, struct p2p_conn **c_p)
     c->nqps = (size_t)p->nnics * p->qpn;
     c->qps = calloc(c->nqps, sizeof(*c->qps));
     c->busy = calloc(c->nqps, sizeof(*c->busy));
+    c->rail = calloc((size_t)p->nnics, sizeof(*c->rail));
     c->regions = calloc((size_t)p->nnics, sizeof(*c->regions));
     c->nregions = calloc((size_t)p->nnics, sizeof(*c->nregions));
     int rc = -ENOMEM;
-    if (!c->qps || !c->busy || !c->regions || !c->nregions)
+    if (!c->qps || !c->busy || !c->rail || !c->regions || !c->nregions)
         goto err_free;
     size_t made = 0;
-    for (size_t i = 0; i < c->nqps; i++) {
-        rc = pf_net_qp_create(p->net, (int)(i / p->qpn), &c->qps[i]);
-        if (rc) {
-            pf_warn("cannot create a QP on NIC %s: %s", p->nics[i / p->qpn].name, strerror(-rc));
-            break;
+    for (int k = 0; k < p->nnics; k++) {
+        if (want && !want[k]) {
+            c->rail[k] = P2P_RAIL_DOWN;
+            continue;
         }
-        made++;
+        for (size_t j = 0; j < p->qpn; j++) {
+            int qrc = pf_net_qp_create(p->net, k, &c->qps[(size_t)k * p->qpn + j]);
+            if (qrc) {
+                pf_log_ratelimited(PF_LOG_WARN, 1000,
+                                   "cannot create a QP on NIC %s: %s: the rail is skipped by this "
+                                   "handshake",
+                                   p->nics[k].name, strerror(-qrc));
+                rc = qrc;
+                c->rail[k] = P2P_RAIL_DOWN;
+                break;
+            }
+            made++;
+        }
     }
     pthread_mutex_lock(&p->conn_mu);
     c->id = ++p->next_conn_id;
     p->nqps += made;
     pthread_mutex_unlock(&p->conn_mu);
     pf_metric_add(p->m_qps, (double)made);
-    if (made < c->nqps)
+    for (int k = 0; k < p->nnics; k++)
+        if (c->rail[k] == P2P_RAIL_DOWN)
+            conn_rail_drop(p, c, k); /* QPs created before the one that failed */
+    if (conn_rails_up(p, c, NULL, 0) == 0) {
+        rc = rc == -ENOMEM ? rc : -ENETDOWN;
         goto err_free;
+    }
     *c_p = c;
     return 0;
 err_free:
@@ -200,11 +259,10 @@ int pf_p2p_meta_validate(const Pegaflow__HandshakeMetadata *m, const char *backe
         snprintf(err, errlen, "NET backend mismatch: peer uses '%s', this node '%s'", b, backend);
         return -EINVAL;
     }
-    if (m->n_nics != nnics) {
-        snprintf(err, errlen,
-                 "NIC count mismatch: peer has %zu, this node %zu (--nics must list the same "
-                 "number of NICs on every node)",
-                 m->n_nics, nnics);
+    /* a peer with another NIC count, or with some rails down, is accepted: rails pair by
+     * index where both sides have one up (docs/net.md "Per-NIC health") */
+    if (m->n_nics == 0 || m->n_nics > P2P_NIC_MAX) {
+        snprintf(err, errlen, "%zu NICs (1..%d allowed)", m->n_nics, P2P_NIC_MAX);
         return -EINVAL;
     }
     if (m->qps_per_nic != qps) {
@@ -213,11 +271,16 @@ int pf_p2p_meta_validate(const Pegaflow__HandshakeMetadata *m, const char *backe
                  m->qps_per_nic, qps);
         return -EINVAL;
     }
+    size_t common = 0;
     for (size_t i = 0; i < m->n_nics; i++) {
         const Pegaflow__HandshakeNic *nic = m->nics[i];
+        if (nic->n_endpoints == 0 && nic->n_regions == 0)
+            continue; /* a rail the peer has down */
+        if (i < nnics)
+            common++;
         if (nic->n_endpoints != qps) {
-            snprintf(err, errlen, "nics[%zu]: %zu endpoints, expected %u", i, nic->n_endpoints,
-                     qps);
+            snprintf(err, errlen, "nics[%zu]: %zu endpoints, expected %u (or none: rail down)", i,
+                     nic->n_endpoints, qps);
             return -EINVAL;
         }
         for (size_t j = 0; j < nic->n_endpoints; j++)
@@ -263,6 +326,13 @@ int pf_p2p_meta_validate(const Pegaflow__HandshakeMetadata *m, const char *backe
         if (rc)
             return rc;
     }
+    if (common == 0) {
+        snprintf(err, errlen,
+                 "no rail in common: the peer offers none of its %zu NIC(s) below this node's "
+                 "%zu (rail k pairs NIC k on both sides; the others are down or absent)",
+                 m->n_nics, nnics);
+        return -EINVAL;
+    }
     return 0;
 }
 
@@ -283,16 +353,19 @@ static int meta_build(struct pf_p2p *p, const struct p2p_conn *c, uint8_t **buf_
         goto out;
     for (size_t i = 0; i < c->nqps; i++) {
         size_t l = 0;
+        if (c->rail[i / p->qpn] != P2P_RAIL_UP)
+            continue;
         rc = pf_net_qp_local_endpoint(c->qps[i], epbuf + i * PF_NET_EP_MAX, PF_NET_EP_MAX, &l);
         if (rc)
             goto out;
         eps[i] = (ProtobufCBinaryData){l, epbuf + i * PF_NET_EP_MAX};
     }
     for (size_t k = 0; k < nnics; k++) {
+        bool up = c->rail[k] == P2P_RAIL_UP; /* a rail down: no endpoints, no regions */
         pegaflow__handshake_nic__init(&nics[k]);
-        nics[k].n_endpoints = p->qpn;
+        nics[k].n_endpoints = up ? p->qpn : 0;
         nics[k].endpoints = eps + k * p->qpn;
-        nics[k].n_regions = p->nregions;
+        nics[k].n_regions = up ? p->nregions : 0;
         nics[k].regions = regp + k * p->nregions;
         nics[k].numa_node = p->nics[k].numa_node;
         nics[k].name = p->nics[k].name;
@@ -353,13 +426,19 @@ static int meta_parse(struct pf_p2p *p, const ProtobufCBinaryData *b,
     return 0;
 }
 
-/* Copies the peer's regions and incarnation into c and connects QP i to the peer's QP i. */
+/* Copies the peer's regions and incarnation into c and connects QP i to the peer's QP i on
+ * every rail both sides have up. A rail of c the peer offers no endpoints for (down there, or
+ * past its NIC count) is dropped here; -ENETDOWN when none is left. */
 static int conn_apply(struct pf_p2p *p, struct p2p_conn *c, const Pegaflow__HandshakeMetadata *m,
                       char *err, size_t errlen)
 {
     snprintf(c->node_id, sizeof(c->node_id), "%s", m->node_id ? m->node_id : "");
     for (int k = 0; k < p->nnics; k++) {
-        const Pegaflow__HandshakeNic *nic = m->nics[k];
+        const Pegaflow__HandshakeNic *nic = (size_t)k < m->n_nics ? m->nics[k] : NULL;
+        if (c->rail[k] == P2P_RAIL_UP && (!nic || nic->n_endpoints == 0))
+            conn_rail_drop(p, c, k); /* up here, not there */
+        if (c->rail[k] != P2P_RAIL_UP)
+            continue;
         c->regions[k] = malloc(nic->n_regions * sizeof(struct p2p_region));
         if (!c->regions[k]) {
             snprintf(err, errlen, "out of memory");
@@ -371,7 +450,17 @@ static int conn_apply(struct pf_p2p *p, struct p2p_conn *c, const Pegaflow__Hand
         qsort(c->regions[k], nic->n_regions, sizeof(struct p2p_region), region_cmp);
         c->nregions[k] = nic->n_regions;
     }
+    char down[160];
+    if (conn_rails_up(p, c, down, sizeof(down)) == 0) {
+        snprintf(err, errlen,
+                 "no rail both sides have up (this node's NICs without a rail: %s; the peer "
+                 "offers %zu NIC(s))",
+                 down, m->n_nics);
+        return -ENETDOWN;
+    }
     for (size_t i = 0; i < c->nqps; i++) {
+        if (c->rail[i / p->qpn] != P2P_RAIL_UP)
+            continue;
         const ProtobufCBinaryData *ep = &m->nics[i / p->qpn]->endpoints[i % p->qpn];
         /* refused by name before connecting (verbs: GID family / RoCE version mismatch) */
         int off = snprintf(err, errlen, "NIC %s: ", p->nics[i / p->qpn].name);
@@ -391,6 +480,10 @@ static int conn_apply(struct pf_p2p *p, struct p2p_conn *c, const Pegaflow__Hand
             return rc;
         }
     }
+    if (down[0])
+        pf_warn("connection %llu (%s): rails without a pair at this handshake: %s (down here or "
+                "on the peer, or past its %zu NIC(s)); P2P runs on the others",
+                (unsigned long long)c->id, c->outgoing ? "outgoing" : "incoming", down, m->n_nics);
     return 0;
 }
 
@@ -475,7 +568,7 @@ static int handshake_out(struct pf_p2p *p, struct p2p_peer *e, struct p2p_conn *
     ProtobufCMessage *resp = NULL;
     Pegaflow__HandshakeMetadata *pm = NULL;
     uint64_t t0 = pf_now_ns();
-    int rc = conn_new(p, true, &c);
+    int rc = conn_new(p, true, NULL, &c);
     if (rc) {
         snprintf(err, errlen, "cannot create QPs: %s", strerror(-rc));
         return rc;
@@ -555,7 +648,7 @@ static bool lease_take_locked(const struct pf_p2p *p, struct p2p_conn *c, struct
     size_t want[P2P_NIC_MAX], pos[P2P_NIC_MAX];
     for (size_t k = 0; k < nn && k < P2P_NIC_MAX; k++) {
         size_t nfree = 0;
-        for (size_t j = 0; j < qpn; j++)
+        for (size_t j = 0; j < qpn && c->rail[k] == P2P_RAIL_UP; j++)
             nfree += !c->busy[k * qpn + j];
         want[k] = (nfree + 1) / 2;
         pos[k] = 0;
@@ -566,7 +659,7 @@ static bool lease_take_locked(const struct pf_p2p *p, struct p2p_conn *c, struct
         for (size_t k = 0; k < nn && k < P2P_NIC_MAX && l->nqps < PF_ARRAY_SIZE(l->idx); k++) {
             if (want[k] == 0)
                 continue;
-            while (pos[k] < qpn && c->busy[k * qpn + pos[k]])
+            while (pos[k] < qpn && c->busy[k * qpn + pos[k]]) /* want[k] > 0: rail UP */
                 pos[k]++;
             if (pos[k] == qpn)
                 continue;
@@ -701,6 +794,43 @@ void p2p_lease_fail(struct pf_p2p *p, struct p2p_lease *l)
     p2p_lease_return(p, l);
 }
 
+void p2p_lease_fail_rails(struct pf_p2p *p, struct p2p_lease *l, uint64_t failed)
+{
+    struct p2p_conn *c = l->conn;
+    if (!c || failed == 0) {
+        p2p_lease_return(p, l);
+        return;
+    }
+    bool newly[P2P_NIC_MAX] = {false};
+    for (size_t i = 0; i < l->nqps && i < 64; i++)
+        if (failed >> i & 1)
+            pf_net_qp_invalidate(l->qps[i]); /* done by the transfer already; idempotent */
+    pthread_mutex_lock(&p->conn_mu);
+    for (size_t i = 0; i < l->nqps && i < 64; i++) {
+        int k = l->qps[i]->nic;
+        if ((failed >> i & 1) && k >= 0 && k < p->nnics && c->rail[k] == P2P_RAIL_UP) {
+            c->rail[k] = P2P_RAIL_DEAD;
+            newly[k] = true;
+        }
+    }
+    size_t up = conn_rails_up(p, c, NULL, 0);
+    pthread_mutex_unlock(&p->conn_mu);
+    for (int k = 0; k < p->nnics; k++) {
+        if (!newly[k])
+            continue;
+        pf_child_add(pf_metric_child1(p->m_rail_fail, p->nics[k].name), 1);
+        atomic_fetch_add(&p->st_rail_fail, 1);
+        pf_warn("rail %s of connection %llu to %s (%s) marked dead: a READ on it failed and was "
+                "re-posted on the other rails; %zu rail(s) left, later fetches skip it until the "
+                "next handshake",
+                p->nics[k].name, (unsigned long long)c->id, c->peer->addr,
+                c->outgoing ? "outgoing" : "incoming", up);
+    }
+    if (up == 0)
+        conn_kill(p, c, "every rail failed");
+    p2p_lease_return(p, l);
+}
+
 /* ------------------------------------------------------------------ handler */
 
 int p2p_serve_handshake(struct pf_p2p *p, const Pegaflow__RdmaHandshakeRequest *r, uint8_t **meta_p,
@@ -724,8 +854,12 @@ int p2p_serve_handshake(struct pf_p2p *p, const Pegaflow__RdmaHandshakeRequest *
         pf_warn("%s", err);
         return rc;
     }
+    /* QPs for the rails the requester offers and this node has up (pairing by index) */
+    bool want[P2P_NIC_MAX];
+    for (int k = 0; k < p->nnics; k++)
+        want[k] = (size_t)k < pm->n_nics && pm->nics[k]->n_endpoints > 0;
     struct p2p_conn *c = NULL;
-    rc = conn_new(p, false, &c);
+    rc = conn_new(p, false, want, &c);
     if (rc) {
         snprintf(err, errlen, "cannot create QPs: %s", strerror(-rc));
         goto out;

@@ -215,6 +215,11 @@ static void init_metrics(struct pf_p2p *p)
     p->c_serve_ssd_failed = pf_metric_child1(p->m_serve_ssd, "failed");
     pf_child_add(p->c_serve_ssd_ok, 0);
     pf_child_add(p->c_serve_ssd_failed, 0);
+    p->m_rail_fail = pf_metric_counter(
+        "pegaflow_rdma_rail_failures_total",
+        "Rails (NICs) of a peer connection marked dead after a READ on them failed; the READs "
+        "were re-posted on the connection's other rails (docs/net.md \"Per-NIC health\")",
+        "nic");
 }
 
 static void dereg_all(struct pf_p2p *p)
@@ -525,6 +530,7 @@ void pf_p2p_get_stats(struct pf_p2p *p, struct pf_p2p_stats *s)
     s->fetched_bytes = atomic_load(&p->st_bytes);
     s->fetch_failures = atomic_load(&p->st_fail);
     s->integrity_failures = atomic_load(&p->st_integrity);
+    s->rail_failures = atomic_load(&p->st_rail_fail);
     pthread_mutex_lock(&p->bl_mu);
     s->blacklisted = p->bl.count;
     pthread_mutex_unlock(&p->bl_mu);

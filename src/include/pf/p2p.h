@@ -190,6 +190,7 @@ struct pf_p2p_stats {
     uint64_t fetches, fetched_blocks, fetched_bytes;
     uint64_t fetch_failures, integrity_failures;
     uint64_t blacklisted;
+    uint64_t rail_failures; /* rails marked dead after a failed READ (docs/net.md) */
 };
 void pf_p2p_get_stats(struct pf_p2p *p, struct pf_p2p_stats *s);
 /* Whether req_id is blacklisted for remote fetch now. */

@@ -45,6 +45,7 @@ struct mqp {
     int ncq;
     pthread_cond_t cv;
     bool destroyed;
+    int nerr; /* READs failed on this QP (dead_nic) */
 };
 
 struct mnet {
@@ -60,6 +61,10 @@ struct mnet {
     int drop_every; /* every k-th READ is dropped */
     int connect_err;
     int eagain_nth; /* the k-th post returns -EAGAIN (once) */
+    /* NIC + 1 whose link is down (0 = none): a READ posted to one of its QPs never lands;
+     * the QP's first one completes with -ETIMEDOUT (verbs: RETRY_EXC_ERR, retries exhausted)
+     * and the rest are flushed (-ECANCELED), as an RC QP in error does */
+    int dead_nic;
     /* records */
     int posts, reads, invalidates, creates, destroys, connects, regs, deregs, polls;
     int live_qps;
@@ -204,6 +209,8 @@ static inline int mn_post(struct pf_net_qp *qp, const struct pf_net_sge *sge, si
                         false, false};
     if (m->complete_err_nth && r == m->complete_err_nth)
         w->err = m->complete_err;
+    if (m->dead_nic && qp->nic == m->dead_nic - 1)
+        w->err = q->nerr++ == 0 ? -ETIMEDOUT : -ECANCELED;
     if (m->corrupt_nth && r == m->corrupt_nth)
         w->corrupt = true;
     if ((m->drop_from_nth && r >= m->drop_from_nth) || (m->drop_every && r % m->drop_every == 0))

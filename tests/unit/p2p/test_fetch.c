@@ -66,6 +66,7 @@ struct peer {
     int nsess;
     int nnics, qpn;
     bool ep_family_mismatch;
+    int down_nic; /* NIC + 1 the peer has down: offered without endpoints or regions (0: none) */
 };
 
 static struct peer P;
@@ -145,9 +146,10 @@ static ProtobufCMessage *handshake_reply(void)
         reg[k].length = P.memlen;
         reg[k].rkey = 77 + (uint32_t)k;
         regp[k] = &reg[k];
-        nics[k].n_endpoints = (size_t)P.qpn;
+        bool down = P.down_nic == k + 1;
+        nics[k].n_endpoints = down ? 0 : (size_t)P.qpn;
         nics[k].endpoints = eps + k * P.qpn;
-        nics[k].n_regions = 1;
+        nics[k].n_regions = down ? 0 : 1;
         nics[k].regions = &regp[k];
         nics[k].numa_node = -1;
         nicp[k] = &nics[k];
@@ -794,6 +796,84 @@ static void test_stale_retry_exhausted_replaced_once(void **st)
     fx_down();
 }
 
+/* A holder with fewer NICs than this node, or with a rail down, is accepted: rails pair by
+ * index where both sides have one up (docs/net.md "Per-NIC health"), the fetch runs on those
+ * and is byte-exact; only the paired rails get connected QPs (before: "NIC count mismatch",
+ * and a miss). */
+static void test_peer_fewer_nics_or_rail_down(void **st)
+{
+    fx_up(2, 16 << 20, GAP);
+    P.nnics = 1; /* the holder has one NIC */
+    struct pf_block *out[NBLK];
+    assert_int_equal(fetch("f1", NBLK, false, out), NBLK);
+    check_blocks(out, NBLK);
+    put_all(out, NBLK);
+    assert_int_equal(F.m.nics_used[1], 0);
+    assert_true(F.m.nics_used[0] > 0);
+    assert_int_equal(F.m.connects, 2); /* rail 0's two QPs; rail 1's were destroyed */
+    assert_int_equal(F.m.live_qps, 2);
+    fx_down();
+
+    fx_up(2, 16 << 20, GAP);
+    P.down_nic = 1; /* the holder's NIC 0 is down */
+    assert_int_equal(fetch("f2", NBLK, false, out), NBLK);
+    check_blocks(out, NBLK);
+    put_all(out, NBLK);
+    assert_int_equal(F.m.nics_used[0], 0);
+    assert_true(F.m.nics_used[1] > 0);
+    assert_int_equal(F.m.connects, 2);
+    fx_down();
+}
+
+/* NIC 1's link goes down under a fetch: the failed READs are re-posted on NIC 0 and every
+ * block arrives byte-exact (checksums verified), the rail is marked dead (counted, by name)
+ * without a new handshake, and the next fetch skips it. When the last rail fails too, the
+ * connection goes, the fetch reconnects once and the new handshake brings rail 1 back (here
+ * NIC 0 fails then, and its READs move to NIC 1). Before: the first error completion failed
+ * the fetch (a miss) and dropped the connection. */
+static void test_rail_dead_failover(void **st)
+{
+    fx_up(2, 16 << 20, GAP);
+    double c0 = m("pegaflow_rdma_rail_failures_total", "mock1");
+    double c1 = m("pegaflow_rdma_rail_failures_total", "mock0");
+    struct pf_block *out[NBLK];
+    assert_int_equal(fetch("d1", NBLK, false, out), NBLK);
+    put_all(out, NBLK);
+    pthread_mutex_lock(&F.m.mu);
+    F.m.dead_nic = 2;
+    pthread_mutex_unlock(&F.m.mu);
+    assert_int_equal(fetch("d2", NBLK, false, out), NBLK);
+    check_blocks(out, NBLK);
+    put_all(out, NBLK);
+    struct pf_p2p_stats s;
+    pf_p2p_get_stats(F.p, &s);
+    assert_int_equal(s.rail_failures, 1);
+    assert_true(m("pegaflow_rdma_rail_failures_total", "mock1") == c0 + 1);
+    assert_int_equal(P.hs_calls, 1);
+    assert_false(pf_p2p_blacklisted(F.p, "d2"));
+    pthread_mutex_lock(&F.m.mu);
+    int used1 = F.m.nics_used[1];
+    pthread_mutex_unlock(&F.m.mu);
+    assert_int_equal(fetch("d3", NBLK, false, out), NBLK);
+    check_blocks(out, NBLK);
+    put_all(out, NBLK);
+    assert_int_equal(F.m.nics_used[1], used1); /* the dead rail is skipped */
+    assert_int_equal(P.hs_calls, 1);
+    /* the last rail fails: reconnect once; the new connection has both rails again */
+    pthread_mutex_lock(&F.m.mu);
+    F.m.dead_nic = 1;
+    pthread_mutex_unlock(&F.m.mu);
+    assert_int_equal(fetch("d4", NBLK, false, out), NBLK);
+    check_blocks(out, NBLK);
+    put_all(out, NBLK);
+    assert_int_equal(P.hs_calls, 2);
+    assert_true(F.m.nics_used[1] > used1);
+    pf_p2p_get_stats(F.p, &s);
+    assert_int_equal(s.rail_failures, 2);
+    assert_true(m("pegaflow_rdma_rail_failures_total", "mock0") == c1 + 1);
+    fx_down();
+}
+
 /* A holder whose endpoints the backend refuses (verbs: another GID family) fails the
  * handshake by name, before any QP connects; the fetch is a miss. */
 static void test_endpoint_refused_by_name(void **st)
@@ -948,6 +1028,8 @@ int main(void)
         cmocka_unit_test(test_stale_retry_exhausted_replaced_once),
         cmocka_unit_test(test_small_fetches_spread_over_nics),
         cmocka_unit_test(test_endpoint_refused_by_name),
+        cmocka_unit_test(test_peer_fewer_nics_or_rail_down),
+        cmocka_unit_test(test_rail_dead_failover),
         cmocka_unit_test(test_leases_share_qps),
         cmocka_unit_test(test_idle_connection_evicted),
         cmocka_unit_test(test_wait_for_full_prefix),
