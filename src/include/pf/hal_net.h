@@ -7,7 +7,8 @@
  *
  * Model:
  *  - pf_hal_net_open opens the NICs named by --nics (index i = i-th name). Peers pair NICs
- *    by index, so both sides list the same number of NICs.
+ *    by index: rail k is NIC k on both sides, where both have it up (a peer with fewer NICs
+ *    uses the first ones; docs/net.md "Per-NIC health").
  *  - reg_mem registers [addr, addr+len) on one NIC; the returned rkey lets peers READ it.
  *    The backend checks rkey, bounds and access on every remote request (the TCP fabric is
  *    stricter than hardware: it never serves bytes outside a live region).

@@ -4,8 +4,9 @@
  *
  * Serving side (every node started with --nics):
  *   - every pinned pool region is registered on every NIC at start-up (remote read);
- *   - RdmaHandshake: validates the requester's metadata (same backend, NIC count and QPs
- *     per NIC; one endpoint per QP; non-empty, non-overlapping regions), replaces any
+ *   - RdmaHandshake: validates the requester's metadata (same backend and QPs per NIC, a
+ *     rail in common: NIC k pairs with NIC k where both have it up; one endpoint per QP;
+ *     non-empty, non-overlapping regions), replaces any
  *     incoming connection from that requester (and outgoing ones to an older incarnation
  *     of it), creates and connects fresh QPs and answers with its own metadata;
  *   - QueryBlocksForTransfer: non-prefix lookup (the contiguous run from the first hash
