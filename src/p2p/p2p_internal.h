@@ -229,6 +229,13 @@ void p2p_lease_fail(struct pf_p2p *p, struct p2p_lease *l);
 /* Drops every connection to peer (it restarted or the link broke). */
 void p2p_peer_drop(struct pf_p2p *p, const char *peer);
 /* Finds the rkey of [addr, addr+len) among the peer's regions on nic; false if outside. */
+/* conn_meta.c: regions by address (qsort); this node's metadata for the QPs of c (the rails
+ * of c that are UP, the others empty; *buf_p is malloc'ed); a peer's unpacked and validated
+ * (pf_p2p_meta_validate) into *m_p, or -errno with err filled. */
+int p2p_region_cmp(const void *a, const void *b);
+int p2p_meta_build(struct pf_p2p *p, const struct p2p_conn *c, uint8_t **buf_p, size_t *len_p);
+int p2p_meta_parse(struct pf_p2p *p, const ProtobufCBinaryData *b,
+                   Pegaflow__HandshakeMetadata **m_p, char *err, size_t errlen);
 bool p2p_conn_rkey(const struct p2p_conn *c, int nic, uint64_t addr, uint64_t len,
                    uint32_t *rkey_p);
 /* Serves RdmaHandshake: *meta_p (malloc'ed, *len_p bytes) is this node's metadata. */
