@@ -65,6 +65,12 @@ struct mnet {
      * the QP's first one completes with -ETIMEDOUT (verbs: RETRY_EXC_ERR, retries exhausted)
      * and the rest are flushed (-ECANCELED), as an RC QP in error does */
     int dead_nic;
+    int reg_fail_nic;     /* NIC + 1 whose reg_mem fails with -ENOMEM (0 = none) */
+    bool reg_rendezvous;  /* reg_mem waits (2 s at most, else -ETIMEDOUT) until every NIC
+                           * has a registration in progress: passes only when the caller
+                           * registers on all NICs at once */
+    unsigned reg_started; /* NICs whose registration began (bit per NIC) */
+    pthread_cond_t reg_cv;
     /* records */
     int posts, reads, invalidates, creates, destroys, connects, regs, deregs, polls;
     int live_qps;
@@ -101,6 +107,21 @@ static inline int mn_reg(struct pf_net *n, int nic, void *addr, uint64_t len, un
                          struct pf_net_mr **mr_p)
 {
     struct mnet *m = mn_of(n);
+    if (m->reg_fail_nic && nic == m->reg_fail_nic - 1)
+        return -ENOMEM;
+    if (m->reg_rendezvous) {
+        struct timespec ts = pf_deadline_ms(2000);
+        pthread_mutex_lock(&m->mu);
+        m->reg_started |= 1u << nic;
+        pthread_cond_broadcast(&m->reg_cv);
+        int w = 0;
+        while (m->reg_started != (1u << m->nnics) - 1 && w != ETIMEDOUT)
+            w = pthread_cond_timedwait(&m->reg_cv, &m->mu, &ts);
+        bool all = m->reg_started == (1u << m->nnics) - 1;
+        pthread_mutex_unlock(&m->mu);
+        if (!all)
+            return -ETIMEDOUT;
+    }
     struct pf_net_mr *mr = calloc(1, sizeof(*mr));
     if (!mr)
         return -ENOMEM;
@@ -350,6 +371,7 @@ static inline void mn_init(struct mnet *m, int nnics)
     for (int i = 0; i < 4; i++)
         m->numa[i] = -1;
     pthread_mutex_init(&m->mu, NULL);
+    pf_cond_init(&m->reg_cv);
 }
 
 #endif

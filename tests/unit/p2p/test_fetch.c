@@ -308,7 +308,10 @@ struct fx {
 };
 
 static struct fx F;
-static uint64_t F_idle_ms; /* fx_up's conn_idle_ms (0: the default) */
+static uint64_t F_idle_ms;    /* fx_up's conn_idle_ms (0: the default) */
+static bool F_reg_rendezvous; /* fx_up: mock registration needs every NIC at once */
+static int F_reg_fail_nic;    /* fx_up: NIC + 1 whose registration fails; create must fail */
+static char F_create_err[256];
 
 static pthread_mutex_t inval_mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -351,6 +354,8 @@ static void fx_up(int nnics, uint64_t pool, uint64_t gap)
     assert_int_equal(pf_engine_create(&ec, &F.e, err, sizeof(err)), 0);
     mn_init(&F.m, nnics);
     F.m.on_invalidate = on_inval;
+    F.m.reg_rendezvous = F_reg_rendezvous;
+    F.m.reg_fail_nic = F_reg_fail_nic;
     struct pf_p2p_config pc = {
         .engine = F.e,
         .net = &F.m.base,
@@ -368,7 +373,13 @@ static void fx_up(int nnics, uint64_t pool, uint64_t gap)
         .plan_timeout_ms = 7,
         .conn_idle_ms = F_idle_ms,
     };
-    assert_int_equal(pf_p2p_create(&pc, &F.p, err, sizeof(err)), 0);
+    int crc = pf_p2p_create(&pc, &F.p, err, sizeof(err));
+    if (F_reg_fail_nic) {
+        assert_int_not_equal(crc, 0);
+        snprintf(F_create_err, sizeof(F_create_err), "%s", err);
+        return;
+    }
+    assert_int_equal(crc, 0);
     assert_int_equal(F.m.regs, nnics); /* one pool region per NIC */
     pf_p2p_enable_fetch(F.p, NULL, SELF);
     assert_int_equal(pf_ns_intern("ns-fetch", &F.ns), 0);
@@ -874,6 +885,38 @@ static void test_rail_dead_failover(void **st)
     fx_down();
 }
 
+/* The pool is registered on every NIC at once, one thread per NIC (the mock's registration
+ * waits for a registration on every NIC to be in progress: a serial loop fails the create
+ * with -ETIMEDOUT), and the node fetches as usual. */
+static void test_registration_parallel_per_nic(void **st)
+{
+    F_reg_rendezvous = true;
+    fx_up(2, 16 << 20, GAP);
+    F_reg_rendezvous = false;
+    struct pf_block *out[NBLK];
+    assert_int_equal(fetch("reg1", NBLK, false, out), NBLK);
+    check_blocks(out, NBLK);
+    put_all(out, NBLK);
+    fx_down();
+}
+
+/* A registration failing on one NIC fails the create naming that NIC; what the other NIC
+ * registered meanwhile is deregistered. */
+static void test_registration_failure_named(void **st)
+{
+    F_reg_fail_nic = 2;
+    fx_up(2, 16 << 20, GAP);
+    F_reg_fail_nic = 0;
+    if (!strstr(F_create_err, "on NIC mock1: Cannot allocate memory"))
+        fail_msg("the error does not name the NIC: %s", F_create_err);
+    assert_int_equal(F.m.regs, 1); /* NIC 0's region, registered meanwhile */
+    assert_int_equal(F.m.deregs, F.m.regs);
+    pf_engine_destroy(F.e);
+    pf_gpu_close(F.g);
+    free(P.mem);
+    P.mem = NULL;
+}
+
 /* A holder whose endpoints the backend refuses (verbs: another GID family) fails the
  * handshake by name, before any QP connects; the fetch is a miss. */
 static void test_endpoint_refused_by_name(void **st)
@@ -1030,6 +1073,8 @@ int main(void)
         cmocka_unit_test(test_endpoint_refused_by_name),
         cmocka_unit_test(test_peer_fewer_nics_or_rail_down),
         cmocka_unit_test(test_rail_dead_failover),
+        cmocka_unit_test(test_registration_parallel_per_nic),
+        cmocka_unit_test(test_registration_failure_named),
         cmocka_unit_test(test_leases_share_qps),
         cmocka_unit_test(test_idle_connection_evicted),
         cmocka_unit_test(test_wait_for_full_prefix),
