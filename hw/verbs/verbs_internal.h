@@ -27,6 +27,9 @@
 #define PF_VERBS_EP_FAMILY  35
 #define PF_VERBS_EP_GIDTYPE 7
 #define PF_VERBS_DRAIN_MS   5000 /* invalidate: wait this long for flushes, then destroy */
+/* poll: CQ polls on an empty CQ before arming it and sleeping on the completion channel (a
+ * bounded spin: about 1-2 us of ibv_poll_cq on mlx5; counted, not timed) */
+#define PF_VERBS_SPIN_POLLS 32
 
 /* Soft-RoCE (rdma_rxe) reports this vendor ID and, unlike the IB spec and mlx5, takes a
  * retry_cnt of 7 to mean "retry forever": a READ to a peer QP that went to the error state

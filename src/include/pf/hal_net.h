@@ -21,8 +21,9 @@
  *    it can write local memory any more (outstanding READs are flushed with -ECANCELED and
  *    can still be polled). This is what makes freeing staging memory after a timeout safe.
  *
- * Threading: ops on different QPs may run concurrently. One QP is posted to and polled by
- * one thread at a time; qp_invalidate may be called from any thread. */
+ * Threading: ops on different QPs may run concurrently, and so may reg_mem/dereg_mem on
+ * different NICs (P2P registers the pool on every NIC at once). One QP is posted to and
+ * polled by one thread at a time; qp_invalidate may be called from any thread. */
 #ifndef PF_HAL_NET_H
 #define PF_HAL_NET_H
 

@@ -82,6 +82,10 @@ static struct {
     uint32_t next_key, next_qpn;
     int mrs_live, pds_live, ctx_live, cq_live, ch_live;
     int acked_events;
+    int notifies;            /* ibv_req_notify_cq calls */
+    int complete_after_poll; /* >0: the n-th poll_cq from now (any CQ) first completes the
+                              * oldest pending WR on that CQ (a READ finishing while the
+                              * poller spins) */
 } F = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 
 static struct ibv_device *fake_list[4];
@@ -221,6 +225,7 @@ static struct fake_cq *fcq(struct ibv_cq *cq)
 static int f_req_notify(struct ibv_cq *cq, int so)
 {
     pthread_mutex_lock(&F.mu);
+    F.notifies++;
     fcq(cq)->armed = true;
     pthread_cond_broadcast(&F.cv);
     pthread_mutex_unlock(&F.mu);
@@ -360,6 +365,17 @@ static int f_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 {
     struct fake_cq *c = fcq(cq);
     pthread_mutex_lock(&F.mu);
+    if (F.complete_after_poll > 0 && --F.complete_after_poll == 0)
+        for (int i = 0; i < F.nqps; i++) {
+            struct fake_qp *q = F.qps[i];
+            int w = 0;
+            while (q->cq == c && w < q->nposted && q->wr[w].done)
+                w++;
+            if (q->cq == c && w < q->nposted) {
+                fake_push(q, &q->wr[w], IBV_WC_SUCCESS);
+                break;
+            }
+        }
     for (int i = 0; i < F.nqps; i++) {
         struct fake_qp *q = F.qps[i];
         if (q->cq == c && q->flush_pending && --q->flush_polls == 0)
@@ -526,6 +542,8 @@ static void fake_reset(void)
     F.cap_ipc_lock = false;
     F.nasync = F.async_out = F.async_acked = 0;
     F.reject_ro = false;
+    F.notifies = 0;
+    F.complete_after_poll = 0;
     d = &F.devs[1];
     snprintf(d->dev.name, sizeof(d->dev.name), "ib0");
     d->attr.phys_port_cnt = 1;

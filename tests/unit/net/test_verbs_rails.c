@@ -2,8 +2,10 @@
  * a NIC whose port is down at open does not fail the open when another NIC is ACTIVE (warned
  * by name, reported inactive by nic_info, no QPs on it), it is used from the first
  * qp_create (handshake) after its port is ACTIVE again (port and GID chosen then), and an
- * open where every NIC is down fails with -ENETDOWN naming them all. Skipped (77) when the
- * backend is not compiled. */
+ * open where every NIC is down fails with -ENETDOWN naming them all. And the poll's bounded
+ * spin: a completion due within a few CQ polls is returned without arming the CQ; one that
+ * is not is waited for on the completion channel. Skipped (77) when the backend is not
+ * compiled. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -151,6 +153,84 @@ static void test_gid_error_not_a_down_rail(void **st)
     assert_int_equal(F.ctx_live, 0);
 }
 
+/* Two QPs of mlx5_0 connected to each other, a registered buffer. */
+struct pair {
+    struct pf_net *n;
+    struct pf_net_qp *qa, *qb;
+    void *buf;
+    struct pf_net_mr *mr;
+};
+
+static void pair_open(struct pair *p)
+{
+    const char *nics[] = {"mlx5_0"};
+    struct pf_net_config cfg = {.nics = nics, .nnics = 1};
+    assert_int_equal(pf_verbs_open_api(&fake_api, &cfg, &p->n), 0);
+    p->buf = calloc(1, 4096);
+    assert_int_equal(pf_net_reg_mem(p->n, 0, p->buf, 4096, PF_NET_ACCESS_LOCAL_WRITE, &p->mr), 0);
+    assert_int_equal(pf_net_qp_create(p->n, 0, &p->qa), 0);
+    assert_int_equal(pf_net_qp_create(p->n, 0, &p->qb), 0);
+    uint8_t ea[PF_NET_EP_MAX], eb[PF_NET_EP_MAX];
+    size_t la, lb;
+    assert_int_equal(pf_net_qp_local_endpoint(p->qa, ea, sizeof(ea), &la), 0);
+    assert_int_equal(pf_net_qp_local_endpoint(p->qb, eb, sizeof(eb), &lb), 0);
+    assert_int_equal(pf_net_qp_connect(p->qa, eb, lb), 0);
+    assert_int_equal(pf_net_qp_connect(p->qb, ea, la), 0);
+}
+
+static void pair_close(struct pair *p)
+{
+    pf_net_qp_destroy(p->qa);
+    pf_net_qp_destroy(p->qb);
+    pf_net_dereg_mem(p->mr);
+    pf_net_close(p->n);
+    free(p->buf);
+}
+
+static void *complete_when_armed(void *arg)
+{
+    struct fake_qp *q = arg;
+    pthread_mutex_lock(&F.mu);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 30;
+    while (F.notifies == 0)
+        if (pthread_cond_timedwait(&F.cv, &F.mu, &ts) != 0)
+            break;
+    pthread_mutex_unlock(&F.mu);
+    fake_complete(q, 1, IBV_WC_SUCCESS);
+    return NULL;
+}
+
+static void test_poll_spins_before_arming(void **st)
+{
+    (void)st;
+    struct pair p;
+    pair_open(&p);
+    struct fake_qp *fb = F.qps[F.nqps - 1];
+    struct pf_net_sge s = {p.buf, 64, p.mr->lkey};
+    /* completes on the 3rd CQ poll: taken by the spin, the CQ never armed (before: the
+     * first empty poll armed it, ibv_req_notify_cq each time the CQ ran dry) */
+    assert_int_equal(pf_net_post_read(p.qb, &s, 1, 0x1000, 1, 7), 0);
+    F.complete_after_poll = 3;
+    struct pf_net_cqe c;
+    assert_int_equal(pf_net_poll(p.qb, &c, 1, 30000), 1);
+    assert_int_equal(c.wr_id, 7);
+    assert_int_equal(c.status, 0);
+    assert_int_equal(F.notifies, 0);
+    /* not within the spin (PF_VERBS_SPIN_POLLS): armed, then woken by the channel */
+    assert_int_equal(pf_net_post_read(p.qb, &s, 1, 0x1000, 1, 8), 0);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, complete_when_armed, fb), 0);
+    assert_int_equal(pf_net_poll(p.qb, &c, 1, 30000), 1);
+    pthread_join(t, NULL);
+    assert_int_equal(c.wr_id, 8);
+    assert_int_equal(F.notifies, 1);
+    /* an idle poll still returns 0 at its timeout */
+    assert_int_equal(pf_net_poll(p.qb, &c, 1, 5), 0);
+    pair_close(&p);
+}
+
 int main(void)
 {
     int (*volatile reg)(void) = pf_verbs_register;
@@ -163,6 +243,7 @@ int main(void)
         cmocka_unit_test_setup(test_nic_down_at_open, setup),
         cmocka_unit_test_setup(test_all_nics_down, setup),
         cmocka_unit_test_setup(test_gid_error_not_a_down_rail, setup),
+        cmocka_unit_test_setup(test_poll_spins_before_arming, setup),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     fake_reset();
@@ -171,6 +252,84 @@ int main(void)
 }
 
 #else /* no rdma-core headers */
+
+/* Two QPs of mlx5_0 connected to each other, a registered buffer. */
+struct pair {
+    struct pf_net *n;
+    struct pf_net_qp *qa, *qb;
+    void *buf;
+    struct pf_net_mr *mr;
+};
+
+static void pair_open(struct pair *p)
+{
+    const char *nics[] = {"mlx5_0"};
+    struct pf_net_config cfg = {.nics = nics, .nnics = 1};
+    assert_int_equal(pf_verbs_open_api(&fake_api, &cfg, &p->n), 0);
+    p->buf = calloc(1, 4096);
+    assert_int_equal(pf_net_reg_mem(p->n, 0, p->buf, 4096, PF_NET_ACCESS_LOCAL_WRITE, &p->mr), 0);
+    assert_int_equal(pf_net_qp_create(p->n, 0, &p->qa), 0);
+    assert_int_equal(pf_net_qp_create(p->n, 0, &p->qb), 0);
+    uint8_t ea[PF_NET_EP_MAX], eb[PF_NET_EP_MAX];
+    size_t la, lb;
+    assert_int_equal(pf_net_qp_local_endpoint(p->qa, ea, sizeof(ea), &la), 0);
+    assert_int_equal(pf_net_qp_local_endpoint(p->qb, eb, sizeof(eb), &lb), 0);
+    assert_int_equal(pf_net_qp_connect(p->qa, eb, lb), 0);
+    assert_int_equal(pf_net_qp_connect(p->qb, ea, la), 0);
+}
+
+static void pair_close(struct pair *p)
+{
+    pf_net_qp_destroy(p->qa);
+    pf_net_qp_destroy(p->qb);
+    pf_net_dereg_mem(p->mr);
+    pf_net_close(p->n);
+    free(p->buf);
+}
+
+static void *complete_when_armed(void *arg)
+{
+    struct fake_qp *q = arg;
+    pthread_mutex_lock(&F.mu);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 30;
+    while (F.notifies == 0)
+        if (pthread_cond_timedwait(&F.cv, &F.mu, &ts) != 0)
+            break;
+    pthread_mutex_unlock(&F.mu);
+    fake_complete(q, 1, IBV_WC_SUCCESS);
+    return NULL;
+}
+
+static void test_poll_spins_before_arming(void **st)
+{
+    (void)st;
+    struct pair p;
+    pair_open(&p);
+    struct fake_qp *fb = F.qps[F.nqps - 1];
+    struct pf_net_sge s = {p.buf, 64, p.mr->lkey};
+    /* completes on the 3rd CQ poll: taken by the spin, the CQ never armed (before: the
+     * first empty poll armed it, ibv_req_notify_cq each time the CQ ran dry) */
+    assert_int_equal(pf_net_post_read(p.qb, &s, 1, 0x1000, 1, 7), 0);
+    F.complete_after_poll = 3;
+    struct pf_net_cqe c;
+    assert_int_equal(pf_net_poll(p.qb, &c, 1, 30000), 1);
+    assert_int_equal(c.wr_id, 7);
+    assert_int_equal(c.status, 0);
+    assert_int_equal(F.notifies, 0);
+    /* not within the spin (PF_VERBS_SPIN_POLLS): armed, then woken by the channel */
+    assert_int_equal(pf_net_post_read(p.qb, &s, 1, 0x1000, 1, 8), 0);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, complete_when_armed, fb), 0);
+    assert_int_equal(pf_net_poll(p.qb, &c, 1, 30000), 1);
+    pthread_join(t, NULL);
+    assert_int_equal(c.wr_id, 8);
+    assert_int_equal(F.notifies, 1);
+    /* an idle poll still returns 0 at its timeout */
+    assert_int_equal(pf_net_poll(p.qb, &c, 1, 5), 0);
+    pair_close(&p);
+}
 
 int main(void)
 {
