@@ -17,7 +17,8 @@
 # host-built binaries and the host's rdma-core, librxe included, run unchanged), CMD run in
 # the caller's directory with the caller's PF_* / PEGAFLOW_* environment. No network device
 # reaches outside the guest (-nic none); inside it a veth pair veth0 10.77.0.1/24 <-> veth1
-# 10.77.0.2/24 carries rxe0 (over veth0) and rxe1 (over veth1), both in the initial network
+# 10.77.0.2/24 carries rxe0 (over veth0) and rxe1 (over veth1), a second pair veth2
+# 10.77.1.1 <-> veth3 10.77.1.2 carries rxe2 and rxe3 (a second rail), all in the initial network
 # namespace (the 6.1 rxe driver listens only there), with policy routing so that RoCEv2
 # traffic between the two local addresses crosses the veth instead of short-cutting
 # through lo. KVM is used only when a cached probe showed that this kernel boots with it,
@@ -95,8 +96,21 @@ if [ "${1:-}" = --guest-stage2 ]; then
     ip rule add pref 20 from 10.77.0.1 lookup 101 && ip rule add pref 20 from 10.77.0.2 lookup 102 &&
     ip route add 10.77.0.2 dev veth0 src 10.77.0.1 table 101 &&
     ip route add 10.77.0.1 dev veth1 src 10.77.0.2 table 102 || fail "policy routing"
+  # A second rail per node for the rail_down case (tests/integration/test_rxe.sh): veth2
+  # 10.77.1.1 (rxe2) <-> veth3 10.77.1.2 (rxe3), routed across the veth the same way.
+  ip link add veth2 type veth peer name veth3 && ip link set veth2 up && ip link set veth3 up &&
+    rdma link add rxe2 type rxe netdev veth2 && rdma link add rxe3 type rxe netdev veth3 &&
+    ip addr add 10.77.1.1/24 dev veth2 && ip addr add 10.77.1.2/24 dev veth3 || fail "rail 2"
+  for i in 2 3; do sysctl -qw net.ipv4.conf.veth$i.accept_local=1 net.ipv4.conf.veth$i.rp_filter=0; done
+  ip rule add pref 10 iif veth2 lookup local && ip rule add pref 10 iif veth3 lookup local &&
+    ip rule add pref 20 from 10.77.1.1 lookup 103 && ip rule add pref 20 from 10.77.1.2 lookup 104 &&
+    ip route add 10.77.1.2 dev veth2 src 10.77.1.1 table 103 &&
+    ip route add 10.77.1.1 dev veth3 src 10.77.1.2 table 104 || fail "policy routing (rail 2)"
   for _ in $(seq 1 100); do
     [ -e /sys/class/infiniband/rxe0/ports/1/state ] && [ -e /sys/class/infiniband/rxe1/ports/1/state ] &&
+      [ -e /sys/class/infiniband/rxe3/ports/1/state ] &&
+      grep -q ACTIVE /sys/class/infiniband/rxe2/ports/1/state &&
+      grep -q ACTIVE /sys/class/infiniband/rxe3/ports/1/state &&
       grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state &&
       grep -q ACTIVE /sys/class/infiniband/rxe1/ports/1/state && break
     sleep 0.1
@@ -106,7 +120,7 @@ if [ "${1:-}" = --guest-stage2 ]; then
   set -a; . "$job/env"; set +a
   export PF_RXE_GUEST=1 HOME=/root
   cd "$(cat "$job/cwd")" || fail "no working directory"
-  echo "rxe-vm guest: $(uname -r), $(nproc) CPUs, rxe0 (veth0 10.77.0.1) rxe1 (veth1 10.77.0.2) ready"
+  echo "rxe-vm guest: $(uname -r), $(nproc) CPUs, rxe0 (veth0 10.77.0.1) rxe1 (veth1 10.77.0.2) rxe2 (veth2 10.77.1.1) rxe3 (veth3 10.77.1.2) ready"
   if [ -e "$job/shell" ]; then
     setsid -c bash -i </dev/ttyS0 >/dev/ttyS0 2>&1
     rc=$?

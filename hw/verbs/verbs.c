@@ -105,30 +105,45 @@ static void verbs_gid_str(const union ibv_gid *g, char *out, size_t len)
 
 /* ---------------------------------------------------------------- NIC open */
 
-static int verbs_pick_port(struct verbsnic *nic, const struct pf_verbs_api *api,
-                           const struct ibv_device_attr *da)
+/* The first ACTIVE port (an InfiniBand one needs a LID) into nic->port/port_attr; 0, or
+ * -ENETDOWN when there is none (nic->port/port_attr then hold port 1 as it is, so the port's
+ * max_msg_sz is known; the caller decides how loudly to say so). */
+static int verbs_pick_port(struct verbsnic *nic, const struct pf_verbs_api *api, bool quiet)
 {
-    for (int p = 1; p <= da->phys_port_cnt; p++) {
+    for (int p = 1; p <= nic->nports; p++) {
         struct ibv_port_attr pa;
         memset(&pa, 0, sizeof(pa));
         int rc = verbs_rc(api->query_port(nic->ctx, (uint8_t)p, &pa));
         if (rc) {
-            pf_warn("verbs %s: query port %d: %s", nic->name, p, strerror(-rc));
+            if (!quiet)
+                pf_warn("verbs %s: query port %d: %s", nic->name, p, strerror(-rc));
             continue;
+        }
+        if (p == 1 && !atomic_load(&nic->ready)) {
+            nic->port = 1;
+            nic->port_attr = pa;
         }
         if (pa.state != IBV_PORT_ACTIVE)
             continue;
         if (pa.link_layer != IBV_LINK_LAYER_ETHERNET && pa.lid == 0) {
-            pf_warn("verbs %s: port %d is ACTIVE InfiniBand without a LID (no subnet manager?)",
-                    nic->name, p);
+            if (!quiet)
+                pf_warn("verbs %s: port %d is ACTIVE InfiniBand without a LID (no subnet "
+                        "manager?)",
+                        nic->name, p);
             continue;
         }
         nic->port = (uint8_t)p;
         nic->port_attr = pa;
         return 0;
     }
-    pf_error("verbs %s: no ACTIVE port among %d", nic->name, da->phys_port_cnt);
     return -ENETDOWN;
+}
+
+/* ibv_query_port(3) max_msg_sz: the largest message (READ) the port takes */
+static uint64_t verbs_max_msg(const struct ibv_port_attr *pa)
+{
+    uint64_t mm = pa->max_msg_sz;
+    return mm == 0 || mm > VERBS_MAX_READ ? VERBS_MAX_READ : mm;
 }
 
 static const char *verbs_gid_type_str(uint32_t t)
@@ -252,14 +267,19 @@ static void verbs_nic_fini(struct verbsnic *nic, const struct pf_verbs_api *api)
     nic->pd = NULL;
     nic->ctx = NULL;
     pthread_rwlock_destroy(&nic->mr_lock);
+    pthread_mutex_destroy(&nic->up_mu);
 }
+
+static void verbs_log_nic(const struct verbsnic *nic, const struct ibv_device_attr *dap);
 
 static int verbs_nic_init(struct verbsnet *v, struct verbsnic *nic, struct ibv_device *dev,
                           const struct pf_verbs_gid_rule *rule)
 {
     const struct pf_verbs_api *api = v->api;
     nic->net = v;
+    nic->gid_index = -1;
     pthread_rwlock_init(&nic->mr_lock, NULL);
+    pthread_mutex_init(&nic->up_mu, NULL);
     nic->ctx = api->open_device(dev);
     if (!nic->ctx) {
         int e = errno ? errno : ENODEV;
@@ -281,12 +301,20 @@ static int verbs_nic_init(struct verbsnet *v, struct verbsnic *nic, struct ibv_d
         pf_error("verbs %s: query device: %s", nic->name, strerror(-rc));
         return rc;
     }
-    rc = verbs_pick_port(nic, api, &da);
-    if (rc)
-        return rc;
-    rc = verbs_pick_gid_of(nic, api, rule, v->opts.gid_subnet);
-    if (rc)
-        return rc;
+    nic->nports = da.phys_port_cnt;
+    rc = verbs_pick_port(nic, api, false);
+    if (rc == 0) {
+        rc = verbs_pick_gid_of(nic, api, rule, v->opts.gid_subnet);
+        if (rc)
+            return rc;
+        atomic_store(&nic->ready, true);
+    } else {
+        /* a rail that is down at open does not fail the open (another NIC may be ACTIVE;
+         * pf_verbs_open_api refuses when none is): its handshakes skip it until it is back */
+        pf_warn("verbs %s: no ACTIVE port among %d: opened as down (nic_info reports it "
+                "inactive; it is used from the first handshake after its port is ACTIVE)",
+                nic->name, da.phys_port_cnt);
+    }
     if (v->opts.pkey_index >= (da.max_pkeys > 0 ? da.max_pkeys : 1)) {
         pf_error("verbs %s: --rdma-pkey-index %d is past the device's P_Key table (%u entries)",
                  nic->name, v->opts.pkey_index, da.max_pkeys);
@@ -305,14 +333,27 @@ static int verbs_nic_init(struct verbsnet *v, struct verbsnic *nic, struct ibv_d
     int rd = da.max_qp_rd_atom, ri = da.max_qp_init_rd_atom;
     nic->rd_resp = rd <= 0 ? 1 : rd > PF_VERBS_RD_ATOMIC ? PF_VERBS_RD_ATOMIC : rd;
     nic->rd_init = ri <= 0 ? 1 : ri > PF_VERBS_RD_ATOMIC ? PF_VERBS_RD_ATOMIC : ri;
-    /* ibv_query_port(3) max_msg_sz: the largest message (READ) the port takes */
-    uint64_t mm = nic->port_attr.max_msg_sz;
-    nic->max_msg = mm == 0 || mm > VERBS_MAX_READ ? VERBS_MAX_READ : mm;
+    nic->max_msg = verbs_max_msg(&nic->port_attr);
     nic->retry_cnt = v->opts.retry_cnt;
     if (da.vendor_id == PF_VERBS_SOFT_ROCE_VENDOR && nic->retry_cnt > PF_VERBS_SOFT_ROCE_RETRY)
         nic->retry_cnt = PF_VERBS_SOFT_ROCE_RETRY;
     nic->numa = verbs_read_numa(api, nic->name);
+    verbs_log_nic(nic, &da);
+    return 0;
+}
+
+static void verbs_log_nic(const struct verbsnic *nic, const struct ibv_device_attr *dap)
+{
+    const struct verbsnet *v = nic->net;
+    const struct ibv_device_attr da = *dap;
     char g[64];
+    if (!atomic_load(&nic->ready)) {
+        pf_info("verbs NIC %s: down (%d port(s), none ACTIVE), NUMA node %d, %d SGEs, "
+                "rd_atomic %d/%d, vendor 0x%x",
+                nic->name, da.phys_port_cnt, nic->numa, nic->max_sge, nic->rd_init, nic->rd_resp,
+                da.vendor_id);
+        return;
+    }
     verbs_gid_str(&nic->gid, g, sizeof(g));
     pf_info("verbs NIC %s: port %u (%s, LID %u, MTU %d) GID[%d] %s (%s) NUMA node %d, %d SGEs, "
             "rd_atomic %d/%d, max_msg %llu, vendor 0x%x, tc %d sl %d pkey_index %d timeout %d "
@@ -323,7 +364,35 @@ static int verbs_nic_init(struct verbsnet *v, struct verbsnic *nic, struct ibv_d
             verbs_gid_type_str(nic->gid_type), nic->numa, nic->max_sge, nic->rd_init, nic->rd_resp,
             (unsigned long long)nic->max_msg, da.vendor_id, v->opts.traffic_class, v->opts.sl,
             v->opts.pkey_index, v->opts.timeout, nic->retry_cnt, v->opts.rnr_retry);
-    return 0;
+}
+
+int pf_verbs_nic_ready(struct verbsnic *nic)
+{
+    if (atomic_load_explicit(&nic->ready, memory_order_acquire))
+        return 0;
+    struct verbsnet *v = nic->net;
+    pthread_mutex_lock(&nic->up_mu);
+    int rc = 0;
+    if (atomic_load(&nic->ready))
+        goto out;
+    rc = verbs_pick_port(nic, v->api, true);
+    if (rc)
+        goto out;
+    rc = verbs_pick_gid_of(nic, v->api, &v->rule, v->opts.gid_subnet);
+    if (rc)
+        goto out;
+    nic->max_msg = verbs_max_msg(&nic->port_attr);
+    struct ibv_device_attr da;
+    memset(&da, 0, sizeof(da));
+    if (verbs_rc(v->api->query_device(nic->ctx, &da)) != 0)
+        da.phys_port_cnt = (uint8_t)nic->nports;
+    pf_warn("verbs %s: port %u is ACTIVE now: the rail is used from this handshake on", nic->name,
+            nic->port);
+    verbs_log_nic(nic, &da);
+    atomic_store_explicit(&nic->ready, true, memory_order_release);
+out:
+    pthread_mutex_unlock(&nic->up_mu);
+    return rc;
 }
 
 static void verbs_close(struct pf_net *n)
@@ -427,6 +496,7 @@ int pf_verbs_open_api(const struct pf_verbs_api *api, const struct pf_net_config
     v->base.ops = &verbs_ops;
     v->api = api;
     v->opts = opts;
+    v->rule = rule;
     v->nics = calloc(cfg->nnics, sizeof(*v->nics));
     if (!v->nics) {
         rc = -ENOMEM;
@@ -452,6 +522,25 @@ int pf_verbs_open_api(const struct pf_verbs_api *api, const struct pf_net_config
         if (rc)
             goto err_net;
     }
+    int nready = 0;
+    char down[256] = "";
+    for (int i = 0; i < v->nnics; i++) {
+        if (atomic_load(&v->nics[i].ready))
+            nready++;
+        else
+            snprintf(down + strlen(down), sizeof(down) - strlen(down), "%s%s", down[0] ? ", " : "",
+                     v->nics[i].name);
+    }
+    if (nready == 0) {
+        pf_error("verbs: no NIC has an ACTIVE port (%s): check the links (ibv_devinfo, 'rdma link "
+                 "show')",
+                 down);
+        rc = -ENETDOWN;
+        goto err_net;
+    }
+    if (down[0])
+        pf_warn("verbs: %d of %d NIC(s) down at open (%s): P2P runs on the others",
+                v->nnics - nready, v->nnics, down);
     api->free_device_list(list);
     *n_p = &v->base;
     return 0;
@@ -478,14 +567,18 @@ static int verbs_nic_info(struct pf_net *n, int i, struct pf_net_nic_info *info_
     struct verbsnic *nic = &v->nics[i];
     memset(info_p, 0, sizeof(*info_p));
     snprintf(info_p->name, sizeof(info_p->name), "%s", nic->name);
-    verbs_gid_str(&nic->gid, info_p->addr, sizeof(info_p->addr));
     info_p->numa_node = nic->numa;
+    pthread_mutex_lock(&nic->up_mu); /* the GID of a NIC that was down may be chosen now */
+    bool ready = atomic_load(&nic->ready);
+    if (ready)
+        verbs_gid_str(&nic->gid, info_p->addr, sizeof(info_p->addr));
     info_p->max_msg = nic->max_msg;
+    pthread_mutex_unlock(&nic->up_mu);
     pf_verbs_drain_async(nic);
     struct ibv_port_attr pa;
     memset(&pa, 0, sizeof(pa));
     info_p->active =
-        v->api->query_port(nic->ctx, nic->port, &pa) == 0 && pa.state == IBV_PORT_ACTIVE;
+        ready && v->api->query_port(nic->ctx, nic->port, &pa) == 0 && pa.state == IBV_PORT_ACTIVE;
     return 0;
 }
 

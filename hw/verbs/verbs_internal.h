@@ -27,6 +27,9 @@
 #define PF_VERBS_EP_FAMILY  35
 #define PF_VERBS_EP_GIDTYPE 7
 #define PF_VERBS_DRAIN_MS   5000 /* invalidate: wait this long for flushes, then destroy */
+/* poll: CQ polls on an empty CQ before arming it and sleeping on the completion channel (a
+ * bounded spin: about 1-2 us of ibv_poll_cq on mlx5; counted, not timed) */
+#define PF_VERBS_SPIN_POLLS 32
 
 /* Soft-RoCE (rdma_rxe) reports this vendor ID and, unlike the IB spec and mlx5, takes a
  * retry_cnt of 7 to mean "retry forever": a READ to a peer QP that went to the error state
@@ -168,7 +171,18 @@ struct verbsnic {
     struct verbsmr *mrs;
     _Atomic uint64_t async_events; /* async events read so far */
     _Atomic bool port_err;         /* the last port event was IBV_EVENT_PORT_ERR */
+    /* Port and GID chosen (port, port_attr, gid*, max_msg are set, then never change).
+     * false for a NIC that had no ACTIVE port at open: pf_verbs_nic_ready retries at each
+     * qp_create (each handshake) under up_mu and sets it once the port is ACTIVE. */
+    _Atomic bool ready;
+    pthread_mutex_t up_mu;
+    int nports; /* phys_port_cnt */
 };
+
+/* 0 when the NIC has an ACTIVE port and a GID (choosing them now, under up_mu, for a NIC
+ * that was down until now: the rail comes back), -ENETDOWN while it has none, or the GID
+ * choice's error (-ENOENT). */
+int pf_verbs_nic_ready(struct verbsnic *nic);
 
 /* Reads and acknowledges the NIC's pending async events, logging each (port and GID changes,
  * QP and CQ errors, device fatal); called at each qp_create and nic_info. */
@@ -178,6 +192,7 @@ struct verbsnet {
     struct pf_net base;
     const struct pf_verbs_api *api;
     struct pf_net_rdma_opts opts;
+    struct pf_verbs_gid_rule rule; /* from opts, for NICs whose GID is chosen late */
     int nnics;
     struct verbsnic *nics;
 };

@@ -31,6 +31,12 @@ int pf_verbs_qp_create(struct pf_net *n, int i, struct pf_net_qp **qp_p)
     /* the port as it is now, not as it was at open: a link that went down since fails this
      * handshake by name; a LID the subnet manager reassigned or a changed MTU is used */
     pf_verbs_drain_async(nic);
+    int rrc = pf_verbs_nic_ready(nic); /* a NIC down since open: its port may be back */
+    if (rrc) {
+        pf_log_ratelimited(PF_LOG_WARN, 1000, "verbs %s: %s: no new QPs on this NIC", nic->name,
+                           rrc == -ENETDOWN ? "no ACTIVE port" : strerror(-rrc));
+        return rrc;
+    }
     struct ibv_port_attr pa;
     memset(&pa, 0, sizeof(pa));
     int prc = verbs_rc(api->query_port(nic->ctx, nic->port, &pa));
@@ -436,6 +442,7 @@ int pf_verbs_poll(struct pf_net_qp *qpb, struct pf_net_cqe *out, size_t max, uin
     uint64_t deadline = timeout_ms > UINT64_MAX / PF_NS_PER_MS / 2
                             ? UINT64_MAX / 2
                             : pf_now_ns() + timeout_ms * PF_NS_PER_MS;
+    unsigned spins = 0;
     for (;;) {
         pthread_mutex_lock(&q->mu);
         int rc = verbs_drain_cq(q);
@@ -457,6 +464,13 @@ int pf_verbs_poll(struct pf_net_qp *qpb, struct pf_net_cqe *out, size_t max, uin
         if (timeout_ms == 0 || now >= deadline) {
             pthread_mutex_unlock(&q->mu);
             return 0;
+        }
+        if (!q->armed && q->qp && spins < PF_VERBS_SPIN_POLLS) {
+            /* a short bounded spin before arming: a completion due within a few polls
+             * (back-to-back READs) is taken without the notify, event and wake-up */
+            spins++;
+            pthread_mutex_unlock(&q->mu);
+            continue;
         }
         if (!q->armed && q->qp) {
             rc = verbs_rc(q->api->req_notify_cq(q->cq, 0));

@@ -93,10 +93,52 @@ static void conn_free(struct pf_p2p *p, struct p2p_conn *c)
     free(c->nregions);
     free(c->qps);
     free(c->busy);
+    free(c->rail);
     free(c);
 }
 
-static int conn_new(struct pf_p2p *p, bool outgoing, struct p2p_conn **c_p)
+/* Destroys the QPs of rail k of a connection not yet installed (never connected, or the
+ * handler did not pair the rail) and marks it DOWN. */
+static void conn_rail_drop(struct pf_p2p *p, struct p2p_conn *c, int k)
+{
+    size_t live = 0;
+    for (size_t j = 0; j < p->qpn; j++) {
+        struct pf_net_qp **q = &c->qps[(size_t)k * p->qpn + j];
+        if (*q) {
+            pf_net_qp_destroy(*q);
+            *q = NULL;
+            live++;
+        }
+    }
+    c->rail[k] = P2P_RAIL_DOWN;
+    if (live) {
+        pthread_mutex_lock(&p->conn_mu);
+        p->nqps -= live;
+        pthread_mutex_unlock(&p->conn_mu);
+        pf_metric_add(p->m_qps, -(double)live);
+    }
+}
+
+static size_t conn_rails_up(const struct pf_p2p *p, const struct p2p_conn *c, char *names,
+                            size_t nlen)
+{
+    size_t up = 0;
+    if (names && nlen)
+        names[0] = '\0';
+    for (int k = 0; k < p->nnics; k++) {
+        if (c->rail[k] == P2P_RAIL_UP)
+            up++;
+        else if (names && strlen(names) + 1 < nlen)
+            snprintf(names + strlen(names), nlen - strlen(names), "%s%s", names[0] ? ", " : "",
+                     p->nics[k].name);
+    }
+    return up;
+}
+
+/* Creates the QPs of a new connection on every NIC k with want[k] (want NULL: all). A NIC
+ * whose QPs cannot be created (verbs: its port is not ACTIVE now, -ENETDOWN) leaves its rail
+ * DOWN; -ENETDOWN when no rail is left. */
+static int conn_new(struct pf_p2p *p, bool outgoing, const bool *want, struct p2p_conn **c_p)
 {
     struct p2p_conn *c = calloc(1, sizeof(*c));
     if (!c)
@@ -105,27 +147,44 @@ static int conn_new(struct pf_p2p *p, bool outgoing, struct p2p_conn **c_p)
     c->nqps = (size_t)p->nnics * p->qpn;
     c->qps = calloc(c->nqps, sizeof(*c->qps));
     c->busy = calloc(c->nqps, sizeof(*c->busy));
+    c->rail = calloc((size_t)p->nnics, sizeof(*c->rail));
     c->regions = calloc((size_t)p->nnics, sizeof(*c->regions));
     c->nregions = calloc((size_t)p->nnics, sizeof(*c->nregions));
     int rc = -ENOMEM;
-    if (!c->qps || !c->busy || !c->regions || !c->nregions)
+    if (!c->qps || !c->busy || !c->rail || !c->regions || !c->nregions)
         goto err_free;
     size_t made = 0;
-    for (size_t i = 0; i < c->nqps; i++) {
-        rc = pf_net_qp_create(p->net, (int)(i / p->qpn), &c->qps[i]);
-        if (rc) {
-            pf_warn("cannot create a QP on NIC %s: %s", p->nics[i / p->qpn].name, strerror(-rc));
-            break;
+    for (int k = 0; k < p->nnics; k++) {
+        if (want && !want[k]) {
+            c->rail[k] = P2P_RAIL_DOWN;
+            continue;
         }
-        made++;
+        for (size_t j = 0; j < p->qpn; j++) {
+            int qrc = pf_net_qp_create(p->net, k, &c->qps[(size_t)k * p->qpn + j]);
+            if (qrc) {
+                pf_log_ratelimited(PF_LOG_WARN, 1000,
+                                   "cannot create a QP on NIC %s: %s: the rail is skipped by this "
+                                   "handshake",
+                                   p->nics[k].name, strerror(-qrc));
+                rc = qrc;
+                c->rail[k] = P2P_RAIL_DOWN;
+                break;
+            }
+            made++;
+        }
     }
     pthread_mutex_lock(&p->conn_mu);
     c->id = ++p->next_conn_id;
     p->nqps += made;
     pthread_mutex_unlock(&p->conn_mu);
     pf_metric_add(p->m_qps, (double)made);
-    if (made < c->nqps)
+    for (int k = 0; k < p->nnics; k++)
+        if (c->rail[k] == P2P_RAIL_DOWN)
+            conn_rail_drop(p, c, k); /* QPs created before the one that failed */
+    if (conn_rails_up(p, c, NULL, 0) == 0) {
+        rc = rc == -ENOMEM ? rc : -ENETDOWN;
         goto err_free;
+    }
     *c_p = c;
     return 0;
 err_free:
@@ -182,184 +241,19 @@ static void conn_kill(struct pf_p2p *p, struct p2p_conn *c, const char *why)
     conn_free(p, f);
 }
 
-/* ------------------------------------------------------------------ metadata */
-
-static int region_cmp(const void *a, const void *b)
-{
-    const struct p2p_region *x = a, *y = b;
-    return x->addr < y->addr ? -1 : x->addr > y->addr;
-}
-
-int pf_p2p_meta_validate(const Pegaflow__HandshakeMetadata *m, const char *backend, size_t nnics,
-                         uint32_t qps, char *err, size_t errlen)
-{
-    const char *b = m->backend ? m->backend : "";
-    if (strncmp(b, "faulty:", 7) == 0)
-        b += 7;
-    if (strcmp(b, backend) != 0) {
-        snprintf(err, errlen, "NET backend mismatch: peer uses '%s', this node '%s'", b, backend);
-        return -EINVAL;
-    }
-    if (m->n_nics != nnics) {
-        snprintf(err, errlen,
-                 "NIC count mismatch: peer has %zu, this node %zu (--nics must list the same "
-                 "number of NICs on every node)",
-                 m->n_nics, nnics);
-        return -EINVAL;
-    }
-    if (m->qps_per_nic != qps) {
-        snprintf(err, errlen,
-                 "QPs per NIC mismatch: peer uses %u, this node %u (--qps-per-peer must match)",
-                 m->qps_per_nic, qps);
-        return -EINVAL;
-    }
-    for (size_t i = 0; i < m->n_nics; i++) {
-        const Pegaflow__HandshakeNic *nic = m->nics[i];
-        if (nic->n_endpoints != qps) {
-            snprintf(err, errlen, "nics[%zu]: %zu endpoints, expected %u", i, nic->n_endpoints,
-                     qps);
-            return -EINVAL;
-        }
-        for (size_t j = 0; j < nic->n_endpoints; j++)
-            if (nic->endpoints[j].len == 0 || nic->endpoints[j].len > PF_NET_EP_MAX) {
-                snprintf(err, errlen, "nics[%zu].endpoints[%zu]: %zu bytes (1..%d allowed)", i, j,
-                         nic->endpoints[j].len, PF_NET_EP_MAX);
-                return -EINVAL;
-            }
-        if (nic->n_regions == 0 || nic->n_regions > P2P_REGIONS_MAX) {
-            snprintf(err, errlen, "nics[%zu]: %zu memory regions (1..%d allowed)", i,
-                     nic->n_regions, P2P_REGIONS_MAX);
-            return -EINVAL;
-        }
-        struct p2p_region *r = malloc(nic->n_regions * sizeof(*r));
-        if (!r) {
-            snprintf(err, errlen, "out of memory");
-            return -ENOMEM;
-        }
-        int rc = 0;
-        for (size_t j = 0; j < nic->n_regions && rc == 0; j++) {
-            const Pegaflow__HandshakeMemRegion *g = nic->regions[j];
-            uint64_t end;
-            if (g->length == 0 || !pf_add_ok(g->addr, g->length, &end)) {
-                snprintf(err, errlen, "nics[%zu].regions[%zu]: %s (addr 0x%llx, %llu bytes)", i, j,
-                         g->length ? "wraps around" : "empty", (unsigned long long)g->addr,
-                         (unsigned long long)g->length);
-                rc = -EINVAL;
-            }
-            r[j] = (struct p2p_region){g->addr, g->length, g->rkey};
-        }
-        if (rc == 0) {
-            qsort(r, nic->n_regions, sizeof(*r), region_cmp);
-            for (size_t j = 1; j < nic->n_regions && rc == 0; j++)
-                if (r[j - 1].addr + r[j - 1].len > r[j].addr) {
-                    snprintf(err, errlen,
-                             "nics[%zu]: memory regions overlap (0x%llx+%llu and 0x%llx+%llu)", i,
-                             (unsigned long long)r[j - 1].addr, (unsigned long long)r[j - 1].len,
-                             (unsigned long long)r[j].addr, (unsigned long long)r[j].len);
-                    rc = -EINVAL;
-                }
-        }
-        free(r);
-        if (rc)
-            return rc;
-    }
-    return 0;
-}
-
-/* Packs this node's metadata for the QPs of c. *buf_p is malloc'ed. */
-static int meta_build(struct pf_p2p *p, const struct p2p_conn *c, uint8_t **buf_p, size_t *len_p)
-{
-    int rc = -ENOMEM;
-    size_t nnics = (size_t)p->nnics;
-    Pegaflow__HandshakeMetadata m = PEGAFLOW__HANDSHAKE_METADATA__INIT;
-    Pegaflow__HandshakeNic *nics = calloc(nnics, sizeof(*nics));
-    Pegaflow__HandshakeNic **nicp = calloc(nnics, sizeof(*nicp));
-    ProtobufCBinaryData *eps = calloc(c->nqps, sizeof(*eps));
-    uint8_t *epbuf = malloc(c->nqps * PF_NET_EP_MAX);
-    Pegaflow__HandshakeMemRegion *regs = calloc(nnics * p->nregions, sizeof(*regs));
-    Pegaflow__HandshakeMemRegion **regp = calloc(nnics * p->nregions, sizeof(*regp));
-    uint8_t *buf = NULL;
-    if (!nics || !nicp || !eps || !epbuf || !regs || !regp)
-        goto out;
-    for (size_t i = 0; i < c->nqps; i++) {
-        size_t l = 0;
-        rc = pf_net_qp_local_endpoint(c->qps[i], epbuf + i * PF_NET_EP_MAX, PF_NET_EP_MAX, &l);
-        if (rc)
-            goto out;
-        eps[i] = (ProtobufCBinaryData){l, epbuf + i * PF_NET_EP_MAX};
-    }
-    for (size_t k = 0; k < nnics; k++) {
-        pegaflow__handshake_nic__init(&nics[k]);
-        nics[k].n_endpoints = p->qpn;
-        nics[k].endpoints = eps + k * p->qpn;
-        nics[k].n_regions = p->nregions;
-        nics[k].regions = regp + k * p->nregions;
-        nics[k].numa_node = p->nics[k].numa_node;
-        nics[k].name = p->nics[k].name;
-        for (size_t r = 0; r < p->nregions; r++) {
-            Pegaflow__HandshakeMemRegion *g = &regs[k * p->nregions + r];
-            pegaflow__handshake_mem_region__init(g);
-            g->addr = (uint64_t)(uintptr_t)p->rbase[r];
-            g->length = p->rlen[r];
-            g->rkey = p->rkey[k * p->nregions + r];
-            regp[k * p->nregions + r] = g;
-        }
-        nicp[k] = &nics[k];
-    }
-    m.backend = p->backend;
-    m.n_nics = nnics;
-    m.nics = nicp;
-    m.qps_per_nic = p->qpn;
-    m.node_id = p->node_id;
-    size_t len = pegaflow__handshake_metadata__get_packed_size(&m);
-    buf = malloc(len ? len : 1);
-    if (!buf) {
-        rc = -ENOMEM;
-        goto out;
-    }
-    pegaflow__handshake_metadata__pack(&m, buf);
-    *buf_p = buf;
-    *len_p = len;
-    rc = 0;
-out:
-    free(nics);
-    free(nicp);
-    free(eps);
-    free(epbuf);
-    free(regs);
-    free(regp);
-    return rc;
-}
-
-/* Unpacks and validates a peer's metadata. */
-static int meta_parse(struct pf_p2p *p, const ProtobufCBinaryData *b,
-                      Pegaflow__HandshakeMetadata **m_p, char *err, size_t errlen)
-{
-    if (b->len == 0) {
-        snprintf(err, errlen, "handshake_metadata is empty");
-        return -EINVAL;
-    }
-    Pegaflow__HandshakeMetadata *m = pegaflow__handshake_metadata__unpack(NULL, b->len, b->data);
-    if (!m) {
-        snprintf(err, errlen, "handshake_metadata is not a serialized HandshakeMetadata");
-        return -EINVAL;
-    }
-    int rc = pf_p2p_meta_validate(m, p->backend, (size_t)p->nnics, p->qpn, err, errlen);
-    if (rc) {
-        pegaflow__handshake_metadata__free_unpacked(m, NULL);
-        return rc;
-    }
-    *m_p = m;
-    return 0;
-}
-
-/* Copies the peer's regions and incarnation into c and connects QP i to the peer's QP i. */
+/* Copies the peer's regions and incarnation into c and connects QP i to the peer's QP i on
+ * every rail both sides have up. A rail of c the peer offers no endpoints for (down there, or
+ * past its NIC count) is dropped here; -ENETDOWN when none is left. */
 static int conn_apply(struct pf_p2p *p, struct p2p_conn *c, const Pegaflow__HandshakeMetadata *m,
                       char *err, size_t errlen)
 {
     snprintf(c->node_id, sizeof(c->node_id), "%s", m->node_id ? m->node_id : "");
     for (int k = 0; k < p->nnics; k++) {
-        const Pegaflow__HandshakeNic *nic = m->nics[k];
+        const Pegaflow__HandshakeNic *nic = (size_t)k < m->n_nics ? m->nics[k] : NULL;
+        if (c->rail[k] == P2P_RAIL_UP && (!nic || nic->n_endpoints == 0))
+            conn_rail_drop(p, c, k); /* up here, not there */
+        if (c->rail[k] != P2P_RAIL_UP)
+            continue;
         c->regions[k] = malloc(nic->n_regions * sizeof(struct p2p_region));
         if (!c->regions[k]) {
             snprintf(err, errlen, "out of memory");
@@ -368,10 +262,20 @@ static int conn_apply(struct pf_p2p *p, struct p2p_conn *c, const Pegaflow__Hand
         for (size_t j = 0; j < nic->n_regions; j++)
             c->regions[k][j] = (struct p2p_region){nic->regions[j]->addr, nic->regions[j]->length,
                                                    nic->regions[j]->rkey};
-        qsort(c->regions[k], nic->n_regions, sizeof(struct p2p_region), region_cmp);
+        qsort(c->regions[k], nic->n_regions, sizeof(struct p2p_region), p2p_region_cmp);
         c->nregions[k] = nic->n_regions;
     }
+    char down[160];
+    if (conn_rails_up(p, c, down, sizeof(down)) == 0) {
+        snprintf(err, errlen,
+                 "no rail both sides have up (this node's NICs without a rail: %s; the peer "
+                 "offers %zu NIC(s))",
+                 down, m->n_nics);
+        return -ENETDOWN;
+    }
     for (size_t i = 0; i < c->nqps; i++) {
+        if (c->rail[i / p->qpn] != P2P_RAIL_UP)
+            continue;
         const ProtobufCBinaryData *ep = &m->nics[i / p->qpn]->endpoints[i % p->qpn];
         /* refused by name before connecting (verbs: GID family / RoCE version mismatch) */
         int off = snprintf(err, errlen, "NIC %s: ", p->nics[i / p->qpn].name);
@@ -391,28 +295,11 @@ static int conn_apply(struct pf_p2p *p, struct p2p_conn *c, const Pegaflow__Hand
             return rc;
         }
     }
+    if (down[0])
+        pf_warn("connection %llu (%s): rails without a pair at this handshake: %s (down here or "
+                "on the peer, or past its %zu NIC(s)); P2P runs on the others",
+                (unsigned long long)c->id, c->outgoing ? "outgoing" : "incoming", down, m->n_nics);
     return 0;
-}
-
-bool p2p_conn_rkey(const struct p2p_conn *c, int nic, uint64_t addr, uint64_t len, uint32_t *rkey_p)
-{
-    const struct p2p_region *r = c->regions[nic];
-    size_t lo = 0, hi = c->nregions[nic];
-    while (lo < hi) { /* first region with addr > target */
-        size_t mid = (lo + hi) / 2;
-        if (r[mid].addr <= addr)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    if (lo == 0)
-        return false;
-    const struct p2p_region *g = &r[lo - 1];
-    uint64_t end;
-    if (!pf_add_ok(addr, len, &end) || end > g->addr + g->len)
-        return false;
-    *rkey_p = g->rkey;
-    return true;
 }
 
 /* Installs c as the peer's `out` or `in` connection and drops the connections it replaces:
@@ -475,12 +362,12 @@ static int handshake_out(struct pf_p2p *p, struct p2p_peer *e, struct p2p_conn *
     ProtobufCMessage *resp = NULL;
     Pegaflow__HandshakeMetadata *pm = NULL;
     uint64_t t0 = pf_now_ns();
-    int rc = conn_new(p, true, &c);
+    int rc = conn_new(p, true, NULL, &c);
     if (rc) {
         snprintf(err, errlen, "cannot create QPs: %s", strerror(-rc));
         return rc;
     }
-    rc = meta_build(p, c, &meta, &mlen);
+    rc = p2p_meta_build(p, c, &meta, &mlen);
     if (rc) {
         snprintf(err, errlen, "cannot build handshake metadata: %s", strerror(-rc));
         goto err_conn;
@@ -504,7 +391,7 @@ static int handshake_out(struct pf_p2p *p, struct p2p_peer *e, struct p2p_conn *
         rc = -EPERM;
         goto err_meta;
     }
-    rc = meta_parse(p, &r->handshake_metadata, &pm, e2, sizeof(e2));
+    rc = p2p_meta_parse(p, &r->handshake_metadata, &pm, e2, sizeof(e2));
     if (rc) {
         snprintf(err, errlen, "peer's handshake metadata rejected: %s", e2);
         goto err_meta;
@@ -555,7 +442,7 @@ static bool lease_take_locked(const struct pf_p2p *p, struct p2p_conn *c, struct
     size_t want[P2P_NIC_MAX], pos[P2P_NIC_MAX];
     for (size_t k = 0; k < nn && k < P2P_NIC_MAX; k++) {
         size_t nfree = 0;
-        for (size_t j = 0; j < qpn; j++)
+        for (size_t j = 0; j < qpn && c->rail[k] == P2P_RAIL_UP; j++)
             nfree += !c->busy[k * qpn + j];
         want[k] = (nfree + 1) / 2;
         pos[k] = 0;
@@ -566,7 +453,7 @@ static bool lease_take_locked(const struct pf_p2p *p, struct p2p_conn *c, struct
         for (size_t k = 0; k < nn && k < P2P_NIC_MAX && l->nqps < PF_ARRAY_SIZE(l->idx); k++) {
             if (want[k] == 0)
                 continue;
-            while (pos[k] < qpn && c->busy[k * qpn + pos[k]])
+            while (pos[k] < qpn && c->busy[k * qpn + pos[k]]) /* want[k] > 0: rail UP */
                 pos[k]++;
             if (pos[k] == qpn)
                 continue;
@@ -701,6 +588,43 @@ void p2p_lease_fail(struct pf_p2p *p, struct p2p_lease *l)
     p2p_lease_return(p, l);
 }
 
+void p2p_lease_fail_rails(struct pf_p2p *p, struct p2p_lease *l, uint64_t failed)
+{
+    struct p2p_conn *c = l->conn;
+    if (!c || failed == 0) {
+        p2p_lease_return(p, l);
+        return;
+    }
+    bool newly[P2P_NIC_MAX] = {false};
+    for (size_t i = 0; i < l->nqps && i < 64; i++)
+        if (failed >> i & 1)
+            pf_net_qp_invalidate(l->qps[i]); /* done by the transfer already; idempotent */
+    pthread_mutex_lock(&p->conn_mu);
+    for (size_t i = 0; i < l->nqps && i < 64; i++) {
+        int k = l->qps[i]->nic;
+        if ((failed >> i & 1) && k >= 0 && k < p->nnics && c->rail[k] == P2P_RAIL_UP) {
+            c->rail[k] = P2P_RAIL_DEAD;
+            newly[k] = true;
+        }
+    }
+    size_t up = conn_rails_up(p, c, NULL, 0);
+    pthread_mutex_unlock(&p->conn_mu);
+    for (int k = 0; k < p->nnics; k++) {
+        if (!newly[k])
+            continue;
+        pf_child_add(pf_metric_child1(p->m_rail_fail, p->nics[k].name), 1);
+        atomic_fetch_add(&p->st_rail_fail, 1);
+        pf_warn("rail %s of connection %llu to %s (%s) marked dead: a READ on it failed and was "
+                "re-posted on the other rails; %zu rail(s) left, later fetches skip it until the "
+                "next handshake",
+                p->nics[k].name, (unsigned long long)c->id, c->peer->addr,
+                c->outgoing ? "outgoing" : "incoming", up);
+    }
+    if (up == 0)
+        conn_kill(p, c, "every rail failed");
+    p2p_lease_return(p, l);
+}
+
 /* ------------------------------------------------------------------ handler */
 
 int p2p_serve_handshake(struct pf_p2p *p, const Pegaflow__RdmaHandshakeRequest *r, uint8_t **meta_p,
@@ -718,21 +642,25 @@ int p2p_serve_handshake(struct pf_p2p *p, const Pegaflow__RdmaHandshakeRequest *
     }
     Pegaflow__HandshakeMetadata *pm = NULL;
     char e2[P2P_ERRLEN];
-    int rc = meta_parse(p, &r->handshake_metadata, &pm, e2, sizeof(e2));
+    int rc = p2p_meta_parse(p, &r->handshake_metadata, &pm, e2, sizeof(e2));
     if (rc) {
         snprintf(err, errlen, "handshake from %s rejected: %s", who, e2);
         pf_warn("%s", err);
         return rc;
     }
+    /* QPs for the rails the requester offers and this node has up (pairing by index) */
+    bool want[P2P_NIC_MAX];
+    for (int k = 0; k < p->nnics; k++)
+        want[k] = (size_t)k < pm->n_nics && pm->nics[k]->n_endpoints > 0;
     struct p2p_conn *c = NULL;
-    rc = conn_new(p, false, &c);
+    rc = conn_new(p, false, want, &c);
     if (rc) {
         snprintf(err, errlen, "cannot create QPs: %s", strerror(-rc));
         goto out;
     }
     rc = conn_apply(p, c, pm, e2, sizeof(e2));
     if (rc == 0)
-        rc = meta_build(p, c, meta_p, len_p);
+        rc = p2p_meta_build(p, c, meta_p, len_p);
     if (rc) {
         snprintf(err, errlen, "handshake from %s failed: %s", who, e2);
         pf_warn("%s", err);

@@ -460,6 +460,22 @@ static int build_reads(struct fetch *f)
     return 0;
 }
 
+/* p2p_xfer reroute (rail failover): READ i moves to NIC nic, with that NIC's keys (the pool
+ * and the holder's regions are registered on every NIC with the same layout). */
+static int reroute_read(void *ctx, size_t i, int nic)
+{
+    struct fetch *f = ctx;
+    struct p2p_read *rd = &f->reads[i];
+    uint32_t rkey;
+    if (!p2p_conn_rkey(f->lease.conn, nic, rd->raddr, rd->len, &rkey))
+        return -EPROTO;
+    rd->lkey = f->p->lkey[(size_t)nic * f->p->nregions +
+                          (size_t)f->chunks[f->segs[rd->seg0].chunk].region];
+    rd->rkey = rkey;
+    rd->nic = nic;
+    return 0;
+}
+
 /* 7. Builds the verified run of blocks into out; returns its length. */
 static size_t build_blocks(struct fetch *f, struct pf_block **out, size_t *bad_p)
 {
@@ -593,10 +609,14 @@ static int transfer(struct fetch *f)
                 .abort = &p->stopping,
                 .on_read = on_read,
                 .ctx = f,
+                .reroute = reroute_read,
             };
             rc = p2p_xfer_run(&x, f->reads, f->nreads);
-            if (rc == 0)
+            if (rc == 0) {
+                if (x.failed) /* rails left out on the way: dead until the next handshake */
+                    p2p_lease_fail_rails(p, &f->lease, x.failed);
                 return 0;
+            }
             /* the QPs are invalidated: drop the connection before anything else */
             p2p_lease_fail(p, &f->lease);
             if (rc == -ETIMEDOUT) {

@@ -215,6 +215,11 @@ static void init_metrics(struct pf_p2p *p)
     p->c_serve_ssd_failed = pf_metric_child1(p->m_serve_ssd, "failed");
     pf_child_add(p->c_serve_ssd_ok, 0);
     pf_child_add(p->c_serve_ssd_failed, 0);
+    p->m_rail_fail = pf_metric_counter(
+        "pegaflow_rdma_rail_failures_total",
+        "Rails (NICs) of a peer connection marked dead after a READ on them failed; the READs "
+        "were re-posted on the connection's other rails (docs/net.md \"Per-NIC health\")",
+        "nic");
 }
 
 static void dereg_all(struct pf_p2p *p)
@@ -225,6 +230,39 @@ static void dereg_all(struct pf_p2p *p)
         pf_net_dereg_mem(p->mrs[i]);
         p->mrs[i] = NULL;
     }
+}
+
+struct reg_job {
+    struct pf_p2p *p;
+    int nic;
+    int rc;        /* 0 or the failed registration's -errno */
+    size_t region; /* the region that failed */
+};
+
+/* Registers every pool region on one NIC (register_pool runs one per NIC at once). */
+static void *reg_nic_main(void *arg)
+{
+    struct reg_job *j = arg;
+    struct pf_p2p *p = j->p;
+    int k = j->nic;
+    for (size_t r = 0; r < p->nregions; r++) {
+        size_t i = (size_t)k * p->nregions + r;
+        int rc = pf_net_reg_mem(p->net, k, p->rbase[r], p->rlen[r],
+                                PF_NET_ACCESS_LOCAL_WRITE | PF_NET_ACCESS_REMOTE_READ, &p->mrs[i]);
+        if (rc) {
+            p->mrs[i] = NULL;
+            j->rc = rc;
+            j->region = r;
+            return NULL;
+        }
+        p->lkey[i] = p->mrs[i]->lkey;
+        p->rkey[i] = p->mrs[i]->rkey;
+        pf_debug("memory registration: pool region %zu (%p, %llu bytes, NUMA node %d) on NIC %s: "
+                 "rkey 0x%08x",
+                 r, p->rbase[r], (unsigned long long)p->rlen[r], p->rnuma[r], p->nics[k].name,
+                 p->rkey[i]);
+    }
+    return NULL;
 }
 
 static int register_pool(struct pf_p2p *p, char *err, size_t errlen)
@@ -246,27 +284,42 @@ static int register_pool(struct pf_p2p *p, char *err, size_t errlen)
         pf_pool_region_info(p->pool, r, &p->rbase[r], &p->rlen[r], &p->rnuma[r]);
         total += p->rlen[r];
     }
+    /* one thread per NIC (each pins the whole pool again: ib_umem_get walks and pins every
+     * page, seconds per NIC for a large pool), joined; a failure is reported by NIC name */
     uint64_t t0 = pf_now_ns();
-    for (int k = 0; k < p->nnics; k++)
-        for (size_t r = 0; r < p->nregions; r++) {
-            size_t i = (size_t)k * p->nregions + r;
-            int rc =
-                pf_net_reg_mem(p->net, k, p->rbase[r], p->rlen[r],
-                               PF_NET_ACCESS_LOCAL_WRITE | PF_NET_ACCESS_REMOTE_READ, &p->mrs[i]);
-            if (rc) {
-                char sz[32];
-                pf_format_size(p->rlen[r], sz, sizeof(sz));
-                snprintf(err, errlen, "--nics: cannot register pool region %zu (%s) on NIC %s: %s",
-                         r, sz, p->nics[k].name, strerror(-rc));
-                return rc;
-            }
-            p->lkey[i] = p->mrs[i]->lkey;
-            p->rkey[i] = p->mrs[i]->rkey;
-            pf_debug("memory registration: pool region %zu (%p, %llu bytes, NUMA node %d) on NIC "
-                     "%s: rkey 0x%08x",
-                     r, p->rbase[r], (unsigned long long)p->rlen[r], p->rnuma[r], p->nics[k].name,
-                     p->rkey[i]);
+    struct reg_job jobs[P2P_NIC_MAX];
+    pthread_t th[P2P_NIC_MAX];
+    bool started[P2P_NIC_MAX] = {false};
+    for (int k = 0; k < p->nnics; k++) {
+        jobs[k] = (struct reg_job){.p = p, .nic = k};
+        started[k] = p->nnics > 1 && pthread_create(&th[k], NULL, reg_nic_main, &jobs[k]) == 0;
+        if (!started[k])
+            reg_nic_main(&jobs[k]);
+    }
+    int rc = 0;
+    char also[160] = "";
+    for (int k = 0; k < p->nnics; k++) {
+        if (started[k])
+            pthread_join(th[k], NULL);
+        if (!jobs[k].rc)
+            continue;
+        if (rc == 0) {
+            char sz[32];
+            size_t r = jobs[k].region;
+            rc = jobs[k].rc;
+            pf_format_size(p->rlen[r], sz, sizeof(sz));
+            snprintf(err, errlen, "--nics: cannot register pool region %zu (%s) on NIC %s: %s", r,
+                     sz, p->nics[k].name, strerror(-rc));
+        } else {
+            snprintf(also + strlen(also), sizeof(also) - strlen(also), "%s%s", also[0] ? ", " : "",
+                     p->nics[k].name);
         }
+    }
+    if (rc) {
+        if (also[0] && strlen(err) + 1 < errlen)
+            snprintf(err + strlen(err), errlen - strlen(err), " (also failed on %s)", also);
+        return rc; /* the regions that were registered are deregistered by the caller */
+    }
     char sz[32];
     pf_format_size(total, sz, sizeof(sz));
     pf_info("P2P: %zu pool region(s), %s, registered on %d NIC(s) in %.1f ms (%s backend, %u "
@@ -525,6 +578,7 @@ void pf_p2p_get_stats(struct pf_p2p *p, struct pf_p2p_stats *s)
     s->fetched_bytes = atomic_load(&p->st_bytes);
     s->fetch_failures = atomic_load(&p->st_fail);
     s->integrity_failures = atomic_load(&p->st_integrity);
+    s->rail_failures = atomic_load(&p->st_rail_fail);
     pthread_mutex_lock(&p->bl_mu);
     s->blacklisted = p->bl.count;
     pthread_mutex_unlock(&p->bl_mu);

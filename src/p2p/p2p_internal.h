@@ -30,8 +30,14 @@ struct p2p_region {
     uint32_t rkey;
 };
 
+/* Rail states of a connection (p2p_conn.rail[k], k = this node's NIC index; the rail is
+ * NIC k here paired with the peer's NIC k, docs/net.md "Per-NIC health"). */
+enum { P2P_RAIL_UP = 0, P2P_RAIL_DOWN = 1, P2P_RAIL_DEAD = 2 };
+
 /* One RC connection to a peer: qps_per_peer QPs per NIC (index nic * qpn + j), paired with
- * the peer's QP of the same index. Fields below `busy` are immutable after connect. */
+ * the peer's QP of the same index; a rail that was not paired at the handshake (down on
+ * either side, or past the peer's NIC count) has no QPs (NULL). Fields below `busy` are
+ * immutable after connect. */
 struct p2p_conn {
     struct p2p_peer *peer;
     uint64_t id;   /* for logs */
@@ -40,6 +46,7 @@ struct p2p_conn {
     bool dead; /* no longer in the table: never handed out again */
     int refs;  /* the table's (while !dead) + one per lease */
     bool *busy;
+    uint8_t *rail;         /* per NIC: P2P_RAIL_* (DOWN fixed at connect; UP -> DEAD) */
     uint64_t last_used_ns; /* installed, or a lease given back (monotonic) */
     /* immutable */
     size_t nqps;
@@ -91,13 +98,23 @@ struct p2p_xfer {
      * thread between polls, so the caller can work on landed data while the rest flows */
     void (*on_read)(void *ctx, size_t i);
     void *ctx;
+    /* optional rail failover (docs/net.md "Per-NIC health"): when a QP fails with a transport
+     * error (an error completion other than a remote access error, a broken-QP poll, a post
+     * refused with -ENOTCONN), only that QP is invalidated and the transfer goes on without
+     * it: its unfinished READs, and those queued for a NIC that has no QP left, are handed to
+     * the NICs that still have one, round-robin, after reroute(ctx, i, nic) rewrote reads[i]
+     * (lkey, rkey, nic: the caller owns the array) for NIC nic (0, or -errno: it cannot go
+     * there, and the transfer fails). NULL: any failure fails the transfer. */
+    int (*reroute)(void *ctx, size_t i, int nic);
     /* results */
     size_t posted, completed;
     uint64_t bytes;
+    uint64_t failed; /* bit q: QP q failed and the transfer went on without it (reroute) */
 };
 
 /* Runs every READ to completion. READ i of NIC k goes to whichever QP of NIC k has room
- * (at most depth outstanding each). Returns 0 when every READ completed successfully;
+ * (at most depth outstanding each). With reroute, a failed QP is left out (above) and the
+ * transfer fails only when no QP is left. Returns 0 when every READ completed successfully;
  * otherwise -ETIMEDOUT (deadline, and only then), -ECANCELED (abort flag), the first failed
  * completion's status (-EHOSTUNREACH for a completion with -ETIMEDOUT: the NIC's transport
  * retries were exhausted, the peer is unreachable), a post error, -EPROTO (a completion nobody
@@ -181,11 +198,13 @@ struct pf_p2p {
     /* stats */
     _Atomic uint64_t st_hs_out, st_hs_in, st_rel_sent, st_rel_failed, st_fetches, st_blocks,
         st_bytes, st_fail, st_integrity;
+    _Atomic uint64_t st_rail_fail; /* rails marked dead after a failed READ (conn.c) */
 
     /* metrics */
     struct pf_metric *m_fetch, *m_dur, *m_bytes, *m_qps, *m_integrity;
     struct pf_metric_child *c_ok, *c_partial, *c_error, *c_timeout, *c_integrity;
     struct pf_metric *m_serve_ssd; /* pegaflow_p2p_serve_ssd_blocks_total{result} */
+    struct pf_metric *m_rail_fail; /* pegaflow_rdma_rail_failures_total{nic} */
     struct pf_metric_child *c_serve_ssd_ok, *c_serve_ssd_failed;
 };
 
@@ -198,12 +217,25 @@ void p2p_lease_return(struct pf_p2p *p, struct p2p_lease *l);
  * per-connection memory are not free on either side; a peer that still READs over the other
  * end sees a stale connection and reconnects once). Called by housekeeping. */
 void p2p_conns_evict_idle(struct pf_p2p *p);
+/* The lease's QPs in failed (bit i: l->qps[i]) had an error completion that the transfer
+ * survived by re-posting on the other rails: their rails (NICs) are marked dead in the
+ * connection (later leases skip them until a handshake re-establishes them), the QPs are
+ * invalidated, the lease is given back. When no rail of the connection is left, it is
+ * dropped (the next fetch handshakes again). */
+void p2p_lease_fail_rails(struct pf_p2p *p, struct p2p_lease *l, uint64_t failed);
 /* The connection failed: it leaves the table, every QP is invalidated, the lease is given
  * back. Returns only after the invalidation. */
 void p2p_lease_fail(struct pf_p2p *p, struct p2p_lease *l);
 /* Drops every connection to peer (it restarted or the link broke). */
 void p2p_peer_drop(struct pf_p2p *p, const char *peer);
 /* Finds the rkey of [addr, addr+len) among the peer's regions on nic; false if outside. */
+/* conn_meta.c: regions by address (qsort); this node's metadata for the QPs of c (the rails
+ * of c that are UP, the others empty; *buf_p is malloc'ed); a peer's unpacked and validated
+ * (pf_p2p_meta_validate) into *m_p, or -errno with err filled. */
+int p2p_region_cmp(const void *a, const void *b);
+int p2p_meta_build(struct pf_p2p *p, const struct p2p_conn *c, uint8_t **buf_p, size_t *len_p);
+int p2p_meta_parse(struct pf_p2p *p, const ProtobufCBinaryData *b,
+                   Pegaflow__HandshakeMetadata **m_p, char *err, size_t errlen);
 bool p2p_conn_rkey(const struct p2p_conn *c, int nic, uint64_t addr, uint64_t len,
                    uint32_t *rkey_p);
 /* Serves RdmaHandshake: *meta_p (malloc'ed, *len_p bytes) is this node's metadata. */

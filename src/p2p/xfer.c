@@ -30,6 +30,8 @@ struct xstate {
     size_t *order;  /* READ indices grouped by NIC */
     size_t *cursor; /* per NIC: next position in order */
     size_t *end;    /* per NIC: end position in order */
+    uint8_t *dead;  /* per QP: failed, left out (x->reroute) */
+    unsigned rr;    /* failover round-robin */
     int nnics;
 };
 
@@ -60,6 +62,73 @@ static int handle(struct xstate *s, size_t q, const struct pf_net_cqe *c, int n)
         if (s->x->on_read)
             s->x->on_read(s->x->ctx, r);
     }
+    return 0;
+}
+
+/* Queues the READs that are neither done nor outstanding by NIC (counting sort into order). */
+static void requeue(struct xstate *s)
+{
+    for (int k = 0; k < s->nnics; k++)
+        s->end[k] = 0;
+    for (size_t i = 0; i < s->n; i++)
+        if (!s->done[i] && !s->owner[i])
+            s->end[s->reads[i].nic]++;
+    size_t acc = 0;
+    for (int k = 0; k < s->nnics; k++) {
+        size_t c = s->end[k];
+        s->cursor[k] = s->end[k] = acc;
+        acc += c;
+    }
+    for (size_t i = 0; i < s->n; i++)
+        if (!s->done[i] && !s->owner[i])
+            s->order[s->end[s->reads[i].nic]++] = i;
+}
+
+/* Errors of one QP or its rail (the link, the peer's QP), which the other rails survive. A
+ * remote access error (-EREMOTEIO: keys or bounds the holder refuses) would fail the same
+ * way anywhere. */
+static bool rail_error(int rc)
+{
+    return rc == -EHOSTUNREACH || rc == -EIO || rc == -ECANCELED || rc == -ENOTCONN ||
+           rc == -ECONNRESET || rc == -ENETDOWN || rc == -EPIPE;
+}
+
+/* QP q failed with rc. With reroute: q is invalidated (none of its READs can land any more),
+ * left out, and its unfinished READs and those of a NIC without a QP now go to the NICs that
+ * still have one; 0 then. rc when there is no failover, nothing is left or a READ cannot
+ * move. */
+static int qp_failed(struct xstate *s, size_t q, int rc)
+{
+    struct p2p_xfer *x = s->x;
+    if (!x->reroute || !rail_error(rc) || q >= 64 || s->nnics > 64 || s->dead[q])
+        return rc;
+    pf_net_qp_invalidate(x->qps[q]);
+    s->dead[q] = 1;
+    x->failed |= 1ull << q;
+    s->out[q] = 0;
+    for (size_t i = 0; i < s->n; i++)
+        if (s->owner[i] == q + 1 && !s->done[i])
+            s->owner[i] = 0;
+    int cand[64], nc = 0;
+    bool live[64] = {false};
+    for (size_t k = 0; k < x->nqps; k++)
+        if (!s->dead[k] && x->qps[k]->nic < 64)
+            live[x->qps[k]->nic] = true;
+    for (int k = 0; k < s->nnics && k < 64; k++)
+        if (live[k])
+            cand[nc++] = k;
+    if (nc == 0)
+        return rc;
+    for (size_t i = 0; i < s->n; i++) {
+        if (s->done[i] || s->owner[i] || live[s->reads[i].nic])
+            continue;
+        int nic = cand[s->rr++ % (unsigned)nc];
+        if (x->reroute(x->ctx, i, nic) != 0 || s->reads[i].nic != nic)
+            return rc;
+    }
+    requeue(s);
+    pf_debug("QP %zu (NIC %d) failed (%s): its READs go on over %d NIC(s)", q, x->qps[q]->nic,
+             strerror(-rc), nc);
     return 0;
 }
 
@@ -98,20 +167,24 @@ static int run(struct xstate *s)
         bool progress = false;
         for (size_t k = 0; k < x->nqps; k++) {
             size_t q = (k + x->rotate) % x->nqps;
+            if (s->dead[q])
+                continue;
             int rc = post_some(s, q, &progress);
-            if (rc)
+            if (rc && (rc = qp_failed(s, q, rc)) != 0)
                 return rc;
         }
         size_t busy = 0, busiest = 0;
         for (size_t q = 0; q < x->nqps; q++) {
-            if (!s->out[q])
+            if (!s->out[q] || s->dead[q])
                 continue;
             int n = pf_net_poll(x->qps[q], cqe, CQE_BATCH, 0);
-            if (n < 0)
-                return n;
-            int rc = handle(s, q, cqe, n);
-            if (rc)
-                return rc;
+            int rc = n < 0 ? n : handle(s, q, cqe, n);
+            if (rc) {
+                if ((rc = qp_failed(s, q, rc)) != 0)
+                    return rc;
+                progress = true;
+                continue;
+            }
             if (n > 0)
                 progress = true;
             if (s->out[q]) {
@@ -125,10 +198,8 @@ static int run(struct xstate *s)
         uint64_t left_ms = (x->deadline_ns - now + PF_NS_PER_MS - 1) / PF_NS_PER_MS;
         uint64_t wait = busy > 1 ? 1 : 100;
         int n = pf_net_poll(x->qps[busiest], cqe, CQE_BATCH, wait < left_ms ? wait : left_ms);
-        if (n < 0)
-            return n;
-        int rc = handle(s, busiest, cqe, n);
-        if (rc)
+        int rc = n < 0 ? n : handle(s, busiest, cqe, n);
+        if (rc && (rc = qp_failed(s, busiest, rc)) != 0)
             return rc;
     }
     return 0;
@@ -138,6 +209,7 @@ int p2p_xfer_run(struct p2p_xfer *x, const struct p2p_read *reads, size_t n)
 {
     x->posted = x->completed = 0;
     x->bytes = 0;
+    x->failed = 0;
     if (n == 0)
         return 0;
     if (x->nqps == 0 || x->depth == 0)
@@ -153,7 +225,8 @@ int p2p_xfer_run(struct p2p_xfer *x, const struct p2p_read *reads, size_t n)
     s.order = malloc(n * sizeof(*s.order));
     s.cursor = calloc((size_t)s.nnics, sizeof(*s.cursor));
     s.end = calloc((size_t)s.nnics, sizeof(*s.end));
-    if (!s.out || !s.owner || !s.done || !s.order || !s.cursor || !s.end)
+    s.dead = calloc(x->nqps, 1);
+    if (!s.out || !s.owner || !s.done || !s.order || !s.cursor || !s.end || !s.dead)
         goto out;
     /* group READ indices by NIC (counting sort); every NIC needs a QP */
     for (size_t i = 0; i < n; i++) {
@@ -193,5 +266,6 @@ out:
     free(s.order);
     free(s.cursor);
     free(s.end);
+    free(s.dead);
     return rc;
 }

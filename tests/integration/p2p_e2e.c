@@ -45,6 +45,15 @@
  *   tenants    two tenants (--tenants-file) with equal hashes in their own namespaces:
  *              each fetches its own bytes from A, byte-exact (p2p_tenants.h)
  *
+ *   rail_down  issue 23 (the rxe guest: test_rxe.sh sets PF_P2P_NIC_A=rxe0,rxe2,
+ *              PF_P2P_NIC_B=rxe1,rxe3 and PF_P2P_RAIL_DOWN/_UP/_NIC): B fetches from A over
+ *              both rails; B's rail 1 is taken down under the live connection
+ *              (PF_P2P_RAIL_DOWN, `ip link set veth3 down`); B's next fetch, whose READs
+ *              on that rail fail in flight (retries exhausted), is re-posted on rail 0 and
+ *              byte-exact, the rail counted dead by name
+ *              (pegaflow_rdma_rail_failures_total{nic}), no new handshake; a third fetch
+ *              skips the rail
+ *
  *   ssdrestart issue 25: A killed with its blocks on SSD and restarted on the same file:
  *              recovered, re-registered with the MetaServer, fetched by B byte-exact
  *              while only on A's SSD (A reads them into RAM to answer); a record corrupted
@@ -768,6 +777,63 @@ static void sc_ssdrestart(void)
     rmdir(dir);
 }
 
+static void sc_rail_down(void)
+{
+    const char *down = getenv("PF_P2P_RAIL_DOWN"), *up = getenv("PF_P2P_RAIL_UP");
+    const char *nic = getenv("PF_P2P_RAIL_NIC");
+    PFT_CHECK(down && *down && up && *up && nic && *nic,
+              "rail_down needs PF_P2P_RAIL_DOWN, PF_P2P_RAIL_UP and PF_P2P_RAIL_NIC "
+              "(tests/integration/test_rxe.sh)");
+    PFT_CHECK(strchr(NA.nic, ',') && strchr(NB.nic, ','), "rail_down needs two NICs per node");
+    start_ms(0, "120");
+    /* the transfer deadline (lock timeout - 60 s) outlasts rxe's retry exhaustion (~7.5 s) */
+    const char *f[] = {"--transfer-lock-timeout-secs", "120", NULL};
+    start_node(&NA, f);
+    setenv("PEGAFLOW_P2P_MAX_READ", "1", 1); /* one READ per segment: both rails carry some */
+    start_node(&NB, f);
+    unsetenv("PEGAFLOW_P2P_MAX_READ");
+    struct pf_client *ca = connect_to(&NA), *cb = connect_to(&NB);
+    struct world wa, wb;
+    const size_t N = 16;
+    pworld(&wa, "inst-A", 1, 1, 64, 65536, 11, true);
+    pworld(&wb, "inst-B", 1, 1, 64, 65536, 0, false);
+    world_register(ca, &wa);
+    world_register(cb, &wb);
+    char series[160];
+    snprintf(series, sizeof(series), "pegaflow_rdma_rail_failures_total{nic=\"%s\"}", nic);
+    for (int round = 0; round < 3; round++) {
+        uint64_t h0 = 1100 + 100 * (uint64_t)round;
+        uint32_t first = (uint32_t)(round * N);
+        char req[32];
+        snprintf(req, sizeof(req), "rail-%d", round + 1);
+        world_save_ok(ca, &wa, h0, first, N);
+        wait_meta(NA.p.addr, h0, N, (long)N, 20000);
+        if (round == 1) {
+            PFT_CHECK(system(down) == 0, "'%s' failed", down);
+            fprintf(stderr, "    B's rail %s taken down (%s) under the live connection\n", nic,
+                    down);
+        }
+        fetch_check(cb, &wb, req, h0, N, 0, &wa, first, first, (long)N, 90000);
+        fprintf(stderr, "    %s: %zu blocks byte-exact, %s = %g\n", req, N, series,
+                node_metric(&NB, series));
+        if (round == 0)
+            PFT_CHECK(node_metric(&NB, "pegaflow_rdma_qps") == 4, "B: 2 rails x 2 QPs expected");
+    }
+    PFT_CHECK(system(up) == 0, "'%s' failed", up);
+    PFT_CHECK(node_metric(&NB, series) == 1, "%s = %g, want 1", series, node_metric(&NB, series));
+    PFT_CHECK(node_metric(&NB, "pegaflow_rdma_fetch_total{status=\"ok\"}") == 3, "B: 3 fetches ok");
+    /* one handshake logs "RDMA handshake with" twice (start, done): no reconnect */
+    PFT_CHECK(log_count(&NB, "RDMA handshake with") == 2, "B handshook again");
+    char dead[96];
+    snprintf(dead, sizeof(dead), "rail %s of connection", nic);
+    PFT_CHECK(pft_log_contains(&NB.p, dead), "B's log does not name the dead rail");
+    pf_client_close(ca);
+    pf_client_close(cb);
+    stop_all();
+    world_free(&wa);
+    world_free(&wb);
+}
+
 static const struct pft_scenario scenarios[] = {
     {"basic", sc_basic},
     {"mutual", sc_mutual},
@@ -784,6 +850,7 @@ static const struct pft_scenario scenarios[] = {
     {"plan", sc_plan},
     {"tenants", sc_tenants},
     {"ssdrestart", sc_ssdrestart},
+    {"rail_down", sc_rail_down},
 };
 
 int main(int argc, char **argv)

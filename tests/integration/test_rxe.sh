@@ -15,7 +15,11 @@
 #                  TOS 0x6a (--rdma-traffic-class 106 = DSCP 26)
 #   memlock_nonroot pegaflow-server as nobody: refused by name under a 16 MiB
 #                  RLIMIT_MEMLOCK (64 MiB pool), healthy under 256 MiB
-# (rxe_cases.sh holds those three)
+#   rail_down      p2p_e2e rail_down: nodes with two rails each (A rxe0+rxe2, B rxe1+rxe3);
+#                  B's rail 1 (veth3) taken down under the live connection: the next fetch's
+#                  READs on it fail and are re-posted on rail 0, byte-exact, the rail counted
+#                  dead (pegaflow_rdma_rail_failures_total{nic="rxe3"}), no new handshake
+# (rxe_cases.sh holds gid_choice, dscp and memlock_nonroot)
 # Logs: $PF_RXE_LOGS (default <build>/test-logs/rxe/), shared read-write with the guest.
 # Exits 77 with a SKIP line where the guest cannot run (ci/rxe-vm.sh says why), in sanitizer
 # variants (the emulated guest is too slow for them within the test budget) and with PF_RXE=0.
@@ -78,6 +82,14 @@ step p2p 360 env PF_TEST_LOGDIR="$logs/p2p" PF_P2P_IP_MS=127.0.0.1 PF_P2P_IP_A=1
   PF_P2P_IP_B=10.77.0.2 PF_P2P_IP_C=127.0.0.4 \
   "$PF_TESTBIN/p2p_e2e" --net-backend verbs --nics rxe0,rxe1 ${PF_RXE_SCENARIOS:-basic kill metaserver corrupt evict}
 grep -aE '^scenario |passed in' "$logs/p2p.log" | sed 's/^/        /'
+# two rails per node (rxe0+rxe2 for A, rxe1+rxe3 for B); B's rail 1 (veth3) goes down under
+# a live connection: P2P continues on rail 0, byte-exact, the rail counted dead
+mkdir -p "$logs/rail_down"
+step rail_down 300 env PF_TEST_LOGDIR="$logs/rail_down" PF_P2P_IP_MS=127.0.0.1 PF_P2P_IP_A=10.77.0.1 \
+  PF_P2P_IP_B=10.77.0.2 PF_P2P_IP_C=127.0.0.4 PF_P2P_NIC_A=rxe0,rxe2 PF_P2P_NIC_B=rxe1,rxe3 \
+  PF_P2P_RAIL_DOWN="ip link set veth3 down" PF_P2P_RAIL_UP="ip link set veth3 up" PF_P2P_RAIL_NIC=rxe3 \
+  "$PF_TESTBIN/p2p_e2e" --net-backend verbs rail_down
+grep -aE '^scenario |passed in|rail-[0-9]|taken down' "$logs/rail_down.log" | sed 's/^/        /'
 rdma statistic show link rxe1/1 2>/dev/null | head -n 3
 [ $fails -eq 0 ] && echo "rxe: all passed" || echo "rxe: $fails step(s) failed"
 [ $fails -eq 0 ]

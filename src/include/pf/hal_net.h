@@ -7,7 +7,8 @@
  *
  * Model:
  *  - pf_hal_net_open opens the NICs named by --nics (index i = i-th name). Peers pair NICs
- *    by index, so both sides list the same number of NICs.
+ *    by index: rail k is NIC k on both sides, where both have it up (a peer with fewer NICs
+ *    uses the first ones; docs/net.md "Per-NIC health").
  *  - reg_mem registers [addr, addr+len) on one NIC; the returned rkey lets peers READ it.
  *    The backend checks rkey, bounds and access on every remote request (the TCP fabric is
  *    stricter than hardware: it never serves bytes outside a live region).
@@ -20,8 +21,9 @@
  *    it can write local memory any more (outstanding READs are flushed with -ECANCELED and
  *    can still be polled). This is what makes freeing staging memory after a timeout safe.
  *
- * Threading: ops on different QPs may run concurrently. One QP is posted to and polled by
- * one thread at a time; qp_invalidate may be called from any thread. */
+ * Threading: ops on different QPs may run concurrently, and so may reg_mem/dereg_mem on
+ * different NICs (P2P registers the pool on every NIC at once). One QP is posted to and
+ * polled by one thread at a time; qp_invalidate may be called from any thread. */
 #ifndef PF_HAL_NET_H
 #define PF_HAL_NET_H
 

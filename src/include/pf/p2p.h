@@ -4,8 +4,9 @@
  *
  * Serving side (every node started with --nics):
  *   - every pinned pool region is registered on every NIC at start-up (remote read);
- *   - RdmaHandshake: validates the requester's metadata (same backend, NIC count and QPs
- *     per NIC; one endpoint per QP; non-empty, non-overlapping regions), replaces any
+ *   - RdmaHandshake: validates the requester's metadata (same backend and QPs per NIC, a
+ *     rail in common: NIC k pairs with NIC k where both have it up; one endpoint per QP;
+ *     non-empty, non-overlapping regions), replaces any
  *     incoming connection from that requester (and outgoing ones to an older incarnation
  *     of it), creates and connects fresh QPs and answers with its own metadata;
  *   - QueryBlocksForTransfer: non-prefix lookup (the contiguous run from the first hash
@@ -190,6 +191,7 @@ struct pf_p2p_stats {
     uint64_t fetches, fetched_blocks, fetched_bytes;
     uint64_t fetch_failures, integrity_failures;
     uint64_t blacklisted;
+    uint64_t rail_failures; /* rails marked dead after a failed READ (docs/net.md) */
 };
 void pf_p2p_get_stats(struct pf_p2p *p, struct pf_p2p_stats *s);
 /* Whether req_id is blacklisted for remote fetch now. */

@@ -3,8 +3,8 @@
  * ibv_modify_qp(3) allows, the send queue bound, completions in post order, flushes on ERR,
  * the completion channel, ibv_query_gid_ex(3) entries (GID type, net device) with ENODATA
  * for empty ones, async events on a non-blocking async_fd (ibv_get_async_event(3)), and
- * ibv_reg_mr(3) access flags. Included once, by test_verbs.c, after cmocka.h and
- * verbs_internal.h. */
+ * ibv_reg_mr(3) access flags. Included once per test (test_verbs.c, test_verbs_rails.c), after
+ * cmocka.h and verbs_internal.h. */
 #ifndef PF_TEST_FAKE_HCA_H
 #define PF_TEST_FAKE_HCA_H
 
@@ -82,6 +82,10 @@ static struct {
     uint32_t next_key, next_qpn;
     int mrs_live, pds_live, ctx_live, cq_live, ch_live;
     int acked_events;
+    int notifies;            /* ibv_req_notify_cq calls */
+    int complete_after_poll; /* >0: the n-th poll_cq from now (any CQ) first completes the
+                              * oldest pending WR on that CQ (a READ finishing while the
+                              * poller spins) */
 } F = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 
 static struct ibv_device *fake_list[4];
@@ -221,6 +225,7 @@ static struct fake_cq *fcq(struct ibv_cq *cq)
 static int f_req_notify(struct ibv_cq *cq, int so)
 {
     pthread_mutex_lock(&F.mu);
+    F.notifies++;
     fcq(cq)->armed = true;
     pthread_cond_broadcast(&F.cv);
     pthread_mutex_unlock(&F.mu);
@@ -360,6 +365,17 @@ static int f_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 {
     struct fake_cq *c = fcq(cq);
     pthread_mutex_lock(&F.mu);
+    if (F.complete_after_poll > 0 && --F.complete_after_poll == 0)
+        for (int i = 0; i < F.nqps; i++) {
+            struct fake_qp *q = F.qps[i];
+            int w = 0;
+            while (q->cq == c && w < q->nposted && q->wr[w].done)
+                w++;
+            if (q->cq == c && w < q->nposted) {
+                fake_push(q, &q->wr[w], IBV_WC_SUCCESS);
+                break;
+            }
+        }
     for (int i = 0; i < F.nqps; i++) {
         struct fake_qp *q = F.qps[i];
         if (q->cq == c && q->flush_pending && --q->flush_polls == 0)
@@ -376,7 +392,7 @@ static int f_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 }
 
 /* Completes the oldest n pending WRs of q with st. */
-static void fake_complete(struct fake_qp *q, int n, enum ibv_wc_status st)
+static inline void fake_complete(struct fake_qp *q, int n, enum ibv_wc_status st)
 {
     pthread_mutex_lock(&F.mu);
     for (int i = 0; i < q->nposted && n > 0; i++)
@@ -526,6 +542,8 @@ static void fake_reset(void)
     F.cap_ipc_lock = false;
     F.nasync = F.async_out = F.async_acked = 0;
     F.reject_ro = false;
+    F.notifies = 0;
+    F.complete_after_poll = 0;
     d = &F.devs[1];
     snprintf(d->dev.name, sizeof(d->dev.name), "ib0");
     d->attr.phys_port_cnt = 1;

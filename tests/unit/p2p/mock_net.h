@@ -45,6 +45,7 @@ struct mqp {
     int ncq;
     pthread_cond_t cv;
     bool destroyed;
+    int nerr; /* READs failed on this QP (dead_nic) */
 };
 
 struct mnet {
@@ -60,6 +61,16 @@ struct mnet {
     int drop_every; /* every k-th READ is dropped */
     int connect_err;
     int eagain_nth; /* the k-th post returns -EAGAIN (once) */
+    /* NIC + 1 whose link is down (0 = none): a READ posted to one of its QPs never lands;
+     * the QP's first one completes with -ETIMEDOUT (verbs: RETRY_EXC_ERR, retries exhausted)
+     * and the rest are flushed (-ECANCELED), as an RC QP in error does */
+    int dead_nic;
+    int reg_fail_nic;     /* NIC + 1 whose reg_mem fails with -ENOMEM (0 = none) */
+    bool reg_rendezvous;  /* reg_mem waits (2 s at most, else -ETIMEDOUT) until every NIC
+                           * has a registration in progress: passes only when the caller
+                           * registers on all NICs at once */
+    unsigned reg_started; /* NICs whose registration began (bit per NIC) */
+    pthread_cond_t reg_cv;
     /* records */
     int posts, reads, invalidates, creates, destroys, connects, regs, deregs, polls;
     int live_qps;
@@ -96,6 +107,21 @@ static inline int mn_reg(struct pf_net *n, int nic, void *addr, uint64_t len, un
                          struct pf_net_mr **mr_p)
 {
     struct mnet *m = mn_of(n);
+    if (m->reg_fail_nic && nic == m->reg_fail_nic - 1)
+        return -ENOMEM;
+    if (m->reg_rendezvous) {
+        struct timespec ts = pf_deadline_ms(2000);
+        pthread_mutex_lock(&m->mu);
+        m->reg_started |= 1u << nic;
+        pthread_cond_broadcast(&m->reg_cv);
+        int w = 0;
+        while (m->reg_started != (1u << m->nnics) - 1 && w != ETIMEDOUT)
+            w = pthread_cond_timedwait(&m->reg_cv, &m->mu, &ts);
+        bool all = m->reg_started == (1u << m->nnics) - 1;
+        pthread_mutex_unlock(&m->mu);
+        if (!all)
+            return -ETIMEDOUT;
+    }
     struct pf_net_mr *mr = calloc(1, sizeof(*mr));
     if (!mr)
         return -ENOMEM;
@@ -204,6 +230,8 @@ static inline int mn_post(struct pf_net_qp *qp, const struct pf_net_sge *sge, si
                         false, false};
     if (m->complete_err_nth && r == m->complete_err_nth)
         w->err = m->complete_err;
+    if (m->dead_nic && qp->nic == m->dead_nic - 1)
+        w->err = q->nerr++ == 0 ? -ETIMEDOUT : -ECANCELED;
     if (m->corrupt_nth && r == m->corrupt_nth)
         w->corrupt = true;
     if ((m->drop_from_nth && r >= m->drop_from_nth) || (m->drop_every && r % m->drop_every == 0))
@@ -343,6 +371,7 @@ static inline void mn_init(struct mnet *m, int nnics)
     for (int i = 0; i < 4; i++)
         m->numa[i] = -1;
     pthread_mutex_init(&m->mu, NULL);
+    pf_cond_init(&m->reg_cv);
 }
 
 #endif

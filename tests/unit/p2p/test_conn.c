@@ -86,9 +86,27 @@ static void test_meta_validate(void **st)
     assert_int_equal(pf_p2p_meta_validate(&d.m, "tcp", 2, 2, err, sizeof(err)), 0);
     d.m.backend = "verbs";
     expect_bad(&d, "NET backend mismatch: peer uses 'verbs'");
+    /* a peer with fewer NICs, or with a rail down (no endpoints, no regions), is accepted:
+     * rails pair by index (docs/net.md "Per-NIC health"); none in common is refused */
     md_init(&d);
     d.m.n_nics = 1;
-    expect_bad(&d, "NIC count mismatch");
+    assert_int_equal(pf_p2p_meta_validate(&d.m, "tcp", 2, 2, err, sizeof(err)), 0);
+    md_init(&d);
+    d.nic[0].n_endpoints = 0;
+    d.nic[0].n_regions = 0;
+    assert_int_equal(pf_p2p_meta_validate(&d.m, "tcp", 2, 2, err, sizeof(err)), 0);
+    assert_int_equal(pf_p2p_meta_validate(&d.m, "tcp", 1, 2, err, sizeof(err)), -EINVAL);
+    if (!strstr(err, "no rail in common"))
+        fail_msg("message '%s'", err);
+    d.nic[1].n_endpoints = 0;
+    d.nic[1].n_regions = 0;
+    expect_bad(&d, "no rail in common");
+    md_init(&d);
+    d.nic[0].n_endpoints = 0; /* no endpoints but regions: malformed */
+    expect_bad(&d, "nics[0]: 0 endpoints, expected 2");
+    md_init(&d);
+    d.m.n_nics = 0;
+    expect_bad(&d, "0 NICs");
     md_init(&d);
     d.m.qps_per_nic = 3;
     expect_bad(&d, "QPs per NIC mismatch");

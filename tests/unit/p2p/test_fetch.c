@@ -66,6 +66,7 @@ struct peer {
     int nsess;
     int nnics, qpn;
     bool ep_family_mismatch;
+    int down_nic; /* NIC + 1 the peer has down: offered without endpoints or regions (0: none) */
 };
 
 static struct peer P;
@@ -145,9 +146,10 @@ static ProtobufCMessage *handshake_reply(void)
         reg[k].length = P.memlen;
         reg[k].rkey = 77 + (uint32_t)k;
         regp[k] = &reg[k];
-        nics[k].n_endpoints = (size_t)P.qpn;
+        bool down = P.down_nic == k + 1;
+        nics[k].n_endpoints = down ? 0 : (size_t)P.qpn;
         nics[k].endpoints = eps + k * P.qpn;
-        nics[k].n_regions = 1;
+        nics[k].n_regions = down ? 0 : 1;
         nics[k].regions = &regp[k];
         nics[k].numa_node = -1;
         nicp[k] = &nics[k];
@@ -306,7 +308,10 @@ struct fx {
 };
 
 static struct fx F;
-static uint64_t F_idle_ms; /* fx_up's conn_idle_ms (0: the default) */
+static uint64_t F_idle_ms;    /* fx_up's conn_idle_ms (0: the default) */
+static bool F_reg_rendezvous; /* fx_up: mock registration needs every NIC at once */
+static int F_reg_fail_nic;    /* fx_up: NIC + 1 whose registration fails; create must fail */
+static char F_create_err[256];
 
 static pthread_mutex_t inval_mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -349,6 +354,8 @@ static void fx_up(int nnics, uint64_t pool, uint64_t gap)
     assert_int_equal(pf_engine_create(&ec, &F.e, err, sizeof(err)), 0);
     mn_init(&F.m, nnics);
     F.m.on_invalidate = on_inval;
+    F.m.reg_rendezvous = F_reg_rendezvous;
+    F.m.reg_fail_nic = F_reg_fail_nic;
     struct pf_p2p_config pc = {
         .engine = F.e,
         .net = &F.m.base,
@@ -366,7 +373,13 @@ static void fx_up(int nnics, uint64_t pool, uint64_t gap)
         .plan_timeout_ms = 7,
         .conn_idle_ms = F_idle_ms,
     };
-    assert_int_equal(pf_p2p_create(&pc, &F.p, err, sizeof(err)), 0);
+    int crc = pf_p2p_create(&pc, &F.p, err, sizeof(err));
+    if (F_reg_fail_nic) {
+        assert_int_not_equal(crc, 0);
+        snprintf(F_create_err, sizeof(F_create_err), "%s", err);
+        return;
+    }
+    assert_int_equal(crc, 0);
     assert_int_equal(F.m.regs, nnics); /* one pool region per NIC */
     pf_p2p_enable_fetch(F.p, NULL, SELF);
     assert_int_equal(pf_ns_intern("ns-fetch", &F.ns), 0);
@@ -794,6 +807,116 @@ static void test_stale_retry_exhausted_replaced_once(void **st)
     fx_down();
 }
 
+/* A holder with fewer NICs than this node, or with a rail down, is accepted: rails pair by
+ * index where both sides have one up (docs/net.md "Per-NIC health"), the fetch runs on those
+ * and is byte-exact; only the paired rails get connected QPs (before: "NIC count mismatch",
+ * and a miss). */
+static void test_peer_fewer_nics_or_rail_down(void **st)
+{
+    fx_up(2, 16 << 20, GAP);
+    P.nnics = 1; /* the holder has one NIC */
+    struct pf_block *out[NBLK];
+    assert_int_equal(fetch("f1", NBLK, false, out), NBLK);
+    check_blocks(out, NBLK);
+    put_all(out, NBLK);
+    assert_int_equal(F.m.nics_used[1], 0);
+    assert_true(F.m.nics_used[0] > 0);
+    assert_int_equal(F.m.connects, 2); /* rail 0's two QPs; rail 1's were destroyed */
+    assert_int_equal(F.m.live_qps, 2);
+    fx_down();
+
+    fx_up(2, 16 << 20, GAP);
+    P.down_nic = 1; /* the holder's NIC 0 is down */
+    assert_int_equal(fetch("f2", NBLK, false, out), NBLK);
+    check_blocks(out, NBLK);
+    put_all(out, NBLK);
+    assert_int_equal(F.m.nics_used[0], 0);
+    assert_true(F.m.nics_used[1] > 0);
+    assert_int_equal(F.m.connects, 2);
+    fx_down();
+}
+
+/* NIC 1's link goes down under a fetch: the failed READs are re-posted on NIC 0 and every
+ * block arrives byte-exact (checksums verified), the rail is marked dead (counted, by name)
+ * without a new handshake, and the next fetch skips it. When the last rail fails too, the
+ * connection goes, the fetch reconnects once and the new handshake brings rail 1 back (here
+ * NIC 0 fails then, and its READs move to NIC 1). Before: the first error completion failed
+ * the fetch (a miss) and dropped the connection. */
+static void test_rail_dead_failover(void **st)
+{
+    fx_up(2, 16 << 20, GAP);
+    double c0 = m("pegaflow_rdma_rail_failures_total", "mock1");
+    double c1 = m("pegaflow_rdma_rail_failures_total", "mock0");
+    struct pf_block *out[NBLK];
+    assert_int_equal(fetch("d1", NBLK, false, out), NBLK);
+    put_all(out, NBLK);
+    pthread_mutex_lock(&F.m.mu);
+    F.m.dead_nic = 2;
+    pthread_mutex_unlock(&F.m.mu);
+    assert_int_equal(fetch("d2", NBLK, false, out), NBLK);
+    check_blocks(out, NBLK);
+    put_all(out, NBLK);
+    struct pf_p2p_stats s;
+    pf_p2p_get_stats(F.p, &s);
+    assert_int_equal(s.rail_failures, 1);
+    assert_true(m("pegaflow_rdma_rail_failures_total", "mock1") == c0 + 1);
+    assert_int_equal(P.hs_calls, 1);
+    assert_false(pf_p2p_blacklisted(F.p, "d2"));
+    pthread_mutex_lock(&F.m.mu);
+    int used1 = F.m.nics_used[1];
+    pthread_mutex_unlock(&F.m.mu);
+    assert_int_equal(fetch("d3", NBLK, false, out), NBLK);
+    check_blocks(out, NBLK);
+    put_all(out, NBLK);
+    assert_int_equal(F.m.nics_used[1], used1); /* the dead rail is skipped */
+    assert_int_equal(P.hs_calls, 1);
+    /* the last rail fails: reconnect once; the new connection has both rails again */
+    pthread_mutex_lock(&F.m.mu);
+    F.m.dead_nic = 1;
+    pthread_mutex_unlock(&F.m.mu);
+    assert_int_equal(fetch("d4", NBLK, false, out), NBLK);
+    check_blocks(out, NBLK);
+    put_all(out, NBLK);
+    assert_int_equal(P.hs_calls, 2);
+    assert_true(F.m.nics_used[1] > used1);
+    pf_p2p_get_stats(F.p, &s);
+    assert_int_equal(s.rail_failures, 2);
+    assert_true(m("pegaflow_rdma_rail_failures_total", "mock0") == c1 + 1);
+    fx_down();
+}
+
+/* The pool is registered on every NIC at once, one thread per NIC (the mock's registration
+ * waits for a registration on every NIC to be in progress: a serial loop fails the create
+ * with -ETIMEDOUT), and the node fetches as usual. */
+static void test_registration_parallel_per_nic(void **st)
+{
+    F_reg_rendezvous = true;
+    fx_up(2, 16 << 20, GAP);
+    F_reg_rendezvous = false;
+    struct pf_block *out[NBLK];
+    assert_int_equal(fetch("reg1", NBLK, false, out), NBLK);
+    check_blocks(out, NBLK);
+    put_all(out, NBLK);
+    fx_down();
+}
+
+/* A registration failing on one NIC fails the create naming that NIC; what the other NIC
+ * registered meanwhile is deregistered. */
+static void test_registration_failure_named(void **st)
+{
+    F_reg_fail_nic = 2;
+    fx_up(2, 16 << 20, GAP);
+    F_reg_fail_nic = 0;
+    if (!strstr(F_create_err, "on NIC mock1: Cannot allocate memory"))
+        fail_msg("the error does not name the NIC: %s", F_create_err);
+    assert_int_equal(F.m.regs, 1); /* NIC 0's region, registered meanwhile */
+    assert_int_equal(F.m.deregs, F.m.regs);
+    pf_engine_destroy(F.e);
+    pf_gpu_close(F.g);
+    free(P.mem);
+    P.mem = NULL;
+}
+
 /* A holder whose endpoints the backend refuses (verbs: another GID family) fails the
  * handshake by name, before any QP connects; the fetch is a miss. */
 static void test_endpoint_refused_by_name(void **st)
@@ -948,6 +1071,10 @@ int main(void)
         cmocka_unit_test(test_stale_retry_exhausted_replaced_once),
         cmocka_unit_test(test_small_fetches_spread_over_nics),
         cmocka_unit_test(test_endpoint_refused_by_name),
+        cmocka_unit_test(test_peer_fewer_nics_or_rail_down),
+        cmocka_unit_test(test_rail_dead_failover),
+        cmocka_unit_test(test_registration_parallel_per_nic),
+        cmocka_unit_test(test_registration_failure_named),
         cmocka_unit_test(test_leases_share_qps),
         cmocka_unit_test(test_idle_connection_evicted),
         cmocka_unit_test(test_wait_for_full_prefix),

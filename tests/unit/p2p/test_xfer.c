@@ -109,6 +109,87 @@ static void test_spread_and_bound(void **st)
     fx_free(&f);
 }
 
+static int g_seen[NR];
+static void count_seen(void *ctx, size_t i)
+{
+    (void)ctx;
+    g_seen[i]++;
+}
+
+/* xfer reroute (fetch.c reroute_read): the READ moves to NIC nic with that NIC's keys */
+static int reroute_to(void *ctx, size_t i, int nic)
+{
+    struct fx *f = ctx;
+    f->reads[i].nic = nic;
+    f->reads[i].lkey = 10 + (uint32_t)nic;
+    f->reads[i].rkey = 20 + (uint32_t)nic;
+    return 0;
+}
+
+/* NIC 1's link goes down under a transfer over 2 NICs x 2 QPs: its QPs' READs fail (one
+ * -ETIMEDOUT each, the rest flushed), only those two QPs are invalidated, every READ of
+ * NIC 1 is re-posted on NIC 0 with NIC 0's keys, and every byte lands (before: the first
+ * error completion failed the whole transfer and invalidated all four QPs). */
+static void test_rail_failover(void **st)
+{
+    struct fx f;
+    fx_init(&f, 2, 2, true);
+    f.m.dead_nic = 2;
+    struct p2p_xfer y = mkx(&f, 10000, 8);
+    memset(g_seen, 0, sizeof(g_seen));
+    y.on_read = count_seen;
+    y.reroute = reroute_to;
+    y.ctx = &f;
+    assert_int_equal(p2p_xfer_run(&y, f.reads, NR), 0);
+    assert_int_equal(y.completed, NR);
+    assert_int_equal(f.m.invalidates, 2); /* NIC 1's two QPs, not NIC 0's */
+    uint64_t want = 0;
+    for (size_t q = 0; q < f.nqps; q++)
+        if (f.qps[q]->nic == 1)
+            want |= 1ull << q;
+    assert_true(y.failed == want);
+    for (int i = 0; i < NR; i++) {
+        assert_memory_equal(f.dst + f.off[i], f.src + f.off[i], f.reads[i].len);
+        assert_int_equal(f.reads[i].nic, 0);
+        if (i % 2) /* NIC 1's READs, with NIC 0's keys now */
+            assert_int_equal(f.reads[i].lkey, 10);
+        assert_int_equal(g_seen[i], 1); /* each reported once, rerouted or not */
+    }
+    fx_free(&f);
+}
+
+/* Without a surviving rail the transfer fails as before (every QP invalidated), and a
+ * remote access error is not rerouted: it would fail the same on every rail. */
+static void test_rail_failover_limits(void **st)
+{
+    struct fx f;
+    fx_init(&f, 2, 1, true);
+    f.m.dead_nic = 2;
+    struct p2p_xfer x = mkx(&f, 10000, 8);
+    x.reroute = reroute_to;
+    x.ctx = &f;
+    f.m.complete_err_nth = 200; /* then NIC 0 fails too */
+    f.m.complete_err = -EIO;
+    f.m.drop_from_nth = 201;
+    assert_int_equal(p2p_xfer_run(&x, f.reads, NR), -EIO);
+    /* each QP as it failed (NIC 1's, then NIC 0's), then every QP before returning */
+    assert_int_equal(f.m.invalidates, 2 + (int)f.nqps);
+    assert_true(x.completed < NR);
+    fx_free(&f);
+
+    fx_init(&f, 2, 2, true);
+    x = mkx(&f, 10000, 8);
+    x.reroute = reroute_to;
+    x.ctx = &f;
+    f.m.complete_err_nth = 40;
+    f.m.complete_err = -EREMOTEIO;
+    f.m.drop_from_nth = 41;
+    assert_int_equal(p2p_xfer_run(&x, f.reads, NR), -EREMOTEIO);
+    assert_int_equal(f.m.invalidates, (int)f.nqps);
+    assert_true(x.failed == 0);
+    fx_free(&f);
+}
+
 static void test_eagain_retried(void **st)
 {
     struct fx f;
@@ -246,6 +327,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_spread_and_bound),
         cmocka_unit_test(test_eagain_retried),
+        cmocka_unit_test(test_rail_failover),
+        cmocka_unit_test(test_rail_failover_limits),
         cmocka_unit_test(test_error_completion_invalidates),
         cmocka_unit_test(test_timeout_invalidates),
         cmocka_unit_test(test_transport_timeout_is_not_deadline),
