@@ -35,7 +35,9 @@
  *      the connection leaves the table, and only then is the staging memory released; the
  *      timeout is logged as an error ("connection invalidated, transfer lock force-released").
  *   7. every slot is verified against the holder's checksum, each block as soon as its last
- *      READ landed (overlapping the rest of the transfer); the first mismatch ends the
+ *      READ landed, by the verification workers NUMA-local to its staging memory (verify.c;
+ *      the posting thread keeps posting and polling meanwhile), and the transfer returns
+ *      only after every verdict is in; the first mismatch ends the
  *      fetched run (a miss, never wrong bytes; pegaflow_integrity_failures_total{tier="remote"});
  *      the verified blocks are built as sealed blocks referencing the staging chunks.
  * A fetch that got less than the holder advertised blacklists the req_id for remote fetch
@@ -96,6 +98,9 @@ struct fetch {
     uint32_t *pending; /* per block: segments not landed yet (this attempt) */
     int8_t *verdict;   /* per block: 1 verified, -1 checksum mismatch, 0 not checked yet */
     uint16_t *bad_slot;
+    struct p2p_vjob *vjobs; /* per block: its verification job (verify.c) */
+    struct p2p_vgroup vg;
+    bool vg_init;
     char err[2 * P2P_ERRLEN];
 };
 
@@ -348,7 +353,9 @@ static int plan_staging(struct fetch *f)
     f->pending = calloc(f->k, sizeof(*f->pending));
     f->verdict = calloc(f->k, sizeof(*f->verdict));
     f->bad_slot = calloc(f->k, sizeof(*f->bad_slot));
-    if (!f->where || !f->sbase || !f->spos || !f->pending || !f->verdict || !f->bad_slot)
+    f->vjobs = calloc(f->k, sizeof(*f->vjobs));
+    if (!f->where || !f->sbase || !f->spos || !f->pending || !f->verdict || !f->bad_slot ||
+        !f->vjobs)
         return -ENOMEM;
     size_t si = 0, pos = 0;
     for (size_t j = 0; j < f->k; j++) {
@@ -386,16 +393,30 @@ static int8_t verify_block(struct fetch *f, size_t j)
     return 1;
 }
 
-/* READ i landed: verify the blocks it completed while the other READs are in flight (on
- * RDMA hardware the transfer costs no CPU, so verification then hides behind it). */
+/* A block's verification job (worker or inline): its verdict and, on a mismatch, the slot. */
+static void verify_job(void *ctx, size_t j)
+{
+    struct fetch *f = ctx;
+    if (f->p->cfg.verify_hook)
+        f->p->cfg.verify_hook(f->p->cfg.verify_hook_ctx, j);
+    f->verdict[j] = verify_block(f, j);
+}
+
+/* READ i landed: the blocks it completed go to the verification workers (NUMA-local to
+ * the staging memory) while this thread keeps posting and polling the other READs; without
+ * workers they are verified here, between polls. Nothing reads a verdict before
+ * p2p_verify_wait (transfer). */
 static void on_read(void *ctx, size_t i)
 {
     struct fetch *f = ctx;
     const struct p2p_read *rd = &f->reads[i];
     for (uint32_t s = rd->seg0; s < rd->seg0 + rd->nseg; s++) {
         uint32_t b = f->segs[s].block;
-        if (--f->pending[b] == 0 && f->p->cfg.integrity)
-            f->verdict[b] = verify_block(f, b);
+        if (--f->pending[b] != 0 || !f->p->cfg.integrity)
+            continue;
+        struct p2p_vjob *j = &f->vjobs[b];
+        *j = (struct p2p_vjob){.g = &f->vg, .fn = verify_job, .ctx = f, .arg = b};
+        p2p_verify_submit(f->p, f->chunks[f->segs[s].chunk].numa, j);
     }
 }
 
@@ -535,6 +556,11 @@ static size_t build_blocks(struct fetch *f, struct pf_block **out, size_t *bad_p
 
 static void fetch_cleanup(struct fetch *f)
 {
+    /* no verification job may read the staging chunks released below */
+    if (f->vg_init) {
+        p2p_verify_wait(f->p, &f->vg);
+        p2p_vgroup_destroy(&f->vg);
+    }
     /* the lease first: after an error its QPs were invalidated already (p2p_xfer_run), so
      * nothing can land in the chunks released below */
     p2p_lease_return(f->p, &f->lease);
@@ -553,6 +579,7 @@ static void fetch_cleanup(struct fetch *f)
     free(f->pending);
     free(f->verdict);
     free(f->bad_slot);
+    free(f->vjobs);
 }
 
 /* 5./6. The transfer, replacing a stale reused connection once. */
@@ -595,6 +622,7 @@ static int transfer(struct fetch *f)
                 .ctx = f,
             };
             rc = p2p_xfer_run(&x, f->reads, f->nreads);
+            p2p_verify_wait(p, &f->vg); /* verdicts final; nothing reads staging after */
             if (rc == 0)
                 return 0;
             /* the QPs are invalidated: drop the connection before anything else */
@@ -641,8 +669,14 @@ static size_t fetch_run(struct fetch *f, struct pf_block **out, int *rc_p, const
     size_t got = 0, bad = 0;
     struct pf_metric_child *status = p->c_error;
     char e2[P2P_ERRLEN];
-    int rc = p2p_conn_acquire(p, f->peer, pf_now_ns() + p->cfg.qp_wait_ms * PF_NS_PER_MS, &f->lease,
-                              e2, sizeof(e2));
+    int rc = p2p_vgroup_init(&f->vg);
+    if (rc) {
+        snprintf(f->err, sizeof(f->err), "cannot set up verification: %s", strerror(-rc));
+        goto out;
+    }
+    f->vg_init = true;
+    rc = p2p_conn_acquire(p, f->peer, pf_now_ns() + p->cfg.qp_wait_ms * PF_NS_PER_MS, &f->lease, e2,
+                          sizeof(e2));
     if (rc) {
         snprintf(f->err, sizeof(f->err), "cannot connect: %s", e2);
         goto out;
