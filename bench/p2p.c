@@ -991,7 +991,7 @@ int main(int argc, char **argv)
                "same veth pair, same huge-page advice, the fastest of block-size, 256 KiB and "
                "single calls; p2p = B's QueryPrefetch Loading -> Ready (discovery, lock, READs, "
                "every slot's checksum verified with --integrity on, sealed); every fetched block "
-               "counted, and after the last round loaded on B and compared byte for byte with A's; "
+               "counted, and after every round loaded on the requester and compared byte for byte with A's; "
                "medians\n",
                o.reps, o.qps);
     double health[50];
