@@ -109,69 +109,11 @@ static const char *ns_of(const struct pf_block_key *k)
     return pf_ns_name(k->ns);
 }
 
-/* 1. Discovery. 0 with f->peer / f->want set, or -ENOENT (no node), -ECANCELED (stopping). */
+/* 1. Discovery (discover.c). 0 with f->peer / f->want set, or -ENOENT, -ECANCELED. */
 static int discover(struct fetch *f, size_t n, bool all_or_nothing)
 {
-    struct pf_p2p *p = f->p;
-    struct pf_meta_hash *h = malloc(n * sizeof(*h));
-    if (!h)
-        return -ENOMEM;
-    for (size_t i = 0; i < n; i++)
-        h[i] = (struct pf_meta_hash){f->keys[i].len, f->keys[i].hash};
-    const char *ns = ns_of(&f->keys[0]);
-    uint64_t until = pf_now_ns() + p->cfg.full_prefix_wait_ms * PF_NS_PER_MS;
-    int rc = -ENOENT;
-    bool waited = false;
-    for (;;) {
-        struct pf_meta_prefix *res = NULL;
-        size_t nres = 0;
-        if (!p2p_meta_enter(p)) {
-            rc = -ECANCELED;
-            break;
-        }
-        int qrc = p->tr->query_prefix(p->tr->ctx, ns, h, n, PF_P2P_META_TIMEOUT_MS, &res, &nres);
-        p2p_meta_exit(p);
-        if (qrc) {
-            /* a MetaServer error means "no remote", even with wait_for_full_prefix: polling a
-             * dead or hung MetaServer would hold the request for the whole wait */
-            pf_debug("req %s: MetaServer query failed: %s", f->req_id, strerror(-qrc));
-            pf_log_ratelimited(PF_LOG_WARN, 10000,
-                               "MetaServer query failed (%s): no remote discovery, the request "
-                               "proceeds without remote blocks",
-                               strerror(-qrc));
-            break;
-        } else {
-            ptrdiff_t b = pf_meta_prefix_best(res, nres, p->self_addr);
-            if (b >= 0 && strlen(res[b].node) < sizeof(f->peer) &&
-                (!all_or_nothing || res[b].prefix_len >= n)) {
-                snprintf(f->peer, sizeof(f->peer), "%s", res[b].node);
-                f->want = res[b].prefix_len < n ? (size_t)res[b].prefix_len : n;
-                rc = 0;
-            }
-        }
-        free(res);
-        if (rc == 0 || !all_or_nothing)
-            break;
-        if (atomic_load(&p->stopping)) {
-            rc = -ECANCELED;
-            break;
-        }
-        if (pf_now_ns() >= until) {
-            pf_debug("req %s: no peer advertised all %zu block(s) within %llu ms "
-                     "(wait_for_full_prefix)",
-                     f->req_id, n, (unsigned long long)p->cfg.full_prefix_wait_ms);
-            break;
-        }
-        waited = true;
-        pf_sleep_ms(p->cfg.full_prefix_poll_ms);
-    }
-    if (rc == 0 && waited)
-        pf_debug("req %s: %s advertises the full suffix (wait_for_full_prefix)", f->req_id,
-                 f->peer);
-    free(h);
-    if (f->want > PF_P2P_MAX_HASHES)
-        f->want = PF_P2P_MAX_HASHES;
-    return rc;
+    return p2p_discover_holder(f->p, f->req_id, f->keys, n, all_or_nothing, f->peer,
+                               sizeof(f->peer), &f->want);
 }
 
 /* A slot descriptor this node can READ: sizes within one READ (so its stride cannot wrap),

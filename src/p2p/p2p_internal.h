@@ -249,6 +249,12 @@ size_t p2p_tier_fetch_from(void *ctx, const char *req_id, const struct pf_tier_s
 size_t p2p_tier_fetch(void *ctx, const char *req_id, const struct pf_block_key *keys, size_t n,
                       bool all_or_nothing, struct pf_block **out);
 /* discover.c: blacklist, holder health, discovery */
+/* A fetch's discovery (fetch.c step 1): QueryPrefixBlocks for keys[0..n), this node
+ * excluded, the best holder into peer and its usable prefix (<= n, <= PF_P2P_MAX_HASHES)
+ * into *want_p; with all_or_nothing only a holder of all n, polled for up to
+ * full_prefix_wait_ms. 0, -ENOENT (none; MetaServer errors too), -ECANCELED (stopping). */
+int p2p_discover_holder(struct pf_p2p *p, const char *req_id, const struct pf_block_key *keys,
+                        size_t n, bool all_or_nothing, char *peer, size_t peerlen, size_t *want_p);
 void p2p_blacklist_add(struct pf_p2p *p, const char *req_id);
 /* Whether holder addr is inside its down window at now (clock ns); *load_p its fetches in
  * flight from this node. */
