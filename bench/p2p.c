@@ -18,6 +18,14 @@
  * the servers' pools, the fastest of block-size, 256 KiB and single calls. The table reports
  * medians and their ratio.
  *
+ * Verification on vs off (--verify-row on, the default with --integrity on): a second
+ * requester next to B runs with --integrity off; every round fetches the same blocks on
+ * both, ABBA-interleaved, each after the other's copies were withdrawn from the MetaServer
+ * (both read from A). --concurrent N: each fetch is N QueryPrefetch runs started together
+ * on one requester, 1/N of the blocks each (N fetches from one peer at once); the JSON's
+ * top-level "concurrent" says which. Every round's fetched blocks are loaded back and
+ * compared byte for byte with A's (outside the timed part).
+ *
  * Pure miss (p2p_miss.h): QueryPrefetch of 4096 hashes nobody holds on B vs a node without
  * P2P, both Ready(0) at once (target p50 <= 1.3x).
  *
@@ -32,7 +40,8 @@
  *
  * Usage: p2p [--size 1g] [--blocks 256k,1m,4m] [--reps 3] [--lat-reps 10] [--qps 2]
  *            [--integrity on|off] [--loopback] [--backend tcp|verbs] [--nics A,B]
- *            [--addrs A,B] [--json p2p.json] [--tls]  (PF_BIN: the binaries, default
+ *            [--addrs A,B] [--json p2p.json] [--tls] [--concurrent 1]
+ *            [--verify-row on|off]  (PF_BIN: the binaries, default
  * build/rel/bin)
  *
  * --tls: a fresh test PKI (tests/integration/certs.sh, openssl; PF_TOP: the source tree)
@@ -85,7 +94,10 @@ struct opts {
     char nics[2][64], addrs[2][40];
     const char *integrity;
     const char *json;
-    bool tls; /* --tls: every process with --tls-cert/--tls-key/--tls-ca (fabric TLS) */
+    bool tls;        /* --tls: every process with --tls-cert/--tls-key/--tls-ca (fabric TLS) */
+    int concurrent;  /* --concurrent N: N fetches from A at once, each 1/N of the blocks */
+    bool verify_row; /* --verify-row on|off: the same fetches on a requester with
+                      * --integrity off, interleaved (verification on vs off) */
 };
 
 static struct pft_netpair np;
@@ -102,15 +114,16 @@ struct proc {
 };
 
 static struct proc MS = {.tag = "metaserver"}, NA = {.tag = "node-a"}, NB = {.tag = "node-b"},
-                   NP = {.tag = "node-plain"}; /* without P2P: the pure-miss baseline */
+                   NP = {.tag = "node-plain"}, /* without P2P: the pure-miss baseline */
+    NV = {.tag = "node-b-noverify"};           /* B with --integrity off: verification off */
 static pid_t raw_pid;
 static char logdir[64];
 
 /* async-signal-safe: kill(2) and waitpid(2) only */
 static void kill_procs(void)
 {
-    struct proc *all[] = {&NP, &NB, &NA, &MS};
-    for (int i = 0; i < 4; i++)
+    struct proc *all[] = {&NV, &NP, &NB, &NA, &MS};
+    for (int i = 0; i < 5; i++)
         if (all[i]->pid > 0) {
             kill(all[i]->pid, SIGKILL);
             waitpid(all[i]->pid, NULL, 0);
@@ -378,8 +391,9 @@ static void save(const char *inst, uint64_t space, uint64_t h0, uint32_t first, 
     }
 }
 
-/* Prefix the MetaServer lists for A over [h0, h0+n). */
-static long meta_prefix(uint64_t space, uint64_t h0, size_t n)
+/* Prefix the MetaServer lists for A over [h0, h0+n); *others_p (optional) the longest
+ * prefix it lists for any other node. */
+static long meta_prefix2(uint64_t space, uint64_t h0, size_t n, long *others_p)
 {
     static struct pf_rpc_channel *ch;
     if (!ch && pf_rpc_channel_open(MS.addr, &ch))
@@ -404,11 +418,18 @@ static long meta_prefix(uint64_t space, uint64_t h0, size_t n)
         for (size_t i = 0; i < r->n_nodes; i++)
             if (strcmp(r->nodes[i]->node, NA.addr) == 0)
                 v = (long)r->nodes[i]->prefix_len;
+            else if (others_p && (long)r->nodes[i]->prefix_len > *others_p)
+                *others_p = (long)r->nodes[i]->prefix_len;
         protobuf_c_message_free_unpacked(resp, NULL);
     }
     free(hs);
     free(b);
     return v;
+}
+
+static long meta_prefix(uint64_t space, uint64_t h0, size_t n)
+{
+    return meta_prefix2(space, h0, n, NULL);
 }
 
 static void wait_advertised(uint64_t space, uint64_t h0, size_t n)
@@ -421,9 +442,24 @@ static void wait_advertised(uint64_t space, uint64_t h0, size_t n)
     }
 }
 
+/* Waits until the MetaServer lists A with all n blocks and no other node with any (the
+ * requesters' copies from an earlier round withdrawn), so every fetch reads from A. */
+static void wait_only_a(uint64_t space, uint64_t h0, size_t n)
+{
+    uint64_t dl = pft_now_ms() + 60000;
+    for (;;) {
+        long others = 0;
+        if (meta_prefix2(space, h0, n, &others) == (long)n && others == 0)
+            return;
+        if (pft_now_ms() > dl)
+            die("the requesters' copies stayed advertised after their cache cleanup");
+        usleep(2000);
+    }
+}
+
 /* QueryPrefetch on B back to back until Ready; returns seconds from the first call. */
-static double fetch_on_b(const char *inst, const char *req, uint64_t space, uint64_t h0, size_t n,
-                         uint32_t *hits_p)
+static double fetch_once(struct pf_client *c, const char *inst, const char *req, uint64_t space,
+                         uint64_t h0, size_t n, uint32_t *hits_p)
 {
     uint8_t *hs = malloc(n * HLEN);
     for (size_t i = 0; i < n; i++)
@@ -431,7 +467,7 @@ static double fetch_on_b(const char *inst, const char *req, uint64_t space, uint
     struct pf_query_result r;
     uint64_t t0 = pf_now_ns(), dl = pft_now_ms() + 120000;
     for (;;) {
-        if (pf_client_query(cb, inst, req, hs, NULL, HLEN, n, 0, 0, &r, NULL, 0, TMO))
+        if (pf_client_query(c, inst, req, hs, NULL, HLEN, n, 0, 0, &r, NULL, 0, TMO))
             die("query: %s", pf_last_error_message());
         if (!r.loading)
             break;
@@ -440,16 +476,85 @@ static double fetch_on_b(const char *inst, const char *req, uint64_t space, uint
     }
     double s = (double)(pf_now_ns() - t0) / 1e9;
     if (r.lease_len)
-        pf_client_release(cb, r.lease, r.lease_len, TMO);
+        pf_client_release(c, r.lease, r.lease_len, TMO);
     free(hs);
     *hits_p = r.num_hit_blocks;
     return s;
 }
 
+/* fetch_once, repeated (up to 5 times, a fresh request id each) while it answers Ready with
+ * no block at all: on a loaded machine (or the emulated rxe guest) the query-time plan's
+ * MetaServer deadline (--p2p-plan-timeout-ms) can pass, and the request is then planned from
+ * local tiers only (docs/p2p.md "The plan"); that round measures nothing. */
+static double fetch_on(struct pf_client *c, const char *inst, const char *req, uint64_t space,
+                       uint64_t h0, size_t n, uint32_t *hits_p)
+{
+    double s = fetch_once(c, inst, req, space, h0, n, hits_p);
+    for (int a = 1; a < 5 && *hits_p == 0 && n > 0; a++) {
+        char r2[96];
+        snprintf(r2, sizeof(r2), "%s-again%d", req, a);
+        fprintf(stderr,
+                "p2p bench: %s: Ready without blocks (the plan's MetaServer deadline "
+                "passed?): again as %s\n",
+                req, r2);
+        s = fetch_once(c, inst, r2, space, h0, n, hits_p);
+    }
+    return s;
+}
+
+static double fetch_on_b(const char *inst, const char *req, uint64_t space, uint64_t h0, size_t n,
+                         uint32_t *hits_p)
+{
+    return fetch_on(cb, inst, req, space, h0, n, hits_p);
+}
+
+/* --concurrent: one requester thread per slice of the blocks, all started together */
+struct conc {
+    struct pf_client *c;
+    const char *inst;
+    char req[80];
+    uint64_t space, h0;
+    size_t n;
+    uint32_t hits;
+    pthread_t t;
+};
+
+static void *conc_main(void *arg)
+{
+    struct conc *k = arg;
+    fetch_on(k->c, k->inst, k->req, k->space, k->h0, k->n, &k->hits);
+    return NULL;
+}
+
+/* n blocks fetched as nc concurrent QueryPrefetch runs from one peer (slices of n/nc);
+ * returns the wall time in seconds, *hits_p the blocks every run got together. */
+static double fetch_conc(struct pf_client *c, const char *inst, const char *req, uint64_t space,
+                         size_t n, int nc, uint32_t *hits_p)
+{
+    if (nc <= 1)
+        return fetch_on(c, inst, req, space, 0, n, hits_p);
+    struct conc k[16];
+    uint64_t t0 = pf_now_ns();
+    for (int i = 0; i < nc; i++) {
+        size_t a = n * (size_t)i / (size_t)nc, b = n * (size_t)(i + 1) / (size_t)nc;
+        k[i] = (struct conc){.c = c, .inst = inst, .space = space, .h0 = a, .n = b - a};
+        snprintf(k[i].req, sizeof(k[i].req), "%s-c%d", req, i);
+        if (pthread_create(&k[i].t, NULL, conc_main, &k[i]))
+            die("pthread_create");
+    }
+    *hits_p = 0;
+    for (int i = 0; i < nc; i++) {
+        pthread_join(k[i].t, NULL);
+        *hits_p += k[i].hits;
+    }
+    return (double)(pf_now_ns() - t0) / 1e9;
+}
+
 /* The fetched blocks themselves, not only the integrity metric: loads B's copies of blocks
  * [h0, h0+n) of A (block i of kv_a) into kv_b, one kv_b-full at a time, and compares every
  * byte with A's memory. Outside the timed rounds. */
-static void verify_on_b(const char *inst, uint64_t space, uint64_t h0, uint64_t n, uint64_t bs)
+static void verify_on(struct pf_client *c, struct pf_simkv *kv, const char *inst, uint64_t space,
+                      uint64_t h0, uint64_t n, uint64_t bs)
 {
     uint64_t per = (16ull << 20) / bs;
     uint8_t *hs = malloc(per * HLEN);
@@ -461,9 +566,9 @@ static void verify_on_b(const char *inst, uint64_t space, uint64_t h0, uint64_t 
             hash_of(space, h0 + off + i, hs + i * HLEN);
             targets[i] = (int64_t)i;
         }
-        memset(pf_simkv_ptr(kv_b), 0, m * bs);
+        memset(pf_simkv_ptr(kv), 0, m * bs);
         struct pf_query_result r;
-        if (pf_client_query(cb, inst, "verify", hs, NULL, HLEN, m, 0, 0, &r, NULL, 0, TMO))
+        if (pf_client_query(c, inst, "verify", hs, NULL, HLEN, m, 0, 0, &r, NULL, 0, TMO))
             die("verify query: %s", pf_last_error_message());
         if (r.loading || r.num_hit_blocks != m || !r.lease_len)
             die("verify: %u of %llu fetched blocks resident on B", r.num_hit_blocks,
@@ -474,14 +579,14 @@ static void verify_on_b(const char *inst, uint64_t space, uint64_t h0, uint64_t 
         struct pf_loadstate *ls;
         if (pf_loadstate_create(&ls))
             die("load state");
-        if (pf_client_load(cb, inst, 0, 0, pf_loadstate_name(ls), names, &gsz, 1, &it, 1, TMO) ||
+        if (pf_client_load(c, inst, 0, 0, pf_loadstate_name(ls), names, &gsz, 1, &it, 1, TMO) ||
             pf_loadstate_wait(ls, TMO) != 1)
             die("verify load: %s", pf_last_error_message());
         pf_loadstate_destroy(ls);
-        pf_client_release(cb, r.lease, r.lease_len, TMO);
+        pf_client_release(c, r.lease, r.lease_len, TMO);
         const uint8_t *want = (const uint8_t *)pf_simkv_ptr(kv_a) + off * bs;
         for (uint64_t i = 0; i < m; i++)
-            if (memcmp((const uint8_t *)pf_simkv_ptr(kv_b) + i * bs, want + i * bs, bs) != 0)
+            if (memcmp((const uint8_t *)pf_simkv_ptr(kv) + i * bs, want + i * bs, bs) != 0)
                 die("block %llu of %llu KiB fetched by B differs from A's bytes",
                     (unsigned long long)(off + i), (unsigned long long)(bs >> 10));
     }
@@ -489,15 +594,37 @@ static void verify_on_b(const char *inst, uint64_t space, uint64_t h0, uint64_t 
     free(targets);
 }
 
-static void cleanup_b(void)
+static void cleanup_node(struct proc *p)
 {
     char *body = NULL;
-    if (pft_http(np.ip[1], NB.http_port, "POST", "/cache/memory/cleanup", &body) != 200)
-        die("B cleanup failed");
+    if (pft_http(np.ip[1], p->http_port, "POST", "/cache/memory/cleanup", &body) != 200)
+        die("%s cleanup failed", p->tag);
     free(body);
 }
 
+static void cleanup_b(void)
+{
+    cleanup_node(&NB);
+}
+
 #include "p2p_miss.h"
+
+/* One round on the requester with --integrity off: the same fetch (and concurrency) as B's,
+ * its bytes compared with A's after; seconds of the fetch. Leaves its copies withdrawn. */
+static double fetch_noverify(struct pf_client *cv, struct pf_simkv *kv, const char *iv, uint64_t bs,
+                             uint64_t n, int k, const struct opts *o)
+{
+    char req[64];
+    snprintf(req, sizeof(req), "nov-%llu-%d", (unsigned long long)bs, k);
+    uint32_t hits = 0;
+    double s = fetch_conc(cv, iv, req, bs, n, o->concurrent, &hits);
+    if (hits != n)
+        die("%s: %u of %llu blocks fetched", req, hits, (unsigned long long)n);
+    verify_on(cv, kv, iv, bs, 0, n, bs);
+    cleanup_node(&NV);
+    wait_only_a(bs, 0, n);
+    return s;
+}
 
 static int parse_opts(int argc, char **argv, struct opts *o)
 {
@@ -511,7 +638,9 @@ static int parse_opts(int argc, char **argv, struct opts *o)
                        .backend = "tcp",
                        .nics = {"rxe0", "rxe1"},
                        .addrs = {"10.77.0.1", "10.77.0.2"},
-                       .json = "p2p.json"};
+                       .json = "p2p.json",
+                       .concurrent = 1,
+                       .verify_row = true};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--tls")) {
@@ -540,6 +669,14 @@ static int parse_opts(int argc, char **argv, struct opts *o)
             o->qps = atoi(v);
             if (o->qps < 1 || o->qps > 64)
                 goto usage;
+        } else if (!strcmp(a, "--concurrent")) {
+            o->concurrent = atoi(v);
+            if (o->concurrent < 1 || o->concurrent > 16)
+                goto usage;
+        } else if (!strcmp(a, "--verify-row")) {
+            if (strcmp(v, "on") && strcmp(v, "off"))
+                goto usage;
+            o->verify_row = !strcmp(v, "on");
         } else if (!strcmp(a, "--json")) {
             o->json = v;
         } else if (!strcmp(a, "--integrity")) {
@@ -572,14 +709,15 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 usage:
     fprintf(stderr, "usage: p2p [--size BYTES] [--blocks 256k,1m,4m] [--reps N] [--lat-reps N] "
                     "[--qps N] [--integrity on|off] [--loopback] [--backend tcp|verbs] "
-                    "[--nics A,B] [--addrs A,B] [--json PATH] [--tls]\n");
+                    "[--nics A,B] [--addrs A,B] [--json PATH] [--tls] [--concurrent 1..16] "
+                    "[--verify-row on|off]\n");
     return -1;
 }
 
 struct result {
     uint64_t block;
-    double p2p[MAX_REPS], raw[MAX_REPS], srv[MAX_REPS];
-    double p2p_med, raw_med, srv_med;
+    double p2p[MAX_REPS], raw[MAX_REPS], srv[MAX_REPS], nov[MAX_REPS];
+    double p2p_med, raw_med, srv_med, nov_med;
     double lat[200], lat_srv_ms, lat_p50, lat_p99;
 };
 
@@ -742,6 +880,14 @@ int main(int argc, char **argv)
                             tls_flags[7],
                             NULL};
     spawn(&NB, "pegaflow-server", np.ip[1], b_args);
+    bool vrow = o.verify_row && strcmp(o.integrity, "on") == 0;
+    if (vrow) { /* the same requester with verification off, next to B */
+        for (size_t i = 0; b_args[i]; i++)
+            if (!strcmp(b_args[i], "--integrity"))
+                b_args[i + 1] = "off";
+        NV.ns = NB.ns;
+        spawn(&NV, "pegaflow-server", np.ip[1], b_args);
+    }
     if (netns && pft_netns_enter(np.ns[1]))
         die("cannot enter %s", np.ns[1]);
     raw_dst = mmap(NULL, o.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -762,12 +908,18 @@ int main(int argc, char **argv)
         die("connect");
     if (pf_simkv_create(o.size, 0, &kv_a) || pf_simkv_create(16ull << 20, 0, &kv_b))
         die("simkv");
+    struct pf_client *cv = NULL;
+    struct pf_simkv *kv_v = NULL;
+    if (vrow && (pf_client_connect(NV.addr, &cv) || pf_simkv_create(16ull << 20, 0, &kv_v)))
+        die("connect / simkv of %s", NV.tag);
     pft_fill(pf_simkv_ptr(kv_a), o.size, seed, 1);
 
     struct result res[MAX_BLOCKS];
     memset(res, 0, sizeof(res));
-    printf("\n%-8s %10s %10s %7s %10s   %s\n", "block", "p2p GB/s", "raw GB/s", "ratio",
-           "fetch GB/s", "p2p runs (GB/s)");
+    printf("\n%d concurrent fetch(es) from A%s\n", o.concurrent,
+           vrow ? "; no-verify = the same fetches on a requester with --integrity off" : "");
+    printf("%-8s %10s %10s %7s %10s %10s %7s   %s\n", "block", "p2p GB/s", "raw GB/s", "ratio",
+           "fetch GB/s", "no-verify", "on/off", "p2p runs (GB/s)");
     for (int bi = 0; bi < o.nblocks; bi++) {
         struct result *r = &res[bi];
         uint64_t bs = r->block = o.blocks[bi], n = o.size / bs;
@@ -776,10 +928,20 @@ int main(int argc, char **argv)
         snprintf(ib, sizeof(ib), "b-%llu", (unsigned long long)bs);
         reg(ca, ia, kv_a, n, bs);
         reg(cb, ib, kv_b, (16ull << 20) / bs, bs);
+        char iv[64];
+        snprintf(iv, sizeof(iv), "v-%llu", (unsigned long long)bs);
+        if (vrow)
+            reg(cv, iv, kv_v, (16ull << 20) / bs, bs);
         save(ia, bs, 0, 0, n);
         wait_advertised(bs, 0, n);
         for (int k = 0; k < o.reps; k++) {
             cleanup_b();
+            if (vrow) {
+                cleanup_node(&NV);
+                wait_only_a(bs, 0, n);
+                if (k % 2 == 1) /* ABBA with the verifying requester */
+                    r->nov[k] = (double)o.size / fetch_noverify(cv, kv_v, iv, bs, n, k, &o) / 1e9;
+            }
             char req[64];
             snprintf(req, sizeof(req), "tput-%llu-%d", (unsigned long long)bs, k);
             double c = 0, w = 0, m = 0;
@@ -791,11 +953,12 @@ int main(int argc, char **argv)
             double ok0 = metric(&NB, np.ip[1], "pegaflow_rdma_fetch_total{status=\"ok\"}");
             double d0 = metric(&NB, np.ip[1], "pegaflow_rdma_fetch_duration_seconds_sum");
             uint32_t hits = 0;
-            double s = fetch_on_b(ib, req, bs, 0, n, &hits);
+            double s = fetch_conc(cb, ib, req, bs, n, o.concurrent, &hits);
             if (hits != n)
                 die("%s: %u of %llu blocks fetched", req, hits, (unsigned long long)n);
-            if (metric(&NB, np.ip[1], "pegaflow_rdma_fetch_total{status=\"ok\"}") != ok0 + 1)
-                die("%s: not one successful remote fetch", req);
+            if (metric(&NB, np.ip[1], "pegaflow_rdma_fetch_total{status=\"ok\"}") !=
+                ok0 + o.concurrent)
+                die("%s: not %d successful remote fetch(es)", req, o.concurrent);
             r->p2p[k] = (double)o.size / s / 1e9;
             r->srv[k] = (double)o.size /
                         (metric(&NB, np.ip[1], "pegaflow_rdma_fetch_duration_seconds_sum") - d0) /
@@ -814,13 +977,21 @@ int main(int argc, char **argv)
                 double best = c < w ? c : w;
                 r->raw[k] = (double)o.size / (m < best ? m : best) / 1e9;
             }
+            /* every round's fetched blocks, every byte (outside the timed part) */
+            verify_on(cb, kv_b, ib, bs, 0, n, bs);
+            if (vrow && k % 2 == 0) {
+                cleanup_b();
+                wait_only_a(bs, 0, n);
+                r->nov[k] = (double)o.size / fetch_noverify(cv, kv_v, iv, bs, n, k, &o) / 1e9;
+            }
         }
-        verify_on_b(ib, bs, 0, n, bs); /* the last round's fetched blocks, every byte */
         r->p2p_med = bu_median(r->p2p, o.reps);
         r->raw_med = bu_median(r->raw, o.reps);
         r->srv_med = bu_median(r->srv, o.reps);
-        printf("%-6lluk %10.3f %10.3f %7.2f %10.3f  ", (unsigned long long)(bs >> 10), r->p2p_med,
-               r->raw_med, r->p2p_med / r->raw_med, r->srv_med);
+        r->nov_med = vrow ? bu_median(r->nov, o.reps) : 0;
+        printf("%-6lluk %10.3f %10.3f %7.2f %10.3f %10.3f %7.2f  ", (unsigned long long)(bs >> 10),
+               r->p2p_med, r->raw_med, r->p2p_med / r->raw_med, r->srv_med, r->nov_med,
+               vrow ? r->p2p_med / r->nov_med : 0.0);
         for (int k = 0; k < o.reps; k++)
             printf(" %.3f", r->p2p[k]);
         printf("\n");
@@ -840,7 +1011,8 @@ int main(int argc, char **argv)
                "same veth pair, same huge-page advice, the fastest of block-size, 256 KiB and "
                "single calls; p2p = B's QueryPrefetch Loading -> Ready (discovery, lock, READs, "
                "every slot's checksum verified with --integrity on, sealed); every fetched block "
-               "counted, and after the last round loaded on B and compared byte for byte with A's; "
+               "counted, and after every round loaded on the requester and compared byte for byte "
+               "with A's; "
                "medians\n",
                o.reps, o.qps);
     double health[50];
@@ -887,8 +1059,9 @@ int main(int argc, char **argv)
     FILE *j = fopen(o.json, "w");
     if (j) {
         fprintf(j,
-                "{\"tls\":%s,\"topology\":\"%s\",\"size\":%llu,\"qps_per_peer\":%d,\"seed\":%llu,",
-                o.tls ? "true" : "false",
+                "{\"tls\":%s,\"concurrent\":%d,\"verify_row\":%s,\"topology\":\"%s\","
+                "\"size\":%llu,\"qps_per_peer\":%d,\"seed\":%llu,",
+                o.tls ? "true" : "false", o.concurrent, vrow ? "true" : "false",
                 verbs   ? "verbs"
                 : netns ? "netns-veth"
                         : "loopback",
@@ -907,7 +1080,15 @@ int main(int argc, char **argv)
             fprintf(j, "],\"raw_runs\":[");
             for (int k = 0; k < o.reps; k++)
                 fprintf(j, "%s%.4f", k ? "," : "", r->raw[k]);
-            fprintf(j, "]}");
+            fprintf(j, "]");
+            if (vrow) {
+                fprintf(j, ",\"p2p_noverify_gbps\":%.4f,\"verify_ratio\":%.4f,\"noverify_runs\":[",
+                        r->nov_med, r->p2p_med / r->nov_med);
+                for (int k = 0; k < o.reps; k++)
+                    fprintf(j, "%s%.4f", k ? "," : "", r->nov[k]);
+                fprintf(j, "]");
+            }
+            fprintf(j, "}");
         }
         fprintf(j, "],\"latency_16_blocks\":[");
         for (int bi = 0; bi < o.nblocks; bi++) {
@@ -932,6 +1113,10 @@ int main(int argc, char **argv)
     }
     pf_client_close(ca);
     pf_client_close(cb);
+    if (cv)
+        pf_client_close(cv);
+    if (kv_v)
+        pf_simkv_destroy(kv_v);
     pf_simkv_destroy(kv_a);
     pf_simkv_destroy(kv_b);
     kill_all();

@@ -23,6 +23,7 @@ PKGS=(
   python3-setuptools python3-wheel python3-venv dpkg-dev python3-grpcio
   iproute2 curl openssl
   qemu-system-x86 busybox-static tcpdump
+  ibverbs-utils
   clang-format
   clang libclang-rt-dev
   libhiredis-dev redis-server

@@ -78,16 +78,21 @@ test-rxe:
 
 # bench/fabric and bench/p2p in the rxe guest: the verbs backend over rxe0 -> rxe1 against a
 # raw verbs READ loop on the same devices, beside the TCP fabric against a TCP stream, all
-# emulated (the ratios are what counts). Tables and JSON in $(O)/bench-rxe/.
+# emulated (the ratios are what counts). bench/p2p --backend verbs runs with verification on
+# and off (its second requester with --integrity off, interleaved) and with 1, 2 and 4
+# concurrent fetches from one peer (p2p-verbs.json, p2p-verbs-c2.json, p2p-verbs-c4.json);
+# every round's fetched bytes are compared with the holder's. Tables and JSON in $(O)/bench-rxe/.
 RXE_BENCH_SIZE ?= 32m
 RXE_BENCH_P2P_SIZE ?= 64m
 .PHONY: bench-rxe
 bench-rxe:
 	@$(MAKE) --no-print-directory bench
 	@rm -rf $(O)/bench-rxe && mkdir -p $(O)/bench-rxe
-	@cd $(O)/bench-rxe && PF_BIN=$(abspath $(O)/bin) $(TOP)/ci/rxe-vm.sh --share . --timeout 1200 \
+	@cd $(O)/bench-rxe && PF_BIN=$(abspath $(O)/bin) $(TOP)/ci/rxe-vm.sh --share . --timeout 2400 \
 		bash -c 'B=$(abspath $(O)/bench); s=$(RXE_BENCH_SIZE); p=$(RXE_BENCH_P2P_SIZE); set -ex -o pipefail; \
 		$$B/fabric --size $$s --json fabric-tcp.json | tee fabric-tcp.txt; \
 		$$B/fabric --backend verbs --nics rxe0,rxe1 --size $$s --json fabric-verbs.json | tee fabric-verbs.txt; \
 		$$B/p2p --size $$p --lat-reps 3 --json p2p-tcp.json | tee p2p-tcp.txt; \
-		$$B/p2p --backend verbs --nics rxe0,rxe1 --size $$p --lat-reps 3 --json p2p-verbs.json | tee p2p-verbs.txt'
+		$$B/p2p --backend verbs --nics rxe0,rxe1 --size $$p --lat-reps 3 --json p2p-verbs.json | tee p2p-verbs.txt; \
+		for c in 2 4; do $$B/p2p --backend verbs --nics rxe0,rxe1 --size $$p --lat-reps 1 --concurrent $$c \
+			--json p2p-verbs-c$$c.json | tee p2p-verbs-c$$c.txt; done'

@@ -322,3 +322,69 @@ int p2p_tier_discover(void *ctx, const char *req_id, const struct pf_block_key *
                  src[0].len, n, src[0].down ? " (down)" : "");
     return (int)m;
 }
+
+/* Step 1 of a fetch (fetch.c): the holder with the longest advertised prefix. */
+int p2p_discover_holder(struct pf_p2p *p, const char *req_id, const struct pf_block_key *keys,
+                        size_t n, bool all_or_nothing, char *peer, size_t peerlen, size_t *want_p)
+{
+    size_t want = 0;
+    struct pf_meta_hash *h = malloc(n * sizeof(*h));
+    if (!h)
+        return -ENOMEM;
+    for (size_t i = 0; i < n; i++)
+        h[i] = (struct pf_meta_hash){keys[i].len, keys[i].hash};
+    const char *ns = pf_ns_name(keys[0].ns);
+    uint64_t until = pf_now_ns() + p->cfg.full_prefix_wait_ms * PF_NS_PER_MS;
+    int rc = -ENOENT;
+    bool waited = false;
+    for (;;) {
+        struct pf_meta_prefix *res = NULL;
+        size_t nres = 0;
+        if (!p2p_meta_enter(p)) {
+            rc = -ECANCELED;
+            break;
+        }
+        int qrc = p->tr->query_prefix(p->tr->ctx, ns, h, n, PF_P2P_META_TIMEOUT_MS, &res, &nres);
+        p2p_meta_exit(p);
+        if (qrc) {
+            /* a MetaServer error means "no remote", even with wait_for_full_prefix: polling a
+             * dead or hung MetaServer would hold the request for the whole wait */
+            pf_debug("req %s: MetaServer query failed: %s", req_id, strerror(-qrc));
+            pf_log_ratelimited(PF_LOG_WARN, 10000,
+                               "MetaServer query failed (%s): no remote discovery, the request "
+                               "proceeds without remote blocks",
+                               strerror(-qrc));
+            break;
+        } else {
+            ptrdiff_t b = pf_meta_prefix_best(res, nres, p->self_addr);
+            if (b >= 0 && strlen(res[b].node) < peerlen &&
+                (!all_or_nothing || res[b].prefix_len >= n)) {
+                snprintf(peer, peerlen, "%s", res[b].node);
+                want = res[b].prefix_len < n ? (size_t)res[b].prefix_len : n;
+                rc = 0;
+            }
+        }
+        free(res);
+        if (rc == 0 || !all_or_nothing)
+            break;
+        if (atomic_load(&p->stopping)) {
+            rc = -ECANCELED;
+            break;
+        }
+        if (pf_now_ns() >= until) {
+            pf_debug("req %s: no peer advertised all %zu block(s) within %llu ms "
+                     "(wait_for_full_prefix)",
+                     req_id, n, (unsigned long long)p->cfg.full_prefix_wait_ms);
+            break;
+        }
+        waited = true;
+        pf_sleep_ms(p->cfg.full_prefix_poll_ms);
+    }
+    if (rc == 0 && waited)
+        pf_debug("req %s: %s advertises the full suffix (wait_for_full_prefix)", req_id, peer);
+    free(h);
+    if (want > PF_P2P_MAX_HASHES)
+        want = PF_P2P_MAX_HASHES;
+    *want_p = want;
+    return rc;
+}

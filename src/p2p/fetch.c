@@ -35,7 +35,9 @@
  *      the connection leaves the table, and only then is the staging memory released; the
  *      timeout is logged as an error ("connection invalidated, transfer lock force-released").
  *   7. every slot is verified against the holder's checksum, each block as soon as its last
- *      READ landed (overlapping the rest of the transfer); the first mismatch ends the
+ *      READ landed, by the verification workers NUMA-local to its staging memory (verify.c;
+ *      the posting thread keeps posting and polling meanwhile), and the transfer returns
+ *      only after every verdict is in; the first mismatch ends the
  *      fetched run (a miss, never wrong bytes; pegaflow_integrity_failures_total{tier="remote"});
  *      the verified blocks are built as sealed blocks referencing the staging chunks.
  * A fetch that got less than the holder advertised blacklists the req_id for remote fetch
@@ -96,6 +98,9 @@ struct fetch {
     uint32_t *pending; /* per block: segments not landed yet (this attempt) */
     int8_t *verdict;   /* per block: 1 verified, -1 checksum mismatch, 0 not checked yet */
     uint16_t *bad_slot;
+    struct p2p_vjob *vjobs; /* per block: its verification job (verify.c) */
+    struct p2p_vgroup vg;
+    bool vg_init;
     char err[2 * P2P_ERRLEN];
 };
 
@@ -104,69 +109,11 @@ static const char *ns_of(const struct pf_block_key *k)
     return pf_ns_name(k->ns);
 }
 
-/* 1. Discovery. 0 with f->peer / f->want set, or -ENOENT (no node), -ECANCELED (stopping). */
+/* 1. Discovery (discover.c). 0 with f->peer / f->want set, or -ENOENT, -ECANCELED. */
 static int discover(struct fetch *f, size_t n, bool all_or_nothing)
 {
-    struct pf_p2p *p = f->p;
-    struct pf_meta_hash *h = malloc(n * sizeof(*h));
-    if (!h)
-        return -ENOMEM;
-    for (size_t i = 0; i < n; i++)
-        h[i] = (struct pf_meta_hash){f->keys[i].len, f->keys[i].hash};
-    const char *ns = ns_of(&f->keys[0]);
-    uint64_t until = pf_now_ns() + p->cfg.full_prefix_wait_ms * PF_NS_PER_MS;
-    int rc = -ENOENT;
-    bool waited = false;
-    for (;;) {
-        struct pf_meta_prefix *res = NULL;
-        size_t nres = 0;
-        if (!p2p_meta_enter(p)) {
-            rc = -ECANCELED;
-            break;
-        }
-        int qrc = p->tr->query_prefix(p->tr->ctx, ns, h, n, PF_P2P_META_TIMEOUT_MS, &res, &nres);
-        p2p_meta_exit(p);
-        if (qrc) {
-            /* a MetaServer error means "no remote", even with wait_for_full_prefix: polling a
-             * dead or hung MetaServer would hold the request for the whole wait */
-            pf_debug("req %s: MetaServer query failed: %s", f->req_id, strerror(-qrc));
-            pf_log_ratelimited(PF_LOG_WARN, 10000,
-                               "MetaServer query failed (%s): no remote discovery, the request "
-                               "proceeds without remote blocks",
-                               strerror(-qrc));
-            break;
-        } else {
-            ptrdiff_t b = pf_meta_prefix_best(res, nres, p->self_addr);
-            if (b >= 0 && strlen(res[b].node) < sizeof(f->peer) &&
-                (!all_or_nothing || res[b].prefix_len >= n)) {
-                snprintf(f->peer, sizeof(f->peer), "%s", res[b].node);
-                f->want = res[b].prefix_len < n ? (size_t)res[b].prefix_len : n;
-                rc = 0;
-            }
-        }
-        free(res);
-        if (rc == 0 || !all_or_nothing)
-            break;
-        if (atomic_load(&p->stopping)) {
-            rc = -ECANCELED;
-            break;
-        }
-        if (pf_now_ns() >= until) {
-            pf_debug("req %s: no peer advertised all %zu block(s) within %llu ms "
-                     "(wait_for_full_prefix)",
-                     f->req_id, n, (unsigned long long)p->cfg.full_prefix_wait_ms);
-            break;
-        }
-        waited = true;
-        pf_sleep_ms(p->cfg.full_prefix_poll_ms);
-    }
-    if (rc == 0 && waited)
-        pf_debug("req %s: %s advertises the full suffix (wait_for_full_prefix)", f->req_id,
-                 f->peer);
-    free(h);
-    if (f->want > PF_P2P_MAX_HASHES)
-        f->want = PF_P2P_MAX_HASHES;
-    return rc;
+    return p2p_discover_holder(f->p, f->req_id, f->keys, n, all_or_nothing, f->peer,
+                               sizeof(f->peer), &f->want);
 }
 
 /* A slot descriptor this node can READ: sizes within one READ (so its stride cannot wrap),
@@ -348,7 +295,9 @@ static int plan_staging(struct fetch *f)
     f->pending = calloc(f->k, sizeof(*f->pending));
     f->verdict = calloc(f->k, sizeof(*f->verdict));
     f->bad_slot = calloc(f->k, sizeof(*f->bad_slot));
-    if (!f->where || !f->sbase || !f->spos || !f->pending || !f->verdict || !f->bad_slot)
+    f->vjobs = calloc(f->k, sizeof(*f->vjobs));
+    if (!f->where || !f->sbase || !f->spos || !f->pending || !f->verdict || !f->bad_slot ||
+        !f->vjobs)
         return -ENOMEM;
     size_t si = 0, pos = 0;
     for (size_t j = 0; j < f->k; j++) {
@@ -386,16 +335,30 @@ static int8_t verify_block(struct fetch *f, size_t j)
     return 1;
 }
 
-/* READ i landed: verify the blocks it completed while the other READs are in flight (on
- * RDMA hardware the transfer costs no CPU, so verification then hides behind it). */
+/* A block's verification job (worker or inline): its verdict and, on a mismatch, the slot. */
+static void verify_job(void *ctx, size_t j)
+{
+    struct fetch *f = ctx;
+    if (f->p->cfg.verify_hook)
+        f->p->cfg.verify_hook(f->p->cfg.verify_hook_ctx, j);
+    f->verdict[j] = verify_block(f, j);
+}
+
+/* READ i landed: the blocks it completed go to the verification workers (NUMA-local to
+ * the staging memory) while this thread keeps posting and polling the other READs; without
+ * workers they are verified here, between polls. Nothing reads a verdict before
+ * p2p_verify_wait (transfer). */
 static void on_read(void *ctx, size_t i)
 {
     struct fetch *f = ctx;
     const struct p2p_read *rd = &f->reads[i];
     for (uint32_t s = rd->seg0; s < rd->seg0 + rd->nseg; s++) {
         uint32_t b = f->segs[s].block;
-        if (--f->pending[b] == 0 && f->p->cfg.integrity)
-            f->verdict[b] = verify_block(f, b);
+        if (--f->pending[b] != 0 || !f->p->cfg.integrity)
+            continue;
+        struct p2p_vjob *j = &f->vjobs[b];
+        *j = (struct p2p_vjob){.g = &f->vg, .fn = verify_job, .ctx = f, .arg = b};
+        p2p_verify_submit(f->p, f->chunks[f->segs[s].chunk].numa, j);
     }
 }
 
@@ -551,6 +514,11 @@ static size_t build_blocks(struct fetch *f, struct pf_block **out, size_t *bad_p
 
 static void fetch_cleanup(struct fetch *f)
 {
+    /* no verification job may read the staging chunks released below */
+    if (f->vg_init) {
+        p2p_verify_wait(f->p, &f->vg);
+        p2p_vgroup_destroy(&f->vg);
+    }
     /* the lease first: after an error its QPs were invalidated already (p2p_xfer_run), so
      * nothing can land in the chunks released below */
     p2p_lease_return(f->p, &f->lease);
@@ -569,6 +537,7 @@ static void fetch_cleanup(struct fetch *f)
     free(f->pending);
     free(f->verdict);
     free(f->bad_slot);
+    free(f->vjobs);
 }
 
 /* 5./6. The transfer, replacing a stale reused connection once. */
@@ -612,6 +581,7 @@ static int transfer(struct fetch *f)
                 .reroute = reroute_read,
             };
             rc = p2p_xfer_run(&x, f->reads, f->nreads);
+            p2p_verify_wait(p, &f->vg); /* verdicts final; nothing reads staging after */
             if (rc == 0) {
                 if (x.failed) /* rails left out on the way: dead until the next handshake */
                     p2p_lease_fail_rails(p, &f->lease, x.failed);
@@ -661,8 +631,14 @@ static size_t fetch_run(struct fetch *f, struct pf_block **out, int *rc_p, const
     size_t got = 0, bad = 0;
     struct pf_metric_child *status = p->c_error;
     char e2[P2P_ERRLEN];
-    int rc = p2p_conn_acquire(p, f->peer, pf_now_ns() + p->cfg.qp_wait_ms * PF_NS_PER_MS, &f->lease,
-                              e2, sizeof(e2));
+    int rc = p2p_vgroup_init(&f->vg);
+    if (rc) {
+        snprintf(f->err, sizeof(f->err), "cannot set up verification: %s", strerror(-rc));
+        goto out;
+    }
+    f->vg_init = true;
+    rc = p2p_conn_acquire(p, f->peer, pf_now_ns() + p->cfg.qp_wait_ms * PF_NS_PER_MS, &f->lease, e2,
+                          sizeof(e2));
     if (rc) {
         snprintf(f->err, sizeof(f->err), "cannot connect: %s", e2);
         goto out;

@@ -332,6 +332,7 @@ static int register_pool(struct pf_p2p *p, char *err, size_t errlen)
 static void p2p_free(struct pf_p2p *p)
 {
     dereg_all(p);
+    p2p_verify_free(p);
     p2p_conns_free(p);
     p2p_blacklist_free(p);
     pf_htable_destroy(&p->peers);
@@ -478,6 +479,11 @@ int pf_p2p_create(const struct pf_p2p_config *cfg, struct pf_p2p **p_p, char *er
         p->grpc_tr = (struct pf_p2p_transport){p2p_grpc_call, p2p_grpc_query_prefix, p};
         p->tr = &p->grpc_tr;
     }
+    rc = p2p_verify_start(p);
+    if (rc) {
+        snprintf(err, errlen, "cannot start the P2P verification workers: %s", strerror(-rc));
+        goto err_free;
+    }
     rc = pf_thread_start(&p->thr, "pegaflow-p2p", -1, p2p_main, p);
     if (rc) {
         snprintf(err, errlen, "cannot start the p2p thread: %s", strerror(-rc));
@@ -545,6 +551,7 @@ void pf_p2p_stop(struct pf_p2p *p)
     pthread_mutex_unlock(&p->wk_mu);
     if (p->thr_started)
         pthread_join(p->thr, NULL);
+    p2p_verify_stop(p); /* fetches still unwinding verify inline from here */
     p2p_hb_regions(p, false);
     size_t n = pf_p2p_locks_release_all(p->locks);
     if (n)

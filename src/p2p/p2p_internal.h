@@ -123,6 +123,26 @@ struct p2p_xfer {
  * more. */
 int p2p_xfer_run(struct p2p_xfer *x, const struct p2p_read *reads, size_t n);
 
+/* ---- verification workers (verify.c) ---- */
+
+/* The verification jobs of one fetch: pending counts jobs submitted and not finished. */
+struct p2p_vgroup {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    size_t pending;
+};
+
+/* One job: fn(ctx, arg) on a worker (or inline); owned by the submitter, untouched after
+ * the group drained. */
+struct p2p_vjob {
+    struct p2p_vgroup *g;
+    void (*fn)(void *ctx, size_t arg);
+    void *ctx;
+    size_t arg;
+};
+
+struct p2p_vq;
+
 /* ---- the module ---- */
 
 struct p2p_release {
@@ -203,6 +223,10 @@ struct pf_p2p {
     /* metrics */
     struct pf_metric *m_fetch, *m_dur, *m_bytes, *m_qps, *m_integrity;
     struct pf_metric_child *c_ok, *c_partial, *c_error, *c_timeout, *c_integrity;
+    /* verification workers: one queue per NUMA node of the pool (none: inline) */
+    struct p2p_vq *vq;
+    size_t nvq;
+
     struct pf_metric *m_serve_ssd; /* pegaflow_p2p_serve_ssd_blocks_total{result} */
     struct pf_metric *m_rail_fail; /* pegaflow_rdma_rail_failures_total{nic} */
     struct pf_metric_child *c_serve_ssd_ok, *c_serve_ssd_failed;
@@ -257,6 +281,12 @@ size_t p2p_tier_fetch_from(void *ctx, const char *req_id, const struct pf_tier_s
 size_t p2p_tier_fetch(void *ctx, const char *req_id, const struct pf_block_key *keys, size_t n,
                       bool all_or_nothing, struct pf_block **out);
 /* discover.c: blacklist, holder health, discovery */
+/* A fetch's discovery (fetch.c step 1): QueryPrefixBlocks for keys[0..n), this node
+ * excluded, the best holder into peer and its usable prefix (<= n, <= PF_P2P_MAX_HASHES)
+ * into *want_p; with all_or_nothing only a holder of all n, polled for up to
+ * full_prefix_wait_ms. 0, -ENOENT (none; MetaServer errors too), -ECANCELED (stopping). */
+int p2p_discover_holder(struct pf_p2p *p, const char *req_id, const struct pf_block_key *keys,
+                        size_t n, bool all_or_nothing, char *peer, size_t peerlen, size_t *want_p);
 void p2p_blacklist_add(struct pf_p2p *p, const char *req_id);
 /* Whether holder addr is inside its down window at now (clock ns); *load_p its fetches in
  * flight from this node. */
@@ -265,6 +295,21 @@ bool p2p_holder_state(struct pf_p2p *p, const char *addr, uint64_t now, uint32_t
 void p2p_holder_note(struct pf_p2p *p, const char *addr, int d, bool failed);
 size_t p2p_blacklist_gc(struct pf_p2p *p);
 void p2p_blacklist_free(struct pf_p2p *p);
+
+/* verify.c. start: the workers (cfg.verify_threads per NUMA node of the pool regions; none
+ * when < 0 or integrity is off). stop: closes the queues and joins the workers (jobs
+ * submitted afterwards run inline); free: stop + memory. async: whether workers run. */
+int p2p_verify_start(struct pf_p2p *p);
+void p2p_verify_stop(struct pf_p2p *p);
+void p2p_verify_free(struct pf_p2p *p);
+bool p2p_verify_async(const struct pf_p2p *p);
+int p2p_vgroup_init(struct p2p_vgroup *g);
+void p2p_vgroup_destroy(struct p2p_vgroup *g);
+/* Queues j (j->g set) for the workers of NUMA node numa (else any); runs it inline when no
+ * worker can take it. Never blocks on another job. */
+void p2p_verify_submit(struct pf_p2p *p, int numa, struct p2p_vjob *j);
+/* Returns when every job of g finished; runs queued jobs itself meanwhile. */
+void p2p_verify_wait(struct pf_p2p *p, struct p2p_vgroup *g);
 
 /* p2p.c */
 /* Queues one ReleaseTransferLock for the p2p thread (sent synchronously after stop). */

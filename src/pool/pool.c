@@ -28,6 +28,7 @@ struct mapping {
     uint64_t len;
     uint64_t maplen; /* what was mmap'ed (hugepage rounding) */
     int numa;        /* -1: global */
+    enum pf_pool_pages pages;
     struct pf_gpu_host_reg *reg;
 };
 
@@ -123,15 +124,75 @@ static uint64_t huge_page_size(void)
     return kb ? kb * 1024 : 2u << 20;
 }
 
+/* Whether the kernel's transparent huge pages honour MADV_HUGEPAGE ("always" or "madvise"
+ * selected in /sys/kernel/mm/transparent_hugepage/enabled). */
+static bool thp_enabled(void)
+{
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (!f)
+        return false;
+    char line[128] = "";
+    bool on = fgets(line, sizeof(line), f) &&
+              (strstr(line, "[always]") != NULL || strstr(line, "[madvise]") != NULL);
+    fclose(f);
+    return on;
+}
+
+/* An anonymous mapping of len bytes whose base is aligned to PF_POOL_ALIGN (over-mapped by
+ * one alignment and trimmed), or MAP_FAILED. */
+static void *mmap_aligned(uint64_t len)
+{
+    uint64_t over = len + PF_POOL_ALIGN;
+    char *raw = mmap(NULL, over, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (raw == MAP_FAILED)
+        return MAP_FAILED;
+    char *a = (char *)pf_round_up((uint64_t)(uintptr_t)raw, PF_POOL_ALIGN);
+    if (a > raw)
+        munmap(raw, (size_t)(a - raw));
+    if (a + len < raw + over)
+        munmap(a + len, (size_t)(raw + over - (a + len)));
+    return a;
+}
+
+const char *pf_pool_pages_name(enum pf_pool_pages k)
+{
+    switch (k) {
+    case PF_POOL_PAGES_HUGETLB:
+        return "explicit huge pages (MAP_HUGETLB)";
+    case PF_POOL_PAGES_THP:
+        return "transparent huge pages (MADV_HUGEPAGE)";
+    default:
+        return "base pages (no huge pages reserved, transparent huge pages disabled)";
+    }
+}
+
 static int map_region(struct mapping *m, uint64_t len, bool huge, int numa, char *err,
                       size_t errlen)
 {
-    uint64_t page = huge ? huge_page_size() : (uint64_t)sysconf(_SC_PAGESIZE);
-    uint64_t maplen = pf_round_up(len, page);
-    int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
-    if (huge)
-        flags |= MAP_HUGETLB;
-    void *p = mmap(NULL, maplen, PROT_READ | PROT_WRITE, flags, -1, 0);
+    uint64_t hp = huge_page_size();
+    uint64_t page = huge ? hp : (uint64_t)sysconf(_SC_PAGESIZE);
+    uint64_t maplen = pf_round_up(len, huge ? hp : PF_POOL_ALIGN);
+    void *p = MAP_FAILED;
+    enum pf_pool_pages kind = PF_POOL_PAGES_BASE;
+    /* explicit huge pages: required with --use-hugepages, else taken when enough are
+     * reserved and free (reserved at mmap, no MAP_NORESERVE: a shortage fails here, never
+     * as SIGBUS at first touch); their mappings are huge-page aligned */
+    bool try_huge = huge || (hp == PF_POOL_ALIGN && meminfo_kb("HugePages_Free") * 1024 >= maplen);
+    if (try_huge) {
+        p = mmap(NULL, maplen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB,
+                 -1, 0);
+        if (p != MAP_FAILED) {
+            kind = PF_POOL_PAGES_HUGETLB;
+            page = hp;
+        } else if (!huge) {
+            pf_info("pool: %llu MiB of explicit huge pages not available (%s): falling back to "
+                    "transparent huge pages",
+                    (unsigned long long)(maplen >> 20), strerror(errno));
+        }
+    }
+    if (p == MAP_FAILED && !huge)
+        p = mmap_aligned(maplen);
     if (p == MAP_FAILED) {
         int e = errno;
         char sz[32];
@@ -145,9 +206,10 @@ static int map_region(struct mapping *m, uint64_t len, bool huge, int numa, char
             snprintf(err, errlen, "--pool-size: cannot map %s: %s", sz, strerror(e));
         return -e;
     }
-    if (!huge) /* transparent huge pages where the kernel allows them: fewer TLB misses for
-                * copies, fewer scatter segments per SSD request */
-        madvise(p, maplen, MADV_HUGEPAGE);
+    /* transparent huge pages where the kernel allows them: fewer TLB misses for copies,
+     * fewer scatter segments per SSD request and NIC registration */
+    if (kind != PF_POOL_PAGES_HUGETLB && madvise(p, maplen, MADV_HUGEPAGE) == 0 && thp_enabled())
+        kind = PF_POOL_PAGES_THP;
     if (numa >= 0 && numa_available() >= 0) {
         struct bitmask *bm = numa_allocate_nodemask();
         numa_bitmask_setbit(bm, (unsigned)numa);
@@ -160,6 +222,7 @@ static int map_region(struct mapping *m, uint64_t len, bool huge, int numa, char
     m->len = len;
     m->maplen = maplen;
     m->numa = numa;
+    m->pages = kind;
     return 0;
 }
 
@@ -284,6 +347,11 @@ uint64_t pf_pool_largest_free(struct pf_pool *p, int numa)
     return best * p->unit;
 }
 
+enum pf_pool_pages pf_pool_region_pages(const struct pf_pool *p, size_t i)
+{
+    return p->maps[i].pages;
+}
+
 size_t pf_pool_region_count(const struct pf_pool *p)
 {
     return p->nmaps;
@@ -393,6 +461,11 @@ int pf_pool_create(const struct pf_pool_config *cfg, struct pf_pool **p_p, char 
     for (size_t m = 0; m < p->nmaps; m++) {
         uint64_t units = p->maps[m].len / p->unit;
         uint64_t per_shard = units / p->shards_per_map;
+        /* shard bases on PF_POOL_ALIGN boundaries when the unit divides it and each shard
+         * keeps at least one alignment (the last shard takes the remainder) */
+        uint64_t au = PF_POOL_ALIGN % p->unit == 0 ? PF_POOL_ALIGN / p->unit : 0;
+        if (au && per_shard >= au)
+            per_shard = per_shard / au * au;
         for (uint32_t s = 0; s < p->shards_per_map; s++) {
             struct pf_pool_region *r = &p->shards[m * p->shards_per_map + s];
             uint64_t u = s + 1 == p->shards_per_map ? units - per_shard * s : per_shard;
@@ -417,8 +490,10 @@ int pf_pool_create(const struct pf_pool_config *cfg, struct pf_pool **p_p, char 
     pf_info("pinned pool: %s in %zu region(s) x %u shard(s), unit %llu bytes%s", sz, p->nmaps,
             p->shards_per_map, (unsigned long long)p->unit, cfg->hugepages ? ", hugepages" : "");
     for (size_t m = 0; m < p->nmaps; m++)
-        pf_info("  region %zu: NUMA %s%d, %llu bytes", m, p->maps[m].numa < 0 ? "any/" : "",
-                p->maps[m].numa, (unsigned long long)p->maps[m].len);
+        pf_info("  region %zu: NUMA %s%d, %llu bytes at %p, %s", m,
+                p->maps[m].numa < 0 ? "any/" : "", p->maps[m].numa,
+                (unsigned long long)p->maps[m].len, p->maps[m].base,
+                pf_pool_pages_name(p->maps[m].pages));
     *p_p = p;
     return 0;
 err_unmap:

@@ -13,6 +13,8 @@
 #   rxe_cases.sh memlock DIR         pegaflow-server as nobody: with RLIMIT_MEMLOCK 16 MiB a
 #                                    64 MiB pool on rxe0 is refused by name; with 256 MiB it
 #                                    starts and answers /health
+#   rxe_cases.sh first_contact DIR   tests/gpu/first-contact-rdma.sh on rxe0/rxe1 (devinfo, a
+#                                    P2P fetch byte-exact, the GIDs chosen); output in DIR
 # Needs PF_BIN (the directory of pegaflow-server). Exit 0 when the case holds.
 set -u
 case=${1:?case}
@@ -104,6 +106,18 @@ memlock)
   kill -TERM $pid
   wait $pid || fail "exit $? after SIGTERM (log: $out/memlock-ok.log)"
   rm -rf "$stage"
+  ;;
+first_contact)
+  # tests/gpu/first-contact-rdma.sh on rxe0 (node A, 10.77.0.1) and rxe1 (node B, 10.77.0.2):
+  # ibv_devinfo, one P2P fetch byte-exact, the GIDs chosen. Its build directory is PF_BIN's
+  # parent (already built on the host); logs under that build's test-logs/.
+  out=${2:?dir}
+  b=$(cd "$PF_BIN/.." && pwd)
+  PF_BUILD=$b PF_FIRST_CONTACT_NO_BUILD=1 PF_RDMA_NICS=rxe0,rxe1 \
+    bash "$(dirname "$0")/../gpu/first-contact-rdma.sh" >"$out/first-contact-rdma.txt" 2>&1
+  rc=$?
+  cat "$out/first-contact-rdma.txt"
+  [ $rc -eq 0 ] || fail "first-contact-rdma.sh exit $rc"
   ;;
 *) fail "unknown case $case" ;;
 esac

@@ -146,6 +146,14 @@ struct pf_p2p_config {
                                    * failed fetch ranks the holder last for as long */
     uint64_t plan_timeout_ms;     /* query-time discovery deadline (--p2p-plan-timeout-ms) */
     uint64_t conn_idle_ms;        /* a connection no fetch leased this long is closed: 600000 */
+    /* checksum verification workers per NUMA node of the pool (docs/p2p.md
+     * "Verification"): 0 = default (online CPUs / nodes / 4, 1..8); < 0 = verify on the
+     * fetching thread between polls (no workers; benches compare the two) */
+    int verify_threads;
+    /* test hook: runs on the verifying thread just before block `block` of a fetch is
+     * verified (NULL in production) */
+    void (*verify_hook)(void *ctx, size_t block);
+    void *verify_hook_ctx;
 };
 
 /* Registers every pool region on every NIC, registers the "rdma" tier with the engine

@@ -43,6 +43,17 @@ struct pf_pool_config {
 
 /* Creates and pre-touches the regions. Errors carry a one-line reason naming the flag:
  * -ENOMEM (--pool-size exceeds available memory / hugepages not reserved), -EINVAL. */
+/* Every pool mapping starts on a PF_POOL_ALIGN boundary and so does every shard of it
+ * (when the unit divides it): NIC and GPU registrations of the pool cover whole huge pages. */
+#define PF_POOL_ALIGN (2ull << 20)
+
+/* Pages backing a pool region: explicit huge pages (--use-hugepages, or without it when
+ * enough are reserved and free: MAP_HUGETLB), else transparent huge pages (MADV_HUGEPAGE,
+ * when the kernel honours it), else base pages. pf_pool_create logs which per region. */
+enum pf_pool_pages { PF_POOL_PAGES_BASE, PF_POOL_PAGES_THP, PF_POOL_PAGES_HUGETLB };
+enum pf_pool_pages pf_pool_region_pages(const struct pf_pool *p, size_t i);
+const char *pf_pool_pages_name(enum pf_pool_pages k);
+
 int pf_pool_create(const struct pf_pool_config *cfg, struct pf_pool **p_p, char *err,
                    size_t errlen);
 /* Frees everything. All allocations must have been released. Accepts NULL. */

@@ -4,6 +4,8 @@
  * drop READs (never complete: only qp_invalidate flushes them, with -ECANCELED). The mock
  * keeps the HAL contract itself: at most 128 outstanding per QP (-EAGAIN), -ENOTCONN on a QP
  * that is not connected or was invalidated, and nothing written after qp_invalidate. It
+ * can hand out at most poll_max completions per poll (so a test sees completions arrive one
+ * by one while other work runs) and counts them (mn_wait_delivered). It
  * records every call, and calls on_invalidate (before flushing) so a test can check what
  * still exists at that moment (e.g. that the staging memory is still allocated). */
 #ifndef PF_TEST_MOCK_NET_H
@@ -71,8 +73,14 @@ struct mnet {
                            * registers on all NICs at once */
     unsigned reg_started; /* NICs whose registration began (bit per NIC) */
     pthread_cond_t reg_cv;
+    int poll_max;   /* at most this many completions per poll (0 = as many as asked) */
+    int hold_after; /* poll hands out no more than this many completions in all until
+                     * mn_open_gate (0 = off); the READs themselves complete as usual */
+    bool gate_open;
     /* records */
     int posts, reads, invalidates, creates, destroys, connects, regs, deregs, polls;
+    int delivered; /* completions handed out by poll (dcv is signalled on each) */
+    pthread_cond_t dcv;
     int live_qps;
     int max_out;
     int nics_used[4];
@@ -277,7 +285,7 @@ static inline int mn_poll(struct pf_net_qp *qp, struct pf_net_cqe *out, size_t m
     for (;;) {
         if (q->state != 2)
             mn_reap_locked(q);
-        if (q->ncq)
+        if (q->ncq && (!m->hold_after || m->gate_open || m->delivered < m->hold_after))
             break;
         if (q->state == 2 && q->nout == 0) {
             pthread_mutex_unlock(&m->mu);
@@ -290,12 +298,22 @@ static inline int mn_poll(struct pf_net_qp *qp, struct pf_net_cqe *out, size_t m
         }
     }
     size_t n = 0;
+    if (m->poll_max && max > (size_t)m->poll_max)
+        max = (size_t)m->poll_max;
+    if (m->hold_after && !m->gate_open)
+        max = m->delivered < m->hold_after && max > (size_t)(m->hold_after - m->delivered)
+                  ? (size_t)(m->hold_after - m->delivered)
+              : m->delivered < m->hold_after ? max
+                                             : 0;
     while (n < max && (int)n < q->ncq) {
         out[n] = q->cq[n];
         n++;
     }
     memmove(q->cq, q->cq + n, (size_t)(q->ncq - (int)n) * sizeof(q->cq[0]));
     q->ncq -= (int)n;
+    m->delivered += (int)n;
+    if (n)
+        pthread_cond_broadcast(&m->dcv);
     pthread_mutex_unlock(&m->mu);
     return (int)n;
 }
@@ -354,6 +372,27 @@ static const struct pf_net_ops mn_ops = {
     .close = mn_close,
 };
 
+/* Waits until poll handed out at least n completions or timeout_ms passed: true if so. */
+static inline bool mn_wait_delivered(struct mnet *m, int n, uint64_t timeout_ms)
+{
+    struct timespec ts = pf_deadline_ms(timeout_ms);
+    pthread_mutex_lock(&m->mu);
+    while (m->delivered < n && pthread_cond_timedwait(&m->dcv, &m->mu, &ts) != ETIMEDOUT)
+        ;
+    bool ok = m->delivered >= n;
+    pthread_mutex_unlock(&m->mu);
+    return ok;
+}
+
+/* Lets poll hand out the completions held back by hold_after (pollers waiting in poll see
+ * them at their next wake-up, bounded by their timeout). */
+static inline void mn_open_gate(struct mnet *m)
+{
+    pthread_mutex_lock(&m->mu);
+    m->gate_open = true;
+    pthread_mutex_unlock(&m->mu);
+}
+
 /* Number of posts so far (readable while other threads post). */
 static inline int mn_posts(struct mnet *m)
 {
@@ -372,6 +411,7 @@ static inline void mn_init(struct mnet *m, int nnics)
         m->numa[i] = -1;
     pthread_mutex_init(&m->mu, NULL);
     pf_cond_init(&m->reg_cv);
+    pf_cond_init(&m->dcv);
 }
 
 #endif

@@ -312,6 +312,9 @@ static uint64_t F_idle_ms;    /* fx_up's conn_idle_ms (0: the default) */
 static bool F_reg_rendezvous; /* fx_up: mock registration needs every NIC at once */
 static int F_reg_fail_nic;    /* fx_up: NIC + 1 whose registration fails; create must fail */
 static char F_create_err[256];
+static int F_vthreads;    /* fx_up's verify_threads (0: the default) */
+static uint64_t F_min_ms; /* fx_up's fetch_min_ms (0: 300) */
+static void (*F_vhook)(void *, size_t);
 
 static pthread_mutex_t inval_mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -364,7 +367,7 @@ static void fx_up(int nnics, uint64_t pool, uint64_t gap)
         .integrity = true,
         .transport = &T,
         .fetch_margin_ms = 1000000, /* deadline = fetch_min_ms */
-        .fetch_min_ms = 300,
+        .fetch_min_ms = F_min_ms ? F_min_ms : 300,
         .full_prefix_poll_ms = 5,
         .full_prefix_wait_ms = 200,
         .housekeeping_ms = 50,
@@ -372,6 +375,8 @@ static void fx_up(int nnics, uint64_t pool, uint64_t gap)
         .peer_down_ms = 1,
         .plan_timeout_ms = 7,
         .conn_idle_ms = F_idle_ms,
+        .verify_threads = F_vthreads,
+        .verify_hook = F_vhook,
     };
     int crc = pf_p2p_create(&pc, &F.p, err, sizeof(err));
     if (F_reg_fail_nic) {
@@ -1054,6 +1059,80 @@ static void test_discover_deadline_and_down_window(void **st)
     fx_down();
 }
 
+/* Verification overlaps the READs (issue 23 item 2): the mock hands out one completion per
+ * poll and holds back all but the first 4 (block 0's READs) until block 0's verification has
+ * started (the hook opens the gate), and that verification then waits until every READ's
+ * completion was handed out. Only a poller that keeps running while block 0 is being
+ * verified gets there; verified on the posting thread (verify_threads < 0, the code path
+ * before the workers), the wait runs out instead. Either way the blocks come out byte-exact
+ * and verified. */
+static struct {
+    pthread_t poster;
+    uint64_t wait_ms;
+    bool overlapped, on_poster, called;
+} OV;
+
+static void overlap_hook(void *ctx, size_t block)
+{
+    (void)ctx;
+    if (block != 0)
+        return;
+    OV.called = true;
+    OV.on_poster = pthread_equal(pthread_self(), OV.poster);
+    mn_open_gate(&F.m);
+    OV.overlapped = mn_wait_delivered(&F.m, NBLK * SLOTS * 2, OV.wait_ms);
+}
+
+static void overlap_run(int vthreads, uint64_t wait_ms)
+{
+    F_vthreads = vthreads;
+    F_vhook = overlap_hook;
+    F_min_ms = 20000;
+    fx_up(1, 16 << 20, GAP);
+    F_vthreads = 0;
+    F_vhook = NULL;
+    F_min_ms = 0;
+    memset(&OV, 0, sizeof(OV));
+    OV.poster = pthread_self();
+    OV.wait_ms = wait_ms;
+    F.m.poll_max = 1;
+    F.m.hold_after = 4;
+    struct pf_block *out[NBLK];
+    assert_int_equal(fetch("ov", NBLK, false, out), NBLK);
+    assert_int_equal(F.m.reads, NBLK * SLOTS * 2); /* no merging with GAP: 4 READs a block */
+    check_blocks(out, NBLK);
+    put_all(out, NBLK);
+    assert_true(OV.called);
+    fx_down();
+}
+
+static void test_verify_overlaps_reads(void **st)
+{
+    overlap_run(1, 10000);
+    assert_true(OV.overlapped);
+    assert_false(OV.on_poster);
+    /* the same condition cannot hold when the posting thread verifies */
+    overlap_run(-1, 100);
+    assert_false(OV.overlapped);
+    assert_true(OV.on_poster);
+}
+
+/* A corrupt byte with verification inline (verify_threads < 0) and on workers (the
+ * default, test_checksum_mismatch): the same miss either way. */
+static void test_checksum_mismatch_inline(void **st)
+{
+    F_vthreads = -1;
+    fx_up(1, 16 << 20, GAP);
+    F_vthreads = 0;
+    struct pf_block *out[NBLK];
+    F.m.corrupt_nth = 3 * SLOTS * 2 + 2; /* block 3, slot 0, V */
+    assert_int_equal(fetch("ci", NBLK, false, out), 3);
+    check_blocks(out, 3);
+    put_all(out, 3);
+    assert_int_equal(pf_pool_used(pf_engine_pool(F.e)), F.base_used);
+    fx_down();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1066,6 +1145,8 @@ int main(void)
         cmocka_unit_test(test_timeout_invalidates_before_free),
         cmocka_unit_test(test_error_completion),
         cmocka_unit_test(test_checksum_mismatch),
+        cmocka_unit_test(test_checksum_mismatch_inline),
+        cmocka_unit_test(test_verify_overlaps_reads),
         cmocka_unit_test(test_alloc_failure_keeps_connection),
         cmocka_unit_test(test_stale_connection_replaced_once),
         cmocka_unit_test(test_stale_retry_exhausted_replaced_once),
