@@ -6,8 +6,8 @@
  * Placement: duplicates (key already WRITING or COMMITTED), blocks larger than a shard and
  * blocks not laid out for O_DIRECT are skipped; otherwise the next shard (round-robin)
  * reserves ring space and a WRITING entry. Placed writes wait in a FIFO of write_inflight
- * x W_RUN_BLOCKS slots; at most write_inflight write requests are in flight, each carrying
- * up to W_RUN_BLOCKS records that follow each other in the ring as one vectored write (the
+ * x write_merge slots; at most write_inflight write requests are in flight, each carrying
+ * up to write_merge (8) records that follow each other in the ring as one vectored write (the
  * gaps between records from a zero page), so a depth of 2 keeps several blocks queued at
  * the device. Each record keeps its own header and checksums; a request's completion is
  * shared out by byte offset (a short write fails the records past its end). Results are
@@ -38,11 +38,11 @@ struct wslot {
     uint64_t run_off; /* in a run: this record's byte offset within the request */
 };
 
-/* A write request carries up to W_RUN_BLOCKS records that follow each other in the ring
- * (W_RUN_BYTES at most, one part: at most SSD_IOV_MAX iovecs), the gaps between them (a
- * record's span past its bytes, < 4 KiB) written from zero_pad. */
-#define W_RUN_BLOCKS 8u
-#define W_RUN_BYTES  (8ull << 20)
+/* A write request carries up to cfg.write_merge records that follow each other in the ring
+ * (W_RUN_BYTES at most unless a single record is larger, one part: at most SSD_IOV_MAX
+ * iovecs), the gaps between them (a record's span past its bytes, < 4 KiB) written from
+ * zero_pad. */
+#define W_RUN_BYTES (8ull << 20)
 static uint8_t zero_pad[SSD_REC_ALIGN] __attribute__((aligned(SSD_REC_ALIGN)));
 
 struct writer {
@@ -352,7 +352,7 @@ static size_t run_length(struct writer *w, size_t i, int *niov_p)
     int niov = sl->io.niov;
     uint64_t bytes = rec_span(sl);
     size_t k = 1;
-    while (sl->io.nparts == 1 && i + k < w->count && k < W_RUN_BLOCKS) {
+    while (sl->io.nparts == 1 && i + k < w->count && k < w->s->cfg.write_merge) {
         struct wslot *pv = fifo_at(w, i + k - 1), *nx = fifo_at(w, i + k);
         int add = nx->io.niov + (rec_span(pv) > pv->io.len ? 1 : 0);
         if (nx->io.err || nx->io.submitted || nx->io.nparts != 1 || nx->io.file != sl->io.file ||
@@ -625,7 +625,7 @@ void *ssd_writer_main(void *arg)
 {
     struct writer w = {.s = arg};
     struct pf_ssd *s = w.s;
-    w.cap = (size_t)s->cfg.write_inflight * W_RUN_BLOCKS; /* placed, in flight or waiting */
+    w.cap = (size_t)s->cfg.write_inflight * s->cfg.write_merge; /* placed: in flight or waiting */
     w.fifo = calloc(w.cap, sizeof(*w.fifo));
     if (!w.fifo) {
         pf_error("SSD writer: out of memory; SSD writes disabled");

@@ -28,7 +28,7 @@ static void test_weak_refs(void **st)
     struct pf_ssd_config c = ssdt_config(&t, 4 << 20);
     c.write_inflight = 1;
     ssdt_open(&t, &c);
-    /* one request in flight carries up to W_RUN_BLOCKS (8) placed blocks: the ninth waits */
+    /* one request in flight carries up to write_merge (8) placed blocks: the ninth waits */
     struct pf_block *b[9];
     for (uint32_t i = 0; i < 9; i++)
         b[i] = blk(&t, 1 + i);
@@ -345,6 +345,34 @@ static void test_merged_writes(void **st)
     ssdt_fini(&t);
 }
 
+/* write_merge 1: one request per record, write_inflight records placed at most (the
+ * behaviour before merging) */
+static void test_write_merge_one(void **st)
+{
+    struct ssdt t;
+    ssdt_init(&t, 16 << 20, NULL);
+    struct pf_ssd_config c = ssdt_config(&t, 4 << 20);
+    c.write_merge = 1;
+    c.write_inflight = 2;
+    ssdt_open(&t, &c);
+    struct pf_block *b[4];
+    for (uint32_t i = 0; i < 4; i++)
+        b[i] = blk(&t, 90 + i);
+    gate_hold(t.gate, PF_BLK_WRITE, true);
+    assert_int_equal(pf_ssd_offer(t.ssd, b, 4), 0);
+    SSDT_WAIT(gate_submitted(t.gate, PF_BLK_WRITE) == 2);
+    usleep(20000);
+    assert_int_equal(ssdt_metric("pegaflow_ssd_write_inflight"), 2);
+    assert_int_equal(gate_submitted(t.gate, PF_BLK_WRITE), 2);
+    gate_hold(t.gate, PF_BLK_WRITE, false);
+    assert_int_equal(pf_ssd_flush(t.ssd, 10000), 0);
+    assert_int_equal(gate_submitted(t.gate, PF_BLK_WRITE), 4);
+    assert_int_equal(fetch_exact(&t, b, 4), 4);
+    for (int i = 0; i < 4; i++)
+        pf_block_put(b[i]);
+    ssdt_fini(&t);
+}
+
 /* A merged request that fails fails exactly its records (none is committed); offered
  * again they are written. */
 static void test_merged_write_failure(void **st)
@@ -384,6 +412,7 @@ int main(void)
         cmocka_unit_test(test_stop_is_bounded),
         cmocka_unit_test(test_merged_writes),
         cmocka_unit_test(test_merged_write_failure),
+        cmocka_unit_test(test_write_merge_one),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
