@@ -225,9 +225,19 @@ static int start_write(struct writer *w, struct pf_block *b)
         uint64_t used = 0;
         for (size_t i = 0; i < q.nids; i++)
             used += ssd_index_ns_bytes(&s->idx, q.ids[i]);
-        if (used + total > q.quota) {
-            /* what is left are the tenant's writes still in flight */
+        if (used + total > q.quota && w->count > 0) {
+            /* what is left are writes placed and not committed yet (up to write_inflight x
+             * write_merge of them): wait for them, once committed they can be shed */
             pthread_mutex_unlock(&s->mu);
+            quota_count(s, &q, q.shed_blocks, q.shed_bytes, 0);
+            free(q.ids);
+            free(rs);
+            free(hdr);
+            pf_block_put(b); /* keep the weak reference: retried after completions */
+            return W_BLOCKED;
+        }
+        if (used + total > q.quota) {
+            pthread_mutex_unlock(&s->mu); /* cannot happen with nothing in flight: refused */
             quota_count(s, &q, q.shed_blocks, q.shed_bytes, total);
             goto skip;
         }
