@@ -2,7 +2,9 @@
  * resident blocks, split into request decoding (the server's zero-copy wire reader) and the
  * engine's work (key hashing, lookup, lease, reuse estimator), and within that the RAM
  * cache's prefix lookup alone (keys already hashed, lines warm from the engine's pass: a lower
- * bound). In-process: no network, no scheduler wake-ups. */
+ * bound), once taking references (pf_cache_prefix) and once pinning (pf_cache_prefix_pin, the
+ * query's path), in the same iterations. Means and per-iteration medians (a loaded VM's
+ * preemptions move the means). In-process: no network, no scheduler wake-ups. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +48,7 @@ int main(int argc, char **argv)
     if (n < 8192 || iters4096 < 1)
         return usage();
     double dec_us[2] = {0, 0}, eng_us[2] = {0, 0}, cache_us[2] = {0, 0};
+    double eng_p50[2] = {0, 0}, cache_p50[2] = {0, 0}, pin_p50[2] = {0, 0};
     char chosen[32], err[256];
     struct pf_gpu *g;
     struct pf_gpu_config gc = {.sim_default_devices = 1};
@@ -98,6 +101,14 @@ int main(int argc, char **argv)
     for (int qi = 0; qi < 2; qi++) {
         int iters = qi ? iters4096 : 20000;
         double t_dec = 0, t_eng = 0, t_cache = 0;
+        /* per-iteration times: the medians are what a loaded VM still measures (a mean takes
+         * every preemption in) */
+        double *v_eng = malloc((size_t)iters * sizeof(*v_eng));
+        double *v_cache = malloc((size_t)iters * sizeof(*v_cache));
+        double *v_pin = malloc((size_t)iters * sizeof(*v_pin));
+        double *v_unpin = malloc((size_t)iters * sizeof(*v_unpin));
+        if (!v_eng || !v_cache || !v_pin || !v_unpin)
+            return 1;
         ProtobufCBinaryData *bd = malloc(qn[qi] * sizeof(*bd));
         struct pf_bytes *pb = malloc(qn[qi] * sizeof(*pb));
         for (int it = 0; it < iters; it++) {
@@ -136,18 +147,44 @@ int main(int argc, char **argv)
             }
             t_dec += t1 - t0;
             t_eng += t2 - t1;
+            v_eng[it] = t2 - t1;
             /* the RAM cache's part alone: prefix lookup of the same keys (already hashed) */
             double t3 = bu_now();
             size_t got = pf_cache_prefix(pf_engine_cache(e), keys + first, qn[qi], hit);
-            t_cache += bu_now() - t3;
+            double t4 = bu_now();
+            t_cache += t4 - t3;
+            v_cache[it] = t4 - t3;
             for (size_t i = 0; i < got; i++)
                 pf_block_put(hit[i]);
+            /* the same lookup pinning instead of referencing (what the engine's query does),
+             * unpin included as the puts above are */
+            double t5 = bu_now();
+            got = pf_cache_prefix_pin(pf_engine_cache(e), keys + first, qn[qi], hit);
+            double t6 = bu_now();
+            pf_cache_unpin(pf_engine_cache(e), hit, got);
+            v_pin[it] = t6 - t5;
+            v_unpin[it] = bu_now() - t6;
         }
         printf("%4zu hashes: request decode %.1f us, engine query %.1f us (%.0f ns/hash), of "
                "which cache prefix lookup %.1f us (%.0f ns/key)\n",
                qn[qi], t_dec / iters * 1e6, t_eng / iters * 1e6,
                t_eng / iters * 1e9 / (double)qn[qi], t_cache / iters * 1e6,
                t_cache / iters * 1e9 / (double)qn[qi]);
+        eng_p50[qi] = bu_median(v_eng, iters) * 1e6;
+        cache_p50[qi] = bu_median(v_cache, iters) * 1e6;
+        printf("%4zu hashes: medians: engine query %.1f us (%.1f ns/hash), cache prefix lookup "
+               "%.1f us (%.1f ns/key)\n",
+               qn[qi], eng_p50[qi], eng_p50[qi] * 1e3 / (double)qn[qi], cache_p50[qi],
+               cache_p50[qi] * 1e3 / (double)qn[qi]);
+        pin_p50[qi] = bu_median(v_pin, iters) * 1e6;
+        printf("%4zu hashes: medians: cache prefix lookup pinning %.1f us (%.1f ns/key), unpin "
+               "%.1f us\n",
+               qn[qi], pin_p50[qi], pin_p50[qi] * 1e3 / (double)qn[qi],
+               bu_median(v_unpin, iters) * 1e6);
+        free(v_eng);
+        free(v_cache);
+        free(v_pin);
+        free(v_unpin);
         dec_us[qi] = t_dec / iters * 1e6;
         eng_us[qi] = t_eng / iters * 1e6;
         cache_us[qi] = t_cache / iters * 1e6;
@@ -164,6 +201,10 @@ int main(int argc, char **argv)
         bu_json_num(root, "decode_us_4096", dec_us[1]);
         bu_json_num(root, "engine_us_4096", eng_us[1]);
         bu_json_num(root, "cache_us_4096", cache_us[1]);
+        bu_json_num(root, "engine_p50_us_1", eng_p50[0]);
+        bu_json_num(root, "engine_p50_us_4096", eng_p50[1]);
+        bu_json_num(root, "cache_p50_us_4096", cache_p50[1]);
+        bu_json_num(root, "cache_pin_p50_us_4096", pin_p50[1]);
         bu_json_write(root, json);
     }
     free(keys);

@@ -35,6 +35,7 @@ struct pf_server_config {
     uint64_t ssd_write_queue_depth;
     uint64_t ssd_prefetch_queue_depth;
     uint64_t ssd_write_inflight;
+    uint64_t ssd_write_merge;
     uint64_t ssd_prefetch_inflight;
     uint64_t ssd_prefetch_staging;
     bool ssd_recover;

@@ -257,6 +257,7 @@ static int start_ssd(struct server_app *a)
         .write_queue_depth = (uint32_t)a->cfg.ssd_write_queue_depth,
         .prefetch_queue_depth = (uint32_t)a->cfg.ssd_prefetch_queue_depth,
         .write_inflight = (uint32_t)a->cfg.ssd_write_inflight,
+        .write_merge = (uint32_t)a->cfg.ssd_write_merge,
         .prefetch_inflight = (uint32_t)a->cfg.ssd_prefetch_inflight,
         .max_prefetch_blocks = (uint32_t)a->cfg.max_prefetch_blocks,
         .integrity = a->cfg.integrity,

@@ -14,7 +14,11 @@
 
 /* ---- record layout (see pf/block.h) ---- */
 
-#define HDR       offsetof(struct pf_block, tail)
+#define HDR offsetof(struct pf_block, tail)
+/* the lookup fields (through the inline hash bytes) stay in the first 56 bytes and the
+ * header at 92 bytes (record sizes, docs/architecture.md) */
+_Static_assert(offsetof(struct pf_block, hash) + PF_BLOCK_HASH_INLINE == 56, "lookup fields");
+_Static_assert(offsetof(struct pf_block, tail) == 92, "block header size");
 #define GEO_SMALL 8
 #define GEO_WIDE  12
 #define PAD_MAX   0xffffu

@@ -7,6 +7,7 @@
  * through a software pipeline (below) that prefetches buckets and blocks ahead of the
  * comparisons, so a prefix query over thousands of hashes runs at the machine's
  * memory-level parallelism rather than one memory latency after another. */
+#include <assert.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -99,6 +100,12 @@ static void unlink_block(struct pf_cache *c, struct pf_block *b)
     if (pf_block_ns(b) < c->ns_cap)
         c->ns_bytes[pf_block_ns(b)] -= fp;
     b->resident = 0;
+    if (b->pins && !b->pinref) {
+        /* leaving the index while leased: the pins keep the block alive from now on (the
+         * caller takes over the cache's reference); the last unpin drops this one */
+        pf_block_get(b);
+        b->pinref = 1;
+    }
 }
 
 /* Room for namespace id ns in ns_bytes (cache lock). */
@@ -260,6 +267,92 @@ out:
     return i;
 }
 
+size_t pf_cache_prefix_pin(struct pf_cache *c, const struct pf_block_key *keys, size_t n,
+                           struct pf_block **out)
+{
+    struct pipe p;
+    size_t i = 0;
+    pthread_mutex_lock(&c->mu);
+    if (c->index.count == 0 || n == 0)
+        goto out;
+    pipe_start(c, &p, keys, n);
+    for (; i < n; i++) {
+        struct pf_block *b = pipe_find(c, &p, i);
+        if (!b || b->pins == PF_CACHE_PIN_MAX)
+            break; /* a hit that cannot be pinned ends the prefix like a miss */
+        hit(c, b, p.h[i % PIPE]);
+        b->pins++; /* a plain add on the line the comparison loaded: no locked instruction */
+        out[i] = b;
+    }
+out:
+    pthread_mutex_unlock(&c->mu);
+    return i;
+}
+
+/* Drops one pin of b (cache lock); returns b when the pins' own reference must be put. */
+static struct pf_block *unpin_locked(struct pf_block *b)
+{
+    assert(b->pins > 0);
+    if (--b->pins == 0 && b->pinref) {
+        b->pinref = 0;
+        return b;
+    }
+    return NULL;
+}
+
+/* Puts the references unpin_locked handed back (outside the lock: a put may free). */
+static void put_released(struct pf_block **rel, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        pf_block_put(rel[i]);
+}
+
+#define UNPIN_BATCH 256
+
+void pf_cache_unpin(struct pf_cache *c, struct pf_block *const *blocks, size_t n)
+{
+    struct pf_block *rel[UNPIN_BATCH];
+    for (size_t done = 0; done < n;) {
+        size_t nrel = 0;
+        pthread_mutex_lock(&c->mu);
+        /* at most UNPIN_BATCH blocks a lock hold: every one may hand back a reference */
+        size_t end = n - done < UNPIN_BATCH ? n : done + UNPIN_BATCH;
+        for (; done < end; done++) {
+            struct pf_block *r = unpin_locked(blocks[done]);
+            if (r)
+                rel[nrel++] = r;
+        }
+        pthread_mutex_unlock(&c->mu);
+        put_released(rel, nrel);
+    }
+}
+
+void pf_cache_pins_to_refs(struct pf_cache *c, struct pf_block *const *blocks, size_t n)
+{
+    struct pf_block *rel[UNPIN_BATCH];
+    for (size_t done = 0; done < n;) {
+        size_t nrel = 0;
+        pthread_mutex_lock(&c->mu);
+        size_t end = n - done < UNPIN_BATCH ? n : done + UNPIN_BATCH;
+        for (; done < end; done++) {
+            pf_block_get(blocks[done]); /* before the pin goes: never a moment unowned */
+            struct pf_block *r = unpin_locked(blocks[done]);
+            if (r)
+                rel[nrel++] = r;
+        }
+        pthread_mutex_unlock(&c->mu);
+        put_released(rel, nrel);
+    }
+}
+
+size_t pf_cache_pins(struct pf_cache *c, const struct pf_block *b)
+{
+    pthread_mutex_lock(&c->mu);
+    size_t v = b->pins;
+    pthread_mutex_unlock(&c->mu);
+    return v;
+}
+
 size_t pf_cache_lookup_each(struct pf_cache *c, const struct pf_block_key *keys, size_t n,
                             struct pf_block **out)
 {
@@ -383,8 +476,8 @@ static size_t evict(struct pf_cache *c, size_t max, struct pf_block **out, size_
                 pos = prev == l ? l->prev : prev;
                 continue;
             }
-            if (pf_block_strong(b) > 1) {
-                pf_list_move(l, &b->lru); /* referenced: keep it, look further */
+            if (pf_block_strong(b) > 1 || b->pins) {
+                pf_list_move(l, &b->lru); /* referenced or leased: keep it, look further */
                 skipped++;
                 pos = prev == l ? l->prev : prev;
                 continue;

@@ -1,4 +1,7 @@
-/* Lease table: hash map id -> lease under one mutex, plus an expiry sweep. */
+/* Lease table: hash map id -> lease under one mutex, plus an expiry sweep. A lease holds its
+ * blocks either as strong references or as pins in the RAM cache (pf_cache_prefix_pin: the
+ * query's hot path, no atomic per block); freeing it puts or unpins them outside the table
+ * lock. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -7,6 +10,7 @@
 #include <string.h>
 
 #define PF_LOG_MOD "lease"
+#include "pf/cache.h"
 #include "pf/lease.h"
 #include "pf/log.h"
 #include "pf/metrics.h"
@@ -18,6 +22,7 @@ struct lease {
     char *instance;
     struct pf_block **blocks;
     size_t n;
+    struct pf_cache *pinned; /* the blocks are pins in this cache, else strong references */
     uint32_t shares;
     bool want;               /* scratch of pf_lease_commit_all, under the table lock */
     struct lease *gone_next; /* pf_lease_commit_all's list of leases to free */
@@ -35,8 +40,11 @@ struct pf_lease_table {
 
 static void lease_free(struct lease *l)
 {
-    for (size_t i = 0; i < l->n; i++)
-        pf_block_put(l->blocks[i]);
+    if (l->pinned)
+        pf_cache_unpin(l->pinned, l->blocks, l->n);
+    else
+        for (size_t i = 0; i < l->n; i++)
+            pf_block_put(l->blocks[i]);
     free(l->blocks);
     free(l->instance);
     free(l);
@@ -160,8 +168,26 @@ size_t pf_lease_sweep(struct pf_lease_table *t)
     return n;
 }
 
+static int lease_new(struct pf_lease_table *t, struct pf_cache *pinned, const char *instance_id,
+                     struct pf_block **blocks, size_t n, uint32_t shares,
+                     uint8_t id_out[PF_LEASE_ID_LEN]);
+
 int pf_lease_create(struct pf_lease_table *t, const char *instance_id, struct pf_block **blocks,
                     size_t n, uint32_t shares, uint8_t id_out[PF_LEASE_ID_LEN])
+{
+    return lease_new(t, NULL, instance_id, blocks, n, shares, id_out);
+}
+
+int pf_lease_create_pinned(struct pf_lease_table *t, struct pf_cache *c, const char *instance_id,
+                           struct pf_block **blocks, size_t n, uint32_t shares,
+                           uint8_t id_out[PF_LEASE_ID_LEN])
+{
+    return lease_new(t, c, instance_id, blocks, n, shares, id_out);
+}
+
+static int lease_new(struct pf_lease_table *t, struct pf_cache *pinned, const char *instance_id,
+                     struct pf_block **blocks, size_t n, uint32_t shares,
+                     uint8_t id_out[PF_LEASE_ID_LEN])
 {
     struct lease *l = calloc(1, sizeof(*l));
     int rc = -ENOMEM;
@@ -173,6 +199,7 @@ int pf_lease_create(struct pf_lease_table *t, const char *instance_id, struct pf
         goto err_free;
     memcpy(l->blocks, blocks, n * sizeof(*blocks));
     l->n = n;
+    l->pinned = pinned;
     l->shares = shares ? shares : 1;
     rc = pf_uuid_v4(l->id);
     if (rc) {
@@ -197,8 +224,11 @@ err_free:
         free(l);
     }
 err_put:
-    for (size_t i = 0; i < n; i++)
-        pf_block_put(blocks[i]);
+    if (pinned)
+        pf_cache_unpin(pinned, blocks, n);
+    else
+        for (size_t i = 0; i < n; i++)
+            pf_block_put(blocks[i]);
     return rc;
 }
 

@@ -1,6 +1,8 @@
 /* QueryPrefetch and Release (reference §2.3, §2.4). Group 0 is a prefix query: the longest
  * run of resident blocks from the first hash. A Ready answer with hits pins those blocks
- * with a lease (one share per worker of the instance). A RAM miss leaves no state behind,
+ * with a lease (one share per worker of the instance): RAM hits are cache pins
+ * (pf_cache_prefix_pin, no atomic per block), turned into strong references only when a
+ * background task may take the prefix over. A RAM miss leaves no state behind,
  * so the same req_id can hit later. After the RAM prefix the query plans the rest across the
  * backing tiers at once (pf_prefetch_plan: the local SSD index, one MetaServer discovery with
  * a short deadline) and counts the plan in pegaflow_cache_tier_block_requests_total; a plan
@@ -39,6 +41,17 @@ static void record_hll(struct pf_engine *e, struct pf_instance *in, const struct
         pf_hll_record(e->hll, in->ns, h, l, k, done == 0 ? total : 0);
         done += k;
     } while (done < nmiss);
+}
+
+/* Gives up blocks a lookup returned: pins (pf_cache_prefix_pin) or strong references. */
+static void drop_blocks(struct pf_engine *e, struct pf_block **blocks, size_t n, bool pinned)
+{
+    if (pinned) {
+        pf_cache_unpin(e->cache, blocks, n);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        pf_block_put(blocks[i]);
 }
 
 /* hit_positions 0..n-1 (want-set answers). */
@@ -259,7 +272,9 @@ int pf_engine_query(struct pf_engine *e, const struct pf_engine_query *q,
         pf_prefetch_task_put(t);
         goto out;
     }
-    size_t hits = pf_cache_prefix(e->cache, keys, q->n, blocks);
+    /* the hits are pinned (no atomic per block); a lease takes the pins over */
+    size_t hits = pf_cache_prefix_pin(e->cache, keys, q->n, blocks);
+    bool pinned = true;
     if (!want_set) {
         pf_metric_add(e->m_hits, (double)hits);
         pf_metric_add(e->m_misses, (double)(q->n - hits));
@@ -268,6 +283,9 @@ int pf_engine_query(struct pf_engine *e, const struct pf_engine_query *q,
     if (hits < q->n && e->ntiers) {
         /* the plan: which tier serves which run of the rest, decided now (one bounded
          * discovery), counted now (ram + tiers + miss = asked) */
+        /* a background task may take the prefix over: it holds strong references */
+        pf_cache_pins_to_refs(e->cache, blocks, hits);
+        pinned = false;
         bool full = q->wait_for_full_prefix;
         struct pf_plan plan;
         pf_prefetch_plan(e, req, keys + hits, q->n - hits, full, &plan);
@@ -296,19 +314,19 @@ int pf_engine_query(struct pf_engine *e, const struct pf_engine_query *q,
 answer:
     res->num_hit_blocks = (uint32_t)hits;
     if (want_set && hits < q->n) {
-        for (size_t i = 0; i < hits; i++) /* a partial want-set is a miss: no lease */
-            pf_block_put(blocks[i]);
+        drop_blocks(e, blocks, hits, pinned); /* a partial want-set is a miss: no lease */
         goto out;
     }
     if (!want_set)
         record_hll(e, in, keys + hits, q->n - hits, q->n);
     if (want_set && (rc = positions_all(res, hits)) != 0) {
-        for (size_t i = 0; i < hits; i++)
-            pf_block_put(blocks[i]);
+        drop_blocks(e, blocks, hits, pinned);
         goto out;
     }
     if (hits > 0) {
-        rc = pf_lease_create(e->leases, in->id, blocks, hits, in->world_size, res->lease);
+        rc = pinned ? pf_lease_create_pinned(e->leases, e->cache, in->id, blocks, hits,
+                                             in->world_size, res->lease)
+                    : pf_lease_create(e->leases, in->id, blocks, hits, in->world_size, res->lease);
         if (rc) {
             snprintf(err, errlen, "cannot create a lease: %s", strerror(-rc));
             goto out;

@@ -63,8 +63,9 @@ void ssd_metrics_init(struct ssd_metrics *m)
                                    NULL);
     m->w_pending = pf_metric_gauge("pegaflow_ssd_write_queue_pending",
                                    "Blocks offered to the SSD writer and not yet placed", NULL);
-    m->w_inflight =
-        pf_metric_gauge("pegaflow_ssd_write_inflight", "Block writes in flight to the SSD", NULL);
+    m->w_inflight = pf_metric_gauge(
+        "pegaflow_ssd_write_inflight",
+        "Block writes placed and not yet committed (in flight or waiting for a request)", NULL);
     m->w_tput = pf_metric_histogram("pegaflow_ssd_write_throughput_bytes_per_second",
                                     "Throughput of each block write to the SSD", NULL, tput_buckets,
                                     PF_ARRAY_SIZE(tput_buckets));
@@ -193,6 +194,10 @@ static void defaults(struct pf_ssd_config *c)
         c->prefetch_queue_depth = 2;
     if (!c->write_inflight)
         c->write_inflight = 2;
+    if (!c->write_merge)
+        c->write_merge = 8;
+    if (c->write_merge > 64)
+        c->write_merge = 64;
     if (!c->prefetch_inflight)
         c->prefetch_inflight = 16;
     if (!c->max_prefetch_blocks)
@@ -210,11 +215,11 @@ static void log_config(const struct pf_ssd *s, const char *backend)
             s->nshards, shard, s->cfg.npaths, s->cfg.shards_per_path, backend);
     for (uint32_t i = 0; i < s->nshards; i++)
         pf_info("  shard %u: %s", i, s->paths[i]);
-    pf_info("SSD cache: write queue %u batch(es), %u write(s) in flight; prefetch queue %u "
-            "batch(es), %u read(s) in flight, max %u prefetching block(s), staging at most %llu "
-            "bytes; integrity %s; I/O timeout %llu ms",
-            s->cfg.write_queue_depth, s->cfg.write_inflight, s->cfg.prefetch_queue_depth,
-            s->cfg.prefetch_inflight, s->cfg.max_prefetch_blocks,
+    pf_info("SSD cache: write queue %u batch(es), %u write(s) in flight of up to %u record(s); "
+            "prefetch queue %u batch(es), %u read(s) in flight, max %u prefetching block(s), "
+            "staging at most %llu bytes; integrity %s; I/O timeout %llu ms",
+            s->cfg.write_queue_depth, s->cfg.write_inflight, s->cfg.write_merge,
+            s->cfg.prefetch_queue_depth, s->cfg.prefetch_inflight, s->cfg.max_prefetch_blocks,
             (unsigned long long)s->cfg.prefetch_staging_bytes, s->cfg.integrity ? "checked" : "off",
             (unsigned long long)s->io_timeout_ms);
     pf_info("SSD cache: recovery %s", s->cfg.recover

@@ -5,8 +5,13 @@
  * block evicted and freed while it waited is skipped and never pinned by the queue.
  * Placement: duplicates (key already WRITING or COMMITTED), blocks larger than a shard and
  * blocks not laid out for O_DIRECT are skipped; otherwise the next shard (round-robin)
- * reserves ring space and a WRITING entry. At most write_inflight block writes are in
- * flight (FIFO); results are committed in submission order (COMMITTED on a full-length
+ * reserves ring space and a WRITING entry. Placed writes wait in a FIFO of write_inflight
+ * x write_merge slots; at most write_inflight write requests are in flight, each carrying
+ * up to write_merge (8) records that follow each other in the ring as one vectored write (the
+ * gaps between records from a zero page), so a depth of 2 keeps several blocks queued at
+ * the device. Each record keeps its own header and checksums; a request's completion is
+ * shared out by byte offset (a short write fails the records past its end). Results are
+ * committed in submission order (COMMITTED on a full-length
  * write, entry removed otherwise). A placement whose new ring tail would overtake a write
  * still owned by the device waits until that write completes, so two writes never race
  * for the same bytes. A write outliving io_timeout_ms fails (entry removed) but its block
@@ -24,12 +29,21 @@
 #define W_STOP_GRACE_MS 5000
 
 struct wslot {
-    struct ssd_io io;
+    struct ssd_io io;   /* in a run: io.id is the run's (its first record's) id */
     struct pf_block *b; /* strong reference for the duration of the write */
     uint8_t *hdr;       /* the record header (O_DIRECT-aligned), written before the payload */
     struct ssd_place place;
     uint64_t seq;
+    bool in_run;      /* written by a request of several records */
+    uint64_t run_off; /* in a run: this record's byte offset within the request */
 };
+
+/* A write request carries up to cfg.write_merge records that follow each other in the ring
+ * (W_RUN_BYTES at most unless a single record is larger, one part: at most SSD_IOV_MAX
+ * iovecs), the gaps between them (a record's span past its bytes, < 4 KiB) written from
+ * zero_pad. */
+#define W_RUN_BYTES (8ull << 20)
+static uint8_t zero_pad[SSD_REC_ALIGN] __attribute__((aligned(SSD_REC_ALIGN)));
 
 struct writer {
     struct pf_ssd *s;
@@ -211,9 +225,19 @@ static int start_write(struct writer *w, struct pf_block *b)
         uint64_t used = 0;
         for (size_t i = 0; i < q.nids; i++)
             used += ssd_index_ns_bytes(&s->idx, q.ids[i]);
-        if (used + total > q.quota) {
-            /* what is left are the tenant's writes still in flight */
+        if (used + total > q.quota && w->count > 0) {
+            /* what is left are writes placed and not committed yet (up to write_inflight x
+             * write_merge of them): wait for them, once committed they can be shed */
             pthread_mutex_unlock(&s->mu);
+            quota_count(s, &q, q.shed_blocks, q.shed_bytes, 0);
+            free(q.ids);
+            free(rs);
+            free(hdr);
+            pf_block_put(b); /* keep the weak reference: retried after completions */
+            return W_BLOCKED;
+        }
+        if (used + total > q.quota) {
+            pthread_mutex_unlock(&s->mu); /* cannot happen with nothing in flight: refused */
             quota_count(s, &q, q.shed_blocks, q.shed_bytes, total);
             goto skip;
         }
@@ -285,7 +309,7 @@ static int start_write(struct writer *w, struct pf_block *b)
     sl->io.file = s->files[place.shard];
     sl->io.off = sl->io.next_off = place.off - place.hdr_len;
     sl->io.len = place.hdr_len + len;
-    sl->io.t0_ns = pf_now_ns();
+    sl->io.t0_ns = pf_now_ns(); /* again when submitted (submit_runs) */
     if (!sl->io.iov) {
         sl->io.err = -ENOMEM;
     } else {
@@ -298,9 +322,7 @@ static int start_write(struct writer *w, struct pf_block *b)
     w->count++;
     pf_metric_add(s->m.w_inflight, 1);
     pf_block_weak_put(b);
-    if (!sl->io.err)
-        ssd_io_submit(s->wqueue, &sl->io);
-    return W_STARTED;
+    return W_STARTED; /* submitted by submit_runs, possibly with its neighbours */
 skip:
     quota_count(s, &q, q.shed_blocks, q.shed_bytes, 0);
     free(q.ids);
@@ -309,6 +331,125 @@ skip:
     pf_block_put(b);
     pf_block_weak_put(b);
     return W_SKIPPED;
+}
+
+/* Ring bytes of a slot's record (the request bytes plus the gap to the next record). */
+static uint64_t rec_span(const struct wslot *sl)
+{
+    return (sl->io.len + SSD_REC_ALIGN - 1) / SSD_REC_ALIGN * SSD_REC_ALIGN;
+}
+
+/* Requests the device holds for the FIFO (a run's records are adjacent in it). */
+static uint32_t requests_in_flight(struct writer *w)
+{
+    uint32_t n = 0;
+    uint64_t last = UINT64_MAX;
+    for (size_t i = 0; i < w->count; i++) {
+        struct wslot *sl = fifo_at(w, i);
+        if (ssd_io_outstanding(&sl->io) > 0 && sl->io.id != last) {
+            n++;
+            last = sl->io.id;
+        }
+    }
+    return n;
+}
+
+/* How many FIFO slots from i (unsubmitted, one part each, on the same file, each starting
+ * where the previous one's span ends) one request can carry; *niov_p its iovecs. */
+static size_t run_length(struct writer *w, size_t i, int *niov_p)
+{
+    struct wslot *sl = fifo_at(w, i);
+    int niov = sl->io.niov;
+    uint64_t bytes = rec_span(sl);
+    size_t k = 1;
+    while (sl->io.nparts == 1 && i + k < w->count && k < w->s->cfg.write_merge) {
+        struct wslot *pv = fifo_at(w, i + k - 1), *nx = fifo_at(w, i + k);
+        int add = nx->io.niov + (rec_span(pv) > pv->io.len ? 1 : 0);
+        if (nx->io.err || nx->io.submitted || nx->io.nparts != 1 || nx->io.file != sl->io.file ||
+            nx->io.off != pv->io.off + rec_span(pv) || niov + add > SSD_IOV_MAX ||
+            bytes + rec_span(nx) > W_RUN_BYTES)
+            break;
+        niov += add;
+        bytes += rec_span(nx);
+        k++;
+    }
+    *niov_p = niov;
+    return k;
+}
+
+/* Submits the FIFO's unsubmitted writes in order, consecutive records merged into one
+ * request, while fewer than write_inflight requests are in flight (and the remaining parts
+ * of multi-part records). A full device queue leaves the rest for the next call. */
+static void submit_runs(struct writer *w)
+{
+    struct pf_ssd *s = w->s;
+    uint32_t reqs = requests_in_flight(w);
+    uint64_t now = pf_now_ns();
+    for (size_t i = 0; i < w->count;) {
+        struct wslot *sl = fifo_at(w, i);
+        if (sl->io.err || sl->io.submitted > 0) {
+            if (!sl->io.err && sl->io.submitted < sl->io.nparts)
+                ssd_io_submit(s->wqueue, &sl->io);
+            i++;
+            continue;
+        }
+        if (reqs >= s->cfg.write_inflight)
+            return;
+        int niov;
+        size_t k = run_length(w, i, &niov);
+        if (k == 1) {
+            sl->io.t0_ns = now;
+            ssd_io_submit(s->wqueue, &sl->io);
+            if (sl->io.submitted == 0 && !sl->io.err)
+                return; /* device queue full */
+            reqs += sl->io.submitted > 0;
+            i++;
+            continue;
+        }
+        struct iovec *iov = malloc((size_t)niov * sizeof(*iov));
+        if (!iov)
+            return; /* retried on the next call */
+        int n = 0;
+        for (size_t j = 0; j < k; j++) {
+            struct wslot *m = fifo_at(w, i + j);
+            memcpy(iov + n, m->io.iov, (size_t)m->io.niov * sizeof(*iov));
+            n += m->io.niov;
+            m->run_off = m->io.off - sl->io.off;
+            if (j + 1 < k && rec_span(m) > m->io.len)
+                iov[n++] = (struct iovec){zero_pad, rec_span(m) - m->io.len};
+        }
+        int rc = pf_blk_submit(s->wqueue, sl->io.file, PF_BLK_WRITE, sl->io.off, iov, n,
+                               sl->io.id << SSD_TAG_SHIFT);
+        free(iov); /* the backend copies the iovec array */
+        if (rc == -EAGAIN)
+            return;
+        for (size_t j = 0; j < k; j++) {
+            struct wslot *m = fifo_at(w, i + j);
+            m->in_run = true;
+            m->io.id = sl->io.id;
+            m->io.t0_ns = now;
+            if (rc) {
+                m->io.err = rc;
+            } else {
+                m->io.submitted = 1;
+                m->io.next_off = m->io.off + m->io.len;
+            }
+        }
+        reqs += rc == 0;
+        i += k;
+    }
+}
+
+/* One completion for sl: its own, or its share of its run's (res counts the whole
+ * request's bytes: the record got those past its offset, up to its length). */
+static void complete_slot(struct wslot *sl, int64_t res)
+{
+    if (!sl->in_run || res < 0) {
+        ssd_io_complete(&sl->io, res);
+        return;
+    }
+    uint64_t got = (uint64_t)res > sl->run_off ? (uint64_t)res - sl->run_off : 0;
+    ssd_io_complete(&sl->io, (int64_t)(got < sl->io.len ? got : sl->io.len));
 }
 
 static void lost_add(struct writer *w, struct wslot *sl)
@@ -334,7 +475,9 @@ static void commit_front(struct writer *w, bool force)
     uint64_t now = pf_now_ns();
     while (w->count > 0) {
         struct wslot *sl = fifo_at(w, 0);
-        bool timed_out = now - sl->io.t0_ns >= s->io_timeout_ms * PF_NS_PER_MS;
+        /* a write not submitted yet waits for the request depth, not for the device */
+        bool timed_out =
+            sl->io.submitted > 0 && now - sl->io.t0_ns >= s->io_timeout_ms * PF_NS_PER_MS;
         if (!ssd_io_done(&sl->io) && !timed_out && !force)
             break;
         bool ok = ssd_io_done(&sl->io) && ssd_io_ok(&sl->io);
@@ -372,25 +515,24 @@ static void commit_front(struct writer *w, bool force)
     }
 }
 
+/* A completion goes to every slot of its request: one record, or a run's records (which
+ * may be split between the FIFO and the timed-out list). */
 static void dispatch(struct writer *w, const struct pf_blk_cqe *c)
 {
     uint64_t id = c->tag >> SSD_TAG_SHIFT;
     for (size_t i = 0; i < w->count; i++) {
         struct wslot *sl = fifo_at(w, i);
-        if (sl->io.id == id) {
-            ssd_io_complete(&sl->io, c->res);
-            return;
-        }
+        if (sl->io.id == id && ssd_io_outstanding(&sl->io) > 0)
+            complete_slot(sl, c->res);
     }
-    for (size_t i = 0; i < w->nlost; i++) {
-        if (w->lost[i].io.id != id)
+    for (size_t i = w->nlost; i-- > 0;) {
+        if (w->lost[i].io.id != id || ssd_io_outstanding(&w->lost[i].io) == 0)
             continue;
-        ssd_io_complete(&w->lost[i].io, c->res);
+        complete_slot(&w->lost[i], c->res);
         if (ssd_io_outstanding(&w->lost[i].io) == 0) {
             slot_release(&w->lost[i]);
             w->lost[i] = w->lost[--w->nlost];
         }
-        return;
     }
 }
 
@@ -472,6 +614,7 @@ static void shutdown_writer(struct writer *w)
     uint64_t grace = PF_MIN_OF(s->io_timeout_ms, W_STOP_GRACE_MS);
     uint64_t deadline = pf_now_ns() + grace * PF_NS_PER_MS;
     while (w->count > 0 && pf_now_ns() < deadline) {
+        submit_runs(w);
         poll_device(w, 20);
         commit_front(w, false);
     }
@@ -492,7 +635,7 @@ void *ssd_writer_main(void *arg)
 {
     struct writer w = {.s = arg};
     struct pf_ssd *s = w.s;
-    w.cap = s->cfg.write_inflight;
+    w.cap = (size_t)s->cfg.write_inflight * s->cfg.write_merge; /* placed: in flight or waiting */
     w.fifo = calloc(w.cap, sizeof(*w.fifo));
     if (!w.fifo) {
         pf_error("SSD writer: out of memory; SSD writes disabled");
@@ -535,12 +678,9 @@ void *ssd_writer_main(void *arg)
             free(w.cur);
             w.cur = NULL;
         }
-        /* parts left unsubmitted by a full device queue */
-        for (size_t i = 0; i < w.count; i++) {
-            struct wslot *sl = fifo_at(&w, i);
-            if (!sl->io.err && sl->io.submitted < sl->io.nparts)
-                ssd_io_submit(s->wqueue, &sl->io);
-        }
+        /* the placed writes, merged into requests up to the depth (and parts left
+         * unsubmitted by a full device queue) */
+        submit_runs(&w);
         if (w.count > 0 || w.nlost > 0) {
             /* completions wake the poll early; without pending work also look at the
              * queue regularly */

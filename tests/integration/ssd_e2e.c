@@ -351,8 +351,9 @@ static void sc_queuefull(void)
 {
     char path[512];
     path_of(path, sizeof(path), "qfull.dat");
-    /* the first write never completes: the writer holds the rest of that batch, one batch
-     * waits in the queue, every later one is dropped */
+    /* the first write request never completes: the writer holds the first batch (10
+     * blocks: 8 placed, the FIFO of 8 x --ssd-write-inflight slots full, 2 not yet
+     * placed), one batch waits in the queue, every later one is dropped */
     const char *extra[] = {"--enable-debug",
                            "--fault-spec",
                            "seed=5;blk.write:nth=2,times=1,drop=1", /* 1: the superblock */
@@ -368,18 +369,22 @@ static void sc_queuefull(void)
     struct world A;
     world_init(&A, "qf-A", "ns-qf", 1, 2, KV_SPLIT, 16, 8192, true);
     world_register(c, &A);
-    for (size_t h = 0; h < 16; h += 2) {
+    world_save_ok(c, &A, 0, 0, 10);
+    wait_sealed(c, A.id, 0, 10);
+    uint64_t dl = pft_now_ms() + TMO;
+    while (metric(&s, "pegaflow_ssd_write_inflight") < 8)
+        PFT_CHECK(pft_now_ms() < dl, "the writer did not place the first 8 writes");
+    for (size_t h = 10; h < 16; h += 2) {
         world_save_ok(c, &A, h, (uint32_t)h, 2);
         wait_sealed(c, A.id, h, 2);
-        uint64_t dl = pft_now_ms() + TMO;
-        while (h == 0 && metric(&s, "pegaflow_ssd_write_inflight") < 1)
-            PFT_CHECK(pft_now_ms() < dl, "the writer did not start the first write");
     }
     double qf = metric(&s, "pegaflow_ssd_write_queue_full_total");
-    PFT_CHECK(qf == 6, "queue-full drops %.0f, want 6 (8 batches: 1 writing, 1 queued)", qf);
-    PFT_CHECK(metric(&s, "pegaflow_ssd_write_queue_pending") == 3,
-              "pending %.0f, want 3 (1 of the writing batch + 2 queued)",
+    PFT_CHECK(qf == 2, "queue-full drops %.0f, want 2 (4 batches: 1 writing, 1 queued)", qf);
+    PFT_CHECK(metric(&s, "pegaflow_ssd_write_queue_pending") == 4,
+              "pending %.0f, want 4 (2 of the writing batch + 2 queued)",
               metric(&s, "pegaflow_ssd_write_queue_pending"));
+    PFT_CHECK(metric(&s, "pegaflow_ssd_write_inflight") == 8, "placed writes %.0f, want 8",
+              metric(&s, "pegaflow_ssd_write_inflight"));
     /* the server keeps serving from RAM */
     struct pf_query_result res;
     PFT_CHECK(query(c, A.id, "qf", 0, 16, &res) == 0 && !res.loading && res.num_hit_blocks == 16,
@@ -410,8 +415,9 @@ static void sc_spare(void)
     const size_t n = 192; /* 6 MiB a chunk in a 16 MiB pool */
     char fault[96];
     snprintf(fault, sizeof(fault), "seed=9;blk.write:nth=%zu,times=1,drop=1", n + 2);
-    const char *extra[] = {
-        "--enable-debug", "--fault-spec", fault, "--ssd-write-inflight", "1", NULL};
+    const char *extra[] = {"--enable-debug", "--fault-spec", fault, "--ssd-write-inflight", "1",
+                           /* one record per write request: write n + 2 is chunk 2's first block */
+                           "--ssd-write-merge", "1", NULL};
     struct pft_proc s;
     start(&s, "16mb", path, "64mb", extra);
     struct pf_client *c;

@@ -86,9 +86,11 @@ struct pf_block {
     struct pf_hnode hnode; /* cache index (owned by the cache); hnode.user = namespace id */
     _Atomic uint32_t strong;
     uint8_t keylen;
-    uint8_t accessed; /* hit since it was last examined by eviction (cache lock) */
-    uint8_t cls;
-    uint8_t resident;                   /* in the cache index (cache lock) */
+    uint8_t accessed : 1; /* hit since it was last examined by eviction (cache lock) */
+    uint8_t cls : 1;
+    uint8_t resident : 1; /* in the cache index (cache lock) */
+    uint8_t pinref : 1;   /* the cache holds a strong reference for the pins (cache lock) */
+    uint16_t pins;        /* lease pins (pf_cache_prefix_pin; cache lock, not atomic) */
     uint8_t hash[PF_BLOCK_HASH_INLINE]; /* key bytes [0, min(keylen, 32)) */
     _Atomic uint32_t weak;
     uint32_t inserted; /* pf_now_ns() >> 24 when inserted (cache; ~16.8 ms units) */

@@ -40,6 +40,25 @@ void pf_cache_destroy(struct pf_cache *c);
  * not NULL each hit's strong reference is taken into out[i] (caller puts). */
 size_t pf_cache_prefix(struct pf_cache *c, const struct pf_block_key *keys, size_t n,
                        struct pf_block **out);
+/* Lease pins (QueryPrefetch's hot path): like pf_cache_prefix, but each hit is pinned
+ * instead of referenced: a plain 16-bit count in the block record, changed under the cache
+ * lock on the line the key comparison already loaded, where a strong reference is a locked
+ * instruction per block. out (not NULL) gets the pinned blocks, no references. A pinned
+ * block is never evicted (eviction passes over it as over a referenced one); when it leaves
+ * the index anyway (pf_cache_remove_all: cleanup, shutdown) the cache takes one strong
+ * reference for all its pins, put by the last unpin, so a pinned block stays alive until
+ * then. A hit already pinned PF_CACHE_PIN_MAX times ends the prefix as a miss would. Every
+ * pin is dropped by pf_cache_unpin, or turned into a strong reference by
+ * pf_cache_pins_to_refs, on this same cache, before it is destroyed. */
+#define PF_CACHE_PIN_MAX 0xffffu
+size_t pf_cache_prefix_pin(struct pf_cache *c, const struct pf_block_key *keys, size_t n,
+                           struct pf_block **out);
+/* Drops one pin of each block (the same block may appear several times, once per pin). */
+void pf_cache_unpin(struct pf_cache *c, struct pf_block *const *blocks, size_t n);
+/* Trades one pin of each block for a strong reference the caller owns (puts). */
+void pf_cache_pins_to_refs(struct pf_cache *c, struct pf_block *const *blocks, size_t n);
+/* The pin count of b (tests). */
+size_t pf_cache_pins(struct pf_cache *c, const struct pf_block *b);
 /* Looks up every key independently (membership); hits refresh recency. out[i] gets a
  * strong reference or NULL. Returns the number of hits. */
 size_t pf_cache_lookup_each(struct pf_cache *c, const struct pf_block_key *keys, size_t n,

@@ -1,8 +1,8 @@
 /* Leases: "QueryPrefetch pins, Load consumes, Release cancels".
  *
- * A lease holds strong references to the blocks a Ready answer reported, so they survive
- * pressure eviction until every worker of the instance has loaded them. It has a 16-byte
- * random id, the owning instance, a share count (the instance's world_size: each worker's
+ * A lease holds strong references (or RAM cache pins) to the blocks a Ready answer reported, so
+ * they survive pressure eviction until every worker of the instance has loaded them. It has a
+ * 16-byte random id, the owning instance, a share count (the instance's world_size: each worker's
  * Load consumes one, the last deletes the lease) and an expiry (600 s by default). Expired
  * leases are removed by pf_lease_sweep (called periodically) and by opportunistic sweeps on
  * create/consume (at most once a second); an expired lease is never honoured either way.
@@ -28,6 +28,14 @@ void pf_lease_table_destroy(struct pf_lease_table *t);
  * references are transferred even on failure). Writes the id. 0 or -ENOMEM. */
 int pf_lease_create(struct pf_lease_table *t, const char *instance_id, struct pf_block **blocks,
                     size_t n, uint32_t shares, uint8_t id_out[PF_LEASE_ID_LEN]);
+
+/* As pf_lease_create, but blocks are pins in cache c (pf_cache_prefix_pin) that the lease
+ * takes over, even on failure (then unpinned); freeing the lease unpins them. c must
+ * outlive the table (destroy the table first). */
+struct pf_cache;
+int pf_lease_create_pinned(struct pf_lease_table *t, struct pf_cache *c, const char *instance_id,
+                           struct pf_block **blocks, size_t n, uint32_t shares,
+                           uint8_t id_out[PF_LEASE_ID_LEN]);
 
 /* Consumes one share. On success *blocks_p is a malloc'ed array of n new strong
  * references (caller puts each and frees the array). Errors: -EINVAL (id not 16 bytes),

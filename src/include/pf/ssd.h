@@ -15,7 +15,8 @@
  * drops the batch and counts pegaflow_ssd_write_queue_full). One writer thread upgrades
  * each weak reference when it takes the block (blocks freed meanwhile are skipped), places
  * it in the next shard's ring (round-robin) as a WRITING index entry, keeps at most
- * write_inflight block writes in flight and commits them in order.
+ * write_inflight write requests in flight (each up to 8 records that follow each other in
+ * the ring, one vectored write) and commits the blocks in order.
  *
  * Prefetch: a struct pf_tier ("ssd", promoted as retained). probe counts the consecutive
  * COMMITTED keys (query thread, no I/O). fetch (a prefetch thread) reserves
@@ -51,7 +52,8 @@ struct pf_ssd_config {
     uint32_t shards_per_path;        /* --ssd-cache-shards (0 = 1) */
     uint32_t write_queue_depth;      /* batches (0 = 8) */
     uint32_t prefetch_queue_depth;   /* batches (0 = 2) */
-    uint32_t write_inflight;         /* block writes (0 = 2) */
+    uint32_t write_inflight;         /* write requests, each up to write_merge records (0 = 2) */
+    uint32_t write_merge;            /* records one write request may carry (0 = 8, max 64) */
     uint32_t prefetch_inflight;      /* block reads (0 = 16) */
     uint32_t max_prefetch_blocks;    /* global budget (0 = 800) */
     uint64_t prefetch_staging_bytes; /* staging memory of reads not yet handed back (0 = 1 GiB) */

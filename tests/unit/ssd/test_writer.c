@@ -2,7 +2,11 @@
  * completions held by a gate where a test needs writes in flight: weak references upgraded
  * at dequeue (freed blocks skipped, queued blocks not pinned), the bounded batch queue,
  * in-flight limit, flush barrier, duplicates, oversize blocks, failed and timed-out writes,
- * no write ever racing another for the same bytes, and a bounded stop. */
+ * no write ever racing another for the same bytes, a bounded stop, and consecutive records
+ * merged into one vectored request (byte-exact, a corrupted record in the middle a miss of
+ * its own, a failed request failing exactly its records, records with gaps between them). */
+#include <fcntl.h>
+
 #include "ssdtest.h"
 
 #include "ssd/ssd_internal.h"
@@ -24,23 +28,30 @@ static void test_weak_refs(void **st)
     struct pf_ssd_config c = ssdt_config(&t, 4 << 20);
     c.write_inflight = 1;
     ssdt_open(&t, &c);
-    struct pf_block *b[2] = {blk(&t, 1), blk(&t, 2)};
-    uint64_t one = pf_pool_used(t.pool) / 2;
+    /* one request in flight carries up to write_merge (8) placed blocks: the ninth waits */
+    struct pf_block *b[9];
+    for (uint32_t i = 0; i < 9; i++)
+        b[i] = blk(&t, 1 + i);
+    uint64_t one = pf_pool_used(t.pool) / 9;
     gate_hold(t.gate, PF_BLK_WRITE, true);
-    assert_int_equal(pf_ssd_offer(t.ssd, b, 2), 0);
-    /* the writer holds block 1 (write in flight); block 2 waits as a weak reference */
+    assert_int_equal(pf_ssd_offer(t.ssd, b, 9), 0);
+    /* the writer holds blocks 1-8 (one write in flight); block 9 waits as a weak reference */
     SSDT_WAIT(gate_submitted(t.gate, PF_BLK_WRITE) == 1);
-    struct pf_block_key k2 = pf_block_key(b[1]);
-    pf_block_put(b[1]); /* evicted and freed while queued: its memory returns now */
-    assert_int_equal(pf_pool_used(t.pool), one);
+    struct pf_block_key k9 = pf_block_key(b[8]);
+    pf_block_put(b[8]); /* evicted and freed while queued: its memory returns now */
+    assert_int_equal(pf_pool_used(t.pool), 8 * one);
     gate_hold(t.gate, PF_BLK_WRITE, false);
     assert_int_equal(pf_ssd_flush(t.ssd, 10000), 0);
-    assert_int_equal(ssdt_stats(&t).committed, 1);
-    assert_int_equal(pf_ssd_probe(t.ssd, SSDT_KEY(b[0]), 1), 1);
-    assert_int_equal(pf_ssd_probe(t.ssd, &k2, 1), 0);
-    /* the writer's strong reference ended with the write */
-    assert_int_equal(pf_block_strong(b[0]), 1);
-    pf_block_put(b[0]);
+    assert_int_equal(ssdt_stats(&t).committed, 8);
+    assert_int_equal(gate_submitted(t.gate, PF_BLK_WRITE), 1); /* the eight in one request */
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(pf_ssd_probe(t.ssd, SSDT_KEY(b[i]), 1), 1);
+    assert_int_equal(pf_ssd_probe(t.ssd, &k9, 1), 0);
+    /* the writer's strong references ended with the write */
+    for (int i = 0; i < 8; i++) {
+        assert_int_equal(pf_block_strong(b[i]), 1);
+        pf_block_put(b[i]);
+    }
     ssdt_fini(&t);
 }
 
@@ -52,30 +63,33 @@ static void test_queue_full_and_inflight(void **st)
     c.write_inflight = 2;
     c.write_queue_depth = 1;
     ssdt_open(&t, &c);
-    struct pf_block *b[8];
-    for (uint32_t i = 0; i < 8; i++)
+    /* 2 requests of up to 8 blocks: 16 placed blocks at most */
+    struct pf_block *b[22];
+    for (uint32_t i = 0; i < 22; i++)
         b[i] = blk(&t, 10 + i);
     double qf0 = ssdt_metric("pegaflow_ssd_write_queue_full");
     gate_hold(t.gate, PF_BLK_WRITE, true);
-    assert_int_equal(pf_ssd_offer(t.ssd, b, 4), 0); /* batch 1: two in flight, two pending */
+    /* batch 1: sixteen placed (two requests of eight), two pending */
+    assert_int_equal(pf_ssd_offer(t.ssd, b, 18), 0);
     SSDT_WAIT(gate_submitted(t.gate, PF_BLK_WRITE) == 2);
-    assert_int_equal(ssdt_metric("pegaflow_ssd_write_inflight"), 2);
-    assert_int_equal(pf_ssd_offer(t.ssd, b + 4, 2), 0);       /* batch 2: queued */
-    assert_int_equal(pf_ssd_offer(t.ssd, b + 6, 2), -EAGAIN); /* batch 3: dropped */
+    SSDT_WAIT(ssdt_metric("pegaflow_ssd_write_inflight") == 16);
+    assert_int_equal(pf_ssd_offer(t.ssd, b + 18, 2), 0);       /* batch 2: queued */
+    assert_int_equal(pf_ssd_offer(t.ssd, b + 20, 2), -EAGAIN); /* batch 3: dropped */
     assert_int_equal(ssdt_metric("pegaflow_ssd_write_queue_full") - qf0, 1);
     assert_int_equal(ssdt_metric("pegaflow_ssd_write_queue_pending"), 4);
-    /* never more than write_inflight writes in flight */
+    /* never more than write_inflight requests in flight */
     usleep(20000);
     assert_int_equal(gate_submitted(t.gate, PF_BLK_WRITE), 2);
+    assert_int_equal(ssdt_metric("pegaflow_ssd_write_inflight"), 16);
     /* the barrier waits for the writes; bounded */
     assert_int_equal(pf_ssd_flush(t.ssd, 30), -ETIMEDOUT);
     gate_hold(t.gate, PF_BLK_WRITE, false);
     assert_int_equal(pf_ssd_flush(t.ssd, 10000), 0);
-    assert_int_equal(ssdt_stats(&t).committed, 6);
+    assert_int_equal(ssdt_stats(&t).committed, 20);
     assert_int_equal(ssdt_metric("pegaflow_ssd_write_queue_pending"), 0);
     assert_int_equal(ssdt_metric("pegaflow_ssd_write_inflight"), 0);
-    for (int i = 0; i < 8; i++) {
-        assert_int_equal(pf_ssd_probe(t.ssd, SSDT_KEY(b[i]), 1), i < 6);
+    for (int i = 0; i < 22; i++) {
+        assert_int_equal(pf_ssd_probe(t.ssd, SSDT_KEY(b[i]), 1), i < 20);
         pf_block_put(b[i]);
     }
     ssdt_fini(&t);
@@ -124,7 +138,8 @@ static void test_failed_writes(void **st)
     for (uint32_t i = 0; i < 5; i++)
         b[i] = blk(&t, 30 + i);
     double f0 = ssdt_metric("pegaflow_ssd_write_failures");
-    ssdt_write(&t, b, 5);
+    for (int i = 0; i < 5; i++)
+        ssdt_write(&t, b + i, 1); /* one request each */
     /* write 2 failed at submission, write 4 at completion (every rule counts every write,
      * the superblock's at start-up first) */
     assert_int_equal(ssdt_metric("pegaflow_ssd_write_failures") - f0, 2);
@@ -154,12 +169,15 @@ static void test_no_overtaking_in_flight(void **st)
         b[i] = blk(&t, 40 + i);
     gate_hold(t.gate, PF_BLK_WRITE, true);
     assert_int_equal(pf_ssd_offer(t.ssd, b, 4), 0);
-    SSDT_WAIT(gate_submitted(t.gate, PF_BLK_WRITE) == 2);
+    /* blocks 0 and 1 fill the ring (one request); block 2 waits for it */
+    SSDT_WAIT(gate_submitted(t.gate, PF_BLK_WRITE) == 1);
+    SSDT_WAIT(ssdt_metric("pegaflow_ssd_write_inflight") == 2);
     usleep(20000);
-    assert_int_equal(gate_submitted(t.gate, PF_BLK_WRITE), 2);
+    assert_int_equal(gate_submitted(t.gate, PF_BLK_WRITE), 1);
+    assert_int_equal(ssdt_metric("pegaflow_ssd_write_inflight"), 2);
     gate_hold(t.gate, PF_BLK_WRITE, false);
     assert_int_equal(pf_ssd_flush(t.ssd, 10000), 0);
-    assert_int_equal(gate_submitted(t.gate, PF_BLK_WRITE), 4);
+    assert_int_equal(gate_submitted(t.gate, PF_BLK_WRITE), 2); /* blocks 2, 3 together */
     /* the last lap is intact and byte-exact */
     struct pf_block_key keys[4];
     for (int i = 0; i < 4; i++)
@@ -258,6 +276,129 @@ static void test_stop_is_bounded(void **st)
     ssdt_fini(&t);
 }
 
+/* Fetches keys[0..n) and compares each with b[] byte for byte; returns how many served. */
+static size_t fetch_exact(struct ssdt *t, struct pf_block **b, size_t n)
+{
+    struct pf_block_key keys[16];
+    struct pf_block *out[16];
+    for (size_t i = 0; i < n; i++)
+        keys[i] = pf_block_key(b[i]);
+    size_t got = pf_ssd_fetch(t->ssd, keys, n, false, out);
+    for (size_t i = 0; i < got; i++) {
+        assert_true(ssdt_same(b[i], out[i]));
+        pf_block_put(out[i]);
+    }
+    return got;
+}
+
+/* Consecutive records (32 KiB blocks, and 1 KiB ones whose 8 KiB span leaves a 3 KiB gap)
+ * go out as one vectored request: each record byte-exact, recovered after a restart, and a
+ * record corrupted on disk in the middle of that request is a miss of its own (its
+ * neighbours on both sides are served). */
+static void test_merged_writes(void **st)
+{
+    struct ssdt t;
+    ssdt_init(&t, 16 << 20, NULL);
+    struct pf_ssd_config c = ssdt_config(&t, 4 << 20);
+    ssdt_open(&t, &c);
+    struct pf_block *b[6];
+    for (uint32_t i = 0; i < 6; i++)
+        b[i] = i % 2 ? ssdt_block(&t, 70 + i, 1, 1000, 1, true) : blk(&t, 70 + i);
+    gate_hold(t.gate, PF_BLK_WRITE, true);
+    assert_int_equal(pf_ssd_offer(t.ssd, b, 6), 0);
+    SSDT_WAIT(ssdt_metric("pegaflow_ssd_write_inflight") == 6);
+    SSDT_WAIT(gate_submitted(t.gate, PF_BLK_WRITE) == 1);
+    gate_hold(t.gate, PF_BLK_WRITE, false);
+    assert_int_equal(pf_ssd_flush(t.ssd, 10000), 0);
+    assert_int_equal(gate_submitted(t.gate, PF_BLK_WRITE), 1); /* all six in one request */
+    assert_int_equal(ssdt_stats(&t).committed, 6);
+    assert_int_equal(fetch_exact(&t, b, 6), 6);
+    /* the records are laid out as one by one: a restart recovers every one of them */
+    pf_ssd_destroy(t.ssd);
+    t.ssd = NULL;
+    c.recover = true;
+    ssdt_open(&t, &c);
+    SSDT_WAIT(ssdt_stats(&t).recovery_done);
+    assert_int_equal(ssdt_stats(&t).committed, 6);
+    assert_int_equal(fetch_exact(&t, b, 6), 6);
+    /* flip one payload byte of record 2 on disk */
+    pthread_mutex_lock(&t.ssd->mu);
+    struct ssd_entry *e = ssd_index_find(&t.ssd->idx, SSDT_KEY(b[2]));
+    assert_non_null(e);
+    uint64_t off = e->off + 1000;
+    pthread_mutex_unlock(&t.ssd->mu);
+    int fd = open(c.paths[0], O_RDWR);
+    assert_true(fd >= 0);
+    uint8_t x;
+    assert_int_equal(pread(fd, &x, 1, (off_t)off), 1);
+    x ^= 0x5a;
+    assert_int_equal(pwrite(fd, &x, 1, (off_t)off), 1);
+    assert_int_equal(fsync(fd), 0);
+    close(fd);
+    /* a prefix fetch stops at the corrupted record, which becomes a miss; the rest hit */
+    assert_int_equal(fetch_exact(&t, b, 6), 2);
+    assert_int_equal(pf_ssd_probe(t.ssd, SSDT_KEY(b[2]), 1), 0);
+    assert_int_equal(fetch_exact(&t, b + 3, 3), 3);
+    assert_int_equal(fetch_exact(&t, b, 2), 2);
+    for (int i = 0; i < 6; i++)
+        pf_block_put(b[i]);
+    ssdt_fini(&t);
+}
+
+/* write_merge 1: one request per record, write_inflight records placed at most (the
+ * behaviour before merging) */
+static void test_write_merge_one(void **st)
+{
+    struct ssdt t;
+    ssdt_init(&t, 16 << 20, NULL);
+    struct pf_ssd_config c = ssdt_config(&t, 4 << 20);
+    c.write_merge = 1;
+    c.write_inflight = 2;
+    ssdt_open(&t, &c);
+    struct pf_block *b[4];
+    for (uint32_t i = 0; i < 4; i++)
+        b[i] = blk(&t, 90 + i);
+    gate_hold(t.gate, PF_BLK_WRITE, true);
+    assert_int_equal(pf_ssd_offer(t.ssd, b, 4), 0);
+    SSDT_WAIT(gate_submitted(t.gate, PF_BLK_WRITE) == 2);
+    usleep(20000);
+    assert_int_equal(ssdt_metric("pegaflow_ssd_write_inflight"), 2);
+    assert_int_equal(gate_submitted(t.gate, PF_BLK_WRITE), 2);
+    gate_hold(t.gate, PF_BLK_WRITE, false);
+    assert_int_equal(pf_ssd_flush(t.ssd, 10000), 0);
+    assert_int_equal(gate_submitted(t.gate, PF_BLK_WRITE), 4);
+    assert_int_equal(fetch_exact(&t, b, 4), 4);
+    for (int i = 0; i < 4; i++)
+        pf_block_put(b[i]);
+    ssdt_fini(&t);
+}
+
+/* A merged request that fails fails exactly its records (none is committed); offered
+ * again they are written. */
+static void test_merged_write_failure(void **st)
+{
+    struct ssdt t;
+    /* write 1 is the superblock's at start-up, write 2 the merged request */
+    ssdt_init(&t, 16 << 20, "seed=5;blk.write:nth=2,times=1,error=EIO,at=complete");
+    struct pf_ssd_config c = ssdt_config(&t, 4 << 20);
+    ssdt_open(&t, &c);
+    struct pf_block *b[4];
+    for (uint32_t i = 0; i < 4; i++)
+        b[i] = blk(&t, 80 + i);
+    double f0 = ssdt_metric("pegaflow_ssd_write_failures");
+    ssdt_write(&t, b, 4);
+    assert_int_equal(gate_submitted(t.gate, PF_BLK_WRITE), 1);
+    assert_int_equal(ssdt_metric("pegaflow_ssd_write_failures") - f0, 4);
+    assert_int_equal(ssdt_stats(&t).committed, 0);
+    assert_int_equal(ssdt_stats(&t).writing, 0);
+    ssdt_write(&t, b, 4);
+    assert_int_equal(ssdt_stats(&t).committed, 4);
+    assert_int_equal(fetch_exact(&t, b, 4), 4);
+    for (int i = 0; i < 4; i++)
+        pf_block_put(b[i]);
+    ssdt_fini(&t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -269,6 +410,9 @@ int main(void)
         cmocka_unit_test(test_write_timeout),
         cmocka_unit_test(test_lost_write_stalls_no_shard_forever),
         cmocka_unit_test(test_stop_is_bounded),
+        cmocka_unit_test(test_merged_writes),
+        cmocka_unit_test(test_merged_write_failure),
+        cmocka_unit_test(test_write_merge_one),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

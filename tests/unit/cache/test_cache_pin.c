@@ -1,0 +1,373 @@
+/* Lease pins in the RAM cache (pf_cache_prefix_pin, pf_cache_unpin, pf_cache_pins_to_refs,
+ * pf_lease_create_pinned): a pinned block is never evicted, survives pf_cache_remove_all
+ * until its last unpin, a lease over pins unpins on consume / release / expiry / instance
+ * drop / table destroy, a saturated pin count ends the prefix, and a race of queries
+ * (pin + lease + consume), eviction and cleanup never frees a leased block (each consumed
+ * block still carries its key and its own allocation; run under TSan with `make SAN=thread`
+ * for the data-race side). */
+#include <errno.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "pf/block.h"
+#include "pf/cache.h"
+#include "pf/lease.h"
+#include "pf/pool.h"
+#include "pftest.h"
+
+static struct pf_block_key key(uint32_t ns, uint32_t i)
+{
+    struct pf_block_key k;
+    uint8_t h[32];
+    for (int j = 0; j < 32; j++)
+        h[j] = (uint8_t)(i * 31 + (uint32_t)j);
+    memcpy(h, &i, sizeof(i));
+    pf_key_make(ns, h, sizeof(h), &k);
+    return k;
+}
+
+/* A block over its own allocation a (refs counts the block's reference: a->refs drops by
+ * one exactly when the block's data is released). */
+static struct pf_block *blk_in(struct pf_alloc *a, uint32_t i)
+{
+    struct pf_block_key k = key(1, i);
+    pf_alloc_get(a);
+    struct pf_slot s = {.k = a->ptr, .ka = a, .seg_len = 64, .seg_stride = 64, .nseg = 1};
+    struct pf_block *b;
+    assert_int_equal(pf_block_pack(NULL, &k, 1, &s, &b), 0);
+    return b;
+}
+
+static uint8_t mem[16][64];
+static struct pf_alloc allocs[16];
+
+static void allocs_init(void)
+{
+    for (int i = 0; i < 16; i++)
+        allocs[i] = (struct pf_alloc){.ptr = mem[i], .size = 64, .refs = 1};
+}
+
+static struct pf_cache *fill(struct pf_block_key *keys, size_t n)
+{
+    struct pf_cache *c;
+    assert_int_equal(pf_cache_create(NULL, &c), 0);
+    for (uint32_t i = 0; i < n; i++) {
+        struct pf_block *b = blk_in(&allocs[i], i);
+        assert_int_equal(pf_cache_insert(c, b, PF_CLASS_RETAINED), 1);
+        pf_block_put(b); /* the cache's reference only */
+        keys[i] = key(1, i);
+    }
+    return c;
+}
+
+static void test_pin_blocks_eviction(void **st)
+{
+    allocs_init();
+    struct pf_block_key keys[8];
+    struct pf_cache *c = fill(keys, 8);
+    struct pf_block *got[8];
+    assert_int_equal(pf_cache_prefix_pin(c, keys, 4, got), 4);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(pf_cache_pins(c, got[i]), 1);
+        assert_int_equal(pf_block_strong(got[i]), 1); /* no reference was taken */
+    }
+    /* a prefix stops at the first miss and pins nothing after it */
+    struct pf_block_key gap[3] = {keys[5], key(1, 99), keys[6]};
+    struct pf_block *g2[3];
+    assert_int_equal(pf_cache_prefix_pin(c, gap, 3, g2), 1);
+    pf_cache_unpin(c, g2, 1);
+    /* eviction takes the four unpinned blocks only, then finds nothing more */
+    struct pf_block *ev[8];
+    size_t skipped;
+    assert_int_equal(pf_cache_evict(c, 8, ev, &skipped), 4);
+    assert_int_equal(skipped, 4);
+    for (int i = 0; i < 4; i++) {
+        for (int j = 0; j < 4; j++)
+            assert_ptr_not_equal(ev[i], got[j]);
+        pf_block_put(ev[i]);
+    }
+    assert_int_equal(pf_cache_evict(c, 8, ev, NULL), 0);
+    /* unpinned: evictable, data released with the eviction's put */
+    pf_cache_unpin(c, got, 4);
+    assert_int_equal(pf_cache_pins(c, got[0]), 0);
+    assert_int_equal(pf_cache_evict(c, 8, ev, NULL), 4);
+    for (int i = 0; i < 4; i++)
+        pf_block_put(ev[i]);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(allocs[i].refs, 1);
+    pf_cache_destroy(c);
+}
+
+/* Cleanup (remove_all) of pinned blocks: they leave the index but stay alive, readable,
+ * until the last unpin releases them. */
+static void test_pin_survives_remove_all(void **st)
+{
+    allocs_init();
+    struct pf_block_key keys[4];
+    struct pf_cache *c = fill(keys, 4);
+    struct pf_block *got[4], *twice[2];
+    assert_int_equal(pf_cache_prefix_pin(c, keys, 4, got), 4);
+    assert_int_equal(pf_cache_prefix_pin(c, keys, 2, twice), 2); /* a second pin on 0, 1 */
+    struct pf_block **all;
+    size_t n = pf_cache_remove_all(c, &all);
+    assert_int_equal(n, 4);
+    for (size_t i = 0; i < n; i++)
+        pf_block_put(all[i]);
+    free(all);
+    assert_int_equal(pf_cache_prefix_pin(c, keys, 4, got + 0), 0); /* gone from the index */
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(allocs[i].refs, 2); /* still alive: the pins hold it */
+        struct pf_block_key k = pf_block_key(got[i]);
+        assert_true(pf_key_eq(&k, &keys[i]));
+    }
+    pf_cache_unpin(c, got, 4);
+    assert_int_equal(allocs[0].refs, 2); /* one pin left on 0 and 1 */
+    assert_int_equal(allocs[2].refs, 1); /* released with its last pin */
+    assert_int_equal(allocs[3].refs, 1);
+    pf_cache_unpin(c, twice, 2);
+    assert_int_equal(allocs[0].refs, 1);
+    assert_int_equal(allocs[1].refs, 1);
+    pf_cache_destroy(c);
+}
+
+static void test_pins_to_refs(void **st)
+{
+    allocs_init();
+    struct pf_block_key keys[2];
+    struct pf_cache *c = fill(keys, 2);
+    struct pf_block *got[2];
+    assert_int_equal(pf_cache_prefix_pin(c, keys, 2, got), 2);
+    pf_cache_pins_to_refs(c, got, 2);
+    assert_int_equal(pf_cache_pins(c, got[0]), 0);
+    assert_int_equal(pf_block_strong(got[0]), 2);
+    /* references, not pins: cleanup then the caller's put release the data */
+    struct pf_block **all;
+    size_t n = pf_cache_remove_all(c, &all);
+    for (size_t i = 0; i < n; i++)
+        pf_block_put(all[i]);
+    free(all);
+    assert_int_equal(allocs[0].refs, 2);
+    pf_block_put(got[0]);
+    pf_block_put(got[1]);
+    assert_int_equal(allocs[0].refs, 1);
+    assert_int_equal(allocs[1].refs, 1);
+    pf_cache_destroy(c);
+}
+
+/* A pinned lease: consume hands out new references and the last share unpins; release,
+ * expiry, instance drop and table destroy unpin too. */
+static void test_pinned_leases(void **st)
+{
+    allocs_init();
+    struct pf_fake_clock clk;
+    pf_fake_clock_init(&clk, 1000);
+    struct pf_lease_table *t;
+    assert_int_equal(pf_lease_table_create(&clk.base, 600 * PF_NS_PER_SEC, &t), 0);
+    struct pf_block_key keys[3];
+    struct pf_cache *c = fill(keys, 3);
+    struct pf_block *got[3];
+    uint8_t id[16];
+    assert_int_equal(pf_cache_prefix_pin(c, keys, 3, got), 3);
+    assert_int_equal(pf_lease_create_pinned(t, c, "inst", got, 3, 2, id), 0);
+    struct pf_block **out;
+    size_t n;
+    char msg[128];
+    for (int share = 0; share < 2; share++) {
+        assert_int_equal(pf_lease_consume(t, id, 16, "inst", &out, &n, msg, sizeof(msg)), 0);
+        assert_int_equal(n, 3);
+        assert_int_equal(pf_cache_pins(c, out[2]), share == 0 ? 1 : 0);
+        for (size_t i = 0; i < n; i++)
+            pf_block_put(out[i]);
+        free(out);
+    }
+    assert_int_equal(pf_lease_count(t), 0);
+    /* release */
+    assert_int_equal(pf_cache_prefix_pin(c, keys, 3, got), 3);
+    assert_int_equal(pf_lease_create_pinned(t, c, "inst", got, 3, 1, id), 0);
+    assert_int_equal(pf_lease_release(t, id, 16), 0);
+    assert_int_equal(pf_cache_pins(c, got[0]), 0);
+    /* expiry */
+    assert_int_equal(pf_cache_prefix_pin(c, keys, 1, got), 1);
+    assert_int_equal(pf_lease_create_pinned(t, c, "inst", got, 1, 1, id), 0);
+    pf_fake_clock_advance(&clk, 600 * PF_NS_PER_SEC);
+    assert_int_equal(pf_lease_sweep(t), 1);
+    assert_int_equal(pf_cache_pins(c, got[0]), 0);
+    /* instance drop, then table destroy with a lease left */
+    assert_int_equal(pf_cache_prefix_pin(c, keys, 2, got), 2);
+    assert_int_equal(pf_lease_create_pinned(t, c, "x", got, 1, 1, id), 0);
+    assert_int_equal(pf_lease_create_pinned(t, c, "y", got + 1, 1, 1, id), 0);
+    assert_int_equal(pf_lease_drop_instance(t, "x"), 1);
+    assert_int_equal(pf_cache_pins(c, got[0]), 0);
+    assert_int_equal(pf_cache_pins(c, got[1]), 1);
+    pf_lease_table_destroy(t);
+    assert_int_equal(pf_cache_pins(c, got[1]), 0);
+    pf_cache_destroy(c);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(allocs[i].refs, 1);
+}
+
+/* The pin count saturates: the hit it cannot pin ends the prefix (a miss), nothing wraps. */
+static void test_pin_saturation(void **st)
+{
+    allocs_init();
+    struct pf_block_key keys[2];
+    struct pf_cache *c = fill(keys, 2);
+    struct pf_block *b = NULL, *pair[2];
+    for (uint32_t i = 0; i < PF_CACHE_PIN_MAX; i++)
+        assert_int_equal(pf_cache_prefix_pin(c, keys + 1, 1, &b), 1);
+    assert_int_equal(pf_cache_pins(c, b), PF_CACHE_PIN_MAX);
+    assert_int_equal(pf_cache_prefix_pin(c, keys, 2, pair), 1); /* key 1 cannot be pinned */
+    pf_cache_unpin(c, pair, 1);
+    assert_int_equal(pf_cache_prefix_pin(c, keys + 1, 1, pair), 0);
+    assert_int_equal(pf_cache_pins(c, b), PF_CACHE_PIN_MAX);
+    for (uint32_t i = 0; i < PF_CACHE_PIN_MAX; i++)
+        pf_cache_unpin(c, &b, 1);
+    assert_int_equal(pf_cache_pins(c, b), 0);
+    pf_cache_destroy(c);
+}
+
+/* ---- the race: queries pin and lease, others evict, clean up and refill ---- */
+
+#define RN      64 /* keys */
+#define R_ITERS 3000
+
+struct race {
+    struct pf_cache *c;
+    struct pf_lease_table *t;
+    struct pf_alloc a[RN]; /* one per key: a block's data names its key */
+    uint8_t data[RN][64];
+    _Atomic int bad;
+    _Atomic int stop;
+    _Atomic uint64_t consumed;
+};
+
+static struct pf_block *race_blk(struct race *r, uint32_t i)
+{
+    struct pf_block_key k = key(1, i);
+    pf_alloc_get(&r->a[i]);
+    struct pf_slot s = {
+        .k = r->data[i], .ka = &r->a[i], .seg_len = 64, .seg_stride = 64, .nseg = 1};
+    struct pf_block *b;
+    if (pf_block_pack(NULL, &k, 1, &s, &b) != 0)
+        return NULL;
+    return b;
+}
+
+static void *race_query(void *arg)
+{
+    struct race *r = arg;
+    struct pf_block_key keys[RN];
+    for (uint32_t i = 0; i < RN; i++)
+        keys[i] = key(1, i);
+    struct pf_block *got[RN];
+    uint64_t x = 0x9e3779b97f4a7c15ull ^ (uintptr_t)&keys;
+    for (int it = 0; it < R_ITERS; it++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        size_t n = 1 + x % RN;
+        size_t hits = pf_cache_prefix_pin(r->c, keys, n, got);
+        if (hits == 0)
+            continue;
+        uint8_t id[16];
+        if (pf_lease_create_pinned(r->t, r->c, "inst", got, hits, 2, id) != 0)
+            continue;
+        for (int share = 0; share < 2; share++) {
+            struct pf_block **out;
+            size_t m;
+            if (pf_lease_consume(r->t, id, 16, "inst", &out, &m, NULL, 0) != 0) {
+                atomic_store(&r->bad, 1); /* a live lease of ours must answer */
+                break;
+            }
+            for (size_t i = 0; i < m; i++) {
+                /* a freed (and recycled) record would carry another key or allocation */
+                struct pf_block_key k = pf_block_key(out[i]);
+                struct pf_slot s;
+                pf_block_slot(out[i], 0, &s);
+                if (!pf_key_eq(&k, &keys[i]) || s.k != r->data[i])
+                    atomic_store(&r->bad, 1);
+                pf_block_put(out[i]);
+            }
+            free(out);
+            atomic_fetch_add(&r->consumed, 1);
+        }
+    }
+    return NULL;
+}
+
+static void *race_evict(void *arg)
+{
+    struct race *r = arg;
+    struct pf_block *ev[RN];
+    uint32_t round = 0;
+    while (!atomic_load(&r->stop)) {
+        size_t n;
+        struct pf_block **all = NULL;
+        if (++round % 8 == 0) {
+            n = pf_cache_remove_all(r->c, &all); /* cleanup: pinned blocks leave too */
+        } else {
+            n = pf_cache_evict(r->c, RN / 2, ev, NULL);
+            for (size_t i = 0; i < n; i++)
+                if (pf_cache_pins(r->c, ev[i]) != 0)
+                    atomic_store(&r->bad, 2); /* eviction took a pinned block */
+        }
+        for (size_t i = 0; i < n; i++)
+            pf_block_put(all ? all[i] : ev[i]);
+        free(all);
+        /* refill what is missing with fresh blocks */
+        for (uint32_t i = 0; i < RN; i++) {
+            struct pf_block_key k = key(1, i);
+            if (pf_cache_contains(r->c, &k))
+                continue;
+            struct pf_block *b = race_blk(r, i);
+            if (b) {
+                pf_cache_insert(r->c, b, PF_CLASS_RETAINED);
+                pf_block_put(b);
+            }
+        }
+    }
+    return NULL;
+}
+
+static void test_pin_evict_race(void **st)
+{
+    struct race *r = calloc(1, sizeof(*r));
+    assert_non_null(r);
+    for (int i = 0; i < RN; i++)
+        r->a[i] = (struct pf_alloc){.ptr = r->data[i], .size = 64, .refs = 1};
+    struct pf_fake_clock clk;
+    pf_fake_clock_init(&clk, 1000);
+    assert_int_equal(pf_cache_create(NULL, &r->c), 0);
+    assert_int_equal(pf_lease_table_create(&clk.base, 600 * PF_NS_PER_SEC, &r->t), 0);
+    pthread_t q[2], ev;
+    assert_int_equal(pthread_create(&ev, NULL, race_evict, r), 0);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_create(&q[i], NULL, race_query, r), 0);
+    for (int i = 0; i < 2; i++)
+        pthread_join(q[i], NULL);
+    atomic_store(&r->stop, 1);
+    pthread_join(ev, NULL);
+    assert_int_equal(atomic_load(&r->bad), 0);
+    assert_true(atomic_load(&r->consumed) > 0);
+    assert_int_equal(pf_lease_count(r->t), 0);
+    pf_lease_table_destroy(r->t);
+    pf_cache_destroy(r->c);
+    for (int i = 0; i < RN; i++)
+        assert_int_equal(r->a[i].refs, 1); /* every block released exactly once */
+    free(r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_pin_blocks_eviction), cmocka_unit_test(test_pin_survives_remove_all),
+        cmocka_unit_test(test_pins_to_refs),        cmocka_unit_test(test_pinned_leases),
+        cmocka_unit_test(test_pin_saturation),      cmocka_unit_test(test_pin_evict_race),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
