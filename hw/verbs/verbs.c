@@ -20,8 +20,8 @@
  * and routes each completion by qp_num to its QP's software queue; a QP's poll returns only
  * its own completions.
  *
- * post_read posts one signalled IBV_WR_RDMA_READ; post_reads links up to 32 of them (each
- * signalled: the HAL reports every READ) into one ibv_post_send. At most 128 WRs are
+ * post_read posts one signalled IBV_WR_RDMA_READ; post_reads links them (each signalled: the
+ * HAL reports every READ) into chains of up to 32, one ibv_post_send each. At most 128 WRs are
  * outstanding (posted and not yet polled) per QP, else -EAGAIN. poll returns what is queued
  * for the QP, else drains the CQ (RC completes in order, so each completion is matched with
  * the oldest posted WR for its length), spins 32 polls, then arms the CQ and sleeps on its

@@ -36,7 +36,7 @@
  * every completion its QPs can have outstanding and cannot overrun (ibv_create_cq(3)). */
 #define PF_VERBS_CQ_QPS     16
 #define PF_VERBS_QP_CQE     (PF_VERBS_SQ_DEPTH + 1)
-#define PF_VERBS_POST_CHAIN 32 /* WRs linked into one ibv_post_send (post_reads) */
+#define PF_VERBS_POST_CHAIN 32 /* WRs linked into one ibv_post_send (post_reads) at most */
 
 /* Soft-RoCE (rdma_rxe) reports this vendor ID and, unlike the IB spec and mlx5, takes a
  * retry_cnt of 7 to mean "retry forever": a READ to a peer QP that went to the error state
@@ -283,7 +283,8 @@ int pf_verbs_post_read(struct pf_net_qp *qpb, const struct pf_net_sge *sge, size
 int pf_verbs_poll(struct pf_net_qp *qpb, struct pf_net_cqe *out, size_t max, uint64_t timeout_ms);
 void pf_verbs_qp_invalidate(struct pf_net_qp *qpb);
 void pf_verbs_qp_destroy(struct pf_net_qp *qpb);
-int pf_verbs_post_reads(struct pf_net_qp *qpb, const struct pf_net_read *reads, size_t n);
+int pf_verbs_post_reads(struct pf_net_qp *qpb, const struct pf_net_read *reads, size_t n,
+                        size_t *posted_p);
 
 /* Shared CQs (verbs_cq.c). */
 /* A CQ of nic with room for one more QP (an existing one, else a new one with its channel),

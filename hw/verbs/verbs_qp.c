@@ -346,29 +346,27 @@ static int verbs_build_wr(struct verbsnic *nic, const struct pf_net_read *rd,
     return 0;
 }
 
-int pf_verbs_post_reads(struct pf_net_qp *qpb, const struct pf_net_read *reads, size_t n)
+/* Posts up to PF_VERBS_POST_CHAIN reads as one chain: *posted_p of them; 0 when all were,
+ * else the error of the first one not posted. */
+static int verbs_post_chain(struct verbsqp *q, const struct pf_net_read *reads, size_t n,
+                            size_t *posted_p)
 {
-    struct verbsqp *q = verbs_qp(qpb);
     struct verbsnic *nic = q->nic;
-    if (!reads || n == 0)
-        return -EINVAL;
-    if (n > PF_VERBS_POST_CHAIN)
-        n = PF_VERBS_POST_CHAIN;
     struct ibv_send_wr wr[PF_VERBS_POST_CHAIN];
     struct ibv_sge isge[PF_VERBS_POST_CHAIN][PF_VERBS_MAX_SGE];
     uint64_t len[PF_VERBS_POST_CHAIN];
     size_t m = 0;
-    int vrc = 0;
+    int rc = 0;
+    *posted_p = 0;
     pthread_rwlock_rdlock(&nic->mr_lock);
     for (; m < n; m++) {
-        vrc = verbs_build_wr(nic, &reads[m], &wr[m], isge[m], &len[m]);
-        if (vrc)
-            break; /* post the valid front; this one's error on the next call */
+        rc = verbs_build_wr(nic, &reads[m], &wr[m], isge[m], &len[m]);
+        if (rc)
+            break; /* post the valid front; this one's error is the result */
     }
     pthread_rwlock_unlock(&nic->mr_lock);
     if (m == 0)
-        return vrc;
-    int rc = 0;
+        return rc;
     pthread_mutex_lock(&q->mu);
     uint32_t room = PF_VERBS_SQ_DEPTH - q->out_count - q->sw_count;
     if (q->state != VQ_RTS) {
@@ -376,31 +374,52 @@ int pf_verbs_post_reads(struct pf_net_qp *qpb, const struct pf_net_read *reads, 
     } else if (room == 0) {
         rc = -EAGAIN;
     } else {
-        if (m > room)
+        if (m > room) {
             m = room;
+            rc = -EAGAIN;
+        }
         for (size_t i = 0; i + 1 < m; i++)
             wr[i].next = &wr[i + 1];
         wr[m - 1].next = NULL;
         struct ibv_send_wr *bad = NULL;
-        rc = verbs_rc(q->api->post_send(q->qp, wr, &bad));
+        int prc = verbs_rc(q->api->post_send(q->qp, wr, &bad));
         /* ibv_post_send(3): on failure bad_wr is the first WR not posted, the ones before it
          * were posted */
-        size_t posted = rc == 0 ? m : bad >= wr && bad < wr + m ? (size_t)(bad - wr) : 0;
+        size_t posted = prc == 0 ? m : bad >= wr && bad < wr + m ? (size_t)(bad - wr) : 0;
         for (size_t i = 0; i < posted; i++) {
             q->out[(q->out_head + q->out_count) % PF_VERBS_SQ_DEPTH] =
                 (struct verbsout){wr[i].wr_id, len[i]};
             q->out_count++;
         }
-        if (rc == -ENOMEM) /* send queue full in the provider */
-            rc = -EAGAIN;
-        if (rc && rc != -EAGAIN)
+        *posted_p = posted;
+        if (prc == -ENOMEM) /* send queue full in the provider */
+            prc = -EAGAIN;
+        if (prc && prc != -EAGAIN)
             pf_log_ratelimited(PF_LOG_WARN, 1000, "verbs %s: ibv_post_send: %s", nic->name,
-                               strerror(-rc));
-        if (posted > 0)
-            rc = (int)posted;
+                               strerror(-prc));
+        if (prc)
+            rc = prc;
     }
     pthread_mutex_unlock(&q->mu);
     return rc;
+}
+
+int pf_verbs_post_reads(struct pf_net_qp *qpb, const struct pf_net_read *reads, size_t n,
+                        size_t *posted_p)
+{
+    struct verbsqp *q = verbs_qp(qpb);
+    *posted_p = 0;
+    if (!reads && n)
+        return -EINVAL;
+    while (*posted_p < n) {
+        size_t left = n - *posted_p, k = 0;
+        int rc = verbs_post_chain(q, reads + *posted_p,
+                                  left < PF_VERBS_POST_CHAIN ? left : PF_VERBS_POST_CHAIN, &k);
+        *posted_p += k;
+        if (rc)
+            return rc;
+    }
+    return 0;
 }
 
 int pf_verbs_post_read(struct pf_net_qp *qpb, const struct pf_net_sge *sge, size_t nsge,
@@ -408,8 +427,8 @@ int pf_verbs_post_read(struct pf_net_qp *qpb, const struct pf_net_sge *sge, size
 {
     struct pf_net_read rd = {
         .sge = sge, .nsge = nsge, .raddr = raddr, .rkey = rkey, .wr_id = wr_id};
-    int rc = pf_verbs_post_reads(qpb, &rd, 1);
-    return rc == 1 ? 0 : rc;
+    size_t k;
+    return pf_verbs_post_reads(qpb, &rd, 1, &k);
 }
 
 /* Takes up to max of q's queued completions. Caller holds q->mu. */

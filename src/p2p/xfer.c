@@ -151,18 +151,20 @@ static int post_some(struct xstate *s, size_t q, bool *progress)
                 .sge = &sge[m], .nsge = 1, .raddr = p->raddr, .rkey = p->rkey, .wr_id = r};
             m++;
         }
-        int k = pf_net_post_reads(x->qps[q], rd, m);
-        if (k == -EAGAIN)
-            break;
-        if (k < 0)
-            return k;
-        for (int i = 0; i < k; i++) {
+        size_t k = 0;
+        int rc = pf_net_post_reads(x->qps[q], rd, m, &k);
+        for (size_t i = 0; i < k; i++) {
             s->owner[rd[i].wr_id] = (uint32_t)q + 1;
             s->out[q]++;
             s->cursor[nic]++;
             x->posted++;
         }
-        *progress = true;
+        if (k > 0)
+            *progress = true;
+        if (rc == -EAGAIN)
+            break;
+        if (rc)
+            return rc;
     }
     return 0;
 }

@@ -7,8 +7,8 @@
  * failure *bad_wr the first WR not posted and the ones before it posted), ibv_create_cq(3)
  * sizes (EINVAL past the device's max_cqe) and CQ overrun (a completion arriving at a full CQ
  * fails the test: the real CQ would raise IBV_EVENT_CQ_ERR and lose it), ibv_poll_cq(3) work
- * completions naming their QP (wc.qp_num). Included once per test (test_verbs.c, test_verbs_rails.c), after
- * cmocka.h and verbs_internal.h. */
+ * completions naming their QP (wc.qp_num). Included once per test (test_verbs.c,
+ * test_verbs_rails.c), after cmocka.h and verbs_internal.h. */
 #ifndef PF_TEST_FAKE_HCA_H
 #define PF_TEST_FAKE_HCA_H
 

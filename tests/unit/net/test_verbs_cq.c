@@ -113,8 +113,10 @@ static void test_chain_one_post_send(void **st)
         rd[i] = (struct pf_net_read){&sge[i], 1, 0x10000 + 0x1000 * (uint64_t)i, 0x55,
                                      1000 + (uint64_t)i};
     }
+    size_t k;
     F.post_sends = 0;
-    assert_int_equal(pf_net_post_reads(q, rd, 8), 8);
+    assert_int_equal(pf_net_post_reads(q, rd, 8, &k), 0);
+    assert_int_equal(k, 8);
     assert_int_equal(F.post_sends, 1); /* one ibv_post_send for the chain */
     assert_int_equal(f->nposted, 8);
     for (int i = 0; i < 8; i++) {
@@ -134,21 +136,24 @@ static void test_chain_one_post_send(void **st)
         assert_int_equal(c[i].bytes, 100 + i);
     }
 
-    /* a refused READ cuts the chain: the front is posted, the refused one fails next */
+    /* a refused READ cuts the chain: the front is posted, the call returns its error */
     struct pf_net_sge bad = {s.buf, 16, s.mr->lkey + 99};
     struct pf_net_read rb[5];
     memcpy(rb, rd, sizeof(rb));
     rb[3].sge = &bad;
     F.post_sends = 0;
-    assert_int_equal(pf_net_post_reads(q, rb, 5), 3);
-    assert_int_equal(pf_net_post_reads(q, rb + 3, 2), -EINVAL);
+    assert_int_equal(pf_net_post_reads(q, rb, 5, &k), -EINVAL);
+    assert_int_equal(k, 3);
+    assert_int_equal(pf_net_post_reads(q, rb + 3, 2, &k), -EINVAL);
+    assert_int_equal(k, 0);
     assert_int_equal(F.post_sends, 1);
     assert_int_equal(f->nposted, 11);
 
     /* the provider refuses the 3rd WR of a chain (ibv_post_send(3) bad_wr): 2 posted, and
      * only those 2 are outstanding */
     F.post_fail_at = 3;
-    assert_int_equal(pf_net_post_reads(q, rd + 20, 5), 2);
+    assert_int_equal(pf_net_post_reads(q, rd + 20, 5, &k), -EAGAIN);
+    assert_int_equal(k, 2);
     F.post_fail_at = 0;
     assert_int_equal(f->nposted, 13);
     fake_complete(f, 5, IBV_WC_SUCCESS);
@@ -158,19 +163,28 @@ static void test_chain_one_post_send(void **st)
     assert_int_equal(c[4].bytes, 121);
     assert_int_equal(pf_net_poll(q, c, 40, 0), 0);
 
-    /* at most PF_VERBS_POST_CHAIN per call; the send queue bound cuts a chain */
-    assert_int_equal(pf_net_post_reads(q, rd, 40), PF_VERBS_POST_CHAIN);
-    int out = PF_VERBS_POST_CHAIN;
+    /* chains of at most PF_VERBS_POST_CHAIN WRs per ibv_post_send; the send queue bound
+     * cuts a chain with -EAGAIN */
+    F.post_sends = 0;
+    assert_int_equal(pf_net_post_reads(q, rd, 40, &k), 0);
+    assert_int_equal(k, 40);
+    assert_int_equal(F.post_sends, 2);
+    assert_int_equal(f->wr[13 + PF_VERBS_POST_CHAIN - 1].chain, PF_VERBS_POST_CHAIN - 1);
+    assert_int_equal(f->wr[13 + PF_VERBS_POST_CHAIN].chain, 0);
+    int out = 40;
     while (out + 7 <= PF_VERBS_SQ_DEPTH) {
-        assert_int_equal(pf_net_post_reads(q, rd, 7), 7);
+        assert_int_equal(pf_net_post_reads(q, rd, 7, &k), 0);
         out += 7;
     }
     assert_true(PF_VERBS_SQ_DEPTH - out > 0);
-    assert_int_equal(pf_net_post_reads(q, rd, 8), PF_VERBS_SQ_DEPTH - out); /* cut short */
-    assert_int_equal(pf_net_post_reads(q, rd, 8), -EAGAIN);
+    assert_int_equal(pf_net_post_reads(q, rd, 8, &k), -EAGAIN); /* cut short */
+    assert_int_equal(k, PF_VERBS_SQ_DEPTH - out);
+    assert_int_equal(pf_net_post_reads(q, rd, 8, &k), -EAGAIN);
+    assert_int_equal(k, 0);
     /* a broken QP: -ENOTCONN for the whole chain */
     pf_net_qp_invalidate(q);
-    assert_int_equal(pf_net_post_reads(q, rd, 4), -ENOTCONN);
+    assert_int_equal(pf_net_post_reads(q, rd, 4, &k), -ENOTCONN);
+    assert_int_equal(k, 0);
     qset_close(&s);
 }
 
@@ -219,10 +233,8 @@ static void test_xfer_posts_chains(void **st)
                                      .rkey = 9,
                                      .nic = 0};
     struct pf_net_qp *qps[2] = {s.q[0], s.q[2]};
-    struct p2p_xfer x = {.qps = qps,
-                         .nqps = 2,
-                         .depth = 32,
-                         .deadline_ns = pf_now_ns() + 60 * PF_NS_PER_SEC};
+    struct p2p_xfer x = {
+        .qps = qps, .nqps = 2, .depth = 32, .deadline_ns = pf_now_ns() + 60 * PF_NS_PER_SEC};
     F.post_sends = 0;
     struct completer c = {.s = &s, .seed = 7};
     pthread_t t;
@@ -350,13 +362,13 @@ static void *worker_main(void *arg)
             m++;
         }
         if (m > 0) {
-            int k = pf_net_post_reads(q, rd, (size_t)m);
-            if (k < 0 && k != -EAGAIN) {
-                w->rc = k;
+            size_t k = 0;
+            int rc = pf_net_post_reads(q, rd, (size_t)m, &k);
+            if (rc && rc != -EAGAIN) {
+                w->rc = rc;
                 return NULL;
             }
-            if (k > 0)
-                posted += k;
+            posted += (int)k;
         }
         struct pf_net_cqe c[32];
         int n = pf_net_poll(q, c, 32, 30000);
