@@ -219,8 +219,8 @@ static inline int pf_net_post_read(struct pf_net_qp *qp, const struct pf_net_sge
 {
     return qp->net->ops->post_read(qp, sge, nsge, raddr, rkey, wr_id);
 }
-static inline int pf_net_post_reads(struct pf_net_qp *qp, const struct pf_net_read *reads,
-                                    size_t n, size_t *posted_p)
+static inline int pf_net_post_reads(struct pf_net_qp *qp, const struct pf_net_read *reads, size_t n,
+                                    size_t *posted_p)
 {
     *posted_p = 0;
     if (qp->net->ops->post_reads)
