@@ -8,18 +8,25 @@
  * protection error.
  *
  * QPs follow the reference (§7.3): RC, send queue 128 WRs, up to 16 SGEs (bounded by the
- * device's max_sge_rd), a recv queue of 1, its own CQ with a completion channel,
- * max_rd_atomic = max_dest_rd_atomic = 16 (bounded by the device), min_rnr_timer 12,
- * timeout 14, retry 7 (6 on soft-RoCE, where 7 means forever), rnr retry 7; over Ethernet (RoCE)
- * the address vector uses the remote GID, the local GID index and hop limit 64. The endpoint blob
- * carries GID, LID, QPN, PSN, MTU and link layer; qp_connect moves INIT -> RTR -> RTS with path MTU
- * = min of both ends.
+ * device's max_sge_rd), a recv queue of 1, max_rd_atomic = max_dest_rd_atomic = 16 (bounded by
+ * the device), min_rnr_timer 12, timeout 14, retry 7 (6 on soft-RoCE, where 7 means forever),
+ * rnr retry 7; over Ethernet (RoCE) the address vector uses the remote GID, the local GID
+ * index and hop limit 64. The endpoint blob carries GID, LID, QPN, PSN, MTU and link layer;
+ * qp_connect moves INIT -> RTR -> RTS with path MTU = min of both ends.
  *
- * post_read posts one signalled IBV_WR_RDMA_READ; at most 128 WRs are outstanding (posted and
- * not yet polled) per QP, else -EAGAIN. poll drains the CQ (RC completes in order, so each
- * completion is matched with the oldest posted WR for its length) and otherwise sleeps on
- * the completion channel and an eventfd until the timeout. An error completion moves the QP
- * to the error state (as the hardware does): later posts get -ENOTCONN.
+ * CQs are shared by the QPs of a NIC (verbs_cq.c): up to 16 QPs per CQ (fewer when max_cqe
+ * is small), 129 entries per QP served so the CQ cannot overrun, one completion channel per
+ * CQ, CQs spread over the completion vectors. A poll of any QP drains the CQ for all of them
+ * and routes each completion by qp_num to its QP's software queue; a QP's poll returns only
+ * its own completions.
+ *
+ * post_read posts one signalled IBV_WR_RDMA_READ; post_reads links them (each signalled: the
+ * HAL reports every READ) into chains of up to 32, one ibv_post_send each. At most 128 WRs are
+ * outstanding (posted and not yet polled) per QP, else -EAGAIN. poll returns what is queued
+ * for the QP, else drains the CQ (RC completes in order, so each completion is matched with
+ * the oldest posted WR for its length), spins 32 polls, then arms the CQ and sleeps on its
+ * channel and the QP's eventfd until the timeout. An error completion moves its QP (only
+ * that one) to the error state (as the hardware does): later posts get -ENOTCONN.
  *
  * qp_invalidate moves the QP to ERR and polls the CQ until every outstanding WR has
  * completed or been flushed (the flushed ones become -ECANCELED completions that poll still
@@ -266,8 +273,11 @@ static void verbs_nic_fini(struct verbsnic *nic, const struct pf_verbs_api *api)
         api->close_device(nic->ctx);
     nic->pd = NULL;
     nic->ctx = NULL;
+    if (nic->cqs) /* QPs still alive at close: their CQs go with the context */
+        pf_warn("verbs %s: CQs of live QPs at close", nic->name);
     pthread_rwlock_destroy(&nic->mr_lock);
     pthread_mutex_destroy(&nic->up_mu);
+    pthread_mutex_destroy(&nic->cq_mu);
 }
 
 static void verbs_log_nic(const struct verbsnic *nic, const struct ibv_device_attr *dap);
@@ -280,6 +290,7 @@ static int verbs_nic_init(struct verbsnet *v, struct verbsnic *nic, struct ibv_d
     nic->gid_index = -1;
     pthread_rwlock_init(&nic->mr_lock, NULL);
     pthread_mutex_init(&nic->up_mu, NULL);
+    pthread_mutex_init(&nic->cq_mu, NULL);
     nic->ctx = api->open_device(dev);
     if (!nic->ctx) {
         int e = errno ? errno : ENODEV;
@@ -334,6 +345,11 @@ static int verbs_nic_init(struct verbsnet *v, struct verbsnic *nic, struct ibv_d
     nic->rd_resp = rd <= 0 ? 1 : rd > PF_VERBS_RD_ATOMIC ? PF_VERBS_RD_ATOMIC : rd;
     nic->rd_init = ri <= 0 ? 1 : ri > PF_VERBS_RD_ATOMIC ? PF_VERBS_RD_ATOMIC : ri;
     nic->max_msg = verbs_max_msg(&nic->port_attr);
+    /* shared CQs: as many QPs per CQ as max_cqe holds at PF_VERBS_QP_CQE each (at least
+     * one: a device below that fails ibv_create_cq by name, as it always did) */
+    nic->max_cqe = da.max_cqe;
+    int per = da.max_cqe / PF_VERBS_QP_CQE;
+    nic->cq_qps = per < 1 ? 1 : per > PF_VERBS_CQ_QPS ? PF_VERBS_CQ_QPS : per;
     nic->retry_cnt = v->opts.retry_cnt;
     if (da.vendor_id == PF_VERBS_SOFT_ROCE_VENDOR && nic->retry_cnt > PF_VERBS_SOFT_ROCE_RETRY)
         nic->retry_cnt = PF_VERBS_SOFT_ROCE_RETRY;
@@ -671,6 +687,7 @@ static const struct pf_net_ops verbs_ops = {
     .qp_connect = pf_verbs_qp_connect,
     .ep_check = pf_verbs_ep_check,
     .post_read = pf_verbs_post_read,
+    .post_reads = pf_verbs_post_reads,
     .poll = pf_verbs_poll,
     .qp_invalidate = pf_verbs_qp_invalidate,
     .qp_destroy = pf_verbs_qp_destroy,

@@ -30,6 +30,13 @@
 /* poll: CQ polls on an empty CQ before arming it and sleeping on the completion channel (a
  * bounded spin: about 1-2 us of ibv_poll_cq on mlx5; counted, not timed) */
 #define PF_VERBS_SPIN_POLLS 32
+/* Shared CQs (verbs_cq.c): the QPs of a NIC share CQs, each serving at most PF_VERBS_CQ_QPS
+ * QPs (fewer when the device's max_cqe is small) and sized PF_VERBS_QP_CQE entries per QP it
+ * may serve: a QP's send queue plus its (never posted) 1-entry recv queue, so the CQ holds
+ * every completion its QPs can have outstanding and cannot overrun (ibv_create_cq(3)). */
+#define PF_VERBS_CQ_QPS     16
+#define PF_VERBS_QP_CQE     (PF_VERBS_SQ_DEPTH + 1)
+#define PF_VERBS_POST_CHAIN 32 /* WRs linked into one ibv_post_send (post_reads) at most */
 
 /* Soft-RoCE (rdma_rxe) reports this vendor ID and, unlike the IB spec and mlx5, takes a
  * retry_cnt of 7 to mean "retry forever": a READ to a peer QP that went to the error state
@@ -176,7 +183,12 @@ struct verbsnic {
      * qp_create (each handshake) under up_mu and sets it once the port is ACTIVE. */
     _Atomic bool ready;
     pthread_mutex_t up_mu;
-    int nports; /* phys_port_cnt */
+    int nports;  /* phys_port_cnt */
+    int max_cqe; /* device max_cqe (ibv_query_device(3)) */
+    int cq_qps;  /* QPs one CQ serves: min(PF_VERBS_CQ_QPS, max_cqe / PF_VERBS_QP_CQE), >= 1 */
+    pthread_mutex_t cq_mu; /* cqs, each CQ's nres */
+    struct verbscq *cqs;
+    unsigned cqs_made; /* completion vector of the next CQ: cqs_made % num_comp_vectors */
 };
 
 /* 0 when the NIC has an ACTIVE port and a GID (choosing them now, under up_mu, for a NIC
@@ -203,20 +215,38 @@ struct verbsout {
     uint64_t wr_id, len;
 };
 
+/* A CQ shared by up to cap QPs of one NIC, with its completion channel. Whoever polls one of
+ * its QPs drains it for all of them: each completion goes to its QP's software queue by
+ * wc.qp_num (pf_verbs_cq_drain), so a QP's poll sees only its own. Lock order: mu, then a
+ * QP's mu. */
+struct verbscq {
+    struct verbsnic *nic;
+    struct ibv_comp_channel *ch;
+    struct ibv_cq *cq;
+    int entries;        /* asked of ibv_create_cq: cap * PF_VERBS_QP_CQE (<= max_cqe) */
+    int cap;            /* QPs it may serve */
+    int nres;           /* QPs on it or being created (nic->cq_mu) */
+    pthread_mutex_t mu; /* ibv_poll_cq, arming, the channel's events, qps */
+    bool armed;         /* ibv_req_notify_cq called, its event not yet taken */
+    int nqps;
+    struct verbsqp *qps[PF_VERBS_CQ_QPS];
+    struct verbscq *next; /* nic->cqs */
+};
+
 struct verbsqp {
     struct pf_net_qp base;
     struct verbsnic *nic;
     const struct pf_verbs_api *api;
-    struct ibv_comp_channel *ch;
-    struct ibv_cq *cq;
+    struct verbscq *vcq; /* shared with other QPs of the NIC */
     struct ibv_qp *qp;
+    uint32_t qpn; /* qp->qp_num, kept: qp is NULL once destroyed by invalidate */
     uint32_t psn;
     uint16_t lid; /* the port's LID and active MTU when this QP was created (re-queried */
     uint8_t mtu;  /* at every qp_create, i.e. at every handshake) */
     int evfd;
     pthread_mutex_t mu;
     int state;
-    bool armed;
+    bool waiting;                 /* its poll sleeps: a drain that queues for it writes evfd */
     uint32_t out_head, out_count; /* posted, not completed (post order) */
     struct verbsout out[PF_VERBS_SQ_DEPTH];
     uint32_t sw_head, sw_count; /* completed, not yet returned by poll */
@@ -253,5 +283,29 @@ int pf_verbs_post_read(struct pf_net_qp *qpb, const struct pf_net_sge *sge, size
 int pf_verbs_poll(struct pf_net_qp *qpb, struct pf_net_cqe *out, size_t max, uint64_t timeout_ms);
 void pf_verbs_qp_invalidate(struct pf_net_qp *qpb);
 void pf_verbs_qp_destroy(struct pf_net_qp *qpb);
+int pf_verbs_post_reads(struct pf_net_qp *qpb, const struct pf_net_read *reads, size_t n,
+                        size_t *posted_p);
+
+/* Shared CQs (verbs_cq.c). */
+/* A CQ of nic with room for one more QP (an existing one, else a new one with its channel),
+ * reserved for it. 0 or -errno. */
+int pf_verbs_cq_get(struct verbsnic *nic, struct verbscq **cq_p);
+/* Gives the reservation back; the last one destroys the CQ. */
+void pf_verbs_cq_put(struct verbscq *cq);
+/* Adds the created QP (q->qpn set) to its CQ's routing table / takes it out (before free). */
+void pf_verbs_cq_attach(struct verbscq *cq, struct verbsqp *q);
+void pf_verbs_cq_detach(struct verbscq *cq, struct verbsqp *q);
+/* Polls the CQ empty, each completion into its QP's software queue (waking that QP's
+ * sleeping poller). 0 or -EIO (ibv_poll_cq failed). */
+int pf_verbs_cq_drain(struct verbscq *cq);
+/* Arms the CQ unless it is armed: 1 when it armed it now (poll once more before sleeping:
+ * a completion may have raced the arming), 0 when it was, or -errno. */
+int pf_verbs_cq_arm(struct verbscq *cq);
+/* Takes a pending channel event (non-blocking) and wakes the other sleeping pollers of the
+ * CQ so one of them re-arms it. */
+void pf_verbs_cq_event(struct verbscq *cq, struct verbsqp *self);
+/* A work completion as the QP's record, matched with (and removed from) its posted WRs;
+ * an error completion moves the QP to VQ_ERR. Caller holds q->mu. */
+struct pf_net_cqe pf_verbs_take(struct verbsqp *q, const struct ibv_wc *wc);
 
 #endif

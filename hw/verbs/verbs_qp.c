@@ -64,27 +64,12 @@ int pf_verbs_qp_create(struct pf_net *n, int i, struct pf_net_qp **qp_p)
         rc = -errno;
         goto err_free;
     }
-    errno = 0;
-    q->ch = api->create_comp_channel(nic->ctx);
-    if (!q->ch) {
-        rc = errno ? -errno : -ENOMEM;
-        pf_error("verbs %s: create completion channel: %s", nic->name, strerror(-rc));
+    rc = pf_verbs_cq_get(nic, &q->vcq);
+    if (rc)
         goto err_evfd;
-    }
-    int fl = fcntl(q->ch->fd, F_GETFL);
-    if (fl < 0 || fcntl(q->ch->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
-        rc = -errno;
-        goto err_ch;
-    }
-    q->cq = api->create_cq(nic->ctx, PF_VERBS_SQ_DEPTH + 1, q, q->ch, 0);
-    if (!q->cq) {
-        rc = errno ? -errno : -ENOMEM;
-        pf_error("verbs %s: create CQ: %s", nic->name, strerror(-rc));
-        goto err_ch;
-    }
     struct ibv_qp_init_attr ia = {
-        .send_cq = q->cq,
-        .recv_cq = q->cq,
+        .send_cq = q->vcq->cq,
+        .recv_cq = q->vcq->cq,
         .qp_type = IBV_QPT_RC,
         .sq_sig_all = 0,
         .cap = {.max_send_wr = PF_VERBS_SQ_DEPTH,
@@ -92,12 +77,15 @@ int pf_verbs_qp_create(struct pf_net *n, int i, struct pf_net_qp **qp_p)
                 .max_send_sge = (uint32_t)nic->max_sge,
                 .max_recv_sge = 1},
     };
+    errno = 0;
     q->qp = api->create_qp(nic->pd, &ia);
     if (!q->qp) {
         rc = errno ? -errno : -ENOMEM;
         pf_error("verbs %s: create RC QP: %s", nic->name, strerror(-rc));
         goto err_cq;
     }
+    q->qpn = q->qp->qp_num;
+    pthread_mutex_init(&q->mu, NULL);
     struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
                             .pkey_index = (uint16_t)v->opts.pkey_index,
                             .port_num = nic->port,
@@ -109,17 +97,16 @@ int pf_verbs_qp_create(struct pf_net *n, int i, struct pf_net_qp **qp_p)
         pf_error("verbs %s: QP to INIT: %s", nic->name, strerror(-rc));
         goto err_qp;
     }
-    pthread_mutex_init(&q->mu, NULL);
     q->state = VQ_INIT;
+    pf_verbs_cq_attach(q->vcq, q);
     *qp_p = &q->base;
     return 0;
 
 err_qp:
     api->destroy_qp(q->qp);
+    pthread_mutex_destroy(&q->mu);
 err_cq:
-    api->destroy_cq(q->cq);
-err_ch:
-    api->destroy_comp_channel(q->ch);
+    pf_verbs_cq_put(q->vcq);
 err_evfd:
     close(q->evfd);
 err_free:
@@ -312,129 +299,154 @@ out:
     return rc;
 }
 
-int pf_verbs_post_read(struct pf_net_qp *qpb, const struct pf_net_sge *sge, size_t nsge,
-                       uint64_t raddr, uint32_t rkey, uint64_t wr_id)
+/* Checks one READ's local SGEs against the NIC's regions and fills its WR (unlinked).
+ * Caller holds nic->mr_lock for reading. 0, -EINVAL or -EMSGSIZE. */
+static int verbs_build_wr(struct verbsnic *nic, const struct pf_net_read *rd,
+                          struct ibv_send_wr *wr, struct ibv_sge *isge, uint64_t *total_p)
 {
-    struct verbsqp *q = verbs_qp(qpb);
-    struct verbsnic *nic = q->nic;
-    if (!sge || nsge == 0 || nsge > (size_t)nic->max_sge)
+    if (!rd->sge || rd->nsge == 0 || rd->nsge > (size_t)nic->max_sge)
         return -EINVAL;
-    struct ibv_sge isge[PF_VERBS_MAX_SGE];
     uint64_t total = 0;
-    pthread_rwlock_rdlock(&nic->mr_lock);
-    for (size_t i = 0; i < nsge; i++) {
-        uint64_t a = (uint64_t)(uintptr_t)sge[i].addr, end;
-        bool ok = sge[i].addr && sge[i].len > 0 && sge[i].len <= UINT32_MAX &&
-                  pf_add_ok(a, sge[i].len, &end) && pf_add_ok(total, sge[i].len, &total);
+    for (size_t i = 0; i < rd->nsge; i++) {
+        const struct pf_net_sge *g = &rd->sge[i];
+        uint64_t a = (uint64_t)(uintptr_t)g->addr, end;
+        bool ok = g->addr && g->len > 0 && g->len <= UINT32_MAX && pf_add_ok(a, g->len, &end) &&
+                  pf_add_ok(total, g->len, &total);
         const struct verbsmr *m = nic->mrs;
         for (; ok && m; m = m->next)
-            if (m->base.lkey == sge[i].lkey && (m->access & PF_NET_ACCESS_LOCAL_WRITE) &&
+            if (m->base.lkey == g->lkey && (m->access & PF_NET_ACCESS_LOCAL_WRITE) &&
                 a >= (uint64_t)(uintptr_t)m->base.addr &&
                 end <= (uint64_t)(uintptr_t)m->base.addr + m->base.len)
                 break;
         if (!ok || !m) {
-            pthread_rwlock_unlock(&nic->mr_lock);
             pf_log_ratelimited(PF_LOG_WARN, 1000,
                                "verbs %s: post_read: SGE %zu (%p+%llu lkey 0x%08x) is not "
                                "inside a locally writable region",
-                               nic->name, i, sge[i].addr, (unsigned long long)sge[i].len,
-                               sge[i].lkey);
+                               nic->name, i, g->addr, (unsigned long long)g->len, g->lkey);
             return -EINVAL;
         }
-        isge[i] = (struct ibv_sge){.addr = a, .length = (uint32_t)sge[i].len, .lkey = sge[i].lkey};
+        isge[i] = (struct ibv_sge){.addr = a, .length = (uint32_t)g->len, .lkey = g->lkey};
     }
-    pthread_rwlock_unlock(&nic->mr_lock);
     if (total > nic->max_msg) {
         pf_log_ratelimited(PF_LOG_WARN, 1000,
                            "verbs %s: post_read: %llu bytes past the port's max_msg_sz %llu",
                            nic->name, (unsigned long long)total, (unsigned long long)nic->max_msg);
         return -EMSGSIZE;
     }
-    struct ibv_send_wr wr, *bad = NULL;
-    memset(&wr, 0, sizeof(wr));
-    wr.wr_id = wr_id;
-    wr.sg_list = isge;
-    wr.num_sge = (int)nsge;
-    wr.opcode = IBV_WR_RDMA_READ;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    wr.wr.rdma.remote_addr = raddr;
-    wr.wr.rdma.rkey = rkey;
+    memset(wr, 0, sizeof(*wr));
+    wr->wr_id = rd->wr_id;
+    wr->sg_list = isge;
+    wr->num_sge = (int)rd->nsge;
+    wr->opcode = IBV_WR_RDMA_READ;
+    /* every READ is signalled: the HAL reports a completion per READ (hal_net.h post_read) */
+    wr->send_flags = IBV_SEND_SIGNALED;
+    wr->wr.rdma.remote_addr = rd->raddr;
+    wr->wr.rdma.rkey = rd->rkey;
+    *total_p = total;
+    return 0;
+}
+
+/* Posts up to PF_VERBS_POST_CHAIN reads as one chain: *posted_p of them; 0 when all were,
+ * else the error of the first one not posted. */
+static int verbs_post_chain(struct verbsqp *q, const struct pf_net_read *reads, size_t n,
+                            size_t *posted_p)
+{
+    struct verbsnic *nic = q->nic;
+    struct ibv_send_wr wr[PF_VERBS_POST_CHAIN];
+    struct ibv_sge isge[PF_VERBS_POST_CHAIN][PF_VERBS_MAX_SGE];
+    uint64_t len[PF_VERBS_POST_CHAIN];
+    size_t m = 0;
     int rc = 0;
+    *posted_p = 0;
+    pthread_rwlock_rdlock(&nic->mr_lock);
+    for (; m < n; m++) {
+        rc = verbs_build_wr(nic, &reads[m], &wr[m], isge[m], &len[m]);
+        if (rc)
+            break; /* post the valid front; this one's error is the result */
+    }
+    pthread_rwlock_unlock(&nic->mr_lock);
+    if (m == 0)
+        return rc;
     pthread_mutex_lock(&q->mu);
+    uint32_t room = PF_VERBS_SQ_DEPTH - q->out_count - q->sw_count;
     if (q->state != VQ_RTS) {
         rc = -ENOTCONN;
-    } else if (q->out_count + q->sw_count >= PF_VERBS_SQ_DEPTH) {
+    } else if (room == 0) {
         rc = -EAGAIN;
     } else {
-        rc = verbs_rc(q->api->post_send(q->qp, &wr, &bad));
-        if (rc == -ENOMEM) /* send queue full in the provider */
+        if (m > room) {
+            m = room;
             rc = -EAGAIN;
-        if (rc == 0) {
-            q->out[(q->out_head + q->out_count) % PF_VERBS_SQ_DEPTH] =
-                (struct verbsout){wr_id, total};
-            q->out_count++;
-        } else if (rc != -EAGAIN) {
-            pf_log_ratelimited(PF_LOG_WARN, 1000, "verbs %s: ibv_post_send: %s", nic->name,
-                               strerror(-rc));
         }
+        for (size_t i = 0; i + 1 < m; i++)
+            wr[i].next = &wr[i + 1];
+        wr[m - 1].next = NULL;
+        struct ibv_send_wr *bad = NULL;
+        int prc = verbs_rc(q->api->post_send(q->qp, wr, &bad));
+        /* ibv_post_send(3): on failure bad_wr is the first WR not posted, the ones before it
+         * were posted */
+        size_t posted = prc == 0 ? m : bad >= wr && bad < wr + m ? (size_t)(bad - wr) : 0;
+        for (size_t i = 0; i < posted; i++) {
+            q->out[(q->out_head + q->out_count) % PF_VERBS_SQ_DEPTH] =
+                (struct verbsout){wr[i].wr_id, len[i]};
+            q->out_count++;
+        }
+        *posted_p = posted;
+        if (prc == -ENOMEM) /* send queue full in the provider */
+            prc = -EAGAIN;
+        if (prc && prc != -EAGAIN)
+            pf_log_ratelimited(PF_LOG_WARN, 1000, "verbs %s: ibv_post_send: %s", nic->name,
+                               strerror(-prc));
+        if (prc)
+            rc = prc;
     }
     pthread_mutex_unlock(&q->mu);
     return rc;
 }
 
-/* Turns a work completion into a record, matching it with its posted WR. Caller holds mu. */
-static struct pf_net_cqe verbs_take(struct verbsqp *q, const struct ibv_wc *wc)
+int pf_verbs_post_reads(struct pf_net_qp *qpb, const struct pf_net_read *reads, size_t n,
+                        size_t *posted_p)
 {
-    struct pf_net_cqe c = {.wr_id = wc->wr_id, .status = pf_verbs_wc_errno(wc->status)};
-    uint32_t k = 0;
-    while (k < q->out_count && q->out[(q->out_head + k) % PF_VERBS_SQ_DEPTH].wr_id != wc->wr_id)
-        k++;
-    if (k < q->out_count) {
-        uint32_t at = (q->out_head + k) % PF_VERBS_SQ_DEPTH;
-        if (c.status == 0)
-            c.bytes = q->out[at].len;
-        /* RC completes in order: k is 0 unless wr_ids repeat; keep the ring compact */
-        for (uint32_t j = k; j > 0; j--)
-            q->out[(q->out_head + j) % PF_VERBS_SQ_DEPTH] =
-                q->out[(q->out_head + j - 1) % PF_VERBS_SQ_DEPTH];
-        q->out_head = (q->out_head + 1) % PF_VERBS_SQ_DEPTH;
-        q->out_count--;
+    struct verbsqp *q = verbs_qp(qpb);
+    *posted_p = 0;
+    if (!reads && n)
+        return -EINVAL;
+    while (*posted_p < n) {
+        size_t left = n - *posted_p, k = 0;
+        int rc = verbs_post_chain(q, reads + *posted_p,
+                                  left < PF_VERBS_POST_CHAIN ? left : PF_VERBS_POST_CHAIN, &k);
+        *posted_p += k;
+        if (rc)
+            return rc;
     }
-    if (c.status && c.status != -ECANCELED && q->state != VQ_ERR) {
-        pf_log_ratelimited(PF_LOG_WARN, 1000,
-                           "verbs %s: QP 0x%x READ failed: %s (%s): QP in error state",
-                           q->nic->name, q->qp ? q->qp->qp_num : 0, ibv_wc_status_str(wc->status),
-                           strerror(-c.status));
-        q->state = VQ_ERR;
-    }
-    return c;
+    return 0;
 }
 
-/* Moves completions from the CQ to the software queue. Caller holds mu. 0 or -errno. */
-static int verbs_drain_cq(struct verbsqp *q)
+int pf_verbs_post_read(struct pf_net_qp *qpb, const struct pf_net_sge *sge, size_t nsge,
+                       uint64_t raddr, uint32_t rkey, uint64_t wr_id)
 {
-    if (!q->qp)
-        return 0;
-    struct ibv_wc wc[32];
-    for (;;) {
-        int room = PF_VERBS_SQ_DEPTH - (int)q->sw_count;
-        if (room <= 0)
-            return 0;
-        int n = q->api->poll_cq(q->cq, room < 32 ? room : 32, wc);
-        if (n < 0)
-            return -EIO;
-        for (int i = 0; i < n; i++) {
-            q->sw[(q->sw_head + q->sw_count) % PF_VERBS_SQ_DEPTH] = verbs_take(q, &wc[i]);
-            q->sw_count++;
-        }
-        if (n < 32)
-            return 0;
+    struct pf_net_read rd = {
+        .sge = sge, .nsge = nsge, .raddr = raddr, .rkey = rkey, .wr_id = wr_id};
+    size_t k;
+    return pf_verbs_post_reads(qpb, &rd, 1, &k);
+}
+
+/* Takes up to max of q's queued completions. Caller holds q->mu. */
+static size_t verbs_pop(struct verbsqp *q, struct pf_net_cqe *out, size_t max)
+{
+    size_t n = 0;
+    while (n < max && q->sw_count) {
+        out[n++] = q->sw[q->sw_head];
+        q->sw_head = (q->sw_head + 1) % PF_VERBS_SQ_DEPTH;
+        q->sw_count--;
     }
+    return n;
 }
 
 int pf_verbs_poll(struct pf_net_qp *qpb, struct pf_net_cqe *out, size_t max, uint64_t timeout_ms)
 {
     struct verbsqp *q = verbs_qp(qpb);
+    struct verbscq *cq = q->vcq;
     if (max == 0)
         return 0;
     if (!out)
@@ -442,16 +454,17 @@ int pf_verbs_poll(struct pf_net_qp *qpb, struct pf_net_cqe *out, size_t max, uin
     uint64_t deadline = timeout_ms > UINT64_MAX / PF_NS_PER_MS / 2
                             ? UINT64_MAX / 2
                             : pf_now_ns() + timeout_ms * PF_NS_PER_MS;
+    /* completions a poll of another QP on the CQ already routed here: no ibv_poll_cq */
+    pthread_mutex_lock(&q->mu);
+    size_t n = verbs_pop(q, out, max);
+    pthread_mutex_unlock(&q->mu);
+    if (n > 0)
+        return (int)n;
     unsigned spins = 0;
     for (;;) {
+        int rc = pf_verbs_cq_drain(cq);
         pthread_mutex_lock(&q->mu);
-        int rc = verbs_drain_cq(q);
-        size_t n = 0;
-        while (n < max && q->sw_count) {
-            out[n++] = q->sw[q->sw_head];
-            q->sw_head = (q->sw_head + 1) % PF_VERBS_SQ_DEPTH;
-            q->sw_count--;
-        }
+        n = verbs_pop(q, out, max);
         if (n > 0 || rc) {
             pthread_mutex_unlock(&q->mu);
             return n > 0 ? (int)n : rc;
@@ -465,40 +478,39 @@ int pf_verbs_poll(struct pf_net_qp *qpb, struct pf_net_cqe *out, size_t max, uin
             pthread_mutex_unlock(&q->mu);
             return 0;
         }
-        if (!q->armed && q->qp && spins < PF_VERBS_SPIN_POLLS) {
+        bool live = q->qp != NULL;
+        if (live && spins < PF_VERBS_SPIN_POLLS) {
             /* a short bounded spin before arming: a completion due within a few polls
              * (back-to-back READs) is taken without the notify, event and wake-up */
             spins++;
             pthread_mutex_unlock(&q->mu);
             continue;
         }
-        if (!q->armed && q->qp) {
-            rc = verbs_rc(q->api->req_notify_cq(q->cq, 0));
-            if (rc) {
-                pthread_mutex_unlock(&q->mu);
-                return rc;
-            }
-            q->armed = true;
-            pthread_mutex_unlock(&q->mu);
-            continue; /* poll once more: a completion may have raced the arming */
-        }
+        q->waiting = true; /* a drain queueing for us from now on writes evfd */
         pthread_mutex_unlock(&q->mu);
+        if (live) {
+            rc = pf_verbs_cq_arm(cq);
+            if (rc) {
+                pthread_mutex_lock(&q->mu);
+                q->waiting = false;
+                pthread_mutex_unlock(&q->mu);
+                if (rc < 0)
+                    return rc;
+                continue; /* armed now: poll once more, a completion may have raced it */
+            }
+        }
         uint64_t ms = (deadline - now + PF_NS_PER_MS - 1) / PF_NS_PER_MS;
-        struct pollfd pf[2] = {{.fd = q->ch->fd, .events = POLLIN},
+        struct pollfd pf[2] = {{.fd = cq->ch->fd, .events = POLLIN},
                                {.fd = q->evfd, .events = POLLIN}};
         int r = poll(pf, 2, ms > 60000 ? 60000 : (int)ms);
-        if (r < 0 && errno != EINTR)
-            return -errno;
-        if (r > 0 && (pf[0].revents & POLLIN)) {
-            struct ibv_cq *ecq;
-            void *ectx;
-            pthread_mutex_lock(&q->mu);
-            if (q->api->get_cq_event(q->ch, &ecq, &ectx) == 0) {
-                q->api->ack_cq_events(ecq, 1);
-                q->armed = false;
-            }
-            pthread_mutex_unlock(&q->mu);
-        }
+        int perr = errno;
+        pthread_mutex_lock(&q->mu);
+        q->waiting = false;
+        pthread_mutex_unlock(&q->mu);
+        if (r < 0 && perr != EINTR)
+            return -perr;
+        if (r > 0 && (pf[0].revents & POLLIN))
+            pf_verbs_cq_event(cq, q);
         if (r > 0 && (pf[1].revents & POLLIN)) {
             uint64_t v;
             if (read(q->evfd, &v, sizeof(v)) < 0 && errno != EAGAIN)
@@ -514,36 +526,50 @@ void pf_verbs_qp_invalidate(struct pf_net_qp *qpb)
     pthread_mutex_lock(&q->mu);
     bool was_err = q->state == VQ_ERR;
     q->state = VQ_ERR;
-    if (q->qp && (!was_err || q->out_count)) {
+    int rc = 0;
+    bool drain = q->qp && (!was_err || q->out_count);
+    if (drain) {
         struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
-        int rc = verbs_rc(q->api->modify_qp(q->qp, &a, IBV_QP_STATE));
+        rc = verbs_rc(q->api->modify_qp(q->qp, &a, IBV_QP_STATE));
         if (rc)
-            pf_error("verbs %s: QP 0x%x to ERR: %s", nic->name, q->qp->qp_num, strerror(-rc));
-        /* every outstanding WR completes or flushes; until then the HCA may still DMA */
+            pf_error("verbs %s: QP 0x%x to ERR: %s", nic->name, q->qpn, strerror(-rc));
+    }
+    pthread_mutex_unlock(&q->mu);
+    if (drain) {
+        /* every outstanding WR completes or flushes; until then the HCA may still DMA. The
+         * drains route the flushes (and other QPs' completions) through the shared CQ. */
         uint64_t deadline = pf_now_ns() + q->api->drain_ms * PF_NS_PER_MS;
         unsigned sleep_us = 10;
-        while (q->out_count > 0 && rc == 0) {
-            uint32_t before = q->out_count;
-            if (verbs_drain_cq(q)) {
+        pthread_mutex_lock(&q->mu);
+        uint32_t left = q->out_count;
+        pthread_mutex_unlock(&q->mu);
+        while (left > 0 && rc == 0) {
+            if (pf_verbs_cq_drain(q->vcq)) {
                 rc = -EIO;
                 break;
             }
-            if (q->out_count == 0)
+            pthread_mutex_lock(&q->mu);
+            uint32_t now_left = q->out_count;
+            pthread_mutex_unlock(&q->mu);
+            if (now_left == 0)
                 break;
             if (pf_now_ns() >= deadline) {
                 rc = -ETIMEDOUT;
                 break;
             }
-            if (q->out_count == before) {
+            if (now_left == left) {
                 struct timespec ts = {0, (long)sleep_us * 1000};
                 nanosleep(&ts, NULL);
                 sleep_us = sleep_us < 1000 ? sleep_us * 2 : 1000;
             }
+            left = now_left;
         }
-        if (q->out_count > 0) {
-            /* no flush: destroying the QP is the remaining way to stop the HCA */
+        pthread_mutex_lock(&q->mu);
+        if (q->out_count > 0 && q->qp) {
+            /* no flush: destroying the QP is the remaining way to stop the HCA (and its
+             * completions leave the CQ with it: verbs_route drops any for a QP without qp) */
             pf_error("verbs %s: QP 0x%x: %u WRs not flushed (%s): destroying the QP", nic->name,
-                     q->qp->qp_num, q->out_count, strerror(-rc));
+                     q->qpn, q->out_count, strerror(-(rc ? rc : -ETIMEDOUT)));
             int drc = verbs_rc(q->api->destroy_qp(q->qp));
             if (drc)
                 pf_error("verbs %s: ibv_destroy_qp: %s", nic->name, strerror(-drc));
@@ -551,12 +577,12 @@ void pf_verbs_qp_invalidate(struct pf_net_qp *qpb)
             while (q->out_count > 0) {
                 struct ibv_wc wc = {.wr_id = q->out[q->out_head].wr_id,
                                     .status = IBV_WC_WR_FLUSH_ERR};
-                q->sw[(q->sw_head + q->sw_count) % PF_VERBS_SQ_DEPTH] = verbs_take(q, &wc);
+                q->sw[(q->sw_head + q->sw_count) % PF_VERBS_SQ_DEPTH] = pf_verbs_take(q, &wc);
                 q->sw_count++;
             }
         }
+        pthread_mutex_unlock(&q->mu);
     }
-    pthread_mutex_unlock(&q->mu);
     uint64_t one = 1;
     if (write(q->evfd, &one, sizeof(one)) < 0)
         pf_debug("verbs %s: waking poller: %s", nic->name, strerror(errno));
@@ -569,15 +595,13 @@ void pf_verbs_qp_destroy(struct pf_net_qp *qpb)
     struct verbsqp *q = verbs_qp(qpb);
     const struct pf_verbs_api *api = q->api;
     pf_verbs_qp_invalidate(qpb);
+    pf_verbs_cq_detach(q->vcq, q); /* no drain routes to q from here on */
     if (q->qp) {
         int rc = verbs_rc(api->destroy_qp(q->qp));
         if (rc)
             pf_error("verbs %s: ibv_destroy_qp: %s", q->nic->name, strerror(-rc));
     }
-    int rc = verbs_rc(api->destroy_cq(q->cq));
-    if (rc)
-        pf_error("verbs %s: ibv_destroy_cq: %s", q->nic->name, strerror(-rc));
-    api->destroy_comp_channel(q->ch);
+    pf_verbs_cq_put(q->vcq);
     close(q->evfd);
     pthread_mutex_destroy(&q->mu);
     free(q);

@@ -175,6 +175,7 @@ static void fill_net(struct pf_net_ops *d, const struct pf_net_ops *s)
     d->ep_host = s->ep_host;   /* optional: NULL = does not connect by address */
     d->ep_check = s->ep_check; /* optional: NULL = no compatibility check */
     FILL(d, s, post_read, ns_read);
+    d->post_reads = s->post_reads; /* optional: NULL = pf_net_post_reads posts one by one */
     FILL(d, s, poll, ns_poll);
     FILL(d, s, qp_invalidate, ns_inval);
     FILL(d, s, qp_destroy, ns_qp_destroy);

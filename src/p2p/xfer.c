@@ -18,7 +18,8 @@
 #include "pf/clock.h"
 #include "pf/log.h"
 
-#define CQE_BATCH 64
+#define CQE_BATCH  64
+#define POST_CHAIN 16 /* READs per pf_net_post_reads */
 
 struct xstate {
     struct p2p_xfer *x;
@@ -132,24 +133,38 @@ static int qp_failed(struct xstate *s, size_t q, int rc)
     return 0;
 }
 
+/* Posts the next READs of q's NIC while q has room, as chains of up to POST_CHAIN
+ * (pf_net_post_reads: one ibv_post_send per chain on verbs, one by one elsewhere). */
 static int post_some(struct xstate *s, size_t q, bool *progress)
 {
     struct p2p_xfer *x = s->x;
     int nic = x->qps[q]->nic;
+    struct pf_net_sge sge[POST_CHAIN];
+    struct pf_net_read rd[POST_CHAIN];
     while (s->out[q] < x->depth && s->cursor[nic] < s->end[nic]) {
-        size_t r = s->order[s->cursor[nic]];
-        const struct p2p_read *rd = &s->reads[r];
-        struct pf_net_sge sge = {.addr = rd->local, .len = rd->len, .lkey = rd->lkey};
-        int rc = pf_net_post_read(x->qps[q], &sge, 1, rd->raddr, rd->rkey, r);
+        size_t m = 0;
+        while (m < POST_CHAIN && s->out[q] + m < x->depth && s->cursor[nic] + m < s->end[nic]) {
+            size_t r = s->order[s->cursor[nic] + m];
+            const struct p2p_read *p = &s->reads[r];
+            sge[m] = (struct pf_net_sge){.addr = p->local, .len = p->len, .lkey = p->lkey};
+            rd[m] = (struct pf_net_read){
+                .sge = &sge[m], .nsge = 1, .raddr = p->raddr, .rkey = p->rkey, .wr_id = r};
+            m++;
+        }
+        size_t k = 0;
+        int rc = pf_net_post_reads(x->qps[q], rd, m, &k);
+        for (size_t i = 0; i < k; i++) {
+            s->owner[rd[i].wr_id] = (uint32_t)q + 1;
+            s->out[q]++;
+            s->cursor[nic]++;
+            x->posted++;
+        }
+        if (k > 0)
+            *progress = true;
         if (rc == -EAGAIN)
             break;
         if (rc)
             return rc;
-        s->owner[r] = (uint32_t)q + 1;
-        s->out[q]++;
-        s->cursor[nic]++;
-        x->posted++;
-        *progress = true;
     }
     return 0;
 }

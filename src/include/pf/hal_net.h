@@ -67,6 +67,15 @@ struct pf_net_sge {
     uint32_t lkey;
 };
 
+/* One READ of a chain (post_reads): as post_read's arguments. */
+struct pf_net_read {
+    const struct pf_net_sge *sge;
+    size_t nsge;
+    uint64_t raddr;
+    uint32_t rkey;
+    uint64_t wr_id;
+};
+
 struct pf_net_cqe {
     uint64_t wr_id;
     int status; /* 0 or -errno (-EREMOTEIO: remote access error, -ECANCELED: flushed) */
@@ -99,6 +108,14 @@ struct pf_net_ops {
      * queue is full (poll, then retry), -ENOTCONN when the QP is not connected or broken. */
     int (*post_read)(struct pf_net_qp *qp, const struct pf_net_sge *sge, size_t nsge,
                      uint64_t raddr, uint32_t rkey, uint64_t wr_id);
+    /* Optional: posts reads[0..n) in order as chains (verbs: the WRs linked through wr.next,
+     * one ibv_post_send per up to 32). Each READ is exactly a post_read of its own: it
+     * reports its own completion {wr_id, status, bytes} through poll. *posted_p = how many
+     * were posted from the front; returns 0 when all n were, else the error (post_read's
+     * codes: -EAGAIN when the send queue filled up) of reads[*posted_p], the first one not
+     * posted. NULL: pf_net_post_reads posts them one at a time. */
+    int (*post_reads)(struct pf_net_qp *qp, const struct pf_net_read *reads, size_t n,
+                      size_t *posted_p);
     /* Returns up to max completions (>= 0), waiting up to timeout_ms for the first one
      * (0 = do not wait). -errno on a broken QP with nothing left to report. */
     int (*poll)(struct pf_net_qp *qp, struct pf_net_cqe *out, size_t max, uint64_t timeout_ms);
@@ -201,6 +218,21 @@ static inline int pf_net_post_read(struct pf_net_qp *qp, const struct pf_net_sge
                                    uint64_t raddr, uint32_t rkey, uint64_t wr_id)
 {
     return qp->net->ops->post_read(qp, sge, nsge, raddr, rkey, wr_id);
+}
+static inline int pf_net_post_reads(struct pf_net_qp *qp, const struct pf_net_read *reads, size_t n,
+                                    size_t *posted_p)
+{
+    *posted_p = 0;
+    if (qp->net->ops->post_reads)
+        return qp->net->ops->post_reads(qp, reads, n, posted_p);
+    for (size_t k = 0; k < n; k++) {
+        int rc = qp->net->ops->post_read(qp, reads[k].sge, reads[k].nsge, reads[k].raddr,
+                                         reads[k].rkey, reads[k].wr_id);
+        if (rc)
+            return rc;
+        *posted_p = k + 1;
+    }
+    return 0;
 }
 static inline int pf_net_poll(struct pf_net_qp *qp, struct pf_net_cqe *out, size_t max,
                               uint64_t timeout_ms)

@@ -3,8 +3,12 @@
  * ibv_modify_qp(3) allows, the send queue bound, completions in post order, flushes on ERR,
  * the completion channel, ibv_query_gid_ex(3) entries (GID type, net device) with ENODATA
  * for empty ones, async events on a non-blocking async_fd (ibv_get_async_event(3)), and
- * ibv_reg_mr(3) access flags. Included once per test (test_verbs.c, test_verbs_rails.c), after
- * cmocka.h and verbs_internal.h. */
+ * ibv_reg_mr(3) access flags, ibv_post_send(3) chains (WRs linked by next, posted in order, on
+ * failure *bad_wr the first WR not posted and the ones before it posted), ibv_create_cq(3)
+ * sizes (EINVAL past the device's max_cqe) and CQ overrun (a completion arriving at a full CQ
+ * fails the test: the real CQ would raise IBV_EVENT_CQ_ERR and lose it), ibv_poll_cq(3) work
+ * completions naming their QP (wc.qp_num). Included once per test (test_verbs.c,
+ * test_verbs_rails.c), after cmocka.h and verbs_internal.h. */
 #ifndef PF_TEST_FAKE_HCA_H
 #define PF_TEST_FAKE_HCA_H
 
@@ -30,8 +34,9 @@ struct fake_cq {
     struct ibv_cq cq;
     struct fake_ch *ch;
     bool armed;
-    struct ibv_wc q[FAKE_MAX_WR];
+    struct ibv_wc *q; /* cq.cqe entries */
     int head, n;
+    int vector;
 };
 
 struct fake_ch {
@@ -43,6 +48,7 @@ struct fake_wr {
     uint64_t wr_id, raddr;
     uint32_t rkey;
     int opcode, flags, nsge;
+    int chain; /* position in its ibv_post_send chain (0: first) */
     struct ibv_sge sge[16];
     bool done;
 };
@@ -83,6 +89,10 @@ static struct {
     int mrs_live, pds_live, ctx_live, cq_live, ch_live;
     int acked_events;
     int notifies;            /* ibv_req_notify_cq calls */
+    int post_sends;          /* ibv_post_send calls */
+    int poll_cqs;            /* ibv_poll_cq calls */
+    int post_fail_at;        /* >0: ibv_post_send fails (ENOMEM) at the n-th WR of a chain */
+    int cq_max_seen;         /* most completions ever queued in one CQ */
     int complete_after_poll; /* >0: the n-th poll_cq from now (any CQ) first completes the
                               * oldest pending WR on that CQ (a READ finishing while the
                               * poller spins) */
@@ -115,6 +125,7 @@ static struct ibv_context *f_open_device(struct ibv_device *d)
     struct fake_ctx *c = calloc(1, sizeof(*c));
     c->dev = pf_container_of(d, struct fake_dev, dev);
     c->ctx.async_fd = eventfd(0, EFD_CLOEXEC); /* a real fd: the backend makes it non-blocking */
+    c->ctx.num_comp_vectors = 4;
     F.ctx_live++;
     return &c->ctx;
 }
@@ -203,7 +214,16 @@ static int f_destroy_ch(struct ibv_comp_channel *ch)
 static struct ibv_cq *f_create_cq(struct ibv_context *c, int cqe, void *ctx,
                                   struct ibv_comp_channel *ch, int vec)
 {
+    /* ibv_create_cq(3): cqe at least 1 and at most the device's max_cqe, else EINVAL; the
+     * completion vector below the context's num_comp_vectors */
+    if (cqe < 1 || cqe > fdev(c)->attr.max_cqe || vec < 0 ||
+        (vec > 0 && vec >= c->num_comp_vectors)) {
+        errno = EINVAL;
+        return NULL;
+    }
     struct fake_cq *cq = calloc(1, sizeof(*cq));
+    cq->q = calloc((size_t)cqe, sizeof(*cq->q));
+    cq->vector = vec;
     cq->cq.context = c;
     cq->cq.cq_context = ctx;
     cq->cq.cqe = cqe;
@@ -215,6 +235,7 @@ static struct ibv_cq *f_create_cq(struct ibv_context *c, int cqe, void *ctx,
 static int f_destroy_cq(struct ibv_cq *cq)
 {
     F.cq_live--;
+    free(pf_container_of(cq, struct fake_cq, cq)->q);
     free(pf_container_of(cq, struct fake_cq, cq));
     return 0;
 }
@@ -271,13 +292,19 @@ static int f_destroy_qp(struct ibv_qp *qp)
 static void fake_push(struct fake_qp *q, struct fake_wr *w, enum ibv_wc_status st)
 {
     struct fake_cq *c = q->cq;
-    struct ibv_wc *wc = &c->q[(c->head + c->n) % FAKE_MAX_WR];
+    if (c->n >= c->cq.cqe)
+        fail_msg("CQ overrun: a completion for QP 0x%x arrived at a full CQ of %d entries "
+                 "(IBV_EVENT_CQ_ERR, completion lost)",
+                 q->qp.qp_num, c->cq.cqe);
+    struct ibv_wc *wc = &c->q[(c->head + c->n) % c->cq.cqe];
     memset(wc, 0, sizeof(*wc));
     wc->wr_id = w->wr_id;
     wc->status = st;
     wc->opcode = IBV_WC_RDMA_READ;
     wc->qp_num = q->qp.qp_num;
     c->n++;
+    if (c->n > F.cq_max_seen)
+        F.cq_max_seen = c->n;
     w->done = true;
     q->ncompleted++;
     if (c->armed) {
@@ -339,24 +366,32 @@ static int f_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_sen
 {
     struct fake_qp *q = fqp(qp);
     pthread_mutex_lock(&F.mu);
-    int rc = 0;
-    if (q->state != IBV_QPS_RTS) {
-        rc = EINVAL;
-    } else if (q->nposted - q->ncompleted >= (int)q->init.cap.max_send_wr ||
-               q->nposted == FAKE_MAX_WR) {
-        rc = ENOMEM;
-    } else {
-        struct fake_wr *w = &q->wr[q->nposted++];
-        w->wr_id = wr->wr_id;
-        w->raddr = wr->wr.rdma.remote_addr;
-        w->rkey = wr->wr.rdma.rkey;
-        w->opcode = wr->opcode;
-        w->flags = (int)wr->send_flags;
-        w->nsge = wr->num_sge;
-        memcpy(w->sge, wr->sg_list, (size_t)wr->num_sge * sizeof(struct ibv_sge));
+    F.post_sends++;
+    int rc = 0, k = 0;
+    /* ibv_post_send(3): the chain wr, wr->next, ... in order; on failure *bad_wr is the first
+     * WR that was not posted (the ones before it were) */
+    for (; wr && rc == 0; wr = wr->next, k++) {
+        if (q->state != IBV_QPS_RTS) {
+            rc = EINVAL;
+        } else if (q->nposted - q->ncompleted >= (int)q->init.cap.max_send_wr ||
+                   q->nposted == FAKE_MAX_WR || (F.post_fail_at > 0 && k + 1 == F.post_fail_at)) {
+            rc = ENOMEM;
+        } else if (wr->num_sge < 0 || wr->num_sge > (int)q->init.cap.max_send_sge) {
+            rc = EINVAL;
+        } else {
+            struct fake_wr *w = &q->wr[q->nposted++];
+            w->wr_id = wr->wr_id;
+            w->raddr = wr->wr.rdma.remote_addr;
+            w->rkey = wr->wr.rdma.rkey;
+            w->opcode = wr->opcode;
+            w->flags = (int)wr->send_flags;
+            w->nsge = wr->num_sge;
+            w->chain = k;
+            memcpy(w->sge, wr->sg_list, (size_t)wr->num_sge * sizeof(struct ibv_sge));
+        }
+        if (rc)
+            *bad = wr;
     }
-    if (rc)
-        *bad = wr;
     pthread_mutex_unlock(&F.mu);
     return rc;
 }
@@ -365,6 +400,7 @@ static int f_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 {
     struct fake_cq *c = fcq(cq);
     pthread_mutex_lock(&F.mu);
+    F.poll_cqs++;
     if (F.complete_after_poll > 0 && --F.complete_after_poll == 0)
         for (int i = 0; i < F.nqps; i++) {
             struct fake_qp *q = F.qps[i];
@@ -384,7 +420,7 @@ static int f_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
     int k = 0;
     while (k < n && c->n) {
         wc[k++] = c->q[c->head];
-        c->head = (c->head + 1) % FAKE_MAX_WR;
+        c->head = (c->head + 1) % c->cq.cqe;
         c->n--;
     }
     pthread_mutex_unlock(&F.mu);
@@ -544,6 +580,8 @@ static void fake_reset(void)
     F.reject_ro = false;
     F.notifies = 0;
     F.complete_after_poll = 0;
+    F.post_sends = F.poll_cqs = F.post_fail_at = F.cq_max_seen = 0;
+    d->attr.max_cqe = 4194303; /* mlx5 (ConnectX-6) */
     d = &F.devs[1];
     snprintf(d->dev.name, sizeof(d->dev.name), "ib0");
     d->attr.phys_port_cnt = 1;
@@ -552,6 +590,7 @@ static void fake_reset(void)
     d->attr.max_qp_rd_atom = 8;
     d->attr.max_qp_init_rd_atom = 128;
     d->attr.max_pkeys = 128;
+    d->attr.max_cqe = 600; /* small: 4 QPs of 129 entries per CQ */
     d->nports = 1;
     d->port[1].state = IBV_PORT_ACTIVE;
     d->port[1].link_layer = IBV_LINK_LAYER_INFINIBAND;
