@@ -41,8 +41,12 @@
  * Usage: p2p [--size 1g] [--blocks 256k,1m,4m] [--reps 3] [--lat-reps 10] [--qps 2]
  *            [--integrity on|off] [--loopback] [--backend tcp|verbs] [--nics A,B]
  *            [--addrs A,B] [--json p2p.json] [--tls] [--concurrent 1]
- *            [--verify-row on|off]  (PF_BIN: the binaries, default
+ *            [--verify-row on|off] [--plan-timeout-ms N]  (PF_BIN: the binaries, default
  * build/rel/bin)
+ *
+ * --plan-timeout-ms N: every node's --p2p-plan-timeout-ms. Under emulation (make bench-rxe)
+ * the query-time MetaServer plan takes longer than the 50 ms default, and a request planned
+ * from local tiers only measures nothing (fetch_on retries it, up to 5 times).
  *
  * --tls: a fresh test PKI (tests/integration/certs.sh, openssl; PF_TOP: the source tree)
  * and --tls-cert/--tls-key/--tls-ca on the MetaServer and both nodes: gRPC and the TCP
@@ -94,10 +98,12 @@ struct opts {
     char nics[2][64], addrs[2][40];
     const char *integrity;
     const char *json;
-    bool tls;        /* --tls: every process with --tls-cert/--tls-key/--tls-ca (fabric TLS) */
-    int concurrent;  /* --concurrent N: N fetches from A at once, each 1/N of the blocks */
-    bool verify_row; /* --verify-row on|off: the same fetches on a requester with
-                      * --integrity off, interleaved (verification on vs off) */
+    bool tls;            /* --tls: every process with --tls-cert/--tls-key/--tls-ca (fabric TLS) */
+    int concurrent;      /* --concurrent N: N fetches from A at once, each 1/N of the blocks */
+    bool verify_row;     /* --verify-row on|off: the same fetches on a requester with
+                          * --integrity off, interleaved (verification on vs off) */
+    const char *plan_ms; /* --plan-timeout-ms N: the nodes' --p2p-plan-timeout-ms (default:
+                          * the server's); the emulated rxe guest needs more than 50 ms */
 };
 
 static struct pft_netpair np;
@@ -677,6 +683,12 @@ static int parse_opts(int argc, char **argv, struct opts *o)
             if (strcmp(v, "on") && strcmp(v, "off"))
                 goto usage;
             o->verify_row = !strcmp(v, "on");
+        } else if (!strcmp(a, "--plan-timeout-ms")) {
+            char *end = NULL;
+            long ms = strtol(v, &end, 10);
+            if (!end || *end || ms < 1 || ms > 10000) /* the server's range */
+                goto usage;
+            o->plan_ms = v;
         } else if (!strcmp(a, "--json")) {
             o->json = v;
         } else if (!strcmp(a, "--integrity")) {
@@ -710,7 +722,7 @@ usage:
     fprintf(stderr, "usage: p2p [--size BYTES] [--blocks 256k,1m,4m] [--reps N] [--lat-reps N] "
                     "[--qps N] [--integrity on|off] [--loopback] [--backend tcp|verbs] "
                     "[--nics A,B] [--addrs A,B] [--json PATH] [--tls] [--concurrent 1..16] "
-                    "[--verify-row on|off]\n");
+                    "[--verify-row on|off] [--plan-timeout-ms 1..10000]\n");
     return -1;
 }
 
@@ -820,6 +832,15 @@ int main(int argc, char **argv)
         pf_auth_env_free(&env);
         printf("TLS: gRPC and the TCP fabric with a test PKI in %s/pki\n", logdir);
     }
+    /* the nodes' optional flags: TLS (8 entries or none), then the plan deadline */
+    const char *node_flags[11] = {NULL};
+    size_t nf = 0;
+    for (; tls_flags[nf]; nf++)
+        node_flags[nf] = tls_flags[nf];
+    if (o.plan_ms) {
+        node_flags[nf++] = "--p2p-plan-timeout-ms";
+        node_flags[nf++] = o.plan_ms;
+    }
     char pool[32], qps[8], meta[96];
     pf_format_size(o.size + (64ull << 20), pool, sizeof(pool));
     snprintf(qps, sizeof(qps), "%d", o.qps);
@@ -844,14 +865,16 @@ int main(int argc, char **argv)
                             qps,
                             "--integrity",
                             o.integrity,
-                            tls_flags[0],
-                            tls_flags[1],
-                            tls_flags[2],
-                            tls_flags[3],
-                            tls_flags[4],
-                            tls_flags[5],
-                            tls_flags[6],
-                            tls_flags[7],
+                            node_flags[0],
+                            node_flags[1],
+                            node_flags[2],
+                            node_flags[3],
+                            node_flags[4],
+                            node_flags[5],
+                            node_flags[6],
+                            node_flags[7],
+                            node_flags[8],
+                            node_flags[9],
                             NULL};
     spawn(&NA, "pegaflow-server", np.ip[0], a_args);
     const char *b_args[] = {"--gpu-backend",
@@ -870,14 +893,16 @@ int main(int argc, char **argv)
                             qps,
                             "--integrity",
                             o.integrity,
-                            tls_flags[0],
-                            tls_flags[1],
-                            tls_flags[2],
-                            tls_flags[3],
-                            tls_flags[4],
-                            tls_flags[5],
-                            tls_flags[6],
-                            tls_flags[7],
+                            node_flags[0],
+                            node_flags[1],
+                            node_flags[2],
+                            node_flags[3],
+                            node_flags[4],
+                            node_flags[5],
+                            node_flags[6],
+                            node_flags[7],
+                            node_flags[8],
+                            node_flags[9],
                             NULL};
     spawn(&NB, "pegaflow-server", np.ip[1], b_args);
     bool vrow = o.verify_row && strcmp(o.integrity, "on") == 0;

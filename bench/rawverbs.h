@@ -2,13 +2,15 @@
  * rdma-core (through the backend's pf_verbs_real_api table, so no extra link dependency and
  * no HAL, no engine, no checks), on the same two RDMA devices the measured path uses: a
  * source region registered on device A, a destination on device B, one RC QP on each,
- * connected to each other (port 1, GID chosen as the backend does: RoCEv2 not link-local,
- * else index 0), and READs of one block size keeping up to RV_DEPTH outstanding, completions
- * taken as they come (busy poll, then a wait on the completion channel). Over soft-RoCE the
- * work is the kernel's (rxe) on both ends, so the loop measures what the devices can do.
+ * connected to each other (port 1, the GID the backend picks: pf_verbs_pick_gid), and READs of one
+ * block size keeping up to RV_DEPTH outstanding, completions taken as they come (busy poll, then a
+ * wait on the completion channel). Over soft-RoCE the work is the kernel's (rxe) on both ends, so
+ * the loop measures what the devices can do.
  *
  *   rv_open(&rv, "rxe0", "rxe1", src, dst, len)  0, or -errno (-ENOSYS: verbs not built)
- *   rv_round(&rv, len, blk)                      seconds for len bytes, or < 0
+ *   rv_round(&rv, len, blk)                      seconds for len bytes, or < 0 (also when
+ *                                                the destination, cleared before the timed
+ *                                                part, is not the source byte for byte after)
  *   rv_close(&rv) */
 #ifndef PF_BENCH_RAWVERBS_H
 #define PF_BENCH_RAWVERBS_H
@@ -26,6 +28,7 @@
 #if __has_include(<infiniband/verbs.h>)
 #include "../hw/verbs/verbs_internal.h"
 #pragma weak pf_verbs_real_api
+#pragma weak pf_verbs_pick_gid
 #define RV_HAVE_VERBS 1
 #else
 #define RV_HAVE_VERBS 0
@@ -80,17 +83,34 @@ static int rv_side_open(struct rv_side *s, const char *dev, void *buf, uint64_t 
         da.max_qp_rd_atom < da.max_qp_init_rd_atom ? da.max_qp_rd_atom : da.max_qp_init_rd_atom;
     if (rd < *rd_atomic)
         *rd_atomic = rd < 1 ? 1 : rd;
-    s->gid_index = 0;
-    for (uint32_t i = 0; i < (uint32_t)s->port.gid_tbl_len; i++) {
-        struct ibv_gid_entry e;
-        if (api->query_gid_ex(s->ctx, 1, i, &e))
-            continue;
-        bool ll = e.gid.raw[0] == 0xfe && (e.gid.raw[1] & 0xc0) == 0x80;
-        if (e.gid_type == IBV_GID_TYPE_ROCE_V2 && !ll) {
-            s->gid_index = (int)i;
-            break;
-        }
+    /* the backend's own choice (pf_verbs_pick_gid over the whole table, ndev up/down as the
+     * backend sees it): an own-rolled "first RoCE v2 that is not link-local" took rxe0's
+     * 2001:db8:77::1 in the guest (ci/rxe-vm.sh lists IPv6 and VLAN GIDs ahead of the
+     * veth's ::ffff:10.77.0.x), an address pair that is routed through lo, where no rxe
+     * device listens: every READ was lost and retried to IBV_WC_RETRY_EXC_ERR */
+    int ng = s->port.gid_tbl_len;
+    struct ibv_gid_entry *ents = ng > 0 ? calloc((size_t)ng, sizeof(*ents)) : NULL;
+    int8_t *up = ng > 0 ? calloc((size_t)ng, sizeof(*up)) : NULL;
+    if (!ents || !up) {
+        free(ents);
+        free(up);
+        return ng > 0 ? -ENOMEM : -ENODEV;
     }
+    for (int i = 0; i < ng; i++) {
+        if (api->query_gid_ex(s->ctx, 1, (uint32_t)i, &ents[i])) {
+            memset(&ents[i], 0, sizeof(ents[i])); /* empty: never chosen */
+            continue;
+        }
+        up[i] =
+            (int8_t)(ents[i].ndev_ifindex && api->ifindex_up ? api->ifindex_up(ents[i].ndev_ifindex)
+                                                             : -1);
+    }
+    struct pf_verbs_gid_rule any = {.index = -1};
+    s->gid_index = pf_verbs_pick_gid(ents, up, ng, &any);
+    free(ents);
+    free(up);
+    if (s->gid_index < 0)
+        return -ENOENT;
     struct ibv_gid_entry e;
     if (api->query_gid_ex(s->ctx, 1, (uint32_t)s->gid_index, &e))
         return -EIO;
@@ -232,6 +252,7 @@ static double rv_round(struct rv *r, uint64_t len, uint64_t blk)
 {
     const struct pf_verbs_api *api = rv_api();
     uint64_t n = (len + blk - 1) / blk, posted = 0, done = 0, out = 0;
+    memset(r->dst, 0, len); /* outside the timing, as the byte check after it */
     uint64_t t0 = pf_now_ns();
     while (done < n) {
         while (posted < n && out < RV_DEPTH) {
@@ -264,7 +285,13 @@ static double rv_round(struct rv *r, uint64_t len, uint64_t blk)
         done += (uint64_t)k;
         out -= (uint64_t)k;
     }
-    return (double)(pf_now_ns() - t0) / 1e9;
+    double secs = (double)(pf_now_ns() - t0) / 1e9;
+    if (memcmp(r->dst, r->src, len) != 0) {
+        fprintf(stderr, "raw verbs READ: %llu bytes completed but differ from the source\n",
+                (unsigned long long)len);
+        return -1;
+    }
+    return secs;
 }
 #else
 static int rv_open(struct rv *r, const char *dev_a, const char *dev_b, void *src, void *dst,
