@@ -65,7 +65,10 @@ if [ "$mode" = integration ] || [ "$mode" = all ]; then
   pass=0 fail=0 skip=0
   for t in "$top"/tests/integration/test_*.sh; do
     [ -e "$t" ] || continue
-    run_one integration "$(basename "$t" .sh)" "$INTEG_TIMEOUT" bash "$t"
+    tmo=$INTEG_TIMEOUT
+    # the rxe guest runs every verbs case under TCG emulation: 5-9 min on a 2-core VM
+    [ "$(basename "$t")" = test_rxe.sh ] && tmo=${RXE_TEST_TIMEOUT:-900}
+    run_one integration "$(basename "$t" .sh)" "$tmo" bash "$t"
   done
   suite_end integration
 fi
