@@ -4,9 +4,10 @@
  * Checks: the result is 0 or -EINVAL with a message naming the source ("F:" or "F: ");
  * an accepted set holds 1..PF_TENANT_MAX tenants, each with a valid name, a token of
  * PF_TENANT_TOKEN_MIN..MAX printable bytes that pf_tenants_by_token finds (and a token one
- * byte shorter does not), a name pf_tenants_by_name finds, 1..PF_TENANT_RULES_MAX rules;
- * every rule's own pattern (an exact name, or the prefix itself) belongs to its tenant and
- * to no other (pf_tenants_by_namespace: namespaces never overlap across tenants). */
+ * byte shorter does not, unless it is another tenant's whole token), a name pf_tenants_by_name
+ * finds, 1..PF_TENANT_RULES_MAX rules; every rule's own pattern (an exact name, or the prefix
+ * itself) belongs to its tenant and to no other (pf_tenants_by_namespace: namespaces never overlap
+ * across tenants). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,7 +50,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             fz_fail("tenant %s: token of %zu bytes", x->name, x->toklen);
         if (pf_tenants_by_token(t, x->token, x->toklen) != x)
             fz_fail("tenant %s: its token finds another tenant", x->name);
-        if (pf_tenants_by_token(t, x->token, x->toklen - 1) != NULL)
+        /* A token one byte shorter never authenticates as x; it may be another tenant's
+         * whole token (tokens are compared whole), and then it finds exactly that one. */
+        const struct pf_tenant *p = pf_tenants_by_token(t, x->token, x->toklen - 1);
+        if (p == x ||
+            (p && (p->toklen != x->toklen - 1 || memcmp(p->token, x->token, p->toklen) != 0)))
             fz_fail("tenant %s: a token prefix is accepted", x->name);
         if (pf_tenants_by_name(t, x->name) != x)
             fz_fail("tenant %s: not found by name", x->name);
