@@ -7,10 +7,29 @@
  * failure *bad_wr the first WR not posted and the ones before it posted), ibv_create_cq(3)
  * sizes (EINVAL past the device's max_cqe) and CQ overrun (a completion arriving at a full CQ
  * fails the test: the real CQ would raise IBV_EVENT_CQ_ERR and lose it), ibv_poll_cq(3) work
- * completions naming their QP (wc.qp_num). Included once per test (test_verbs.c,
- * test_verbs_rails.c), after cmocka.h and verbs_internal.h. */
+ * completions naming their QP (wc.qp_num). Included once per test file (test_verbs.c,
+ * test_verbs_rails.c, test_verbs_cq.c) after cmocka.h. It includes verbs_internal.h when the
+ * rdma-core headers are installed and sets HAVE_IBV_HEADERS; without them it defines the
+ * file's main (a SKIP line, exit 77) and nothing else, so a test file wraps its own code in
+ * #if HAVE_IBV_HEADERS. */
 #ifndef PF_TEST_FAKE_HCA_H
 #define PF_TEST_FAKE_HCA_H
+
+#if __has_include(<infiniband/verbs.h>)
+#include "../../../hw/verbs/verbs_internal.h"
+#define HAVE_IBV_HEADERS 1
+/* Weak: when configure found no libibverbs, verbs_absent.c is linked and this is NULL. */
+#pragma weak pf_verbs_open_api
+#else
+#define HAVE_IBV_HEADERS 0
+int main(void)
+{
+    printf("SKIP: rdma-core headers (infiniband/verbs.h) not installed\n");
+    return 77;
+}
+#endif
+
+#if HAVE_IBV_HEADERS
 
 /* ---------------------------------------------------------------- the fake HCA */
 
@@ -604,4 +623,30 @@ static void fake_reset(void)
     fake_api.sysfs_root = sysfs_dir;
 }
 
+/* cmocka setup of a fake-HCA test: a fresh fake. */
+__attribute__((unused)) static int fake_setup(void **st)
+{
+    (void)st;
+    fake_reset();
+    return 0;
+}
+
+/* The body of a fake-HCA test file's main: 77 with a SKIP line when the verbs backend is not
+ * compiled (configure found no libibverbs: verbs_absent.c is linked), else the group's result;
+ * the fake is reset after the group. */
+#define FAKE_HCA_RUN(tests) fake_hca_run(tests, sizeof(tests) / sizeof((tests)[0]))
+static int fake_hca_run(const struct CMUnitTest *tests, size_t n)
+{
+    int (*volatile reg)(void) = pf_verbs_register; /* pulls in verbs.c or verbs_absent.c */
+    (void)reg;
+    if (!pf_verbs_open_api) {
+        printf("SKIP: verbs backend not compiled (configure found no libibverbs)\n");
+        return 77;
+    }
+    int rc = _cmocka_run_group_tests("tests", tests, n, NULL, NULL);
+    fake_reset();
+    return rc;
+}
+
+#endif /* HAVE_IBV_HEADERS */
 #endif

@@ -30,26 +30,11 @@
 #include "pf/hal.h"
 #include "pf/log.h"
 
-#if __has_include(<infiniband/verbs.h>)
-#include "../../../hw/verbs/verbs_internal.h"
-#include "p2p/p2p_internal.h"
-#define HAVE_IBV_HEADERS 1
-/* Weak: when configure found no libibverbs, verbs_absent.c is linked and this is NULL. */
-#pragma weak pf_verbs_open_api
-#else
-#define HAVE_IBV_HEADERS 0
-#endif
+#include "fake_hca.h"
 
 #if HAVE_IBV_HEADERS
 
-#include "fake_hca.h"
-
-static int setup(void **st)
-{
-    (void)st;
-    fake_reset();
-    return 0;
-}
+#include "p2p/p2p_internal.h"
 
 /* nq QPs on NIC name (one device), connected pairwise (0<->1, 2<->3, ...), a buffer. */
 #define MAXQ 12
@@ -474,32 +459,15 @@ static void test_cq_sizing(void **st)
 
 int main(void)
 {
-    int (*volatile reg)(void) = pf_verbs_register;
-    (void)reg;
-    if (!pf_verbs_open_api) {
-        printf("SKIP: verbs backend not compiled (configure found no libibverbs)\n");
-        return 77;
-    }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup(test_chain_one_post_send, setup),
-        cmocka_unit_test_setup(test_xfer_posts_chains, setup),
-        cmocka_unit_test_setup(test_shared_cq_routing, setup),
-        cmocka_unit_test_setup(test_shared_cq_error_isolated, setup),
-        cmocka_unit_test_setup(test_shared_cq_concurrent, setup),
-        cmocka_unit_test_setup(test_cq_sizing, setup),
+        cmocka_unit_test_setup(test_chain_one_post_send, fake_setup),
+        cmocka_unit_test_setup(test_xfer_posts_chains, fake_setup),
+        cmocka_unit_test_setup(test_shared_cq_routing, fake_setup),
+        cmocka_unit_test_setup(test_shared_cq_error_isolated, fake_setup),
+        cmocka_unit_test_setup(test_shared_cq_concurrent, fake_setup),
+        cmocka_unit_test_setup(test_cq_sizing, fake_setup),
     };
-    int rc = cmocka_run_group_tests(tests, NULL, NULL);
-    fake_reset();
-    F.nqps = 0;
-    return rc;
-}
-
-#else /* no rdma-core headers */
-
-int main(void)
-{
-    printf("SKIP: rdma-core headers (infiniband/verbs.h) not installed\n");
-    return 77;
+    return FAKE_HCA_RUN(tests);
 }
 
 #endif

@@ -27,25 +27,9 @@
 #include "pf/hal.h"
 #include "pf/log.h"
 
-#if __has_include(<infiniband/verbs.h>)
-#include "../../../hw/verbs/verbs_internal.h"
-#define HAVE_IBV_HEADERS 1
-/* Weak: when configure found no libibverbs, verbs_absent.c is linked and this is NULL. */
-#pragma weak pf_verbs_open_api
-#else
-#define HAVE_IBV_HEADERS 0
-#endif
-
-#if HAVE_IBV_HEADERS
-
 #include "fake_hca.h"
 
-static int setup(void **st)
-{
-    (void)st;
-    fake_reset();
-    return 0;
-}
+#if HAVE_IBV_HEADERS
 
 /* Runs open with the log captured into buf. */
 static int open_logged(const char *const *nics, size_t n, struct pf_net **n_p, char *buf,
@@ -233,30 +217,13 @@ static void test_poll_spins_before_arming(void **st)
 
 int main(void)
 {
-    int (*volatile reg)(void) = pf_verbs_register;
-    (void)reg;
-    if (!pf_verbs_open_api) {
-        printf("SKIP: verbs backend not compiled (configure found no libibverbs)\n");
-        return 77;
-    }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup(test_nic_down_at_open, setup),
-        cmocka_unit_test_setup(test_all_nics_down, setup),
-        cmocka_unit_test_setup(test_gid_error_not_a_down_rail, setup),
-        cmocka_unit_test_setup(test_poll_spins_before_arming, setup),
+        cmocka_unit_test_setup(test_nic_down_at_open, fake_setup),
+        cmocka_unit_test_setup(test_all_nics_down, fake_setup),
+        cmocka_unit_test_setup(test_gid_error_not_a_down_rail, fake_setup),
+        cmocka_unit_test_setup(test_poll_spins_before_arming, fake_setup),
     };
-    int rc = cmocka_run_group_tests(tests, NULL, NULL);
-    fake_reset();
-    F.nqps = 0;
-    return rc;
-}
-
-#else /* no rdma-core headers */
-
-int main(void)
-{
-    printf("SKIP: rdma-core headers (infiniband/verbs.h) not installed\n");
-    return 77;
+    return FAKE_HCA_RUN(tests);
 }
 
 #endif
