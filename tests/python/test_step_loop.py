@@ -283,8 +283,11 @@ def test_server_killed_mid_run(world, engines, monkeypatch):
     # and its channel's reconnect backoff reset: scheduler.py _server_back); until both,
     # requests are misses
     sch = e2.sched._scheduler
+    # (a Session object is not enough: the dead one stays in place until the scheduler's
+    # keeper notices that it ended, and until then its channel still sits in gRPC's backoff)
     while not (all(w._worker.stats.get("reregistrations") for w in e2.workers)
-               and not any(sch._down) and all(x is not None for x in sch.sessions)):
+               and not any(sch._down)
+               and all(x is not None and x.alive() for x in sch.sessions)):
         assert time.monotonic() < deadline, "the workers did not register again within 30 s"
         rid = f"E{i}"
         # a prompt of its own: once the workers have registered again, E{i}'s saves land,
