@@ -41,8 +41,13 @@
  * Usage: p2p [--size 1g] [--blocks 256k,1m,4m] [--reps 3] [--lat-reps 10] [--qps 2]
  *            [--integrity on|off] [--loopback] [--backend tcp|verbs] [--nics A,B]
  *            [--addrs A,B] [--json p2p.json] [--tls] [--concurrent 1]
- *            [--verify-row on|off] [--plan-timeout-ms N]  (PF_BIN: the binaries, default
- * build/rel/bin)
+ *            [--verify-row on|off] [--plan-timeout-ms N] [--poll-us 1000]  (PF_BIN: the
+ * binaries, default build/rel/bin)
+ *
+ * --poll-us N: the client asks QueryPrefetch again N µs after a Loading answer (default 1000,
+ * about one fast scheduler step; vLLM's connector asks again at its next step), 0 = back to
+ * back. Every fetch time therefore includes up to N µs of the last pause; the "fetch GB/s"
+ * and "server mean ms" columns are the requester's own fetch time, without it.
  *
  * --plan-timeout-ms N: every node's --p2p-plan-timeout-ms. Under emulation (make bench-rxe)
  * the query-time MetaServer plan takes longer than the 50 ms default, and a request planned
@@ -107,6 +112,7 @@ struct opts {
     int concurrent;      /* --concurrent N: N fetches from A at once, each 1/N of the blocks */
     bool verify_row;     /* --verify-row on|off: the same fetches on a requester with
                           * --integrity off, interleaved (verification on vs off) */
+    int poll_us;         /* --poll-us N: pause after a Loading answer (0: back to back) */
     const char *plan_ms; /* --plan-timeout-ms N: the nodes' --p2p-plan-timeout-ms (default:
                           * the server's); the emulated rxe guest needs more than 50 ms */
 };
@@ -117,11 +123,6 @@ struct opts {
 
 static struct pf_client *ca, *cb;
 static struct pf_simkv *kv_a, *kv_b;
-
-static void hash_of(uint64_t space, uint64_t i, uint8_t *h)
-{
-    pft_fill(h, HLEN, seed, space << 32 | i);
-}
 
 static void reg(struct pf_client *c, const char *id, struct pf_simkv *kv, uint64_t nblocks,
                 uint64_t bs)
@@ -148,73 +149,13 @@ static void save(const char *inst, uint64_t space, uint64_t h0, uint32_t first, 
     }
 }
 
-/* Prefix the MetaServer lists for A over [h0, h0+n); *others_p (optional) the longest
- * prefix it lists for any other node. */
-static long meta_prefix2(uint64_t space, uint64_t h0, size_t n, long *others_p)
-{
-    static struct pf_rpc_channel *ch;
-    if (!ch && pf_rpc_channel_open(MS.addr, &ch))
-        die("channel");
-    uint8_t *hs = malloc(n * HLEN);
-    ProtobufCBinaryData *b = malloc(n * sizeof(*b));
-    for (size_t i = 0; i < n; i++) {
-        hash_of(space, h0 + i, hs + i * HLEN);
-        b[i] = (ProtobufCBinaryData){HLEN, hs + i * HLEN};
-    }
-    Pegaflow__QueryPrefixBlocksRequest req = PEGAFLOW__QUERY_PREFIX_BLOCKS_REQUEST__INIT;
-    req.namespace_ = (char *)NSTR;
-    req.n_block_hashes = n;
-    req.block_hashes = b;
-    ProtobufCMessage *resp = NULL;
-    struct pf_rpc_status st;
-    long v = -1;
-    if (pf_rpc_unary(ch, "/pegaflow.MetaServer/QueryPrefixBlocks", &req.base,
-                     &pegaflow__query_prefix_blocks_response__descriptor, 5000, &resp, &st) == 0) {
-        const Pegaflow__QueryPrefixBlocksResponse *r = (const void *)resp;
-        v = 0;
-        for (size_t i = 0; i < r->n_nodes; i++)
-            if (strcmp(r->nodes[i]->node, NA.addr) == 0)
-                v = (long)r->nodes[i]->prefix_len;
-            else if (others_p && (long)r->nodes[i]->prefix_len > *others_p)
-                *others_p = (long)r->nodes[i]->prefix_len;
-        protobuf_c_message_free_unpacked(resp, NULL);
-    }
-    free(hs);
-    free(b);
-    return v;
-}
+/* --poll-us: pause after a Loading answer before asking again. vLLM's connector asks again
+ * at its next scheduler step (python/pegaflow/connector/scheduler.py _lookup: "ask again
+ * later"); asking back to back makes the client and the requester's RPC threads burn the
+ * CPU the fetch itself needs (measured: 0.7 + ~1.1 s/GiB on 2 vCPUs, bench/README.md). */
+static unsigned poll_us = 1000;
 
-static long meta_prefix(uint64_t space, uint64_t h0, size_t n)
-{
-    return meta_prefix2(space, h0, n, NULL);
-}
-
-static void wait_advertised(uint64_t space, uint64_t h0, size_t n)
-{
-    uint64_t dl = pft_now_ms() + 60000;
-    while (meta_prefix(space, h0, n) != (long)n) {
-        if (pft_now_ms() > dl)
-            die("A's blocks never showed up at the MetaServer");
-        usleep(2000);
-    }
-}
-
-/* Waits until the MetaServer lists A with all n blocks and no other node with any (the
- * requesters' copies from an earlier round withdrawn), so every fetch reads from A. */
-static void wait_only_a(uint64_t space, uint64_t h0, size_t n)
-{
-    uint64_t dl = pft_now_ms() + 60000;
-    for (;;) {
-        long others = 0;
-        if (meta_prefix2(space, h0, n, &others) == (long)n && others == 0)
-            return;
-        if (pft_now_ms() > dl)
-            die("the requesters' copies stayed advertised after their cache cleanup");
-        usleep(2000);
-    }
-}
-
-/* QueryPrefetch on B back to back until Ready; returns seconds from the first call. */
+/* QueryPrefetch on B until Ready, every poll_us; returns seconds from the first call. */
 static double fetch_once(struct pf_client *c, const char *inst, const char *req, uint64_t space,
                          uint64_t h0, size_t n, uint32_t *hits_p)
 {
@@ -230,6 +171,8 @@ static double fetch_once(struct pf_client *c, const char *inst, const char *req,
             break;
         if (pft_now_ms() > dl)
             die("still Loading after 120 s");
+        if (poll_us)
+            usleep(poll_us);
     }
     double s = (double)(pf_now_ns() - t0) / 1e9;
     if (r.lease_len)
@@ -387,7 +330,7 @@ static double fetch_noverify(struct pf_client *cv, struct pf_simkv *kv, const ch
     "p2p [--size BYTES] [--blocks 256k,1m,4m] [--reps N] [--lat-reps N] [--qps N] "                \
     "[--integrity on|off] [--loopback] [--backend tcp|verbs] [--nics A,B] [--addrs A,B] "          \
     "[--json PATH] [--tls] [--concurrent 1..16] [--verify-row on|off] [--plan-timeout-ms "         \
-    "1..10000]"
+    "1..10000] [--poll-us 0..100000]"
 
 static void usage_exit(const char *why)
 {
@@ -410,7 +353,8 @@ static void parse_opts(int argc, char **argv, struct opts *o)
                        .addrs = {"10.77.0.1", "10.77.0.2"},
                        .json = "p2p.json",
                        .concurrent = 1,
-                       .verify_row = true};
+                       .verify_row = true,
+                       .poll_us = 1000};
     const char *blocks = NULL, *nics = NULL, *addrs = NULL, *vrow = NULL;
     const struct bu_opt table[] = {
         {"--size", BU_SIZE, &o->size},
@@ -428,6 +372,7 @@ static void parse_opts(int argc, char **argv, struct opts *o)
         {"--concurrent", BU_INT, &o->concurrent},
         {"--verify-row", BU_STR, &vrow},
         {"--plan-timeout-ms", BU_STR, &o->plan_ms},
+        {"--poll-us", BU_INT, &o->poll_us},
         {NULL, 0, NULL},
     };
     bu_parse_opts(argc, argv, table, USAGE);
@@ -441,6 +386,9 @@ static void parse_opts(int argc, char **argv, struct opts *o)
         usage_exit("--qps: 1..64");
     if (o->concurrent < 1 || o->concurrent > 16)
         usage_exit("--concurrent: 1..16");
+    if (o->poll_us < 0 || o->poll_us > 100000)
+        usage_exit("--poll-us: 0..100000");
+    poll_us = (unsigned)o->poll_us;
     if (vrow && strcmp(vrow, "on") && strcmp(vrow, "off"))
         usage_exit("--verify-row: on or off");
     if (vrow)
@@ -478,6 +426,10 @@ struct result {
     uint64_t block;
     double p2p[MAX_REPS], raw[MAX_REPS], srv[MAX_REPS], nov[MAX_REPS];
     double p2p_med, raw_med, srv_med, nov_med;
+    /* CPU seconds of every process doing the work (P2P: A, B and this client; raw: the
+     * sender and this process's receiving streams), summed over the rounds */
+    double p2p_cpu, raw_cpu;
+    double cpu_a, cpu_b, cpu_client; /* p2p_cpu split by process */
     double lat[200], lat_srv_ms, lat_p50, lat_p99;
 };
 
@@ -526,14 +478,23 @@ static void connect_clients(struct run *R)
 }
 
 /* The raw TCP baseline of one round: seconds of the fastest of block-size calls, whole-buffer
- * calls and RAW_SMALL calls. */
-static double raw_best(const struct opts *o, uint64_t bs)
+ * calls and RAW_SMALL calls; *cpu_p the CPU seconds of that variant (sender + receiver). */
+static double raw_best(const struct opts *o, uint64_t bs, double *cpu_p)
 {
-    double c = raw_round(o->size, bs, o->qps);
-    double w = raw_round(o->size, o->size, o->qps);
-    double m = bs == RAW_SMALL ? c : raw_round(o->size, RAW_SMALL, o->qps);
-    double best = c < w ? c : w;
-    return m < best ? m : best;
+    const uint64_t chunk[3] = {bs, o->size, RAW_SMALL};
+    double best = 0;
+    for (int i = 0; i < 3; i++) {
+        if (i == 2 && bs == RAW_SMALL)
+            break;
+        double c0 = proc_cpu_s(raw_pid) + proc_cpu_s(0);
+        double s = raw_round(o->size, chunk[i], o->qps);
+        double c = proc_cpu_s(raw_pid) + proc_cpu_s(0) - c0;
+        if (i == 0 || s < best) {
+            best = s;
+            *cpu_p = c;
+        }
+    }
+    return best;
 }
 
 /* Throughput at one block size: A saves --size bytes, then --reps rounds, each a P2P fetch
@@ -564,13 +525,18 @@ static void throughput_block(struct run *R, struct result *r, uint64_t bs)
         }
         char req[64];
         snprintf(req, sizeof(req), "tput-%llu-%d", (unsigned long long)bs, k);
-        double raw_s = 0;
+        double raw_s = 0, raw_c = 0;
         if (!R->t.verbs && k % 2 == 1) /* ABBA: odd rounds measure the raw streams first */
-            raw_s = raw_best(o, bs);
+            raw_s = raw_best(o, bs, &raw_c);
         double ok0 = metric(&NB, np.ip[1], "pegaflow_rdma_fetch_total{status=\"ok\"}");
         double d0 = metric(&NB, np.ip[1], "pegaflow_rdma_fetch_duration_seconds_sum");
         uint32_t hits = 0;
+        double a0 = proc_cpu_s(NA.pid), b0 = proc_cpu_s(NB.pid), s0 = proc_cpu_s(0);
         double s = fetch_conc(cb, ib, req, bs, n, o->concurrent, &hits);
+        r->cpu_a += proc_cpu_s(NA.pid) - a0;
+        r->cpu_b += proc_cpu_s(NB.pid) - b0;
+        r->cpu_client += proc_cpu_s(0) - s0;
+        r->p2p_cpu = r->cpu_a + r->cpu_b + r->cpu_client;
         if (hits != n)
             die("%s: %u of %llu blocks fetched", req, hits, (unsigned long long)n);
         if (metric(&NB, np.ip[1], "pegaflow_rdma_fetch_total{status=\"ok\"}") !=
@@ -585,9 +551,10 @@ static void throughput_block(struct run *R, struct result *r, uint64_t bs)
                 die("raw verbs READ loop failed");
             raw_s = v;
         } else if (k % 2 == 0) {
-            raw_s = raw_best(o, bs);
+            raw_s = raw_best(o, bs, &raw_c);
         }
         r->raw[k] = (double)o->size / raw_s / 1e9;
+        r->raw_cpu += raw_c;
         /* every round's fetched blocks, every byte (outside the timed part) */
         verify_on(cb, kv_b, ib, bs, 0, n, bs);
         if (R->t.vrow && k % 2 == 0) {
@@ -600,9 +567,11 @@ static void throughput_block(struct run *R, struct result *r, uint64_t bs)
     r->raw_med = bu_median(r->raw, o->reps);
     r->srv_med = bu_median(r->srv, o->reps);
     r->nov_med = R->t.vrow ? bu_median(r->nov, o->reps) : 0;
-    printf("%-6lluk %10.3f %10.3f %7.2f %10.3f %10.3f %7.2f  ", (unsigned long long)(bs >> 10),
-           r->p2p_med, r->raw_med, r->p2p_med / r->raw_med, r->srv_med, r->nov_med,
-           R->t.vrow ? r->p2p_med / r->nov_med : 0.0);
+    double gib = (double)o->size * o->reps / (double)(1u << 30);
+    printf("%-6lluk %10.3f %10.3f %7.2f %10.3f %10.3f %7.2f %8.2f %8.2f  ",
+           (unsigned long long)(bs >> 10), r->p2p_med, r->raw_med, r->p2p_med / r->raw_med,
+           r->srv_med, r->nov_med, R->t.vrow ? r->p2p_med / r->nov_med : 0.0, r->p2p_cpu / gib,
+           r->raw_cpu / gib);
     for (int k = 0; k < o->reps; k++)
         printf(" %.3f", r->p2p[k]);
     printf("\n");
@@ -614,8 +583,8 @@ static void throughput_phase(struct run *R)
     const struct opts *o = &R->o;
     printf("\n%d concurrent fetch(es) from A%s\n", o->concurrent,
            R->t.vrow ? "; no-verify = the same fetches on a requester with --integrity off" : "");
-    printf("%-8s %10s %10s %7s %10s %10s %7s   %s\n", "block", "p2p GB/s", "raw GB/s", "ratio",
-           "fetch GB/s", "no-verify", "on/off", "p2p runs (GB/s)");
+    printf("%-8s %10s %10s %7s %10s %10s %7s %8s %8s   %s\n", "block", "p2p GB/s", "raw GB/s",
+           "ratio", "fetch GB/s", "no-verify", "on/off", "p2p CPU", "raw CPU", "p2p runs (GB/s)");
     for (int bi = 0; bi < o->nblocks; bi++)
         throughput_block(R, &R->res[bi], o->blocks[bi]);
     if (metric_or(&NB, np.ip[1], "pegaflow_integrity_failures_total{tier=\"remote\"}", -1) != 0)
@@ -631,8 +600,9 @@ static void throughput_phase(struct run *R)
                "single calls; p2p = B's QueryPrefetch Loading -> Ready (discovery, lock, READs, "
                "every slot's checksum verified with --integrity on, sealed); every fetched block "
                "counted, and after every round loaded on the requester and compared byte for byte "
-               "with A's; "
-               "medians\n",
+               "with A's; medians; CPU = user+system seconds per GiB moved, summed over the "
+               "rounds: P2P of A, B and this client during the fetches, raw of the sender and "
+               "the receiving streams in the fastest variant\n",
                o->reps, o->qps);
 }
 
@@ -690,6 +660,7 @@ static void write_json(const struct run *R)
     bu_json_str(root, "topology", R->t.verbs ? "verbs" : R->t.netns ? "netns-veth" : "loopback");
     bu_json_num(root, "size", (double)o->size);
     bu_json_num(root, "qps_per_peer", o->qps);
+    bu_json_num(root, "poll_us", o->poll_us);
     bu_json_num(root, "seed", (double)seed);
     bu_json_num(root, "health_rtt_p50_ms", R->health_p50_ms);
     cJSON *tp = bu_json_check(cJSON_AddArrayToObject(root, "throughput"));
@@ -705,6 +676,12 @@ static void write_json(const struct run *R)
         bu_json_num(e, "fetch_gbps", r->srv_med);
         bu_json_nums(e, "p2p_runs", r->p2p, o->reps);
         bu_json_nums(e, "raw_runs", r->raw, o->reps);
+        double gib = (double)o->size * o->reps / (double)(1u << 30);
+        bu_json_num(e, "p2p_cpu_s_per_gib", r->p2p_cpu / gib);
+        bu_json_num(e, "raw_cpu_s_per_gib", r->raw_cpu / gib);
+        bu_json_num(e, "p2p_cpu_holder_s_per_gib", r->cpu_a / gib);
+        bu_json_num(e, "p2p_cpu_requester_s_per_gib", r->cpu_b / gib);
+        bu_json_num(e, "p2p_cpu_client_s_per_gib", r->cpu_client / gib);
         if (R->t.vrow) {
             bu_json_num(e, "p2p_noverify_gbps", r->nov_med);
             bu_json_num(e, "verify_ratio", r->p2p_med / r->nov_med);

@@ -1,9 +1,11 @@
-/* bench/p2p's processes and its raw TCP baseline (included by p2p.c, which owns the
- * options and the phases): the MetaServer and pegaflow-server children, each in its network
- * namespace when there is one, started with their logs in logdir and waited for until
- * ready; die() (kills every child, removes the namespaces, exits); /metrics reads; and the
- * raw baseline, a forked sender in A's namespace streaming --size bytes of seeded random
- * data over N parallel TCP connections into this process's buffer. */
+/* bench/p2p's environment (included by p2p.c, which owns the options and the phases): the
+ * MetaServer and pegaflow-server children, each in its network namespace when there is one,
+ * started with their logs in logdir and waited for until ready; die() (kills every child,
+ * removes the namespaces, exits); /metrics reads and per-process CPU seconds; the
+ * MetaServer's view of A's blocks (advertised, no other holder); the raw baseline, a forked
+ * sender in A's namespace streaming --size bytes of seeded random data over N parallel TCP
+ * connections into this process's buffer; and the set-up phases (topology, raw sender, TLS
+ * PKI, nodes). */
 #ifndef PF_BENCH_P2P_ENV_H
 #define PF_BENCH_P2P_ENV_H
 
@@ -152,6 +154,98 @@ static double metric_or(struct proc *p, const char *ip, const char *name, double
 static double metric(struct proc *p, const char *ip, const char *name)
 {
     return metric_or(p, ip, name, 0);
+}
+
+/* CPU seconds (user + system, every thread, ticks) used so far by pid (0: this process). */
+static double proc_cpu_s(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", pid ? (int)pid : (int)getpid());
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')'); /* the command name may hold spaces */
+    unsigned long ut = 0, st = 0;
+    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+        return 0;
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* ------------------------------------------------------------------ the MetaServer's view */
+
+/* The 32-byte hash of block i of a block-size series (space). */
+static void hash_of(uint64_t space, uint64_t i, uint8_t *h)
+{
+    pft_fill(h, HLEN, seed, space << 32 | i);
+}
+
+/* Prefix the MetaServer lists for A over [h0, h0+n); *others_p (optional) the longest
+ * prefix it lists for any other node. */
+static long meta_prefix2(uint64_t space, uint64_t h0, size_t n, long *others_p)
+{
+    static struct pf_rpc_channel *ch;
+    if (!ch && pf_rpc_channel_open(MS.addr, &ch))
+        die("channel");
+    uint8_t *hs = malloc(n * HLEN);
+    ProtobufCBinaryData *b = malloc(n * sizeof(*b));
+    for (size_t i = 0; i < n; i++) {
+        hash_of(space, h0 + i, hs + i * HLEN);
+        b[i] = (ProtobufCBinaryData){HLEN, hs + i * HLEN};
+    }
+    Pegaflow__QueryPrefixBlocksRequest req = PEGAFLOW__QUERY_PREFIX_BLOCKS_REQUEST__INIT;
+    req.namespace_ = (char *)NSTR;
+    req.n_block_hashes = n;
+    req.block_hashes = b;
+    ProtobufCMessage *resp = NULL;
+    struct pf_rpc_status st;
+    long v = -1;
+    if (pf_rpc_unary(ch, "/pegaflow.MetaServer/QueryPrefixBlocks", &req.base,
+                     &pegaflow__query_prefix_blocks_response__descriptor, 5000, &resp, &st) == 0) {
+        const Pegaflow__QueryPrefixBlocksResponse *r = (const void *)resp;
+        v = 0;
+        for (size_t i = 0; i < r->n_nodes; i++)
+            if (strcmp(r->nodes[i]->node, NA.addr) == 0)
+                v = (long)r->nodes[i]->prefix_len;
+            else if (others_p && (long)r->nodes[i]->prefix_len > *others_p)
+                *others_p = (long)r->nodes[i]->prefix_len;
+        protobuf_c_message_free_unpacked(resp, NULL);
+    }
+    free(hs);
+    free(b);
+    return v;
+}
+
+static long meta_prefix(uint64_t space, uint64_t h0, size_t n)
+{
+    return meta_prefix2(space, h0, n, NULL);
+}
+
+static void wait_advertised(uint64_t space, uint64_t h0, size_t n)
+{
+    uint64_t dl = pft_now_ms() + 60000;
+    while (meta_prefix(space, h0, n) != (long)n) {
+        if (pft_now_ms() > dl)
+            die("A's blocks never showed up at the MetaServer");
+        usleep(2000);
+    }
+}
+
+/* Waits until the MetaServer lists A with all n blocks and no other node with any (the
+ * requesters' copies from an earlier round withdrawn), so every fetch reads from A. */
+static void wait_only_a(uint64_t space, uint64_t h0, size_t n)
+{
+    uint64_t dl = pft_now_ms() + 60000;
+    for (;;) {
+        long others = 0;
+        if (meta_prefix2(space, h0, n, &others) == (long)n && others == 0)
+            return;
+        if (pft_now_ms() > dl)
+            die("the requesters' copies stayed advertised after their cache cleanup");
+        usleep(2000);
+    }
 }
 
 /* ------------------------------------------------------------------ raw TCP baseline */
