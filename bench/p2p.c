@@ -63,6 +63,7 @@
  * baseline are in p2p_env.h, the pure-miss row in p2p_miss.h; options, medians and the
  * JSON result (libcjson) come from benchutil.h. */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>

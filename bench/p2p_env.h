@@ -156,23 +156,41 @@ static double metric(struct proc *p, const char *ip, const char *name)
     return metric_or(p, ip, name, 0);
 }
 
-/* CPU seconds (user + system, every thread, ticks) used so far by pid (0: this process). */
+/* CPU seconds used so far by pid, in nanoseconds of run time: this process (pid 0) from
+ * CLOCK_PROCESS_CPUTIME_ID (its exited threads included), another one as the sum of its
+ * threads' /proc/PID/task/TID/schedstat (the servers' threads live as long as they do; the
+ * raw sender has one). Clock ticks (10 ms) would be too coarse for one round. */
 static double proc_cpu_s(pid_t pid)
 {
-    char path[64], buf[1024];
-    snprintf(path, sizeof(path), "/proc/%d/stat", pid ? (int)pid : (int)getpid());
-    FILE *f = fopen(path, "r");
-    if (!f)
+    if (!pid) {
+        struct timespec ts;
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+        return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+    }
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+    DIR *d = opendir(path);
+    if (!d)
         return 0;
-    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    const char *p = strrchr(buf, ')'); /* the command name may hold spaces */
-    unsigned long ut = 0, st = 0;
-    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
-        return 0;
-    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+    double ns = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.')
+            continue;
+        char sp[384];
+        snprintf(sp, sizeof(sp), "%s/%s/schedstat", path, e->d_name);
+        FILE *f = fopen(sp, "r");
+        unsigned long long run = 0;
+        if (f && fscanf(f, "%llu", &run) == 1)
+            ns += (double)run;
+        if (f)
+            fclose(f);
+    }
+    closedir(d);
+    return ns / 1e9;
 }
+
+/* The nodes' TLS flags with --tls (8 entries, NULL-terminated), else empty. */
+static const char *tls_flags[9];
 
 /* ------------------------------------------------------------------ the MetaServer's view */
 
@@ -427,8 +445,9 @@ static void start_raw_sender(const struct opts *o)
 }
 
 /* --tls: a fresh test PKI; flags[0..8) the nodes' TLS flags (NULL-terminated, else empty). */
-static void setup_tls(const struct opts *o, const char *flags[9])
+static void setup_tls(const struct opts *o)
 {
+    const char **flags = tls_flags;
     static char crt[300], key[300], cafile[300];
     memset(flags, 0, 9 * sizeof(flags[0]));
     if (!o->tls)
@@ -464,8 +483,8 @@ static void setup_tls(const struct opts *o, const char *flags[9])
 /* The MetaServer, A, B and (verification row) B's --integrity off twin. */
 static void start_nodes(const struct opts *o, struct topo *R)
 {
-    const char *tls[9];
-    setup_tls(o, tls);
+    setup_tls(o);
+    const char **tls = tls_flags;
     /* the nodes' optional flags: TLS (8 entries or none), then the plan deadline */
     const char *extra[11] = {NULL};
     size_t nf = 0;
