@@ -601,7 +601,7 @@ static void throughput_phase(struct run *R)
                "single calls; p2p = B's QueryPrefetch Loading -> Ready (discovery, lock, READs, "
                "every slot's checksum verified with --integrity on, sealed); every fetched block "
                "counted, and after every round loaded on the requester and compared byte for byte "
-               "with A's; medians; CPU = user+system seconds per GiB moved, summed over the "
+               "with A's; medians; CPU = CPU (run-time) seconds per GiB moved, summed over the "
                "rounds: P2P of A, B and this client during the fetches, raw of the sender and "
                "the receiving streams in the fastest variant\n",
                o->reps, o->qps);
