@@ -313,12 +313,14 @@ static void cleanup_b(void)
 /* One round on the requester with --integrity off: the same fetch (and concurrency) as B's,
  * its bytes compared with A's after; seconds of the fetch. Leaves its copies withdrawn. */
 static double fetch_noverify(struct pf_client *cv, struct pf_simkv *kv, const char *iv, uint64_t bs,
-                             uint64_t n, int k, const struct opts *o)
+                             uint64_t n, int k, const struct opts *o, double *cpu_p)
 {
     char req[64];
     snprintf(req, sizeof(req), "nov-%llu-%d", (unsigned long long)bs, k);
     uint32_t hits = 0;
+    double c0 = proc_cpu_s(NA.pid) + proc_cpu_s(NV.pid) + proc_cpu_s(0);
     double s = fetch_conc(cv, iv, req, bs, n, o->concurrent, &hits);
+    *cpu_p += proc_cpu_s(NA.pid) + proc_cpu_s(NV.pid) + proc_cpu_s(0) - c0;
     if (hits != n)
         die("%s: %u of %llu blocks fetched", req, hits, (unsigned long long)n);
     verify_on(cv, kv, iv, bs, 0, n, bs);
@@ -431,6 +433,7 @@ struct result {
      * sender and this process's receiving streams), summed over the rounds */
     double p2p_cpu, raw_cpu;
     double cpu_a, cpu_b, cpu_client; /* p2p_cpu split by process */
+    double nov_cpu;                  /* the --integrity off requester's fetches: A, it, client */
     double lat[200], lat_srv_ms, lat_p50, lat_p99;
 };
 
@@ -522,7 +525,8 @@ static void throughput_block(struct run *R, struct result *r, uint64_t bs)
             cleanup_node(&NV);
             wait_only_a(bs, 0, n);
             if (k % 2 == 1) /* ABBA with the verifying requester */
-                r->nov[k] = (double)o->size / fetch_noverify(R->cv, R->kv_v, iv, bs, n, k, o) / 1e9;
+                r->nov[k] = (double)o->size /
+                            fetch_noverify(R->cv, R->kv_v, iv, bs, n, k, o, &r->nov_cpu) / 1e9;
         }
         char req[64];
         snprintf(req, sizeof(req), "tput-%llu-%d", (unsigned long long)bs, k);
@@ -561,7 +565,8 @@ static void throughput_block(struct run *R, struct result *r, uint64_t bs)
         if (R->t.vrow && k % 2 == 0) {
             cleanup_b();
             wait_only_a(bs, 0, n);
-            r->nov[k] = (double)o->size / fetch_noverify(R->cv, R->kv_v, iv, bs, n, k, o) / 1e9;
+            r->nov[k] = (double)o->size /
+                        fetch_noverify(R->cv, R->kv_v, iv, bs, n, k, o, &r->nov_cpu) / 1e9;
         }
     }
     r->p2p_med = bu_median(r->p2p, o->reps);
@@ -569,10 +574,10 @@ static void throughput_block(struct run *R, struct result *r, uint64_t bs)
     r->srv_med = bu_median(r->srv, o->reps);
     r->nov_med = R->t.vrow ? bu_median(r->nov, o->reps) : 0;
     double gib = (double)o->size * o->reps / (double)(1u << 30);
-    printf("%-6lluk %10.3f %10.3f %7.2f %10.3f %10.3f %7.2f %8.2f %8.2f  ",
+    printf("%-6lluk %10.3f %10.3f %7.2f %10.3f %10.3f %7.2f %8.2f %8.2f %8.2f  ",
            (unsigned long long)(bs >> 10), r->p2p_med, r->raw_med, r->p2p_med / r->raw_med,
            r->srv_med, r->nov_med, R->t.vrow ? r->p2p_med / r->nov_med : 0.0, r->p2p_cpu / gib,
-           r->raw_cpu / gib);
+           r->raw_cpu / gib, r->nov_cpu / gib);
     for (int k = 0; k < o->reps; k++)
         printf(" %.3f", r->p2p[k]);
     printf("\n");
@@ -584,8 +589,9 @@ static void throughput_phase(struct run *R)
     const struct opts *o = &R->o;
     printf("\n%d concurrent fetch(es) from A%s\n", o->concurrent,
            R->t.vrow ? "; no-verify = the same fetches on a requester with --integrity off" : "");
-    printf("%-8s %10s %10s %7s %10s %10s %7s %8s %8s   %s\n", "block", "p2p GB/s", "raw GB/s",
-           "ratio", "fetch GB/s", "no-verify", "on/off", "p2p CPU", "raw CPU", "p2p runs (GB/s)");
+    printf("%-8s %10s %10s %7s %10s %10s %7s %8s %8s %8s   %s\n", "block", "p2p GB/s", "raw GB/s",
+           "ratio", "fetch GB/s", "no-verify", "on/off", "p2p CPU", "raw CPU", "nov CPU",
+           "p2p runs (GB/s)");
     for (int bi = 0; bi < o->nblocks; bi++)
         throughput_block(R, &R->res[bi], o->blocks[bi]);
     if (metric_or(&NB, np.ip[1], "pegaflow_integrity_failures_total{tier=\"remote\"}", -1) != 0)
@@ -603,7 +609,8 @@ static void throughput_phase(struct run *R)
                "counted, and after every round loaded on the requester and compared byte for byte "
                "with A's; medians; CPU = CPU (run-time) seconds per GiB moved, summed over the "
                "rounds: P2P of A, B and this client during the fetches, raw of the sender and "
-               "the receiving streams in the fastest variant\n",
+               "the receiving streams in the fastest variant, nov of A, the no-verify "
+               "requester and this client\n",
                o->reps, o->qps);
 }
 
@@ -687,6 +694,8 @@ static void write_json(const struct run *R)
             bu_json_num(e, "p2p_noverify_gbps", r->nov_med);
             bu_json_num(e, "verify_ratio", r->p2p_med / r->nov_med);
             bu_json_nums(e, "noverify_runs", r->nov, o->reps);
+            bu_json_num(e, "p2p_noverify_cpu_s_per_gib",
+                        r->nov_cpu / ((double)o->size * o->reps / (double)(1u << 30)));
         }
     }
     lat = bu_json_check(cJSON_AddArrayToObject(root, "latency_16_blocks"));
