@@ -31,7 +31,9 @@ static double miss_query_us(struct pf_client *c, const char *inst, const uint8_t
 
 static void pure_miss_bench(struct miss_result *m)
 {
-    const char *args[] = {"--gpu-backend", "sim", "--sim-gpus", "1", "--pool-size", "64mb", NULL};
+    const char *args[16] = {"--gpu-backend", "sim", "--sim-gpus", "1", "--pool-size", "64mb"};
+    for (size_t i = 0; tls_flags[i]; i++) /* --tls: this client speaks TLS to every node */
+        args[6 + i] = tls_flags[i];
     NP.ns = NB.ns;
     spawn(&NP, "pegaflow-server", np.ip[1], args);
     struct pf_client *cp;

@@ -643,9 +643,11 @@ static size_t fetch_run(struct fetch *f, struct pf_block **out, int *rc_p, const
         snprintf(f->err, sizeof(f->err), "cannot connect: %s", e2);
         goto out;
     }
+    uint64_t t_conn = pf_now_ns();
     rc = query_blocks(f);
     if (rc)
         goto out;
+    uint64_t t_query = pf_now_ns();
     if (f->k == 0) {
         status = p->c_partial;
         snprintf(f->err, sizeof(f->err), "the holder no longer has block 0 (evicted)");
@@ -657,14 +659,21 @@ static size_t fetch_run(struct fetch *f, struct pf_block **out, int *rc_p, const
                  (unsigned long long)f->bytes, strerror(-rc));
         goto out;
     }
+    uint64_t t_stage = pf_now_ns();
     rc = transfer(f);
     if (rc) {
         if (rc == -ETIMEDOUT)
             status = p->c_timeout;
         goto out;
     }
+    uint64_t t_xfer = pf_now_ns();
     p2p_lease_return(p, &f->lease); /* all READs completed: the QPs are free again */
     got = build_blocks(f, out, &bad);
+    pf_debug("RDMA fetch req %s: connection %.2f ms, QueryBlocksForTransfer %.2f ms, staging "
+             "%.2f ms, READs + verification %.2f ms, sealing %.2f ms",
+             req_id, (double)(t_conn - t0) / 1e6, (double)(t_query - t_conn) / 1e6,
+             (double)(t_stage - t_query) / 1e6, (double)(t_xfer - t_stage) / 1e6,
+             (double)(pf_now_ns() - t_xfer) / 1e6);
     status = got == f->want ? p->c_ok : p->c_partial;
     if (bad && got == 0)
         status = p->c_error;
