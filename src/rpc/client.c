@@ -190,8 +190,11 @@ int pf_rpc_channel_open_opts(const char *target, const struct pf_rpc_channel_opt
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, .value.integer = 1000},
         /* distinct channels get distinct connections (peers, sessions) */
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, .value.integer = 1},
+        /* the last two only with o->lean_calls (pf/auth.h) */
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_ENABLE_RETRIES, .value.integer = 0},
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_ENABLE_CHANNELZ, .value.integer = 0},
     };
-    grpc_channel_args ca = {PF_ARRAY_SIZE(args), args};
+    grpc_channel_args ca = {PF_ARRAY_SIZE(args) - (o && o->lean_calls ? 0 : 2), args};
     grpc_channel_credentials *cr = channel_creds(target, o);
     c->ch = cr ? grpc_channel_create(target, cr, &ca) : NULL;
     if (cr)

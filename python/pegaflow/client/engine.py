@@ -17,6 +17,7 @@ import errno
 import logging
 from ctypes import POINTER, byref, c_char_p, c_int64, c_size_t, c_uint8, c_uint32, c_void_p
 from dataclasses import dataclass, field
+from array import array
 from itertools import chain
 from typing import Sequence
 
@@ -102,11 +103,13 @@ def _u8(buf: bytes):
 
 
 def pack_hashes(hashes: Sequence[bytes]):
-    """Concatenated hash buffer + (hash_lens array or None, hash_len) per pegaflow.h.
+    """Concatenated hash buffer + (hash_lens array or None, hash_len) per pegaflow.h:
+    (blob, pointer, lens keepalive, lens pointer, hash_len).
 
     No Python code runs per hash (join and map(len) iterate in C; the library reads the
-    joined bytes in place), so the cost of a call does not grow with Python work per
-    block. Each hash is a bytes-like object (vLLM's block hashes are bytes)."""
+    joined bytes in place: the pointer is the bytes object itself, passed as c_char_p),
+    so the cost of a call does not grow with Python work per block. Each hash is a
+    bytes-like object (vLLM's block hashes are bytes)."""
     if not isinstance(hashes, (list, tuple)):
         hashes = list(hashes)  # (an iterator is read once)
     if not hashes:
@@ -115,12 +118,23 @@ def pack_hashes(hashes: Sequence[bytes]):
     if not blob:
         return None, None, None, None, 0
     lens = set(map(len, hashes))
-    # a pointer into blob itself (no copy); the caller keeps blob alive during the call
-    ptr = ctypes.cast(ctypes.c_char_p(blob), POINTER(c_uint8))
     if len(lens) == 1:
-        return blob, ptr, None, None, lens.pop()
-    arr = (c_uint32 * len(hashes))(*map(len, hashes))
-    return blob, ptr, arr, ctypes.cast(arr, POINTER(c_uint32)), 0
+        return blob, blob, None, None, lens.pop()
+    arr = _u32s(map(len, hashes))
+    return blob, blob, arr, arr, 0
+
+
+def _u32s(values) -> "ctypes.Array":
+    """A uint32_t array of ``values`` (an iterable of ints), converted in C (array.array)
+    and copied in one memcpy, not by ctypes' per-element constructor."""
+    a = array("I", values)
+    return (c_uint32 * len(a)).from_buffer_copy(a) if a else (c_uint32 * 1)()
+
+
+def _i64s(values) -> "ctypes.Array":
+    """An int64_t array of ``values``, as _u32s."""
+    a = array("q", values)
+    return (c_int64 * len(a)).from_buffer_copy(a) if a else (c_int64 * 1)()
 
 
 class Session:
@@ -233,12 +247,14 @@ class EngineClient:
     def save(self, instance_id: str, tp_rank: int, pp_rank: int, device_id: int,
              layers: Sequence[SaveLayer], timeout_ms: int | None = None) -> None:
         f = self._lib.fn("pf_client_save")
-        keep = []
         arr = (_lib.PfSaveLayer * max(1, len(layers)))()
         # The connector passes every layer of a group the same id and hash sequences:
-        # marshal each distinct sequence once per call, not once per layer.
+        # marshal each distinct sequence once per call, not once per layer. Arrays and
+        # bytes are stored in the structures as they are (no ctypes.cast: the structure
+        # array keeps them alive for the call).
         id_arrs: dict[int, object] = {}
         hash_arrs: dict[int, tuple] = {}
+        keep = []
         for i, layer in enumerate(layers):
             bids, bhs = layer.block_ids, layer.block_hashes
             if len(bids) != len(bhs):
@@ -246,39 +262,36 @@ class EngineClient:
                                  f"but {len(bhs)} hashes")
             ids = id_arrs.get(id(bids))
             if ids is None:
-                ids = id_arrs[id(bids)] = ctypes.cast(
-                    (c_uint32 * max(1, len(bids)))(*bids), POINTER(c_uint32))
+                ids = id_arrs[id(bids)] = _u32s(bids)
                 keep.append(bids)  # the id() keys stay valid while the call runs
             packed = hash_arrs.get(id(bhs))
             if packed is None:
                 packed = hash_arrs[id(bhs)] = pack_hashes(bhs)
                 keep.append(bhs)
-            _, hp, _, lp, hlen = packed
             s = arr[i]
             s.name = layer.name.encode()
             s.block_ids = ids
-            s.hashes = hp
-            s.hash_lens = lp
-            s.hash_len = hlen
+            s.hashes = packed[0]  # the joined bytes, read in place
+            s.hash_lens = packed[2]
+            s.hash_len = packed[4]
             s.n = len(bids)
         self._check("pf_client_save",
-                    f(self._h, instance_id.encode(), tp_rank, pp_rank, device_id,
-                      ctypes.cast(arr, POINTER(_lib.PfSaveLayer)), len(layers),
-                      self._t(timeout_ms)))
+                    f(self._h, instance_id.encode(), tp_rank, pp_rank, device_id, arr,
+                      len(layers), self._t(timeout_ms)))
 
     def query_raw(self, instance_id: str, req_id: str, hashes: Sequence[bytes], *,
                   wait_for_full_prefix: bool = False, group_id: int = 0,
                   hit_cap: int = 0, timeout_ms: int | None = None) -> QueryResult:
         """QueryPrefetch; every failure raises (see ``query`` for the miss mapping)."""
         f = self._lib.fn("pf_client_query")
-        hk, hp, lk, lp, hlen = pack_hashes(hashes)
+        if not isinstance(hashes, (list, tuple)):
+            hashes = list(hashes)
+        blob, _, lens, _, hlen = pack_hashes(hashes)
         res = _lib.PfQueryResult()
         pos = (c_uint32 * hit_cap)() if hit_cap else None
-        rc = f(self._h, instance_id.encode(), req_id.encode(), hp, lp, hlen, len(hashes),
-               1 if wait_for_full_prefix else 0, group_id, byref(res),
-               ctypes.cast(pos, POINTER(c_uint32)) if pos is not None else None, hit_cap,
+        rc = f(self._h, instance_id.encode(), req_id.encode(), blob, lens, hlen, len(hashes),
+               1 if wait_for_full_prefix else 0, group_id, byref(res), pos, hit_cap,
                self.query_timeout_ms if timeout_ms is None else int(timeout_ms))
-        del hk, lk
         if rc:
             self._raise("pf_client_query", rc)
         if res.loading:
@@ -306,9 +319,9 @@ class EngineClient:
 
     def release(self, lease: bytes, timeout_ms: int | None = None) -> None:
         f = self._lib.fn("pf_client_release")
-        k, p = _u8(lease)
-        self._check("pf_client_release", f(self._h, p, len(lease), self._t(timeout_ms)))
-        del k
+        lease = lease if type(lease) is bytes else bytes(lease)
+        self._check("pf_client_release",
+                    f(self._h, lease or None, len(lease), self._t(timeout_ms)))
 
     def load(self, instance_id: str, tp_rank: int, device_id: int, load_state_shm: str,
              groups: Sequence[Sequence[str]], loads: Sequence[LeaseLoad],
@@ -316,31 +329,28 @@ class EngineClient:
         f = self._lib.fn("pf_client_load")
         names = [n.encode() for g in groups for n in g]
         name_arr = (c_char_p * max(1, len(names)))(*names)
-        gsizes = (c_size_t * max(1, len(groups)))(*[len(g) for g in groups])
-        keep = []
+        gsizes = (c_size_t * max(1, len(groups)))(*map(len, groups))
         items = (_lib.PfLoadItem * max(1, len(loads)))()
+        ng = len(groups)
+        counts_t = c_size_t * max(1, ng)
         for i, ll in enumerate(loads):
-            if len(ll.block_ids_by_group) != len(groups):
-                raise ValueError(f"load item {i}: {len(ll.block_ids_by_group)} target groups "
-                                 f"for {len(groups)} layer groups")
+            bg = ll.block_ids_by_group
+            if len(bg) != ng:
+                raise ValueError(f"load item {i}: {len(bg)} target groups "
+                                 f"for {ng} layer groups")
             # targets as int64, None -> -1 (mapped in C: no Python code per block)
-            tgs = [g if None not in g else list(map(_NONE_TO_MINUS1.get, g, g))
-                   for g in ll.block_ids_by_group]
-            tg = (c_int64 * max(1, sum(map(len, tgs))))(*chain.from_iterable(tgs))
-            gc = (c_size_t * max(1, len(groups)))(*[len(g) for g in ll.block_ids_by_group])
-            lk, lp = _u8(ll.lease)
-            keep += [tg, gc, lk]
+            tg = bg[0] if ng == 1 else list(chain.from_iterable(bg))
+            if None in tg:
+                tg = map(_NONE_TO_MINUS1.get, tg, tg)
             it = items[i]
-            it.lease = lp
-            it.lease_len = len(ll.lease)
-            it.targets = ctypes.cast(tg, POINTER(c_int64))
-            it.group_counts = ctypes.cast(gc, POINTER(c_size_t))
+            it.targets = _i64s(tg)
+            it.group_counts = counts_t(*map(len, bg))
+            lease = ll.lease if type(ll.lease) is bytes else bytes(ll.lease)
+            it.lease = lease or None
+            it.lease_len = len(lease)
         self._check("pf_client_load",
                     f(self._h, instance_id.encode(), tp_rank, device_id, load_state_shm.encode(),
-                      ctypes.cast(name_arr, POINTER(c_char_p)),
-                      ctypes.cast(gsizes, POINTER(c_size_t)), len(groups),
-                      ctypes.cast(items, POINTER(_lib.PfLoadItem)), len(loads),
-                      self._t(timeout_ms)))
+                      name_arr, gsizes, len(groups), items, len(loads), self._t(timeout_ms)))
 
     def unregister(self, instance_id: str, timeout_ms: int | None = None) -> None:
         self._check("pf_client_unregister",
