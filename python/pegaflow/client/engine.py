@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import logging
+import struct
 from ctypes import POINTER, byref, c_char_p, c_int64, c_size_t, c_uint8, c_uint32, c_void_p
 from dataclasses import dataclass, field
 from array import array
@@ -92,6 +93,27 @@ class RegisterArgs:
 
 
 _NONE_TO_MINUS1 = {None: -1}  # .get(x, x): None -> -1, anything else unchanged
+
+
+def _item_struct() -> struct.Struct:
+    """struct layout of pf_load_item (lease, lease_len, targets, group_counts), built from
+    the ctypes declaration's offsets and checked against its size."""
+    L = _lib.PfLoadItem
+    fields = [("lease", "P"), ("lease_len", "I"), ("targets", "P"), ("group_counts", "P")]
+    fmt, pos = "=", 0
+    for name, code in fields:
+        off = getattr(L, name).offset
+        fmt += f"{off - pos}x" if off > pos else ""
+        fmt += "Q" if code == "P" else code
+        pos = off + (8 if code == "P" else 4)
+    fmt += f"{ctypes.sizeof(L) - pos}x" if ctypes.sizeof(L) > pos else ""
+    st = struct.Struct(fmt)
+    if st.size != ctypes.sizeof(L) or ctypes.sizeof(c_void_p) != 8 or array("Q").itemsize != 8:
+        raise ImportError("pf_load_item layout not as expected on this platform")
+    return st
+
+
+_ITEM = _item_struct()
 
 
 def _u8(buf: bytes):
@@ -330,24 +352,35 @@ class EngineClient:
         names = [n.encode() for g in groups for n in g]
         name_arr = (c_char_p * max(1, len(names)))(*names)
         gsizes = (c_size_t * max(1, len(groups)))(*map(len, groups))
-        items = (_lib.PfLoadItem * max(1, len(loads)))()
         ng = len(groups)
-        counts_t = c_size_t * max(1, ng)
-        for i, ll in enumerate(loads):
-            bg = ll.block_ids_by_group
+        bgs = [ll.block_ids_by_group for ll in loads]
+        for i, bg in enumerate(bgs):
             if len(bg) != ng:
                 raise ValueError(f"load item {i}: {len(bg)} target groups "
                                  f"for {ng} layer groups")
-            # targets as int64, None -> -1 (mapped in C: no Python code per block)
-            tg = bg[0] if ng == 1 else list(chain.from_iterable(bg))
-            if None in tg:
-                tg = map(_NONE_TO_MINUS1.get, tg, tg)
-            it = items[i]
-            it.targets = _i64s(tg)
-            it.group_counts = counts_t(*map(len, bg))
-            lease = ll.lease if type(ll.lease) is bytes else bytes(ll.lease)
-            it.lease = lease or None
-            it.lease_len = len(lease)
+        # Three flat buffers for every item (targets as int64 with None -> -1, the target
+        # counts per item and group, the leases joined), each converted in C, and one
+        # pf_load_item per item packed with pointers into them: no ctypes object and no
+        # Python per block, one struct.pack_into per item.
+        counts = array("Q", [len(g) for bg in bgs for g in bg])
+        flat = list(chain.from_iterable(chain.from_iterable(bgs)))
+        try:
+            targets = array("q", flat)
+        except TypeError:  # None targets (no destination)
+            targets = array("q", map(_NONE_TO_MINUS1.get, flat, flat))
+        leases = [ll.lease if type(ll.lease) is bytes else bytes(ll.lease) for ll in loads]
+        joined = array("B", b"".join(leases))
+        la, ta, ca = (joined.buffer_info()[0], targets.buffer_info()[0],
+                      counts.buffer_info()[0])
+        buf = bytearray(_ITEM.size * max(1, len(loads)))
+        loff = toff = 0
+        for i, lease in enumerate(leases):
+            n = len(lease)
+            _ITEM.pack_into(buf, i * _ITEM.size, la + loff if n else 0, n,
+                            ta + toff * 8, ca + i * ng * 8)
+            loff += n
+            toff += sum(counts[i * ng:(i + 1) * ng])
+        items = (_lib.PfLoadItem * max(1, len(loads))).from_buffer(buf)
         self._check("pf_client_load",
                     f(self._h, instance_id.encode(), tp_rank, device_id, load_state_shm.encode(),
                       name_arr, gsizes, len(groups), items, len(loads), self._t(timeout_ms)))
