@@ -16,7 +16,7 @@ import ctypes
 import errno
 import logging
 import struct
-from ctypes import POINTER, byref, c_char_p, c_int64, c_size_t, c_uint8, c_uint32, c_void_p
+from ctypes import POINTER, byref, c_char_p, c_size_t, c_uint8, c_uint32, c_void_p
 from dataclasses import dataclass, field
 from array import array
 from itertools import chain
@@ -95,25 +95,30 @@ class RegisterArgs:
 _NONE_TO_MINUS1 = {None: -1}  # .get(x, x): None -> -1, anything else unchanged
 
 
-def _item_struct() -> struct.Struct:
-    """struct layout of pf_load_item (lease, lease_len, targets, group_counts), built from
-    the ctypes declaration's offsets and checked against its size."""
-    L = _lib.PfLoadItem
-    fields = [("lease", "P"), ("lease_len", "I"), ("targets", "P"), ("group_counts", "P")]
+def _struct_of(cls, fields: list[tuple[str, str]]) -> struct.Struct:
+    """struct layout of a ctypes Structure (fields as (name, code): "P" a pointer, "I" a
+    uint32_t, "Q" a uint64_t / size_t), built from its offsets and checked against its
+    size."""
     fmt, pos = "=", 0
+    width = {"P": 8, "I": 4, "Q": 8}
     for name, code in fields:
-        off = getattr(L, name).offset
+        off = getattr(cls, name).offset
         fmt += f"{off - pos}x" if off > pos else ""
         fmt += "Q" if code == "P" else code
-        pos = off + (8 if code == "P" else 4)
-    fmt += f"{ctypes.sizeof(L) - pos}x" if ctypes.sizeof(L) > pos else ""
+        pos = off + width[code]
+    fmt += f"{ctypes.sizeof(cls) - pos}x" if ctypes.sizeof(cls) > pos else ""
     st = struct.Struct(fmt)
-    if st.size != ctypes.sizeof(L) or ctypes.sizeof(c_void_p) != 8 or array("Q").itemsize != 8:
-        raise ImportError("pf_load_item layout not as expected on this platform")
+    if (st.size != ctypes.sizeof(cls) or ctypes.sizeof(c_void_p) != 8
+            or ctypes.sizeof(c_size_t) != 8 or array("Q").itemsize != 8
+            or array("I").itemsize != 4):
+        raise ImportError(f"{cls.__name__} layout not as expected on this platform")
     return st
 
 
-_ITEM = _item_struct()
+_ITEM = _struct_of(_lib.PfLoadItem, [("lease", "P"), ("lease_len", "I"), ("targets", "P"),
+                                     ("group_counts", "P")])
+_LAYER = _struct_of(_lib.PfSaveLayer, [("name", "P"), ("block_ids", "P"), ("hashes", "P"),
+                                       ("hash_lens", "P"), ("hash_len", "I"), ("n", "Q")])
 
 
 def _u8(buf: bytes):
@@ -151,12 +156,6 @@ def _u32s(values) -> "ctypes.Array":
     and copied in one memcpy, not by ctypes' per-element constructor."""
     a = array("I", values)
     return (c_uint32 * len(a)).from_buffer_copy(a) if a else (c_uint32 * 1)()
-
-
-def _i64s(values) -> "ctypes.Array":
-    """An int64_t array of ``values``, as _u32s."""
-    a = array("q", values)
-    return (c_int64 * len(a)).from_buffer_copy(a) if a else (c_int64 * 1)()
 
 
 class Session:
@@ -269,37 +268,42 @@ class EngineClient:
     def save(self, instance_id: str, tp_rank: int, pp_rank: int, device_id: int,
              layers: Sequence[SaveLayer], timeout_ms: int | None = None) -> None:
         f = self._lib.fn("pf_client_save")
-        arr = (_lib.PfSaveLayer * max(1, len(layers)))()
         # The connector passes every layer of a group the same id and hash sequences:
-        # marshal each distinct sequence once per call, not once per layer. Arrays and
-        # bytes are stored in the structures as they are (no ctypes.cast: the structure
-        # array keeps them alive for the call).
-        id_arrs: dict[int, object] = {}
-        hash_arrs: dict[int, tuple] = {}
+        # marshal each distinct sequence once per call, not once per layer, into buffers
+        # converted in C (array.array), and pack one pf_save_layer per layer with
+        # pointers into them (one struct.pack_into per layer, no ctypes object each).
+        names = [layer.name.encode() for layer in layers]
+        name_buf = array("B", b"\0".join(names) + b"\0")
+        na = name_buf.buffer_info()[0]
+        bufs: dict[int, tuple] = {}  # id(sequence) -> (its buffers, addresses...)
         keep = []
+        buf = bytearray(_LAYER.size * max(1, len(layers)))
+        noff = 0
         for i, layer in enumerate(layers):
             bids, bhs = layer.block_ids, layer.block_hashes
             if len(bids) != len(bhs):
                 raise ValueError(f"save layer {layer.name}: {len(bids)} block ids "
                                  f"but {len(bhs)} hashes")
-            ids = id_arrs.get(id(bids))
+            ids = bufs.get(id(bids))
             if ids is None:
-                ids = id_arrs[id(bids)] = _u32s(bids)
+                a = array("I", bids)
+                ids = bufs[id(bids)] = (a, a.buffer_info()[0])
                 keep.append(bids)  # the id() keys stay valid while the call runs
-            packed = hash_arrs.get(id(bhs))
-            if packed is None:
-                packed = hash_arrs[id(bhs)] = pack_hashes(bhs)
+            hs = bufs.get(id(bhs))
+            if hs is None:
+                blob, _, lens, _, hlen = pack_hashes(bhs)
+                hb = array("B", blob or b"")
+                hs = bufs[id(bhs)] = ((hb, lens), hb.buffer_info()[0] if blob else 0,
+                                      ctypes.addressof(lens) if lens is not None else 0, hlen)
                 keep.append(bhs)
-            s = arr[i]
-            s.name = layer.name.encode()
-            s.block_ids = ids
-            s.hashes = packed[0]  # the joined bytes, read in place
-            s.hash_lens = packed[2]
-            s.hash_len = packed[4]
-            s.n = len(bids)
+            _LAYER.pack_into(buf, i * _LAYER.size, na + noff, ids[1], hs[1], hs[2], hs[3],
+                             len(bids))
+            noff += len(names[i]) + 1
+        arr = (_lib.PfSaveLayer * max(1, len(layers))).from_buffer(buf)
         self._check("pf_client_save",
                     f(self._h, instance_id.encode(), tp_rank, pp_rank, device_id, arr,
                       len(layers), self._t(timeout_ms)))
+        del name_buf, bufs, keep  # (alive until the call returned)
 
     def query_raw(self, instance_id: str, req_id: str, hashes: Sequence[bytes], *,
                   wait_for_full_prefix: bool = False, group_id: int = 0,
