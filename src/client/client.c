@@ -76,6 +76,10 @@ int pf_client_connect(const char *target, struct pf_client **c_p)
         set_err(PF_GRPC_INVALID_ARGUMENT, aerr);
         return -EINVAL; /* matches the recorded status (an unreadable file is a bad setting) */
     }
+    /* every failure of a libpegaflow call is final for its caller (the connector turns a
+     * failed query into a miss and recomputes what a failed save or load left out), so no
+     * call pays for gRPC's retry buffering (pf/auth.h lean_calls) */
+    o.lean_calls = true;
     struct pf_client *c = calloc(1, sizeof(*c));
     if (!c) {
         pf_auth_env_free(&env);

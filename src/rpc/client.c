@@ -4,6 +4,7 @@
  * Security (pf/auth.h): a channel is plaintext or TLS (with a client certificate for mutual
  * TLS) and may carry the cluster token as initial metadata of every call; channels opened
  * with pf_rpc_channel_open take the process-wide defaults. */
+#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -48,11 +49,63 @@ struct pf_rpc_stream {
 static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
 static int init_refs;
 
+/* absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore), looked up by name
+ * (absl is C++; the names are its mangled ones, with the inline namespaces of Debian's and
+ * of upstream's release builds). abseil's Mutex checks every Lock against a global graph of
+ * lock orders unless built with NDEBUG; Debian's libabsl is built without it, so every
+ * absl::Mutex lock inside gRPC (about 20 per unary call) took a global lock and a graph
+ * lookup: ~10 % of a client call's instructions (callgrind, bench/README.md "connector").
+ * Release builds of abseil default to kIgnore; this makes the process behave as one. */
+static bool absl_checks_off; /* under init_mu */
+
+static void absl_deadlock_detection_off(void)
+{
+    static const char *const names[] = {
+        "_ZN4absl7debian329SetMutexDeadlockDetectionModeENS0_15OnDeadlockCycleE",
+        "_ZN4absl12lts_2022062329SetMutexDeadlockDetectionModeENS0_15OnDeadlockCycleE",
+        "_ZN4absl29SetMutexDeadlockDetectionModeENS_15OnDeadlockCycleE",
+    };
+    /* the global scope (a program linked with gRPC), else gRPC's own dependencies (this
+     * library dlopen()ed RTLD_LOCAL, as Python's ctypes does) */
+    void *scopes[2] = {RTLD_DEFAULT, NULL};
+    Dl_info info;
+    void (*grpc_fn)(void) = grpc_init;
+    void *grpc_addr;
+    memcpy(&grpc_addr, &grpc_fn, sizeof(grpc_addr));
+    if (dladdr(grpc_addr, &info) && info.dli_fname)
+        scopes[1] = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+    for (size_t k = 0; k < 2; k++) {
+        for (size_t i = 0; scopes[k] && i < sizeof(names) / sizeof(names[0]); i++) {
+            void *sym = dlsym(scopes[k], names[i]);
+            if (sym) {
+                void (*set_mode)(int);
+                memcpy(&set_mode, &sym, sizeof(set_mode)); /* (object to function pointer) */
+                set_mode(0);                               /* OnDeadlockCycle::kIgnore */
+                absl_checks_off = true;
+                k = 2;
+                break;
+            }
+        }
+    }
+    if (scopes[1])
+        dlclose(scopes[1]);
+}
+
+bool pf_rpc_absl_deadlock_checks_off(void)
+{
+    pthread_mutex_lock(&init_mu);
+    bool off = absl_checks_off;
+    pthread_mutex_unlock(&init_mu);
+    return off;
+}
+
 void pf_rpc_global_init(void)
 {
     pthread_mutex_lock(&init_mu);
-    if (init_refs++ == 0)
+    if (init_refs++ == 0) {
+        absl_deadlock_detection_off();
         grpc_init();
+    }
     pthread_mutex_unlock(&init_mu);
 }
 
@@ -190,8 +243,11 @@ int pf_rpc_channel_open_opts(const char *target, const struct pf_rpc_channel_opt
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, .value.integer = 1000},
         /* distinct channels get distinct connections (peers, sessions) */
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, .value.integer = 1},
+        /* the last two only with o->lean_calls (pf/auth.h) */
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_ENABLE_RETRIES, .value.integer = 0},
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_ENABLE_CHANNELZ, .value.integer = 0},
     };
-    grpc_channel_args ca = {PF_ARRAY_SIZE(args), args};
+    grpc_channel_args ca = {PF_ARRAY_SIZE(args) - (o && o->lean_calls ? 0 : 2), args};
     grpc_channel_credentials *cr = channel_creds(target, o);
     c->ch = cr ? grpc_channel_create(target, cr, &ca) : NULL;
     if (cr)

@@ -72,11 +72,16 @@ class PfRegisterArgs(Structure):
     ]
 
 
+# Byte buffers the calls only read (hashes, leases) are declared c_char_p (const uint8_t*
+# in C: the same pointer), so a bytes object is passed, or stored in a structure, as a
+# pointer to its own buffer: no copy and no ctypes.cast on the hot path (engine.py).
+
+
 class PfSaveLayer(Structure):
     _fields_ = [
         ("name", c_char_p),
         ("block_ids", POINTER(c_uint32)),
-        ("hashes", POINTER(c_uint8)),
+        ("hashes", c_char_p),
         ("hash_lens", POINTER(c_uint32)),
         ("hash_len", c_uint32),
         ("n", c_size_t),
@@ -95,7 +100,7 @@ class PfQueryResult(Structure):
 
 class PfLoadItem(Structure):
     _fields_ = [
-        ("lease", POINTER(c_uint8)),
+        ("lease", c_char_p),
         ("lease_len", c_uint32),
         ("targets", POINTER(c_int64)),
         ("group_counts", POINTER(c_size_t)),
@@ -131,11 +136,11 @@ PROTOTYPES: dict[str, tuple[object, list[object]]] = {
     ),
     "pf_client_query": (
         c_int,
-        [_client_p, c_char_p, c_char_p, POINTER(c_uint8), POINTER(c_uint32), c_uint32,
+        [_client_p, c_char_p, c_char_p, c_char_p, POINTER(c_uint32), c_uint32,
          c_size_t, c_int, c_uint32, POINTER(PfQueryResult), POINTER(c_uint32), c_size_t,
          c_uint64],
     ),
-    "pf_client_release": (c_int, [_client_p, POINTER(c_uint8), c_uint32, c_uint64]),
+    "pf_client_release": (c_int, [_client_p, c_char_p, c_uint32, c_uint64]),
     "pf_client_load": (
         c_int,
         [_client_p, c_char_p, c_uint32, c_int32, c_char_p, POINTER(c_char_p),

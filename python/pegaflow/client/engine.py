@@ -15,8 +15,10 @@ from __future__ import annotations
 import ctypes
 import errno
 import logging
-from ctypes import POINTER, byref, c_char_p, c_int64, c_size_t, c_uint8, c_uint32, c_void_p
+import struct
+from ctypes import POINTER, byref, c_char_p, c_size_t, c_uint8, c_uint32, c_void_p
 from dataclasses import dataclass, field
+from array import array
 from itertools import chain
 from typing import Sequence
 
@@ -93,6 +95,32 @@ class RegisterArgs:
 _NONE_TO_MINUS1 = {None: -1}  # .get(x, x): None -> -1, anything else unchanged
 
 
+def _struct_of(cls, fields: list[tuple[str, str]]) -> struct.Struct:
+    """struct layout of a ctypes Structure (fields as (name, code): "P" a pointer, "I" a
+    uint32_t, "Q" a uint64_t / size_t), built from its offsets and checked against its
+    size."""
+    fmt, pos = "=", 0
+    width = {"P": 8, "I": 4, "Q": 8}
+    for name, code in fields:
+        off = getattr(cls, name).offset
+        fmt += f"{off - pos}x" if off > pos else ""
+        fmt += "Q" if code == "P" else code
+        pos = off + width[code]
+    fmt += f"{ctypes.sizeof(cls) - pos}x" if ctypes.sizeof(cls) > pos else ""
+    st = struct.Struct(fmt)
+    if (st.size != ctypes.sizeof(cls) or ctypes.sizeof(c_void_p) != 8
+            or ctypes.sizeof(c_size_t) != 8 or array("Q").itemsize != 8
+            or array("I").itemsize != 4):
+        raise ImportError(f"{cls.__name__} layout not as expected on this platform")
+    return st
+
+
+_ITEM = _struct_of(_lib.PfLoadItem, [("lease", "P"), ("lease_len", "I"), ("targets", "P"),
+                                     ("group_counts", "P")])
+_LAYER = _struct_of(_lib.PfSaveLayer, [("name", "P"), ("block_ids", "P"), ("hashes", "P"),
+                                       ("hash_lens", "P"), ("hash_len", "I"), ("n", "Q")])
+
+
 def _u8(buf: bytes):
     """(keepalive, uint8_t*) for a bytes object; NULL for empty input."""
     if not buf:
@@ -102,11 +130,13 @@ def _u8(buf: bytes):
 
 
 def pack_hashes(hashes: Sequence[bytes]):
-    """Concatenated hash buffer + (hash_lens array or None, hash_len) per pegaflow.h.
+    """Concatenated hash buffer + (hash_lens array or None, hash_len) per pegaflow.h:
+    (blob, pointer, lens keepalive, lens pointer, hash_len).
 
     No Python code runs per hash (join and map(len) iterate in C; the library reads the
-    joined bytes in place), so the cost of a call does not grow with Python work per
-    block. Each hash is a bytes-like object (vLLM's block hashes are bytes)."""
+    joined bytes in place: the pointer is the bytes object itself, passed as c_char_p),
+    so the cost of a call does not grow with Python work per block. Each hash is a
+    bytes-like object (vLLM's block hashes are bytes)."""
     if not isinstance(hashes, (list, tuple)):
         hashes = list(hashes)  # (an iterator is read once)
     if not hashes:
@@ -115,12 +145,17 @@ def pack_hashes(hashes: Sequence[bytes]):
     if not blob:
         return None, None, None, None, 0
     lens = set(map(len, hashes))
-    # a pointer into blob itself (no copy); the caller keeps blob alive during the call
-    ptr = ctypes.cast(ctypes.c_char_p(blob), POINTER(c_uint8))
     if len(lens) == 1:
-        return blob, ptr, None, None, lens.pop()
-    arr = (c_uint32 * len(hashes))(*map(len, hashes))
-    return blob, ptr, arr, ctypes.cast(arr, POINTER(c_uint32)), 0
+        return blob, blob, None, None, lens.pop()
+    arr = _u32s(map(len, hashes))
+    return blob, blob, arr, arr, 0
+
+
+def _u32s(values) -> "ctypes.Array":
+    """A uint32_t array of ``values`` (an iterable of ints), converted in C (array.array)
+    and copied in one memcpy, not by ctypes' per-element constructor."""
+    a = array("I", values)
+    return (c_uint32 * len(a)).from_buffer_copy(a) if a else (c_uint32 * 1)()
 
 
 class Session:
@@ -233,52 +268,56 @@ class EngineClient:
     def save(self, instance_id: str, tp_rank: int, pp_rank: int, device_id: int,
              layers: Sequence[SaveLayer], timeout_ms: int | None = None) -> None:
         f = self._lib.fn("pf_client_save")
-        keep = []
-        arr = (_lib.PfSaveLayer * max(1, len(layers)))()
         # The connector passes every layer of a group the same id and hash sequences:
-        # marshal each distinct sequence once per call, not once per layer.
-        id_arrs: dict[int, object] = {}
-        hash_arrs: dict[int, tuple] = {}
+        # marshal each distinct sequence once per call, not once per layer, into buffers
+        # converted in C (array.array), and pack one pf_save_layer per layer with
+        # pointers into them (one struct.pack_into per layer, no ctypes object each).
+        names = [layer.name.encode() for layer in layers]
+        name_buf = array("B", b"\0".join(names) + b"\0")
+        na = name_buf.buffer_info()[0]
+        bufs: dict[int, tuple] = {}  # id(sequence) -> (its buffers, addresses...)
+        keep = []
+        buf = bytearray(_LAYER.size * max(1, len(layers)))
+        noff = 0
         for i, layer in enumerate(layers):
             bids, bhs = layer.block_ids, layer.block_hashes
             if len(bids) != len(bhs):
                 raise ValueError(f"save layer {layer.name}: {len(bids)} block ids "
                                  f"but {len(bhs)} hashes")
-            ids = id_arrs.get(id(bids))
+            ids = bufs.get(id(bids))
             if ids is None:
-                ids = id_arrs[id(bids)] = ctypes.cast(
-                    (c_uint32 * max(1, len(bids)))(*bids), POINTER(c_uint32))
+                a = array("I", bids)
+                ids = bufs[id(bids)] = (a, a.buffer_info()[0])
                 keep.append(bids)  # the id() keys stay valid while the call runs
-            packed = hash_arrs.get(id(bhs))
-            if packed is None:
-                packed = hash_arrs[id(bhs)] = pack_hashes(bhs)
+            hs = bufs.get(id(bhs))
+            if hs is None:
+                blob, _, lens, _, hlen = pack_hashes(bhs)
+                hb = array("B", blob or b"")
+                hs = bufs[id(bhs)] = ((hb, lens), hb.buffer_info()[0] if blob else 0,
+                                      ctypes.addressof(lens) if lens is not None else 0, hlen)
                 keep.append(bhs)
-            _, hp, _, lp, hlen = packed
-            s = arr[i]
-            s.name = layer.name.encode()
-            s.block_ids = ids
-            s.hashes = hp
-            s.hash_lens = lp
-            s.hash_len = hlen
-            s.n = len(bids)
+            _LAYER.pack_into(buf, i * _LAYER.size, na + noff, ids[1], hs[1], hs[2], hs[3],
+                             len(bids))
+            noff += len(names[i]) + 1
+        arr = (_lib.PfSaveLayer * max(1, len(layers))).from_buffer(buf)
         self._check("pf_client_save",
-                    f(self._h, instance_id.encode(), tp_rank, pp_rank, device_id,
-                      ctypes.cast(arr, POINTER(_lib.PfSaveLayer)), len(layers),
-                      self._t(timeout_ms)))
+                    f(self._h, instance_id.encode(), tp_rank, pp_rank, device_id, arr,
+                      len(layers), self._t(timeout_ms)))
+        del name_buf, bufs, keep  # (alive until the call returned)
 
     def query_raw(self, instance_id: str, req_id: str, hashes: Sequence[bytes], *,
                   wait_for_full_prefix: bool = False, group_id: int = 0,
                   hit_cap: int = 0, timeout_ms: int | None = None) -> QueryResult:
         """QueryPrefetch; every failure raises (see ``query`` for the miss mapping)."""
         f = self._lib.fn("pf_client_query")
-        hk, hp, lk, lp, hlen = pack_hashes(hashes)
+        if not isinstance(hashes, (list, tuple)):
+            hashes = list(hashes)
+        blob, _, lens, _, hlen = pack_hashes(hashes)
         res = _lib.PfQueryResult()
         pos = (c_uint32 * hit_cap)() if hit_cap else None
-        rc = f(self._h, instance_id.encode(), req_id.encode(), hp, lp, hlen, len(hashes),
-               1 if wait_for_full_prefix else 0, group_id, byref(res),
-               ctypes.cast(pos, POINTER(c_uint32)) if pos is not None else None, hit_cap,
+        rc = f(self._h, instance_id.encode(), req_id.encode(), blob, lens, hlen, len(hashes),
+               1 if wait_for_full_prefix else 0, group_id, byref(res), pos, hit_cap,
                self.query_timeout_ms if timeout_ms is None else int(timeout_ms))
-        del hk, lk
         if rc:
             self._raise("pf_client_query", rc)
         if res.loading:
@@ -306,9 +345,9 @@ class EngineClient:
 
     def release(self, lease: bytes, timeout_ms: int | None = None) -> None:
         f = self._lib.fn("pf_client_release")
-        k, p = _u8(lease)
-        self._check("pf_client_release", f(self._h, p, len(lease), self._t(timeout_ms)))
-        del k
+        lease = lease if type(lease) is bytes else bytes(lease)
+        self._check("pf_client_release",
+                    f(self._h, lease or None, len(lease), self._t(timeout_ms)))
 
     def load(self, instance_id: str, tp_rank: int, device_id: int, load_state_shm: str,
              groups: Sequence[Sequence[str]], loads: Sequence[LeaseLoad],
@@ -316,31 +355,39 @@ class EngineClient:
         f = self._lib.fn("pf_client_load")
         names = [n.encode() for g in groups for n in g]
         name_arr = (c_char_p * max(1, len(names)))(*names)
-        gsizes = (c_size_t * max(1, len(groups)))(*[len(g) for g in groups])
-        keep = []
-        items = (_lib.PfLoadItem * max(1, len(loads)))()
-        for i, ll in enumerate(loads):
-            if len(ll.block_ids_by_group) != len(groups):
-                raise ValueError(f"load item {i}: {len(ll.block_ids_by_group)} target groups "
-                                 f"for {len(groups)} layer groups")
-            # targets as int64, None -> -1 (mapped in C: no Python code per block)
-            tgs = [g if None not in g else list(map(_NONE_TO_MINUS1.get, g, g))
-                   for g in ll.block_ids_by_group]
-            tg = (c_int64 * max(1, sum(map(len, tgs))))(*chain.from_iterable(tgs))
-            gc = (c_size_t * max(1, len(groups)))(*[len(g) for g in ll.block_ids_by_group])
-            lk, lp = _u8(ll.lease)
-            keep += [tg, gc, lk]
-            it = items[i]
-            it.lease = lp
-            it.lease_len = len(ll.lease)
-            it.targets = ctypes.cast(tg, POINTER(c_int64))
-            it.group_counts = ctypes.cast(gc, POINTER(c_size_t))
+        gsizes = (c_size_t * max(1, len(groups)))(*map(len, groups))
+        ng = len(groups)
+        bgs = [ll.block_ids_by_group for ll in loads]
+        for i, bg in enumerate(bgs):
+            if len(bg) != ng:
+                raise ValueError(f"load item {i}: {len(bg)} target groups "
+                                 f"for {ng} layer groups")
+        # Three flat buffers for every item (targets as int64 with None -> -1, the target
+        # counts per item and group, the leases joined), each converted in C, and one
+        # pf_load_item per item packed with pointers into them: no ctypes object and no
+        # Python per block, one struct.pack_into per item.
+        counts = array("Q", [len(g) for bg in bgs for g in bg])
+        flat = list(chain.from_iterable(chain.from_iterable(bgs)))
+        try:
+            targets = array("q", flat)
+        except TypeError:  # None targets (no destination)
+            targets = array("q", map(_NONE_TO_MINUS1.get, flat, flat))
+        leases = [ll.lease if type(ll.lease) is bytes else bytes(ll.lease) for ll in loads]
+        joined = array("B", b"".join(leases))
+        la, ta, ca = (joined.buffer_info()[0], targets.buffer_info()[0],
+                      counts.buffer_info()[0])
+        buf = bytearray(_ITEM.size * max(1, len(loads)))
+        loff = toff = 0
+        for i, lease in enumerate(leases):
+            n = len(lease)
+            _ITEM.pack_into(buf, i * _ITEM.size, la + loff if n else 0, n,
+                            ta + toff * 8, ca + i * ng * 8)
+            loff += n
+            toff += sum(counts[i * ng:(i + 1) * ng])
+        items = (_lib.PfLoadItem * max(1, len(loads))).from_buffer(buf)
         self._check("pf_client_load",
                     f(self._h, instance_id.encode(), tp_rank, device_id, load_state_shm.encode(),
-                      ctypes.cast(name_arr, POINTER(c_char_p)),
-                      ctypes.cast(gsizes, POINTER(c_size_t)), len(groups),
-                      ctypes.cast(items, POINTER(_lib.PfLoadItem)), len(loads),
-                      self._t(timeout_ms)))
+                      name_arr, gsizes, len(groups), items, len(loads), self._t(timeout_ms)))
 
     def unregister(self, instance_id: str, timeout_ms: int | None = None) -> None:
         self._check("pf_client_unregister",

@@ -219,11 +219,18 @@ class SchedulerConnector:
            membership: bool = False) -> QueryResult:
         self.stats["queries"] += 1
         try:
-            kw = {"group_id": group} if group else {}
-            res = self.clients[shard].query(
-                self.ctx.instance_id, req_id, list(hashes),
-                wait_for_full_prefix=self.ctx.wait_for_full_prefix and not membership,
-                timeout_ms=self.ctx.query_timeout_ms, **kw)
+            ctx = self.ctx
+            # (hashes as given: the binding takes a tuple or list without copying it)
+            if group:
+                res = self.clients[shard].query(
+                    ctx.instance_id, req_id, hashes,
+                    wait_for_full_prefix=ctx.wait_for_full_prefix and not membership,
+                    timeout_ms=ctx.query_timeout_ms, group_id=group)
+            else:
+                res = self.clients[shard].query(
+                    ctx.instance_id, req_id, hashes,
+                    wait_for_full_prefix=ctx.wait_for_full_prefix and not membership,
+                    timeout_ms=ctx.query_timeout_ms)
         except Exception as e:  # never into vLLM: a failed query is a miss
             self.stats["query_errors"] += 1
             self.recorder.add("query_errors")

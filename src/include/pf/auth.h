@@ -119,6 +119,11 @@ struct pf_rpc_channel_opts {
     const char *key_pem;
     const char *token;        /* sent as PF_AUTH_TOKEN_MD on every call */
     const char *tenant_token; /* sent as PF_AUTH_TENANT_MD (never a process default) */
+    /* A channel whose caller treats every failure as final (libpegaflow: a failed query is a
+     * miss, a failed save is recomputed): gRPC's retry filter (transparent retries of calls
+     * that never reached the server: a copy of each call's metadata and message held until
+     * the call commits) and channelz call counting are left out of every call. */
+    bool lean_calls;
 };
 
 struct pf_rpc_channel;

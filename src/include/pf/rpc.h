@@ -211,8 +211,13 @@ int pf_rpc_stream_open(struct pf_rpc_channel *ch, const char *path, const Protob
 bool pf_rpc_stream_alive(struct pf_rpc_stream *s);
 void pf_rpc_stream_close(struct pf_rpc_stream *s);
 
-/* Process-wide gRPC init/shutdown (refcounted, thread-safe). */
+/* Process-wide gRPC init/shutdown (refcounted, thread-safe). The first init also turns
+ * off abseil's Mutex deadlock detection (on in abseil builds without NDEBUG, such as
+ * Debian's: a global lock-graph lookup on every absl::Mutex lock inside gRPC), as abseil's
+ * release builds have it. */
 void pf_rpc_global_init(void);
 void pf_rpc_global_shutdown(void);
+/* True once an init found abseil's SetMutexDeadlockDetectionMode and set kIgnore. */
+bool pf_rpc_absl_deadlock_checks_off(void);
 
 #endif

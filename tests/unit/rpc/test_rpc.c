@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "engine.pb-c.h"
+#include "pf/auth.h"
 #include "pf/clock.h"
 #include "pf/metrics.h"
 #include "pf/rpc.h"
@@ -134,6 +135,38 @@ static void test_unary(void **st)
     assert_int_equal(call_echo("huge", 1ull << 63, &s, out, sizeof(out)), 0);
     const char *v[2] = {"echo", "INVALID_ARGUMENT"};
     assert_int_equal(pf_metric_value_of("pftest_rpc_requests", v), 1);
+}
+
+/* The per-call work libpegaflow's calls leave out (bench/README.md "connector"): abseil's
+ * Mutex deadlock detection is off in every process that initialised gRPC through pf_rpc
+ * (Debian's libabsl has it on: a global lock-graph lookup on each of the ~20 absl::Mutex
+ * locks of a unary call), and a lean_calls channel (no retry filter, no channelz) keeps
+ * every status, message and deadline of a plain one. */
+static void test_lean_calls(void **st)
+{
+    assert_true(pf_rpc_absl_deadlock_checks_off());
+    const struct pf_rpc_channel_opts o = {.lean_calls = true};
+    struct pf_rpc_channel *lean;
+    assert_int_equal(pf_rpc_channel_open_opts(target, &o, &lean), 0);
+    struct pf_rpc_channel *plain = ch;
+    ch = lean;
+    struct pf_rpc_status s;
+    char out[64];
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(call_echo("lean", 5000, &s, out, sizeof(out)), 0);
+        assert_string_equal(out, "lean");
+        assert_int_equal(s.code, 0);
+    }
+    assert_int_equal(call_echo("bad", 5000, &s, out, sizeof(out)), -EINVAL);
+    assert_int_equal(s.code, PF_GRPC_INVALID_ARGUMENT);
+    assert_string_equal(s.msg, "instance bad is bad");
+    assert_int_equal(call_echo("silent", 5000, &s, out, sizeof(out)), -EIO);
+    assert_int_equal(s.code, PF_GRPC_INTERNAL);
+    assert_int_equal(call_echo("slow", 100, &s, out, sizeof(out)), -ETIMEDOUT);
+    assert_int_equal(s.code, PF_GRPC_DEADLINE_EXCEEDED);
+    assert_int_equal(call_echo("after", 5000, &s, out, sizeof(out)), 0);
+    ch = plain;
+    pf_rpc_channel_close(lean);
 }
 
 static void test_malformed_and_unknown(void **st)
@@ -306,7 +339,7 @@ int main(void)
         cmocka_unit_test(test_unary),          cmocka_unit_test(test_malformed_and_unknown),
         cmocka_unit_test(test_parked_stream),  cmocka_unit_test(test_busy_port),
         cmocka_unit_test(test_mappings),       cmocka_unit_test(test_errno_table_matches_docs),
-        cmocka_unit_test(test_metrics_render),
+        cmocka_unit_test(test_metrics_render), cmocka_unit_test(test_lean_calls),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
