@@ -91,6 +91,9 @@ struct ssd_place {
     uint32_t shard;
     uint32_t hdr_len; /* record header bytes before off */
     uint64_t start, off, len;
+    uint64_t span; /* prefetch: ring bytes of the record */
+    uint64_t seq;  /* prefetch: the record's sequence number, checked against its header */
+    uint64_t fp;   /* prefetch: layout fingerprint, checked against the header */
 };
 
 struct ssd_index_shard {

@@ -200,6 +200,10 @@ static void defaults(struct pf_ssd_config *c)
         c->write_merge = 64;
     if (!c->prefetch_inflight)
         c->prefetch_inflight = 16;
+    if (!c->read_merge)
+        c->read_merge = 8;
+    if (c->read_merge > 64)
+        c->read_merge = 64;
     if (!c->max_prefetch_blocks)
         c->max_prefetch_blocks = 800;
     if (!c->prefetch_staging_bytes)
@@ -216,12 +220,13 @@ static void log_config(const struct pf_ssd *s, const char *backend)
     for (uint32_t i = 0; i < s->nshards; i++)
         pf_info("  shard %u: %s", i, s->paths[i]);
     pf_info("SSD cache: write queue %u batch(es), %u write(s) in flight of up to %u record(s); "
-            "prefetch queue %u batch(es), %u read(s) in flight, max %u prefetching block(s), "
+            "prefetch queue %u batch(es), %u read(s) in flight of up to %u record(s), max %u "
+            "prefetching block(s), "
             "staging at most %llu bytes; integrity %s; I/O timeout %llu ms",
             s->cfg.write_queue_depth, s->cfg.write_inflight, s->cfg.write_merge,
-            s->cfg.prefetch_queue_depth, s->cfg.prefetch_inflight, s->cfg.max_prefetch_blocks,
-            (unsigned long long)s->cfg.prefetch_staging_bytes, s->cfg.integrity ? "checked" : "off",
-            (unsigned long long)s->io_timeout_ms);
+            s->cfg.prefetch_queue_depth, s->cfg.prefetch_inflight, s->cfg.read_merge,
+            s->cfg.max_prefetch_blocks, (unsigned long long)s->cfg.prefetch_staging_bytes,
+            s->cfg.integrity ? "checked" : "off", (unsigned long long)s->io_timeout_ms);
     pf_info("SSD cache: recovery %s", s->cfg.recover
                                           ? "on (the index is rebuilt from the files)"
                                           : "off (--ssd-recover off: files start empty)");
