@@ -58,6 +58,7 @@ void ssd_rbatch_put(struct ssd_rbatch *rb)
     free(rb->out);
     free(rb->place);
     free(rb->keys);
+    free(rb->accepted);
     free(rb);
 }
 
@@ -69,10 +70,12 @@ static struct ssd_rbatch *rbatch_new(const struct pf_block_key *keys, size_t n)
     rb->keys = malloc(n * sizeof(*keys));
     rb->out = calloc(n, sizeof(*rb->out));
     rb->place = calloc(n, sizeof(*rb->place));
-    if (!rb->keys || !rb->out || !rb->place) {
+    rb->accepted = calloc(n, sizeof(*rb->accepted));
+    if (!rb->keys || !rb->out || !rb->place || !rb->accepted) {
         free(rb->keys);
         free(rb->out);
         free(rb->place);
+        free(rb->accepted);
         free(rb);
         return NULL;
     }
@@ -401,9 +404,18 @@ static void retire(struct reader *r, size_t k, bool timed_out)
                            s->paths[rb->place[io->idx].shard], (unsigned long long)io->io.off, why,
                            nio_bad);
     }
-    free(st);
-    if (nok > 0)
+    if (nok > 0) {
+        /* the fetcher verifies these while the batch's later reads are in flight */
+        pthread_mutex_lock(&s->rq_mu);
+        for (size_t j = 0; j < io->k; j++)
+            if (st[j] == 1)
+                rb->accepted[io->idx + j] = 1;
+        rb->naccepted += nok;
+        pthread_cond_broadcast(&s->rdone_cv);
+        pthread_mutex_unlock(&s->rq_mu);
         pf_metric_observe(s->m.p_tput, ssd_rate(io->io.len, pf_now_ns() - io->io.t0_ns));
+    }
+    free(st);
     if (ssd_io_outstanding(&io->io) > 0)
         lost_add(r, io); /* keeps the blocks (staging memory) and the scratch */
     else
@@ -820,28 +832,51 @@ size_t pf_ssd_fetch_within(struct pf_ssd *s, const struct pf_block_key *keys, si
         ssd_rbatch_put(rb);
         goto out;
     }
+    /* per key: the first slot whose checksum does not verify, -1 when all do, -2 not
+     * verified yet */
+    int *bad = malloc(rb->n * sizeof(*bad));
+    for (size_t i = 0; bad && i < rb->n; i++)
+        bad[i] = -2;
+    size_t verified = 0, lo = 0;
     struct timespec dl = pf_deadline_ms(timeout_ms);
     pthread_mutex_lock(&s->rq_mu);
-    while (!rb->done)
+    while (!rb->done) {
+        if (bad && s->cfg.integrity && verified < rb->naccepted) {
+            /* a read accepted meanwhile: hash it while the later reads are in flight */
+            while (lo < rb->n && bad[lo] != -2)
+                lo++;
+            size_t j = lo;
+            while (j < rb->n && !(rb->accepted[j] && bad[j] == -2))
+                j++;
+            if (j < rb->n) {
+                verified++;
+                pthread_mutex_unlock(&s->rq_mu);
+                bad[j] = ssd_block_verify(rb->out[j]);
+                pthread_mutex_lock(&s->rq_mu);
+                continue;
+            }
+        }
         if (pthread_cond_timedwait(&s->rdone_cv, &s->rq_mu, &dl) == ETIMEDOUT && !rb->done) {
             rb->abandoned = true;
             break;
         }
+    }
     bool done = rb->done;
     pthread_mutex_unlock(&s->rq_mu);
     if (!done) {
         pf_log_ratelimited(PF_LOG_WARN, 5000,
                            "SSD prefetch of %llu block(s) did not finish in %llu ms: missed",
                            (unsigned long long)reserved, (unsigned long long)timeout_ms);
+        free(bad);
         ssd_rbatch_put(rb);
         goto out;
     }
     for (size_t i = 0; i < rb->n && rb->out[i]; i++) {
         struct pf_block *b = rb->out[i];
-        int bad = s->cfg.integrity ? ssd_block_verify(b) : -1;
-        if (bad >= 0) {
+        int slot = !s->cfg.integrity ? -1 : bad && bad[i] != -2 ? bad[i] : ssd_block_verify(b);
+        if (slot >= 0) {
             pf_child_add(s->m.integrity, 1);
-            log_integrity(s, b, bad, &rb->place[i]);
+            log_integrity(s, b, slot, &rb->place[i]);
             struct pf_block_key key = pf_block_key(b);
             pthread_mutex_lock(&s->mu);
             ssd_index_remove(&s->idx, &key, &rb->place[i]);
@@ -852,6 +887,7 @@ size_t pf_ssd_fetch_within(struct pf_ssd *s, const struct pf_block_key *keys, si
         bytes += rb->place[i].len;
         rb->out[i] = NULL;
     }
+    free(bad);
     ssd_rbatch_put(rb); /* puts the blocks after a gap or a mismatch */
 out:
     pthread_mutex_lock(&s->budget_mu);

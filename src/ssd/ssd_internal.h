@@ -292,6 +292,9 @@ struct ssd_rbatch {
     size_t remaining;        /* reader: planned reads not finished */
     bool done;               /* under rq_mu */
     bool abandoned;          /* the fetcher gave up waiting (under rq_mu) */
+    uint8_t *accepted;       /* per key, under rq_mu: out[i] holds its accepted read (the
+                              * fetcher may verify it while later reads are in flight) */
+    size_t naccepted;        /* under rq_mu */
 };
 
 struct pf_ssd {
