@@ -94,11 +94,12 @@ void ssd_metrics_init(struct ssd_metrics *m)
                           "Committed SSD blocks not prefetched because --max-prefetch-blocks "
                           "was exhausted",
                           NULL);
-    m->p_inflight = pf_metric_gauge("pegaflow_ssd_prefetch_inflight",
-                                    "Block reads in flight from the SSD", NULL);
+    m->p_inflight =
+        pf_metric_gauge("pegaflow_ssd_prefetch_inflight",
+                        "SSD read requests in flight (each up to --ssd-read-merge blocks)", NULL);
     m->p_tput = pf_metric_histogram("pegaflow_ssd_prefetch_throughput_bytes_per_second",
-                                    "Throughput of each accepted block read from the SSD", NULL,
-                                    tput_buckets, PF_ARRAY_SIZE(tput_buckets));
+                                    "Throughput of each SSD read request with an accepted block",
+                                    NULL, tput_buckets, PF_ARRAY_SIZE(tput_buckets));
     struct pf_metric *integ = pf_metric_counter(
         "pegaflow_integrity_failures_total",
         "Blocks whose checksum did not verify after a read or fetch (treated as misses)", "tier");
