@@ -191,7 +191,7 @@ struct pf_block *ssd_block_rebuild(const struct pf_block_key *key, const struct 
  * are skipped). */
 int ssd_block_verify(const struct pf_block *b);
 
-/* ---- prefetch budget (prefetch.c) ---- */
+/* ---- prefetch budget (fetch.c) ---- */
 struct ssd_budget {
     uint64_t max;
     uint64_t used;
@@ -248,7 +248,7 @@ static inline uint32_t ssd_io_outstanding(const struct ssd_io *io)
     return io->submitted - io->completed;
 }
 
-/* ---- the store (store.c, writer.c, prefetch.c) ---- */
+/* ---- the store (store.c, writer.c, prefetch.c, fetch.c) ---- */
 
 enum ssd_drop {
     SSD_DROP_TORN,     /* header verifies, payload does not (or runs past the ring end) */
