@@ -1,6 +1,7 @@
 /* bench/ssd_server: the SSD tier through a real pegaflow-server (sim GPU, default SSD flags:
- * 2 writes and 16 reads in flight) against raw O_DIRECT io_uring I/O of the same bytes, in
- * the same block-size requests at the same depths, on the same file system, same run.
+ * 2 write and 16 read requests in flight, each up to 8 consecutive records) against raw
+ * O_DIRECT io_uring I/O of the same bytes, in block-size requests at the same request
+ * depths, on the same file system, same run.
  *   server write  Save of --total bytes of seeded KV (one contiguous layer, --block-size
  *                 blocks) in saves of 1/32 of it, back to back, timed from the first Save
  *                 until the SSD writer has written every block (pegaflow_ssd_write_blocks_total
@@ -389,9 +390,10 @@ static void report(const struct run *R)
     printf("%-34s %11.3f %9.3f %6.2f %6.2f %6.2f\n", "evict -> load from SSD (16 reads)", msr[1],
            mrr[1], mrd[0], mrd[1], mrd[2]);
     printf("method: %d rounds ABBA (even rounds raw first), warm-up round untimed; %llu MiB in "
-           "%llu KiB blocks, pool %llu MiB, server defaults (integrity on, 2 writes / 16 reads in "
-           "flight) but a write queue of 64 batches (the bench's 32 saves never wait); raw = "
-           "io_uring O_DIRECT one block per request at the same depths, the faster "
+           "%llu KiB blocks, pool %llu MiB, server defaults (integrity on, 2 write / 16 read "
+           "requests in flight, each up to 8 records) but a write queue of 64 batches (the "
+           "bench's 32 saves never wait); raw = io_uring O_DIRECT one block per request at the "
+           "same request depths, the faster "
            "of from/into the same KV memory and from/into huge-page-advised memory, a file of %s; "
            "every round memcmp's all loaded bytes\n",
            rounds, (unsigned long long)(R->total >> 20), (unsigned long long)(R->bs >> 10),
