@@ -59,6 +59,7 @@ struct opts {
     uint64_t total;
     int rounds;
     uint32_t winflight, rinflight;
+    uint32_t wmerge, rmerge; /* --write-merge / --read-merge (0: the tier's default, 8) */
     int fetchers;
     uint32_t fetch_blocks;
     bool integrity;
@@ -408,8 +409,9 @@ static void depth_curve(struct tier *t, struct pf_ssd_config *sc, const char *ti
 
 #define USAGE                                                                                      \
     "ssd [--dir DIR] [--block-size SIZE] [--slots N] [--total SIZE] [--rounds N] "                 \
-    "[--write-inflight N] [--prefetch-inflight N] [--fetchers N] [--fetch-blocks N] "              \
-    "[--integrity on|off] [--depth-curve SIZE (0: none)] [--json FILE]"
+    "[--write-inflight N] [--prefetch-inflight N] [--write-merge N] [--read-merge N] "             \
+    "[--fetchers N] [--fetch-blocks N] [--integrity on|off] [--depth-curve SIZE (0: none)] "       \
+    "[--json FILE]"
 
 /* ---- the phases of a run ---- */
 
@@ -454,6 +456,8 @@ static void parse(int argc, char **argv, struct opts *op)
                                   {"--rounds", BU_INT, &o.rounds},
                                   {"--write-inflight", BU_U32, &o.winflight},
                                   {"--prefetch-inflight", BU_U32, &o.rinflight},
+                                  {"--write-merge", BU_U32, &o.wmerge},
+                                  {"--read-merge", BU_U32, &o.rmerge},
                                   {"--fetchers", BU_INT, &o.fetchers},
                                   {"--fetch-blocks", BU_U32, &o.fetch_blocks},
                                   {"--integrity", BU_STR, &integ},
@@ -466,10 +470,11 @@ static void parse(int argc, char **argv, struct opts *op)
         o.depth_bytes = o.total / 4;
     if (o.slots == 0 || o.block % (1024ull * o.slots) != 0 || o.rounds < 1 || o.rounds > 99 ||
         o.fetchers < 1 || o.fetchers > 16 || o.fetch_blocks == 0 || o.winflight == 0 ||
-        o.rinflight == 0 || o.total < o.block ||
+        o.rinflight == 0 || o.wmerge > 64 || o.rmerge > 64 || o.total < o.block ||
         (o.depth_bytes && o.depth_bytes < RAW_QD_MAX * o.block)) {
-        fprintf(stderr, "bench/ssd: the block size must be a multiple of 1 KiB x slots; "
-                        "rounds 1..99, fetchers 1..16; --depth-curve 0 or >= 32 blocks\n");
+        fprintf(stderr,
+                "bench/ssd: the block size must be a multiple of 1 KiB x slots; "
+                "rounds 1..99, fetchers 1..16, merges 0..64; --depth-curve 0 or >= 32 blocks\n");
         exit(2);
     }
     *op = o;
@@ -527,6 +532,8 @@ static void setup_tier(struct run *R)
         .prefetch_queue_depth = (uint32_t)o->fetchers,
         .write_inflight = o->winflight,
         .prefetch_inflight = o->rinflight,
+        .write_merge = o->wmerge,
+        .read_merge = o->rmerge,
         .max_prefetch_blocks = (uint32_t)o->fetchers * o->fetch_blocks,
         .integrity = o->integrity,
         .io_timeout_ms = 60000,
@@ -540,11 +547,13 @@ static void setup_tier(struct run *R)
     }
     fprintf(stderr,
             "bench/ssd: %s, block %llu KiB (%u slots x K/V of %llu KiB), %llu MiB per phase, "
-            "%d round(s), write inflight %u, read inflight %u, %d fetcher(s) x %u blocks, "
-            "integrity %s\n",
+            "%d round(s), write inflight %u (merge %u), read inflight %u (merge %u), %d "
+            "fetcher(s) x %u blocks, integrity %s\n",
             o->dir, (unsigned long long)(o->block >> 10), o->slots,
             (unsigned long long)(t->stride >> 10), (unsigned long long)(o->total >> 20), o->rounds,
-            o->winflight, o->rinflight, o->fetchers, o->fetch_blocks, o->integrity ? "on" : "off");
+            o->winflight, R->sc.write_merge ? R->sc.write_merge : 8, o->rinflight,
+            R->sc.read_merge ? R->sc.read_merge : 8, o->fetchers, o->fetch_blocks,
+            o->integrity ? "on" : "off");
 }
 
 /* Raw buffers in the same pinned pool the tier uses (the physical layout of the memory
@@ -709,6 +718,8 @@ static void write_json(struct run *R)
     bu_json_num(root, "rounds", o->rounds);
     bu_json_num(root, "write_inflight", o->winflight);
     bu_json_num(root, "prefetch_inflight", o->rinflight);
+    bu_json_num(root, "write_merge", o->wmerge ? o->wmerge : 8);
+    bu_json_num(root, "read_merge", o->rmerge ? o->rmerge : 8);
     bu_json_num(root, "fetchers", o->fetchers);
     bu_json_num(root, "fetch_blocks", o->fetch_blocks);
     bu_json_bool(root, "integrity", o->integrity);

@@ -1,6 +1,7 @@
 /* bench/ssd_server: the SSD tier through a real pegaflow-server (sim GPU, default SSD flags:
- * 2 writes and 16 reads in flight) against raw O_DIRECT io_uring I/O of the same bytes, in
- * the same block-size requests at the same depths, on the same file system, same run.
+ * 2 write and 16 read requests in flight, each up to 8 consecutive records) against raw
+ * O_DIRECT io_uring I/O of the same bytes, in block-size requests at the same request
+ * depths, on the same file system, same run.
  *   server write  Save of --total bytes of seeded KV (one contiguous layer, --block-size
  *                 blocks) in saves of 1/32 of it, back to back, timed from the first Save
  *                 until the SSD writer has written every block (pegaflow_ssd_write_blocks_total
@@ -66,10 +67,21 @@ static double written(const struct pft_proc *s, double base, uint64_t bs)
     return w;
 }
 
+/* Waits until n blocks are on SSD. Every /metrics scrape costs the server several ms of CPU
+ * (measured 2026-12-02: 300 scrapes took 2.1 s of server CPU on the loaded 2-core VM, the
+ * HLL estimates of the cache metrics), so polling every millisecond kept a core busy
+ * while the SSD writer drained; the next scrape comes after a quarter of the time the rate
+ * so far says is left (1 ms at least, 50 ms at most): ~20 scrapes for a drain of ~0.5 s,
+ * and the end is still seen within ~1 ms. */
 static void wait_written(const struct pft_proc *s, double base, uint64_t bs, uint64_t n)
 {
     double dl = bu_now() + 60;
-    while (written(s, base, bs) < (double)n - 0.01) {
+    double w0 = written(s, base, bs), t0 = bu_now(), w;
+    while ((w = written(s, base, bs)) < (double)n - 0.01) {
+        double t = bu_now();
+        double rate = t > t0 && w > w0 ? (w - w0) / (t - t0) : 0; /* blocks/s */
+        double left = rate > 0 ? ((double)n - w) / rate : 0.004;
+        double nap = left / 4 < 0.001 ? 0.001 : left / 4 > 0.05 ? 0.05 : left / 4;
         if (bu_now() > dl) {
             fprintf(stderr,
                     "bench/ssd_server: %.1f of %llu blocks written after 60 s (pending %.0f, "
@@ -82,12 +94,16 @@ static void wait_written(const struct pft_proc *s, double base, uint64_t bs, uin
                     bu_metric(s, "pegaflow_pool_used_bytes"));
             die("SSD writer did not finish");
         }
-        usleep(1000);
+        usleep((useconds_t)(nap * 1e6));
     }
 }
 
 /* Saves blocks [0, nb) (block id i, hash (tag, i)) in chunks; returns seconds until all of
  * them are on SSD. */
+/* Seconds the last server_write took until every save had returned (the rest of the write
+ * is the SSD writer draining), for the breakdown. */
+static double g_saves_s;
+
 static double server_write(struct pf_client *c, const struct pft_proc *s, uint64_t tag, uint64_t nb,
                            uint64_t bs, uint64_t chunk)
 {
@@ -106,6 +122,7 @@ static double server_write(struct pf_client *c, const struct pft_proc *s, uint64
         if (pf_client_save(c, "src", 0, 0, 0, &sl, 1, TMO))
             die("save");
     }
+    g_saves_s = bu_now() - t0;
     wait_written(s, base, bs, nb);
     double t = bu_now() - t0;
     free(ids);
@@ -115,9 +132,14 @@ static double server_write(struct pf_client *c, const struct pft_proc *s, uint64
 
 /* Queries windows of blocks (tag, 0..nb) until Ready and loads them into "dst" block ids
  * 0..nb; returns seconds; *via_ssd_p counts windows that answered Loading first. */
+/* Seconds the last server_read spent from each window's first query to Ready (SSD prefetch
+ * and promotion) and in its load (the copy into the second instance), for the breakdown. */
+static double g_read_query_s, g_read_load_s;
+
 static double server_read(struct pf_client *c, uint64_t tag, uint64_t nb, uint64_t win,
                           int *via_ssd_p)
 {
+    g_read_query_s = g_read_load_s = 0;
     uint8_t *hs = malloc(win * 32);
     int64_t *targets = malloc(win * sizeof(*targets));
     const char *names[1] = {"ALL_LAYERS"};
@@ -130,7 +152,8 @@ static double server_read(struct pf_client *c, uint64_t tag, uint64_t nb, uint64
             targets[i] = (int64_t)(h + i);
         }
         struct pf_query_result r;
-        double dl = bu_now() + 60;
+        double tq = bu_now();
+        double dl = tq + 60;
         bool loading = false;
         for (;;) {
             if (pf_client_query(c, "dst", "bench", hs, NULL, 32, k, 0, 0, &r, NULL, 0, TMO))
@@ -149,6 +172,8 @@ static double server_read(struct pf_client *c, uint64_t tag, uint64_t nb, uint64
             pft_fail_cleanup();
             exit(1);
         }
+        double tl = bu_now();
+        g_read_query_s += tl - tq;
         size_t gsz = 1, cnt = k;
         struct pf_load_item it = {
             .lease = r.lease, .lease_len = r.lease_len, .targets = targets, .group_counts = &cnt};
@@ -160,6 +185,7 @@ static double server_read(struct pf_client *c, uint64_t tag, uint64_t nb, uint64
         if (pf_loadstate_wait(ls, TMO) != 1)
             die("load did not complete");
         pf_loadstate_destroy(ls);
+        g_read_load_s += bu_now() - tl;
     }
     double t = bu_now() - t0;
     free(hs);
@@ -340,8 +366,10 @@ static void round_run(struct run *R, int r)
     R->rdr[r] = R->sr[r] / R->rr[r];
     fprintf(stderr,
             "  round %d: write server %.2f raw %.2f GB/s, read server %.2f raw %.2f GB/s "
-            "(%d window(s) via SSD)\n",
-            r + 1, R->sw[r], R->rw[r], R->sr[r], R->rr[r], via);
+            "(saves returned at %.0f%% of the write; %d window(s) via SSD; query -> Ready "
+            "%.0f%%, load %.0f%% of the read)\n",
+            r + 1, R->sw[r], R->rw[r], R->sr[r], R->rr[r], 100 * g_saves_s / tsw, via,
+            100 * g_read_query_s / tsr, 100 * g_read_load_s / tsr);
 }
 
 /* The table, the method line and the JSON (--json). */
@@ -362,9 +390,10 @@ static void report(const struct run *R)
     printf("%-34s %11.3f %9.3f %6.2f %6.2f %6.2f\n", "evict -> load from SSD (16 reads)", msr[1],
            mrr[1], mrd[0], mrd[1], mrd[2]);
     printf("method: %d rounds ABBA (even rounds raw first), warm-up round untimed; %llu MiB in "
-           "%llu KiB blocks, pool %llu MiB, server defaults (integrity on, 2 writes / 16 reads in "
-           "flight) but a write queue of 64 batches (the bench's 32 saves never wait); raw = "
-           "io_uring O_DIRECT one block per request at the same depths, the faster "
+           "%llu KiB blocks, pool %llu MiB, server defaults (integrity on, 2 write / 16 read "
+           "requests in flight, each up to 8 records) but a write queue of 64 batches (the "
+           "bench's 32 saves never wait); raw = io_uring O_DIRECT one block per request at the "
+           "same request depths, the faster "
            "of from/into the same KV memory and from/into huge-page-advised memory, a file of %s; "
            "every round memcmp's all loaded bytes\n",
            rounds, (unsigned long long)(R->total >> 20), (unsigned long long)(R->bs >> 10),

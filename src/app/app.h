@@ -37,6 +37,7 @@ struct pf_server_config {
     uint64_t ssd_write_inflight;
     uint64_t ssd_write_merge;
     uint64_t ssd_prefetch_inflight;
+    uint64_t ssd_read_merge;
     uint64_t ssd_prefetch_staging;
     bool ssd_recover;
     bool ssd_reformat;
@@ -77,7 +78,7 @@ struct pf_server_config {
     bool insecure_cluster;  /* --insecure-cluster: P2P without a cluster token */
     char *local_addr_group; /* --local-addr-group: group of the 0660 Unix socket */
 
-    char *tenants_file;     /* --tenants-file (src/tenant) */
+    char *tenants_file; /* --tenants-file (src/tenant) */
 
     /* derived by pf_server_config_parse */
     struct pf_auth auth;        /* the files above, read */

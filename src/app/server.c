@@ -259,6 +259,7 @@ static int start_ssd(struct server_app *a)
         .write_inflight = (uint32_t)a->cfg.ssd_write_inflight,
         .write_merge = (uint32_t)a->cfg.ssd_write_merge,
         .prefetch_inflight = (uint32_t)a->cfg.ssd_prefetch_inflight,
+        .read_merge = (uint32_t)a->cfg.ssd_read_merge,
         .max_prefetch_blocks = (uint32_t)a->cfg.max_prefetch_blocks,
         .integrity = a->cfg.integrity,
         .recover = a->cfg.ssd_recover,

@@ -1,22 +1,24 @@
-/* SSD prefetch: the global budget, the reader thread and the fetch call of the tier.
- *
- * fetch (an engine prefetch thread) counts the committed prefix, reserves up to that many
- * blocks of the max_prefetch_blocks budget (the rest is backpressure), pushes one batch
- * into the bounded prefetch queue and waits, bounded, for the reader.
+/* SSD prefetch: the reader thread of the tier (the fetch call and the budget are in
+ * fetch.c).
  *
  * The reader thread takes a batch from the queue only when every batch it holds has all
  * its reads submitted (so a busy reader lets the queue fill and further requests miss).
  * It looks the keys up again (the committed prefix may have shrunk), copies each entry's
  * geometry, makes one staging allocation per NUMA node for the whole batch (through the
  * engine's evicting allocator; any failure fails the batch), rebuilds each block over its
- * staging bytes and reads it with one vectored read, at most prefetch_inflight reads in
- * flight over all batches. A read is accepted when it transferred the entry's length and
- * the entry's ring range is still intact afterwards; after a rejected read the batch's
- * later blocks are not read (only the run from the first key is returned). The fetcher then
- * verifies every slot checksum in its own thread (spreading the hashing over the prefetch threads),
- * drops the entry of a block that does not verify, and returns the accepted run from the first key.
+ * staging bytes and reads the blocks with vectored reads: consecutive keys whose records
+ * follow each other in one shard's ring go in one request of up to read_merge records (8
+ * MiB, one part), read from the first record's header to the last payload's end (payloads
+ * into the staging blocks, headers and gaps into a scratch buffer), at most
+ * prefetch_inflight requests in flight over all batches. Each block of a request is judged
+ * on its own: accepted when the request transferred it whole, its ring range is still
+ * intact afterwards and (integrity on) its header verifies and names it; a header that
+ * does not drops the entry (an integrity failure). After a rejected block the batch's later
+ * blocks are not read (only the run from the first key is returned). Accepted blocks are
+ * published to the fetcher as each request completes, so it verifies their slot checksums
+ * while later reads are in flight.
  *
- * A read outliving io_timeout_ms fails its block, whose staging memory stays referenced
+ * A read outliving io_timeout_ms fails its blocks, whose staging memory stays referenced
  * until the device completes the read. */
 #include <errno.h>
 #include <stdlib.h>
@@ -32,21 +34,6 @@
 
 #define R_STOP_GRACE_MS 5000
 
-/* ---- budget ---- */
-
-uint64_t ssd_budget_reserve(struct ssd_budget *b, uint64_t found, bool strict)
-{
-    uint64_t avail = b->max > b->used ? b->max - b->used : 0;
-    uint64_t r = found <= avail ? found : strict ? 0 : avail;
-    b->used += r;
-    return r;
-}
-
-void ssd_budget_release(struct ssd_budget *b, uint64_t n)
-{
-    b->used = n <= b->used ? b->used - n : 0;
-}
-
 /* ---- batches ---- */
 
 void ssd_rbatch_put(struct ssd_rbatch *rb)
@@ -58,28 +45,8 @@ void ssd_rbatch_put(struct ssd_rbatch *rb)
     free(rb->out);
     free(rb->place);
     free(rb->keys);
+    free(rb->accepted);
     free(rb);
-}
-
-static struct ssd_rbatch *rbatch_new(const struct pf_block_key *keys, size_t n)
-{
-    struct ssd_rbatch *rb = calloc(1, sizeof(*rb));
-    if (!rb)
-        return NULL;
-    rb->keys = malloc(n * sizeof(*keys));
-    rb->out = calloc(n, sizeof(*rb->out));
-    rb->place = calloc(n, sizeof(*rb->place));
-    if (!rb->keys || !rb->out || !rb->place) {
-        free(rb->keys);
-        free(rb->out);
-        free(rb->place);
-        free(rb);
-        return NULL;
-    }
-    memcpy(rb->keys, keys, n * sizeof(*keys));
-    rb->n = n;
-    atomic_init(&rb->refs, 2);
-    return rb;
 }
 
 int ssd_stage_alloc(struct pf_ssd *s, uint64_t size, int numa, struct pf_alloc **a_p)
@@ -102,12 +69,30 @@ static int stage_numa(struct pf_ssd *s, int numa)
 
 /* ---- the reader ---- */
 
+/* One block of a read request: its staging block (a strong reference while the device owns
+ * the staging bytes), where its payload lands in the request and where its header lands in
+ * the request's scratch buffer. */
+struct rpart {
+    struct pf_block *b;
+    uint64_t roff; /* payload offset within the request */
+    uint64_t hoff; /* header offset within scratch */
+};
+
+/* One read request: k consecutive planned blocks of one batch whose records follow each
+ * other in one shard's ring, read from the first record's header to the last payload's end
+ * (the headers and the gaps between records into scratch). */
 struct rio {
     struct ssd_io io;
     struct ssd_rbatch *rb; /* the reader's reference is shared by all its rios */
-    size_t idx;
-    struct pf_block *b; /* strong reference while the device owns the staging bytes */
+    size_t idx;            /* the run's first key */
+    size_t k;
+    struct rpart *parts; /* malloc'ed, k */
+    uint8_t *scratch;    /* malloc'ed (aligned): headers and gaps */
 };
+
+/* A request carries at most R_RUN_BYTES unless a single record is larger, and (for more than
+ * one record) one part of at most SSD_IOV_MAX iovecs. */
+#define R_RUN_BYTES (8ull << 20)
 
 struct reader {
     struct pf_ssd *s;
@@ -169,8 +154,18 @@ static void plan(struct reader *r, struct ssd_rbatch *rb, uint64_t avail)
         if (!meta[planned])
             break;
         memcpy(meta[planned], e, sz);
-        rb->place[planned] =
-            (struct ssd_place){.shard = e->shard, .start = e->start, .off = e->off, .len = e->len};
+        const struct ssd_ring *ring = &s->idx.shards[e->shard].ring;
+        rb->place[planned] = (struct ssd_place){
+            .shard = e->shard,
+            /* a record never wraps: its header ends where its payload starts */
+            .hdr_len = (uint32_t)(e->off - s->idx.ring_off - e->start % ring->cap),
+            .start = e->start,
+            .off = e->off,
+            .len = e->len,
+            .span = e->span,
+            .seq = e->seq,
+            .fp = e->fp,
+        };
     }
     pthread_mutex_unlock(&s->mu);
 
@@ -256,42 +251,143 @@ static void lost_add(struct reader *r, struct rio *io)
     r->lost[r->nlost++] = *io;
 }
 
-/* A read finished (or timed out): accept or reject its block, retire the rio. */
+static void rio_release(struct rio *io)
+{
+    for (size_t j = 0; io->parts && j < io->k; j++)
+        pf_block_put(io->parts[j].b);
+    free(io->parts);
+    free(io->scratch);
+    free(io->io.iov);
+    io->parts = NULL;
+    io->scratch = NULL;
+    io->io.iov = NULL;
+}
+
+/* Whether the header read in front of block j of io names the record the index placed
+ * there: it decodes (magic, fields, header checksum), and its length, payload length,
+ * sequence number, layout fingerprint, file identity, key and namespace are the entry's. */
+static bool header_ok(struct pf_ssd *s, const struct rio *io, size_t j)
+{
+    const struct ssd_place *p = &io->rb->place[io->idx + j];
+    if (p->hdr_len == 0)
+        return true; /* a record without a header (index tests only) */
+    struct ssd_rec_hdr h;
+    if (ssd_rec_decode(io->scratch + io->parts[j].hoff, p->hdr_len, &h) != SSD_PARSE_OK)
+        return false;
+    struct pf_block_key key = pf_block_key(io->parts[j].b);
+    return h.hdr_len == p->hdr_len && h.payload_len == p->len && h.seq == p->seq &&
+           h.layout_fp == p->fp && memcmp(h.uuid, s->sb[p->shard].uuid, sizeof(h.uuid)) == 0 &&
+           h.key.len == key.len && memcmp(h.key.hash, key.hash, key.len) == 0 &&
+           strcmp(h.ns, pf_ns_name(key.ns)) == 0;
+}
+
+static void log_bad_header(struct pf_ssd *s, const struct pf_block *b, const struct ssd_place *p)
+{
+    char hex[2 * PF_HASH_MAX + 1];
+    struct pf_block_key key = pf_block_key(b);
+    pf_hex_encode(key.hash, key.len < 8 ? key.len : 8, hex);
+    pf_log_ratelimited(PF_LOG_WARN, 1000,
+                       "integrity: block %s... (namespace %s) read from %s at offset %llu: its "
+                       "record header does not verify or names another record: treated as a "
+                       "miss, SSD entry dropped",
+                       hex, pf_ns_name(key.ns), s->paths[p->shard],
+                       (unsigned long long)(p->off - p->hdr_len));
+}
+
+/* A read request finished (or timed out): accept or reject each of its blocks, retire the
+ * rio. Block j is accepted when the request transferred it whole (every part completed
+ * without error, or, in a one-part request, its last byte lies within the bytes the device
+ * returned), its ring range is still intact and (integrity on) its header verifies; a
+ * header that does not verify drops that block's entry and counts an integrity failure.
+ * After the first rejected block the batch's unsubmitted blocks are not read. */
 static void retire(struct reader *r, size_t k, bool timed_out)
 {
     struct pf_ssd *s = r->s;
     struct rio *io = &r->ios[k];
     struct ssd_rbatch *rb = io->rb;
-    bool ok = !timed_out && ssd_io_ok(&io->io);
-    if (ok) {
+    bool one_part = io->io.nparts == 1;
+    size_t nok = 0, nio_bad = 0;
+    bool any_bad = false;
+    /* per block: 0 rejected, 1 accepted, 2 header does not verify */
+    uint8_t *st = io->parts ? calloc(io->k, 1) : NULL;
+    if (st && !timed_out) {
+        for (size_t j = 0; j < io->k; j++) {
+            const struct ssd_place *p = &rb->place[io->idx + j];
+            bool whole = one_part ? io->io.err == 0 && io->parts[j].roff + p->len <= io->io.bytes
+                                  : ssd_io_ok(&io->io);
+            st[j] = whole;
+            nio_bad += !whole;
+        }
         pthread_mutex_lock(&s->mu);
-        ok = ssd_index_intact(&s->idx, &rb->place[io->idx]);
+        for (size_t j = 0; j < io->k; j++)
+            if (st[j] && !ssd_index_intact(&s->idx, &rb->place[io->idx + j])) {
+                st[j] = 0;
+                pf_debug("SSD read of a block overwritten by the ring meanwhile: rejected");
+            }
         pthread_mutex_unlock(&s->mu);
-        if (!ok)
-            pf_debug("SSD read of a block overwritten by the ring meanwhile: rejected");
+        for (size_t j = 0; j < io->k; j++)
+            if (st[j] && s->cfg.integrity && !header_ok(s, io, j))
+                st[j] = 2;
     } else {
+        nio_bad = io->k;
+    }
+    for (size_t j = 0; j < io->k; j++) {
+        const struct ssd_place *p = &rb->place[io->idx + j];
+        if (!io->parts) {
+            /* the request could not be built: its blocks are still the batch's */
+            pf_block_put(rb->out[io->idx + j]);
+            rb->out[io->idx + j] = NULL;
+            any_bad = true;
+            continue;
+        }
+        if (st && st[j] == 1) {
+            rb->out[io->idx + j] = io->parts[j].b;
+            io->parts[j].b = NULL;
+            nok++;
+            continue;
+        }
+        any_bad = true;
+        if (st && st[j] == 2) {
+            pf_child_add(s->m.integrity, 1);
+            log_bad_header(s, io->parts[j].b, p);
+            struct pf_block_key key = pf_block_key(io->parts[j].b);
+            pthread_mutex_lock(&s->mu);
+            ssd_index_remove(&s->idx, &key, p);
+            pthread_mutex_unlock(&s->mu);
+        }
+    }
+    if (nio_bad > 0) {
         const char *why = timed_out    ? "no completion within the I/O timeout"
                           : io->io.err ? strerror(-io->io.err)
+                          : !st        ? "out of memory"
                                        : "short read";
         pf_log_ratelimited(PF_LOG_WARN, 5000,
-                           "SSD read of %llu bytes from %s at offset %llu failed: %s (a miss)",
-                           (unsigned long long)io->io.len, s->paths[rb->place[io->idx].shard],
-                           (unsigned long long)io->io.off, why);
+                           "SSD read of %llu bytes (%zu block(s)) from %s at offset %llu failed: "
+                           "%s (%zu block(s) missed)",
+                           (unsigned long long)io->io.len, io->k,
+                           s->paths[rb->place[io->idx].shard], (unsigned long long)io->io.off, why,
+                           nio_bad);
     }
-    if (ok) {
+    if (nok > 0) {
+        /* the fetcher verifies these while the batch's later reads are in flight */
+        pthread_mutex_lock(&s->rq_mu);
+        for (size_t j = 0; j < io->k; j++)
+            if (st[j] == 1)
+                rb->accepted[io->idx + j] = 1;
+        rb->naccepted += nok;
+        pthread_cond_broadcast(&s->rdone_cv);
+        pthread_mutex_unlock(&s->rq_mu);
         pf_metric_observe(s->m.p_tput, ssd_rate(io->io.len, pf_now_ns() - io->io.t0_ns));
-        rb->out[io->idx] = io->b;
-        io->b = NULL;
     }
-    if (ssd_io_outstanding(&io->io) > 0) {
-        lost_add(r, io); /* keeps the block (staging memory) */
-    } else {
-        pf_block_put(io->b);
-        free(io->io.iov);
-    }
+    free(st);
+    if (ssd_io_outstanding(&io->io) > 0)
+        lost_add(r, io); /* keeps the blocks (staging memory) and the scratch */
+    else
+        rio_release(io);
     pf_metric_add(s->m.p_inflight, -1);
+    size_t retired = io->k;
     r->ios[k] = r->ios[--r->nios];
-    if (!ok && rb->next_submit < rb->planned) {
+    if (any_bad && rb->next_submit < rb->planned) {
         /* only the run from the first key is useful: do not read past a failure */
         for (size_t i = rb->next_submit; i < rb->planned; i++) {
             pf_block_put(rb->out[i]);
@@ -300,7 +396,8 @@ static void retire(struct reader *r, size_t k, bool timed_out)
         rb->remaining -= rb->planned - rb->next_submit;
         rb->planned = rb->next_submit;
     }
-    if (--rb->remaining == 0) {
+    rb->remaining -= retired;
+    if (rb->remaining == 0) {
         r->staged -= rb->staged;
         pf_metric_set(s->m.p_staging, (double)r->staged);
         for (size_t i = 0; i < r->nactive; i++)
@@ -316,8 +413,7 @@ static void retire(struct reader *r, size_t k, bool timed_out)
 
 static void lost_release(struct rio *io)
 {
-    pf_block_put(io->b);
-    free(io->io.iov);
+    rio_release(io);
 }
 
 static void dispatch(struct reader *r, const struct pf_blk_cqe *c)
@@ -343,7 +439,92 @@ static void dispatch(struct reader *r, const struct pf_blk_cqe *c)
     }
 }
 
-/* Starts the next planned read of the oldest batch that has one. */
+/* File offset where the record of place p starts (its header). */
+static uint64_t rec_off(const struct ssd_place *p)
+{
+    return p->off - p->hdr_len;
+}
+
+/* How many planned blocks from i one request reads: the records follow each other in the
+ * same shard file (the next record starts where the previous one's span ends), at most
+ * read_merge of them, R_RUN_BYTES and (beyond one record) SSD_IOV_MAX iovecs. */
+static size_t run_length(const struct pf_ssd *s, const struct ssd_rbatch *rb, size_t i)
+{
+    const struct ssd_place *p0 = &rb->place[i];
+    uint64_t bytes = p0->hdr_len + p0->len;
+    size_t niov = 1 + (size_t)rb->out[i]->nslots * 2;
+    size_t k = 1;
+    while (i + k < rb->planned && k < s->cfg.read_merge) {
+        const struct ssd_place *pv = &rb->place[i + k - 1], *nx = &rb->place[i + k];
+        uint64_t pv_end = pv->off + pv->len;
+        size_t add = 1 + (size_t)rb->out[i + k]->nslots * 2;
+        if (nx->shard != pv->shard || rec_off(nx) != rec_off(pv) + pv->span ||
+            rec_off(nx) < pv_end || niov + add > SSD_IOV_MAX ||
+            bytes + (nx->off + nx->len - pv_end) > R_RUN_BYTES)
+            break;
+        niov += add;
+        bytes += nx->off + nx->len - pv_end;
+        k++;
+    }
+    return k;
+}
+
+/* Builds the request of blocks [i, i + k) of rb into io (iovecs, scratch for the headers and
+ * gaps, parts). -ENOMEM, or -EINVAL when a block's geometry does not match its entry. */
+static int rio_build(struct rio *io, struct ssd_rbatch *rb, size_t i, size_t k)
+{
+    const struct ssd_place *p0 = &rb->place[i], *pl = &rb->place[i + k - 1];
+    io->parts = calloc(k, sizeof(*io->parts));
+    if (!io->parts)
+        return -ENOMEM;
+    size_t niov = 0;
+    uint64_t sbytes = 0;
+    for (size_t j = 0; j < k; j++) {
+        io->parts[j].b = rb->out[i + j]; /* the rio owns it until the read is accepted */
+        rb->out[i + j] = NULL;
+        niov += 1 + (size_t)io->parts[j].b->nslots * 2;
+        const struct ssd_place *p = &rb->place[i + j];
+        sbytes += j == 0 ? p->hdr_len
+                         : rec_off(p) - (rb->place[i + j - 1].off + rb->place[i + j - 1].len) +
+                               p->hdr_len;
+    }
+    io->io.off = io->io.next_off = rec_off(p0);
+    io->io.len = pl->off + pl->len - rec_off(p0);
+    io->io.iov = malloc(niov * sizeof(struct iovec));
+    if (!io->io.iov)
+        return -ENOMEM;
+    if (sbytes && posix_memalign((void **)&io->scratch, SSD_REC_ALIGN, sbytes) != 0) {
+        io->scratch = NULL;
+        return -ENOMEM;
+    }
+    int n = 0;
+    uint64_t soff = 0, roff = 0;
+    for (size_t j = 0; j < k; j++) {
+        const struct ssd_place *p = &rb->place[i + j];
+        uint64_t gap = j == 0 ? p->hdr_len
+                              : rec_off(p) - (rb->place[i + j - 1].off + rb->place[i + j - 1].len) +
+                                    p->hdr_len;
+        if (gap) {
+            io->io.iov[n++] = (struct iovec){io->scratch + soff, gap};
+            soff += gap;
+            roff += gap;
+        }
+        io->parts[j].hoff = soff - p->hdr_len;
+        io->parts[j].roff = roff;
+        if (ssd_block_disk_len(io->parts[j].b) != p->len)
+            return -EINVAL;
+        n += ssd_block_iov(io->parts[j].b, io->io.iov + n);
+        roff += p->len;
+    }
+    io->io.niov = n;
+    io->io.nparts = ssd_io_parts(n);
+    if (io->io.nparts > SSD_PARTS_MAX || (k > 1 && io->io.nparts != 1))
+        return -EINVAL;
+    return 0;
+}
+
+/* Starts the next planned read request (a run of records) of the oldest batch that has
+ * one. */
 static bool submit_next(struct reader *r)
 {
     struct pf_ssd *s = r->s;
@@ -351,27 +532,22 @@ static bool submit_next(struct reader *r)
         struct ssd_rbatch *rb = r->active[a];
         if (rb->next_submit == rb->planned)
             continue;
-        size_t i = rb->next_submit++;
+        size_t i = rb->next_submit;
+        size_t k = run_length(s, rb, i);
+        rb->next_submit += k;
         struct rio *io = &r->ios[r->nios++];
         memset(io, 0, sizeof(*io));
         io->rb = rb;
         io->idx = i;
-        io->b = rb->out[i]; /* the rio owns it until the read is accepted */
-        rb->out[i] = NULL;
+        io->k = k;
         io->io.id = atomic_fetch_add(&s->next_io_id, 1);
         io->io.op = PF_BLK_READ;
         io->io.file = s->files[rb->place[i].shard];
-        io->io.off = io->io.next_off = rb->place[i].off;
-        io->io.len = rb->place[i].len;
         io->io.t0_ns = pf_now_ns();
-        io->io.iov = malloc((size_t)io->b->nslots * 2 * sizeof(struct iovec));
-        if (!io->io.iov) {
-            io->io.err = -ENOMEM;
-        } else {
-            io->io.niov = ssd_block_iov(io->b, io->io.iov);
-            io->io.nparts = ssd_io_parts(io->io.niov);
-            if (io->io.nparts > SSD_PARTS_MAX || ssd_block_disk_len(io->b) != io->io.len)
-                io->io.err = -EINVAL;
+        int rc = rio_build(io, rb, i, k);
+        if (rc) {
+            io->io.err = rc;
+            io->io.nparts = 0; /* nothing submitted: done */
         }
         pf_metric_add(s->m.p_inflight, 1);
         if (!io->io.err)
@@ -558,113 +734,4 @@ void *ssd_reader_main(void *arg)
     free(r.lost);
     free(r.active);
     return NULL;
-}
-
-/* ---- fetch (engine prefetch thread) ---- */
-
-static void log_integrity(struct pf_ssd *s, const struct pf_block *b, int slot,
-                          const struct ssd_place *p)
-{
-    char hex[2 * PF_HASH_MAX + 1];
-    struct pf_block_key key = pf_block_key(b);
-    pf_hex_encode(key.hash, key.len < 8 ? key.len : 8, hex);
-    pf_log_ratelimited(PF_LOG_WARN, 1000,
-                       "integrity: block %s... (namespace %s) read from %s at offset %llu fails "
-                       "its checksum in slot %d: treated as a miss, SSD entry dropped",
-                       hex, pf_ns_name(key.ns), s->paths[p->shard], (unsigned long long)p->off,
-                       slot);
-}
-
-size_t pf_ssd_fetch(struct pf_ssd *s, const struct pf_block_key *keys, size_t n,
-                    bool all_or_nothing, struct pf_block **out)
-{
-    /* bounded: reads time out individually; twice that covers a batch waiting its turn */
-    return pf_ssd_fetch_within(s, keys, n, all_or_nothing, 2 * s->io_timeout_ms, out);
-}
-
-size_t pf_ssd_fetch_within(struct pf_ssd *s, const struct pf_block_key *keys, size_t n,
-                           bool all_or_nothing, uint64_t timeout_ms, struct pf_block **out)
-{
-    if (atomic_load(&s->stopped) || n == 0)
-        return 0;
-    pthread_mutex_lock(&s->mu);
-    size_t found = ssd_index_prefix(&s->idx, keys, n);
-    pthread_mutex_unlock(&s->mu);
-    if (found == 0 || (all_or_nothing && found < n))
-        return 0;
-    pthread_mutex_lock(&s->budget_mu);
-    uint64_t reserved = ssd_budget_reserve(&s->budget, found, all_or_nothing);
-    pthread_mutex_unlock(&s->budget_mu);
-    if (reserved < found)
-        pf_metric_add(s->m.p_backpressure, (double)(found - reserved));
-    if (reserved == 0)
-        return 0;
-    size_t got = 0;
-    uint64_t bytes = 0;
-    struct ssd_rbatch *rb = rbatch_new(keys, reserved);
-    if (!rb)
-        goto out;
-    pthread_mutex_lock(&s->rq_mu);
-    bool queued = !s->r_stop && s->rq_count < s->rq_cap;
-    if (queued) {
-        s->rq[(s->rq_head + s->rq_count) % s->rq_cap] = rb;
-        s->rq_count++;
-        pthread_cond_signal(&s->rq_cv);
-    }
-    pthread_mutex_unlock(&s->rq_mu);
-    if (!queued) {
-        pf_metric_add(s->m.p_qfull, 1);
-        pf_log_ratelimited(PF_LOG_DEBUG, 5000, "SSD prefetch queue full: %llu block(s) missed",
-                           (unsigned long long)reserved);
-        atomic_store(&rb->refs, 1);
-        ssd_rbatch_put(rb);
-        goto out;
-    }
-    struct timespec dl = pf_deadline_ms(timeout_ms);
-    pthread_mutex_lock(&s->rq_mu);
-    while (!rb->done)
-        if (pthread_cond_timedwait(&s->rdone_cv, &s->rq_mu, &dl) == ETIMEDOUT && !rb->done) {
-            rb->abandoned = true;
-            break;
-        }
-    bool done = rb->done;
-    pthread_mutex_unlock(&s->rq_mu);
-    if (!done) {
-        pf_log_ratelimited(PF_LOG_WARN, 5000,
-                           "SSD prefetch of %llu block(s) did not finish in %llu ms: missed",
-                           (unsigned long long)reserved, (unsigned long long)timeout_ms);
-        ssd_rbatch_put(rb);
-        goto out;
-    }
-    for (size_t i = 0; i < rb->n && rb->out[i]; i++) {
-        struct pf_block *b = rb->out[i];
-        int bad = s->cfg.integrity ? ssd_block_verify(b) : -1;
-        if (bad >= 0) {
-            pf_child_add(s->m.integrity, 1);
-            log_integrity(s, b, bad, &rb->place[i]);
-            struct pf_block_key key = pf_block_key(b);
-            pthread_mutex_lock(&s->mu);
-            ssd_index_remove(&s->idx, &key, &rb->place[i]);
-            pthread_mutex_unlock(&s->mu);
-            break;
-        }
-        out[got++] = b;
-        bytes += rb->place[i].len;
-        rb->out[i] = NULL;
-    }
-    ssd_rbatch_put(rb); /* puts the blocks after a gap or a mismatch */
-out:
-    pthread_mutex_lock(&s->budget_mu);
-    ssd_budget_release(&s->budget, reserved);
-    pthread_mutex_unlock(&s->budget_mu);
-    if (all_or_nothing && got < n) {
-        for (size_t i = 0; i < got; i++)
-            pf_block_put(out[i]);
-        got = 0;
-        bytes = 0;
-    }
-    pf_metric_add(s->m.p_success, (double)got);
-    pf_metric_add(s->m.p_bytes, (double)bytes);
-    pf_metric_add(s->m.p_fail, (double)(reserved - got));
-    return got;
 }

@@ -91,6 +91,9 @@ struct ssd_place {
     uint32_t shard;
     uint32_t hdr_len; /* record header bytes before off */
     uint64_t start, off, len;
+    uint64_t span; /* prefetch: ring bytes of the record */
+    uint64_t seq;  /* prefetch: the record's sequence number, checked against its header */
+    uint64_t fp;   /* prefetch: layout fingerprint, checked against the header */
 };
 
 struct ssd_index_shard {
@@ -188,7 +191,7 @@ struct pf_block *ssd_block_rebuild(const struct pf_block_key *key, const struct 
  * are skipped). */
 int ssd_block_verify(const struct pf_block *b);
 
-/* ---- prefetch budget (prefetch.c) ---- */
+/* ---- prefetch budget (fetch.c) ---- */
 struct ssd_budget {
     uint64_t max;
     uint64_t used;
@@ -245,7 +248,7 @@ static inline uint32_t ssd_io_outstanding(const struct ssd_io *io)
     return io->submitted - io->completed;
 }
 
-/* ---- the store (store.c, writer.c, prefetch.c) ---- */
+/* ---- the store (store.c, writer.c, prefetch.c, fetch.c) ---- */
 
 enum ssd_drop {
     SSD_DROP_TORN,     /* header verifies, payload does not (or runs past the ring end) */
@@ -289,6 +292,9 @@ struct ssd_rbatch {
     size_t remaining;        /* reader: planned reads not finished */
     bool done;               /* under rq_mu */
     bool abandoned;          /* the fetcher gave up waiting (under rq_mu) */
+    uint8_t *accepted;       /* per key, under rq_mu: out[i] holds its accepted read (the
+                              * fetcher may verify it while later reads are in flight) */
+    size_t naccepted;        /* under rq_mu */
 };
 
 struct pf_ssd {

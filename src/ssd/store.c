@@ -94,11 +94,12 @@ void ssd_metrics_init(struct ssd_metrics *m)
                           "Committed SSD blocks not prefetched because --max-prefetch-blocks "
                           "was exhausted",
                           NULL);
-    m->p_inflight = pf_metric_gauge("pegaflow_ssd_prefetch_inflight",
-                                    "Block reads in flight from the SSD", NULL);
+    m->p_inflight =
+        pf_metric_gauge("pegaflow_ssd_prefetch_inflight",
+                        "SSD read requests in flight (each up to --ssd-read-merge blocks)", NULL);
     m->p_tput = pf_metric_histogram("pegaflow_ssd_prefetch_throughput_bytes_per_second",
-                                    "Throughput of each accepted block read from the SSD", NULL,
-                                    tput_buckets, PF_ARRAY_SIZE(tput_buckets));
+                                    "Throughput of each SSD read request with an accepted block",
+                                    NULL, tput_buckets, PF_ARRAY_SIZE(tput_buckets));
     struct pf_metric *integ = pf_metric_counter(
         "pegaflow_integrity_failures_total",
         "Blocks whose checksum did not verify after a read or fetch (treated as misses)", "tier");
@@ -200,6 +201,10 @@ static void defaults(struct pf_ssd_config *c)
         c->write_merge = 64;
     if (!c->prefetch_inflight)
         c->prefetch_inflight = 16;
+    if (!c->read_merge)
+        c->read_merge = 8;
+    if (c->read_merge > 64)
+        c->read_merge = 64;
     if (!c->max_prefetch_blocks)
         c->max_prefetch_blocks = 800;
     if (!c->prefetch_staging_bytes)
@@ -216,12 +221,13 @@ static void log_config(const struct pf_ssd *s, const char *backend)
     for (uint32_t i = 0; i < s->nshards; i++)
         pf_info("  shard %u: %s", i, s->paths[i]);
     pf_info("SSD cache: write queue %u batch(es), %u write(s) in flight of up to %u record(s); "
-            "prefetch queue %u batch(es), %u read(s) in flight, max %u prefetching block(s), "
+            "prefetch queue %u batch(es), %u read(s) in flight of up to %u record(s), max %u "
+            "prefetching block(s), "
             "staging at most %llu bytes; integrity %s; I/O timeout %llu ms",
             s->cfg.write_queue_depth, s->cfg.write_inflight, s->cfg.write_merge,
-            s->cfg.prefetch_queue_depth, s->cfg.prefetch_inflight, s->cfg.max_prefetch_blocks,
-            (unsigned long long)s->cfg.prefetch_staging_bytes, s->cfg.integrity ? "checked" : "off",
-            (unsigned long long)s->io_timeout_ms);
+            s->cfg.prefetch_queue_depth, s->cfg.prefetch_inflight, s->cfg.read_merge,
+            s->cfg.max_prefetch_blocks, (unsigned long long)s->cfg.prefetch_staging_bytes,
+            s->cfg.integrity ? "checked" : "off", (unsigned long long)s->io_timeout_ms);
     pf_info("SSD cache: recovery %s", s->cfg.recover
                                           ? "on (the index is rebuilt from the files)"
                                           : "off (--ssd-recover off: files start empty)");

@@ -254,6 +254,7 @@ struct fault_case {
     double integrity;      /* expected integrity failures */
     bool read_fault;       /* a second query (new req) hits more than the first */
     size_t second_hits;
+    const char *read_merge; /* --ssd-read-merge (NULL: the default, 8 records a read) */
 };
 
 static void fault_one(const struct fault_case *fc)
@@ -264,7 +265,9 @@ static void fault_one(const struct fault_case *fc)
     snprintf(idb, sizeof(idb), "B-%s", fc->tag);
     snprintf(ns, sizeof(ns), "ns-%s", fc->tag);
     const uint64_t blk = blk_bytes(KV_SPLIT, 1, 2, 8192);
-    const char *extra[] = {"--enable-debug", "--fault-spec", fc->spec, NULL};
+    const char *extra[] = {"--enable-debug", "--fault-spec",
+                           fc->spec,         fc->read_merge ? "--ssd-read-merge" : NULL,
+                           fc->read_merge,   NULL};
     struct pft_proc s;
     start(&s, "16mb", path, "16mb", extra);
     struct pf_client *c;
@@ -332,14 +335,19 @@ static void sc_faults(void)
     static const struct fault_case cases[] = {
         /* (write 1 and read 1 are the superblock's at start-up)
          * writes 6 and 7 fail at submission: blocks 4, 5 never reach the SSD */
-        {"seed=1;blk.write:nth=6,times=2,error=EIO", "wr-eio", 12, 4, 2, 0, false, 4},
+        {"seed=1;blk.write:nth=6,times=2,error=EIO", "wr-eio", 12, 4, 2, 0, false, 4, NULL},
         /* write 4 (block 2) fails at completion */
         {"seed=2;blk.write:nth=4,times=1,error=EIO,at=complete", "wr-eio-complete", 10, 2, 1, 0,
-         false, 2},
-        /* read 2 of the first prefetch fails: 1 hit; the entry stays, a retry hits all */
-        {"seed=3;blk.read:nth=3,times=1,error=EIO", "rd-eio", 10, 1, 0, 0, true, 10},
+         false, 2, NULL},
+        /* one block per read (--ssd-read-merge 1), so that the read faults hit known blocks:
+         * read 2 of the first prefetch fails: 1 hit; the entry stays, a retry hits all */
+        {"seed=3;blk.read:nth=3,times=1,error=EIO", "rd-eio", 10, 1, 0, 0, true, 10, "1"},
         /* read 4 (block 2) is corrupted: checksum mismatch, 2 hits, the entry is dropped */
-        {"seed=4;blk.read:nth=4,times=1,corrupt=1", "rd-corrupt", 10, 2, 0, 1, true, 2},
+        {"seed=4;blk.read:nth=4,times=1,corrupt=1", "rd-corrupt", 10, 2, 0, 1, true, 2, "1"},
+        /* vectored reads (the default): the first prefetch reads blocks 0..7 in one request
+         * (read 2), which fails: no hit, every entry stays (blocks 1..9 hit from a query
+         * that starts after block 0, a retry hits all ten) */
+        {"seed=6;blk.read:nth=2,times=1,error=EIO", "rd-eio-vec", 10, 0, 0, 0, true, 10, NULL},
     };
     for (size_t i = 0; i < PF_ARRAY_SIZE(cases); i++)
         fault_one(&cases[i]);

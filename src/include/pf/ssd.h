@@ -24,8 +24,11 @@
  * when asked), submits one batch to a bounded queue of prefetch_queue_depth batches (full
  * -> nothing fetched), and waits (bounded) for the reader thread, which stages the blocks
  * in one pool allocation per NUMA node (the engine's evicting allocator) and keeps at most
- * prefetch_inflight reads in flight. A block is returned only when the read length
- * matches, its ring range was not overwritten meanwhile and every slot checksum verifies;
+ * prefetch_inflight read requests in flight (each up to read_merge records that follow each
+ * other in the ring, headers included, as one vectored read into the staging blocks and a
+ * scratch buffer for the headers). A block is returned only when the read length
+ * matches, its ring range was not overwritten meanwhile, its record header verifies and
+ * names it (checksum, key, sequence number, layout) and every slot checksum verifies;
  * a mismatch counts pegaflow_integrity_failures_total{tier="ssd"}, is logged, and drops the
  * entry.
  *
@@ -54,7 +57,8 @@ struct pf_ssd_config {
     uint32_t prefetch_queue_depth;   /* batches (0 = 2) */
     uint32_t write_inflight;         /* write requests, each up to write_merge records (0 = 2) */
     uint32_t write_merge;            /* records one write request may carry (0 = 8, max 64) */
-    uint32_t prefetch_inflight;      /* block reads (0 = 16) */
+    uint32_t prefetch_inflight;      /* read requests, each up to read_merge records (0 = 16) */
+    uint32_t read_merge;             /* records one read request may carry (0 = 8, max 64) */
     uint32_t max_prefetch_blocks;    /* global budget (0 = 800) */
     uint64_t prefetch_staging_bytes; /* staging memory of reads not yet handed back (0 = 1 GiB) */
     bool integrity;                  /* verify slot checksums after reads */

@@ -241,10 +241,16 @@ static void test_overwritten_during_read(void **st)
     teardown_store(&s);
 }
 
+/* One record per read request (--ssd-read-merge 1): the fault plans below count requests. */
+static void merge1(struct pf_ssd_config *c)
+{
+    c->read_merge = 1;
+}
+
 static void test_corruption_is_a_miss(void **st)
 {
     struct setup s;
-    setup_store(&s, 4, 16 << 20, "seed=11;blk.read:nth=3,times=1,corrupt=1", NULL);
+    setup_store(&s, 4, 16 << 20, "seed=11;blk.read:nth=3,times=1,corrupt=1", merge1);
     const char *ssd[] = {"ssd"};
     double i0 = pf_metric_value_of("pegaflow_integrity_failures_total", ssd);
     struct pf_block *out[4];
@@ -264,6 +270,7 @@ static void test_corruption_is_a_miss(void **st)
 static void integrity_off(struct pf_ssd_config *c)
 {
     c->integrity = false;
+    c->read_merge = 1;
 }
 
 static void test_integrity_off(void **st)
@@ -285,7 +292,7 @@ static void test_read_error(void **st)
     setup_store(&s, 3, 16 << 20,
                 "seed=13;blk.read:nth=2,times=1,error=EIO;blk.read:nth=4,times=1,error=EIO,"
                 "at=complete",
-                NULL);
+                merge1);
     double f0 = ssdt_metric("pegaflow_ssd_prefetch_failures");
     struct pf_block *out[3];
     /* read 1 (block 0) is refused: nothing after it is read */
@@ -355,7 +362,7 @@ static void test_stop_wakes_a_waiting_fetch(void **st)
     unsigned r0 = gate_submitted(s.t.gate, PF_BLK_READ);
     struct fetcher a;
     fetch_async(&a, s.t.ssd, s.k, 2);
-    SSDT_WAIT(gate_submitted(s.t.gate, PF_BLK_READ) >= r0 + 2);
+    SSDT_WAIT(gate_submitted(s.t.gate, PF_BLK_READ) >= r0 + 1); /* both records, one read */
     pf_ssd_stop(s.t.ssd);
     assert_int_equal(fetch_join(&a), 0);
     assert_int_equal(pf_ssd_probe(s.t.ssd, s.k, 2), 0);
@@ -410,12 +417,12 @@ static void test_staging_bound(void **st)
     unsigned r0 = gate_submitted(s.t.gate, PF_BLK_READ);
     struct fetcher a, b;
     fetch_async(&a, s.t.ssd, s.k, 2);
-    SSDT_WAIT(gate_submitted(s.t.gate, PF_BLK_READ) == r0 + 2);
+    SSDT_WAIT(gate_submitted(s.t.gate, PF_BLK_READ) == r0 + 1); /* both records, one read */
     assert_int_equal(ssdt_metric("pegaflow_ssd_prefetch_staging_bytes"), 2 * 24576);
     fetch_async(&b, s.t.ssd, s.k + 2, 2);
     usleep(20000);
     /* at the bound: no staging, no read for the second fetch */
-    assert_int_equal(gate_submitted(s.t.gate, PF_BLK_READ), r0 + 2);
+    assert_int_equal(gate_submitted(s.t.gate, PF_BLK_READ), r0 + 1);
     assert_int_equal(ssdt_metric("pegaflow_ssd_prefetch_staging_bytes"), 2 * 24576);
     gate_hold(s.t.gate, PF_BLK_READ, false);
     assert_int_equal(fetch_join(&a), 2);
