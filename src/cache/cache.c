@@ -328,15 +328,19 @@ static void put_released(struct pf_block **rel, size_t n)
 
 #define UNPIN_BATCH 256
 
-void pf_cache_unpin(struct pf_cache *c, struct pf_block *const *blocks, size_t n)
+/* Drops one pin of each block, taking a strong reference for the caller first when to_refs
+ * (never a moment unowned). At most UNPIN_BATCH blocks a lock hold: every one may hand back
+ * the pins' reference, put outside the lock. */
+static void unpin(struct pf_cache *c, struct pf_block *const *blocks, size_t n, bool to_refs)
 {
     struct pf_block *rel[UNPIN_BATCH];
     for (size_t done = 0; done < n;) {
         size_t nrel = 0;
         pthread_mutex_lock(&c->mu);
-        /* at most UNPIN_BATCH blocks a lock hold: every one may hand back a reference */
         size_t end = n - done < UNPIN_BATCH ? n : done + UNPIN_BATCH;
         for (; done < end; done++) {
+            if (to_refs)
+                pf_block_get(blocks[done]);
             struct pf_block *r = unpin_locked(blocks[done]);
             if (r)
                 rel[nrel++] = r;
@@ -346,22 +350,14 @@ void pf_cache_unpin(struct pf_cache *c, struct pf_block *const *blocks, size_t n
     }
 }
 
+void pf_cache_unpin(struct pf_cache *c, struct pf_block *const *blocks, size_t n)
+{
+    unpin(c, blocks, n, false);
+}
+
 void pf_cache_pins_to_refs(struct pf_cache *c, struct pf_block *const *blocks, size_t n)
 {
-    struct pf_block *rel[UNPIN_BATCH];
-    for (size_t done = 0; done < n;) {
-        size_t nrel = 0;
-        pthread_mutex_lock(&c->mu);
-        size_t end = n - done < UNPIN_BATCH ? n : done + UNPIN_BATCH;
-        for (; done < end; done++) {
-            pf_block_get(blocks[done]); /* before the pin goes: never a moment unowned */
-            struct pf_block *r = unpin_locked(blocks[done]);
-            if (r)
-                rel[nrel++] = r;
-        }
-        pthread_mutex_unlock(&c->mu);
-        put_released(rel, nrel);
-    }
+    unpin(c, blocks, n, true);
 }
 
 size_t pf_cache_pins(struct pf_cache *c, const struct pf_block *b)
