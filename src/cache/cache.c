@@ -13,6 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #define PF_LOG_MOD "cache"
 #include "pf/cache.h"
 #include "pf/clock.h"
@@ -138,14 +141,18 @@ static void hit(struct pf_cache *c, struct pf_block *b, uint64_t h)
  * one's work instead of each key paying its chain of dependent loads (distances measured on
  * a 10^6-block index with bench/query_cpu: 24/16/8 and 48/32/16 ran within noise of these;
  * a prefix that misses early hashes up to PIPE_HASH keys it never compares, ~3 ns each):
- *   key i + PIPE_HASH:   hash it, prefetch its bucket;
+ *   key i + PIPE_HASH:   hash it (xxh3 inlined here; a raw 32-byte hash with its length a
+ *                        constant), prefetch its bucket;
  *   key i + PIPE_BUCKET: read the bucket (arrived by now), prefetch the first node;
  *   key i + PIPE_SKIP:   if the first node carries another hash (the table runs at load
  *                        factor up to 1, so about a third of the hits are not first in
  *                        their chain), step to the next node and prefetch it;
  *   key i:               walk the rest of the chain and compare keys.
  * Stages only read the index: hits (recency mark, reference) are applied in key order by the
- * caller, so a prefix lookup has no effect past its first miss. */
+ * caller, so a prefix lookup has no effect past its first miss. Tried and measured worse
+ * (bench/query_cpu, A/B interleaved): prefetching only a first node's first line until its
+ * 32 hash bits matched (saves a line for a non-matching first node, but the key's own
+ * second line then arrives late). */
 #define PIPE        64 /* ring of keys in flight (a power of two > PIPE_HASH) */
 #define PIPE_HASH   40
 #define PIPE_BUCKET 24
@@ -162,7 +169,8 @@ struct pipe {
     struct pf_hnode *at[PIPE];
 };
 
-static inline bool pipe_eq(const struct pipe *p, const struct pf_block *b, size_t i)
+static inline __attribute__((always_inline)) bool pipe_eq(const struct pipe *p,
+                                                          const struct pf_block *b, size_t i)
 {
     if (p->keys)
         return pf_block_key_eq(b, &p->keys[i]);
@@ -179,8 +187,13 @@ static inline void prefetch_block(const struct pf_hnode *x)
 
 static inline void stage_hash(const struct pf_cache *c, struct pipe *p, size_t i)
 {
-    uint64_t h =
-        p->keys ? pf_key_hash(&p->keys[i]) : pf_hash_of(p->ns, p->raw[i].data, p->raw[i].len);
+    uint64_t h;
+    if (p->keys)
+        h = pf_key_hash(&p->keys[i]);
+    else if (p->raw[i].len == 32) /* pf_hash_of inlined, vLLM's sha256 length a constant */
+        h = XXH3_64bits_withSeed(p->raw[i].data, 32, p->ns);
+    else
+        h = XXH3_64bits_withSeed(p->raw[i].data, p->raw[i].len, p->ns);
     p->h[i % PIPE] = h;
     __builtin_prefetch(&c->index.buckets[h & c->index.mask]);
 }

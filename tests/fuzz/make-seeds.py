@@ -148,6 +148,17 @@ def engine_seeds():
     write("engine_rpc", "seq-load-holes", bytes([0x80]) + rec(m["save"], save) + rec(m["query"], query)
           + rec(m["load"], f_bytes(1, "fz") + f_bytes(4, "@ls") + f_bytes(5, f_bytes(1, "L0"))
                 + f_bytes(6, f_bytes(1, b"@lease") + f_bytes(2, skip))))
+    # QueryPrefetch group 0 looks the request's hashes up in place (issue 27 item 4): a RAM
+    # prefix then a miss of another length, a whole hit (released), hashes of 32 / 40 bytes
+    # (misses), 41 and 0 bytes (INVALID_ARGUMENT), a 16-byte miss before a hit
+    qh = lambda hs, rid: f_bytes(1, "fz") + b"".join(f_bytes(2, h) for h in hs) + f_bytes(3, rid)
+    write("engine_rpc", "seq-query-lengths", bytes([0x80]) + rec(m["save"], save)
+          + rec(m["query"], qh(H[:2] + [H[2] * 2], "ql-1"))
+          + rec(m["query"], qh(H[:3], "ql-2")) + rec(m["release"], f_bytes(1, b"@lease"))
+          + rec(m["query"], qh([H[0], H[1] * 2, b"\x07" * 40], "ql-3"))
+          + rec(m["query"], qh([H[0], b"\x07" * 41], "ql-4"))
+          + rec(m["query"], qh([H[0], b""], "ql-5"))
+          + rec(m["query"], qh([H[3], H[0]], "ql-6")))
 
 
 def handshake_meta(backend="tcp", nnics=1, qps=2, nregions=2):
