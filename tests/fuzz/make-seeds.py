@@ -87,6 +87,10 @@ def engine_seeds():
     q = f_bytes(1, "fz") + b"".join(f_bytes(2, h) for h in H) + f_bytes(3, "req-1") + f_varint(4, 1) + f_varint(5, 0)
     w("query", m["query"], q)
     w("query-group", m["query"], f_bytes(1, "fz") + f_bytes(2, H[0]) + f_varint(5, 3))
+    # QueryPrefetch validates in its decoding pass: refusals pf_rpc_validate would give
+    w("query-nul", m["query"], f_bytes(1, "fz") + f_bytes(2, H[0]) + f_bytes(3, b"r\x00x"))
+    w("query-long-id", m["query"], f_bytes(1, "i" * 1024) + f_bytes(2, H[0]) + f_bytes(3, "r"))
+    w("query-type-then-nul", m["query"], f_varint(1, 1) + f_bytes(3, b"\x00x"))
     target = f_bytes(1, f_varint(1, 7))
     lease_load = f_bytes(1, LEASE) + f_bytes(2, target + target)
     w("load", m["load"], f_bytes(1, "fz") + f_varint(2, 0) + f_varint(3, 0) + f_bytes(4, "/pf_fuzz_no_such_shm")
