@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -247,8 +248,16 @@ struct race {
     _Atomic int bad;
     _Atomic int stop;
     _Atomic uint64_t consumed;
-    _Atomic int nquery; /* query threads started: odd ones look up raw hashes */
+    _Atomic uint64_t consumed_raw; /* of those, by the raw-hash query thread */
+    _Atomic int nquery;            /* query threads started: odd ones look up raw hashes */
 };
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 static struct pf_block *race_blk(struct race *r, uint32_t i)
 {
@@ -274,7 +283,10 @@ static void *race_query(void *arg)
     bool use_raw = atomic_fetch_add(&r->nquery, 1) % 2 == 1; /* QueryPrefetch's form */
     struct pf_block *got[RN];
     uint64_t x = 0x9e3779b97f4a7c15ull ^ (uintptr_t)&keys;
-    for (int it = 0; it < R_ITERS; it++) {
+    /* R_ITERS rounds, and on until this thread consumed a lease (a loaded machine may run
+     * them all while the evictor has the cache empty), 30 s at most */
+    uint64_t mine = 0, deadline = mono_ns() + 30000000000ull;
+    for (int it = 0; it < R_ITERS || (mine == 0 && mono_ns() < deadline); it++) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         size_t n = 1 + x % RN;
         size_t hits = use_raw ? pf_cache_prefix_pin_hashes(r->c, 1, raw, n, got)
@@ -302,6 +314,9 @@ static void *race_query(void *arg)
             }
             free(out);
             atomic_fetch_add(&r->consumed, 1);
+            if (use_raw)
+                atomic_fetch_add(&r->consumed_raw, 1);
+            mine++;
         }
     }
     return NULL;
@@ -351,6 +366,12 @@ static void test_pin_evict_race(void **st)
     pf_fake_clock_init(&clk, 1000);
     assert_int_equal(pf_cache_create(NULL, &r->c), 0);
     assert_int_equal(pf_lease_table_create(&clk.base, 600 * PF_NS_PER_SEC, &r->t), 0);
+    for (uint32_t i = 0; i < RN; i++) { /* resident before the threads start */
+        struct pf_block *b = race_blk(r, i);
+        assert_non_null(b);
+        assert_int_equal(pf_cache_insert(r->c, b, PF_CLASS_RETAINED), 1);
+        pf_block_put(b);
+    }
     pthread_t q[2], ev;
     assert_int_equal(pthread_create(&ev, NULL, race_evict, r), 0);
     for (int i = 0; i < 2; i++)
@@ -360,7 +381,8 @@ static void test_pin_evict_race(void **st)
     atomic_store(&r->stop, 1);
     pthread_join(ev, NULL);
     assert_int_equal(atomic_load(&r->bad), 0);
-    assert_true(atomic_load(&r->consumed) > 0);
+    assert_true(atomic_load(&r->consumed) > atomic_load(&r->consumed_raw));
+    assert_true(atomic_load(&r->consumed_raw) > 0); /* both lookup forms took part */
     assert_int_equal(pf_lease_count(r->t), 0);
     pf_lease_table_destroy(r->t);
     pf_cache_destroy(r->c);
