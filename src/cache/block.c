@@ -489,6 +489,11 @@ uint64_t pf_key_hash(const struct pf_block_key *k)
     return XXH3_64bits_withSeed(k->hash, k->len, k->ns);
 }
 
+uint64_t pf_hash_of(uint32_t ns, const void *hash, size_t len)
+{
+    return XXH3_64bits_withSeed(hash, len, ns);
+}
+
 int pf_key_make(uint32_t ns, const void *hash, size_t len, struct pf_block_key *k_p)
 {
     if (len == 0 || len > PF_HASH_MAX)

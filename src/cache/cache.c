@@ -13,6 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #define PF_LOG_MOD "cache"
 #include "pf/cache.h"
 #include "pf/clock.h"
@@ -138,25 +141,41 @@ static void hit(struct pf_cache *c, struct pf_block *b, uint64_t h)
  * one's work instead of each key paying its chain of dependent loads (distances measured on
  * a 10^6-block index with bench/query_cpu: 24/16/8 and 48/32/16 ran within noise of these;
  * a prefix that misses early hashes up to PIPE_HASH keys it never compares, ~3 ns each):
- *   key i + PIPE_HASH:   hash it, prefetch its bucket;
+ *   key i + PIPE_HASH:   hash it (xxh3 inlined here; a raw 32-byte hash with its length a
+ *                        constant), prefetch its bucket;
  *   key i + PIPE_BUCKET: read the bucket (arrived by now), prefetch the first node;
  *   key i + PIPE_SKIP:   if the first node carries another hash (the table runs at load
  *                        factor up to 1, so about a third of the hits are not first in
  *                        their chain), step to the next node and prefetch it;
  *   key i:               walk the rest of the chain and compare keys.
  * Stages only read the index: hits (recency mark, reference) are applied in key order by the
- * caller, so a prefix lookup has no effect past its first miss. */
+ * caller, so a prefix lookup has no effect past its first miss. Tried and measured worse
+ * (bench/query_cpu, A/B interleaved): prefetching only a first node's first line until its
+ * 32 hash bits matched (saves a line for a non-matching first node, but the key's own
+ * second line then arrives late). */
 #define PIPE        64 /* ring of keys in flight (a power of two > PIPE_HASH) */
 #define PIPE_HASH   40
 #define PIPE_BUCKET 24
 #define PIPE_SKIP   12
 
+/* The keys a pipeline looks up: built keys, or the raw hashes of one namespace (a
+ * QueryPrefetch's request bytes: no key is built for a hit). */
 struct pipe {
-    const struct pf_block_key *keys;
+    const struct pf_block_key *keys; /* NULL: raw[i] in namespace ns */
+    const struct pf_bytes *raw;
+    uint32_t ns;
     size_t n;
     uint64_t h[PIPE];
     struct pf_hnode *at[PIPE];
 };
+
+static inline __attribute__((always_inline)) bool pipe_eq(const struct pipe *p,
+                                                          const struct pf_block *b, size_t i)
+{
+    if (p->keys)
+        return pf_block_key_eq(b, &p->keys[i]);
+    return pf_block_hash_eq(b, p->ns, p->raw[i].data, p->raw[i].len);
+}
 
 /* A block's lookup fields are its first 56 bytes; records are 16-byte aligned, so they may
  * straddle two cache lines: fetch both. */
@@ -168,7 +187,13 @@ static inline void prefetch_block(const struct pf_hnode *x)
 
 static inline void stage_hash(const struct pf_cache *c, struct pipe *p, size_t i)
 {
-    uint64_t h = pf_key_hash(&p->keys[i]);
+    uint64_t h;
+    if (p->keys)
+        h = pf_key_hash(&p->keys[i]);
+    else if (p->raw[i].len == 32) /* pf_hash_of inlined, vLLM's sha256 length a constant */
+        h = XXH3_64bits_withSeed(p->raw[i].data, 32, p->ns);
+    else
+        h = XXH3_64bits_withSeed(p->raw[i].data, p->raw[i].len, p->ns);
     p->h[i % PIPE] = h;
     __builtin_prefetch(&c->index.buckets[h & c->index.mask]);
 }
@@ -192,12 +217,10 @@ static inline void stage_skip(struct pipe *p, size_t i)
     }
 }
 
-/* Fills the pipeline for keys[0..n); the index must be non-empty (buckets allocated). */
-static void pipe_start(const struct pf_cache *c, struct pipe *p, const struct pf_block_key *keys,
-                       size_t n)
+/* Fills the pipeline for p's n keys; the index must be non-empty (buckets allocated). */
+static void pipe_start(const struct pf_cache *c, struct pipe *p)
 {
-    p->keys = keys;
-    p->n = n;
+    size_t n = p->n;
     for (size_t i = 0; i < n && i < PIPE_HASH; i++)
         stage_hash(c, p, i);
     for (size_t i = 0; i < n && i < PIPE_BUCKET; i++)
@@ -206,7 +229,7 @@ static void pipe_start(const struct pf_cache *c, struct pipe *p, const struct pf
         stage_skip(p, i);
 }
 
-/* The block of keys[i] or NULL; advances the later keys' stages. Call for i = 0, 1, ... */
+/* The block of key i or NULL; advances the later keys' stages. Call for i = 0, 1, ... */
 static inline __attribute__((always_inline)) struct pf_block *pipe_find(const struct pf_cache *c,
                                                                         struct pipe *p, size_t i)
 {
@@ -219,7 +242,7 @@ static inline __attribute__((always_inline)) struct pf_block *pipe_find(const st
     uint32_t h = (uint32_t)p->h[i % PIPE];
     for (struct pf_hnode *x = p->at[i % PIPE]; x; x = x->next) {
         struct pf_block *b = pf_container_of(x, struct pf_block, hnode);
-        if (x->hash == h && pf_block_key_eq(b, &p->keys[i]))
+        if (x->hash == h && pipe_eq(p, b, i))
             return b;
     }
     return NULL;
@@ -241,52 +264,61 @@ void pf_cache_destroy(struct pf_cache *c)
     free(c);
 }
 
-size_t pf_cache_prefix(struct pf_cache *c, const struct pf_block_key *keys, size_t n,
-                       struct pf_block **out)
+/* What a prefix lookup takes on each hit. */
+enum take {
+    TAKE_NOTHING, /* membership (recency marks only) */
+    TAKE_REF,     /* a strong reference each */
+    TAKE_PIN,     /* a lease pin each */
+};
+
+/* The longest run of hits from p's first key (pf_cache_prefix / _pin / _pin_hashes; inlined
+ * into each, so the key form and what is taken are constants there). */
+static inline __attribute__((always_inline)) size_t prefix(struct pf_cache *c, struct pipe *p,
+                                                           struct pf_block **out, enum take take)
 {
-    struct pipe p;
     size_t i = 0;
     pthread_mutex_lock(&c->mu);
-    if (c->index.count == 0 || n == 0)
+    if (c->index.count == 0 || p->n == 0)
         goto out;
-    pipe_start(c, &p, keys, n);
-    for (; i < n; i++) {
-        struct pf_block *b = pipe_find(c, &p, i);
-        if (!b)
-            break;
-        hit(c, b, p.h[i % PIPE]);
-        if (out)
+    pipe_start(c, p);
+    for (; i < p->n; i++) {
+        struct pf_block *b = pipe_find(c, p, i);
+        if (!b || (take == TAKE_PIN && b->pins == PF_CACHE_PIN_MAX))
+            break; /* a hit that cannot be pinned ends the prefix like a miss */
+        hit(c, b, p->h[i % PIPE]);
+        if (take == TAKE_PIN)
+            b->pins++; /* a plain add on the line the comparison loaded: no locked insn */
+        if (take != TAKE_NOTHING)
             out[i] = b;
     }
     /* references after the lookups: a locked increment waits for every load before it, so
      * inside the pipeline each one would stall on the next keys' pending loads */
-    for (size_t j = 0; out && j < i; j++)
+    for (size_t j = 0; take == TAKE_REF && j < i; j++)
         pf_block_get(out[j]);
 out:
     pthread_mutex_unlock(&c->mu);
     return i;
 }
 
+size_t pf_cache_prefix(struct pf_cache *c, const struct pf_block_key *keys, size_t n,
+                       struct pf_block **out)
+{
+    struct pipe p = {.keys = keys, .n = n};
+    return prefix(c, &p, out, out ? TAKE_REF : TAKE_NOTHING);
+}
+
 size_t pf_cache_prefix_pin(struct pf_cache *c, const struct pf_block_key *keys, size_t n,
                            struct pf_block **out)
 {
-    struct pipe p;
-    size_t i = 0;
-    pthread_mutex_lock(&c->mu);
-    if (c->index.count == 0 || n == 0)
-        goto out;
-    pipe_start(c, &p, keys, n);
-    for (; i < n; i++) {
-        struct pf_block *b = pipe_find(c, &p, i);
-        if (!b || b->pins == PF_CACHE_PIN_MAX)
-            break; /* a hit that cannot be pinned ends the prefix like a miss */
-        hit(c, b, p.h[i % PIPE]);
-        b->pins++; /* a plain add on the line the comparison loaded: no locked instruction */
-        out[i] = b;
-    }
-out:
-    pthread_mutex_unlock(&c->mu);
-    return i;
+    struct pipe p = {.keys = keys, .n = n};
+    return prefix(c, &p, out, TAKE_PIN);
+}
+
+size_t pf_cache_prefix_pin_hashes(struct pf_cache *c, uint32_t ns, const struct pf_bytes *hashes,
+                                  size_t n, struct pf_block **out)
+{
+    struct pipe p = {.raw = hashes, .ns = ns, .n = n};
+    return prefix(c, &p, out, TAKE_PIN);
 }
 
 /* Drops one pin of b (cache lock); returns b when the pins' own reference must be put. */
@@ -309,15 +341,19 @@ static void put_released(struct pf_block **rel, size_t n)
 
 #define UNPIN_BATCH 256
 
-void pf_cache_unpin(struct pf_cache *c, struct pf_block *const *blocks, size_t n)
+/* Drops one pin of each block, taking a strong reference for the caller first when to_refs
+ * (never a moment unowned). At most UNPIN_BATCH blocks a lock hold: every one may hand back
+ * the pins' reference, put outside the lock. */
+static void unpin(struct pf_cache *c, struct pf_block *const *blocks, size_t n, bool to_refs)
 {
     struct pf_block *rel[UNPIN_BATCH];
     for (size_t done = 0; done < n;) {
         size_t nrel = 0;
         pthread_mutex_lock(&c->mu);
-        /* at most UNPIN_BATCH blocks a lock hold: every one may hand back a reference */
         size_t end = n - done < UNPIN_BATCH ? n : done + UNPIN_BATCH;
         for (; done < end; done++) {
+            if (to_refs)
+                pf_block_get(blocks[done]);
             struct pf_block *r = unpin_locked(blocks[done]);
             if (r)
                 rel[nrel++] = r;
@@ -327,22 +363,14 @@ void pf_cache_unpin(struct pf_cache *c, struct pf_block *const *blocks, size_t n
     }
 }
 
+void pf_cache_unpin(struct pf_cache *c, struct pf_block *const *blocks, size_t n)
+{
+    unpin(c, blocks, n, false);
+}
+
 void pf_cache_pins_to_refs(struct pf_cache *c, struct pf_block *const *blocks, size_t n)
 {
-    struct pf_block *rel[UNPIN_BATCH];
-    for (size_t done = 0; done < n;) {
-        size_t nrel = 0;
-        pthread_mutex_lock(&c->mu);
-        size_t end = n - done < UNPIN_BATCH ? n : done + UNPIN_BATCH;
-        for (; done < end; done++) {
-            pf_block_get(blocks[done]); /* before the pin goes: never a moment unowned */
-            struct pf_block *r = unpin_locked(blocks[done]);
-            if (r)
-                rel[nrel++] = r;
-        }
-        pthread_mutex_unlock(&c->mu);
-        put_released(rel, nrel);
-    }
+    unpin(c, blocks, n, true);
 }
 
 size_t pf_cache_pins(struct pf_cache *c, const struct pf_block *b)
@@ -356,7 +384,7 @@ size_t pf_cache_pins(struct pf_cache *c, const struct pf_block *b)
 size_t pf_cache_lookup_each(struct pf_cache *c, const struct pf_block_key *keys, size_t n,
                             struct pf_block **out)
 {
-    struct pipe p;
+    struct pipe p = {.keys = keys, .n = n};
     size_t hits = 0;
     pthread_mutex_lock(&c->mu);
     if (c->index.count == 0) {
@@ -364,7 +392,7 @@ size_t pf_cache_lookup_each(struct pf_cache *c, const struct pf_block_key *keys,
             out[i] = NULL;
         goto out;
     }
-    pipe_start(c, &p, keys, n);
+    pipe_start(c, &p);
     for (size_t i = 0; i < n; i++) {
         struct pf_block *b = pipe_find(c, &p, i);
         if (b) {

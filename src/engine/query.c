@@ -171,6 +171,39 @@ static int query_members(struct pf_engine *e, struct pf_instance *in,
     return 0;
 }
 
+/* Keys of q's hashes [from, n) into a new array (*keys_p, caller frees); lengths already
+ * checked against pf_group_hash_max. */
+static int make_keys(const struct pf_instance *in, const struct pf_engine_query *q, size_t from,
+                     struct pf_block_key **keys_p)
+{
+    uint32_t g = q->group_id;
+    struct pf_block_key *keys = malloc((q->n - from) * sizeof(*keys));
+    if (!keys)
+        return -ENOMEM;
+    for (size_t i = from; i < q->n; i++) {
+        struct pf_block_key *k = &keys[i - from];
+        const struct pf_bytes *h = &q->hashes[i];
+        if (g == 0 && (h->len == 32 || h->len == 16)) {
+            /* pf_key_make for vLLM's hash sizes (sha256, xxh3-128) with constant-size
+             * copies: its variable-size memcpy and memset cost ~6 ns a hash, these ~2 */
+            k->ns = in->ns_id;
+            k->len = (uint8_t)h->len;
+            if (h->len == 32) {
+                memcpy(k->hash, h->data, 32);
+                memset(k->hash + 32, 0, PF_HASH_MAX - 32);
+            } else {
+                memcpy(k->hash, h->data, 16);
+                memset(k->hash + 16, 0, PF_HASH_MAX - 16);
+            }
+        } else if (pf_group_key(in->ns_id, h->data, h->len, g, k) != 0) {
+            free(keys); /* lengths were checked: not reached */
+            return -EINVAL;
+        }
+    }
+    *keys_p = keys;
+    return 0;
+}
+
 int pf_engine_query(struct pf_engine *e, const struct pf_engine_query *q,
                     struct pf_engine_query_result *res, char *err, size_t errlen)
 {
@@ -208,34 +241,22 @@ int pf_engine_query(struct pf_engine *e, const struct pf_engine_query *q,
     }
     if (q->n == 0)
         goto out; /* Ready, 0 hits, no lease */
-    keys = malloc(q->n * sizeof(*keys));
-    blocks = malloc(q->n * sizeof(*blocks));
-    if (!keys || !blocks) {
-        rc = -ENOMEM;
-        goto out;
-    }
-    for (size_t i = 0; i < q->n; i++) {
-        if (g == 0 && (q->hashes[i].len == 32 || q->hashes[i].len == 16)) {
-            /* pf_key_make for vLLM's hash sizes (sha256, xxh3-128) with constant-size
-             * copies: its variable-size memcpy and memset cost ~6 ns a hash, these ~2 */
-            keys[i].ns = in->ns_id;
-            keys[i].len = (uint8_t)q->hashes[i].len;
-            if (q->hashes[i].len == 32) {
-                memcpy(keys[i].hash, q->hashes[i].data, 32);
-                memset(keys[i].hash + 32, 0, PF_HASH_MAX - 32);
-            } else {
-                memcpy(keys[i].hash, q->hashes[i].data, 16);
-                memset(keys[i].hash + 16, 0, PF_HASH_MAX - 16);
-            }
-            continue;
-        }
-        if (pf_group_key(in->ns_id, q->hashes[i].data, q->hashes[i].len, g, &keys[i]) != 0) {
+    for (size_t i = 0; i < q->n; i++)
+        if (q->hashes[i].len == 0 || q->hashes[i].len > pf_group_hash_max(g)) {
             snprintf(err, errlen, "block hash %zu has %zu bytes (1..%zu allowed)", i,
                      q->hashes[i].len, pf_group_hash_max(g));
             rc = -EINVAL;
             goto out;
         }
+    blocks = malloc(q->n * sizeof(*blocks));
+    /* group 0 looks the request's hashes up in place and builds keys only for the part past
+     * its RAM prefix (below); other groups' keys carry the group bytes */
+    if (!blocks) {
+        rc = -ENOMEM;
+        goto out;
     }
+    if (g != 0 && (rc = make_keys(in, q, 0, &keys)) != 0)
+        goto out;
     if (g != 0 && !q->wait_for_full_prefix) {
         rc = query_members(e, in, keys, blocks, q->n, res, err, errlen);
         goto out;
@@ -273,8 +294,18 @@ int pf_engine_query(struct pf_engine *e, const struct pf_engine_query *q,
         goto out;
     }
     /* the hits are pinned (no atomic per block); a lease takes the pins over */
-    size_t hits = pf_cache_prefix_pin(e->cache, keys, q->n, blocks);
+    size_t hits = g == 0 ? pf_cache_prefix_pin_hashes(e->cache, in->ns_id, q->hashes, q->n, blocks)
+                         : pf_cache_prefix_pin(e->cache, keys, q->n, blocks);
     bool pinned = true;
+    /* the keys of the rest (tiers, reuse estimator): group 0 builds them now */
+    const struct pf_block_key *rest = keys ? keys + hits : NULL;
+    if (g == 0 && hits < q->n) {
+        if ((rc = make_keys(in, q, hits, &keys)) != 0) {
+            pf_cache_unpin(e->cache, blocks, hits);
+            goto out;
+        }
+        rest = keys;
+    }
     if (!want_set) {
         pf_metric_add(e->m_hits, (double)hits);
         pf_metric_add(e->m_misses, (double)(q->n - hits));
@@ -288,15 +319,15 @@ int pf_engine_query(struct pf_engine *e, const struct pf_engine_query *q,
         pinned = false;
         bool full = q->wait_for_full_prefix;
         struct pf_plan plan;
-        pf_prefetch_plan(e, req, keys + hits, q->n - hits, full, &plan);
+        pf_prefetch_plan(e, req, rest, q->n - hits, full, &plan);
         if (plan.nsegs) {
             for (size_t i = 0; i < e->ntiers; i++)
                 if (plan.planned[i])
                     pf_child_add(pf_metric_child1(e->m_tier, e->tiers[i].name),
                                  (double)plan.planned[i]);
             pf_child_add(pf_metric_child1(e->m_tier, "miss"), (double)(q->n - hits - plan.covered));
-            int brc = pf_prefetch_begin(e, q->instance_id, req, keys + hits, q->n - hits, blocks,
-                                        hits, full, &plan);
+            int brc = pf_prefetch_begin(e, q->instance_id, req, rest, q->n - hits, blocks, hits,
+                                        full, &plan);
             if (brc == 0) {
                 res->loading = true;
                 goto out; /* the task owns the prefix references now */
@@ -318,7 +349,7 @@ answer:
         goto out;
     }
     if (!want_set)
-        record_hll(e, in, keys + hits, q->n - hits, q->n);
+        record_hll(e, in, rest, q->n - hits, q->n);
     if (want_set && (rc = positions_all(res, hits)) != 0) {
         drop_blocks(e, blocks, hits, pinned);
         goto out;

@@ -289,14 +289,40 @@ static int h_save(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *m
 }
 
 /* QueryRequest decoded in place: the hashes point into the request buffer (a prefix query
- * may carry thousands; protobuf-c would allocate each). */
+ * may carry thousands; protobuf-c would allocate each). The same pass applies
+ * pf_rpc_validate's rules (the method sets checks_request, so the server does not walk the
+ * bytes a second time): string fields within PF_RPC_MAX_STRING and without a NUL byte,
+ * block_hashes within PF_RPC_MAX_REPEATED, the same errors and messages, the first in wire
+ * order; a field of the wrong wire type (protobuf-c's unpack would fail) is malformed, but
+ * only once the whole message passed those rules, as when validation ran first. */
 static int copy_str(const struct pf_wire_field *f, char *out, size_t cap)
 {
     if (f->type != 2 || f->len >= cap)
         return -1;
     memcpy(out, f->data, f->len);
     out[f->len] = '\0';
-    return memchr(out, '\0', f->len) ? -1 : 0;
+    return 0;
+}
+
+/* pf_rpc_validate's string rule for QueryRequest field f (0 or -errno with its message). */
+static int check_str(const struct pf_wire_field *f, char *err, size_t errlen)
+{
+    const ProtobufCMessageDescriptor *d = &pegaflow__query_request__descriptor;
+    const char *name = protobuf_c_message_descriptor_get_field(d, f->number)->name;
+    if (f->type != 2)
+        return 0;
+    if (f->len > PF_RPC_MAX_STRING) {
+        snprintf(err, errlen, "%s.%s is %zu bytes; string fields are limited to %u bytes",
+                 d->short_name, name, f->len, PF_RPC_MAX_STRING);
+        return -EMSGSIZE;
+    }
+    const uint8_t *nul = memchr(f->data, 0, f->len);
+    if (nul) {
+        snprintf(err, errlen, "%s.%s contains a NUL byte (at offset %zu)", d->short_name, name,
+                 (size_t)(nul - f->data));
+        return -EINVAL;
+    }
+    return 0;
 }
 
 static void undo_lease(void *ctx, const void *arg, size_t len)
@@ -322,17 +348,28 @@ static int h_query(void *ctx, struct pf_rpc_call *call, const uint8_t *data, siz
     struct pf_bytes *hashes = malloc(cap * sizeof(*hashes));
     if (!hashes)
         return pf_rpc_fail(call, PF_GRPC_RESOURCE_EXHAUSTED, "out of memory");
-    int r;
+    int r, vrc = 0;
+    bool ok = true;      /* every field of the wire type protobuf-c expects */
+    size_t nfields2 = 0; /* block_hashes elements as pf_rpc_validate counts them */
     while ((r = pf_wire_next(&w, &f)) == 1) {
-        bool ok = true;
         switch (f.number) {
         case 1:
-            ok = copy_str(&f, inst, sizeof(inst)) == 0;
+        case 3:
+            if ((vrc = check_str(&f, err, sizeof(err))) != 0)
+                break;
+            ok = ok && copy_str(&f, f.number == 1 ? inst : req, sizeof(inst)) == 0;
             break;
         case 2:
-            ok = f.type == 2;
-            if (!ok)
+            if (++nfields2 > PF_RPC_MAX_REPEATED) {
+                snprintf(err, sizeof(err), "QueryRequest.block_hashes has more than %u elements",
+                         PF_RPC_MAX_REPEATED);
+                vrc = -E2BIG;
                 break;
+            }
+            if (f.type != 2 || !ok) {
+                ok = false;
+                break;
+            }
             if (nh == cap) {
                 struct pf_bytes *more = realloc(hashes, 2 * cap * sizeof(*hashes));
                 if (!more) {
@@ -344,26 +381,25 @@ static int h_query(void *ctx, struct pf_rpc_call *call, const uint8_t *data, siz
             }
             hashes[nh++] = (struct pf_bytes){f.data, f.len};
             break;
-        case 3:
-            ok = copy_str(&f, req, sizeof(req)) == 0;
-            break;
         case 4:
-            ok = f.type == 0;
+            ok = ok && f.type == 0;
             q.wait_for_full_prefix = f.varint != 0;
             break;
         case 5:
-            ok = f.type == 0 && f.varint <= UINT32_MAX;
+            ok = ok && f.type == 0 && f.varint <= UINT32_MAX;
             q.group_id = (uint32_t)f.varint;
             break;
         default:
             break; /* unknown fields are skipped, as protobuf does */
         }
-        if (!ok) {
-            r = -1;
+        if (vrc)
             break;
-        }
     }
-    if (r < 0) {
+    if (vrc) {
+        free(hashes);
+        return pf_rpc_fail(call, pf_grpc_code_from_errno(vrc), "%s", err);
+    }
+    if (r < 0 || !ok) {
         free(hashes);
         return pf_rpc_fail(call, PF_GRPC_INVALID_ARGUMENT,
                            "malformed QueryRequest (protobuf decoding failed)");
@@ -644,7 +680,8 @@ const struct pf_rpc_method pf_engine_methods[] = {
     {.path = "/pegaflow.Engine/QueryPrefetch",
      .metric_name = "query_prefetch",
      .req_desc = &pegaflow__query_request__descriptor,
-     .raw = h_query},
+     .raw = h_query,
+     .checks_request = true},
     {.path = "/pegaflow.Engine/Release",
      .metric_name = "release",
      .req_desc = &pegaflow__release_request__descriptor,

@@ -400,7 +400,9 @@ static void on_request(struct pf_rpc_call *c)
     size_t len = GRPC_SLICE_LENGTH(sl);
     const uint8_t *data = GRPC_SLICE_START_PTR(sl);
     char verr[PF_RPC_ERRMSG];
-    int vrc = pf_rpc_validate(m->req_desc, data, len, verr, sizeof(verr));
+    int vrc = m->raw && m->checks_request
+                  ? 0
+                  : pf_rpc_validate(m->req_desc, data, len, verr, sizeof(verr));
     if (vrc) {
         grpc_slice_unref(sl);
         pf_rpc_fail(c, pf_grpc_code_from_errno(vrc), "%s", verr);

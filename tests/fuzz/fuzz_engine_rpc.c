@@ -6,7 +6,9 @@
  * length][message] run in order (Save, then Query, then Load with the lease it got...). Methods
  * with a protobuf-c descriptor are unpacked by the generated unpacker (as src/rpc/server.c does; a
  * failed unpack is the server's INVALID_ARGUMENT answer, nothing more to check), then handed to the
- * handler; QueryPrefetch's raw handler decodes the bytes itself (src/rpc/wire.c). Parked streams
+ * handler; QueryPrefetch's raw handler decodes the bytes itself (src/rpc/wire.c) and applies the
+ * wire validation in the same pass (checks_request): whatever pf_rpc_validate refuses, it must
+ * refuse with the same code and message. Parked streams
  * (Session) are closed again at once. Checks (fuzz.h): the handler contract, responses that
  * serialize, and no INTERNAL answer to any request.
  *
@@ -37,6 +39,7 @@
 #include "pf/log.h"
 #include "pf/service.h"
 #include "pf/util.h"
+#include "rpc/validate.h"
 
 #define NB  64
 #define SEG 4096
@@ -342,8 +345,16 @@ static void run_one(uint8_t sel, const uint8_t *data, size_t size)
     struct pf_rpc_call call;
     fz_call_reset(&call);
     if (m->raw) {
+        /* a handler that checks its request itself (checks_request: the server skips
+         * pf_rpc_validate) must refuse what validation refuses, with its code and message */
+        char verr[PF_RPC_ERRMSG] = "";
+        int vrc =
+            m->checks_request ? pf_rpc_validate(m->req_desc, data, size, verr, sizeof(verr)) : 0;
         int rc = m->raw(&svc, &call, data, size);
         fz_check_unary(m->path, rc, &call);
+        if (vrc && (call.code != pf_grpc_code_from_errno(vrc) || strcmp(call.msg, verr) != 0))
+            fz_fail("%s: validation refuses with %d '%s', the handler answered %d '%s'", m->path,
+                    pf_grpc_code_from_errno(vrc), verr, call.code, call.msg);
         return;
     }
     ProtobufCMessage *req = protobuf_c_message_unpack(m->req_desc, NULL, size, data);

@@ -87,6 +87,10 @@ def engine_seeds():
     q = f_bytes(1, "fz") + b"".join(f_bytes(2, h) for h in H) + f_bytes(3, "req-1") + f_varint(4, 1) + f_varint(5, 0)
     w("query", m["query"], q)
     w("query-group", m["query"], f_bytes(1, "fz") + f_bytes(2, H[0]) + f_varint(5, 3))
+    # QueryPrefetch validates in its decoding pass: refusals pf_rpc_validate would give
+    w("query-nul", m["query"], f_bytes(1, "fz") + f_bytes(2, H[0]) + f_bytes(3, b"r\x00x"))
+    w("query-long-id", m["query"], f_bytes(1, "i" * 1024) + f_bytes(2, H[0]) + f_bytes(3, "r"))
+    w("query-type-then-nul", m["query"], f_varint(1, 1) + f_bytes(3, b"\x00x"))
     target = f_bytes(1, f_varint(1, 7))
     lease_load = f_bytes(1, LEASE) + f_bytes(2, target + target)
     w("load", m["load"], f_bytes(1, "fz") + f_varint(2, 0) + f_varint(3, 0) + f_bytes(4, "/pf_fuzz_no_such_shm")
@@ -148,6 +152,17 @@ def engine_seeds():
     write("engine_rpc", "seq-load-holes", bytes([0x80]) + rec(m["save"], save) + rec(m["query"], query)
           + rec(m["load"], f_bytes(1, "fz") + f_bytes(4, "@ls") + f_bytes(5, f_bytes(1, "L0"))
                 + f_bytes(6, f_bytes(1, b"@lease") + f_bytes(2, skip))))
+    # QueryPrefetch group 0 looks the request's hashes up in place (issue 27 item 4): a RAM
+    # prefix then a miss of another length, a whole hit (released), hashes of 32 / 40 bytes
+    # (misses), 41 and 0 bytes (INVALID_ARGUMENT), a 16-byte miss before a hit
+    qh = lambda hs, rid: f_bytes(1, "fz") + b"".join(f_bytes(2, h) for h in hs) + f_bytes(3, rid)
+    write("engine_rpc", "seq-query-lengths", bytes([0x80]) + rec(m["save"], save)
+          + rec(m["query"], qh(H[:2] + [H[2] * 2], "ql-1"))
+          + rec(m["query"], qh(H[:3], "ql-2")) + rec(m["release"], f_bytes(1, b"@lease"))
+          + rec(m["query"], qh([H[0], H[1] * 2, b"\x07" * 40], "ql-3"))
+          + rec(m["query"], qh([H[0], b"\x07" * 41], "ql-4"))
+          + rec(m["query"], qh([H[0], b""], "ql-5"))
+          + rec(m["query"], qh([H[3], H[0]], "ql-6")))
 
 
 def handshake_meta(backend="tcp", nnics=1, qps=2, nregions=2):

@@ -252,6 +252,48 @@ static void sc_strings(void)
               st.msg);
     /* the instance named before the NUL is still there */
     world_save_ok(c, &W, 600, 1, 2);
+    /* QueryPrefetch checks its request in its one decoding pass (no separate validation):
+     * the same rules, messages and precedence as the validation every other method gets */
+    static const struct {
+        const char *what;
+        uint8_t msg[16];
+        size_t len;
+        const char *want;
+    } qcases[] = {
+        {"NUL in req_id",
+         {0x1a, 3, 'r', 0, 'x'},
+         5,
+         "QueryRequest.req_id contains a NUL byte (at offset 1)"},
+        /* a wrong wire type for instance_id (protobuf-c's unpack fails) before a NUL:
+         * validation ran over the whole message first, so the NUL is what is named */
+        {"varint instance_id, then NUL",
+         {0x08, 1, 0x1a, 2, 0, 'x'},
+         6,
+         "QueryRequest.req_id contains a NUL byte (at offset 0)"},
+        {"length-delimited wait_for_full_prefix",
+         {0x0a, 1, 'i', 0x22, 1, 1},
+         6,
+         "malformed QueryRequest (protobuf decoding failed)"},
+        {"truncated hash",
+         {0x0a, 1, 'i', 0x12, 32, 1, 2},
+         7,
+         "malformed QueryRequest (protobuf decoding failed)"},
+    };
+    for (size_t i = 0; i < sizeof(qcases) / sizeof(qcases[0]); i++) {
+        rc = raw_call(s.addr, "/pegaflow.Engine/QueryPrefetch", qcases[i].msg, qcases[i].len, &st);
+        PFT_CHECK(rc == -EINVAL && strcmp(st.msg, qcases[i].want) == 0, "query %s: %d '%s'",
+                  qcases[i].what, rc, st.msg);
+    }
+    uint8_t longreq[3 + 1100];
+    longreq[0] = 0x1a; /* req_id of 1024 bytes: varint length 0x80 0x08 */
+    longreq[1] = 0x80;
+    longreq[2] = 0x08;
+    memset(longreq + 3, 'r', 1024);
+    rc = raw_call(s.addr, "/pegaflow.Engine/QueryPrefetch", longreq, 3 + 1024, &st);
+    PFT_CHECK(rc == -EINVAL &&
+                  strcmp(st.msg, "QueryRequest.req_id is 1024 bytes; string fields are limited "
+                                 "to 1023 bytes") == 0,
+              "long req_id: %d '%s'", rc, st.msg);
     /* long ids: the same cap on every path, named */
     char big[1100];
     memset(big, 'z', sizeof(big) - 1);

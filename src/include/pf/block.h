@@ -168,26 +168,33 @@ static inline uint32_t pf_block_ns(const struct pf_block *b)
 }
 /* The block's key. */
 struct pf_block_key pf_block_key(const struct pf_block *b);
-/* pf_key_eq against the block's key, the hash bytes compared a word at a time (no memcmp
- * call: the cache's chain walk is the hot loop of a query). */
-static inline bool pf_block_key_eq(const struct pf_block *b, const struct pf_block_key *k)
+/* Whether the block's key is (ns, hash[0..len)), the hash bytes compared a word at a time
+ * (no memcmp call: the cache's chain walk is the hot loop of a query). Any len is allowed
+ * (one no block has never matches); hash is read only when ns and len match. */
+static inline bool pf_block_hash_eq(const struct pf_block *b, uint32_t ns, const uint8_t *hash,
+                                    size_t len)
 {
-    if (b->hnode.user != k->ns || b->keylen != k->len)
+    if (b->hnode.user != ns || b->keylen != len)
         return false;
-    size_t in = k->len < PF_BLOCK_HASH_INLINE ? k->len : PF_BLOCK_HASH_INLINE;
+    size_t in = len < PF_BLOCK_HASH_INLINE ? len : PF_BLOCK_HASH_INLINE;
     uint64_t diff = 0;
     size_t i = 0;
     for (; i + 8 <= in; i += 8) {
         uint64_t x, y;
         __builtin_memcpy(&x, b->hash + i, 8);
-        __builtin_memcpy(&y, k->hash + i, 8);
+        __builtin_memcpy(&y, hash + i, 8);
         diff |= x ^ y;
     }
     for (; i < in; i++)
-        diff |= (uint64_t)(b->hash[i] ^ k->hash[i]);
-    for (size_t j = 0; in + j < k->len; j++) /* past the inline bytes: the tail's first */
-        diff |= (uint64_t)(b->tail[j] ^ k->hash[in + j]);
+        diff |= (uint64_t)(b->hash[i] ^ hash[i]);
+    for (size_t j = 0; in + j < len; j++) /* past the inline bytes: the tail's first */
+        diff |= (uint64_t)(b->tail[j] ^ hash[in + j]);
     return diff == 0;
+}
+/* pf_key_eq against the block's key. */
+static inline bool pf_block_key_eq(const struct pf_block *b, const struct pf_block_key *k)
+{
+    return pf_block_hash_eq(b, k->ns, k->hash, k->len);
 }
 /* pf_key_hash of the block's key. */
 uint64_t pf_block_key_hash(const struct pf_block *b);
@@ -213,6 +220,9 @@ bool pf_block_slot_verify(const struct pf_block *b, uint16_t i);
 
 /* Keys. */
 uint64_t pf_key_hash(const struct pf_block_key *k);
+/* pf_key_hash of the key (ns, hash[0..len)) without building it (any len: the hash of a
+ * length no key has is just a number). */
+uint64_t pf_hash_of(uint32_t ns, const void *hash, size_t len);
 static inline bool pf_key_eq(const struct pf_block_key *a, const struct pf_block_key *b)
 {
     return a->ns == b->ns && a->len == b->len && __builtin_memcmp(a->hash, b->hash, a->len) == 0;

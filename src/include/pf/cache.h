@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "pf/block.h"
+#include "pf/bytes.h"
 
 struct pf_cache;
 
@@ -53,6 +54,11 @@ size_t pf_cache_prefix(struct pf_cache *c, const struct pf_block_key *keys, size
 #define PF_CACHE_PIN_MAX 0xffffu
 size_t pf_cache_prefix_pin(struct pf_cache *c, const struct pf_block_key *keys, size_t n,
                            struct pf_block **out);
+/* pf_cache_prefix_pin of the keys (ns, hashes[i]) without building them (QueryPrefetch's
+ * hit path reads the request's hash bytes in place). A hash of a length no key has (0, above
+ * PF_HASH_MAX) is a miss; hashes[i].data must be readable for hashes[i].len bytes. */
+size_t pf_cache_prefix_pin_hashes(struct pf_cache *c, uint32_t ns, const struct pf_bytes *hashes,
+                                  size_t n, struct pf_block **out);
 /* Drops one pin of each block (the same block may appear several times, once per pin). */
 void pf_cache_unpin(struct pf_cache *c, struct pf_block *const *blocks, size_t n);
 /* Trades one pin of each block for a strong reference the caller owns (puts). */

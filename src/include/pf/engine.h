@@ -22,6 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "pf/bytes.h"
 #include "pf/clock.h"
 #include "pf/hal_gpu.h"
 
@@ -29,11 +30,6 @@ struct pf_engine;
 struct pf_pool;
 struct pf_cache;
 struct pf_block;
-
-struct pf_bytes {
-    const uint8_t *data;
-    size_t len;
-};
 
 struct pf_engine_config {
     struct pf_gpu *gpu;

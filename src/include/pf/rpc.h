@@ -93,6 +93,10 @@ struct pf_rpc_method {
     const ProtobufCMessageDescriptor *req_desc;
     pf_rpc_unary_fn unary;
     pf_rpc_raw_fn raw; /* instead of unary: the request is not unpacked */
+    /* raw only: the handler applies pf_rpc_validate's rules to the request in its own pass
+     * over the bytes (the same errors and messages, the first in wire order), so the server
+     * does not validate it first */
+    bool checks_request;
     pf_rpc_stream_open_fn stream_open;
     pf_rpc_stream_closed_fn stream_closed;
     /* The handler may wait on the network (connects to a peer). Such handlers run on at most

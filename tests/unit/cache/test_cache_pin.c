@@ -4,7 +4,8 @@
  * drop / table destroy, a saturated pin count ends the prefix, and a race of queries
  * (pin + lease + consume), eviction and cleanup never frees a leased block (each consumed
  * block still carries its key and its own allocation; run under TSan with `make SAN=thread`
- * for the data-race side). */
+ * for the data-race side; one query thread looks up raw hashes, as QueryPrefetch does); and
+ * the raw-hash lookup matches one pf_cache_contains per key. */
 #include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -13,6 +14,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -246,7 +248,16 @@ struct race {
     _Atomic int bad;
     _Atomic int stop;
     _Atomic uint64_t consumed;
+    _Atomic uint64_t consumed_raw; /* of those, by the raw-hash query thread */
+    _Atomic int nquery;            /* query threads started: odd ones look up raw hashes */
 };
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 static struct pf_block *race_blk(struct race *r, uint32_t i)
 {
@@ -266,12 +277,20 @@ static void *race_query(void *arg)
     struct pf_block_key keys[RN];
     for (uint32_t i = 0; i < RN; i++)
         keys[i] = key(1, i);
+    struct pf_bytes raw[RN];
+    for (uint32_t i = 0; i < RN; i++)
+        raw[i] = (struct pf_bytes){keys[i].hash, keys[i].len};
+    bool use_raw = atomic_fetch_add(&r->nquery, 1) % 2 == 1; /* QueryPrefetch's form */
     struct pf_block *got[RN];
     uint64_t x = 0x9e3779b97f4a7c15ull ^ (uintptr_t)&keys;
-    for (int it = 0; it < R_ITERS; it++) {
+    /* R_ITERS rounds, and on until this thread consumed a lease (a loaded machine may run
+     * them all while the evictor has the cache empty), 30 s at most */
+    uint64_t mine = 0, deadline = mono_ns() + 30000000000ull;
+    for (int it = 0; it < R_ITERS || (mine == 0 && mono_ns() < deadline); it++) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         size_t n = 1 + x % RN;
-        size_t hits = pf_cache_prefix_pin(r->c, keys, n, got);
+        size_t hits = use_raw ? pf_cache_prefix_pin_hashes(r->c, 1, raw, n, got)
+                              : pf_cache_prefix_pin(r->c, keys, n, got);
         if (hits == 0)
             continue;
         uint8_t id[16];
@@ -295,6 +314,9 @@ static void *race_query(void *arg)
             }
             free(out);
             atomic_fetch_add(&r->consumed, 1);
+            if (use_raw)
+                atomic_fetch_add(&r->consumed_raw, 1);
+            mine++;
         }
     }
     return NULL;
@@ -344,6 +366,12 @@ static void test_pin_evict_race(void **st)
     pf_fake_clock_init(&clk, 1000);
     assert_int_equal(pf_cache_create(NULL, &r->c), 0);
     assert_int_equal(pf_lease_table_create(&clk.base, 600 * PF_NS_PER_SEC, &r->t), 0);
+    for (uint32_t i = 0; i < RN; i++) { /* resident before the threads start */
+        struct pf_block *b = race_blk(r, i);
+        assert_non_null(b);
+        assert_int_equal(pf_cache_insert(r->c, b, PF_CLASS_RETAINED), 1);
+        pf_block_put(b);
+    }
     pthread_t q[2], ev;
     assert_int_equal(pthread_create(&ev, NULL, race_evict, r), 0);
     for (int i = 0; i < 2; i++)
@@ -353,7 +381,8 @@ static void test_pin_evict_race(void **st)
     atomic_store(&r->stop, 1);
     pthread_join(ev, NULL);
     assert_int_equal(atomic_load(&r->bad), 0);
-    assert_true(atomic_load(&r->consumed) > 0);
+    assert_true(atomic_load(&r->consumed) > atomic_load(&r->consumed_raw));
+    assert_true(atomic_load(&r->consumed_raw) > 0); /* both lookup forms took part */
     assert_int_equal(pf_lease_count(r->t), 0);
     pf_lease_table_destroy(r->t);
     pf_cache_destroy(r->c);
@@ -362,12 +391,137 @@ static void test_pin_evict_race(void **st)
     free(r);
 }
 
+/* pf_cache_prefix_pin_hashes (raw request hashes of one namespace, no keys built) against
+ * pf_cache_contains of the keys it stands for, over seeded random batches at load factor up
+ * to 1: the same prefix length, the same blocks (one pin each, recency marked), nothing
+ * pinned past the first miss; hashes of other namespaces' blocks, one byte short, one bit
+ * off, of length 0 or above PF_HASH_MAX all miss; pf_hash_of equals pf_key_hash. */
+static uint64_t rng = 1;
+static uint64_t rnd(void)
+{
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return rng;
+}
+
+static void test_pin_raw_hashes(void **st)
+{
+    rng = pft_seed() | 1;
+    enum { N = 6000, Q = 3000, NS = 3 };
+    struct pf_cache *c;
+    assert_int_equal(pf_cache_create(NULL, &c), 0);
+    static uint8_t data[64];
+    struct pf_alloc a = {.ptr = data, .size = sizeof(data), .refs = 1};
+    struct pf_block_key *res = malloc(N * sizeof(*res));
+    struct pf_block **blocks = malloc(N * sizeof(*blocks));
+    for (uint32_t i = 0; i < N; i++) {
+        uint8_t h[PF_HASH_MAX];
+        for (size_t j = 0; j < sizeof(h); j++)
+            h[j] = (uint8_t)rnd();
+        memcpy(h, &i, sizeof(i)); /* distinct keys */
+        size_t len = i % 4 == 0 ? 32 : i % 4 == 1 ? 16 : 4 + rnd() % (PF_HASH_MAX - 3);
+        assert_int_equal(pf_key_make(1 + i % NS, h, len, &res[i]), 0);
+        assert_int_equal(pf_hash_of(res[i].ns, res[i].hash, len), pf_key_hash(&res[i]));
+        pf_alloc_get(&a);
+        struct pf_slot s = {.k = data, .ka = &a, .seg_len = 64, .seg_stride = 64, .nseg = 1};
+        assert_int_equal(pf_block_pack(NULL, &res[i], 1, &s, &blocks[i]), 0);
+        assert_int_equal(pf_cache_insert(c, blocks[i], PF_CLASS_RETAINED), 1);
+    }
+    uint8_t(*buf)[PF_HASH_MAX + 8] = malloc(Q * sizeof(*buf)); /* the "request bytes" */
+    struct pf_bytes *raw = malloc(Q * sizeof(*raw));
+    struct pf_block **out = malloc(Q * sizeof(*out));
+    size_t *idx = malloc(Q * sizeof(*idx));
+    for (int round = 0; round < 40; round++) {
+        uint32_t ns = 1 + (uint32_t)(rnd() % NS);
+        size_t n = round == 0 ? 1 : 1 + rnd() % Q, want = SIZE_MAX;
+        for (size_t i = 0; i < n; i++) {
+            size_t j;
+            do
+                j = rnd() % N;
+            while (res[j].ns != ns);
+            idx[i] = j;
+            memcpy(buf[i], res[j].hash, res[j].len);
+            raw[i] = (struct pf_bytes){buf[i], res[j].len};
+            uint64_t r = rnd() % 200;
+            if (i == 0 || r >= 6)
+                continue;
+            /* a near miss: another namespace's block, one byte short, one bit off, empty,
+             * longer than any key */
+            if (r == 0) {
+                do
+                    j = rnd() % N;
+                while (res[j].ns == ns);
+                memcpy(buf[i], res[j].hash, res[j].len);
+                raw[i].len = res[j].len;
+            } else if (r == 1) {
+                raw[i].len--;
+            } else if (r == 2) {
+                buf[i][rnd() % raw[i].len] ^= 1;
+            } else if (r == 3) {
+                raw[i].len = 0;
+            } else {
+                memset(buf[i] + raw[i].len, 0, sizeof(buf[i]) - raw[i].len);
+                raw[i].len = PF_HASH_MAX + 1 + rnd() % 8;
+            }
+            struct pf_block_key k;
+            bool in = pf_key_make(ns, raw[i].data, raw[i].len, &k) == 0 && pf_cache_contains(c, &k);
+            if (!in)
+                idx[i] = SIZE_MAX;
+            else /* another resident key by chance: find which */
+                for (j = 0; j < N; j++)
+                    if (pf_key_eq(&k, &res[j]))
+                        idx[i] = j;
+        }
+        for (size_t i = 0; i < n && want == SIZE_MAX; i++)
+            if (idx[i] == SIZE_MAX)
+                want = i;
+        if (want == SIZE_MAX)
+            want = n;
+        for (size_t i = 0; i < N; i++)
+            blocks[i]->accessed = 0;
+        size_t got = pf_cache_prefix_pin_hashes(c, ns, raw, n, out);
+        assert_int_equal(got, want);
+        for (size_t i = 0; i < got; i++) {
+            assert_ptr_equal(out[i], blocks[idx[i]]);
+            assert_int_equal(out[i]->accessed, 1);
+        }
+        /* one pin per hit position (a block may repeat), none past the prefix */
+        for (size_t i = 0; i < N; i++) {
+            size_t pins = 0;
+            for (size_t j = 0; j < got; j++)
+                pins += idx[j] == i;
+            assert_int_equal(pf_cache_pins(c, blocks[i]), pins);
+            assert_int_equal(pf_block_strong(blocks[i]), 2);
+            if (pins == 0)
+                assert_int_equal(blocks[i]->accessed, 0);
+        }
+        pf_cache_unpin(c, out, got);
+    }
+    for (size_t i = 0; i < N; i++) {
+        assert_int_equal(pf_cache_pins(c, blocks[i]), 0);
+        pf_block_put(blocks[i]);
+    }
+    /* an empty cache answers 0 without touching its index */
+    struct pf_cache *e;
+    assert_int_equal(pf_cache_create(NULL, &e), 0);
+    assert_int_equal(pf_cache_prefix_pin_hashes(e, 1, raw, 5, out), 0);
+    pf_cache_destroy(e);
+    pf_cache_destroy(c);
+    assert_int_equal(a.refs, 1);
+    free(idx);
+    free(out);
+    free(raw);
+    free(buf);
+    free(blocks);
+    free(res);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pin_blocks_eviction), cmocka_unit_test(test_pin_survives_remove_all),
         cmocka_unit_test(test_pins_to_refs),        cmocka_unit_test(test_pinned_leases),
         cmocka_unit_test(test_pin_saturation),      cmocka_unit_test(test_pin_evict_race),
+        cmocka_unit_test(test_pin_raw_hashes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
