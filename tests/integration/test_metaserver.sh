@@ -133,7 +133,10 @@ pf_log "B hidden while silent, visible again after SIGCONT"
 # ---------------------------------------------------------------- restart
 pf_stop ms KILL >/dev/null 2>&1
 pf_log "metaserver killed (SIGKILL); restarting on port $GPORT"
-start_ms "$GPORT" "$HPORT"
+# a long stale period again: "visible at once" must not race the nodes' next heartbeat (with
+# 2 s, a node whose last heartbeat before the kill was ~1 s old is hidden as stale by the time
+# the restarted MetaServer answers on a loaded machine: TSan, 2026-12-02)
+start_ms "$GPORT" "$HPORT" 60
 if [ ${#STORE_ARGS[@]} -gt 0 ]; then
   # the registry is in Redis: nothing was lost, no resync is needed
   q_has "$A 64" || pf_fail "A's entries lost across a MetaServer restart on Redis"
