@@ -355,9 +355,13 @@ static int unary_bb(struct pf_rpc_channel *ch, const char *path, grpc_byte_buffe
                     ProtobufCMessage **resp_p, struct pf_rpc_status *st)
 {
     grpc_completion_queue *cq = thread_cq();
-    grpc_call *call = grpc_channel_create_call(ch->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
-                                               grpc_slice_from_static_string(path), NULL,
-                                               deadline_after(timeout_ms), NULL);
+    /* copied: the call refs the slice, and chttp2's HPACK compressor keeps the :path of
+     * earlier calls to compare later ones with, so a static slice of the caller's buffer (a
+     * stack array in libpegaflow) was read after the caller had reused or left it */
+    grpc_slice method = grpc_slice_from_copied_string(path);
+    grpc_call *call = grpc_channel_create_call(ch->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, method,
+                                               NULL, deadline_after(timeout_ms), NULL);
+    grpc_slice_unref(method);
     if (!call) {
         grpc_byte_buffer_destroy(reqbb);
         set_status(st, PF_GRPC_INTERNAL, "cannot create call", 18);
@@ -451,9 +455,10 @@ int pf_rpc_stream_open(struct pf_rpc_channel *ch, const char *path, const Protob
     if (!s)
         return -ENOMEM;
     s->cq = grpc_completion_queue_create_for_next(NULL);
-    s->call = grpc_channel_create_call(ch->ch, NULL, GRPC_PROPAGATE_DEFAULTS, s->cq,
-                                       grpc_slice_from_static_string(path), NULL,
+    grpc_slice method = grpc_slice_from_copied_string(path); /* as in unary_bb */
+    s->call = grpc_channel_create_call(ch->ch, NULL, GRPC_PROPAGATE_DEFAULTS, s->cq, method, NULL,
                                        gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    grpc_slice_unref(method);
     grpc_metadata_array_init(&s->imd);
     grpc_metadata_array_init(&s->tmd);
     s->details = grpc_empty_slice();

@@ -169,6 +169,42 @@ static void test_lean_calls(void **st)
     pf_rpc_channel_close(lean);
 }
 
+/* The method path is the caller's, and may be gone after the call (libpegaflow builds it in
+ * a stack buffer): grpc_channel_create_call refs the slice it is given, and chttp2's HPACK
+ * compressor keeps the :path of earlier calls to index repeats, so a path handed over as a
+ * static slice was compared, calls later, against whatever that buffer held by then (a
+ * stack-buffer-overflow under ASan; a wrong method on the wire when the buffer held the next
+ * path). Each call here reuses one buffer for another method, on a lean and a plain channel. */
+static void test_transient_path(void **st)
+{
+    const struct pf_rpc_channel_opts o = {.lean_calls = true};
+    struct pf_rpc_channel *chans[2] = {ch, NULL};
+    assert_int_equal(pf_rpc_channel_open_opts(target, &o, &chans[1]), 0);
+    Pegaflow__UnregisterRequest req = PEGAFLOW__UNREGISTER_REQUEST__INIT;
+    req.instance_id = "path";
+    for (int c = 0; c < 2; c++) {
+        char *path = malloc(64);
+        for (int i = 0; i < 6; i++) {
+            bool served = i % 2 == 0;
+            snprintf(path, 64, "/pegaflow.Engine/%s", served ? "UnregisterContext" : "Unregister");
+            struct pf_rpc_status s;
+            ProtobufCMessage *resp = NULL;
+            int rc = pf_rpc_unary(chans[c], path, &req.base,
+                                  &pegaflow__unregister_response__descriptor, 5000, &resp, &s);
+            if (served) {
+                assert_int_equal(rc, 0);
+                protobuf_c_message_free_unpacked(resp, NULL);
+            } else {
+                assert_int_equal(rc, -EOPNOTSUPP);
+                assert_non_null(strstr(s.msg, "unknown method /pegaflow.Engine/Unregister"));
+            }
+            memset(path, 'x', 63); /* what the caller does with its buffer after the call */
+        }
+        free(path);
+    }
+    pf_rpc_channel_close(chans[1]);
+}
+
 static void test_malformed_and_unknown(void **st)
 {
     struct pf_rpc_status s;
@@ -340,6 +376,7 @@ int main(void)
         cmocka_unit_test(test_parked_stream),  cmocka_unit_test(test_busy_port),
         cmocka_unit_test(test_mappings),       cmocka_unit_test(test_errno_table_matches_docs),
         cmocka_unit_test(test_metrics_render), cmocka_unit_test(test_lean_calls),
+        cmocka_unit_test(test_transient_path),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
