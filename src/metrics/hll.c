@@ -1,7 +1,17 @@
 /* HyperLogLog with linear-counting small-range correction (no large-range correction), and
  * sliding windows built from slots of clamp(window / 24, 1 min, 1 h): each slot has its own
  * registers and request count; a window's estimate merges (max) the registers of the slots
- * it covers. Slot boundaries are aligned to the set's start time. */
+ * it covers. Slot boundaries are aligned to the set's start time.
+ *
+ * A scrape must not re-merge every slot (3 gauges x 63 slots x 64 KiB): per window the
+ * max-merge of its closed live slots (every live slot but the current one) is kept and
+ * rebuilt only when the current slot index moves (a slot opens or expires: at most once per
+ * slot length) or a record lands in a slot other than the one it was built for; an estimate
+ * then folds in the current slot only, in the same register order, so it is bit-identical
+ * to the full merge. Each window's (cardinality, total) is also cached under the set's
+ * generation (bumped by every record, which is also the only thing that advances a ring)
+ * and the current slot index, so the three gauges of one scrape compute it once. Everything
+ * is under the set's one mutex. */
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -49,15 +59,22 @@ static void reg_add(uint8_t *reg, unsigned bits, uint64_t x)
         reg[idx] = rank;
 }
 
-static double reg_estimate(const uint8_t *reg, unsigned bits)
+/* 2^-r for every rank a register can hold (r <= 64 - 4 + 1): exact powers of two, the same
+ * doubles ldexp(1.0, -r) gives. */
+static double pow2_neg[66];
+static pthread_once_t pow2_once = PTHREAD_ONCE_INIT;
+
+static void pow2_init(void)
+{
+    for (int r = 0; r < 66; r++)
+        pow2_neg[r] = ldexp(1.0, -r);
+}
+
+/* Estimate from the harmonic sum of 2^-reg[i] (summed in register order) and the number of
+ * zero registers. */
+static double estimate_of(double sum, size_t zeros, unsigned bits)
 {
     size_t m = (size_t)1 << bits;
-    double sum = 0;
-    size_t zeros = 0;
-    for (size_t i = 0; i < m; i++) {
-        sum += ldexp(1.0, -reg[i]);
-        zeros += reg[i] == 0;
-    }
     double alpha = m == 16   ? 0.673
                    : m == 32 ? 0.697
                    : m == 64 ? 0.709
@@ -66,6 +83,36 @@ static double reg_estimate(const uint8_t *reg, unsigned bits)
     if (e <= 2.5 * (double)m && zeros)
         e = (double)m * log((double)m / (double)zeros);
     return e;
+}
+
+static double reg_estimate(const uint8_t *reg, unsigned bits)
+{
+    pthread_once(&pow2_once, pow2_init);
+    size_t m = (size_t)1 << bits;
+    double sum = 0;
+    size_t zeros = 0;
+    for (size_t i = 0; i < m; i++) {
+        sum += pow2_neg[reg[i]];
+        zeros += reg[i] == 0;
+    }
+    return estimate_of(sum, zeros, bits);
+}
+
+/* reg_estimate of the register-wise max of a and b (b may be NULL), without storing it. */
+static double reg_estimate_max(const uint8_t *a, const uint8_t *b, unsigned bits)
+{
+    if (!b)
+        return reg_estimate(a, bits);
+    pthread_once(&pow2_once, pow2_init);
+    size_t m = (size_t)1 << bits;
+    double sum = 0;
+    size_t zeros = 0;
+    for (size_t i = 0; i < m; i++) {
+        uint8_t r = a[i] > b[i] ? a[i] : b[i];
+        sum += pow2_neg[r];
+        zeros += r == 0;
+    }
+    return estimate_of(sum, zeros, bits);
 }
 
 void pf_hll_add(struct pf_hll *h, uint64_t x)
@@ -112,6 +159,14 @@ struct window {
     uint64_t *totals;  /* per slot */
     uint64_t *slot_id; /* absolute slot index each ring position holds */
     char label[32];
+    /* max-merge and total of the live slots other than closed_cur, valid while closed_ok */
+    uint8_t *closed;
+    uint64_t closed_total, closed_cur;
+    bool closed_ok;
+    /* last estimate, valid while est_ok, the set's gen == est_gen and the slot is est_cur */
+    double est_card;
+    uint64_t est_total, est_gen, est_cur;
+    bool est_ok;
 };
 
 struct pf_hll_set {
@@ -121,6 +176,7 @@ struct pf_hll_set {
     uint64_t start_ns;
     struct window w[8];
     size_t nw;
+    uint64_t gen; /* bumped by every pf_hll_record (the only writer of slots and rings) */
     struct pf_metric *m_card, *m_total, *m_rate;
 };
 
@@ -168,33 +224,66 @@ void pf_hll_record(struct pf_hll_set *s, const char *ns, const uint8_t *const *h
         advance(s, w, now);
         uint64_t cur = (now - s->start_ns) / w->slot_ns;
         size_t pos = (size_t)(cur % w->nslots);
+        /* A record into the slot the closed merge left out (the usual case) keeps it; one
+         * into any other slot (the clock read before the lock, behind a reader that already
+         * moved on; or a new slot, whose advance may have cleared a merged one) drops it. */
+        if (cur != w->closed_cur)
+            w->closed_ok = false;
         w->totals[pos] += total;
         for (size_t k = 0; k < nmiss; k++)
             reg_add(w->regs + pos * m, s->bits, pf_hll_identity(ns, hashes[k], lens[k]));
     }
+    s->gen++;
     pthread_mutex_unlock(&s->mu);
 }
 
+/* Rebuilds w->closed for current slot cur: the max-merge of every live slot but cur. */
+static void closed_rebuild(struct pf_hll_set *s, struct window *w, uint64_t cur)
+{
+    size_t m = (size_t)1 << s->bits;
+    memset(w->closed, 0, m);
+    w->closed_total = 0;
+    for (size_t p = 0; p < w->nslots; p++) {
+        if (!slot_live(w, p, cur) || w->slot_id[p] == cur)
+            continue;
+        w->closed_total += w->totals[p];
+        const uint8_t *r = w->regs + p * m;
+        for (size_t j = 0; j < m; j++)
+            if (r[j] > w->closed[j])
+                w->closed[j] = r[j];
+    }
+    w->closed_cur = cur;
+    w->closed_ok = true;
+}
+
+/* The full merge of window i's live slots, estimated. Caller holds s->mu. */
 static void window_estimate(struct pf_hll_set *s, size_t i, double *card_p, uint64_t *total_p)
 {
     struct window *w = &s->w[i];
     size_t m = (size_t)1 << s->bits;
     uint64_t now = pf_clock_now(s->clk);
     uint64_t cur = (now - s->start_ns) / w->slot_ns;
-    uint8_t *merged = calloc(m, 1);
-    uint64_t total = 0;
-    for (size_t p = 0; p < w->nslots; p++) {
-        if (!slot_live(w, p, cur))
-            continue;
-        total += w->totals[p];
-        const uint8_t *r = w->regs + p * m;
-        for (size_t j = 0; merged && j < m; j++)
-            if (r[j] > merged[j])
-                merged[j] = r[j];
+    if (w->est_ok && w->est_gen == s->gen && w->est_cur == cur) {
+        *card_p = w->est_card;
+        *total_p = w->est_total;
+        return;
     }
-    *card_p = merged ? reg_estimate(merged, s->bits) : 0;
+    if (!w->closed_ok || w->closed_cur != cur)
+        closed_rebuild(s, w, cur);
+    size_t pos = (size_t)(cur % w->nslots);
+    const uint8_t *cur_reg = NULL;
+    uint64_t total = w->closed_total;
+    if (slot_live(w, pos, cur) && w->slot_id[pos] == cur) {
+        cur_reg = w->regs + pos * m;
+        total += w->totals[pos];
+    }
+    w->est_card = reg_estimate_max(w->closed, cur_reg, s->bits);
+    w->est_total = total;
+    w->est_gen = s->gen;
+    w->est_cur = cur;
+    w->est_ok = true;
+    *card_p = w->est_card;
     *total_p = total;
-    free(merged);
 }
 
 double pf_hll_cardinality(struct pf_hll_set *s, size_t window)
@@ -285,7 +374,8 @@ int pf_hll_set_create(const char *windows, unsigned bits, const struct pf_clock 
         w->regs = calloc(w->nslots * m, 1);
         w->totals = calloc(w->nslots, sizeof(*w->totals));
         w->slot_id = malloc(w->nslots * sizeof(*w->slot_id));
-        if (!w->regs || !w->totals || !w->slot_id) {
+        w->closed = calloc(m, 1);
+        if (!w->regs || !w->totals || !w->slot_id || !w->closed) {
             s->nw++;
             rc = -ENOMEM;
             goto err;
@@ -325,6 +415,7 @@ void pf_hll_set_destroy(struct pf_hll_set *s)
         free(s->w[i].regs);
         free(s->w[i].totals);
         free(s->w[i].slot_id);
+        free(s->w[i].closed);
     }
     pthread_mutex_destroy(&s->mu);
     free(s);
