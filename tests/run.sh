@@ -15,6 +15,7 @@ INTEG_TIMEOUT=${INTEG_TIMEOUT:-600}
 FUZZ_TIMEOUT=${FUZZ_TIMEOUT:-300}
 total_fail=0
 summary=()
+failed_names=()
 
 run_one() { # kind name timeout cmd...
   local kind=$1 name=$2 tmo=$3; shift 3
@@ -37,10 +38,12 @@ run_one() { # kind name timeout cmd...
     124|137)
       printf '  FAIL  %-48s timed out after %ss (log: %s)\n' "$name" "$tmo" "$log"
       tail -n 40 "$log" | sed 's/^/        | /'
+      failed_names+=("$kind: $name (timed out)")
       fail=$((fail+1)) ;;
     *)
       printf '  FAIL  %-48s exit %d after %ss (log: %s)\n' "$name" "$rc" "$dt" "$log"
       tail -n 40 "$log" | sed 's/^/        | /'
+      failed_names+=("$kind: $name")
       fail=$((fail+1)) ;;
   esac
 }
@@ -91,7 +94,7 @@ if [ "$mode" = python ] || [ "$mode" = all ]; then
     esac
     rm -f "$logs"/python/san.*
     (cd "$top" && env "${san_env[@]}" timeout --kill-after=10 "$INTEG_TIMEOUT" /usr/bin/python3 -m pytest -q -p no:cacheprovider \
-       -rs tests/python) >"$log" 2>&1
+       -rfEs tests/python) >"$log" 2>&1
     rc=$?
     line=$(grep -aE '[0-9]+ (passed|failed|skipped|error)' "$log" | tail -1)
     p=$(echo "$line" | grep -oE '[0-9]+ passed' | grep -oE '[0-9]+'); pass=${p:-0}
@@ -100,7 +103,13 @@ if [ "$mode" = python ] || [ "$mode" = all ]; then
     if [ $rc -ne 0 ] && [ "$fail" -eq 0 ]; then fail=1; fi
     echo "  pytest: ${line:-no summary} (log: $log)"
     grep -aE '^SKIPPED' "$log" | sed 's/^/        /'
-    [ $rc -ne 0 ] && tail -n 60 "$log" | sed 's/^/        | /'
+    if [ $rc -ne 0 ]; then
+      # the names first: a long traceback must not push them out of a CI log's tail
+      grep -aE '^(FAILED|ERROR) ' "$log" | sed 's/^/        /'
+      while IFS= read -r t; do failed_names+=("python: $t"); done \
+        < <(grep -aE '^(FAILED|ERROR) ' "$log" | awk '{print $2}')
+      tail -n 60 "$log" | sed 's/^/        | /'
+    fi
     for r in "$logs"/python/san.*; do
       [ -e "$r" ] || continue
       fail=$((fail + 1))
@@ -127,6 +136,7 @@ fi
 echo "== summary"
 for s in "${summary[@]}"; do echo "  $s"; done
 if [ $total_fail -ne 0 ]; then
+  for n in "${failed_names[@]}"; do echo "  failed: $n"; done
   echo "FAILED: $total_fail test(s) failed"
   exit 1
 fi
