@@ -222,6 +222,7 @@ static int start_engine(struct server_app *a)
         .version = PF_VERSION,
         .hll_windows = a->cfg.metric_hll_windows,
         .hll_bits = (unsigned)a->cfg.metric_hll_bucket_bits,
+        .faults = a->faults,
     };
     int rc = pf_engine_create(&ec, &a->svc.engine, err, sizeof(err));
     if (rc) {

@@ -18,6 +18,7 @@
 #define PF_LOG_MOD "insert"
 #include "engine/engine_internal.h"
 #include "pf/clock.h"
+#include "pf/fault.h"
 #include "pf/log.h"
 #include "pf/slab.h"
 
@@ -205,6 +206,9 @@ static void *insert_main(void *arg)
                 pthread_mutex_unlock(&br->mu);
                 barrier_put(br);
             } else {
+                struct pf_fault_hit hit;
+                if (pf_fault_check(e->cfg.faults, "engine.seal", &hit) && hit.delay_ms)
+                    pf_sleep_ms(hit.delay_ms);
                 handle_items(e, b);
             }
             pf_insert_batch_free(b);

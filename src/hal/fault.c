@@ -41,7 +41,7 @@ struct pf_fault_plan {
 
 static const char *const known_ops[] = {
     "gpu.d2h",     "gpu.h2d",     "gpu.ipc_open", "gpu.host_register", "gpu.sync", "net.read",
-    "net.connect", "net.reg_mem", "blk.write",    "blk.read",          "blk.open",
+    "net.connect", "net.reg_mem", "blk.write",    "blk.read",          "blk.open", "engine.seal",
 };
 
 static void seterr(char *err, size_t len, const char *fmt, ...) PF_PRINTF(3, 4);
@@ -175,6 +175,14 @@ static int parse_rule(struct rule *r, char *clause, char *err, size_t errlen)
         r->act.error = -EIO;
     if (r->act.fatal && r->act.error == 0)
         r->act.error = -EIO;
+    if (strcmp(r->op, "engine.seal") == 0 &&
+        (r->act.delay_ms == 0 || r->act.error || r->act.corrupt || r->act.drop || r->act.fatal ||
+         r->act.at_complete)) {
+        seterr(err, errlen,
+               "fault spec: engine.seal takes delay=MS only (it postpones when saved blocks "
+               "become visible; nothing there can fail)");
+        return -EINVAL;
+    }
     if (!has_times && has_nth && !has_prob)
         r->times = 1;
     return 0;

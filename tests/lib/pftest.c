@@ -90,11 +90,22 @@ int pft_start(struct pft_proc *p, const char *bin, const char *host, const char 
     const char *argv[64];
     size_t n = 0;
     argv[n++] = path;
-    bool has_addr = false, has_http = false;
-    for (size_t i = 0; args && args[i] && n < 58; i++) {
+    bool has_addr = false, has_http = false, has_faults = false, has_debug = false;
+    for (size_t i = 0; args && args[i] && n < 55; i++) {
         has_addr |= strcmp(args[i], "--addr") == 0;
         has_http |= strcmp(args[i], "--http-addr") == 0;
+        has_faults |= strcmp(args[i], "--fault-spec") == 0;
+        has_debug |= strcmp(args[i], "--enable-debug") == 0;
         argv[n++] = args[i];
+    }
+    /* a fault plan for every server of the run, as tests/python/conftest.py does
+     * (docs/development.md "Finding races") */
+    const char *faults = getenv("PF_TEST_SERVER_FAULTS");
+    if (faults && *faults && !has_faults && strcmp(bin, "pegaflow-server") == 0) {
+        if (!has_debug)
+            argv[n++] = "--enable-debug";
+        argv[n++] = "--fault-spec";
+        argv[n++] = faults;
     }
     char a1[80], a2[80];
     snprintf(a1, sizeof(a1), "%s:0", host);

@@ -140,6 +140,14 @@ class ServerProc:
                      "--http-addr", f"{self.http_host}:0", *extra_args]
         if netns or "--metaserver-addr" in extra_args:
             self.args += ["--cluster-token-file", cluster_token_file()]
+        # a fault plan for every server of the run (docs/development.md "Finding races"),
+        # e.g. PF_TEST_SERVER_FAULTS=engine.seal:delay=50 seals every Save's blocks 50 ms
+        # late: a test that expects them queryable when the Save returns fails at once
+        faults = os.environ.get("PF_TEST_SERVER_FAULTS")
+        if faults and "--fault-spec" not in extra_args:
+            if "--enable-debug" not in extra_args:
+                self.args.append("--enable-debug")
+            self.args += ["--fault-spec", faults]
         if netns:
             self.args = ["ip", "netns", "exec", netns, *self.args]
         self.proc = None

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from modelkit import (ATT, BS, GROUPS, MAM, FakeB, Hybrid, Req, hashes, page, q_calls, rng,
-                      wait_finished)
+                      wait_finished, wait_hits)
 from modelkit import backend  # noqa: F401 (fixtures)
 from pegaflow.connector.config import FULL, CacheGroup
 
@@ -70,7 +70,7 @@ def test_hybrid_without_any_state_is_a_miss_and_releases_the_prefix_lease(backen
     a = Hybrid(B, "A")
     hs = hashes("m", 3)
     a.save_steps("a", hs, 55, [1, 2, 3, 4], [0, 0, 0, 0], [55], r)  # never on a boundary
-    assert B.hits(0, "A", hs) == 3  # the attention blocks are there
+    wait_hits(B, 0, "A", hs, 3)  # the attention blocks are there (sealed asynchronously)
     b = Hybrid(B, "B")
     got, plan, _, _ = b.load("b", hs, 55, [5, 6, 7, 8], [0, 0, 9, 10])
     assert got == (0, False) and not plan.loads

@@ -30,6 +30,7 @@ struct pf_engine;
 struct pf_pool;
 struct pf_cache;
 struct pf_block;
+struct pf_fault_plan;
 
 struct pf_engine_config {
     struct pf_gpu *gpu;
@@ -56,6 +57,7 @@ struct pf_engine_config {
     const char *hll_windows;       /* reuse estimator windows, NULL = "15m,1h,1d" */
     unsigned hll_bits;             /* 0 = 16 */
     uint32_t prefetch_queue_depth; /* tasks waiting per prefetch pool (local, remote): 256 */
+    struct pf_fault_plan *faults;  /* NULL = none; the engine checks "engine.seal" */
 };
 
 int pf_engine_create(const struct pf_engine_config *cfg, struct pf_engine **e_p, char *err,

@@ -3,6 +3,9 @@
  * Spec: clauses separated by ';', each "op:key=value,key=value" or "seed=N".
  *   op     gpu.d2h gpu.h2d gpu.ipc_open gpu.host_register gpu.sync
  *          net.read net.connect net.reg_mem   blk.write blk.read blk.open
+ *          engine.seal (delay=MS only: the insert thread waits that long before it seals
+ *          each batch of saved slots, so saved blocks become queryable later; tests use it
+ *          to find code that assumes a Save's blocks are visible the moment it returns)
  *          or a prefix wildcard such as "gpu.*" / "blk.*".
  *   prob=P     fire with probability P on each eligible call (default 1)
  *   nth=K      calls before the K-th are not eligible (default 1)

@@ -42,6 +42,25 @@ static void test_parse_errors(void **st)
     expect_bad("gpu.d2h:at=later", "at=later");
     expect_bad("seed=x;gpu.d2h:error=EIO", "seed=x");
     expect_bad("gpu.d2h:corrupt=maybe", "corrupt=maybe");
+    /* engine.seal postpones sealing; it has nothing that could fail */
+    expect_bad("engine.seal:error=EIO", "delay=MS only");
+    expect_bad("engine.seal:delay=5,corrupt=1", "delay=MS only");
+    expect_bad("engine.seal:nth=2", "delay=MS only");
+    expect_bad("engine.*:delay=5", "unknown op");
+}
+
+static void test_engine_seal_delay(void **st)
+{
+    struct pf_fault_plan *p = parse_ok("engine.seal:delay=40,times=2");
+    struct pf_fault_hit h;
+    assert_true(pf_fault_check(p, "engine.seal", &h));
+    assert_int_equal(h.delay_ms, 40);
+    assert_int_equal(h.error, 0);
+    assert_false(h.corrupt || h.drop || h.fatal || h.at_complete);
+    assert_true(pf_fault_check(p, "engine.seal", &h));
+    assert_false(pf_fault_check(p, "engine.seal", &h)); /* times=2 */
+    assert_false(pf_fault_plan_covers(p, "gpu"));
+    pf_fault_plan_free(p);
 }
 
 static void test_nth_times(void **st)
@@ -134,7 +153,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse_errors),           cmocka_unit_test(test_nth_times),
         cmocka_unit_test(test_prob_is_seeded),         cmocka_unit_test(test_actions_and_wildcard),
-        cmocka_unit_test(test_corrupt_always_changes),
+        cmocka_unit_test(test_corrupt_always_changes), cmocka_unit_test(test_engine_seal_delay),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
