@@ -11,9 +11,12 @@
  *                 the default 8 drops sealed batches of a burst faster than the disk): the
  *                 bench never waits between saves, and polls nothing until the last one
  *   server read   after POST /cache/memory/cleanup (RAM empty, SSD copies stay): windows of
- *                 half the pool are queried until Ready (SSD prefetch with checksum
- *                 verification) and loaded into a second instance, timed from the first
- *                 query to the last load done
+ *                 1/8 of the blocks, each its own request, are queried until Ready (SSD
+ *                 prefetch with checksum verification) and loaded into a second instance;
+ *                 before a window is loaded the next --lookahead (default 1) windows are
+ *                 asked once, so the disk reads the next request while this one is copied,
+ *                 as with a scheduler's several waiting requests (0: strictly one at a
+ *                 time); timed from the first query to the last load done
  *   raw write     the same bytes to a file of the same file system, O_DIRECT, one block per
  *                 request, 2 in flight: the faster of writing from the source KV memory and
  *                 from a huge-page-advised buffer like the pool (physically contiguous memory
@@ -23,7 +26,8 @@
  * Rounds alternate who goes first (ABBA) and each read comes two phases after its write.
  * Every round compares every loaded byte (server and raw) with the source and clears the
  * destination before the next read. Ratios are min/median/max of the per-round ratios.
- * Usage: ssd_server [--dir DIR] [--total SIZE] [--block-size SIZE] [--rounds N] [--json FILE]
+ * Usage: ssd_server [--dir DIR] [--total SIZE] [--block-size SIZE] [--rounds N] [--lookahead N]
+ *                   [--json FILE]
  *                   [--server-arg ARG]... (up to 8 more pegaflow-server arguments, e.g. to
  *                   try other --ssd-write-inflight depths; the raw side keeps 2 and 16)
  * The server is $PF_BIN/pegaflow-server (default build/rel/bin). */
@@ -130,53 +134,91 @@ static double server_write(struct pf_client *c, const struct pft_proc *s, uint64
     return t;
 }
 
-/* Queries windows of blocks (tag, 0..nb) until Ready and loads them into "dst" block ids
- * 0..nb; returns seconds; *via_ssd_p counts windows that answered Loading first. */
-/* Seconds the last server_read spent from each window's first query to Ready (SSD prefetch
- * and promotion) and in its load (the copy into the second instance), for the breakdown. */
+/* Seconds the last server_read spent waiting for windows to be Ready (SSD prefetch and
+ * promotion, not hidden behind a load) and in loads (the copy into the second instance),
+ * for the breakdown. */
 static double g_read_query_s, g_read_load_s;
 
+/* One window of the read: its own req_id (one request of a scheduler), its hashes and
+ * destination block ids, and its last answer. */
+struct window {
+    uint64_t first, n;
+    char req[32];
+    uint8_t *hs;
+    int64_t *targets;
+    bool asked, ready, loading;
+    struct pf_query_result r;
+};
+
+/* One QueryPrefetch of w; a Ready answer is kept (its lease pins the blocks until the
+ * window's load), Loading means its SSD prefetch runs in the server. */
+static void ask(struct pf_client *c, struct window *w)
+{
+    if (pf_client_query(c, "dst", w->req, w->hs, NULL, 32, w->n, 0, 0, &w->r, NULL, 0, TMO))
+        die("query");
+    w->asked = true;
+    w->loading |= w->r.loading != 0;
+    w->ready = !w->r.loading;
+}
+
+/* Reads windows of blocks (tag, 0..nb) into "dst" block ids 0..nb, each queried until
+ * Ready (polled every 200 us) and then loaded; before a window is loaded the next
+ * `lookahead` windows are asked once, so their prefetch runs while this one loads, as a
+ * scheduler's next waiting requests do (0: one window at a time). Returns seconds;
+ * *via_ssd_p counts windows that answered Loading first. */
 static double server_read(struct pf_client *c, uint64_t tag, uint64_t nb, uint64_t win,
-                          int *via_ssd_p)
+                          int lookahead, int *via_ssd_p)
 {
     g_read_query_s = g_read_load_s = 0;
-    uint8_t *hs = malloc(win * 32);
-    int64_t *targets = malloc(win * sizeof(*targets));
+    size_t nw = (nb + win - 1) / win;
+    struct window *ws = calloc(nw, sizeof(*ws));
+    if (!ws)
+        die("window table");
+    for (size_t j = 0; j < nw; j++) {
+        struct window *w = &ws[j];
+        w->first = j * win;
+        w->n = nb - w->first < win ? nb - w->first : win;
+        snprintf(w->req, sizeof(w->req), "bench-w%zu", j);
+        w->hs = malloc(w->n * 32);
+        w->targets = malloc(w->n * sizeof(*w->targets));
+        if (!w->hs || !w->targets)
+            die("window");
+        for (uint64_t i = 0; i < w->n; i++) {
+            hash_of(tag, w->first + i, w->hs + i * 32);
+            w->targets[i] = (int64_t)(w->first + i);
+        }
+    }
     const char *names[1] = {"ALL_LAYERS"};
     int via = 0;
     double t0 = bu_now();
-    for (uint64_t h = 0; h < nb; h += win) {
-        uint64_t k = nb - h < win ? nb - h : win;
-        for (uint64_t i = 0; i < k; i++) {
-            hash_of(tag, h + i, hs + i * 32);
-            targets[i] = (int64_t)(h + i);
-        }
-        struct pf_query_result r;
-        double tq = bu_now();
-        double dl = tq + 60;
-        bool loading = false;
-        for (;;) {
-            if (pf_client_query(c, "dst", "bench", hs, NULL, 32, k, 0, 0, &r, NULL, 0, TMO))
-                die("query");
-            if (!r.loading)
-                break;
-            loading = true;
+    for (size_t j = 0; j < nw; j++) {
+        struct window *w = &ws[j];
+        double tq = bu_now(), dl = tq + 60;
+        if (!w->asked)
+            ask(c, w);
+        while (!w->ready) {
             if (bu_now() > dl)
                 die("query still Loading after 60 s");
             usleep(200);
+            ask(c, w);
         }
-        via += loading;
-        if (r.num_hit_blocks != k) {
+        via += w->loading;
+        if (w->r.num_hit_blocks != w->n) {
             fprintf(stderr, "bench/ssd_server: window at %llu: %u of %llu blocks hit\n",
-                    (unsigned long long)h, r.num_hit_blocks, (unsigned long long)k);
+                    (unsigned long long)w->first, w->r.num_hit_blocks, (unsigned long long)w->n);
             pft_fail_cleanup();
             exit(1);
         }
         double tl = bu_now();
         g_read_query_s += tl - tq;
-        size_t gsz = 1, cnt = k;
-        struct pf_load_item it = {
-            .lease = r.lease, .lease_len = r.lease_len, .targets = targets, .group_counts = &cnt};
+        for (size_t a = j + 1; a < nw && a <= j + (size_t)lookahead; a++)
+            if (!ws[a].asked)
+                ask(c, &ws[a]);
+        size_t gsz = 1, cnt = w->n;
+        struct pf_load_item it = {.lease = w->r.lease,
+                                  .lease_len = w->r.lease_len,
+                                  .targets = w->targets,
+                                  .group_counts = &cnt};
         struct pf_loadstate *ls;
         if (pf_loadstate_create(&ls))
             die("load state");
@@ -188,8 +230,11 @@ static double server_read(struct pf_client *c, uint64_t tag, uint64_t nb, uint64
         g_read_load_s += bu_now() - tl;
     }
     double t = bu_now() - t0;
-    free(hs);
-    free(targets);
+    for (size_t j = 0; j < nw; j++) {
+        free(ws[j].hs);
+        free(ws[j].targets);
+    }
+    free(ws);
     *via_ssd_p = via;
     return t;
 }
@@ -230,7 +275,8 @@ static double raw_read(const char *path, const uint8_t *src, uint8_t *kv, uint8_
 }
 
 #define USAGE                                                                                      \
-    "ssd_server [--dir DIR] [--total SIZE] [--block-size SIZE] [--rounds N] [--json FILE] "        \
+    "ssd_server [--dir DIR] [--total SIZE] [--block-size SIZE] [--rounds N] [--lookahead 0..7] "   \
+    "[--json FILE] "                                                                               \
     "[--server-arg ARG]..."
 
 static void usage(void)
@@ -244,7 +290,7 @@ static void usage(void)
 struct run {
     const char *dir, *json;
     uint64_t total, bs, nb, pool, chunk, win, seed;
-    int rounds;
+    int rounds, lookahead;
     struct bu_strs extra;
     char spath[1024], rpath[1024];
     struct pft_proc s;
@@ -262,15 +308,15 @@ static void parse(int argc, char **argv, struct run *R)
     R->total = 1ull << 30;
     R->bs = 1 << 20;
     R->rounds = 3;
-    const struct bu_opt opts[] = {{"--dir", BU_STR, &R->dir},
-                                  {"--total", BU_SIZE, &R->total},
-                                  {"--block-size", BU_SIZE, &R->bs},
-                                  {"--rounds", BU_INT, &R->rounds},
-                                  {"--json", BU_STR, &R->json},
-                                  {"--server-arg", BU_STRS, &R->extra},
-                                  {NULL, 0, NULL}};
+    R->lookahead = 1;
+    const struct bu_opt opts[] = {
+        {"--lookahead", BU_INT, &R->lookahead}, {"--dir", BU_STR, &R->dir},
+        {"--total", BU_SIZE, &R->total},        {"--block-size", BU_SIZE, &R->bs},
+        {"--rounds", BU_INT, &R->rounds},       {"--json", BU_STR, &R->json},
+        {"--server-arg", BU_STRS, &R->extra},   {NULL, 0, NULL}};
     bu_parse_opts(argc, argv, opts, USAGE);
-    if (R->bs < 4096 || R->bs % 4096 || R->total < 16 * R->bs || R->rounds < 1 || R->rounds > 99)
+    if (R->bs < 4096 || R->bs % 4096 || R->total < 16 * R->bs || R->rounds < 1 || R->rounds > 99 ||
+        R->lookahead < 0 || R->lookahead > 7)
         usage();
     R->nb = R->total / R->bs;
     R->total = R->nb * R->bs;
@@ -342,14 +388,14 @@ static void round_run(struct run *R, int r)
         trr = raw_read(rpath, sp, dp, thp, total, bs);
         if (pft_http(s->http_host, s->http_port, "POST", "/cache/memory/cleanup", NULL) != 200)
             die("memory cleanup");
-        tsr = server_read(c, tag, nb, R->win, &via);
+        tsr = server_read(c, tag, nb, R->win, R->lookahead, &via);
         check_bytes(sp, dp, total, "server load from SSD");
     } else {
         tsw = server_write(c, s, tag, nb, bs, R->chunk);
         trw = raw_write(rpath, sp, thp, total, bs);
         if (pft_http(s->http_host, s->http_port, "POST", "/cache/memory/cleanup", NULL) != 200)
             die("memory cleanup");
-        tsr = server_read(c, tag, nb, R->win, &via);
+        tsr = server_read(c, tag, nb, R->win, R->lookahead, &via);
         check_bytes(sp, dp, total, "server load from SSD");
         trr = raw_read(rpath, sp, dp, thp, total, bs);
     }
@@ -392,12 +438,13 @@ static void report(const struct run *R)
     printf("method: %d rounds ABBA (even rounds raw first), warm-up round untimed; %llu MiB in "
            "%llu KiB blocks, pool %llu MiB, server defaults (integrity on, 2 write / 16 read "
            "requests in flight, each up to 8 records) but a write queue of 64 batches (the "
-           "bench's 32 saves never wait); raw = io_uring O_DIRECT one block per request at the "
+           "bench's 32 saves never wait); reads in windows of 1/8 of the blocks, %d asked ahead "
+           "of each load; raw = io_uring O_DIRECT one block per request at the "
            "same request depths, the faster "
            "of from/into the same KV memory and from/into huge-page-advised memory, a file of %s; "
            "every round memcmp's all loaded bytes\n",
            rounds, (unsigned long long)(R->total >> 20), (unsigned long long)(R->bs >> 10),
-           (unsigned long long)(R->pool >> 20), R->dir);
+           (unsigned long long)(R->pool >> 20), R->lookahead, R->dir);
     if (!R->json)
         return;
     cJSON *root = bu_json_obj(NULL, NULL);
@@ -406,6 +453,7 @@ static void report(const struct run *R)
     bu_json_num(root, "block_bytes", (double)R->bs);
     bu_json_num(root, "bytes", (double)R->total);
     bu_json_num(root, "rounds", rounds);
+    bu_json_num(root, "lookahead", R->lookahead);
     bu_json_num(root, "seed", (double)R->seed);
     cJSON *w = bu_json_obj(root, "write");
     bu_json_num(w, "server_gbs", msw[1]);

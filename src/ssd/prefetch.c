@@ -91,8 +91,15 @@ struct rio {
 };
 
 /* A request carries at most R_RUN_BYTES unless a single record is larger, and (for more than
- * one record) one part of at most SSD_IOV_MAX iovecs. */
-#define R_RUN_BYTES (8ull << 20)
+ * one record) one part of at most SSD_IOV_MAX iovecs. 1 MiB, not more: requests in flight
+ * together complete together, and a batch's checksums are verified as its requests
+ * complete, so a batch must be many requests for the hashing to overlap the later reads.
+ * With 8 MiB requests a 64 MiB batch was 8 requests that all completed within ~1 ms of each
+ * other at ~30 ms, and its verification (8-12 ms) ran after the last read; with 1 MiB, 48 of
+ * its 64 blocks were verified while reads were in flight and the batch ended ~2 ms after its
+ * last read (bench/README.md "ssd_server"). Merging still pays for small records (8 of 64
+ * KiB in one request). */
+#define R_RUN_BYTES (1ull << 20)
 
 struct reader {
     struct pf_ssd *s;

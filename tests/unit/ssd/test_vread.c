@@ -2,11 +2,11 @@
  * one fetch are read by one request from the first record's header to the last payload's end
  * (headers and the gaps between records into a scratch buffer, payloads straight into the
  * staging blocks). Byte-exact with seeded data over records with and without gaps, before and
- * after a restart (recovered entries); the request count follows read_merge; a record whose
- * payload or header is corrupted in the middle of a request is a miss of its own (its entry
- * dropped, its neighbours kept and served); a short read (the file ends inside the request)
- * serves the records it transferred whole; an -EIO request fails its records only, without
- * dropping their entries. */
+ * after a restart (recovered entries); the request count follows read_merge and the 1 MiB
+ * bound of a request; a record whose payload or header is corrupted in the middle of a request is a
+ * miss of its own (its entry dropped, its neighbours kept and served); a short read (the file ends
+ * inside the request) serves the records it transferred whole; an -EIO request fails its records
+ * only, without dropping their entries. */
 #include <fcntl.h>
 #include <sys/stat.h>
 
@@ -116,6 +116,37 @@ static void test_one_request_byte_exact(void **st)
     assert_int_equal(fetch_exact(&v, 0, N), N);
     assert_int_equal(reads(&v) - r0, 1);
     vr_close(&v);
+}
+
+/* A request carries at most 1 MiB of records (one larger record alone): blocks of 320 KiB
+ * (2 slots x K/V of 80 KiB) go 3 to a request whatever read_merge allows, so a batch's
+ * early requests complete, and are verified, while its later ones are in flight. */
+static void test_byte_bound(void **st)
+{
+    struct ssdt t;
+    ssdt_init(&t, 16 << 20, NULL);
+    struct pf_ssd_config c = ssdt_config(&t, 4 << 20);
+    c.read_merge = 8;
+    ssdt_open(&t, &c);
+    struct pf_block *b[N], *out[N];
+    struct pf_block_key k[N];
+    for (uint32_t i = 0; i < N; i++) {
+        b[i] = ssdt_block(&t, 700 + i, 2, 80 << 10, 2, false);
+        k[i] = pf_block_key(b[i]);
+    }
+    ssdt_write(&t, b, N);
+    assert_int_equal(ssdt_stats(&t).committed, N);
+    unsigned r0 = gate_submitted(t.gate, PF_BLK_READ);
+    size_t got = pf_ssd_fetch(t.ssd, k, N, false, out);
+    assert_int_equal(got, N);
+    for (size_t i = 0; i < got; i++) {
+        assert_true(ssdt_same(b[i], out[i]));
+        pf_block_put(out[i]);
+    }
+    assert_int_equal(gate_submitted(t.gate, PF_BLK_READ) - r0, 3); /* 3 + 3 + 2 records */
+    for (int i = 0; i < N; i++)
+        pf_block_put(b[i]);
+    ssdt_fini(&t);
 }
 
 static void test_merge_bound(void **st)
@@ -270,6 +301,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_one_request_byte_exact),
         cmocka_unit_test(test_merge_bound),
+        cmocka_unit_test(test_byte_bound),
         cmocka_unit_test(test_not_adjacent),
         cmocka_unit_test(test_corrupt_payload_mid_vector),
         cmocka_unit_test(test_corrupt_header_mid_vector),
