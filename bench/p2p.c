@@ -86,6 +86,7 @@
 #include "pf/config.h"
 #include "pf/rpc.h"
 #include "pfnetns.h"
+#include "pfmeta.h"
 #include "pftest.h"
 #include "benchutil.h"
 #include "rawverbs.h"
@@ -421,6 +422,11 @@ static void parse_opts(int argc, char **argv, struct opts *o)
         if (o->nblocks == 0)
             usage_exit("--blocks: at least one size");
     }
+    /* the latency phase fetches a 16-block prefix of each size out of --size bytes */
+    for (int i = 0; i < o->nblocks; i++)
+        if (o->size < 16 * o->blocks[i])
+            usage_exit("--size: at least 16 blocks of the largest --blocks size (the latency "
+                       "phase fetches a 16-block prefix), e.g. 64m for 4m blocks");
 }
 
 /* ------------------------------------------------------------------ the phases */

@@ -208,31 +208,10 @@ static long meta_prefix2(uint64_t space, uint64_t h0, size_t n, long *others_p)
     if (!ch && pf_rpc_channel_open(MS.addr, &ch))
         die("channel");
     uint8_t *hs = malloc(n * HLEN);
-    ProtobufCBinaryData *b = malloc(n * sizeof(*b));
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n; i++)
         hash_of(space, h0 + i, hs + i * HLEN);
-        b[i] = (ProtobufCBinaryData){HLEN, hs + i * HLEN};
-    }
-    Pegaflow__QueryPrefixBlocksRequest req = PEGAFLOW__QUERY_PREFIX_BLOCKS_REQUEST__INIT;
-    req.namespace_ = (char *)NSTR;
-    req.n_block_hashes = n;
-    req.block_hashes = b;
-    ProtobufCMessage *resp = NULL;
-    struct pf_rpc_status st;
-    long v = -1;
-    if (pf_rpc_unary(ch, "/pegaflow.MetaServer/QueryPrefixBlocks", &req.base,
-                     &pegaflow__query_prefix_blocks_response__descriptor, 5000, &resp, &st) == 0) {
-        const Pegaflow__QueryPrefixBlocksResponse *r = (const void *)resp;
-        v = 0;
-        for (size_t i = 0; i < r->n_nodes; i++)
-            if (strcmp(r->nodes[i]->node, NA.addr) == 0)
-                v = (long)r->nodes[i]->prefix_len;
-            else if (others_p && (long)r->nodes[i]->prefix_len > *others_p)
-                *others_p = (long)r->nodes[i]->prefix_len;
-        protobuf_c_message_free_unpacked(resp, NULL);
-    }
+    long v = pft_meta_prefix(ch, NSTR, hs, HLEN, n, NA.addr, others_p, 5000);
     free(hs);
-    free(b);
     return v;
 }
 

@@ -318,29 +318,10 @@ static long meta_prefix_ns(const char *ns, const char *node_addr, uint64_t h0, s
     struct pf_rpc_channel *ch;
     PFT_CHECK(pf_rpc_channel_open(MS.p.addr, &ch) == 0, "channel");
     uint8_t *hs = malloc(n * HLEN);
-    ProtobufCBinaryData *b = malloc(n * sizeof(*b));
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n; i++)
         hash_of(h0 + i, hs + i * HLEN);
-        b[i] = (ProtobufCBinaryData){HLEN, hs + i * HLEN};
-    }
-    Pegaflow__QueryPrefixBlocksRequest req = PEGAFLOW__QUERY_PREFIX_BLOCKS_REQUEST__INIT;
-    req.namespace_ = (char *)ns;
-    req.n_block_hashes = n;
-    req.block_hashes = b;
-    ProtobufCMessage *resp = NULL;
-    struct pf_rpc_status st;
-    long v = -1;
-    if (pf_rpc_unary(ch, "/pegaflow.MetaServer/QueryPrefixBlocks", &req.base,
-                     &pegaflow__query_prefix_blocks_response__descriptor, 3000, &resp, &st) == 0) {
-        const Pegaflow__QueryPrefixBlocksResponse *r = (const void *)resp;
-        v = 0;
-        for (size_t i = 0; i < r->n_nodes; i++)
-            if (strcmp(r->nodes[i]->node, node_addr) == 0)
-                v = (long)r->nodes[i]->prefix_len;
-        protobuf_c_message_free_unpacked(resp, NULL);
-    }
+    long v = pft_meta_prefix(ch, ns, hs, HLEN, n, node_addr, NULL, 3000);
     free(hs);
-    free(b);
     pf_rpc_channel_close(ch);
     return v;
 }

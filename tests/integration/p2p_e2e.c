@@ -91,6 +91,7 @@
 #include "engine.pb-c.h"
 #include "pf/auth.h"
 #include "pf/rpc.h"
+#include "pfmeta.h"
 #include "pftest.h"
 #include "world.h"
 #include "layouts.h"
