@@ -68,6 +68,11 @@ if [ "$mode" = integration ] || [ "$mode" = all ]; then
   pass=0 fail=0 skip=0
   for t in "$top"/tests/integration/test_*.sh; do
     [ -e "$t" ] || continue
+    case " ${PF_SKIP_TESTS:-} " in
+      *" $(basename "$t" .sh) "*)
+        printf '  SKIP  %-48s SKIP: named in PF_SKIP_TESTS\n' "$(basename "$t" .sh)"
+        skip=$((skip+1)); continue ;;
+    esac
     tmo=$INTEG_TIMEOUT
     # the rxe guest runs every verbs case under TCG emulation: 5-9 min on a 2-core VM
     [ "$(basename "$t")" = test_rxe.sh ] && tmo=${RXE_TEST_TIMEOUT:-900}
