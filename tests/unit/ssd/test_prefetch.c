@@ -162,10 +162,16 @@ static void test_backpressure(void **st)
     teardown_store(&s);
 }
 
+/* One read in flight, one batch queued; one record a read request: A's two blocks are then
+ * two requests, the second unsubmitted while the first is held, so the reader keeps A and
+ * leaves B queued. (With merged reads A's blocks are one request, A is wholly submitted, and
+ * the reader takes B at its next turn: B is queued only for that moment, which a loaded
+ * machine's test thread missed under ASan, 2026-12-02.) */
 static void narrow(struct pf_ssd_config *c)
 {
     c->prefetch_inflight = 1;
     c->prefetch_queue_depth = 1;
+    c->read_merge = 1;
 }
 
 static size_t rq_count(struct pf_ssd *s)
@@ -195,6 +201,7 @@ static void test_queue_full(void **st)
     assert_int_equal(ssdt_metric("pegaflow_ssd_prefetch_queue_full") - qf0, 1);
     usleep(20000);
     assert_int_equal(gate_submitted(s.t.gate, PF_BLK_READ), 1); /* in-flight limit */
+    assert_int_equal(rq_count(s.t.ssd), 1); /* A still holds the reader: B waits */
     gate_hold(s.t.gate, PF_BLK_READ, false);
     assert_int_equal(fetch_join(&a), 2);
     assert_int_equal(fetch_join(&b), 1);
