@@ -166,7 +166,7 @@ static void ask(struct pf_client *c, struct window *w)
 }
 
 /* Reads windows of blocks (tag, 0..nb) into "dst" block ids 0..nb, each queried until
- * Ready (polled every 200 us) and then loaded; before a window is loaded the next
+ * Ready (asked again every --poll-us) and then loaded; before a window is loaded the next
  * `lookahead` windows are asked once, so their prefetch runs while this one loads, as a
  * scheduler's next waiting requests do (0: one window at a time). Returns seconds;
  * *via_ssd_p counts windows that answered Loading first. */
