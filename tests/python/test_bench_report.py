@@ -38,6 +38,26 @@ def test_report_from_json(tmp_path):
 
 
 
+def test_save_target_follows_the_block_size(tmp_path):
+    """Issue 27 item 2: save until queryable >= 0.80 of the best copy at 64 KiB blocks,
+    >= 0.85 at 512 KiB and 2 MiB: 0.82 meets the first and misses the others."""
+    src = tmp_path / "in"
+    src.mkdir()
+    rows = [{"block_bytes": b, "save_gbs": 8.2, "save_baseline_gbs": 10.0,
+             "save_ratio": [0.82, 0.82, 0.82], "load_gbs": 9.5, "load_baseline_gbs": 10.0,
+             "load_ratio": [0.95, 0.95, 0.95]} for b in (65536, 524288, 2097152)]
+    (src / "engine.json").write_text(json.dumps({"resident_blocks": 1000, "throughput": rows}))
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, os.path.join(TOP, "bench", "report.py"), "--from", str(src),
+                        "--out", str(out), "--only", "engine"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    by = {x["path"]: x for x in json.loads((out / "report.json").read_text())["rows"]}
+    got = {k: (by[f"save until queryable, {k} KiB blocks (integrity on)"]["target"],
+               by[f"save until queryable, {k} KiB blocks (integrity on)"]["met"])
+           for k in (64, 512, 2048)}
+    assert got == {64: (0.80, True), 512: (0.85, False), 2048: (0.85, False)}
+
+
 def test_report_rows_of_the_newer_benchmarks(tmp_path):
     src = tmp_path / "in"
     src.mkdir()
