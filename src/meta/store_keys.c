@@ -186,6 +186,33 @@ out:
     return rc;
 }
 
+/* pf_meta_store_query_prefix's pipeline distances (hashes ahead of the one looked up) */
+#define QP_SLOT  8 /* hashed, index slot prefetched */
+#define QP_ENTRY 4 /* found under the shard lock, entry prefetched */
+
+/* Prefetches, under the shard's lock, the entries whose index slots carry hash kh's tag on
+ * its probe sequence (usually the one entry; a false tag match 1 in 64): reads only the
+ * index, whose slot line the QP_SLOT stage prefetched, so it does not wait for an entry. */
+static void entry_prefetch(struct pf_meta_store *st, uint64_t kh)
+{
+    struct shard *s = shard_of(st, kh);
+    uint32_t tag = tag_of(kh);
+    pthread_mutex_lock(&s->mu);
+    if (s->n) {
+        size_t i = home_of(kh, s->n);
+        for (uint32_t v; (v = s->ix[i]) != 0;) {
+            if ((v >> OFF_BITS) == tag) {
+                const char *p = (const char *)meta_arena_at(&s->arena, v & OFF_MASK);
+                __builtin_prefetch(p);
+                __builtin_prefetch(p + 63);
+            }
+            if (++i == s->n)
+                i = 0;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
 struct prefix_acc {
     uint32_t addr;
     uint64_t len;
@@ -210,14 +237,29 @@ int pf_meta_store_query_prefix(struct pf_meta_store *st, const char *ns,
     pthread_rwlock_rdlock(&st->reg);
     uint64_t now = now_ns(st);
     struct mns *nsp = meta_store_ns_find(st, ns, nslen);
-    /* the next hash's index slot loads while this one is looked up */
-    uint64_t kh_next = nsp ? key_hash(nsp->id, h[0].data, h[0].len) : 0;
+    /* A two-stage pipeline, because the entry read is a dependent miss that no lock-free
+     * prefetch can start (its offset is in the index, which only the shard's lock keeps
+     * mapped): hash i + QP_SLOT is hashed and its index slot prefetched (lock-free hint; a
+     * prefetch of a stale one cannot fault, it loads the wrong line); hash i + QP_ENTRY is
+     * found under its shard's lock and its entry prefetched; hash i is looked up as before,
+     * on lines that have arrived (a concurrent change between the stages only makes a
+     * prefetch useless: the lookup itself runs under the lock). */
+    uint64_t khs[QP_SLOT];
+    for (size_t j = 0; nsp && j < n && j < QP_SLOT; j++) {
+        khs[j] = key_hash(nsp->id, h[j].data, h[j].len);
+        shard_prefetch(shard_of(st, khs[j]), khs[j]);
+    }
+    for (size_t j = 0; nsp && j < n && j < QP_ENTRY; j++)
+        entry_prefetch(st, khs[j]);
     for (size_t i = 0; nsp && i < n; i++) {
-        uint64_t kh = kh_next;
+        uint64_t kh = khs[i % QP_SLOT];
         struct shard *s = shard_of(st, kh);
-        if (i + 1 < n) {
-            kh_next = key_hash(nsp->id, h[i + 1].data, h[i + 1].len);
-            shard_prefetch(shard_of(st, kh_next), kh_next);
+        if (i + QP_ENTRY < n)
+            entry_prefetch(st, khs[(i + QP_ENTRY) % QP_SLOT]);
+        if (i + QP_SLOT < n) {
+            uint64_t ka = key_hash(nsp->id, h[i + QP_SLOT].data, h[i + QP_SLOT].len);
+            khs[i % QP_SLOT] = ka;
+            shard_prefetch(shard_of(st, ka), ka);
         }
         bool any = false;
         size_t alive = 0;
