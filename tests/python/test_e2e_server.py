@@ -153,6 +153,65 @@ def _metric(s, name: str) -> float:
     return float(m.group(1)) if m else 0.0
 
 
+SEAL_DELAY_MS = 600
+
+
+def test_seal_fault_holds_saved_blocks_back_for_its_delay(server_factory, engine_lib):
+    """`engine.seal:delay=MS` (the fault `make test-races` runs every suite under) really
+    delays queryability: the insert thread takes a Save's batch only after the Save began
+    and then waits MS before sealing it, so the first answer with hits can arrive no sooner
+    than MS after the Save was sent (a lower bound the fault guarantees, not a timing
+    guess), and the blocks do become queryable, byte-exact on load, after it."""
+    from pegaflow.connector.plan import LoadIntent, SaveIntent, StepPlan
+    from pegaflow.device.sim import SimDeviceAdapter, allocate_kv_caches
+
+    s = server_factory(extra_args=("--enable-debug", "--fault-spec",
+                                   f"engine.seal:delay={SEAL_DELAY_MS}"))
+    c = EngineClient(s.target, lib=engine_lib, timeout_ms=10000)
+    require_engine_server(c)
+    nb = 8
+    kv, ts = allocate_kv_caches(["l0"], (2, 32, 16, 2, 8), np.uint16, lib=engine_lib)
+    arr = ts["l0"].numpy()
+    arr[...] = np.random.default_rng(27).integers(0, 65535, arr.shape, dtype=np.uint16)
+    w = WorkerConnector(ConnectorContext("seal-inst", "ns", 16), c, SimDeviceAdapter(0),
+                        save_thread=False)
+    try:
+        w.register_kv_caches(ts)
+        src = list(range(1, nb + 1))
+        hashes = [bytes([7, i]) * 16 for i in src]
+        t_save = time.monotonic()
+        w.wait_for_save(StepPlan(saves={"a": SaveIntent(tuple(src), tuple(hashes))}))
+        deadline = time.monotonic() + 20
+        while True:
+            q = c.query_raw("seal-inst", "b", hashes)
+            t_answer = time.monotonic()
+            if not q.loading and q.num_hit_blocks == nb:
+                break
+            if q.lease:
+                c.release(q.lease)
+            assert t_answer < deadline, f"{q.num_hit_blocks} of {nb} queryable after 20 s"
+            time.sleep(0.02)
+        assert t_answer - t_save >= SEAL_DELAY_MS / 1000, (
+            f"hits {1000 * (t_answer - t_save):.0f} ms after the Save began: the seal fault "
+            f"did not delay them {SEAL_DELAY_MS} ms")
+        dst = tuple(range(16, 16 + nb))
+        w.start_load_kv(StepPlan(loads={"b": LoadIntent(dst, q.lease, nb * 16)}))
+        deadline = time.monotonic() + 20
+        while True:
+            _, recv = w.get_finished(set())
+            if recv:
+                break
+            assert time.monotonic() < deadline, "load did not finish"
+            time.sleep(0.01)
+        assert w.get_block_ids_with_load_errors() == set()
+        for s_id, d_id in zip(src, dst):
+            assert np.array_equal(arr[:, d_id], arr[:, s_id]), f"block {s_id} -> {d_id}"
+    finally:
+        w.shutdown()
+        c.close()
+        kv.close()
+
+
 def test_timed_out_load_is_reported_only_after_the_server_stopped_copying(server_factory,
                                                                            engine_lib):
     """Every H2D batch of the server waits 2 s (fault layer): the connector gives up after
