@@ -153,6 +153,17 @@ def _metric(s, name: str) -> float:
     return float(m.group(1)) if m else 0.0
 
 
+def wait_load_reported(w, timeout_s):
+    """The receiving request ids of the worker's first get_finished that reports any."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        _, recv = w.get_finished(set())
+        if recv:
+            return recv
+        assert time.monotonic() < deadline, f"no load reported in {timeout_s} s"
+        time.sleep(0.01)
+
+
 SEAL_DELAY_MS = 600
 
 
@@ -196,13 +207,7 @@ def test_seal_fault_holds_saved_blocks_back_for_its_delay(server_factory, engine
             f"did not delay them {SEAL_DELAY_MS} ms")
         dst = tuple(range(16, 16 + nb))
         w.start_load_kv(StepPlan(loads={"b": LoadIntent(dst, q.lease, nb * 16)}))
-        deadline = time.monotonic() + 20
-        while True:
-            _, recv = w.get_finished(set())
-            if recv:
-                break
-            assert time.monotonic() < deadline, "load did not finish"
-            time.sleep(0.01)
+        wait_load_reported(w, 20)
         assert w.get_block_ids_with_load_errors() == set()
         for s_id, d_id in zip(src, dst):
             assert np.array_equal(arr[:, d_id], arr[:, s_id]), f"block {s_id} -> {d_id}"
@@ -249,13 +254,7 @@ def test_timed_out_load_is_reported_only_after_the_server_stopped_copying(server
         dst = tuple(range(dst0, dst0 + nb))
         before = arr[:, dst0:dst0 + nb].copy()
         w.start_load_kv(StepPlan(loads={"b": LoadIntent(dst, q.lease, nb * 16)}))
-        deadline = time.monotonic() + 30
-        while True:
-            _, recv = w.get_finished(set())
-            if recv:
-                break
-            assert time.monotonic() < deadline, "load never reported"
-            time.sleep(0.01)
+        recv = wait_load_reported(w, 30)
         assert recv == {"b"} and w.get_block_ids_with_load_errors() == set(dst)
         assert w.stats["load_timeouts"] == 1
         at_report = arr[:, dst0:dst0 + nb].copy()
