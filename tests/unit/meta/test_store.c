@@ -512,6 +512,38 @@ static void test_model_random(void **state)
     pf_meta_store_get_stats(f->st, &s);
     assert_int_equal(s.entries, entries);
     assert_int_equal(s.owners, owners);
+    /* Multi-hash prefix queries against the model (QueryPrefix pipelines its lookups several
+     * hashes ahead): up to 64 keys that one node owns, in random order, with a random key
+     * spliced in at a random position; every node's prefix is its run of owned keys from the
+     * first, and a node that owns none of the first key is absent. */
+    static int owned[20000];
+    for (int q = 0; q < 2000; q++) {
+        int b = 1 + rand() % (NN - 1), no = 0;
+        for (int k = 0; k < NK; k++)
+            if (model[k] & (1u << b))
+                owned[no++] = k;
+        if (no == 0)
+            continue;
+        int len = 1 + rand() % 64, splice = rand() % (len + 8);
+        int qk[64];
+        for (int i = 0; i < len; i++) {
+            qk[i] = i == splice ? rand() % NK : owned[rand() % no];
+            int l = snprintf(kb[i], sizeof(kb[i]), "key-%d-%d", qk[i], qk[i] * 7919);
+            h[i] = (struct pf_meta_hash){(size_t)l, (const uint8_t *)kb[i]};
+        }
+        struct pf_meta_prefix *res;
+        size_t nres;
+        assert_int_equal(pf_meta_store_query_prefix(f->st, "ns", h, (size_t)len, &res, &nres), 0);
+        uint64_t got[NN] = {0}, want[NN] = {0};
+        for (size_t i = 0; i < nres; i++)
+            got[atoi(res[i].node + 4)] = res[i].prefix_len;
+        free(res);
+        for (int n = 0; n < NN; n++) {
+            while (want[n] < (uint64_t)len && (model[qk[want[n]]] & (1u << n)))
+                want[n]++;
+            assert_int_equal(got[n], want[n]);
+        }
+    }
 }
 
 struct conc {
