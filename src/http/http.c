@@ -129,6 +129,19 @@ static size_t unescape(void *cls, struct MHD_Connection *c, char *s)
     return (size_t)(w - s);
 }
 
+/* in with every byte outside printable ASCII as \xNN, truncated to fit out (n > 4) */
+static void printable(const char *in, char *out, size_t n)
+{
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)in; *p && o + 5 < n; p++) {
+        if (*p >= 0x20 && *p < 0x7f)
+            out[o++] = (char)*p;
+        else
+            o += (size_t)snprintf(out + o, n - o, "\\x%02x", *p);
+    }
+    out[o] = '\0';
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version, const char *upload_data,
                                   size_t *upload_size, void **con_cls)
@@ -157,14 +170,18 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                  s->routes[i].method);
     }
     if (!hit) {
-        char msg[256];
+        /* the client's bytes go into the answer escaped: a decoded "%0a" in the path must not
+         * put a line of the client's choosing into the body */
+        char msg[512], em[64], eu[160];
+        printable(method, em, sizeof(em));
+        printable(url, eu, sizeof(eu));
         if (allow[0]) {
-            snprintf(msg, sizeof(msg), "method %s not allowed on %s (allowed: %s)\n", method, url,
+            snprintf(msg, sizeof(msg), "method %s not allowed on %s (allowed: %s)\n", em, eu,
                      allow);
             pf_http_resp_text(&r, 405, msg);
             return send_resp(conn, &r, allow);
         }
-        snprintf(msg, sizeof(msg), "no such endpoint: %s\n", url);
+        snprintf(msg, sizeof(msg), "no such endpoint: %s\n", eu);
         pf_http_resp_text(&r, 404, msg);
         return send_resp(conn, &r, NULL);
     }
