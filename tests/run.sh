@@ -38,14 +38,26 @@ run_one() { # kind name timeout cmd...
     124|137)
       printf '  FAIL  %-48s timed out after %ss (log: %s)\n' "$name" "$tmo" "$log"
       tail -n 40 "$log" | sed 's/^/        | /'
-      failed_names+=("$kind: $name (timed out)")
+      failed_names+=("$kind: $name (timed out)${log:+: $(why_failed "$log")}")
       fail=$((fail+1)) ;;
     *)
       printf '  FAIL  %-48s exit %d after %ss (log: %s)\n' "$name" "$rc" "$dt" "$log"
       tail -n 40 "$log" | sed 's/^/        | /'
-      failed_names+=("$kind: $name")
+      local why; why=$(why_failed "$log")
+      failed_names+=("$kind: $name${why:+: $why}")
       fail=$((fail+1)) ;;
   esac
+}
+
+# The first line of a failed test's log that says why (a PFT_CHECK's "FAIL file.c:N: ...",
+# cmocka's "[  ERROR   ]", a script's "FAIL: ..."), trimmed: it goes into the summary's
+# "failed:" line, which a truncated CI log still shows when the middle is cut.
+why_failed() { # log
+  local l
+  l=$(grep -aoE 'FAIL [^ ]+\.(c|h):[0-9]+: .*' "$1" | head -n 1)
+  [ -n "$l" ] || l=$(grep -aE '^\[  ERROR   \] --- |^\[   LINE   \] --- ' "$1" | head -n 2 | tr '\n' ' ')
+  [ -n "$l" ] || l=$(grep -aoE '(FAIL|ERROR|Error|error):? .*' "$1" | grep -avE '^(FAIL|ERROR) +[a-z_0-9]+ +exit ' | head -n 1)
+  printf '%s' "${l:0:240}"
 }
 
 suite_end() {

@@ -118,8 +118,10 @@ static int parse_rule(struct rule *r, char *clause, char *err, size_t errlen)
             }
             r->prob = p;
             has_prob = true;
-        } else if (strcmp(k, "nth") == 0 || strcmp(k, "times") == 0 || strcmp(k, "delay") == 0) {
-            if (pf_parse_u64(v, &u) != 0 || (strcmp(k, "delay") != 0 && u == 0)) {
+        } else if (strcmp(k, "nth") == 0 || strcmp(k, "times") == 0 || strcmp(k, "delay") == 0 ||
+                   strcmp(k, "stall") == 0) {
+            if (pf_parse_u64(v, &u) != 0 ||
+                (strcmp(k, "delay") != 0 && strcmp(k, "stall") != 0 && u == 0)) {
                 seterr(err, errlen, "fault spec: %s %s=%s is not a positive integer", opname, k, v);
                 return -EINVAL;
             }
@@ -129,6 +131,9 @@ static int parse_rule(struct rule *r, char *clause, char *err, size_t errlen)
             } else if (k[0] == 't') {
                 r->times = u;
                 has_times = true;
+            } else if (k[0] == 's') {
+                r->act.stall_ms = u;
+                has_action = true;
             } else {
                 r->act.delay_ms = u;
                 has_action = true;
@@ -165,13 +170,20 @@ static int parse_rule(struct rule *r, char *clause, char *err, size_t errlen)
         } else {
             seterr(err, errlen,
                    "fault spec: unknown key '%s' in %s (known: prob nth times error at delay "
-                   "corrupt drop fatal)",
+                   "stall corrupt drop fatal)",
                    k, opname);
             return -EINVAL;
         }
     }
+    if (r->act.stall_ms && strcmp(r->op, "net.read") != 0) {
+        seterr(err, errlen,
+               "fault spec: stall=MS is for net.read only (it holds a READ's submission; "
+               "use delay=MS on %s)",
+               opname);
+        return -EINVAL;
+    }
     if (!has_action || (r->act.error == 0 && !r->act.corrupt && !r->act.drop && !r->act.fatal &&
-                        r->act.delay_ms == 0 && r->act.at_complete))
+                        r->act.delay_ms == 0 && r->act.stall_ms == 0 && r->act.at_complete))
         r->act.error = -EIO;
     if (r->act.fatal && r->act.error == 0)
         r->act.error = -EIO;
@@ -280,11 +292,12 @@ static void count_metric(const char *op, const struct pf_fault_hit *h)
     if (!m)
         m = pf_metric_counter("pegaflow_faults_injected_total",
                               "Faults injected by the fault plan (--fault-spec)", "op,kind");
-    const char *kind = h->fatal     ? "fatal"
-                       : h->drop    ? "drop"
-                       : h->corrupt ? "corrupt"
-                       : h->error   ? (h->at_complete ? "error_complete" : "error_post")
-                                    : "delay";
+    const char *kind = h->fatal      ? "fatal"
+                       : h->drop     ? "drop"
+                       : h->corrupt  ? "corrupt"
+                       : h->error    ? (h->at_complete ? "error_complete" : "error_post")
+                       : h->stall_ms ? "stall"
+                                     : "delay";
     pf_child_add(pf_metric_child2(m, op, kind), 1);
 }
 
@@ -319,9 +332,11 @@ bool pf_fault_check(struct pf_fault_plan *p, const char *op, struct pf_fault_hit
     pthread_mutex_unlock(&p->mu);
     if (fired) {
         count_metric(op, hit);
-        pf_debug("injected fault on %s: error=%s delay=%llums corrupt=%d drop=%d fatal=%d", op,
-                 hit->error ? pf_errno_name(hit->error) : "-", (unsigned long long)hit->delay_ms,
-                 hit->corrupt, hit->drop, hit->fatal);
+        pf_debug("injected fault on %s: error=%s delay=%llums stall=%llums corrupt=%d drop=%d "
+                 "fatal=%d",
+                 op, hit->error ? pf_errno_name(hit->error) : "-",
+                 (unsigned long long)hit->delay_ms, (unsigned long long)hit->stall_ms, hit->corrupt,
+                 hit->drop, hit->fatal);
     }
     return fired;
 }

@@ -3,7 +3,9 @@
  * synthetic error completion is returned, so no byte lands); drop (not submitted, never
  * completes: the requester's deadline must fire; qp_invalidate flushes it with -ECANCELED
  * like any outstanding READ); delay (submitted, completion held back);
- * corrupt (submitted, local bytes flipped when the READ completes successfully); fatal.
+ * corrupt (submitted, local bytes flipped when the READ completes successfully); stall (the
+ * post blocks its caller that long before it submits, like a full send queue: later READs of
+ * the same thread go out after it); fatal.
  * qp_invalidate forwards to the inner backend (its guarantee is what protects local
  * memory) and turns held completions into -ECANCELED; a READ polled after it is never
  * corrupted (its buffer may already be freed). */
@@ -154,6 +156,8 @@ static int f_read(struct pf_net_qp *qp, const struct pf_net_sge *sge, size_t nsg
     int rc = check(f, "net.read", &h);
     if (rc)
         return rc;
+    if (h.stall_ms) /* a stalled submission: the caller's thread waits here, nothing is posted */
+        pf_sleep_ms(h.stall_ms);
     pthread_mutex_lock(&q->mu);
     if (h.drop) { /* completes only when qp_invalidate flushes it (-ECANCELED) */
         rc = fdone_add(&q->ts, wr_id, -ECANCELED, q->invalidated ? 0 : UINT64_MAX);

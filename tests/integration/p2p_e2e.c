@@ -74,6 +74,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <arpa/inet.h>
@@ -377,13 +378,51 @@ static void sc_metaserver(void)
     world_free(&wb);
 }
 
-/* A holder killed while the requester's fetch is in flight: B's second READ is dropped by
- * the fault plan so the transfer cannot finish before the kill. */
+/* Wall-clock ms of the first line of n's log containing s (its leading ISO-8601 UTC stamp),
+ * 0 when none. */
+static uint64_t log_line_ms(struct node *n, const char *s)
+{
+    char *l = pft_read_file(n->p.log);
+    char *hit = l ? strstr(l, s) : NULL;
+    uint64_t ms = 0;
+    if (hit) {
+        while (hit > l && hit[-1] != '\n')
+            hit--;
+        struct tm tm = {0};
+        unsigned frac = 0;
+        if (sscanf(hit, "%d-%d-%dT%d:%d:%d.%3uZ", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour,
+                   &tm.tm_min, &tm.tm_sec, &frac) == 7) {
+            tm.tm_year -= 1900;
+            tm.tm_mon -= 1;
+            ms = (uint64_t)timegm(&tm) * 1000 + frac;
+        }
+    }
+    free(l);
+    return ms;
+}
+
+static uint64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* A holder killed while the requester's fetch is in flight. B's second READ is dropped by
+ * the fault plan (it never completes: the transfer cannot finish on its own) and its third
+ * READ's post stalls KILL_STALL_MS, so READs 3.. are submitted after A is dead whatever the
+ * link's speed: the kill is noticed from them (ECONNRESET on the TCP fabric, retries exceeded
+ * on RoCE), before the deadline. Without the stall a fast link finished READs 1 and 3.. before
+ * the kill, leaving only the dropped one, which nothing but the deadline ends. */
+#define KILL_STALL_MS 8000
 static void sc_kill(void)
 {
     start_ms(0, "30");
     start_node(&NA, NULL);
-    const char *f[] = {"--enable-debug", "--fault-spec", "net.read:nth=2,drop=1,times=1", NULL};
+    char spec[96];
+    snprintf(spec, sizeof(spec), "net.read:nth=2,drop=1,times=1;net.read:nth=3,stall=%d,times=1",
+             KILL_STALL_MS);
+    const char *f[] = {"--enable-debug", "--fault-spec", spec, NULL};
     setenv("PEGAFLOW_P2P_MAX_READ", "1", 1); /* one READ per segment */
     start_node(&NB, f);
     unsetenv("PEGAFLOW_P2P_MAX_READ");
@@ -399,8 +438,17 @@ static void sc_kill(void)
     struct pf_query_result r;
     PFT_CHECK(query_wf(cb, wb.id, "kill-1", 800, N, 0, &r) == 0 && r.loading, "Loading");
     wait_log(&NB, "RDMA fetch req kill-1: reading", 20000);
+    /* READ 2 dropped; READ 3's stall starts right after that line */
+    wait_log(&NB, "drop=1", 20000);
     stop(&NA, SIGKILL);
-    fprintf(stderr, "    A killed (SIGKILL) during B's transfer\n");
+    uint64_t t_drop = log_line_ms(&NB, "drop=1"), t_dead = wall_ms();
+    PFT_CHECK(t_drop && t_dead < t_drop + KILL_STALL_MS,
+              "A was dead %lld ms after READ 3's stall began, not within its %d ms: this run "
+              "cannot tell the kill from the stall's end (a machine this slow needs a longer "
+              "KILL_STALL_MS)",
+              (long long)(t_dead - t_drop), KILL_STALL_MS);
+    fprintf(stderr, "    A killed (SIGKILL) during B's transfer, %llu ms into READ 3's stall\n",
+            (unsigned long long)(t_dead - t_drop));
     fetch_check(cb, &wb, "kill-1", 800, N, 0, &wa, 0, 0, 0, 30000);
     PFT_CHECK(node_metric(&NB, "pegaflow_rdma_fetch_total{status=\"error\"}") == 1, "error != 1");
     PFT_CHECK(node_metric(&NB, "pegaflow_rdma_fetch_total{status=\"timeout\"}") == 0,

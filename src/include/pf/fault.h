@@ -34,6 +34,7 @@ struct pf_fault_hit {
     int error;        /* -errno to return, 0 = none */
     bool at_complete; /* report error at completion instead of submission */
     uint64_t delay_ms;
+    uint64_t stall_ms; /* net.read: the post blocks this long before it submits */
     bool corrupt;
     bool drop;
     bool fatal;

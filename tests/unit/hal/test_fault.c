@@ -47,6 +47,27 @@ static void test_parse_errors(void **st)
     expect_bad("engine.seal:delay=5,corrupt=1", "delay=MS only");
     expect_bad("engine.seal:nth=2", "delay=MS only");
     expect_bad("engine.*:delay=5", "unknown op");
+    /* stall holds a READ's submission; other ops have delay */
+    expect_bad("blk.write:stall=5", "net.read only");
+    expect_bad("net.*:stall=5", "net.read only");
+    expect_bad("net.read:stall=x", "stall=x");
+}
+
+static void test_net_read_stall(void **st)
+{
+    struct pf_fault_plan *p =
+        parse_ok("net.read:nth=2,drop=1,times=1;net.read:nth=3,stall=40,times=1");
+    struct pf_fault_hit h;
+    assert_false(pf_fault_check(p, "net.read", &h));
+    assert_true(pf_fault_check(p, "net.read", &h));
+    assert_true(h.drop);
+    assert_int_equal(h.stall_ms, 0);
+    assert_true(pf_fault_check(p, "net.read", &h));
+    assert_int_equal(h.stall_ms, 40);
+    assert_int_equal(h.error, 0); /* a stall alone is not a failure */
+    assert_false(h.drop || h.corrupt || h.fatal);
+    assert_false(pf_fault_check(p, "net.read", &h));
+    pf_fault_plan_free(p);
 }
 
 static void test_engine_seal_delay(void **st)
@@ -154,6 +175,7 @@ int main(void)
         cmocka_unit_test(test_parse_errors),           cmocka_unit_test(test_nth_times),
         cmocka_unit_test(test_prob_is_seeded),         cmocka_unit_test(test_actions_and_wildcard),
         cmocka_unit_test(test_corrupt_always_changes), cmocka_unit_test(test_engine_seal_delay),
+        cmocka_unit_test(test_net_read_stall),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

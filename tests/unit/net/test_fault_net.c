@@ -11,6 +11,7 @@
 
 #include <cmocka.h>
 
+#include "pf/clock.h"
 #include "pf/common.h"
 #include "pf/fault.h"
 #include "pf/hal.h"
@@ -189,12 +190,48 @@ static void test_dropped_read_flushed_by_invalidate(void **st)
     pf_fault_plan_free(plan);
 }
 
+/* stall: the post of the chosen READ returns only after the stall, then the READ is
+ * submitted and completes normally, byte-exact; the READs around it are not held. */
+static void test_stalled_post_then_submitted(void **st)
+{
+    struct pf_fault_plan *plan;
+    struct pf_net *n = faulty_over_script("net.read:nth=2,stall=60,times=1", &plan);
+    uint8_t src[256], dst[3][256];
+    for (size_t i = 0; i < sizeof(src); i++)
+        src[i] = (uint8_t)(i * 13 + 5);
+    memset(dst, 0, sizeof(dst));
+    struct pf_net_qp *qp;
+    struct pf_net_mr *mr;
+    assert_int_equal(pf_net_qp_create(n, 0, &qp), 0);
+    assert_int_equal(pf_net_reg_mem(n, 0, dst, sizeof(dst), PF_NET_ACCESS_LOCAL_WRITE, &mr), 0);
+    uint64_t took[3];
+    for (int k = 0; k < 3; k++) {
+        struct pf_net_sge s = {dst[k], sizeof(src), mr->lkey};
+        uint64_t t0 = pf_now_ns();
+        assert_int_equal(pf_net_post_read(qp, &s, 1, (uint64_t)(uintptr_t)src, 2, 20 + k), 0);
+        took[k] = pf_now_ns() - t0;
+    }
+    assert_true(took[1] >= 60 * PF_NS_PER_MS); /* slept at least the stall (a lower bound) */
+    struct pf_net_cqe c[3];
+    assert_int_equal(pf_net_poll(qp, c, 3, 0), 3);
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(c[k].wr_id, 20 + k);
+        assert_int_equal(c[k].status, 0);
+        assert_memory_equal(dst[k], src, sizeof(src));
+    }
+    pf_net_dereg_mem(mr);
+    pf_net_qp_destroy(qp);
+    pf_net_close(n);
+    pf_fault_plan_free(plan);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_corrupt_applies_on_success),
         cmocka_unit_test(test_no_corruption_after_invalidate),
         cmocka_unit_test(test_dropped_read_flushed_by_invalidate),
+        cmocka_unit_test(test_stalled_post_then_submitted),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
