@@ -598,6 +598,12 @@ static void sc_evict(void)
     wait_log(&NB, "RDMA handshake with", 20000);
     for (uint32_t b = 0; b < 96; b += 16)
         world_save_ok(ca, &wa, 5000 + b, 32 + b, 16); /* 6 MiB through a 4 MiB pool */
+    /* the order this scenario needs: the evicting saves done inside B's connect delay */
+    uint64_t t_hs = log_line_ms(&NB, "RDMA handshake with"), t_saved = wall_ms();
+    PFT_CHECK(t_hs && t_saved < t_hs + 3000 && log_count(&NB, "RDMA fetch req ev-1: reading") == 0,
+              "A's evicting saves ended %lld ms after B's handshake began, past B's 3 s connect "
+              "delay (or B already reads): this run cannot order the eviction before the fetch",
+              (long long)(t_saved - t_hs));
     PFT_CHECK(node_metric(&NA, "pegaflow_cache_block_evictions_total") >= 8, "no eviction on A");
     fprintf(stderr, "    A evicted %g block(s) while B was connecting\n",
             node_metric(&NA, "pegaflow_cache_block_evictions_total"));
