@@ -585,6 +585,7 @@ static const struct pf_net_ops tcpnet_ops = {
     .qp_connect = pf_tcpnet_qp_connect,
     .ep_host = tcpnet_ep_host,
     .post_read = pf_tcpnet_post_read,
+    .post_read_digest = pf_tcpnet_post_read_digest,
     .poll = pf_tcpnet_poll,
     .qp_invalidate = pf_tcpnet_qp_invalidate,
     .qp_destroy = pf_tcpnet_qp_destroy,

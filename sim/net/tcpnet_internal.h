@@ -88,6 +88,7 @@ struct tcpmr {
 
 struct tcpwr {
     uint64_t wr_id, seq, len;
+    struct pf_net_digest dig; /* dig.n == 0: no digest request */
     uint32_t nsge;
     struct iovec iov[TCPNET_MAX_SGE];
     struct tcpmr *mr[TCPNET_MAX_SGE];
@@ -252,6 +253,9 @@ int pf_tcpnet_qp_local_endpoint(struct pf_net_qp *qpb, void *buf, size_t cap, si
 int pf_tcpnet_qp_connect(struct pf_net_qp *qpb, const void *remote_ep, size_t len);
 int pf_tcpnet_post_read(struct pf_net_qp *qpb, const struct pf_net_sge *sge, size_t nsge,
                         uint64_t raddr, uint32_t rkey, uint64_t wr_id);
+int pf_tcpnet_post_read_digest(struct pf_net_qp *qpb, const struct pf_net_sge *sge, size_t nsge,
+                               uint64_t raddr, uint32_t rkey, uint64_t wr_id,
+                               const struct pf_net_digest *d);
 int pf_tcpnet_poll(struct pf_net_qp *qpb, struct pf_net_cqe *out, size_t max, uint64_t timeout_ms);
 void pf_tcpnet_qp_invalidate(struct pf_net_qp *qpb);
 void pf_tcpnet_qp_free(struct tcpqp *q);

@@ -21,6 +21,10 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#define XXH_STATIC_LINKING_ONLY
+#include <xxh_x86dispatch.h>
+#include <xxhash.h>
+
 #define PF_LOG_MOD "tcpnet"
 #include "pf/clock.h"
 #include "pf/hal.h"
@@ -87,7 +91,10 @@ static void tcpnet_complete_head(struct tcpqp *q, int status)
     for (uint32_t k = 0; k < w->nsge; k++)
         atomic_fetch_sub(&w->mr[k]->inflight, 1);
     q->cq[(q->cq_head + q->cq_count) % TCPNET_SQ_DEPTH] =
-        (struct pf_net_cqe){.wr_id = w->wr_id, .status = status, .bytes = status ? 0 : w->len};
+        (struct pf_net_cqe){.wr_id = w->wr_id,
+                            .status = status,
+                            .bytes = status ? 0 : w->len,
+                            .digested = status == 0 && w->dig.n > 0};
     q->cq_count++;
     q->wr_head = (q->wr_head + 1) % TCPNET_SQ_DEPTH;
     q->wr_count--;
@@ -132,6 +139,71 @@ static int tcpnet_recv_sge(struct tcpqp *q, int fd, struct iovec *iov, int niov)
         }
     }
     return 0;
+}
+
+/* Receive-path digests (struct pf_net_digest): each range is received in pieces of at
+ * most RX_DIGEST_PIECE bytes and every piece hashed right after it landed, while it is in
+ * this core's cache (a later pass over the staging memory reads it back from DRAM). */
+#define RX_DIGEST_PIECE (256u << 10)
+
+/* Receives the next len bytes of the WR into (*iov_p, *niov_p) (advanced past them), hashing
+ * them into st when st is not NULL. */
+static int tcpnet_recv_part(struct tcpqp *q, int fd, struct iovec **iov_p, int *niov_p,
+                            uint64_t len, XXH3_state_t *st)
+{
+    while (len > 0) {
+        struct iovec sub[TCPNET_MAX_SGE], keep[TCPNET_MAX_SGE];
+        int ns = 0;
+        uint64_t want = len < RX_DIGEST_PIECE ? len : RX_DIGEST_PIECE, got = 0;
+        struct iovec *iov = *iov_p;
+        int niov = *niov_p;
+        while (got < want && niov > 0) {
+            uint64_t take = iov->iov_len < want - got ? iov->iov_len : want - got;
+            sub[ns] = keep[ns] = (struct iovec){iov->iov_base, take};
+            ns++;
+            got += take;
+            if (take == iov->iov_len) {
+                iov++;
+                niov--;
+            } else {
+                iov->iov_base = (uint8_t *)iov->iov_base + take;
+                iov->iov_len -= take;
+            }
+        }
+        if (got < want)
+            return -EPROTO; /* ranges past the SGEs: refused at post */
+        int rc = tcpnet_recv_sge(q, fd, sub, ns);
+        if (rc)
+            return rc;
+        if (st)
+            for (int k = 0; k < ns; k++)
+                XXH3_64bits_update_dispatch(st, keep[k].iov_base, keep[k].iov_len);
+        *iov_p = iov;
+        *niov_p = niov;
+        len -= want;
+    }
+    return 0;
+}
+
+/* Receives the WR's bytes, range by range of its digest request, into out[]. */
+static int tcpnet_recv_digest(struct tcpqp *q, int fd, struct iovec *iov, int niov, uint64_t total,
+                              const struct pf_net_digest *d)
+{
+    XXH3_state_t st;
+    uint64_t done = 0;
+    for (uint32_t r = 0; r < d->n; r++) {
+        bool skip = (d->lens[r] & PF_NET_DIGEST_SKIP) != 0;
+        uint64_t len = d->lens[r] & ~PF_NET_DIGEST_SKIP;
+        if (!skip)
+            XXH3_64bits_reset(&st);
+        int rc = tcpnet_recv_part(q, fd, &iov, &niov, len, skip ? NULL : &st);
+        if (rc)
+            return rc;
+        if (!skip)
+            d->out[r] = XXH3_64bits_digest(&st);
+        done += len;
+    }
+    return tcpnet_recv_part(q, fd, &iov, &niov, total - done, NULL);
 }
 
 static int tcpnet_status_errno(uint32_t st)
@@ -185,9 +257,12 @@ static void *tcpnet_rx_main(void *arg)
         }
         nsge = w->nsge;
         memcpy(iov, w->iov, nsge * sizeof(iov[0]));
+        struct pf_net_digest dig = w->dig;
+        uint64_t wlen = w->len;
         pthread_mutex_unlock(&q->mu);
 
-        err = tcpnet_recv_sge(q, fd, iov, (int)nsge);
+        err = dig.n ? tcpnet_recv_digest(q, fd, iov, (int)nsge, wlen, &dig)
+                    : tcpnet_recv_sge(q, fd, iov, (int)nsge);
         if (err)
             break;
         pthread_mutex_lock(&q->mu);
@@ -340,8 +415,8 @@ err_state:
     return rc;
 }
 
-int pf_tcpnet_post_read(struct pf_net_qp *qpb, const struct pf_net_sge *sge, size_t nsge,
-                        uint64_t raddr, uint32_t rkey, uint64_t wr_id)
+static int post_read(struct pf_net_qp *qpb, const struct pf_net_sge *sge, size_t nsge,
+                     uint64_t raddr, uint32_t rkey, uint64_t wr_id, const struct pf_net_digest *d)
 {
     struct tcpqp *q = tcpnet_qp(qpb);
     struct tcpnic *nic = q->nic;
@@ -353,6 +428,16 @@ int pf_tcpnet_post_read(struct pf_net_qp *qpb, const struct pf_net_sge *sge, siz
             return -EINVAL;
     if (total > TCPNET_MAX_READ)
         return -EINVAL;
+    if (d) { /* ranges of at least a byte, together within the READ */
+        uint64_t sum = 0;
+        if (d->n == 0 || !d->lens || !d->out)
+            return -EINVAL;
+        for (uint32_t r = 0; r < d->n; r++) {
+            uint64_t l = d->lens[r] & ~PF_NET_DIGEST_SKIP;
+            if (l == 0 || (sum += l) > total)
+                return -EINVAL;
+        }
+    }
 
     int rc = 0;
     pthread_mutex_lock(&q->tx_mu);
@@ -390,6 +475,7 @@ int pf_tcpnet_post_read(struct pf_net_qp *qpb, const struct pf_net_sge *sge, siz
     }
     pthread_rwlock_unlock(&nic->mr_lock);
     w->nsge = (uint32_t)nsge;
+    w->dig = d ? *d : (struct pf_net_digest){0};
     w->wr_id = wr_id;
     w->len = total;
     w->seq = q->next_seq++;
@@ -417,6 +503,19 @@ out_unlock:
     pthread_mutex_unlock(&q->mu);
     pthread_mutex_unlock(&q->tx_mu);
     return rc;
+}
+
+int pf_tcpnet_post_read(struct pf_net_qp *qpb, const struct pf_net_sge *sge, size_t nsge,
+                        uint64_t raddr, uint32_t rkey, uint64_t wr_id)
+{
+    return post_read(qpb, sge, nsge, raddr, rkey, wr_id, NULL);
+}
+
+int pf_tcpnet_post_read_digest(struct pf_net_qp *qpb, const struct pf_net_sge *sge, size_t nsge,
+                               uint64_t raddr, uint32_t rkey, uint64_t wr_id,
+                               const struct pf_net_digest *d)
+{
+    return post_read(qpb, sge, nsge, raddr, rkey, wr_id, d);
 }
 
 int pf_tcpnet_poll(struct pf_net_qp *qpb, struct pf_net_cqe *out, size_t max, uint64_t timeout_ms)

@@ -21,6 +21,7 @@
 #include "pf/fault.h"
 #include "pf/hal.h"
 #include "pf/log.h"
+#include "pf/util.h"
 
 struct fnet {
     struct pf_net base;
@@ -147,8 +148,9 @@ static int f_connect(struct pf_net_qp *qp, const void *ep, size_t len)
     return pf_net_qp_connect(fq(qp)->inner, ep, len);
 }
 
-static int f_read(struct pf_net_qp *qp, const struct pf_net_sge *sge, size_t nsge, uint64_t raddr,
-                  uint32_t rkey, uint64_t wr_id)
+static int f_read_common(struct pf_net_qp *qp, const struct pf_net_sge *sge, size_t nsge,
+                         uint64_t raddr, uint32_t rkey, uint64_t wr_id,
+                         const struct pf_net_digest *dg)
 {
     struct fqp *q = fq(qp);
     struct fnet *f = fn(qp->net);
@@ -171,6 +173,11 @@ static int f_read(struct pf_net_qp *qp, const struct pf_net_sge *sge, size_t nsg
         struct ftrack t = {.id = wr_id, .corrupt = h.corrupt};
         if (h.delay_ms)
             t.release_ns = pf_now_ns() + h.delay_ms * PF_NS_PER_MS;
+        if (h.corrupt && dg && q->inner->net->ops->post_read_digest) {
+            t.ndig = dg->n;
+            t.dig_lens = dg->lens;
+            t.dig_out = dg->out;
+        }
         if (h.corrupt) {
             t.iov = calloc(nsge, sizeof(*t.iov));
             if (!t.iov) {
@@ -187,7 +194,9 @@ static int f_read(struct pf_net_qp *qp, const struct pf_net_sge *sge, size_t nsg
             goto out;
         }
     }
-    rc = pf_net_post_read(q->inner, sge, nsge, raddr, rkey, wr_id);
+    rc = dg && q->inner->net->ops->post_read_digest
+             ? q->inner->net->ops->post_read_digest(q->inner, sge, nsge, raddr, rkey, wr_id, dg)
+             : pf_net_post_read(q->inner, sge, nsge, raddr, rkey, wr_id);
     if (rc) {
         struct ftrack t;
         if (ftrack_take(&q->ts, wr_id, &t))
@@ -196,6 +205,49 @@ static int f_read(struct pf_net_qp *qp, const struct pf_net_sge *sge, size_t nsg
 out:
     pthread_mutex_unlock(&q->mu);
     return rc;
+}
+
+static int f_read(struct pf_net_qp *qp, const struct pf_net_sge *sge, size_t nsge, uint64_t raddr,
+                  uint32_t rkey, uint64_t wr_id)
+{
+    return f_read_common(qp, sge, nsge, raddr, rkey, wr_id, NULL);
+}
+
+static int f_read_digest(struct pf_net_qp *qp, const struct pf_net_sge *sge, size_t nsge,
+                         uint64_t raddr, uint32_t rkey, uint64_t wr_id,
+                         const struct pf_net_digest *d)
+{
+    return f_read_common(qp, sge, nsge, raddr, rkey, wr_id, d);
+}
+
+/* A corrupted READ's digests as a receiver hashing the landed bytes would have computed
+ * them: over the bytes after the corruption (it stands for damage before they landed). */
+static void redigest(const struct ftrack *t)
+{
+    size_t k = 0, off = 0;
+    for (uint32_t r = 0; r < t->ndig; r++) {
+        bool skip = (t->dig_lens[r] & PF_NET_DIGEST_SKIP) != 0;
+        uint64_t len = t->dig_lens[r] & ~PF_NET_DIGEST_SKIP;
+        struct pf_checksum c = {0};
+        bool hashing = !skip && pf_checksum_init(&c) == 0;
+        while (len > 0 && k < t->niov) {
+            size_t take = t->iov[k].iov_len - off < len ? t->iov[k].iov_len - off : len;
+            if (hashing)
+                pf_checksum_update(&c, (const uint8_t *)t->iov[k].iov_base + off, take);
+            len -= take;
+            off += take;
+            if (off == t->iov[k].iov_len) {
+                k++;
+                off = 0;
+            }
+        }
+        if (hashing) {
+            t->dig_out[r] = pf_checksum_final(&c);
+            pf_checksum_destroy(&c);
+        } else if (!skip) {
+            t->dig_out[r] = ~0ull; /* no memory to hash with: a digest that cannot match */
+        }
+    }
 }
 
 static int f_poll(struct pf_net_qp *qp, struct pf_net_cqe *out, size_t max, uint64_t timeout_ms)
@@ -210,7 +262,8 @@ static int f_poll(struct pf_net_qp *qp, struct pf_net_cqe *out, size_t max, uint
         uint64_t now = pf_now_ns();
         while (got < max && fdone_pop_ready(&q->ts, now, &d))
             out[got++] = (struct pf_net_cqe){d.id, (int)(d.res < 0 ? d.res : 0),
-                                             (uint64_t)(d.res > 0 ? d.res : 0)};
+                                             (uint64_t)(d.res > 0 ? d.res : 0),
+                                             (uint8_t)(d.res >= 0 && d.digested)};
         uint64_t next = fdone_next_release(&q->ts);
         pthread_mutex_unlock(&q->mu);
         if (got == max)
@@ -233,13 +286,17 @@ static int f_poll(struct pf_net_qp *qp, struct pf_net_cqe *out, size_t max, uint
                 continue;
             }
             /* after qp_invalidate the caller may have freed the buffer: never touch it */
-            if (t.corrupt && buf[i].status == 0 && !q->invalidated)
+            if (t.corrupt && buf[i].status == 0 && !q->invalidated) {
                 for (size_t k = 0; k < t.niov; k++)
                     pf_fault_corrupt(f->plan, t.iov[k].iov_base, t.iov[k].iov_len);
+                if (buf[i].digested && t.ndig)
+                    redigest(&t);
+            }
             free(t.iov);
             if (t.release_ns > pf_now_ns() && !q->invalidated)
-                fdone_add(&q->ts, buf[i].wr_id,
-                          buf[i].status ? buf[i].status : (int64_t)buf[i].bytes, t.release_ns);
+                fdone_add_digested(&q->ts, buf[i].wr_id,
+                                   buf[i].status ? buf[i].status : (int64_t)buf[i].bytes,
+                                   t.release_ns, buf[i].digested);
             else
                 out[got++] = buf[i];
         }
@@ -300,6 +357,7 @@ static const struct pf_net_ops fnet_ops = {
     .ep_host = f_ep_host,
     .ep_check = f_ep_check,
     .post_read = f_read,
+    .post_read_digest = f_read_digest,
     .poll = f_poll,
     .qp_invalidate = f_invalidate,
     .qp_destroy = f_qp_destroy,

@@ -33,6 +33,12 @@ bool ftrack_take(struct ftrack_set *s, uint64_t id, struct ftrack *out)
 
 int fdone_add(struct ftrack_set *s, uint64_t id, int64_t res, uint64_t release_ns)
 {
+    return fdone_add_digested(s, id, res, release_ns, false);
+}
+
+int fdone_add_digested(struct ftrack_set *s, uint64_t id, int64_t res, uint64_t release_ns,
+                       bool digested)
+{
     if (s->nd == s->capd) {
         size_t nc = s->capd ? s->capd * 2 : 8;
         void *p = realloc(s->d, nc * sizeof(*s->d));
@@ -41,7 +47,7 @@ int fdone_add(struct ftrack_set *s, uint64_t id, int64_t res, uint64_t release_n
         s->d = p;
         s->capd = nc;
     }
-    s->d[s->nd++] = (struct fdone){id, res, release_ns};
+    s->d[s->nd++] = (struct fdone){id, res, release_ns, digested};
     return 0;
 }
 

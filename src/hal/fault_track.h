@@ -15,12 +15,17 @@ struct ftrack {
     struct iovec *iov;   /* local buffers (for corruption) */
     size_t niov;
     void *bounce; /* decorator-owned buffer to free at completion */
+    /* NET: the READ's digest request (n == 0: none), recomputed over the corrupted bytes */
+    uint32_t ndig;
+    const uint32_t *dig_lens;
+    uint64_t *dig_out;
 };
 
 struct fdone {
     uint64_t id;
     int64_t res; /* bytes or -errno */
     uint64_t release_ns;
+    bool digested; /* NET: the held completion's digested flag */
 };
 
 struct ftrack_set {
@@ -34,6 +39,9 @@ int ftrack_add(struct ftrack_set *s, const struct ftrack *t);
 /* Removes and returns the tracking entry of id (false when untracked). */
 bool ftrack_take(struct ftrack_set *s, uint64_t id, struct ftrack *out);
 int fdone_add(struct ftrack_set *s, uint64_t id, int64_t res, uint64_t release_ns);
+/* fdone_add of a NET completion that keeps its digested flag. */
+int fdone_add_digested(struct ftrack_set *s, uint64_t id, int64_t res, uint64_t release_ns,
+                       bool digested);
 /* Pops a completion whose release time has passed. */
 bool fdone_pop_ready(struct ftrack_set *s, uint64_t now_ns, struct fdone *out);
 /* Earliest release time among held completions (UINT64_MAX when none). */

@@ -176,6 +176,7 @@ static void fill_net(struct pf_net_ops *d, const struct pf_net_ops *s)
     d->ep_check = s->ep_check; /* optional: NULL = no compatibility check */
     FILL(d, s, post_read, ns_read);
     d->post_reads = s->post_reads; /* optional: NULL = pf_net_post_reads posts one by one */
+    d->post_read_digest = s->post_read_digest; /* optional: NULL = digests not honoured */
     FILL(d, s, poll, ns_poll);
     FILL(d, s, qp_invalidate, ns_inval);
     FILL(d, s, qp_destroy, ns_qp_destroy);

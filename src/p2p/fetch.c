@@ -99,6 +99,13 @@ struct fetch {
     int8_t *verdict;   /* per block: 1 verified, -1 checksum mismatch, 0 not checked yet */
     uint16_t *bad_slot;
     struct p2p_vjob *vjobs; /* per block: its verification job (verify.c) */
+    /* receive-path digests (integrity on): per READ its request, per range its lengths,
+     * results and the (block, slot) it checks; per block the slots a digest verified */
+    struct pf_net_digest *digs;
+    uint32_t *dig_lens, *dig_block;
+    uint16_t *dig_slot;
+    uint64_t *dig_out;
+    uint16_t *dig_ok;
     struct p2p_vgroup vg;
     bool vg_init;
     char err[2 * P2P_ERRLEN];
@@ -296,8 +303,9 @@ static int plan_staging(struct fetch *f)
     f->verdict = calloc(f->k, sizeof(*f->verdict));
     f->bad_slot = calloc(f->k, sizeof(*f->bad_slot));
     f->vjobs = calloc(f->k, sizeof(*f->vjobs));
+    f->dig_ok = calloc(f->k, sizeof(*f->dig_ok));
     if (!f->where || !f->sbase || !f->spos || !f->pending || !f->verdict || !f->bad_slot ||
-        !f->vjobs)
+        !f->vjobs || !f->dig_ok)
         return -ENOMEM;
     size_t si = 0, pos = 0;
     for (size_t j = 0; j < f->k; j++) {
@@ -342,24 +350,127 @@ static void verify_job(void *ctx, size_t j)
     if (f->p->cfg.verify_hook)
         f->p->cfg.verify_hook(f->p->cfg.verify_hook_ctx, j);
     f->verdict[j] = verify_block(f, j);
+    pf_child_add(f->p->c_ver_worker, 1);
+}
+
+/* READ i's receive-path digests against the holder's checksums: a matching slot counts
+ * in dig_ok, a mismatch decides its block (-1). */
+static void check_digests(struct fetch *f, const struct p2p_read *rd)
+{
+    const struct pf_net_digest *d = rd->dig;
+    size_t r0 = (size_t)(d->lens - f->dig_lens);
+    for (uint32_t k = 0; k < d->n; k++) {
+        if (d->lens[k] & PF_NET_DIGEST_SKIP)
+            continue;
+        uint32_t b = f->dig_block[r0 + k];
+        uint16_t sl = f->dig_slot[r0 + k];
+        const Pegaflow__TransferSlotInfo *si = f->resp->blocks[b]->slots[sl];
+        if (!si->has_checksum || d->out[k] == si->checksum) {
+            f->dig_ok[b]++;
+        } else if (f->verdict[b] == 0) {
+            f->verdict[b] = -1;
+            f->bad_slot[b] = sl;
+        }
+    }
 }
 
 /* READ i landed: the blocks it completed go to the verification workers (NUMA-local to
  * the staging memory) while this thread keeps posting and polling the other READs; without
  * workers they are verified here, between polls. Nothing reads a verdict before
  * p2p_verify_wait (transfer). */
-static void on_read(void *ctx, size_t i)
+static void on_read(void *ctx, size_t i, bool digested)
 {
     struct fetch *f = ctx;
     const struct p2p_read *rd = &f->reads[i];
+    if (digested && rd->dig)
+        check_digests(f, rd);
     for (uint32_t s = rd->seg0; s < rd->seg0 + rd->nseg; s++) {
         uint32_t b = f->segs[s].block;
         if (--f->pending[b] != 0 || !f->p->cfg.integrity)
             continue;
+        if (f->verdict[b] == 0 && f->dig_ok[b] == f->resp->blocks[b]->n_slots) {
+            f->verdict[b] = 1; /* every slot checked as it landed: no second pass */
+            pf_child_add(f->p->c_ver_receive, 1);
+            continue;
+        }
+        if (f->verdict[b] != 0) { /* a digest mismatch decided it */
+            pf_child_add(f->p->c_ver_receive, 1);
+            continue;
+        }
         struct p2p_vjob *j = &f->vjobs[b];
         *j = (struct p2p_vjob){.g = &f->vg, .fn = verify_job, .ctx = f, .arg = b};
         p2p_verify_submit(f->p, f->chunks[f->segs[s].chunk].numa, j);
     }
+}
+
+/* Receive-path digest requests (HAL struct pf_net_digest) for the READs just built: a
+ * slot whose segments all travel in one READ, in order (K then V, adjacent: a READ's
+ * segments are contiguous), gets one range whose xxh3 is the slot's checksum; segments of
+ * slots split across READs are skipped ranges (their blocks keep the verification pass).
+ * A READ with nothing to check asks for no digest. */
+_Static_assert(2 * PF_P2P_MAX_READ < PF_NET_DIGEST_SKIP, "a slot's K + V fits a digest range");
+static int plan_digests(struct fetch *f)
+{
+    free(f->digs);
+    free(f->dig_lens);
+    free(f->dig_block);
+    free(f->dig_slot);
+    free(f->dig_out);
+    size_t cap = f->nsegs ? f->nsegs : 1;
+    f->digs = calloc(f->nreads ? f->nreads : 1, sizeof(*f->digs));
+    f->dig_lens = malloc(cap * sizeof(*f->dig_lens));
+    f->dig_block = malloc(cap * sizeof(*f->dig_block));
+    f->dig_slot = malloc(cap * sizeof(*f->dig_slot));
+    f->dig_out = malloc(cap * sizeof(*f->dig_out));
+    if (!f->digs || !f->dig_lens || !f->dig_block || !f->dig_slot || !f->dig_out)
+        return -ENOMEM;
+    size_t nr = 0;
+    for (size_t i = 0; i < f->nreads; i++) {
+        struct p2p_read *rd = &f->reads[i];
+        size_t r0 = nr, end = (size_t)rd->seg0 + rd->nseg;
+        bool any = false;
+        for (size_t t = rd->seg0; t < end;) {
+            const struct seg *s = &f->segs[t];
+            const Pegaflow__TransferSlotInfo *si = f->resp->blocks[s->block]->slots[s->slot];
+            uint64_t len = s->len;
+            size_t used = 1;
+            bool whole = false;
+            if (s->v == 0 && !si->v_ptr) {
+                whole = true;
+            } else if (s->v == 0 && t + 1 < end && f->segs[t + 1].block == s->block &&
+                       f->segs[t + 1].slot == s->slot && f->segs[t + 1].v == 1) {
+                len += f->segs[t + 1].len;
+                used = 2;
+                whole = true;
+            }
+            if (!whole) {
+                if (nr > r0 && (f->dig_lens[nr - 1] & PF_NET_DIGEST_SKIP) &&
+                    (f->dig_lens[nr - 1] & ~PF_NET_DIGEST_SKIP) + len < PF_NET_DIGEST_SKIP) {
+                    f->dig_lens[nr - 1] += (uint32_t)len; /* one skipped range */
+                } else {
+                    f->dig_lens[nr] = (uint32_t)len | PF_NET_DIGEST_SKIP;
+                    nr++;
+                }
+                t += used;
+                continue;
+            }
+            f->dig_lens[nr] = (uint32_t)len;
+            f->dig_block[nr] = s->block;
+            f->dig_slot[nr] = s->slot;
+            nr++;
+            any = true;
+            t += used;
+        }
+        if (!any) {
+            nr = r0; /* nothing to check here: a plain READ */
+            rd->dig = NULL;
+            continue;
+        }
+        f->digs[i] = (struct pf_net_digest){
+            .n = (uint32_t)(nr - r0), .lens = f->dig_lens + r0, .out = f->dig_out + r0};
+        rd->dig = &f->digs[i];
+    }
+    return 0;
 }
 
 /* 5. READ descriptors for the leased QPs (rebuilt when the connection is replaced). */
@@ -420,7 +531,7 @@ static int build_reads(struct fetch *f)
         };
         cur_chunk = s->chunk;
     }
-    return 0;
+    return p->cfg.integrity ? plan_digests(f) : 0;
 }
 
 /* p2p_xfer reroute (rail failover): READ i moves to NIC nic, with that NIC's keys (the pool
@@ -538,6 +649,12 @@ static void fetch_cleanup(struct fetch *f)
     free(f->verdict);
     free(f->bad_slot);
     free(f->vjobs);
+    free(f->dig_ok);
+    free(f->digs);
+    free(f->dig_lens);
+    free(f->dig_block);
+    free(f->dig_slot);
+    free(f->dig_out);
 }
 
 /* 5./6. The transfer, replacing a stale reused connection once. */
@@ -567,6 +684,7 @@ static int transfer(struct fetch *f)
             pf_random_bytes(&rot, sizeof(rot));
             memset(f->pending, 0, f->k * sizeof(*f->pending));
             memset(f->verdict, 0, f->k * sizeof(*f->verdict));
+            memset(f->dig_ok, 0, f->k * sizeof(*f->dig_ok));
             for (size_t i = 0; i < f->nsegs; i++)
                 f->pending[f->segs[i].block]++;
             struct p2p_xfer x = {

@@ -206,6 +206,15 @@ static void init_metrics(struct pf_p2p *p)
                           "Blocks whose checksum did not verify (turned into misses)", "tier");
     p->c_integrity = pf_metric_child1(p->m_integrity, "remote");
     pf_child_add(p->c_integrity, 0);
+    p->m_verified = pf_metric_counter(
+        "pegaflow_p2p_verified_blocks_total",
+        "Fetched blocks whose checksums were checked, by where: receive (the fabric hashed the "
+        "bytes as they landed) or worker (a verification pass over the staging memory)",
+        "path");
+    p->c_ver_receive = pf_metric_child1(p->m_verified, "receive");
+    p->c_ver_worker = pf_metric_child1(p->m_verified, "worker");
+    pf_child_add(p->c_ver_receive, 0);
+    pf_child_add(p->c_ver_worker, 0);
     p->m_serve_ssd = pf_metric_counter(
         "pegaflow_p2p_serve_ssd_blocks_total",
         "Blocks a peer asked for that were only on this node's SSD: read into RAM and served "

@@ -84,7 +84,8 @@ struct p2p_read {
     uint64_t raddr;
     uint32_t rkey; /* of `nic` */
     int nic;
-    uint32_t seg0, nseg; /* the caller's bookkeeping (segments this READ carries) */
+    uint32_t seg0, nseg;             /* the caller's bookkeeping (segments this READ carries) */
+    const struct pf_net_digest *dig; /* receive-path digests asked for (NULL: none) */
 };
 
 struct p2p_xfer {
@@ -96,7 +97,7 @@ struct p2p_xfer {
     const _Atomic bool *abort; /* optional: checked between rounds (-ECANCELED) */
     /* optional: READ i completed successfully (its bytes are in place); runs on the calling
      * thread between polls, so the caller can work on landed data while the rest flows */
-    void (*on_read)(void *ctx, size_t i);
+    void (*on_read)(void *ctx, size_t i, bool digested); /* digested: the cqe's flag */
     void *ctx;
     /* optional rail failover (docs/net.md "Per-NIC health"): when a QP fails with a transport
      * error (an error completion other than a remote access error, a broken-QP poll, a post
@@ -227,6 +228,8 @@ struct pf_p2p {
     struct p2p_vq *vq;
     size_t nvq;
 
+    struct pf_metric *m_verified; /* pegaflow_p2p_verified_blocks_total{path} */
+    struct pf_metric_child *c_ver_receive, *c_ver_worker;
     struct pf_metric *m_serve_ssd; /* pegaflow_p2p_serve_ssd_blocks_total{result} */
     struct pf_metric *m_rail_fail; /* pegaflow_rdma_rail_failures_total{nic} */
     struct pf_metric_child *c_serve_ssd_ok, *c_serve_ssd_failed;

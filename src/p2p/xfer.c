@@ -61,7 +61,7 @@ static int handle(struct xstate *s, size_t q, const struct pf_net_cqe *c, int n)
         s->x->completed++;
         s->x->bytes += s->reads[r].len;
         if (s->x->on_read)
-            s->x->on_read(s->x->ctx, r);
+            s->x->on_read(s->x->ctx, r, c[i].digested != 0);
     }
     return 0;
 }
@@ -147,8 +147,12 @@ static int post_some(struct xstate *s, size_t q, bool *progress)
             size_t r = s->order[s->cursor[nic] + m];
             const struct p2p_read *p = &s->reads[r];
             sge[m] = (struct pf_net_sge){.addr = p->local, .len = p->len, .lkey = p->lkey};
-            rd[m] = (struct pf_net_read){
-                .sge = &sge[m], .nsge = 1, .raddr = p->raddr, .rkey = p->rkey, .wr_id = r};
+            rd[m] = (struct pf_net_read){.sge = &sge[m],
+                                         .nsge = 1,
+                                         .raddr = p->raddr,
+                                         .rkey = p->rkey,
+                                         .wr_id = r,
+                                         .digest = p->dig};
             m++;
         }
         size_t k = 0;

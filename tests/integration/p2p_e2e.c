@@ -130,6 +130,12 @@ static void sc_basic(void)
     PFT_CHECK(node_metric(&NB, "pegaflow_rdma_qps") == 2, "B: rdma_qps != 2");
     PFT_CHECK(node_metric(&NB, "pegaflow_rdma_fetch_duration_seconds_count") == 1,
               "duration count");
+    /* every block checked once; K and V of a slot are separate READs here (per-layer K and
+     * V regions), so no receive-path digest can cover a slot: the verification pass does */
+    double vrx = node_metric(&NB, "pegaflow_p2p_verified_blocks_total{path=\"receive\"}"),
+           vwk = node_metric(&NB, "pegaflow_p2p_verified_blocks_total{path=\"worker\"}");
+    PFT_CHECK(vrx == 0 && vwk == (double)N, "verified %g (receive) + %g (worker), want 0 + %zu",
+              vrx, vwk, N);
     wait_metric(&NA, "pegaflow_transfer_lock_active", 0, false, 10000);
     wait_metric(&NA, "pegaflow_rpc_requests_total{method=\"release_transfer_lock\",status=\"ok\"}",
                 1, false, 10000);
@@ -542,7 +548,13 @@ static void sc_expire(void)
     world_free(&wb);
 }
 
-static void sc_corrupt(void)
+/* One READ corrupted in flight (the fault plan flips bytes of the 4th): the block it
+ * carried must not be served, whichever check finds it. KV_SPLIT (all K blocks, then all V
+ * blocks): K and V of a slot travel in separate READs, so the verification pass over the
+ * staging memory finds it. KV_ADJACENT (K then V per block): on the TCP fabric the slot's
+ * xxh3 is computed as its bytes land (receive path) and the mismatch is found there, no pass
+ * over staging at all; over verbs the pass finds it. */
+static void corrupt_case(enum kv_layout lay, uint64_t h0)
 {
     start_ms(0, "30");
     start_node(&NA, NULL);
@@ -554,23 +566,39 @@ static void sc_corrupt(void)
     struct world wa, wb;
     const size_t N = 12;
     /* one layer, K and V: 2 READs per block */
-    pworld(&wa, "inst-A", 1, 1, 64, 65536, 10, true);
-    pworld(&wb, "inst-B", 1, 1, 64, 65536, 0, false);
+    world_init_tagged(&wa, "inst-A", NSTR, 1, 1, lay, 64, 65536, 10, true);
+    world_init_tagged(&wb, "inst-B", NSTR, 1, 1, lay, 64, 65536, 0, false);
     world_register(ca, &wa);
     world_register(cb, &wb);
-    world_save_ok(ca, &wa, 1200, 0, N);
-    wait_meta(NA.p.addr, 1200, N, (long)N, 20000);
-    uint32_t hits = fetch_check(cb, &wb, "cor-1", 1200, N, 0, &wa, 0, 0, -1, 30000);
+    world_save_ok(ca, &wa, h0, 0, N);
+    wait_meta(NA.p.addr, h0, N, (long)N, 20000);
+    uint32_t hits = fetch_check(cb, &wb, "cor-1", h0, N, 0, &wa, 0, 0, -1, 30000);
     PFT_CHECK(hits < N, "a corrupted block was accepted (%u hits)", hits);
     PFT_CHECK(node_metric(&NB, "pegaflow_integrity_failures_total{tier=\"remote\"}") >= 1,
               "integrity failure not counted");
     PFT_CHECK(pft_log_contains(&NB.p, "failed checksum verification"), "not logged");
+    double vrx = node_metric(&NB, "pegaflow_p2p_verified_blocks_total{path=\"receive\"}"),
+           vwk = node_metric(&NB, "pegaflow_p2p_verified_blocks_total{path=\"worker\"}");
+    bool rx = lay == KV_ADJACENT && strcmp(net_backend, "tcp") == 0;
+    PFT_CHECK(rx ? vwk == 0 && vrx == (double)N : vrx == 0 && vwk == (double)N,
+              "%s: verified %g in the receive path, %g by the pass (want all %zu by the %s)",
+              lay == KV_ADJACENT ? "K|V adjacent" : "K, V split", vrx, vwk, N,
+              rx ? "receive path" : "pass");
+    fprintf(stderr, "    %s: %u of %zu blocks, the corrupted one refused by the %s\n",
+            lay == KV_ADJACENT ? "K|V adjacent" : "K, V split", hits, N,
+            rx ? "receive-path digest" : "verification pass");
     wait_metric(&NA, "pegaflow_transfer_lock_active", 0, false, 10000);
     pf_client_close(ca);
     pf_client_close(cb);
     stop_all();
     world_free(&wa);
     world_free(&wb);
+}
+
+static void sc_corrupt(void)
+{
+    corrupt_case(KV_SPLIT, 1200);
+    corrupt_case(KV_ADJACENT, 1250);
 }
 
 static void sc_evict(void)
@@ -672,6 +700,13 @@ static void sc_layouts(void)
         PFT_CHECK(loading >= 1, "%s: B must fetch from A (answer Loading)", ns[split]);
         fprintf(stderr, "    %s: %zu pages fetched from A, byte-exact on both devices of B\n",
                 split ? "layer-split shards" : "page-first replicas", N);
+        /* page-first pages and layer shards travel whole in one READ each: on the TCP
+         * fabric every one is checked as it lands, none by a pass over staging */
+        double vrx = node_metric(&NB, "pegaflow_p2p_verified_blocks_total{path=\"receive\"}"),
+               vwk = node_metric(&NB, "pegaflow_p2p_verified_blocks_total{path=\"worker\"}");
+        bool tcp = strcmp(net_backend, "tcp") == 0;
+        PFT_CHECK(tcp ? vrx == (double)(N * (size_t)(split + 1)) && vwk == 0 : vrx == 0,
+                  "%s: verified %g in the receive path, %g by the pass", ns[split], vrx, vwk);
         lw_free(&a);
         lw_free(&b);
     }

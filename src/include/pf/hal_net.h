@@ -67,19 +67,37 @@ struct pf_net_sge {
     uint32_t lkey;
 };
 
-/* One READ of a chain (post_reads): as post_read's arguments. */
+/* A digest request of one READ (post_read_digest): the READ's bytes, in order, split into
+ * n consecutive ranges of lens[i] bytes (together at most the READ's length); a backend
+ * that honours it writes XXH3_64bits (seed 0, pf_checksum2's value) of range i into out[i]
+ * as the bytes land, while they are in cache, and reports the completion with digested = 1.
+ * A range whose length has PF_NET_DIGEST_SKIP set is received but not hashed. lens and out
+ * must stay valid until the READ's completion has been polled (or flushed). The digests
+ * are of the bytes as they landed in local memory: the receiver's own check, not the
+ * wire's. */
+#define PF_NET_DIGEST_SKIP 0x80000000u
+struct pf_net_digest {
+    uint32_t n;
+    const uint32_t *lens;
+    uint64_t *out;
+};
+
+/* One READ of a chain (post_reads): as post_read's arguments; digest as post_read_digest's
+ * (NULL: none; a backend may ignore it, its completion then says digested = 0). */
 struct pf_net_read {
     const struct pf_net_sge *sge;
     size_t nsge;
     uint64_t raddr;
     uint32_t rkey;
     uint64_t wr_id;
+    const struct pf_net_digest *digest;
 };
 
 struct pf_net_cqe {
     uint64_t wr_id;
     int status; /* 0 or -errno (-EREMOTEIO: remote access error, -ECANCELED: flushed) */
     uint64_t bytes;
+    uint8_t digested; /* status 0 and the READ's digest request was honoured */
 };
 
 struct pf_net_ops {
@@ -116,6 +134,12 @@ struct pf_net_ops {
      * posted. NULL: pf_net_post_reads posts them one at a time. */
     int (*post_reads)(struct pf_net_qp *qp, const struct pf_net_read *reads, size_t n,
                       size_t *posted_p);
+    /* Optional: post_read with a digest request (struct pf_net_digest). NULL: the request
+     * cannot be honoured (verbs: the NIC writes memory, no CPU sees the bytes land);
+     * pf_net_post_reads then posts a plain READ and its completion says digested = 0. */
+    int (*post_read_digest)(struct pf_net_qp *qp, const struct pf_net_sge *sge, size_t nsge,
+                            uint64_t raddr, uint32_t rkey, uint64_t wr_id,
+                            const struct pf_net_digest *d);
     /* Returns up to max completions (>= 0), waiting up to timeout_ms for the first one
      * (0 = do not wait). -errno on a broken QP with nothing left to report. */
     int (*poll)(struct pf_net_qp *qp, struct pf_net_cqe *out, size_t max, uint64_t timeout_ms);
@@ -219,6 +243,15 @@ static inline int pf_net_post_read(struct pf_net_qp *qp, const struct pf_net_sge
 {
     return qp->net->ops->post_read(qp, sge, nsge, raddr, rkey, wr_id);
 }
+/* post_read with a digest request; -EOPNOTSUPP when the backend cannot honour one. */
+static inline int pf_net_post_read_digest(struct pf_net_qp *qp, const struct pf_net_sge *sge,
+                                          size_t nsge, uint64_t raddr, uint32_t rkey,
+                                          uint64_t wr_id, const struct pf_net_digest *d)
+{
+    if (!qp->net->ops->post_read_digest)
+        return -EOPNOTSUPP;
+    return qp->net->ops->post_read_digest(qp, sge, nsge, raddr, rkey, wr_id, d);
+}
 static inline int pf_net_post_reads(struct pf_net_qp *qp, const struct pf_net_read *reads, size_t n,
                                     size_t *posted_p)
 {
@@ -226,8 +259,12 @@ static inline int pf_net_post_reads(struct pf_net_qp *qp, const struct pf_net_re
     if (qp->net->ops->post_reads)
         return qp->net->ops->post_reads(qp, reads, n, posted_p);
     for (size_t k = 0; k < n; k++) {
-        int rc = qp->net->ops->post_read(qp, reads[k].sge, reads[k].nsge, reads[k].raddr,
-                                         reads[k].rkey, reads[k].wr_id);
+        int rc =
+            reads[k].digest && qp->net->ops->post_read_digest
+                ? qp->net->ops->post_read_digest(qp, reads[k].sge, reads[k].nsge, reads[k].raddr,
+                                                 reads[k].rkey, reads[k].wr_id, reads[k].digest)
+                : qp->net->ops->post_read(qp, reads[k].sge, reads[k].nsge, reads[k].raddr,
+                                          reads[k].rkey, reads[k].wr_id);
         if (rc)
             return rc;
         *posted_p = k + 1;

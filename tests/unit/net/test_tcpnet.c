@@ -15,6 +15,7 @@
 
 #include "../../../sim/net/tcpnet_wire.h"
 #include "pf/fault.h"
+#include "pf/util.h"
 
 /* ---- open / NIC info ---- */
 
@@ -519,6 +520,60 @@ static void test_peer_process_killed(void **st)
     close(down[1]);
 }
 
+/* ---- receive-path digests (post_read_digest) ---- */
+
+/* One READ of 1 MiB + 4 KiB over two SGEs, split into a 100-byte range, a skipped 50-byte
+ * range, a 600 KiB range that crosses the SGE boundary and the receive pieces, and a tail
+ * past the last range: each digest is xxh3 of those source bytes, every byte lands. */
+static void test_digest_ranges(void **st)
+{
+    struct nc_pair p;
+    nc_pair_open(&p);
+    const uint64_t off = 12345, len = (1ull << 20) + 4096, cut = 700ull << 10;
+    struct pf_net_sge sge[2] = {{p.dst, cut, p.dst_mr->lkey},
+                                {p.dst + (2ull << 20), len - cut, p.dst_mr->lkey}};
+    uint32_t lens[3] = {100, 50 | PF_NET_DIGEST_SKIP, 600u << 10};
+    uint64_t out[3] = {0, 0x5555, 0};
+    struct pf_net_digest d = {3, lens, out};
+    assert_int_equal(
+        pf_net_post_read_digest(p.qb, sge, 2, nc_raddr(&p, off), p.src_mr->rkey, 7, &d), 0);
+    struct pf_net_cqe c;
+    nc_wait(p.qb, &c, 1);
+    assert_int_equal(c.status, 0);
+    assert_int_equal(c.bytes, len);
+    assert_int_equal(c.digested, 1);
+    assert_true(out[0] == pf_checksum2(p.src + off, 100, NULL, 0));
+    assert_true(out[1] == 0x5555u); /* skipped: not written */
+    assert_true(out[2] == pf_checksum2(p.src + off + 150, 600u << 10, NULL, 0));
+    assert_memory_equal(p.dst, p.src + off, cut);
+    assert_memory_equal(p.dst + (2ull << 20), p.src + off + cut, len - cut);
+    /* a plain READ says it was not digested */
+    assert_int_equal(nc_read1(&p, 0, nc_raddr(&p, 0), p.src_mr->rkey, 4096, 8), 0);
+    nc_wait(p.qb, &c, 1);
+    assert_int_equal(c.status, 0);
+    assert_int_equal(c.digested, 0);
+    nc_pair_close(&p);
+}
+
+/* Digest requests the READ cannot satisfy are refused at post, and nothing is queued. */
+static void test_digest_bad_requests(void **st)
+{
+    struct nc_pair p;
+    nc_pair_open(&p);
+    struct pf_net_sge s = {p.dst, 4096, p.dst_mr->lkey};
+    uint64_t out[2];
+    uint32_t past[2] = {4000, 97}, zero[1] = {0}, skipzero[1] = {PF_NET_DIGEST_SKIP};
+    const struct pf_net_digest bad[] = {
+        {2, past, out}, {1, zero, out}, {1, skipzero, out}, {0, past, out}, {1, past, NULL}};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        assert_int_equal(
+            pf_net_post_read_digest(p.qb, &s, 1, nc_raddr(&p, 0), p.src_mr->rkey, i, &bad[i]),
+            -EINVAL);
+    struct pf_net_cqe c;
+    assert_int_equal(pf_net_poll(p.qb, &c, 1, 50), 0);
+    nc_pair_close(&p);
+}
+
 /* ---- faulty:tcp ---- */
 
 static struct pf_fault_plan *plan_of(const char *spec)
@@ -678,6 +733,38 @@ static void test_faulty_by_name(void **st)
     pf_fault_plan_free(plan);
 }
 
+/* faulty:tcp corrupting a digested READ: the digest is of the bytes as they landed, so it
+ * no longer matches the source (the receiver sees the damage), and a held (delayed)
+ * completion keeps its digested flag. */
+static void test_faulty_digest_corrupt_and_delay(void **st)
+{
+    struct pf_fault_plan *plan = plan_of("seed=3;net.read:corrupt=1,times=1;net.read:delay=50");
+    struct nc_pair p;
+    faulty_pair_open(&p, plan);
+    uint32_t lens[1] = {65536};
+    uint64_t out[2][1];
+    struct pf_net_digest d0 = {1, lens, out[0]}, d1 = {1, lens, out[1]};
+    for (int k = 0; k < 2; k++) {
+        struct pf_net_sge s = {p.dst + 65536 * (uint64_t)k, 65536, p.dst_mr->lkey};
+        assert_int_equal(pf_net_post_read_digest(p.qb, &s, 1, nc_raddr(&p, 65536 * (uint64_t)k),
+                                                 p.src_mr->rkey, (uint64_t)k, k ? &d1 : &d0),
+                         0);
+    }
+    struct pf_net_cqe c[2];
+    nc_wait(p.qb, c, 2);
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(c[k].status, 0);
+        assert_int_equal(c[k].digested, 1);
+    }
+    assert_true(memcmp(p.dst, p.src, 65536) != 0);                 /* corrupted ... */
+    assert_true(out[0][0] == pf_checksum2(p.dst, 65536, NULL, 0)); /* ... and so its digest */
+    assert_true(out[0][0] != pf_checksum2(p.src, 65536, NULL, 0));
+    assert_memory_equal(p.dst + 65536, p.src + 65536, 65536); /* delayed, intact */
+    assert_true(out[1][0] == pf_checksum2(p.src + 65536, 65536, NULL, 0));
+    nc_pair_close(&p);
+    pf_fault_plan_free(plan);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -703,6 +790,9 @@ int main(void)
         cmocka_unit_test(test_faulty_delay_then_invalidate),
         cmocka_unit_test(test_faulty_fatal),
         cmocka_unit_test(test_faulty_by_name),
+        cmocka_unit_test(test_digest_ranges),
+        cmocka_unit_test(test_digest_bad_requests),
+        cmocka_unit_test(test_faulty_digest_corrupt_and_delay),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

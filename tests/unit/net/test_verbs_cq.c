@@ -95,8 +95,8 @@ static void test_chain_one_post_send(void **st)
     struct pf_net_read rd[40];
     for (int i = 0; i < 40; i++) {
         sge[i] = (struct pf_net_sge){s.buf + 4096 * i, 100 + (uint64_t)i, s.mr->lkey};
-        rd[i] = (struct pf_net_read){&sge[i], 1, 0x10000 + 0x1000 * (uint64_t)i, 0x55,
-                                     1000 + (uint64_t)i};
+        rd[i] = (struct pf_net_read){
+            &sge[i], 1, 0x10000 + 0x1000 * (uint64_t)i, 0x55, 1000 + (uint64_t)i, NULL};
     }
     size_t k;
     F.post_sends = 0;
@@ -343,7 +343,7 @@ static void *worker_main(void *arg)
         struct pf_net_read rd[16];
         int m = 0;
         while (m < 16 && posted + m < CONC_READS && posted + m - w->got < 64) {
-            rd[m] = (struct pf_net_read){&g, 1, 0x2000, 3, base + (uint64_t)(posted + m)};
+            rd[m] = (struct pf_net_read){&g, 1, 0x2000, 3, base + (uint64_t)(posted + m), NULL};
             m++;
         }
         if (m > 0) {

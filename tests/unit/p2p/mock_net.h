@@ -267,7 +267,7 @@ static inline void mn_reap_locked(struct mqp *q)
     int i = 0;
     while (i < q->nout && !q->out[i].dropped && q->ncq < MN_MAXQ) {
         struct mn_wr *w = &q->out[i];
-        q->cq[q->ncq++] = (struct pf_net_cqe){w->wr_id, w->err, w->err ? 0 : w->len};
+        q->cq[q->ncq++] = (struct pf_net_cqe){w->wr_id, w->err, w->err ? 0 : w->len, 0};
         i++;
     }
     memmove(q->out, q->out + i, (size_t)(q->nout - i) * sizeof(q->out[0]));
@@ -329,7 +329,7 @@ static inline void mn_invalidate(struct pf_net_qp *qp)
     if (q->state != 2) {
         mn_reap_locked(q); /* finished READs keep their success */
         for (int i = 0; i < q->nout && q->ncq < MN_MAXQ; i++)
-            q->cq[q->ncq++] = (struct pf_net_cqe){q->out[i].wr_id, -ECANCELED, 0};
+            q->cq[q->ncq++] = (struct pf_net_cqe){q->out[i].wr_id, -ECANCELED, 0, 0};
         q->nout = 0;
         q->state = 2;
     }

@@ -77,7 +77,7 @@ static struct p2p_xfer mkx(struct fx *f, uint64_t tmo_ms, unsigned depth)
                              .rotate = 3};
 }
 
-static void count_read(void *ctx, size_t i)
+static void count_read(void *ctx, size_t i, bool digested)
 {
     ((int *)ctx)[i]++;
 }
@@ -110,7 +110,7 @@ static void test_spread_and_bound(void **st)
 }
 
 static int g_seen[NR];
-static void count_seen(void *ctx, size_t i)
+static void count_seen(void *ctx, size_t i, bool digested)
 {
     (void)ctx;
     g_seen[i]++;
