@@ -56,7 +56,8 @@ why_failed() { # log
   local l
   l=$(grep -aoE 'FAIL [^ ]+\.(c|h):[0-9]+: .*' "$1" | head -n 1)
   [ -n "$l" ] || l=$(grep -aE '^\[  ERROR   \] --- |^\[   LINE   \] --- ' "$1" | head -n 2 | tr '\n' ' ')
-  [ -n "$l" ] || l=$(grep -aoE '(FAIL|ERROR|Error|error):? .*' "$1" | grep -avE '^(FAIL|ERROR) +[a-z_0-9]+ +exit ' | head -n 1)
+  [ -n "$l" ] || l=$(grep -aoE 'FAIL: .*' "$1" | head -n 1)
+  [ -n "$l" ] || l=$(grep -aoE ' ERROR .*' "$1" | head -n 1)
   printf '%s' "${l:0:240}"
 }
 
