@@ -14,7 +14,10 @@
  * a valid response for it at its place (a reference reading of tcpnet_wire.h: magic, seq,
  * status OK, the requested length, the whole payload; the first invalid one puts the QP in
  * the error state), with exactly that payload; no byte outside the posted SGEs changes;
- * with flags 7 every READ succeeds. */
+ * with flags 7 every READ succeeds. Bit 4 of byte 1: the READs carry receive-path digest
+ * requests (post_read_digest: the first half of each READ hashed, the second half hashed on
+ * even READs and skipped on odd ones); a successful one then says digested, and each digest
+ * is xxh3 of those payload bytes (a skipped range's output untouched). */
 #include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -29,6 +32,7 @@
 #include "pf/hal.h"
 #include "pf/hal_net.h"
 #include "pf/log.h"
+#include "pf/util.h"
 
 #define NREAD_MAX 4
 #define SLOT      256 /* local bytes per READ; reads are at most 200 */
@@ -191,7 +195,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!p->stream)
         fz_fail("out of memory");
     int status[NREAD_MAX] = {0};
+    bool digested[NREAD_MAX] = {false};
     int nposted = 0;
+    /* receive-path digests: [0, half) hashed, [half, want_len) hashed (even i) or skipped */
+    const bool dig = (data[1] & 0x10) != 0;
+    const uint64_t half = (p->want_len + 1) / 2, rest = p->want_len - half;
+    uint32_t lens[NREAD_MAX][2];
+    uint64_t outs[NREAD_MAX][2];
+    struct pf_net_digest dg[NREAD_MAX];
+    for (int i = 0; i < NREAD_MAX; i++) {
+        lens[i][0] = (uint32_t)half;
+        lens[i][1] = (uint32_t)rest | ((i & 1) ? PF_NET_DIGEST_SKIP : 0);
+        outs[i][0] = outs[i][1] = 0x5a5a5a5a5a5a5a5aull;
+        dg[i] = (struct pf_net_digest){rest ? 2 : 1, lens[i], outs[i]};
+    }
     struct pf_net_qp *qp;
     if (pf_net_qp_create(net, 0, &qp) != 0)
         fz_fail("qp_create");
@@ -208,7 +225,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (rc == 0) {
         for (int i = 0; i < p->nread; i++) {
             struct pf_net_sge sge = {local + i * SLOT, p->want_len, mr->lkey};
-            int prc = pf_net_post_read(qp, &sge, 1, 0x1000, 7, (uint64_t)i);
+            int prc = dig ? pf_net_post_read_digest(qp, &sge, 1, 0x1000, 7, (uint64_t)i, &dg[i])
+                          : pf_net_post_read(qp, &sge, 1, 0x1000, 7, (uint64_t)i);
             if (prc == -ENOTCONN)
                 break; /* an earlier answer already broke the stream */
             if (prc != 0)
@@ -229,6 +247,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 done[i] = true;
                 ndone++;
                 status[i] = cqe[j].status;
+                digested[i] = cqe[j].digested != 0;
                 if (cqe[j].status == 0 && cqe[j].bytes != p->want_len)
                     fz_fail("READ %llu succeeded with %llu bytes of %llu", (unsigned long long)i,
                             (unsigned long long)cqe[j].bytes, (unsigned long long)p->want_len);
@@ -258,6 +277,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                     status[i] == 0 ? "succeeded" : "failed", ok ? "valid" : "not valid");
         if (ok && memcmp(local + i * SLOT, p->stream + pos + TCPNET_RESP_LEN, p->want_len) != 0)
             fz_fail("READ %d: data differs from the response payload", i);
+        if (status[i] == 0 && digested[i] != dig)
+            fz_fail("READ %d: digested %d, asked %d", i, digested[i], dig);
+        if (ok && dig) {
+            const uint8_t *pl = p->stream + pos + TCPNET_RESP_LEN;
+            if (outs[i][0] != pf_checksum2(pl, half, NULL, 0))
+                fz_fail("READ %d: digest of [0, %llu) is not xxh3 of those bytes", i,
+                        (unsigned long long)half);
+            if (rest && !(i & 1) && outs[i][1] != pf_checksum2(pl + half, rest, NULL, 0))
+                fz_fail("READ %d: digest of the second range is not xxh3 of those bytes", i);
+            if (rest && (i & 1) && outs[i][1] != 0x5a5a5a5a5a5a5a5aull)
+                fz_fail("READ %d: a skipped range's digest was written", i);
+        }
         if (!ok && (p->flags & 7) == 7)
             fz_fail("READ %d failed although every answer was valid", i);
         if (!ok)
