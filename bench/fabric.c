@@ -13,8 +13,9 @@
  * keeping the send queue full, then receives the same number of bytes over plain TCP
  * (blocking senders, receivers writing straight into the same destination buffer): over
  * one connection and over RAW_STREAMS parallel ones (disjoint ranges, as bench/p2p), each
- * written and read in block-size calls and in 256 KiB calls, and over one connection in
- * single calls; the fastest is the raw sample of that round. Rounds alternate fabric and raw,
+ * written and read in block-size calls and in 256 KiB, 1 MiB and 4 MiB calls, and over one
+ * connection in single calls; the fastest is the raw sample of that round. Rounds alternate fabric
+ * and raw,
  * --reps times; the table reports medians and the ratio of medians, and the JSON file holds every
  * sample. Every fabric round reads into a cleared destination and its bytes are checked against the
  * holder's checksum (outside the timing).
@@ -121,7 +122,9 @@ static struct pf_net *open_nic(const char *nic)
 #define RAW_STREAMS     4 /* parallel raw TCP streams (several, as bench/p2p) */
 #define RAW_STREAMS_STR "4"
 #define RAW_MAX_STREAMS 8
-#define RAW_SMALL       (256u << 10) /* the raw streams also try 256 KiB calls */
+/* the raw streams also try calls of these sizes at every block size (which is fastest
+ * depends on the day's VM: 256 KiB on 2026-12-01, 1 MiB on 2026-12-02) */
+static const uint64_t raw_calls[] = {256u << 10, 1u << 20, 4u << 20};
 
 /* ---- holder (child) ---- */
 
@@ -426,8 +429,8 @@ static double raw_round(struct reader *r, uint64_t chunk, int nstreams)
 
 /* The raw baseline of one round, so the ratio is never flattered by a weak baseline: the
  * fastest of one stream and RAW_STREAMS parallel streams (as bench/p2p), each written and
- * read in block-size calls and in 256 KiB calls (*chunked_p), and one stream in a single
- * call (the kernel's best case, *whole_p). */
+ * read in block-size calls and in 256 KiB, 1 MiB and 4 MiB calls (*chunked_p), and one stream in a
+ * single call (the kernel's best case, *whole_p). */
 static double raw_best(struct reader *r, uint64_t blk, double *chunked_p, double *whole_p,
                        double *cpu_p)
 {
@@ -441,14 +444,16 @@ static double raw_best(struct reader *r, uint64_t blk, double *chunked_p, double
     *cpu_p = cpu_s(r->holder) - c0;
     if (*chunked_p <= 0)
         return -1;
-    const uint64_t chunks[2] = {blk, RAW_SMALL};
+    uint64_t chunks[1 + PF_ARRAY_SIZE(raw_calls)] = {blk};
+    int nc = 1;
+    for (size_t k = 0; k < PF_ARRAY_SIZE(raw_calls); k++)
+        if (raw_calls[k] != blk && raw_calls[k] < r->o->size)
+            chunks[nc++] = raw_calls[k];
     const int streams[2] = {1, RAW_STREAMS};
-    for (int c = 0; c < 2; c++)
+    for (int c = 0; c < nc; c++)
         for (int k = 0; k < 2; k++) {
             if (c == 0 && k == 0)
                 continue; /* measured above */
-            if (c == 1 && chunks[1] == blk)
-                continue;
             double t = raw_round(r, chunks[c], streams[k]);
             if (t <= 0)
                 return -1;
@@ -675,7 +680,7 @@ static int report(struct run *f)
            o->reps,
            verbs ? "ibv_post_send READs of the block size, 128 outstanding, on the same devices"
                  : "the fastest, in each run, of 1 and " RAW_STREAMS_STR " parallel streams in "
-                   "block-size and 256 KiB calls and of one stream in single calls",
+                   "block-size, 256 KiB, 1 MiB and 4 MiB calls and of one stream in single calls",
            verbs ? " (soft-RoCE's work runs in kernel threads and is not counted)"
                  : ", block-size raw stream");
     cJSON *root = bu_json_obj(NULL, NULL);

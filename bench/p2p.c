@@ -15,8 +15,8 @@
  * check) and the sealed blocks. Rounds alternate with the raw baseline (ABBA: odd rounds
  * raw first): --size bytes sent from A's namespace to B's over as many parallel TCP
  * connections as the servers use QPs per peer (--qps), with the same huge-page advice as
- * the servers' pools, the fastest of block-size, 256 KiB and single calls. The table reports
- * medians and their ratio.
+ * the servers' pools, the fastest of block-size, 256 KiB, 1 MiB, 4 MiB and single calls. The table
+ * reports medians and their ratio.
  *
  * Verification on vs off (--verify-row on, the default with --integrity on): a second
  * requester next to B runs with --integrity off; every round fetches the same blocks on
@@ -92,13 +92,14 @@
 #include "rawverbs.h"
 
 #define MAX_BLOCKS 8
-/* the raw streams also run in calls of this size at every block size: on this VM two TCP
- * streams in 256 KiB calls beat 4 MiB and whole-buffer calls (5.7 vs 4.5 GB/s) */
-#define RAW_SMALL (256ull << 10)
-#define MAX_REPS  32
-#define HLEN      32
-#define TMO       60000
-#define NSTR      "ns-bench-p2p"
+/* the raw streams also run in calls of these sizes at every block size: which call size is
+ * fastest depends on the day's VM (2026-12-01: 256 KiB, 5.7 vs 4.5 GB/s in 4 MiB calls;
+ * 2026-12-02: 1 MiB, 2.0-2.2 vs 1.6-1.8 GB/s in 256 KiB or 4 MiB calls) */
+static const uint64_t raw_calls[] = {256ull << 10, 1ull << 20, 4ull << 20};
+#define MAX_REPS 32
+#define HLEN     32
+#define TMO      60000
+#define NSTR     "ns-bench-p2p"
 
 struct opts {
     uint64_t size;
@@ -488,14 +489,23 @@ static void connect_clients(struct run *R)
 }
 
 /* The raw TCP baseline of one round: seconds of the fastest of block-size calls, whole-buffer
- * calls and RAW_SMALL calls; *cpu_p the CPU seconds of that variant (sender + receiver). */
+ * calls and the raw_calls sizes (each distinct size once); *cpu_p the CPU seconds of that
+ * variant (sender + receiver). */
 static double raw_best(const struct opts *o, uint64_t bs, double *cpu_p)
 {
-    const uint64_t chunk[3] = {bs, o->size, RAW_SMALL};
+    uint64_t chunk[2 + PF_ARRAY_SIZE(raw_calls)];
+    int n = 0;
+    chunk[n++] = bs;
+    chunk[n++] = o->size;
+    for (size_t k = 0; k < PF_ARRAY_SIZE(raw_calls); k++) {
+        bool seen = false;
+        for (int j = 0; j < n; j++)
+            seen = seen || chunk[j] == raw_calls[k];
+        if (!seen && raw_calls[k] < o->size)
+            chunk[n++] = raw_calls[k];
+    }
     double best = 0;
-    for (int i = 0; i < 3; i++) {
-        if (i == 2 && bs == RAW_SMALL)
-            break;
+    for (int i = 0; i < n; i++) {
         double c0 = proc_cpu_s(raw_pid) + proc_cpu_s(0);
         double s = raw_round(o->size, chunk[i], o->qps);
         double c = proc_cpu_s(raw_pid) + proc_cpu_s(0) - c0;
@@ -609,8 +619,9 @@ static void throughput_phase(struct run *R)
                o->reps);
     else
         printf("method: %d rounds per block size, ABBA with raw TCP: %d parallel streams over the "
-               "same veth pair, same huge-page advice, the fastest of block-size, 256 KiB and "
-               "single calls; p2p = B's QueryPrefetch Loading -> Ready (discovery, lock, READs, "
+               "same veth pair, same huge-page advice, the fastest of block-size, 256 KiB, 1 MiB, "
+               "4 MiB and single calls; p2p = B's QueryPrefetch Loading -> Ready (discovery, lock, "
+               "READs, "
                "every slot's checksum verified with --integrity on, sealed); every fetched block "
                "counted, and after every round loaded on the requester and compared byte for byte "
                "with A's; medians; CPU = CPU (run-time) seconds per GiB moved, summed over the "
