@@ -7,7 +7,9 @@
  * can hand out at most poll_max completions per poll (so a test sees completions arrive one
  * by one while other work runs) and counts them (mn_wait_delivered). It
  * records every call, and calls on_invalidate (before flushing) so a test can check what
- * still exists at that moment (e.g. that the staging memory is still allocated). */
+ * still exists at that moment (e.g. that the staging memory is still allocated). With
+ * `digests` set it honours receive-path digest requests (post_read_digest) as the TCP fabric
+ * does: xxh3 of each range of the bytes as they landed (after a scripted corruption). */
 #ifndef PF_TEST_MOCK_NET_H
 #define PF_TEST_MOCK_NET_H
 
@@ -20,6 +22,7 @@
 
 #include "pf/clock.h"
 #include "pf/hal_net.h"
+#include "pf/util.h"
 
 #define MN_DEPTH 128
 #define MN_MAXQ  512
@@ -32,6 +35,7 @@ struct mn_wr {
     int err;      /* completion status when delivered */
     bool dropped; /* never completes */
     bool corrupt;
+    bool digested;
 };
 
 struct mnet;
@@ -59,6 +63,8 @@ struct mnet {
     int post_fail_nth, post_fail_err, post_fail_times;
     int complete_err_nth, complete_err;
     int corrupt_nth;
+    bool digests;     /* honour post_read_digest */
+    int digest_reads; /* READs whose digests were computed */
     int drop_from_nth;
     int drop_every; /* every k-th READ is dropped */
     int connect_err;
@@ -208,8 +214,9 @@ static inline int mn_ep_check(struct pf_net_qp *qp, const void *ep, size_t len, 
     return 0;
 }
 
-static inline int mn_post(struct pf_net_qp *qp, const struct pf_net_sge *sge, size_t nsge,
-                          uint64_t raddr, uint32_t rkey, uint64_t wr_id)
+static inline int mn_post_common(struct pf_net_qp *qp, const struct pf_net_sge *sge, size_t nsge,
+                                 uint64_t raddr, uint32_t rkey, uint64_t wr_id,
+                                 const struct pf_net_digest *d)
 {
     struct mqp *q = (struct mqp *)qp;
     struct mnet *m = q->n;
@@ -234,7 +241,7 @@ static inline int mn_post(struct pf_net_qp *qp, const struct pf_net_sge *sge, si
     }
     int r = ++m->reads;
     struct mn_wr *w = &q->out[q->nout++];
-    *w = (struct mn_wr){wr_id, sge[0].addr, (const void *)(uintptr_t)raddr, sge[0].len, 0,
+    *w = (struct mn_wr){wr_id, sge[0].addr, (const void *)(uintptr_t)raddr, sge[0].len, 0, false,
                         false, false};
     if (m->complete_err_nth && r == m->complete_err_nth)
         w->err = m->complete_err;
@@ -253,6 +260,17 @@ static inline int mn_post(struct pf_net_qp *qp, const struct pf_net_sge *sge, si
             memcpy(w->dst, w->src, w->len);
             if (w->corrupt)
                 ((uint8_t *)w->dst)[w->len / 2] ^= 0x5a;
+            if (d && m->digests) {
+                uint64_t off = 0;
+                for (uint32_t j = 0; j < d->n; j++) {
+                    uint64_t l = d->lens[j] & ~PF_NET_DIGEST_SKIP;
+                    if (!(d->lens[j] & PF_NET_DIGEST_SKIP))
+                        d->out[j] = pf_checksum2((const uint8_t *)w->dst + off, l, NULL, 0);
+                    off += l;
+                }
+                w->digested = true;
+                m->digest_reads++;
+            }
         }
     }
     pthread_cond_broadcast(&q->cv);
@@ -261,13 +279,32 @@ static inline int mn_post(struct pf_net_qp *qp, const struct pf_net_sge *sge, si
     return 0;
 }
 
+static inline int mn_post(struct pf_net_qp *qp, const struct pf_net_sge *sge, size_t nsge,
+                          uint64_t raddr, uint32_t rkey, uint64_t wr_id)
+{
+    return mn_post_common(qp, sge, nsge, raddr, rkey, wr_id, NULL);
+}
+
+static inline int mn_post_digest(struct pf_net_qp *qp, const struct pf_net_sge *sge, size_t nsge,
+                                 uint64_t raddr, uint32_t rkey, uint64_t wr_id,
+                                 const struct pf_net_digest *d)
+{
+    uint64_t sum = 0;
+    for (uint32_t k = 0; k < d->n; k++)
+        sum += d->lens[k] & ~PF_NET_DIGEST_SKIP;
+    if (d->n == 0 || nsge != 1 || sum > sge[0].len)
+        return -EINVAL;
+    return mn_post_common(qp, sge, nsge, raddr, rkey, wr_id, d);
+}
+
 /* Moves completed WRs (in order, stopping at the first dropped one) to the CQ. */
 static inline void mn_reap_locked(struct mqp *q)
 {
     int i = 0;
     while (i < q->nout && !q->out[i].dropped && q->ncq < MN_MAXQ) {
         struct mn_wr *w = &q->out[i];
-        q->cq[q->ncq++] = (struct pf_net_cqe){w->wr_id, w->err, w->err ? 0 : w->len, 0};
+        q->cq[q->ncq++] =
+            (struct pf_net_cqe){w->wr_id, w->err, w->err ? 0 : w->len, w->digested && !w->err};
         i++;
     }
     memmove(q->out, q->out + i, (size_t)(q->nout - i) * sizeof(q->out[0]));
@@ -366,6 +403,7 @@ static const struct pf_net_ops mn_ops = {
     .qp_connect = mn_connect,
     .ep_check = mn_ep_check,
     .post_read = mn_post,
+    .post_read_digest = mn_post_digest,
     .poll = mn_poll,
     .qp_invalidate = mn_invalidate,
     .qp_destroy = mn_qp_destroy,

@@ -749,6 +749,59 @@ static void test_checksum_mismatch(void **st)
     fx_down();
 }
 
+/* Receive-path digests (a fabric that hashes the bytes as they land, as the TCP one does):
+ * with contiguous remote segments a READ carries whole slots (K then V), whose digests
+ * decide their blocks with no pass over staging; with gaps every segment is its own READ, a
+ * slot's K and V in two, so every block goes to the verification pass. Byte-exact either way;
+ * each block verified exactly once. */
+static void test_receive_path_digests(void **st)
+{
+    static const uint64_t gaps[2] = {0, GAP};
+    for (int g = 0; g < 2; g++) {
+        fx_up(1, 16 << 20, gaps[g]);
+        F.m.digests = true;
+        double r0 = m("pegaflow_p2p_verified_blocks_total", "receive"),
+               w0 = m("pegaflow_p2p_verified_blocks_total", "worker");
+        struct pf_block *out[NBLK];
+        assert_int_equal(fetch(g ? "dg1" : "dg0", NBLK, false, out), NBLK);
+        check_blocks(out, NBLK);
+        put_all(out, NBLK);
+        double dr = m("pegaflow_p2p_verified_blocks_total", "receive") - r0,
+               dw = m("pegaflow_p2p_verified_blocks_total", "worker") - w0;
+        assert_true(dr + dw == NBLK);
+        if (g == 0) {
+            assert_true(F.m.digest_reads > 0);
+            assert_true(dr == NBLK); /* contiguous: every slot travels whole in a READ */
+        } else {
+            assert_int_equal(F.m.digest_reads, 0); /* no READ carries a whole slot */
+            assert_true(dr == 0 && dw == NBLK);
+        }
+        fx_down();
+    }
+}
+
+/* A READ corrupted as it lands, its digests computed over the damaged bytes: the mismatch
+ * is found in the receive path (no verification pass for it), the run ends before that
+ * block, counted as an integrity failure. */
+static void test_receive_path_digest_mismatch(void **st)
+{
+    fx_up(1, 16 << 20, 0);
+    F.m.digests = true;
+    F.m.corrupt_nth = 1; /* the first READ: it carries block 0's slots */
+    double i0 = m("pegaflow_integrity_failures_total", "remote"),
+           w0 = m("pegaflow_p2p_verified_blocks_total", "worker");
+    struct pf_block *out[NBLK];
+    size_t got = fetch("dgc", NBLK, false, out);
+    assert_true(got < NBLK);
+    check_blocks(out, got);
+    put_all(out, got);
+    assert_true(m("pegaflow_integrity_failures_total", "remote") == i0 + 1);
+    assert_true(F.m.digest_reads > 0);
+    /* every block, the corrupted one included, was decided by its digests */
+    assert_true(m("pegaflow_p2p_verified_blocks_total", "worker") == w0);
+    fx_down();
+}
+
 static void test_alloc_failure_keeps_connection(void **st)
 {
     fx_up(1, 64 << 10, GAP); /* 64 KiB pool: NBLK * 16 KiB does not fit */
@@ -1145,6 +1198,8 @@ int main(void)
         cmocka_unit_test(test_timeout_invalidates_before_free),
         cmocka_unit_test(test_error_completion),
         cmocka_unit_test(test_checksum_mismatch),
+        cmocka_unit_test(test_receive_path_digests),
+        cmocka_unit_test(test_receive_path_digest_mismatch),
         cmocka_unit_test(test_checksum_mismatch_inline),
         cmocka_unit_test(test_verify_overlaps_reads),
         cmocka_unit_test(test_alloc_failure_keeps_connection),
