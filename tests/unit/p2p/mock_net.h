@@ -289,11 +289,16 @@ static inline int mn_post_digest(struct pf_net_qp *qp, const struct pf_net_sge *
                                  uint64_t raddr, uint32_t rkey, uint64_t wr_id,
                                  const struct pf_net_digest *d)
 {
+    /* the TCP fabric's rules (sim/net/tcpnet_qp.c post_read): ranges of at least a byte,
+     * together within the READ, results somewhere to go */
     uint64_t sum = 0;
-    for (uint32_t k = 0; k < d->n; k++)
-        sum += d->lens[k] & ~PF_NET_DIGEST_SKIP;
-    if (d->n == 0 || nsge != 1 || sum > sge[0].len)
+    if (!d || d->n == 0 || !d->lens || !d->out || nsge != 1)
         return -EINVAL;
+    for (uint32_t k = 0; k < d->n; k++) {
+        uint64_t l = d->lens[k] & ~PF_NET_DIGEST_SKIP;
+        if (l == 0 || (sum += l) > sge[0].len)
+            return -EINVAL;
+    }
     return mn_post_common(qp, sge, nsge, raddr, rkey, wr_id, d);
 }
 
