@@ -526,6 +526,8 @@ static int tcpnet_open(const struct pf_net_config *cfg, struct pf_net **n_p)
         return -ENOMEM;
     t->base.ops = &tcpnet_ops;
     t->sockbuf = (int)tcpnet_env_u64("PEGAFLOW_TCPNET_SOCKBUF", 0, 1u << 30);
+    t->send_wait_ns =
+        tcpnet_env_u64("PEGAFLOW_TCPNET_SEND_WAIT_US", TCPNET_SEND_WAIT_US, 1000u * 1000u) * 1000u;
     t->connect_ms =
         tcpnet_env_u64("PEGAFLOW_TCPNET_CONNECT_TIMEOUT_MS", TCPNET_CONNECT_MS, 3600u * 1000u);
     int nthreads = (int)tcpnet_env_u64("PEGAFLOW_TCPNET_THREADS", TCPNET_DEFAULT_THREADS, 64);

@@ -18,8 +18,10 @@
  * unless that QP is live and, once connected, paired with that requester). READ requests
  * are answered in order: rkey, access and bounds are checked against the live region table
  * on every request; a bad request gets an error response and never data. Data is sent
- * straight from registered memory with non-blocking sendmsg; every sendmsg runs under the
- * region table's read lock after re-looking the region up, so dereg_mem (write lock) returns
+ * straight from registered memory with non-blocking sendmsg (a full socket is waited for in
+ * place, at most send_wait_ns per wake, before the connection is re-armed in epoll); every
+ * sendmsg runs under the region table's read lock after re-looking the region up (the wait
+ * does not hold it), so dereg_mem (write lock) returns
  * only when no send from that region is in progress and none can start (a response cut
  * short by dereg_mem kills the connection, as a remote access error kills an RC QP).
  * The application is never involved.
@@ -71,6 +73,7 @@
 #define TCPNET_MAX_SGE         16
 #define TCPNET_SREQ_CAP        256           /* queued requests per serving connection */
 #define TCPNET_SERVE_BUDGET    (16ull << 20) /* bytes served per wake before yielding */
+#define TCPNET_SEND_WAIT_US    5000 /* in-place wait for a full socket per wake (see above) */
 #define TCPNET_DEFAULT_THREADS 2
 #define TCPNET_CONNECT_MS      5000
 #define TCPNET_USER_TIMEOUT_MS 30000
@@ -184,6 +187,7 @@ struct tcpnet {
     int nnics;
     struct tcpnic *nics;
     int sockbuf;
+    uint64_t send_wait_ns; /* TCPNET_SEND_WAIT_US */
     uint64_t connect_ms;
     struct tcpnet_tls *tls; /* TLS on every connection (tcpnet_tls.c), or NULL */
 };

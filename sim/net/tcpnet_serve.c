@@ -187,9 +187,32 @@ static void tcpnet_sconn_prepare(struct sconn *c)
     c->cur = true;
 }
 
-/* Sends as much of the current response as the socket takes. 1: would block, 0: response
- * done, -errno: connection must close. *sent_p accumulates payload bytes sent. */
-static int tcpnet_sconn_send_cur(struct sconn *c, uint64_t *sent_p)
+/* Waits for c's full socket to take more, at most *wait_ns (decremented by the time spent),
+ * as a blocking send would: a wake-up through the shared epoll set costs the stream more
+ * (bench/README.md "P2P: waiting in place"). true: writable (or an error a send will
+ * report), false: the time is spent. */
+static bool tcpnet_sconn_wait_out(struct sconn *c, uint64_t *wait_ns)
+{
+    while (*wait_ns > 0) {
+        uint64_t t0 = pf_now_ns();
+        struct timespec ts = {.tv_sec = (time_t)(*wait_ns / 1000000000u),
+                              .tv_nsec = (long)(*wait_ns % 1000000000u)};
+        struct pollfd pfd = {.fd = c->fd, .events = POLLOUT};
+        int n = ppoll(&pfd, 1, &ts, NULL);
+        uint64_t spent = pf_now_ns() - t0;
+        *wait_ns = spent >= *wait_ns ? 0 : *wait_ns - spent;
+        if (n > 0)
+            return true;
+        if (n < 0 && errno != EINTR)
+            return false;
+    }
+    return false;
+}
+
+/* Sends as much of the current response as the socket takes, waiting in place up to
+ * *wait_ns in total when it is full. 1: would block, 0: response done, -errno: connection
+ * must close. *sent_p accumulates payload bytes sent. */
+static int tcpnet_sconn_send_cur(struct sconn *c, uint64_t *sent_p, uint64_t *wait_ns)
 {
     struct tcpnic *nic = c->nic;
     for (;;) {
@@ -236,8 +259,11 @@ static int tcpnet_sconn_send_cur(struct sconn *c, uint64_t *sent_p)
         if (n < 0) {
             if (e == EINTR)
                 continue;
-            if (e == EAGAIN || e == EWOULDBLOCK)
+            if (e == EAGAIN || e == EWOULDBLOCK) {
+                if (tcpnet_sconn_wait_out(c, wait_ns))
+                    continue;
                 return 1;
+            }
             return -e;
         }
         size_t h = TCPNET_RESP_LEN - c->hdr_off;
@@ -256,7 +282,7 @@ static int tcpnet_sconn_send_cur(struct sconn *c, uint64_t *sent_p)
 }
 
 /* 1: would block (want EPOLLOUT), 0: idle, 2: budget spent, -errno: close. */
-static int tcpnet_sconn_write(struct sconn *c, uint64_t *budget)
+static int tcpnet_sconn_write(struct sconn *c, uint64_t *budget, uint64_t *wait_ns)
 {
     while (c->ack_off < c->ack_len) {
         ssize_t n =
@@ -279,7 +305,7 @@ static int tcpnet_sconn_write(struct sconn *c, uint64_t *budget)
             tcpnet_sconn_prepare(c);
         }
         uint64_t sent = 0;
-        int rc = tcpnet_sconn_send_cur(c, &sent);
+        int rc = tcpnet_sconn_send_cur(c, &sent, wait_ns);
         *budget = sent >= *budget ? 0 : *budget - sent;
         if (rc)
             return rc;
@@ -293,13 +319,13 @@ static void tcpnet_sconn_serve(struct sconn *c, uint32_t events)
     pthread_mutex_lock(&c->mu);
     if (events & EPOLLERR)
         goto err_close;
-    uint64_t budget = TCPNET_SERVE_BUDGET;
+    uint64_t budget = TCPNET_SERVE_BUDGET, wait_ns = c->nic->net->send_wait_ns;
     bool want_out = false;
     for (;;) {
         int rc = tcpnet_sconn_read(c);
         if (rc)
             goto err_close;
-        rc = tcpnet_sconn_write(c, &budget);
+        rc = tcpnet_sconn_write(c, &budget, &wait_ns);
         if (rc < 0)
             goto err_close;
         if (rc > 0) {

@@ -368,6 +368,76 @@ static void test_hello_checks(void **st)
     nc_pair_close(&p);
 }
 
+/* A requester that stops reading: the serving thread waits in place for its full socket at
+ * most PEGAFLOW_TCPNET_SEND_WAIT_US a wake, then re-arms it in epoll and serves the others
+ * (one serving thread here: a wait without that bound would starve the second QP's READ);
+ * the stalled response, drained afterwards, arrives whole and byte-exact. */
+static void test_stalled_reader_does_not_hold_the_server(void **st)
+{
+    setenv("PEGAFLOW_TCPNET_THREADS", "1", 1);
+    setenv("PEGAFLOW_TCPNET_SEND_WAIT_US", "20000", 1);
+    setenv("PEGAFLOW_TCPNET_SOCKBUF", "65536", 1);
+    struct nc_pair p;
+    nc_pair_open(&p);
+    unsetenv("PEGAFLOW_TCPNET_THREADS");
+    unsetenv("PEGAFLOW_TCPNET_SEND_WAIT_US");
+    unsetenv("PEGAFLOW_TCPNET_SOCKBUF");
+    /* a scripted requester paired with a fresh QP of A */
+    struct pf_net_qp *qx;
+    assert_int_equal(pf_net_qp_create(p.a.net, 0, &qx), 0);
+    uint8_t ex[PF_NET_EP_MAX];
+    size_t lx;
+    assert_int_equal(pf_net_qp_local_endpoint(qx, ex, sizeof(ex), &lx), 0);
+    struct tcpnet_ep ep = {0};
+    assert_int_equal(tcpnet_ep_decode(ex, lx, &ep), 0);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    int small = 4096;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(ep.port)};
+    memcpy(&sa.sin_addr, ep.ip, 4);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    uint8_t hello[TCPNET_HELLO_LEN], ack[TCPNET_ACK_LEN], req[TCPNET_READ_LEN];
+    tcpnet_put32(hello, TCPNET_HELLO_MAGIC);
+    tcpnet_put32(hello + 4, TCPNET_VERSION);
+    tcpnet_put64(hello + 8, ep.token);
+    tcpnet_put64(hello + 16, 0x77);
+    assert_int_equal(send(fd, hello, sizeof(hello), MSG_NOSIGNAL), sizeof(hello));
+    assert_int_equal(recv(fd, ack, sizeof(ack), MSG_WAITALL), sizeof(ack));
+    assert_int_equal(tcpnet_get32(ack + 4), TCPNET_ST_OK);
+    const uint64_t big = 8u << 20, off = 4096 + 3;
+    tcpnet_put32(req, TCPNET_READ_MAGIC);
+    tcpnet_put32(req + 4, p.src_mr->rkey);
+    tcpnet_put64(req + 8, 5);
+    tcpnet_put64(req + 16, nc_raddr(&p, off));
+    tcpnet_put64(req + 24, big);
+    assert_int_equal(send(fd, req, sizeof(req), MSG_NOSIGNAL), sizeof(req));
+    /* nothing read from fd: A's only serving thread finds its socket full; the pair's READ
+     * must still be served */
+    const uint64_t len = 1u << 20, roff = (8u << 20) + 17;
+    assert_int_equal(nc_read1(&p, 0, nc_raddr(&p, roff), p.src_mr->rkey, len, 9), 0);
+    struct pf_net_cqe c;
+    nc_wait(p.qb, &c, 1);
+    assert_int_equal(c.status, 0);
+    assert_int_equal(c.wr_id, 9);
+    assert_memory_equal(p.dst, p.src + roff, len);
+    /* now drain the stalled response */
+    uint8_t h[TCPNET_RESP_LEN];
+    assert_int_equal(recv(fd, h, sizeof(h), MSG_WAITALL), sizeof(h));
+    assert_int_equal(tcpnet_get32(h), TCPNET_RESP_MAGIC);
+    assert_int_equal(tcpnet_get32(h + 4), TCPNET_ST_OK);
+    assert_int_equal(tcpnet_get64(h + 8), 5);
+    assert_int_equal(tcpnet_get64(h + 16), big);
+    uint8_t *got = malloc(big);
+    assert_non_null(got);
+    assert_int_equal(recv(fd, got, big, MSG_WAITALL), (ssize_t)big);
+    assert_memory_equal(got, p.src + off, big);
+    free(got);
+    close(fd);
+    pf_net_qp_destroy(qx);
+    nc_pair_close(&p);
+}
+
 /* Deregistering a local region with READs in flight into it fences them first. */
 static void test_dereg_local_inflight(void **st)
 {
@@ -780,6 +850,7 @@ int main(void)
         cmocka_unit_test(test_corrupt_stream),
         cmocka_unit_test(test_connect_refused),
         cmocka_unit_test(test_hello_checks),
+        cmocka_unit_test(test_stalled_reader_does_not_hold_the_server),
         cmocka_unit_test(test_dereg_local_inflight),
         cmocka_unit_test(test_peer_fabric_closed),
         cmocka_unit_test(test_peer_process_killed),
