@@ -328,6 +328,70 @@ static void test_single_estimate_exact(void **st)
     }
 }
 
+/* The identity by its definition, byte by byte (splitmix64 of FNV-1a-64 over u64le(len(ns)) ||
+ * ns || hash): the value other nodes compute, independent of the library's batched code. */
+static uint64_t def_identity(const char *ns, const uint8_t *hash, size_t len)
+{
+    uint8_t buf[8 + 64 + 64];
+    size_t nl = strlen(ns), n = 0;
+    for (int i = 0; i < 8; i++)
+        buf[n++] = (uint8_t)((uint64_t)nl >> (8 * i));
+    memcpy(buf + n, ns, nl);
+    n += nl;
+    memcpy(buf + n, hash, len);
+    n += len;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ buf[i]) * 0x100000001b3ull;
+    h += 0x9e3779b97f4a7c15ull;
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+    return h ^ (h >> 31);
+}
+
+/* pf_hll_record computes the identities in batches (four side by side, outside the lock, a
+ * heap buffer past 256): the registers it fills equal those of the defined identity added one
+ * by one, for runs of equal lengths, mixed lengths (1..40), counts not a multiple of four and
+ * batches over 256. */
+static void test_batch_identities(void **st)
+{
+    enum { N = 1000 };
+    static uint8_t hs[N][40];
+    const uint8_t *hp[N];
+    size_t lens[N];
+    uint64_t x = 0x5eed;
+    for (size_t i = 0; i < N; i++) {
+        for (size_t j = 0; j < 40; j++)
+            hs[i][j] = (uint8_t)rng_next(&x);
+        hp[i] = hs[i];
+        /* runs of 32-byte hashes (vLLM's sha256), then 16, then every length 1..40 mixed */
+        lens[i] = i < 600 ? 32 : i < 800 ? 16 : 1 + (size_t)(rng_next(&x) % 40);
+    }
+    const char *ns = "tenant-a/model";
+    assert_int_equal(pf_hll_identity(ns, hs[7], 32), def_identity(ns, hs[7], 32));
+    static const size_t counts[] = {1, 3, 4, 5, 255, 256, 257, N};
+    for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
+        size_t n = counts[c];
+        for (size_t off = 0; off + n <= N; off += n > 300 ? N : 397) {
+            struct pf_fake_clock clk;
+            pf_fake_clock_init(&clk, 1000 * PF_NS_PER_SEC);
+            struct pf_hll_set *s;
+            assert_int_equal(pf_hll_set_create("1h", 14, &clk.base, &s), 0);
+            struct pf_hll *h = pf_hll_new(14);
+            pf_hll_record(s, ns, hp + off, lens + off, n, n);
+            for (size_t i = off; i < off + n; i++)
+                pf_hll_add(h, def_identity(ns, hs[i], lens[i]));
+            double got = pf_hll_cardinality(s, 0), want = pf_hll_estimate(h);
+            if (got != want)
+                fail_msg("%zu hashes from %zu: cardinality %.17g, defined identities %.17g", n, off,
+                         got, want);
+            assert_int_equal(pf_hll_total(s, 0), n);
+            pf_hll_free(h);
+            pf_hll_set_destroy(s);
+        }
+    }
+}
+
 /* Recorders and readers at once (TSan), the clock still within each phase; between phases
  * the clock moves a slot or more on and the result equals the full merge exactly. */
 struct conc {
@@ -420,6 +484,7 @@ int main(void)
         cmocka_unit_test(test_windows),
         cmocka_unit_test(test_cached_equals_full_merge),
         cmocka_unit_test(test_single_estimate_exact),
+        cmocka_unit_test(test_batch_identities),
         cmocka_unit_test(test_concurrent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
