@@ -189,7 +189,7 @@ static void tcpnet_sconn_prepare(struct sconn *c)
 
 /* Waits for c's full socket to take more, at most *wait_ns (decremented by the time spent),
  * as a blocking send would: a wake-up through the shared epoll set costs the stream more
- * (bench/README.md "P2P: waiting in place"). true: writable (or an error a send will
+ * (bench/README.md "Serving threads: waiting in place"). true: writable (or an error a send will
  * report), false: the time is spent. */
 static bool tcpnet_sconn_wait_out(struct sconn *c, uint64_t *wait_ns)
 {
