@@ -27,7 +27,10 @@
  *      sized to what remains) with seg_stride = round_up(seg_len, 512); an allocation
  *      failure aborts the fetch but keeps the connection (the reference drops it: #401).
  *   5. READs: remote-contiguous segments that are also contiguous in staging merge into one
- *      READ of at most 4 MiB (PEGAFLOW_P2P_MAX_READ) inside one remote region; each READ goes to a
+ *      READ of at most 1 MiB (PEGAFLOW_P2P_MAX_READ; a larger segment, up to 4 MiB, is one
+ *      READ of its own, and unless the variable is set a slot's V joins the READ that ends
+ *      with its K up to 4 MiB, for the receive-path checksum) inside one remote region;
+ *      each READ goes to a
  * NIC on the staging memory's NUMA node (else any), round-robin, and then to whichever leased QP of
  * that NIC has room; deadline max(lock timeout - 60 s, 10 s). A connection that turns out to be
  * stale (a reused one failing before any READ completed) is replaced once.
@@ -494,8 +497,15 @@ static int build_reads(struct fetch *f)
     for (size_t i = 0; i < f->nsegs; i++) {
         const struct seg *s = &f->segs[i];
         uint32_t rkey;
+        /* a slot's V right after its K may take a READ past max_read (never past
+         * PF_P2P_MAX_READ) unless the cap was set: the pair's checksum is then computed as
+         * its bytes land (plan_digests) instead of by a second pass over staging */
+        const struct seg *prev = cur ? &f->segs[i - 1] : NULL;
+        bool kv_pair = p->kv_pairs && prev && prev->block == s->block && prev->slot == s->slot &&
+                       prev->v == 0 && s->v == 1;
+        uint64_t cap = kv_pair ? PF_P2P_MAX_READ : p->max_read;
         if (cur && cur_chunk == s->chunk && cur->raddr + cur->len == s->raddr &&
-            (uint8_t *)cur->local + cur->len == s->local && cur->len + s->len <= p->max_read &&
+            (uint8_t *)cur->local + cur->len == s->local && cur->len + s->len <= cap &&
             p2p_conn_rkey(c, cur->nic, cur->raddr, cur->len + s->len, &rkey) && rkey == cur->rkey) {
             cur->len += s->len;
             cur->nseg++;

@@ -413,11 +413,16 @@ int pf_p2p_create(const struct pf_p2p_config *cfg, struct pf_p2p **p_p, char *er
     p->net = cfg->net;
     p->qpn = c->qps_per_peer;
     p->lock_timeout_ms = c->lock_timeout_secs * 1000;
-    p->max_read = PF_P2P_MAX_READ;
+    /* 1 MiB READs beat 4 MiB merges on the TCP fabric (bench/README.md "Serving threads:
+     * waiting in place"); a segment larger than this still travels in one READ */
+    p->max_read = c->read_merge ? c->read_merge : PF_P2P_READ_MERGE;
     const char *mr = getenv("PEGAFLOW_P2P_MAX_READ");
     uint64_t v;
-    if (mr && pf_parse_size(mr, &v) == 0 && v >= 1 && v <= (1ull << 31))
+    p->kv_pairs = true;
+    if (mr && pf_parse_size(mr, &v) == 0 && v >= 1 && v <= (1ull << 31)) {
         p->max_read = v;
+        p->kv_pairs = false; /* a set cap is strict (tests: one READ per segment) */
+    }
     pthread_mutex_init(&p->conn_mu, NULL);
     pthread_mutex_init(&p->bl_mu, NULL);
     pthread_mutex_init(&p->hold_mu, NULL);

@@ -177,6 +177,7 @@ struct pf_p2p {
     struct pf_p2p_locks *locks;
     uint64_t lock_timeout_ms;
     uint64_t max_read;        /* merged READs stay below this (PEGAFLOW_P2P_MAX_READ) */
+    bool kv_pairs;            /* a slot's K and V may share a READ past max_read (default) */
     _Atomic unsigned read_rr; /* where the next fetch's NIC round-robin starts */
 
     const struct pf_p2p_transport *tr;

@@ -63,6 +63,7 @@ struct pf_p2p;
 #define PF_P2P_SESSION_ID_MAX       64    /* longer session ids are unknown by definition */
 #define PF_P2P_STAGING_CHUNK        (256ull << 20)
 #define PF_P2P_MAX_READ             (4ull << 20) /* merged READs never exceed this */
+#define PF_P2P_READ_MERGE           (1ull << 20) /* ... and stop here unless told otherwise */
 #define PF_P2P_QP_DEPTH             128          /* outstanding READs per QP (HAL bound) */
 #define PF_P2P_HANDSHAKE_TIMEOUT_MS 10000
 #define PF_P2P_RPC_TIMEOUT_MS       5000
@@ -154,6 +155,10 @@ struct pf_p2p_config {
      * verified (NULL in production) */
     void (*verify_hook)(void *ctx, size_t block);
     void *verify_hook_ctx;
+    /* bytes a merged READ stops at (0: PF_P2P_READ_MERGE); a slot's V still joins the READ
+     * ending with its K up to PF_P2P_MAX_READ. PEGAFLOW_P2P_MAX_READ overrides both: a strict
+     * cap, no pairing (docs/p2p.md) */
+    uint64_t read_merge;
 };
 
 /* Registers every pool region on every NIC, registers the "rdma" tier with the engine

@@ -313,6 +313,7 @@ static bool F_reg_rendezvous; /* fx_up: mock registration needs every NIC at onc
 static int F_reg_fail_nic;    /* fx_up: NIC + 1 whose registration fails; create must fail */
 static char F_create_err[256];
 static int F_vthreads;    /* fx_up's verify_threads (0: the default) */
+static uint64_t F_merge;  /* fx_up's read_merge (0: the default) */
 static uint64_t F_min_ms; /* fx_up's fetch_min_ms (0: 300) */
 static void (*F_vhook)(void *, size_t);
 
@@ -377,6 +378,7 @@ static void fx_up(int nnics, uint64_t pool, uint64_t gap)
         .conn_idle_ms = F_idle_ms,
         .verify_threads = F_vthreads,
         .verify_hook = F_vhook,
+        .read_merge = F_merge,
     };
     int crc = pf_p2p_create(&pc, &F.p, err, sizeof(err));
     if (F_reg_fail_nic) {
@@ -774,6 +776,42 @@ static void test_receive_path_digests(void **st)
             assert_true(dr == NBLK); /* contiguous: every slot travels whole in a READ */
         } else {
             assert_int_equal(F.m.digest_reads, 0); /* no READ carries a whole slot */
+            assert_true(dr == 0 && dw == NBLK);
+        }
+        fx_down();
+    }
+}
+
+/* READs stop at the merge size, but a slot's V joins the READ that ends with its K (up to
+ * PF_P2P_MAX_READ) so its checksum is still taken as it lands: with the merge at one segment,
+ * one READ per slot (K + V), every block decided in the receive path. A cap set through
+ * PEGAFLOW_P2P_MAX_READ is strict: one READ per segment, no whole slot in any READ, every
+ * block verified by the workers. Bytes exact either way. */
+static void test_read_merge_keeps_kv_pairs(void **st)
+{
+    for (int strict = 0; strict < 2; strict++) {
+        F_merge = SEGLEN;
+        if (strict)
+            setenv("PEGAFLOW_P2P_MAX_READ", "4096", 1);
+        fx_up(1, 16 << 20, 0);
+        unsetenv("PEGAFLOW_P2P_MAX_READ");
+        F_merge = 0;
+        F.m.digests = true;
+        double r0 = m("pegaflow_p2p_verified_blocks_total", "receive"),
+               w0 = m("pegaflow_p2p_verified_blocks_total", "worker");
+        struct pf_block *out[NBLK];
+        assert_int_equal(fetch(strict ? "kv1" : "kv0", NBLK, false, out), NBLK);
+        check_blocks(out, NBLK);
+        put_all(out, NBLK);
+        double dr = m("pegaflow_p2p_verified_blocks_total", "receive") - r0,
+               dw = m("pegaflow_p2p_verified_blocks_total", "worker") - w0;
+        if (!strict) {
+            assert_int_equal(F.m.reads, NBLK * SLOTS);
+            assert_int_equal(F.m.digest_reads, NBLK * SLOTS);
+            assert_true(dr == NBLK && dw == 0);
+        } else {
+            assert_int_equal(F.m.reads, NBLK * SLOTS * 2);
+            assert_int_equal(F.m.digest_reads, 0);
             assert_true(dr == 0 && dw == NBLK);
         }
         fx_down();
@@ -1199,6 +1237,7 @@ int main(void)
         cmocka_unit_test(test_error_completion),
         cmocka_unit_test(test_checksum_mismatch),
         cmocka_unit_test(test_receive_path_digests),
+        cmocka_unit_test(test_read_merge_keeps_kv_pairs),
         cmocka_unit_test(test_receive_path_digest_mismatch),
         cmocka_unit_test(test_checksum_mismatch_inline),
         cmocka_unit_test(test_verify_overlaps_reads),
