@@ -751,6 +751,21 @@ static void test_checksum_mismatch(void **st)
     fx_down();
 }
 
+/* Fetches all NBLK blocks byte-exact with receive-path digests on; *dr / *dw: the blocks
+ * verified in the receive path / by the workers during it. */
+static void fetch_all_verified(const char *req, double *dr, double *dw)
+{
+    F.m.digests = true;
+    double r0 = m("pegaflow_p2p_verified_blocks_total", "receive"),
+           w0 = m("pegaflow_p2p_verified_blocks_total", "worker");
+    struct pf_block *out[NBLK];
+    assert_int_equal(fetch(req, NBLK, false, out), NBLK);
+    check_blocks(out, NBLK);
+    put_all(out, NBLK);
+    *dr = m("pegaflow_p2p_verified_blocks_total", "receive") - r0;
+    *dw = m("pegaflow_p2p_verified_blocks_total", "worker") - w0;
+}
+
 /* Receive-path digests (a fabric that hashes the bytes as they land, as the TCP one does):
  * with contiguous remote segments a READ carries whole slots (K then V), whose digests
  * decide their blocks with no pass over staging; with gaps every segment is its own READ, a
@@ -761,15 +776,8 @@ static void test_receive_path_digests(void **st)
     static const uint64_t gaps[2] = {0, GAP};
     for (int g = 0; g < 2; g++) {
         fx_up(1, 16 << 20, gaps[g]);
-        F.m.digests = true;
-        double r0 = m("pegaflow_p2p_verified_blocks_total", "receive"),
-               w0 = m("pegaflow_p2p_verified_blocks_total", "worker");
-        struct pf_block *out[NBLK];
-        assert_int_equal(fetch(g ? "dg1" : "dg0", NBLK, false, out), NBLK);
-        check_blocks(out, NBLK);
-        put_all(out, NBLK);
-        double dr = m("pegaflow_p2p_verified_blocks_total", "receive") - r0,
-               dw = m("pegaflow_p2p_verified_blocks_total", "worker") - w0;
+        double dr, dw;
+        fetch_all_verified(g ? "dg1" : "dg0", &dr, &dw);
         assert_true(dr + dw == NBLK);
         if (g == 0) {
             assert_true(F.m.digest_reads > 0);
@@ -796,15 +804,8 @@ static void test_read_merge_keeps_kv_pairs(void **st)
         fx_up(1, 16 << 20, 0);
         unsetenv("PEGAFLOW_P2P_MAX_READ");
         F_merge = 0;
-        F.m.digests = true;
-        double r0 = m("pegaflow_p2p_verified_blocks_total", "receive"),
-               w0 = m("pegaflow_p2p_verified_blocks_total", "worker");
-        struct pf_block *out[NBLK];
-        assert_int_equal(fetch(strict ? "kv1" : "kv0", NBLK, false, out), NBLK);
-        check_blocks(out, NBLK);
-        put_all(out, NBLK);
-        double dr = m("pegaflow_p2p_verified_blocks_total", "receive") - r0,
-               dw = m("pegaflow_p2p_verified_blocks_total", "worker") - w0;
+        double dr, dw;
+        fetch_all_verified(strict ? "kv1" : "kv0", &dr, &dw);
         if (!strict) {
             assert_int_equal(F.m.reads, NBLK * SLOTS);
             assert_int_equal(F.m.digest_reads, NBLK * SLOTS);
