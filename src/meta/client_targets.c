@@ -53,7 +53,7 @@ int pf_meta_targets_open(const char *list, struct pf_meta_targets **t_p)
         t->n++;
         rc = pf_rpc_channel_open(t->name[t->n - 1], &t->reg[t->n - 1]);
         if (!rc)
-            rc = pf_rpc_channel_open(t->name[t->n - 1], &t->query[t->n - 1]);
+            rc = pf_rpc_channel_open_lean(t->name[t->n - 1], &t->query[t->n - 1]);
         if (rc)
             goto err;
         p += len + (e ? 1 : 0);

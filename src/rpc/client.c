@@ -1,6 +1,8 @@
 /* gRPC client side: channels, unary calls with deadlines, held-open server streams.
  * Unary calls use a per-thread pluck completion queue (created on first use, destroyed
- * at thread exit), so concurrent callers never contend on one queue.
+ * at thread exit), so concurrent callers never contend on one queue; a split-phase call
+ * (pf_rpc_unary_start/finish) is tagged with its own record, so one thread may have several
+ * in flight on that queue.
  * Security (pf/auth.h): a channel is plaintext or TLS (with a client certificate for mutual
  * TLS) and may carry the cluster token as initial metadata of every call; channels opened
  * with pf_rpc_channel_open take the process-wide defaults. */
@@ -187,6 +189,16 @@ int pf_rpc_channel_open(const char *target, struct pf_rpc_channel **ch_p)
     return rc;
 }
 
+int pf_rpc_channel_open_lean(const char *target, struct pf_rpc_channel **ch_p)
+{
+    pthread_mutex_lock(&def_mu);
+    struct pf_rpc_channel_opts o = def_opts;
+    o.lean_calls = true;
+    int rc = pf_rpc_channel_open_opts(target, &o, ch_p);
+    pthread_mutex_unlock(&def_mu);
+    return rc;
+}
+
 static grpc_channel_credentials *channel_creds(const char *target,
                                                const struct pf_rpc_channel_opts *o)
 {
@@ -349,30 +361,45 @@ int pf_rpc_unary_take(struct pf_rpc_channel *ch, const char *path, uint8_t *data
     return unary_bb(ch, path, bb, resp_desc, timeout_ms, resp_p, st);
 }
 
-/* Takes ownership of reqbb. */
-static int unary_bb(struct pf_rpc_channel *ch, const char *path, grpc_byte_buffer *reqbb,
-                    const ProtobufCMessageDescriptor *resp_desc, uint64_t timeout_ms,
-                    ProtobufCMessage **resp_p, struct pf_rpc_status *st)
+struct pf_rpc_pending {
+    grpc_call *call;
+    grpc_completion_queue *cq; /* the starting thread's (thread_cq) */
+    grpc_byte_buffer *req, *resp;
+    grpc_metadata_array imd, tmd;
+    grpc_status_code status;
+    grpc_slice details;
+    uint64_t timeout_ms;
+};
+
+/* Takes ownership of reqbb (freed also on error). */
+static int start_bb(struct pf_rpc_channel *ch, const char *path, grpc_byte_buffer *reqbb,
+                    uint64_t timeout_ms, struct pf_rpc_pending **p_p, struct pf_rpc_status *st)
 {
-    grpc_completion_queue *cq = thread_cq();
+    struct pf_rpc_pending *p = calloc(1, sizeof(*p));
+    if (!p) {
+        grpc_byte_buffer_destroy(reqbb);
+        set_status(st, PF_GRPC_INTERNAL, "out of memory", 13);
+        return -ENOMEM;
+    }
+    p->cq = thread_cq();
+    p->req = reqbb;
+    p->timeout_ms = timeout_ms;
+    p->status = GRPC_STATUS_UNKNOWN;
+    p->details = grpc_empty_slice();
+    grpc_metadata_array_init(&p->imd);
+    grpc_metadata_array_init(&p->tmd);
     /* copied: the call refs the slice, and chttp2's HPACK compressor keeps the :path of
      * earlier calls to compare later ones with, so a static slice of the caller's buffer (a
      * stack array in libpegaflow) was read after the caller had reused or left it */
     grpc_slice method = grpc_slice_from_copied_string(path);
-    grpc_call *call = grpc_channel_create_call(ch->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, method,
-                                               NULL, deadline_after(timeout_ms), NULL);
+    p->call = grpc_channel_create_call(ch->ch, NULL, GRPC_PROPAGATE_DEFAULTS, p->cq, method, NULL,
+                                       deadline_after(timeout_ms), NULL);
     grpc_slice_unref(method);
-    if (!call) {
-        grpc_byte_buffer_destroy(reqbb);
+    int rc = -ENOMEM;
+    if (!p->call) {
         set_status(st, PF_GRPC_INTERNAL, "cannot create call", 18);
-        return -ENOMEM;
+        goto err_free;
     }
-    grpc_byte_buffer *resp = NULL;
-    grpc_metadata_array imd, tmd;
-    grpc_metadata_array_init(&imd);
-    grpc_metadata_array_init(&tmd);
-    grpc_status_code status = GRPC_STATUS_UNKNOWN;
-    grpc_slice details = grpc_empty_slice();
     grpc_op ops[6];
     memset(ops, 0, sizeof(ops));
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
@@ -382,43 +409,69 @@ static int unary_bb(struct pf_rpc_channel *ch, const char *path, grpc_byte_buffe
     ops[1].data.send_message.send_message = reqbb;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
     ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[3].data.recv_initial_metadata.recv_initial_metadata = &imd;
+    ops[3].data.recv_initial_metadata.recv_initial_metadata = &p->imd;
     ops[4].op = GRPC_OP_RECV_MESSAGE;
-    ops[4].data.recv_message.recv_message = &resp;
+    ops[4].data.recv_message.recv_message = &p->resp;
     ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-    ops[5].data.recv_status_on_client.trailing_metadata = &tmd;
-    ops[5].data.recv_status_on_client.status = &status;
-    ops[5].data.recv_status_on_client.status_details = &details;
-    int tag;
-    int rc = 0;
-    grpc_call_error e = grpc_call_start_batch(call, ops, 6, &tag, NULL);
-    if (e != GRPC_CALL_OK) {
+    ops[5].data.recv_status_on_client.trailing_metadata = &p->tmd;
+    ops[5].data.recv_status_on_client.status = &p->status;
+    ops[5].data.recv_status_on_client.status_details = &p->details;
+    /* the tag is the pending call itself: one thread may have several in flight */
+    if (grpc_call_start_batch(p->call, ops, 6, p, NULL) != GRPC_CALL_OK) {
         set_status(st, PF_GRPC_INTERNAL, "start_batch failed", 18);
+        grpc_call_unref(p->call);
         rc = -EIO;
-        goto out;
+        goto err_free;
     }
+    *p_p = p;
+    return 0;
+err_free:
+    grpc_byte_buffer_destroy(reqbb);
+    grpc_metadata_array_destroy(&p->imd);
+    grpc_metadata_array_destroy(&p->tmd);
+    free(p);
+    return rc;
+}
+
+int pf_rpc_unary_start(struct pf_rpc_channel *ch, const char *path, const ProtobufCMessage *req,
+                       uint64_t timeout_ms, struct pf_rpc_pending **p_p, struct pf_rpc_status *st)
+{
+    return start_bb(ch, path, pf_rpc_pack(req), timeout_ms, p_p, st);
+}
+
+int pf_rpc_unary_finish(struct pf_rpc_pending *p, const ProtobufCMessageDescriptor *resp_desc,
+                        ProtobufCMessage **resp_p, struct pf_rpc_status *st)
+{
+    int rc = 0;
+    if (!resp_p) /* the caller no longer wants the answer */
+        grpc_call_cancel(p->call, NULL);
     /* the call's own deadline bounds this; the extra margin only guards against bugs */
+    uint64_t tmo = p->timeout_ms;
     grpc_event ev = grpc_completion_queue_pluck(
-        cq, &tag,
-        deadline_after(timeout_ms > DEADLINE_MAX_MS ? DEADLINE_MAX_MS + 5000 : timeout_ms + 5000),
+        p->cq, p, deadline_after(tmo > DEADLINE_MAX_MS ? DEADLINE_MAX_MS + 5000 : tmo + 5000),
         NULL);
     if (ev.type != GRPC_OP_COMPLETE) {
-        grpc_call_cancel(call, NULL);
-        grpc_completion_queue_pluck(cq, &tag, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
-        status = GRPC_STATUS_DEADLINE_EXCEEDED;
+        grpc_call_cancel(p->call, NULL);
+        grpc_completion_queue_pluck(p->cq, p, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+        p->status = GRPC_STATUS_DEADLINE_EXCEEDED;
     }
-    if (status != GRPC_STATUS_OK) {
-        set_status(st, status, (const char *)GRPC_SLICE_START_PTR(details),
-                   GRPC_SLICE_LENGTH(details));
-        rc = pf_errno_from_grpc_code(status);
+    if (!resp_p) {
+        set_status(st, PF_GRPC_CANCELLED, "cancelled by the caller", 23);
+        rc = -ECANCELED;
         goto out;
     }
-    if (!resp) {
+    if (p->status != GRPC_STATUS_OK) {
+        set_status(st, p->status, (const char *)GRPC_SLICE_START_PTR(p->details),
+                   GRPC_SLICE_LENGTH(p->details));
+        rc = pf_errno_from_grpc_code(p->status);
+        goto out;
+    }
+    if (!p->resp) {
         set_status(st, PF_GRPC_INTERNAL, "empty response", 14);
         rc = -EPROTO;
         goto out;
     }
-    grpc_slice sl = pf_rpc_bb_to_slice(resp);
+    grpc_slice sl = pf_rpc_bb_to_slice(p->resp);
     ProtobufCMessage *m =
         protobuf_c_message_unpack(resp_desc, NULL, GRPC_SLICE_LENGTH(sl), GRPC_SLICE_START_PTR(sl));
     grpc_slice_unref(sl);
@@ -430,14 +483,25 @@ static int unary_bb(struct pf_rpc_channel *ch, const char *path, grpc_byte_buffe
     set_status(st, PF_GRPC_OK, "", 0);
     *resp_p = m;
 out:
-    if (resp)
-        grpc_byte_buffer_destroy(resp);
-    grpc_byte_buffer_destroy(reqbb);
-    grpc_slice_unref(details);
-    grpc_metadata_array_destroy(&imd);
-    grpc_metadata_array_destroy(&tmd);
-    grpc_call_unref(call);
+    if (p->resp)
+        grpc_byte_buffer_destroy(p->resp);
+    grpc_byte_buffer_destroy(p->req);
+    grpc_slice_unref(p->details);
+    grpc_metadata_array_destroy(&p->imd);
+    grpc_metadata_array_destroy(&p->tmd);
+    grpc_call_unref(p->call);
+    free(p);
     return rc;
+}
+
+/* Takes ownership of reqbb. */
+static int unary_bb(struct pf_rpc_channel *ch, const char *path, grpc_byte_buffer *reqbb,
+                    const ProtobufCMessageDescriptor *resp_desc, uint64_t timeout_ms,
+                    ProtobufCMessage **resp_p, struct pf_rpc_status *st)
+{
+    struct pf_rpc_pending *p;
+    int rc = start_bb(ch, path, reqbb, timeout_ms, &p, st);
+    return rc ? rc : pf_rpc_unary_finish(p, resp_desc, resp_p, st);
 }
 
 static bool md_has_open(const grpc_metadata_array *md)

@@ -96,6 +96,18 @@ int pf_meta_client_remove(struct pf_meta_client *c, const char *ns,
 int pf_meta_client_query_prefix(struct pf_meta_client *c, const char *ns,
                                 const struct pf_meta_hash *hashes, size_t n, uint64_t timeout_ms,
                                 struct pf_meta_prefix **res_p, size_t *nres_p);
+/* pf_meta_client_query_prefix in two halves, for a caller with local work to do while the
+ * query travels (the query-time plan). start sends the query and returns at once (0, or
+ * -errno and nothing to finish); finish waits for the answer with query_prefix's results,
+ * failing over to the next replica on UNAVAILABLE as query_prefix does, and frees q.
+ * Contract (pf_rpc_unary_start's): finish on the starting thread, exactly once; res_p NULL
+ * cancels (-ECANCELED). ns and hashes stay valid and unchanged until finish returns. */
+struct pf_meta_query;
+int pf_meta_client_query_prefix_start(struct pf_meta_client *c, const char *ns,
+                                      const struct pf_meta_hash *hashes, size_t n,
+                                      uint64_t timeout_ms, struct pf_meta_query **q_p);
+int pf_meta_client_query_prefix_finish(struct pf_meta_query *q, struct pf_meta_prefix **res_p,
+                                       size_t *nres_p);
 
 /* Index of the entry with the largest prefix_len whose node is not exclude (this node's
  * own address), or -1 when none has prefix_len > 0. */

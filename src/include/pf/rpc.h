@@ -181,6 +181,10 @@ struct pf_rpc_channel;
 /* target: "host:port". Connection is lazy; a failed connect is retried with a short
  * backoff (100 ms .. 1 s) so a restarted server is reachable again quickly. */
 int pf_rpc_channel_open(const char *target, struct pf_rpc_channel **ch_p);
+/* pf_rpc_channel_open for a caller that takes every failed call as final and has its own
+ * fallback (the server's MetaServer queries and peer calls): no gRPC retry buffering or
+ * channelz counting on its calls (pf/auth.h lean_calls). */
+int pf_rpc_channel_open_lean(const char *target, struct pf_rpc_channel **ch_p);
 void pf_rpc_channel_close(struct pf_rpc_channel *ch);
 /* Drops the channel's reconnect backoff: the next call connects at once. For a caller
  * that knows the server just came back (a restart); calls in flight are unaffected. */
@@ -203,6 +207,19 @@ int pf_rpc_unary_raw(struct pf_rpc_channel *ch, const char *path, const uint8_t 
 int pf_rpc_unary_take(struct pf_rpc_channel *ch, const char *path, uint8_t *data, size_t len,
                       const ProtobufCMessageDescriptor *resp_desc, uint64_t timeout_ms,
                       ProtobufCMessage **resp_p, struct pf_rpc_status *st);
+
+/* A unary call in two halves, for a caller with work to do while the answer travels:
+ * pf_rpc_unary_start sends the request and returns at once; pf_rpc_unary_finish waits for
+ * the answer (at most the call's deadline) with pf_rpc_unary's results and frees the call.
+ * Contract: finish runs on the thread that started the call (the call completes on that
+ * thread's completion queue), exactly once per started call; a thread may hold several.
+ * finish with resp_p NULL cancels the call and returns -ECANCELED. start returns 0 or
+ * -errno with st filled (nothing to finish then). */
+struct pf_rpc_pending;
+int pf_rpc_unary_start(struct pf_rpc_channel *ch, const char *path, const ProtobufCMessage *req,
+                       uint64_t timeout_ms, struct pf_rpc_pending **p_p, struct pf_rpc_status *st);
+int pf_rpc_unary_finish(struct pf_rpc_pending *p, const ProtobufCMessageDescriptor *resp_desc,
+                        ProtobufCMessage **resp_p, struct pf_rpc_status *st);
 
 /* A server-streaming call held open (e.g. Session). Messages are not read; the call stays
  * open until pf_rpc_stream_close or until the server ends it. open waits up to timeout_ms

@@ -208,6 +208,23 @@ static void test_register_and_remove(void **state)
     assert_int_equal(pf_meta_prefix_best(res, nres, ADDR), -1);
     free(res);
     assert_int_equal(pf_meta_client_query_prefix(c, "ns", q, 0, 5000, &res, &nres), -EINVAL);
+    /* split phase: two in flight on this thread, collected in reverse; one dropped */
+    struct pf_meta_query *qa, *qb, *qc;
+    assert_int_equal(pf_meta_client_query_prefix_start(c, "ns", q, 3, 5000, &qa), 0);
+    assert_int_equal(pf_meta_client_query_prefix_start(c, "ns", q + 1, 2, 5000, &qb), 0);
+    assert_int_equal(pf_meta_client_query_prefix_start(c, "ns", q, 2, 5000, &qc), 0);
+    assert_int_equal(pf_meta_client_query_prefix_finish(qc, NULL, NULL), -ECANCELED);
+    assert_int_equal(pf_meta_client_query_prefix_finish(qb, &res, &nres), 0);
+    assert_int_equal(nres, 1);
+    assert_int_equal(res[0].prefix_len, 1); /* blk-1, then nope */
+    free(res);
+    assert_int_equal(pf_meta_client_query_prefix_finish(qa, &res, &nres), 0);
+    assert_int_equal(nres, 1);
+    assert_string_equal(res[0].node, ADDR);
+    assert_int_equal(res[0].prefix_len, 2);
+    free(res);
+    assert_int_equal(pf_meta_client_query_prefix_start(c, "ns", q, 0, 5000, &qa), -EINVAL);
+    assert_int_equal(pf_meta_client_query_prefix_start(c, "", q, 1, 5000, &qa), -EINVAL);
     /* stop unregisters: nothing of ours is left */
     pf_meta_client_destroy(c);
     struct pf_meta_store_stats ss;
@@ -479,7 +496,7 @@ static void rpc_on(struct srv *s, struct pf_meta_store *st)
     assert_int_equal(pf_rpc_server_start(&rc, &s->rpc, &s->port, err, sizeof(err)), 0);
 }
 
-static uint64_t query_len(struct pf_meta_client *c, int hi)
+static uint64_t query_len(struct pf_meta_client *c, int hi, bool split)
 {
     char kb[64][32];
     struct pf_meta_hash h[64];
@@ -489,7 +506,12 @@ static uint64_t query_len(struct pf_meta_client *c, int hi)
     }
     struct pf_meta_prefix *res;
     size_t nres;
-    if (pf_meta_client_query_prefix(c, "ns", h, (size_t)hi + 1, 5000, &res, &nres))
+    struct pf_meta_query *q;
+    /* split phase (the query-time plan's way): the failover happens inside finish */
+    if (split && pf_meta_client_query_prefix_start(c, "ns", h, (size_t)hi + 1, 5000, &q))
+        return UINT64_MAX;
+    if (split ? pf_meta_client_query_prefix_finish(q, &res, &nres)
+              : pf_meta_client_query_prefix(c, "ns", h, (size_t)hi + 1, 5000, &res, &nres))
         return UINT64_MAX;
     uint64_t v = nres ? res[0].prefix_len : 0;
     free(res);
@@ -513,22 +535,23 @@ static void test_failover_between_replicas(void **state)
     struct pf_meta_client *c;
     assert_int_equal(pf_meta_client_create(&cfg, &c), 0);
     assert_true(wait_visible(a.st, 0, 19, 20));
-    assert_int_equal(query_len(c, 19), 20);
+    assert_int_equal(query_len(c, 19, false), 20);
     double fo0 = metric("pegaflow_metaserver_failovers");
     pf_rpc_server_stop(a.rpc); /* replica A dies; the store lives on behind B */
     a.rpc = NULL;
-    assert_int_equal(query_len(c, 19), 20); /* retried on B within the call */
+    assert_int_equal(query_len(c, 19, true), 20); /* retried on B within the call */
     assert_true(metric("pegaflow_metaserver_failovers") >= fo0 + 1);
     pthread_mutex_lock(&r.mu);
     r.hi = 39;
     pthread_mutex_unlock(&r.mu);
     assert_int_equal(insert_range(c, 20, 39, false), 0);
     assert_true(wait_visible(a.st, 0, 39, 40));
-    assert_int_equal(query_len(c, 39), 40);
+    assert_int_equal(query_len(c, 39, false), 40);
     /* both gone: queries fail promptly with an error */
     pf_rpc_server_stop(b.rpc);
     b.rpc = NULL;
-    assert_true(query_len(c, 0) == UINT64_MAX);
+    assert_true(query_len(c, 0, false) == UINT64_MAX);
+    assert_true(query_len(c, 0, true) == UINT64_MAX);
     pf_meta_client_destroy(c);
     srv_stop(&a);
 }

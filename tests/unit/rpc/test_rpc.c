@@ -166,6 +166,77 @@ static void test_lean_calls(void **st)
     pf_rpc_channel_close(lean);
 }
 
+static struct pf_rpc_pending *start_echo(const char *id, uint64_t tmo)
+{
+    Pegaflow__UnregisterRequest req = PEGAFLOW__UNREGISTER_REQUEST__INIT;
+    req.instance_id = (char *)id;
+    struct pf_rpc_pending *p = NULL;
+    struct pf_rpc_status s;
+    assert_int_equal(
+        pf_rpc_unary_start(ch, "/pegaflow.Engine/UnregisterContext", &req.base, tmo, &p, &s), 0);
+    assert_non_null(p);
+    return p;
+}
+
+static int finish_echo(struct pf_rpc_pending *p, struct pf_rpc_status *s, char *out, size_t n)
+{
+    ProtobufCMessage *resp = NULL;
+    int rc = pf_rpc_unary_finish(p, &pegaflow__unregister_response__descriptor, &resp, s);
+    if (rc == 0) {
+        snprintf(out, n, "%s", ((Pegaflow__UnregisterResponse *)resp)->status->message);
+        protobuf_c_message_free_unpacked(resp, NULL);
+    }
+    return rc;
+}
+
+/* Split-phase calls: several in flight on one thread's queue, finished in another order
+ * than started, each with its own outcome; a deadline; a cancelled call; the channel and the
+ * server serve on. The request is packed at start (the caller's message may go). */
+static void test_split_phase(void **st)
+{
+    struct pf_rpc_status s;
+    char out[64];
+    struct pf_rpc_pending *a = start_echo("first", 5000);
+    struct pf_rpc_pending *b = start_echo("slow", 5000);
+    struct pf_rpc_pending *c = start_echo("bad", 5000);
+    struct pf_rpc_pending *d = start_echo("silent", 5000);
+    assert_int_equal(finish_echo(c, &s, out, sizeof(out)), -EINVAL);
+    assert_int_equal(s.code, PF_GRPC_INVALID_ARGUMENT);
+    assert_string_equal(s.msg, "instance bad is bad");
+    assert_int_equal(finish_echo(b, &s, out, sizeof(out)), 0);
+    assert_string_equal(out, "slow");
+    assert_int_equal(finish_echo(d, &s, out, sizeof(out)), -EIO);
+    assert_int_equal(s.code, PF_GRPC_INTERNAL);
+    assert_int_equal(finish_echo(a, &s, out, sizeof(out)), 0);
+    assert_string_equal(out, "first");
+    /* the deadline holds for a call collected late */
+    struct pf_rpc_pending *e = start_echo("slow", 100);
+    assert_int_equal(finish_echo(e, &s, out, sizeof(out)), -ETIMEDOUT);
+    assert_int_equal(s.code, PF_GRPC_DEADLINE_EXCEEDED);
+    /* a caller that no longer wants the answer */
+    struct pf_rpc_pending *f = start_echo("slow", 5000);
+    assert_int_equal(pf_rpc_unary_finish(f, &pegaflow__unregister_response__descriptor, NULL, &s),
+                     -ECANCELED);
+    assert_int_equal(s.code, PF_GRPC_CANCELLED);
+    check_outcomes();
+}
+
+/* The server's channel to the MetaServer and to peers: every outcome as on a plain one. */
+static void test_lean_open(void **st)
+{
+    struct pf_rpc_channel *lean;
+    assert_int_equal(pf_rpc_channel_open_lean(target, &lean), 0);
+    struct pf_rpc_channel *plain = ch;
+    ch = lean;
+    check_outcomes();
+    struct pf_rpc_status s;
+    char out[64];
+    assert_int_equal(finish_echo(start_echo("split", 5000), &s, out, sizeof(out)), 0);
+    assert_string_equal(out, "split");
+    ch = plain;
+    pf_rpc_channel_close(lean);
+}
+
 /* The method path is the caller's, and may be gone after the call (libpegaflow builds it in
  * a stack buffer): grpc_channel_create_call refs the slice it is given, and chttp2's HPACK
  * compressor keeps the :path of earlier calls to index repeats, so a path handed over as a
@@ -373,7 +444,8 @@ int main(void)
         cmocka_unit_test(test_parked_stream),  cmocka_unit_test(test_busy_port),
         cmocka_unit_test(test_mappings),       cmocka_unit_test(test_errno_table_matches_docs),
         cmocka_unit_test(test_metrics_render), cmocka_unit_test(test_lean_calls),
-        cmocka_unit_test(test_transient_path),
+        cmocka_unit_test(test_transient_path), cmocka_unit_test(test_split_phase),
+        cmocka_unit_test(test_lean_open),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
