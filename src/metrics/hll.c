@@ -253,18 +253,11 @@ static bool slot_live(const struct window *w, size_t pos, uint64_t cur)
            w->slot_id[pos] <= cur;
 }
 
-void pf_hll_record(struct pf_hll_set *s, const char *ns, const uint8_t *const *hashes,
-                   const size_t *lens, size_t nmiss, uint64_t total)
+/* Adds total and the misses to every window: ids[] when given, else (out of memory) each
+ * identity computed here, under the lock. */
+static void record(struct pf_hll_set *s, const uint64_t *ids, const char *ns,
+                   const uint8_t *const *hashes, const size_t *lens, size_t nmiss, uint64_t total)
 {
-    if (!s)
-        return;
-    /* identities outside the lock, once for every window (a miss of 4,096 hashes was
-     * ~500 us of FNV per call under this lock, three times over) */
-    uint64_t idbuf[256], *ids = idbuf;
-    if (nmiss > sizeof(idbuf) / sizeof(idbuf[0]) && !(ids = malloc(nmiss * sizeof(*ids))))
-        ids = NULL; /* out of memory: the identities are computed under the lock, one by one */
-    if (ids)
-        identities(ns, hashes, lens, nmiss, ids);
     uint64_t now = pf_clock_now(s->clk);
     size_t m = (size_t)1 << s->bits;
     pthread_mutex_lock(&s->mu);
@@ -285,8 +278,35 @@ void pf_hll_record(struct pf_hll_set *s, const char *ns, const uint8_t *const *h
     }
     s->gen++;
     pthread_mutex_unlock(&s->mu);
+}
+
+void pf_hll_record(struct pf_hll_set *s, const char *ns, const uint8_t *const *hashes,
+                   const size_t *lens, size_t nmiss, uint64_t total)
+{
+    if (!s)
+        return;
+    /* identities outside the lock, once for every window (a miss of 4,096 hashes was
+     * ~500 us of FNV per call under this lock, three times over) */
+    uint64_t idbuf[256], *ids = idbuf;
+    if (nmiss > sizeof(idbuf) / sizeof(idbuf[0]) && !(ids = malloc(nmiss * sizeof(*ids))))
+        ids = NULL; /* out of memory: the identities are computed under the lock, one by one */
+    if (ids)
+        identities(ns, hashes, lens, nmiss, ids);
+    record(s, ids, ns, hashes, lens, nmiss, total);
     if (ids != idbuf)
         free(ids);
+}
+
+void pf_hll_identities(const char *ns, const uint8_t *const *hashes, const size_t *lens, size_t n,
+                       uint64_t *out)
+{
+    identities(ns, hashes, lens, n, out);
+}
+
+void pf_hll_record_ids(struct pf_hll_set *s, const uint64_t *ids, size_t nmiss, uint64_t total)
+{
+    if (s && (ids || nmiss == 0))
+        record(s, ids, NULL, NULL, NULL, nmiss, total);
 }
 
 /* Rebuilds w->closed for current slot cur: the max-merge of every live slot but cur. */

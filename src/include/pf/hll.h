@@ -23,6 +23,13 @@ void pf_hll_set_destroy(struct pf_hll_set *s);
 void pf_hll_record(struct pf_hll_set *s, const char *ns, const uint8_t *const *hashes,
                    const size_t *lens, size_t nmiss, uint64_t total);
 uint64_t pf_hll_identity(const char *ns, const uint8_t *hash, size_t len);
+/* The identities of n hashes (pf_hll_identity each, several computed side by side), for a
+ * caller that has time for them before it knows which hashes missed (the query thread while
+ * the MetaServer answers); out[] has n entries. No set needed, no lock. */
+void pf_hll_identities(const char *ns, const uint8_t *const *hashes, const size_t *lens, size_t n,
+                       uint64_t *out);
+/* pf_hll_record with the misses' identities already computed (pf_hll_identities). */
+void pf_hll_record_ids(struct pf_hll_set *s, const uint64_t *ids, size_t nmiss, uint64_t total);
 
 /* Estimates for window i (tests). */
 double pf_hll_cardinality(struct pf_hll_set *s, size_t window);

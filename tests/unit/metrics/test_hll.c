@@ -386,6 +386,19 @@ static void test_batch_identities(void **st)
                 fail_msg("%zu hashes from %zu: cardinality %.17g, defined identities %.17g", n, off,
                          got, want);
             assert_int_equal(pf_hll_total(s, 0), n);
+            /* computed ahead (pf_hll_identities), recorded later (pf_hll_record_ids): the
+             * same identities, the same registers */
+            static uint64_t ids[N];
+            pf_hll_identities(ns, hp + off, lens + off, n, ids);
+            for (size_t i = 0; i < n; i++)
+                if (ids[i] != def_identity(ns, hs[off + i], lens[off + i]))
+                    fail_msg("identity %zu of %zu from %zu differs", i, n, off);
+            struct pf_hll_set *s2;
+            assert_int_equal(pf_hll_set_create("1h", 14, &clk.base, &s2), 0);
+            pf_hll_record_ids(s2, ids, n, n);
+            assert_true(pf_hll_cardinality(s2, 0) == want);
+            assert_int_equal(pf_hll_total(s2, 0), n);
+            pf_hll_set_destroy(s2);
             pf_hll_free(h);
             pf_hll_set_destroy(s);
         }
