@@ -106,6 +106,16 @@ int pf_server_config_parse(struct pf_server_config *cfg, int argc, char **argv, 
 void pf_server_config_free(struct pf_server_config *cfg);
 
 int pf_server_main(int argc, char **argv);
+/* glibc malloc for a server, set at start: blocks below PF_APP_MALLOC_MMAP_MIN come from
+ * the arenas, and an arena keeps up to PF_APP_MALLOC_TRIM free at its top instead of handing
+ * it back. With glibc's defaults (thresholds that start at 128 KiB and follow the largest
+ * block freed) the 0.3-0.5 MiB arrays of every large query went back to the kernel (madvise)
+ * and came back as fresh zeroed pages on the next: 20-40 us of a 4,096-hash QueryPrefetch
+ * (bench/README.md "The cold query's round trip"). tunables: GLIBC_TUNABLES; one naming
+ * either threshold wins (returns 1, logged). 0 when set, -EINVAL when mallopt refused. */
+#define PF_APP_MALLOC_MMAP_MIN (4 << 20)
+#define PF_APP_MALLOC_TRIM     (8 << 20)
+int pf_app_malloc_settings(const char *tunables);
 
 struct pf_meta_config {
     char *addr;

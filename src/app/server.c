@@ -4,6 +4,7 @@
  * reverse order. Signals are blocked in every thread and read from a signalfd by the
  * main thread; the Shutdown RPC writes an eventfd. */
 #include <errno.h>
+#include <malloc.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -372,6 +373,21 @@ static int wait_for_stop(struct server_app *a)
     }
 }
 
+int pf_app_malloc_settings(const char *tunables)
+{
+    if (tunables &&
+        (strstr(tunables, "malloc.mmap_threshold") || strstr(tunables, "malloc.trim_threshold"))) {
+        pf_info("malloc thresholds from GLIBC_TUNABLES (%s)", tunables);
+        return 1;
+    }
+    if (!mallopt(M_MMAP_THRESHOLD, PF_APP_MALLOC_MMAP_MIN) ||
+        !mallopt(M_TRIM_THRESHOLD, PF_APP_MALLOC_TRIM)) {
+        pf_warn("mallopt failed: glibc's default malloc thresholds stay");
+        return -EINVAL;
+    }
+    return 0;
+}
+
 int pf_server_main(int argc, char **argv)
 {
     static struct server_app app;
@@ -401,6 +417,7 @@ int pf_server_main(int argc, char **argv)
     }
     pf_log_set_level(a->cfg.log_level);
     pf_info("pegaflow-server %s starting (pid %d)", PF_VERSION, (int)getpid());
+    pf_app_malloc_settings(getenv("GLIBC_TUNABLES"));
 
     sigset_t set;
     sigemptyset(&set);
