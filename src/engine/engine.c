@@ -66,6 +66,8 @@ int pf_engine_add_tier(struct pf_engine *e, const struct pf_tier *t)
 {
     if (e->ntiers == PF_MAX_TIERS)
         return -ENOSPC;
+    if (!t->discover_start != !t->discover_finish || (t->discover_start && !t->discover))
+        return -EINVAL; /* the two halves come together, and with discover */
     e->tiers[e->ntiers++] = *t;
     pf_child_add(pf_metric_child1(e->m_tier, t->name), 0);
     return 0;

@@ -265,6 +265,8 @@ struct pf_plan {
     size_t nsrc;
     size_t covered; /* positions [0, covered) have a tier */
     uint32_t planned[PF_MAX_TIERS];
+    void *dop;     /* the remote tier's discovery in flight (pf_prefetch_plan_start) */
+    bool dstarted; /* dop came from discover_start (NULL: discovery unavailable) */
 };
 
 /* ---- the engine ---- */
@@ -401,11 +403,17 @@ void pf_prefetch_stop(struct pf_engine *e);
  * never seen. */
 int pf_prefetch_take(struct pf_engine *e, const char *instance, const char *req_id,
                      struct pf_prefetch_task **task_p);
-/* Makes the plan for keys[0..n) (the suffix after the RAM prefix): local tiers by probe,
- * the remote tier by one bounded discover, own SSD before peers, up to the first position
- * nobody holds. wait_full: a plan that does not cover all n is replaced by local runs plus
- * one polling run of the remote tier for the rest (when discovery is available), else it is
- * empty. Never blocks beyond the remote tier's discovery deadline. */
+/* Starts the plan for keys[0..n): clears it and, when the remote tier discovers in two
+ * halves, sends its discovery; returns whether one is in flight (the caller may do local
+ * work until pf_prefetch_plan, on this thread; keys stay unchanged until then). */
+bool pf_prefetch_plan_start(struct pf_engine *e, const char *req_id,
+                            const struct pf_block_key *keys, size_t n, struct pf_plan *plan);
+/* Makes the plan started by pf_prefetch_plan_start for the same keys[0..n) (the suffix after
+ * the RAM prefix): local tiers by probe, the remote tier by one bounded discovery (the one in
+ * flight, or discover now), own SSD before peers, up to the first position nobody holds.
+ * wait_full: a plan that does not cover all n is replaced by local runs plus one polling run
+ * of the remote tier for the rest (when discovery is available), else it is empty. Never
+ * blocks beyond the remote tier's discovery deadline. */
 void pf_prefetch_plan(struct pf_engine *e, const char *req_id, const struct pf_block_key *keys,
                       size_t n, bool wait_full, struct pf_plan *plan);
 /* Starts a task of (instance, req_id) executing plan, owning prefix[0..nprefix) references;

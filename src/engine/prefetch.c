@@ -122,15 +122,31 @@ static size_t remote_reach(const struct pf_tier_source *src, size_t nsrc, const 
     return best;
 }
 
+bool pf_prefetch_plan_start(struct pf_engine *e, const char *req_id,
+                            const struct pf_block_key *keys, size_t n, struct pf_plan *plan)
+{
+    memset(plan, 0, sizeof(*plan));
+    int remote = remote_tier(e);
+    if (remote < 0 || !e->tiers[remote].discover_start)
+        return false;
+    const struct pf_tier *t = &e->tiers[remote];
+    plan->dop = t->discover_start(t->ctx, req_id, keys, n);
+    plan->dstarted = true;
+    return plan->dop != NULL;
+}
+
 void pf_prefetch_plan(struct pf_engine *e, const char *req_id, const struct pf_block_key *keys,
                       size_t n, bool wait_full, struct pf_plan *plan)
 {
-    memset(plan, 0, sizeof(*plan));
     int remote = remote_tier(e);
     bool avail = false;
     if (remote >= 0) {
         const struct pf_tier *t = &e->tiers[remote];
-        int r = t->discover(t->ctx, req_id, keys, n, plan->src, PF_TIER_SOURCES_MAX);
+        int r = !plan->dstarted
+                    ? t->discover(t->ctx, req_id, keys, n, plan->src, PF_TIER_SOURCES_MAX)
+                : plan->dop ? t->discover_finish(t->ctx, plan->dop, plan->src, PF_TIER_SOURCES_MAX)
+                            : -1;
+        plan->dop = NULL;
         if (r >= 0) {
             avail = true;
             plan->nsrc = (size_t)r < PF_TIER_SOURCES_MAX ? (size_t)r : PF_TIER_SOURCES_MAX;

@@ -43,6 +43,27 @@ static void record_hll(struct pf_engine *e, struct pf_instance *in, const struct
     } while (done < nmiss);
 }
 
+/* The reuse estimator's identities of keys[0..n), or NULL (no estimator, no memory). */
+static uint64_t *hll_ids(struct pf_engine *e, struct pf_instance *in,
+                         const struct pf_block_key *keys, size_t n)
+{
+    uint64_t *ids = e->hll && n ? malloc(n * sizeof(*ids)) : NULL;
+    if (!ids)
+        return NULL;
+    const uint8_t *h[256];
+    size_t l[256];
+    for (size_t done = 0; done < n;) {
+        size_t k = n - done < 256 ? n - done : 256;
+        for (size_t i = 0; i < k; i++) {
+            h[i] = keys[done + i].hash;
+            l[i] = keys[done + i].len;
+        }
+        pf_hll_identities(in->ns, h, l, k, ids + done);
+        done += k;
+    }
+    return ids;
+}
+
 /* Gives up blocks a lookup returned: pins (pf_cache_prefix_pin) or strong references. */
 static void drop_blocks(struct pf_engine *e, struct pf_block **blocks, size_t n, bool pinned)
 {
@@ -225,6 +246,7 @@ int pf_engine_query(struct pf_engine *e, const struct pf_engine_query *q,
     struct pf_block_key *keys = NULL;
     struct pf_block **blocks = NULL;
     char *task_req = NULL;
+    uint64_t *ids = NULL; /* the misses' reuse-estimator identities, when computed early */
     uint32_t g = q->group_id;
     if (g != 0) {
         rc = pf_instance_check_sealed(e, in, err, errlen);
@@ -319,6 +341,11 @@ int pf_engine_query(struct pf_engine *e, const struct pf_engine_query *q,
         pinned = false;
         bool full = q->wait_for_full_prefix;
         struct pf_plan plan;
+        /* while the remote tier's discovery travels, this thread computes the misses'
+         * identities for the reuse estimator: a Ready answer records them without another
+         * pass (bench/README.md, the pure-miss row) */
+        if (pf_prefetch_plan_start(e, req, rest, q->n - hits, &plan) && !want_set)
+            ids = hll_ids(e, in, rest, q->n - hits);
         pf_prefetch_plan(e, req, rest, q->n - hits, full, &plan);
         if (plan.nsegs) {
             for (size_t i = 0; i < e->ntiers; i++)
@@ -348,7 +375,9 @@ answer:
         drop_blocks(e, blocks, hits, pinned); /* a partial want-set is a miss: no lease */
         goto out;
     }
-    if (!want_set)
+    if (!want_set && ids)
+        pf_hll_record_ids(e->hll, ids, q->n - hits, q->n);
+    else if (!want_set)
         record_hll(e, in, rest, q->n - hits, q->n);
     if (want_set && (rc = positions_all(res, hits)) != 0) {
         drop_blocks(e, blocks, hits, pinned);
@@ -373,6 +402,7 @@ out:
         res->nhit_positions = 0;
     }
     free(task_req);
+    free(ids);
     free(keys);
     free(blocks);
     pf_instance_put(in);

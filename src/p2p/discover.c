@@ -1,7 +1,8 @@
 /* The requester's discovery side of the "rdma" tier (docs/p2p.md "The plan"): the req_id
  * blacklist, holder health (recent failures: the down window; fetches in flight: the load),
- * and the query-time discovery p2p_tier_discover that asks the MetaServer within the plan
- * deadline and ranks the holders. The fetch itself is in fetch.c. */
+ * and the query-time discovery (p2p_tier_discover_start/finish: the query thread does its
+ * local work while the MetaServer answers) that asks within the plan deadline and ranks the
+ * holders. The fetch itself is in fetch.c. */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -244,47 +245,115 @@ static bool head_held(const struct pf_p2p *p, const struct pf_meta_prefix *res, 
 }
 
 /* The plan's discovery within cfg.plan_timeout_ms: QueryPrefixBlocks for the first
- * PF_P2P_PLAN_HEAD hashes (a pure miss costs one small RPC, not the whole suffix's bytes);
- * only when a holder has all of them, a second one for the whole suffix with the time left
- * (else, or when it fails, the head's answer stands). */
-static int plan_query(struct pf_p2p *p, const char *ns, const struct pf_meta_hash *h, size_t n,
-                      struct pf_meta_prefix **res_p, size_t *nres_p)
+ * PF_P2P_PLAN_HEAD hashes (a pure miss costs one small RPC, not the whole suffix's bytes),
+ * sent by p2p_tier_discover_start and collected by p2p_tier_discover_finish (the query thread
+ * works in between); only when a holder has all of them, a second one for the whole suffix
+ * with the time left (else, or when it fails, the head's answer stands). A transport without
+ * the split phase asks at finish. Holds p2p_meta_enter from start to finish. */
+struct p2p_discovery {
+    struct pf_p2p *p;
+    const char *req_id;              /* the caller's, valid until finish */
+    const struct pf_block_key *keys; /* the caller's, valid until finish */
+    const char *ns;
+    struct pf_meta_hash *h; /* the head's, then (a second query) all n */
+    size_t n, head;
+    uint64_t t0;
+    void *op; /* the transport's head query in flight */
+    int rc;   /* its start's error */
+};
+
+static void discovery_free(struct p2p_discovery *d)
 {
-    if (!p2p_meta_enter(p))
-        return -ECANCELED;
+    p2p_meta_exit(d->p);
+    if (d->h != (struct pf_meta_hash *)(d + 1))
+        free(d->h);
+    free(d);
+}
+
+/* The whole suffix's hashes (for the second query); false without memory. */
+static bool discovery_all(struct p2p_discovery *d)
+{
+    struct pf_meta_hash *h = malloc(d->n * sizeof(*h));
+    if (!h)
+        return false;
+    for (size_t i = 0; i < d->n; i++)
+        h[i] = (struct pf_meta_hash){d->keys[i].len, d->keys[i].hash};
+    d->h = h;
+    return true;
+}
+
+void *p2p_tier_discover_start(void *ctx, const char *req_id, const struct pf_block_key *keys,
+                              size_t n)
+{
+    struct pf_p2p *p = ctx;
+    if (n == 0 || !p2p_fetch_available(p, req_id))
+        return NULL;
     size_t head = n < PF_P2P_PLAN_HEAD ? n : PF_P2P_PLAN_HEAD;
-    uint64_t t0 = pf_now_ns(), budget = p->cfg.plan_timeout_ms;
-    int rc = p->tr->query_prefix(p->tr->ctx, ns, h, head, budget, res_p, nres_p);
-    if (rc == 0 && head < n && head_held(p, *res_p, *nres_p, head)) {
-        uint64_t spent = (pf_now_ns() - t0) / PF_NS_PER_MS;
+    /* the head's hashes only: the whole suffix's are needed (and built) only for a second
+     * query, and reading 4,096 keys here would delay the first */
+    struct p2p_discovery *d = calloc(1, sizeof(*d) + head * sizeof(*d->h));
+    if (!d)
+        return NULL;
+    if (!p2p_meta_enter(p)) { /* stopping */
+        free(d);
+        return NULL;
+    }
+    d->h = (struct pf_meta_hash *)(d + 1);
+    for (size_t i = 0; i < head; i++)
+        d->h[i] = (struct pf_meta_hash){keys[i].len, keys[i].hash};
+    d->p = p;
+    d->req_id = req_id;
+    d->keys = keys;
+    d->ns = pf_ns_name(keys[0].ns);
+    d->n = n;
+    d->head = head;
+    d->t0 = pf_now_ns();
+    if (p->tr->query_prefix_start)
+        d->rc = p->tr->query_prefix_start(p->tr->ctx, d->ns, d->h, d->head, p->cfg.plan_timeout_ms,
+                                          &d->op);
+    return d;
+}
+
+/* The head's answer (and the whole suffix's when a holder has all the head). */
+static int plan_query_finish(struct p2p_discovery *d, struct pf_meta_prefix **res_p, size_t *nres_p)
+{
+    struct pf_p2p *p = d->p;
+    uint64_t budget = p->cfg.plan_timeout_ms;
+    int rc = d->rc;
+    if (d->op)
+        rc = p->tr->query_prefix_finish(p->tr->ctx, d->op, res_p, nres_p);
+    else if (!p->tr->query_prefix_start)
+        rc = p->tr->query_prefix(p->tr->ctx, d->ns, d->h, d->head, budget, res_p, nres_p);
+    d->op = NULL;
+    if (rc == 0 && d->head < d->n && head_held(p, *res_p, *nres_p, d->head)) {
+        uint64_t spent = (pf_now_ns() - d->t0) / PF_NS_PER_MS;
         struct pf_meta_prefix *all = NULL;
         size_t nall = 0;
-        if (spent < budget &&
-            p->tr->query_prefix(p->tr->ctx, ns, h, n, budget - spent, &all, &nall) == 0) {
+        if (spent < budget && discovery_all(d) &&
+            p->tr->query_prefix(p->tr->ctx, d->ns, d->h, d->n, budget - spent, &all, &nall) == 0) {
             free(*res_p);
             *res_p = all;
             *nres_p = nall;
         }
     }
-    p2p_meta_exit(p);
     return rc;
 }
 
-int p2p_tier_discover(void *ctx, const char *req_id, const struct pf_block_key *keys, size_t n,
-                      struct pf_tier_source *src, size_t max)
+int p2p_tier_discover_finish(void *ctx, void *op, struct pf_tier_source *src, size_t max)
 {
     struct pf_p2p *p = ctx;
-    if (n == 0 || max == 0 || !p2p_fetch_available(p, req_id))
+    struct p2p_discovery *d = op;
+    if (!src || max == 0) { /* dropped: the answer is not wanted */
+        if (d->op)
+            p->tr->query_prefix_finish(p->tr->ctx, d->op, NULL, NULL);
+        discovery_free(d);
         return -1;
-    struct pf_meta_hash *h = malloc(n * sizeof(*h));
-    if (!h)
-        return -1;
-    for (size_t i = 0; i < n; i++)
-        h[i] = (struct pf_meta_hash){keys[i].len, keys[i].hash};
+    }
     struct pf_meta_prefix *res = NULL;
-    size_t nres = 0;
-    int qrc = plan_query(p, pf_ns_name(keys[0].ns), h, n, &res, &nres);
-    free(h);
+    size_t nres = 0, n = d->n;
+    int qrc = plan_query_finish(d, &res, &nres);
+    const char *req_id = d->req_id;
+    discovery_free(d);
     if (qrc) {
         pf_debug("req %s: MetaServer query failed: %s", req_id, strerror(-qrc));
         pf_log_ratelimited(PF_LOG_WARN, 10000,
@@ -321,6 +390,15 @@ int p2p_tier_discover(void *ctx, const char *req_id, const struct pf_block_key *
         pf_debug("req %s: %zu holder(s), best %s with %u of %zu block(s)%s", req_id, m, src[0].node,
                  src[0].len, n, src[0].down ? " (down)" : "");
     return (int)m;
+}
+
+int p2p_tier_discover(void *ctx, const char *req_id, const struct pf_block_key *keys, size_t n,
+                      struct pf_tier_source *src, size_t max)
+{
+    if (max == 0)
+        return -1;
+    void *d = p2p_tier_discover_start(ctx, req_id, keys, n);
+    return d ? p2p_tier_discover_finish(ctx, d, src, max) : -1;
 }
 
 /* Step 1 of a fetch (fetch.c): the holder with the longest advertised prefix. */

@@ -175,7 +175,10 @@ bool p2p_meta_enter(struct pf_p2p *p)
 void p2p_meta_exit(struct pf_p2p *p)
 {
     pthread_mutex_lock(&p->wk_mu);
-    if (--p->meta_users == 0)
+    /* only pf_p2p_stop waits for this (it set stopped first, under wk_mu): waking the
+     * housekeeping thread on every query-time discovery cost each cold query a futex
+     * round on its own path (bench/README.md, the pure-miss row) */
+    if (--p->meta_users == 0 && p->stopped)
         pthread_cond_broadcast(&p->wk_cv);
     pthread_mutex_unlock(&p->wk_mu);
 }
@@ -490,7 +493,8 @@ int pf_p2p_create(const struct pf_p2p_config *cfg, struct pf_p2p **p_p, char *er
     if (cfg->transport) {
         p->tr = cfg->transport;
     } else {
-        p->grpc_tr = (struct pf_p2p_transport){p2p_grpc_call, p2p_grpc_query_prefix, p};
+        p->grpc_tr = (struct pf_p2p_transport){p2p_grpc_call, p2p_grpc_query_prefix, p,
+                                               p2p_grpc_query_start, p2p_grpc_query_finish};
         p->tr = &p->grpc_tr;
     }
     rc = p2p_verify_start(p);
@@ -509,6 +513,8 @@ int pf_p2p_create(const struct pf_p2p_config *cfg, struct pf_p2p **p_p, char *er
         .cls = PF_CLASS_RECLAIMABLE,
         .fetch = p2p_tier_fetch,
         .discover = p2p_tier_discover,
+        .discover_start = p2p_tier_discover_start,
+        .discover_finish = p2p_tier_discover_finish,
         .fetch_from = p2p_tier_fetch_from,
         .ctx = p,
     };

@@ -279,6 +279,9 @@ void p2p_conns_free(struct pf_p2p *p);
 bool p2p_fetch_available(struct pf_p2p *p, const char *req_id);
 int p2p_tier_discover(void *ctx, const char *req_id, const struct pf_block_key *keys, size_t n,
                       struct pf_tier_source *src, size_t max);
+void *p2p_tier_discover_start(void *ctx, const char *req_id, const struct pf_block_key *keys,
+                              size_t n);
+int p2p_tier_discover_finish(void *ctx, void *op, struct pf_tier_source *src, size_t max);
 size_t p2p_tier_fetch_from(void *ctx, const char *req_id, const struct pf_tier_source *src,
                            const struct pf_block_key *keys, size_t n, struct pf_block **out,
                            const char **why_p);
@@ -334,6 +337,9 @@ int p2p_grpc_call(void *ctx, const char *peer, enum pf_p2p_method m, const Proto
                   uint64_t timeout_ms, ProtobufCMessage **resp_p, char *err, size_t errlen);
 int p2p_grpc_query_prefix(void *ctx, const char *ns, const struct pf_meta_hash *hashes, size_t n,
                           uint64_t timeout_ms, struct pf_meta_prefix **res_p, size_t *nres_p);
+int p2p_grpc_query_start(void *ctx, const char *ns, const struct pf_meta_hash *hashes, size_t n,
+                         uint64_t timeout_ms, void **op_p);
+int p2p_grpc_query_finish(void *ctx, void *op, struct pf_meta_prefix **res_p, size_t *nres_p);
 void p2p_grpc_free(struct pf_p2p *p);
 
 /* ---- handshake address checks (peer_auth.c) ---- */

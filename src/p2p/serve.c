@@ -385,7 +385,7 @@ static struct pf_rpc_channel *chan_get(struct pf_p2p *p, const char *addr)
         c = c->next;
     if (!c) {
         c = calloc(1, sizeof(*c));
-        if (c && (!(c->addr = strdup(addr)) || pf_rpc_channel_open(addr, &c->ch) != 0)) {
+        if (c && (!(c->addr = strdup(addr)) || pf_rpc_channel_open_lean(addr, &c->ch) != 0)) {
             free(c->addr);
             free(c);
             c = NULL;
@@ -430,6 +430,24 @@ int p2p_grpc_query_prefix(void *ctx, const char *ns, const struct pf_meta_hash *
     if (!p->meta)
         return -ENOTCONN;
     return pf_meta_client_query_prefix(p->meta, ns, hashes, n, timeout_ms, res_p, nres_p);
+}
+
+int p2p_grpc_query_start(void *ctx, const char *ns, const struct pf_meta_hash *hashes, size_t n,
+                         uint64_t timeout_ms, void **op_p)
+{
+    struct pf_p2p *p = ctx;
+    if (!p->meta)
+        return -ENOTCONN;
+    struct pf_meta_query *q;
+    int rc = pf_meta_client_query_prefix_start(p->meta, ns, hashes, n, timeout_ms, &q);
+    if (rc == 0)
+        *op_p = q;
+    return rc;
+}
+
+int p2p_grpc_query_finish(void *ctx, void *op, struct pf_meta_prefix **res_p, size_t *nres_p)
+{
+    return pf_meta_client_query_prefix_finish(op, res_p, nres_p);
 }
 
 void p2p_grpc_free(struct pf_p2p *p)

@@ -235,6 +235,15 @@ struct pf_tier {
      * slow, req_id blacklisted): the plan then uses local tiers only. */
     int (*discover)(void *ctx, const char *req_id, const struct pf_block_key *keys, size_t n,
                     struct pf_tier_source *src, size_t max);
+    /* Optional with discover: discover in two halves, so the query thread does its local
+     * work (the reuse estimator's identities) while the directory answers. discover_start
+     * begins it (sends the query) and returns a handle, or NULL when discovery is unavailable
+     * now (discover's -1). discover_finish waits (bounded as discover) and returns discover's
+     * result; src NULL drops the discovery (returns -1). Contract: finish on the thread that
+     * started, exactly once per handle; keys valid and unchanged until then. */
+    void *(*discover_start)(void *ctx, const char *req_id, const struct pf_block_key *keys,
+                            size_t n);
+    int (*discover_finish)(void *ctx, void *op, struct pf_tier_source *src, size_t max);
     /* Required with discover: fetches up to n consecutive blocks from keys[0] from one holder
      * (prefetch thread, bounded); returns how many (fetch's contract, never all-or-nothing).
      * A failure counts against the holder (its down window). *why_p (may be NULL) gets a
@@ -244,7 +253,8 @@ struct pf_tier {
                          const char **why_p);
     void *ctx;
 };
-/* Registers a tier (before serving traffic). 0 or -ENOSPC. */
+/* Registers a tier (before serving traffic). 0, -ENOSPC, or -EINVAL (discover_start
+ * without discover_finish or discover, or the reverse). */
 int pf_engine_add_tier(struct pf_engine *e, const struct pf_tier *t);
 
 /* Serving a peer (P2P QueryBlocksForTransfer): reads up to n consecutive blocks from keys[0]

@@ -124,6 +124,13 @@ struct pf_p2p_transport {
     int (*query_prefix)(void *ctx, const char *ns, const struct pf_meta_hash *hashes, size_t n,
                         uint64_t timeout_ms, struct pf_meta_prefix **res_p, size_t *nres_p);
     void *ctx;
+    /* Optional, both or neither: query_prefix in two halves
+     * (pf_meta_client_query_prefix_start/finish semantics and contract; *op_p is the
+     * transport's handle). The plan sends its discovery with start and collects it after the
+     * query thread's local work; without them it asks with query_prefix at that point. */
+    int (*query_prefix_start)(void *ctx, const char *ns, const struct pf_meta_hash *hashes,
+                              size_t n, uint64_t timeout_ms, void **op_p);
+    int (*query_prefix_finish)(void *ctx, void *op, struct pf_meta_prefix **res_p, size_t *nres_p);
 };
 
 struct pf_p2p_config {

@@ -5,8 +5,10 @@
  * discovery; k of n held remotely with j delivered counts requested/delivered/shortfall
  * exactly; a failed best holder falls to the next one, a short holder to the SSD for exactly
  * the missing blocks; own SSD before peers (also with wait_for_full_prefix); a stalled peer
- * does not hold up another request's SSD hit; a full remote queue answers at once. Every
- * delivered block is checked byte by byte against the pattern of its key. */
+ * does not hold up another request's SSD hit; a full remote queue answers at once. The
+ * remote tier discovers whole or (setup_split, as the P2P tier) in two halves around the
+ * query thread's own work. Every delivered block is checked byte by byte against the pattern
+ * of its key. */
 #include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -49,6 +51,7 @@ static struct {
     struct fholder h[4];
     int nh;
     int discover_calls;
+    int dstart, dfinish, ddrop; /* split-phase discoveries (setup_split) */
     int from_calls, from_first[16], from_n[16];
     const char *from_node[16];
     int poll_calls;
@@ -151,6 +154,45 @@ static int r_discover(void *ctx, const char *req, const struct pf_block_key *k, 
     return rc < 0 ? -1 : (int)m;
 }
 
+/* The split phase (setup_split): start keeps the keys and the thread, finish checks both
+ * (same thread, keys unchanged: the engine's contract) and answers as r_discover. */
+struct dop {
+    const char *req;
+    const struct pf_block_key *k;
+    struct pf_block_key first; /* k[0] as it was at start */
+    size_t n;
+    pthread_t thr;
+};
+
+static void *r_discover_start(void *ctx, const char *req, const struct pf_block_key *k, size_t n)
+{
+    struct dop *d = calloc(1, sizeof(*d));
+    assert_non_null(d);
+    *d = (struct dop){req, k, k[0], n, pthread_self()};
+    pthread_mutex_lock(&mu);
+    T.dstart++;
+    pthread_mutex_unlock(&mu);
+    return d;
+}
+
+static int r_discover_finish(void *ctx, void *op, struct pf_tier_source *src, size_t max)
+{
+    struct dop *d = op;
+    assert_true(pthread_equal(d->thr, pthread_self()));
+    assert_memory_equal(&d->k[0], &d->first, sizeof(d->first));
+    int rc = -1;
+    if (src)
+        rc = r_discover(ctx, d->req, d->k, d->n, src, max);
+    pthread_mutex_lock(&mu);
+    if (src)
+        T.dfinish++;
+    else
+        T.ddrop++;
+    pthread_mutex_unlock(&mu);
+    free(d);
+    return rc;
+}
+
 static size_t r_fetch_from(void *ctx, const char *req, const struct pf_tier_source *src,
                            const struct pf_block_key *k, size_t n, struct pf_block **out,
                            const char **why)
@@ -193,6 +235,7 @@ static size_t r_poll(void *ctx, const char *req, const struct pf_block_key *k, s
 /* ------------------------------------------------------------------ fixture */
 
 static struct pf_gpu *G;
+static bool split; /* the remote tier discovers in two halves (as the P2P tier does) */
 
 static int setup(void **st)
 {
@@ -217,6 +260,8 @@ static int setup(void **st)
                         .cls = PF_CLASS_RECLAIMABLE,
                         .fetch = r_poll,
                         .discover = r_discover,
+                        .discover_start = split ? r_discover_start : NULL,
+                        .discover_finish = split ? r_discover_finish : NULL,
                         .fetch_from = r_fetch_from};
     struct pf_tier l = {
         .name = "ssd", .cls = PF_CLASS_RETAINED, .probe = l_probe, .fetch = l_fetch};
@@ -225,8 +270,18 @@ static int setup(void **st)
     return 0;
 }
 
+static int setup_split(void **st)
+{
+    split = true;
+    return setup(st);
+}
+
 static int teardown(void **st)
 {
+    /* every discovery started was finished once, by a query thread */
+    assert_int_equal(T.dstart, T.dfinish + T.ddrop);
+    assert_true(!split || T.dstart > 0);
+    split = false;
     pf_engine_destroy(E);
     pf_gpu_close(G);
     return 0;
@@ -339,12 +394,20 @@ static void test_pure_miss_ready_at_once(void **st)
     reg();
     double miss = REQ("miss"), rdma = REQ("rdma"), ssd = REQ("ssd");
     struct pf_engine_query_result res;
+    uint64_t total = pf_hll_total(E->hll, 0);
+    double card = pf_hll_cardinality(E->hll, 0);
     assert_int_equal(q("pm", 0, 48, false, &res), 0);
     assert_false(res.loading);
     assert_int_equal(res.num_hit_blocks, 0);
     assert_false(res.has_lease);
     assert_int_equal(ntasks(), 0);
     assert_int_equal(T.discover_calls, 1);
+    assert_int_equal(T.dstart, split ? 1 : 0);
+    /* the reuse estimator got the 48 misses (with split discovery: identities computed
+     * while it travelled), the same as without */
+    assert_int_equal(pf_hll_total(E->hll, 0), total + 48);
+    assert_true(pf_hll_cardinality(E->hll, 0) - card > 47.0 &&
+                pf_hll_cardinality(E->hll, 0) - card < 49.0);
     assert_int_equal(T.fetch_calls + T.from_calls + T.poll_calls, 0);
     assert_true(REQ("miss") - miss == 48);
     assert_true(REQ("rdma") - rdma == 0 && REQ("ssd") - ssd == 0);
@@ -579,9 +642,33 @@ static void test_remote_queue_full(void **st)
     unreg();
 }
 
+/* A tier's two discovery halves come together, and with discover. */
+static void test_add_tier_split_halves(void **st)
+{
+    size_t n = E->ntiers;
+    struct pf_tier t = {.name = "x",
+                        .fetch = r_poll,
+                        .discover = r_discover,
+                        .fetch_from = r_fetch_from,
+                        .discover_start = r_discover_start};
+    assert_int_equal(pf_engine_add_tier(E, &t), -EINVAL);
+    t.discover_start = NULL;
+    t.discover_finish = r_discover_finish;
+    assert_int_equal(pf_engine_add_tier(E, &t), -EINVAL);
+    t.discover_start = r_discover_start;
+    t.discover = NULL;
+    assert_int_equal(pf_engine_add_tier(E, &t), -EINVAL);
+    assert_int_equal(E->ntiers, n);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_add_tier_split_halves, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pure_miss_ready_at_once, setup_split, teardown),
+        cmocka_unit_test_setup_teardown(test_counts_k_of_n_j_delivered, setup_split, teardown),
+        cmocka_unit_test_setup_teardown(test_second_holder_serves_all, setup_split, teardown),
+        cmocka_unit_test_setup_teardown(test_own_ssd_first_wait_full, setup_split, teardown),
         cmocka_unit_test_setup_teardown(test_pure_miss_ready_at_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_counts_k_of_n_j_delivered, setup, teardown),
         cmocka_unit_test_setup_teardown(test_second_holder_serves_all, setup, teardown),

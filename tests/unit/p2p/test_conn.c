@@ -229,7 +229,7 @@ static void node_up(struct node *n, int tag)
     struct pf_net_config nc = {.nics = &nic, .nnics = 1};
     assert_int_equal(pf_hal_net_open("tcp", &nc, &n->net, chosen, sizeof(chosen), err, sizeof(err)),
                      0);
-    n->tr = (struct pf_p2p_transport){tr_call, tr_prefix, n};
+    n->tr = (struct pf_p2p_transport){.call = tr_call, .query_prefix = tr_prefix, .ctx = n};
     struct pf_p2p_config pc = {.engine = n->e,
                                .net = n->net,
                                .backend = chosen,

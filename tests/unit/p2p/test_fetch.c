@@ -54,7 +54,10 @@ struct peer {
     size_t meta_prefix;
     int meta_full_after; /* answer the full prefix from this query on (0 = always) */
     int meta_calls;
-    uint64_t meta_timeout; /* the deadline of the last QueryPrefixBlocks */
+    uint64_t meta_timeout;                      /* the deadline of the last QueryPrefixBlocks */
+    int meta_start_rc;                          /* T_SPLIT: start's answer */
+    int meta_starts, meta_finishes, meta_drops; /* T_SPLIT */
+    size_t meta_start_n;                        /* hashes the last start sent */
     /* RPCs */
     int hs_rc, hs_calls;
     int q_rc, q_calls;
@@ -290,7 +293,54 @@ static int t_prefix(void *ctx, const char *ns, const struct pf_meta_hash *h, siz
     return 0;
 }
 
-static const struct pf_p2p_transport T = {t_call, t_prefix, NULL};
+static const struct pf_p2p_transport T = {.call = t_call, .query_prefix = t_prefix};
+
+/* The split phase of the MetaServer query (as the gRPC transport has): start keeps the
+ * request, finish answers it as t_prefix would have when it was sent. */
+struct tq {
+    const char *ns;
+    const struct pf_meta_hash *h;
+    size_t n;
+    uint64_t timeout_ms;
+};
+
+static int t_start(void *ctx, const char *ns, const struct pf_meta_hash *h, size_t n,
+                   uint64_t timeout_ms, void **op_p)
+{
+    pthread_mutex_lock(&P.mu);
+    int rc = P.meta_start_rc;
+    P.meta_starts++;
+    P.meta_start_n = n;
+    pthread_mutex_unlock(&P.mu);
+    if (rc)
+        return rc;
+    struct tq *q = malloc(sizeof(*q));
+    assert_non_null(q);
+    *q = (struct tq){ns, h, n, timeout_ms};
+    *op_p = q;
+    return 0;
+}
+
+static int t_finish(void *ctx, void *op, struct pf_meta_prefix **res_p, size_t *nres_p)
+{
+    struct tq *q = op;
+    int rc = -ECANCELED;
+    if (res_p)
+        rc = t_prefix(ctx, q->ns, q->h, q->n, q->timeout_ms, res_p, nres_p);
+    pthread_mutex_lock(&P.mu);
+    if (res_p)
+        P.meta_finishes++;
+    else
+        P.meta_drops++;
+    pthread_mutex_unlock(&P.mu);
+    free(q);
+    return rc;
+}
+
+static const struct pf_p2p_transport T_SPLIT = {.call = t_call,
+                                                .query_prefix = t_prefix,
+                                                .query_prefix_start = t_start,
+                                                .query_prefix_finish = t_finish};
 
 /* ------------------------------------------------------------------ fixture */
 
@@ -1151,6 +1201,81 @@ static void test_discover_deadline_and_down_window(void **st)
     fx_down();
 }
 
+static int meta_users(void)
+{
+    pthread_mutex_lock(&F.p->wk_mu);
+    int u = F.p->meta_users;
+    pthread_mutex_unlock(&F.p->wk_mu);
+    return u;
+}
+
+/* The discovery in two halves (the query thread's way with the gRPC transport): start sends
+ * the head's query, finish collects and ranks it; a dropped one is cancelled; a failed start
+ * is "unavailable"; a holder of the whole head gets the second query at finish; each holds
+ * the MetaServer client (stop waits) from start to finish. Without the transport's split,
+ * finish asks whole. */
+static void test_discover_split_phase(void **st)
+{
+    fx_up(1, 16 << 20, GAP);
+    F.p->tr = &T_SPLIT;
+    struct pf_tier_source src[PF_TIER_SOURCES_MAX];
+    P.meta_prefix = 12;
+    void *d = p2p_tier_discover_start(F.p, "s1", F.keys, NBLK);
+    assert_non_null(d);
+    assert_int_equal(P.meta_starts, 1);
+    assert_int_equal(P.meta_calls, 0); /* sent, not answered yet */
+    assert_int_equal(meta_users(), 1);
+    assert_int_equal(p2p_tier_discover_finish(F.p, d, src, PF_TIER_SOURCES_MAX), 1);
+    assert_int_equal(P.meta_finishes, 1);
+    assert_int_equal(P.meta_timeout, 7); /* the plan deadline */
+    assert_string_equal(src[0].node, PEER);
+    assert_int_equal(src[0].len, 12);
+    assert_int_equal(meta_users(), 0);
+    /* dropped */
+    d = p2p_tier_discover_start(F.p, "s2", F.keys, NBLK);
+    assert_non_null(d);
+    assert_int_equal(p2p_tier_discover_finish(F.p, d, NULL, 0), -1);
+    assert_int_equal(P.meta_drops, 1);
+    assert_int_equal(meta_users(), 0);
+    /* start fails (no MetaServer session): unavailable, no answer waited for */
+    P.meta_start_rc = -ENOTCONN;
+    d = p2p_tier_discover_start(F.p, "s3", F.keys, NBLK);
+    assert_non_null(d);
+    assert_int_equal(p2p_tier_discover_finish(F.p, d, src, PF_TIER_SOURCES_MAX), -1);
+    assert_int_equal(P.meta_finishes, 1);
+    P.meta_start_rc = 0;
+    /* 100 keys: the head's 64 sent at start; a holder of all of them gets the whole suffix
+     * asked at finish */
+    struct pf_block_key many[100];
+    for (int i = 0; i < 100; i++) {
+        uint8_t hh[32];
+        hash_of(i, hh);
+        pf_key_make(F.ns, hh, 32, &many[i]);
+    }
+    int calls = P.meta_calls;
+    P.meta_prefix = 80;
+    d = p2p_tier_discover_start(F.p, "s4", many, 100);
+    assert_int_equal(P.meta_start_n, PF_P2P_PLAN_HEAD);
+    assert_int_equal(p2p_tier_discover_finish(F.p, d, src, PF_TIER_SOURCES_MAX), 1);
+    assert_int_equal(P.meta_calls, calls + 2);
+    assert_int_equal(src[0].len, 80);
+    /* nothing to discover: no handle */
+    assert_null(p2p_tier_discover_start(F.p, "s5", F.keys, 0));
+    /* without the transport's split: one whole query at finish */
+    F.p->tr = &T;
+    calls = P.meta_calls;
+    int starts = P.meta_starts;
+    P.meta_prefix = 5;
+    d = p2p_tier_discover_start(F.p, "s6", F.keys, NBLK);
+    assert_int_equal(P.meta_calls, calls);
+    assert_int_equal(p2p_tier_discover_finish(F.p, d, src, PF_TIER_SOURCES_MAX), 1);
+    assert_int_equal(P.meta_calls, calls + 1);
+    assert_int_equal(P.meta_starts, starts);
+    assert_int_equal(src[0].len, 5);
+    assert_int_equal(meta_users(), 0);
+    fx_down();
+}
+
 /* Verification overlaps the READs (issue 23 item 2): the mock hands out one completion per
  * poll and holds back all but the first 4 (block 0's READs) until block 0's verification has
  * started (the hook opens the gate), and that verification then waits until every READ's
@@ -1256,6 +1381,7 @@ int main(void)
         cmocka_unit_test(test_wait_for_full_prefix),
         cmocka_unit_test(test_stop_during_transfer),
         cmocka_unit_test(test_discover_deadline_and_down_window),
+        cmocka_unit_test(test_discover_split_phase),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
