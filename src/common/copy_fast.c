@@ -1,6 +1,9 @@
 /* Bulk copies: non-temporal stores chosen by size, and the fused copy + xxh3 pass (see
- * pf/copy.h). The project compiles for baseline x86-64; the AVX2 streaming loop is built
- * with a target attribute and chosen at run time, SSE2 (baseline) otherwise. */
+ * pf/copy.h). The project compiles for baseline x86-64; the AVX-512 and AVX2 streaming
+ * loops are built with target attributes and chosen at run time, SSE2 (baseline) otherwise. */
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,23 +47,78 @@ static void nt_sse2(char *d, const char *s, size_t n)
     }
 }
 
+__attribute__((target("avx512f"))) static void nt_avx512(char *d, const char *s, size_t n)
+{
+    /* d is 64-byte aligned, n a multiple of 256 */
+    for (size_t i = 0; i < n; i += 256) {
+        __m512i x0 = _mm512_loadu_si512(s + i);
+        __m512i x1 = _mm512_loadu_si512(s + i + 64);
+        __m512i x2 = _mm512_loadu_si512(s + i + 128);
+        __m512i x3 = _mm512_loadu_si512(s + i + 192);
+        _mm512_stream_si512((__m512i *)(d + i), x0);
+        _mm512_stream_si512((__m512i *)(d + i + 64), x1);
+        _mm512_stream_si512((__m512i *)(d + i + 128), x2);
+        _mm512_stream_si512((__m512i *)(d + i + 192), x3);
+    }
+}
+
+static bool isa_ok(enum pf_copy_isa isa)
+{
+    switch (isa) {
+    case PF_COPY_ISA_AUTO:
+    case PF_COPY_ISA_SSE2:
+        return true;
+    case PF_COPY_ISA_AVX2:
+        return __builtin_cpu_supports("avx2");
+    case PF_COPY_ISA_AVX512:
+        return __builtin_cpu_supports("avx512f");
+    }
+    return false;
+}
+
+static _Atomic int forced_isa; /* enum pf_copy_isa; AUTO: the widest the CPU has */
+
+int pf_copy_force_isa(enum pf_copy_isa isa)
+{
+    if (!isa_ok(isa))
+        return -ENOTSUP;
+    atomic_store_explicit(&forced_isa, (int)isa, memory_order_relaxed);
+    return 0;
+}
+
+static enum pf_copy_isa isa_now(void)
+{
+    enum pf_copy_isa isa = atomic_load_explicit(&forced_isa, memory_order_relaxed);
+    if (isa != PF_COPY_ISA_AUTO)
+        return isa;
+    return isa_ok(PF_COPY_ISA_AVX512) ? PF_COPY_ISA_AVX512
+           : isa_ok(PF_COPY_ISA_AVX2) ? PF_COPY_ISA_AVX2
+                                      : PF_COPY_ISA_SSE2;
+}
+
 void pf_copy_nt(void *dst, const void *src, size_t len)
 {
     char *d = dst;
     const char *s = src;
-    size_t head = (size_t)(-(uintptr_t)d & 31); /* bytes until d is 32-byte aligned */
+    size_t head = (size_t)(-(uintptr_t)d & 63); /* bytes until d is 64-byte aligned */
     if (head > len)
         head = len;
     memcpy(d, s, head);
     d += head;
     s += head;
     len -= head;
-    size_t body = len & ~(size_t)127;
+    size_t body = len & ~(size_t)255; /* a multiple of every loop's step */
     if (body) {
-        if (__builtin_cpu_supports("avx2"))
+        switch (isa_now()) {
+        case PF_COPY_ISA_AVX512:
+            nt_avx512(d, s, body);
+            break;
+        case PF_COPY_ISA_AVX2:
             nt_avx2(d, s, body);
-        else
+            break;
+        default:
             nt_sse2(d, s, body);
+        }
         _mm_sfence(); /* streaming stores are weakly ordered: visible before we return */
     }
     memcpy(d + body, s + body, len - body);
@@ -69,6 +127,11 @@ void pf_copy_nt(void *dst, const void *src, size_t len)
 void pf_copy_nt(void *dst, const void *src, size_t len)
 {
     memcpy(dst, src, len);
+}
+
+int pf_copy_force_isa(enum pf_copy_isa isa)
+{
+    return isa == PF_COPY_ISA_AUTO ? 0 : -ENOTSUP;
 }
 #endif
 

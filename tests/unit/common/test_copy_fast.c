@@ -1,6 +1,7 @@
 /* pf_copy_nt / pf_copy_bulk (non-temporal stores chosen by size) copy exactly the bytes of
- * memcpy at every source and destination alignment 0..63 and every size edge of the
- * streaming loop (the 32-byte alignment head, the 128-byte body, the tail, the
+ * memcpy at every source and destination alignment 0..63, with each streaming loop the CPU
+ * has (SSE2, AVX2, AVX-512), and every size edge of the
+ * streaming loop (the 64-byte alignment head, the 256-byte body, the tail, the
  * PF_COPY_NT_MIN threshold), touching nothing outside the destination; pf_copy_hash copies
  * the same bytes and its state yields the xxh3-64 of the inlined streaming checksum
  * (pf_checksum_*, an independent implementation) for one call and for two calls chained,
@@ -22,9 +23,11 @@
 #define CANARY 0xA5
 
 static const size_t sizes[] = {
-    0,     1,     31,    32,    33,    63,         64,          127,    128,    129,
-    159,   160,   161,   255,   256,   257,        4095,        4096,   4097,   32767,
-    32768, 32769, 65535, 65536, 65537, 65536 + 31, 65536 + 129, 131072, 200003, 262144 + 77};
+    0,           1,           31,          32,     33,     63,         64,    127,
+    128,         129,         159,         160,    161,    255,        256,   257,
+    4095,        4096,        4097,        32767,  383,    384,        385,   511,
+    512,         513,         32768,       32769,  65535,  65536,      65537, 65536 + 31,
+    65536 + 129, 65536 + 255, 65536 + 257, 131072, 200003, 262144 + 77};
 #define NSIZES (sizeof(sizes) / sizeof(sizes[0]))
 #define MAXLEN (262144 + 77)
 #define PAD    128
@@ -80,9 +83,28 @@ static void check_copy(copy_fn fn, const char *name)
     free(dst);
 }
 
+/* every streaming loop this CPU has (the widest is the default; the others are what other
+ * CPUs run) */
 static void test_copy_nt(void **st)
 {
-    check_copy(pf_copy_nt, "pf_copy_nt");
+    static const struct {
+        enum pf_copy_isa isa;
+        const char *name;
+    } isas[] = {{PF_COPY_ISA_SSE2, "pf_copy_nt sse2"},
+                {PF_COPY_ISA_AVX2, "pf_copy_nt avx2"},
+                {PF_COPY_ISA_AVX512, "pf_copy_nt avx512"},
+                {PF_COPY_ISA_AUTO, "pf_copy_nt"}};
+    int ran = 0;
+    for (size_t i = 0; i < sizeof(isas) / sizeof(isas[0]); i++) {
+        if (pf_copy_force_isa(isas[i].isa) != 0) {
+            print_message("%s: not on this CPU\n", isas[i].name);
+            continue;
+        }
+        check_copy(pf_copy_nt, isas[i].name);
+        ran++;
+    }
+    assert_int_equal(pf_copy_force_isa(PF_COPY_ISA_AUTO), 0);
+    assert_true(ran >= 2); /* SSE2 and the default at least */
 }
 
 static void test_copy_bulk(void **st)
