@@ -123,7 +123,14 @@ static void copy_hash_one(void *dst, const void *src, size_t len)
 
 static void test_copy_hash_bytes(void **st)
 {
-    check_copy(copy_hash_one, "pf_copy_hash");
+    static const enum pf_copy_isa isas[] = {PF_COPY_ISA_SSE2, PF_COPY_ISA_AVX2, PF_COPY_ISA_AVX512,
+                                            PF_COPY_ISA_AUTO};
+    static const char *const names[] = {"pf_copy_hash sse2", "pf_copy_hash avx2",
+                                        "pf_copy_hash avx512", "pf_copy_hash"};
+    for (size_t i = 0; i < sizeof(isas) / sizeof(isas[0]); i++)
+        if (pf_copy_force_isa(isas[i]) == 0)
+            check_copy(copy_hash_one, names[i]);
+    assert_int_equal(pf_copy_force_isa(PF_COPY_ISA_AUTO), 0);
 }
 
 /* Two segments into one state hash their concatenation; reset starts over. */
