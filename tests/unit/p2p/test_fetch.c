@@ -1141,6 +1141,17 @@ static void test_stop_during_transfer(void **st)
     fx_down();
 }
 
+/* n keys of hash_of(0..n-1) in the fixture's namespace (a suffix longer than the plan's
+ * first query). */
+static void make_keys(struct pf_block_key *k, int n)
+{
+    for (int i = 0; i < n; i++) {
+        uint8_t hh[32];
+        hash_of(i, hh);
+        assert_int_equal(pf_key_make(F.ns, hh, 32, &k[i]), 0);
+    }
+}
+
 /* The query-time discovery: one QueryPrefixBlocks with the plan deadline, this node excluded;
  * a MetaServer error (down, or past the deadline) is "unavailable" (-1), not a wait. A holder
  * whose fetch failed is inside its down window: ranked as down and not contacted again by
@@ -1181,11 +1192,7 @@ static void test_discover_deadline_and_down_window(void **st)
     F.p->cfg.peer_down_ms = 1;
     /* 100 keys: the first 64 are asked first; the whole suffix only when a holder has all 64 */
     struct pf_block_key many[100];
-    for (int i = 0; i < 100; i++) {
-        uint8_t hh[32];
-        hash_of(i, hh);
-        pf_key_make(F.ns, hh, 32, &many[i]);
-    }
+    make_keys(many, 100);
     int calls = P.meta_calls;
     P.meta_prefix = 0; /* nobody: one small query */
     assert_int_equal(p2p_tier_discover(F.p, "h1", many, 100, src, PF_TIER_SOURCES_MAX), 0);
@@ -1247,11 +1254,7 @@ static void test_discover_split_phase(void **st)
     /* 100 keys: the head's 64 sent at start; a holder of all of them gets the whole suffix
      * asked at finish */
     struct pf_block_key many[100];
-    for (int i = 0; i < 100; i++) {
-        uint8_t hh[32];
-        hash_of(i, hh);
-        pf_key_make(F.ns, hh, 32, &many[i]);
-    }
+    make_keys(many, 100);
     int calls = P.meta_calls;
     P.meta_prefix = 80;
     d = p2p_tier_discover_start(F.p, "s4", many, 100);
