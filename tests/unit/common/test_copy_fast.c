@@ -5,7 +5,9 @@
  * PF_COPY_NT_MIN threshold), touching nothing outside the destination; pf_copy_hash copies
  * the same bytes and its state yields the xxh3-64 of the inlined streaming checksum
  * (pf_checksum_*, an independent implementation) for one call and for two calls chained,
- * across the PF_COPY_HASH_CHUNK boundaries. Seeded random bytes (PF_TEST_SEED replays). */
+ * across the PF_COPY_HASH_CHUNK boundaries, and for an input cut into many pieces of random
+ * lengths (the state's kept head, half stripes, 1 KiB blocks, each ISA's loops): libxxhash's
+ * XXH3_64bits of the whole input is the reference. Seeded random bytes (PF_TEST_SEED replays). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,6 +17,8 @@
 #include <string.h>
 
 #include <cmocka.h>
+
+#include <xxhash.h>
 
 #include "pf/copy.h"
 #include "pf/util.h"
@@ -161,13 +165,75 @@ static void test_copy_hash_chained(void **st)
     free(dst);
 }
 
+static uint64_t rnd(uint64_t *x)
+{
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    return *x;
+}
+
+/* One input fed in pieces: tiny ones (inside the 240-byte head, across its end, within a
+ * stripe), stripe- and block-sized ones, and streaming-sized ones at odd offsets, with each
+ * ISA's loops. Every piece's bytes and the final value are checked. */
+static void test_copy_hash_pieces(void **st)
+{
+    enum { TOTAL = 3 * 65536 + 4099 };
+    uint64_t seed = pft_seed(), x = seed | 1;
+    uint8_t *src, *dst;
+    assert_int_equal(posix_memalign((void **)&src, 64, TOTAL), 0);
+    assert_int_equal(posix_memalign((void **)&dst, 64, TOTAL), 0);
+    pft_fill(src, TOTAL, seed, 3);
+    struct pf_hash_state *h = pf_hash_state_new();
+    assert_non_null(h);
+    static const enum pf_copy_isa isas[] = {PF_COPY_ISA_SSE2, PF_COPY_ISA_AVX2, PF_COPY_ISA_AVX512};
+    for (size_t ii = 0; ii < sizeof(isas) / sizeof(isas[0]); ii++) {
+        if (pf_copy_force_isa(isas[ii]) != 0)
+            continue;
+        for (int round = 0; round < 300; round++) {
+            size_t len = round < 60 ? (size_t)(rnd(&x) % 2200) : (size_t)(rnd(&x) % TOTAL);
+            size_t off = 0;
+            pf_hash_reset(h);
+            memset(dst, 0, len);
+            while (off < len) {
+                size_t kind = rnd(&x) % 4, n;
+                n = kind == 0   ? rnd(&x) % 80
+                    : kind == 1 ? rnd(&x) % 1100
+                    : kind == 2 ? 64 * (1 + rnd(&x) % 40)
+                                : PF_COPY_NT_MIN + rnd(&x) % 70000;
+                if (n > len - off)
+                    n = len - off;
+                pf_copy_hash(dst + off, src + off, n, h);
+                off += n;
+            }
+            if (memcmp(dst, src, len) != 0)
+                fail_msg("isa %d round %d: %zu bytes in pieces: bytes differ", (int)isas[ii], round,
+                         len);
+            if (pf_hash_digest(h) != XXH3_64bits(src, len))
+                fail_msg("isa %d round %d: %zu bytes in pieces: hash differs from XXH3_64bits",
+                         (int)isas[ii], round, len);
+        }
+    }
+    assert_int_equal(pf_copy_force_isa(PF_COPY_ISA_AUTO), 0);
+    /* the digest does not change the state: reading it twice, then going on */
+    pf_hash_reset(h);
+    pf_copy_hash(dst, src, 100000, h);
+    uint64_t a = pf_hash_digest(h);
+    assert_true(a == pf_hash_digest(h));
+    assert_true(a == XXH3_64bits(src, 100000));
+    pf_copy_hash(dst + 100000, src + 100000, 7, h);
+    assert_true(pf_hash_digest(h) == XXH3_64bits(src, 100007));
+    pf_hash_state_free(h);
+    free(src);
+    free(dst);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_copy_nt),
-        cmocka_unit_test(test_copy_bulk),
-        cmocka_unit_test(test_copy_hash_bytes),
-        cmocka_unit_test(test_copy_hash_chained),
+        cmocka_unit_test(test_copy_nt),          cmocka_unit_test(test_copy_bulk),
+        cmocka_unit_test(test_copy_hash_bytes),  cmocka_unit_test(test_copy_hash_chained),
+        cmocka_unit_test(test_copy_hash_pieces),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
