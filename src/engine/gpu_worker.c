@@ -144,7 +144,17 @@ static int run_chunk(struct gpu_dev *d, struct pf_gpu_stream *s, struct pf_xfer 
     return rc ? rc : src;
 }
 
-/* A cancellable batch (cancel_fn) goes in chunks of PF_XFER_CHUNK copies, each synchronised
+size_t pf_xfer_chunk_end(const struct pf_xfer *x, size_t i)
+{
+    size_t j = i;
+    uint64_t bytes = 0;
+    while (j < x->n && j - i < PF_XFER_CHUNK_MAX &&
+           (j - i < PF_XFER_CHUNK || bytes < PF_XFER_CHUNK_BYTES))
+        bytes += x->descs[j++].len;
+    return j;
+}
+
+/* A cancellable batch (cancel_fn) goes in chunks (pf_xfer_chunk_end), each synchronised
  * before the next is asked for: once cancel_fn said yes nothing more is submitted, and
  * everything submitted has completed when the batch returns. */
 static int run_batch(struct gpu_dev *d, struct pf_gpu_stream *s, struct pf_xfer *x)
@@ -154,13 +164,14 @@ static int run_batch(struct gpu_dev *d, struct pf_gpu_stream *s, struct pf_xfer 
         return 0;
     if (!x->cancel_fn)
         return run_chunk(d, s, x, x->descs, x->n);
-    for (size_t i = 0; i < x->n; i += PF_XFER_CHUNK) {
+    for (size_t i = 0; i < x->n;) {
         if (x->cancel_fn(x))
             return -ECANCELED;
-        size_t n = x->n - i < PF_XFER_CHUNK ? x->n - i : PF_XFER_CHUNK;
-        int rc = run_chunk(d, s, x, x->descs + i, n);
+        size_t end = pf_xfer_chunk_end(x, i);
+        int rc = run_chunk(d, s, x, x->descs + i, end - i);
         if (rc)
             return rc;
+        i = end;
     }
     return 0;
 }

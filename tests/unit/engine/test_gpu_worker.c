@@ -4,7 +4,10 @@
  * "one batch in flight per direction"); with 0 (a backend that asks for nothing) the
  * direction keeps one stream and a second batch waits for the first; batches may complete
  * out of order and each one's completion is its own; a lane's destroy waits for its
- * batches. Every wait in the test is a condition with a deadline, never a sleep. */
+ * batches; a cancellable batch goes in chunks of at least PF_XFER_CHUNK copies and
+ * PF_XFER_CHUNK_BYTES bytes (at most PF_XFER_CHUNK_MAX copies), the cancel asked before each
+ * chunk, nothing submitted after a yes. Every wait in the test is a condition with a deadline,
+ * never a sleep. */
 #include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -40,6 +43,8 @@ static size_t f_in_flight;     /* copy_batch called, stream_sync not yet returne
 static size_t f_max_in_flight; /* per direction, the most seen at once */
 static size_t f_released;      /* batches the test lets complete */
 static size_t f_completed;
+static size_t f_chunk_n[64]; /* copies per copy_batch call, in order */
+static size_t f_nchunks;
 
 static int f_count(struct pf_gpu *g)
 {
@@ -83,9 +88,10 @@ static int f_copy_batch(struct pf_gpu_stream *ps, enum pf_copy_dir dir, enum pf_
     (void)dir;
     (void)mode;
     (void)d;
-    (void)n;
     struct fstream *s = (struct fstream *)ps;
     pthread_mutex_lock(&mu);
+    if (f_nchunks < sizeof(f_chunk_n) / sizeof(f_chunk_n[0]))
+        f_chunk_n[f_nchunks++] = n;
     s->submitted++;
     f_in_flight++;
     if (f_in_flight > f_max_in_flight)
@@ -132,7 +138,7 @@ static void f_reset(int copy_streams)
     pthread_mutex_lock(&mu);
     f_copy_streams = copy_streams;
     f_nstreams = 0;
-    f_in_flight = f_max_in_flight = f_released = f_completed = 0;
+    f_in_flight = f_max_in_flight = f_released = f_completed = f_nchunks = 0;
     pthread_mutex_unlock(&mu);
 }
 
@@ -281,12 +287,80 @@ static void test_clamped_and_destroy_waits(void **state)
     pf_gpu_worker_destroy(w);
 }
 
+static size_t cancel_asked, cancel_after; /* cancel_fn says yes from call cancel_after + 1 */
+static bool f_cancel(struct pf_xfer *x)
+{
+    (void)x;
+    return ++cancel_asked > cancel_after;
+}
+
+/* Runs a cancellable H2D batch of n copies of len bytes (all syncs released up front) and
+ * checks the chunks copy_batch saw; returns the batch's result. */
+static int run_cancellable(size_t n, uint64_t len, size_t after, const size_t *want, size_t nwant)
+{
+    f_reset(1);
+    struct pf_gpu_worker *w;
+    assert_int_equal(pf_gpu_worker_create(&f_gpu, 0, -1, 0, &w), 0);
+    struct pf_xfer *x = pf_xfer_new(PF_COPY_H2D, PF_COPY_MODE_DIRECT, n);
+    assert_non_null(x);
+    for (size_t i = 0; i < n; i++)
+        x->descs[i] = (struct pf_copy_desc){.dev = 0x1000 + i * len, .host = NULL, .len = len};
+    x->n = n;
+    x->bytes = n * len;
+    x->cancel_fn = f_cancel;
+    cancel_asked = 0;
+    cancel_after = after;
+    f_release(1000);
+    assert_int_equal(pf_gpu_worker_submit(w, x), 0);
+    int rc = pf_xfer_wait(x, WAIT_MS);
+    pthread_mutex_lock(&mu);
+    if (f_nchunks != nwant)
+        fail_msg("%zu copies of %llu bytes: %zu chunks, want %zu", n, (unsigned long long)len,
+                 f_nchunks, nwant);
+    for (size_t i = 0; i < nwant; i++)
+        if (f_chunk_n[i] != want[i])
+            fail_msg("%zu copies of %llu bytes: chunk %zu has %zu copies, want %zu", n,
+                     (unsigned long long)len, i, f_chunk_n[i], want[i]);
+    pthread_mutex_unlock(&mu);
+    pf_xfer_put(x);
+    pf_gpu_worker_destroy(w);
+    return rc;
+}
+
+static void test_cancellable_chunks(void **state)
+{
+    (void)state;
+    /* 64 KiB copies: 32 MiB (512 copies) a chunk, not 64 copies */
+    static const size_t small[] = {512, 488};
+    assert_int_equal(run_cancellable(1000, 64 << 10, 100, small, 2), 0);
+    /* 8 MiB copies: PF_XFER_CHUNK copies a chunk */
+    static const size_t big[] = {64, 36};
+    assert_int_equal(run_cancellable(100, 8 << 20, 100, big, 2), 0);
+    /* 1 KiB copies: capped at PF_XFER_CHUNK_MAX copies */
+    static const size_t tiny[] = {1024, 1024, 452};
+    assert_int_equal(run_cancellable(2500, 1 << 10, 100, tiny, 3), 0);
+    /* a yes before the second chunk: one chunk submitted, the batch cancelled */
+    assert_int_equal(run_cancellable(1000, 64 << 10, 1, small, 1), -ECANCELED);
+    /* a yes before the first: nothing submitted */
+    assert_int_equal(run_cancellable(1000, 64 << 10, 0, NULL, 0), -ECANCELED);
+    /* the boundary itself */
+    struct pf_xfer *x = pf_xfer_new(PF_COPY_H2D, PF_COPY_MODE_DIRECT, 3);
+    assert_non_null(x);
+    x->n = 3;
+    for (size_t i = 0; i < 3; i++)
+        x->descs[i].len = PF_XFER_CHUNK_BYTES;
+    assert_int_equal(pf_xfer_chunk_end(x, 0), 3); /* fewer than PF_XFER_CHUNK copies */
+    assert_int_equal(pf_xfer_chunk_end(x, 2), 3);
+    pf_xfer_put(x);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_batches_in_flight_per_direction),
         cmocka_unit_test(test_one_stream_when_the_backend_asks_for_none),
         cmocka_unit_test(test_clamped_and_destroy_waits),
+        cmocka_unit_test(test_cancellable_chunks),
     };
     if (pf_cond_init(&cv) != 0)
         return 1;
