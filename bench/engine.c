@@ -99,6 +99,24 @@ static void server_cpu(pid_t pid, struct cpu_split *c)
         closedir(d);
 }
 
+/* The server's minor + major page faults so far (/proc/PID/stat fields 10 and 12). */
+static unsigned long long server_faults(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *p = strrchr(buf, ')'); /* the command name may hold spaces */
+    unsigned long long minflt = 0, majflt = 0;
+    if (p)
+        sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %llu %*u %llu", &minflt, &majflt);
+    return minflt + majflt;
+}
+
 /* Prints after - before per thread kind (kinds above 1 ms). */
 static void print_cpu(const struct cpu_split *before, const struct cpu_split *after)
 {
@@ -450,16 +468,22 @@ static void throughput_run(struct eng *e, struct pf_simkv *src, struct pf_simkv 
      * checksum: the insert thread seals in order) */
     struct cpu_split c0, c1;
     bool verbose = getenv("PF_BENCH_VERBOSE") != NULL;
-    if (verbose)
+    unsigned long long f0 = 0, f1 = 0;
+    if (verbose) {
         server_cpu(e->s.pid, &c0);
+        f0 = server_faults(e->s.pid);
+    }
     double t = bu_now();
     double trpc = bu_save_range(c, src_id, tag, 0, nb, nb < 4096 ? nb : 4096, nb, TMO, NULL);
     bu_wait_resident(c, src_id, tag, 0, nb, TMO);
     double ts = bu_now() - t;
     if (verbose) {
         server_cpu(e->s.pid, &c1);
-        fprintf(stderr, "  %lluKiB run %d: Save RPCs %.1f ms, until queryable %.1f ms\n",
-                (unsigned long long)(bs >> 10), r, trpc * 1e3, ts * 1e3);
+        f1 = server_faults(e->s.pid);
+        fprintf(stderr,
+                "  %lluKiB run %d: Save RPCs %.1f ms, until queryable %.1f ms, %llu server page "
+                "faults\n",
+                (unsigned long long)(bs >> 10), r, trpc * 1e3, ts * 1e3, f1 - f0);
         print_cpu(&c0, &c1);
     }
     uint8_t lease[16];
@@ -479,8 +503,8 @@ static void throughput_run(struct eng *e, struct pf_simkv *src, struct pf_simkv 
     pf_loadstate_destroy(ls);
     if (verbose) {
         server_cpu(e->s.pid, &c0);
-        fprintf(stderr, "  %lluKiB run %d: load %.1f ms\n", (unsigned long long)(bs >> 10), r,
-                tl * 1e3);
+        fprintf(stderr, "  %lluKiB run %d: load %.1f ms, %llu server page faults\n",
+                (unsigned long long)(bs >> 10), r, tl * 1e3, server_faults(e->s.pid) - f1);
         print_cpu(&c1, &c0);
     }
     /* every repeat checks every byte the save and the load moved */
