@@ -12,10 +12,33 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+/* The streaming loops copy groups of NT_WAYS strides of NT_STRIDE bytes side by side, a
+ * few lines of each stride in turn, then the rest in order: with four source streams in
+ * flight two threads copied 24.4-25.5 GB/s on the development VM against 21.3-21.9 for one
+ * sequential stream each (bench/README.md "Four streams per copy"). */
+#define NT_STRIDE 4096u
+#define NT_WAYS   4u
+#define NT_GROUP  (NT_STRIDE * NT_WAYS)
+
 __attribute__((target("avx2"))) static void nt_avx2(char *d, const char *s, size_t n)
 {
     /* d is 32-byte aligned, n a multiple of 128 */
-    for (size_t i = 0; i < n; i += 128) {
+    size_t i = 0;
+    for (; i + NT_GROUP <= n; i += NT_GROUP)
+        for (size_t o = 0; o < NT_STRIDE; o += 128)
+            for (size_t w = 0; w < NT_WAYS; w++) {
+                const char *sp = s + i + w * NT_STRIDE + o;
+                char *dp = d + i + w * NT_STRIDE + o;
+                __m256i x0 = _mm256_loadu_si256((const __m256i *)sp);
+                __m256i x1 = _mm256_loadu_si256((const __m256i *)(sp + 32));
+                __m256i x2 = _mm256_loadu_si256((const __m256i *)(sp + 64));
+                __m256i x3 = _mm256_loadu_si256((const __m256i *)(sp + 96));
+                _mm256_stream_si256((__m256i *)dp, x0);
+                _mm256_stream_si256((__m256i *)(dp + 32), x1);
+                _mm256_stream_si256((__m256i *)(dp + 64), x2);
+                _mm256_stream_si256((__m256i *)(dp + 96), x3);
+            }
+    for (; i < n; i += 128) {
         __m256i x0 = _mm256_loadu_si256((const __m256i *)(s + i));
         __m256i x1 = _mm256_loadu_si256((const __m256i *)(s + i + 32));
         __m256i x2 = _mm256_loadu_si256((const __m256i *)(s + i + 64));
@@ -46,7 +69,18 @@ static void nt_sse2(char *d, const char *s, size_t n)
 __attribute__((target("avx512f"))) static void nt_avx512(char *d, const char *s, size_t n)
 {
     /* d is 64-byte aligned, n a multiple of 256 */
-    for (size_t i = 0; i < n; i += 256) {
+    size_t i = 0;
+    for (; i + NT_GROUP <= n; i += NT_GROUP)
+        for (size_t o = 0; o < NT_STRIDE; o += 128)
+            for (size_t w = 0; w < NT_WAYS; w++) {
+                const char *sp = s + i + w * NT_STRIDE + o;
+                char *dp = d + i + w * NT_STRIDE + o;
+                __m512i x0 = _mm512_loadu_si512(sp);
+                __m512i x1 = _mm512_loadu_si512(sp + 64);
+                _mm512_stream_si512((__m512i *)dp, x0);
+                _mm512_stream_si512((__m512i *)(dp + 64), x1);
+            }
+    for (; i < n; i += 256) {
         __m512i x0 = _mm512_loadu_si512(s + i);
         __m512i x1 = _mm512_loadu_si512(s + i + 64);
         __m512i x2 = _mm512_loadu_si512(s + i + 128);
