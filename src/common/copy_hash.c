@@ -28,7 +28,10 @@
 #define SECRET_SCRAMBLE 128 /* sizeof secret - 64 */
 #define SECRET_LAST     121 /* sizeof secret - 64 - 7 */
 #define SECRET_MERGE    11
-#define SHORT_MAX       240u /* XXH3_MIDSIZE_MAX: longer inputs take the stripe path */
+#define SHORT_MAX       240u  /* XXH3_MIDSIZE_MAX: longer inputs take the stripe path */
+#define GROUP_STRIDE    4096u /* the four-stream loop: 4 KiB strides side by side */
+#define GROUP_WAYS      4u
+#define GROUP_BYTES     (GROUP_STRIDE * GROUP_WAYS)
 
 _Static_assert(sizeof(XXH3_kSecret) == 192, "xxh3's default secret is 192 bytes");
 
@@ -267,6 +270,89 @@ static void store128(struct pf_hash_state *h, char *d, const char *s, size_t m)
     run128(h, d, s, m, SINK_STORE);
 }
 
+/* Four source streams, as pf_copy_nt's groups (pf/copy.h): within a 1 KiB block XXH3 only
+ * adds each stripe's contribution to the accumulators (mod 2^64, lane by lane), so a
+ * block's sum does not depend on the others and can be formed in any order. Each 16 KiB
+ * group is read as four 4 KiB strides side by side (128 bytes of each in turn, streamed to
+ * d), every stride summing its current block in a register; the group's 16 block sums are
+ * then folded into the accumulators in input order, each followed by the scramble. Only at
+ * a block boundary (nstripe 0), with d 64-byte aligned, and for whole groups of stripes
+ * that are all followed by more input (so that every block of the group is scrambled).
+ * Each stride asks for its lines GROUP_AHEAD bytes on (two threads, development VM: 0.93 of
+ * the four-stream plain copy with 512, 0.88 without, 0.85-0.88 with 1-2 KiB). */
+#define GROUP_AHEAD 512u
+__attribute__((target("avx512f"), always_inline)) static inline __m512i contrib512(__m512i x,
+                                                                                   __m512i key)
+{
+    __m512i dk = _mm512_xor_si512(x, key);
+    __m512i prod = _mm512_mul_epu32(dk, _mm512_srli_epi64(dk, 32));
+    return _mm512_add_epi64(prod, _mm512_shuffle_epi32(x, (_MM_PERM_ENUM)_MM_SHUFFLE(1, 0, 3, 2)));
+}
+
+__attribute__((target("avx512f"))) static void groups512(struct pf_hash_state *h, char *d,
+                                                         const char *s, size_t ngroups)
+{
+    const unsigned char *sec = XXH3_kSecret;
+    __m512i acc = _mm512_load_si512(h->acc), last = _mm512_setzero_si512();
+    const __m512i prime = _mm512_set1_epi32((int)XXH_PRIME32_1);
+    const __m512i skey = _mm512_loadu_si512(sec + SECRET_SCRAMBLE);
+    __m512i sums[GROUP_BYTES / 1024];
+    for (size_t g = 0; g < ngroups; g++, s += GROUP_BYTES, d += GROUP_BYTES) {
+        __m512i sum[GROUP_WAYS];
+        for (unsigned w = 0; w < GROUP_WAYS; w++)
+            sum[w] = _mm512_setzero_si512();
+        for (size_t o = 0; o < GROUP_STRIDE; o += 2 * STRIPE) {
+            const unsigned char *k = sec + 8 * ((o % 1024) / STRIPE);
+            const __m512i k0 = _mm512_loadu_si512(k), k1 = _mm512_loadu_si512(k + 8);
+            for (unsigned w = 0; w < GROUP_WAYS; w++) {
+                const char *sp = s + w * GROUP_STRIDE + o;
+                char *dp = d + w * GROUP_STRIDE + o;
+                if (o + GROUP_AHEAD < GROUP_STRIDE) { /* this stride's own lines only */
+                    _mm_prefetch(sp + GROUP_AHEAD, _MM_HINT_T0);
+                    _mm_prefetch(sp + GROUP_AHEAD + STRIPE, _MM_HINT_T0);
+                }
+                __m512i x0 = _mm512_loadu_si512(sp), x1 = _mm512_loadu_si512(sp + STRIPE);
+                _mm512_stream_si512((__m512i *)dp, x0);
+                _mm512_stream_si512((__m512i *)(dp + STRIPE), x1);
+                sum[w] = _mm512_add_epi64(sum[w], contrib512(x0, k0));
+                sum[w] = _mm512_add_epi64(sum[w], contrib512(x1, k1));
+                if (w == GROUP_WAYS - 1)
+                    last = x1;
+            }
+            if ((o + 2 * STRIPE) % 1024 == 0) /* each stride finished a block */
+                for (unsigned w = 0; w < GROUP_WAYS; w++) {
+                    sums[w * (GROUP_STRIDE / 1024) + o / 1024] = sum[w];
+                    sum[w] = _mm512_setzero_si512();
+                }
+        }
+        for (unsigned b = 0; b < GROUP_BYTES / 1024; b++) {
+            __m512i a = _mm512_add_epi64(acc, sums[b]);
+            a = _mm512_xor_si512(a, _mm512_srli_epi64(a, 47));
+            a = _mm512_xor_si512(a, skey);
+            __m512i lo = _mm512_mul_epu32(a, prime);
+            __m512i hi = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), prime);
+            acc = _mm512_add_epi64(lo, _mm512_slli_epi64(hi, 32));
+        }
+    }
+    _mm512_store_si512(h->acc, acc);
+    _mm512_storeu_si512(h->prev, last);
+}
+
+/* The stripes of the first *m_p (of s, into d) that the four-stream loop takes: whole
+ * groups, at a block boundary, streamed to a 64-byte aligned d, with AVX-512. Advances
+ * *d_p, *s_p and *m_p past them. */
+static void four_streams(struct pf_hash_state *h, char **d_p, const char **s_p, size_t *m_p)
+{
+    size_t ng = *m_p / (GROUP_BYTES / STRIPE);
+    if (ng == 0 || h->nstripe != 0 || ((uintptr_t)*d_p & 63) ||
+        pf_copy_isa_now() != PF_COPY_ISA_AVX512)
+        return;
+    groups512(h, *d_p, *s_p, ng);
+    *d_p += ng * GROUP_BYTES;
+    *s_p += ng * GROUP_BYTES;
+    *m_p -= ng * (GROUP_BYTES / STRIPE);
+}
+
 /* m (> 0: prev is the m-th) stripes of s into h, copied to d as sink says (d NULL: SINK_NONE). */
 static void stripes(struct pf_hash_state *h, char *d, const char *s, size_t m, enum sink sink)
 {
@@ -299,6 +385,14 @@ static void scramble_scalar(uint64_t acc[8])
         uint64_t a = acc[i] ^ (acc[i] >> 47);
         acc[i] = (a ^ rd64(XXH3_kSecret + SECRET_SCRAMBLE + 8 * i)) * XXH_PRIME32_1;
     }
+}
+
+static void four_streams(struct pf_hash_state *h, char **d_p, const char **s_p, size_t *m_p)
+{
+    (void)h;
+    (void)d_p;
+    (void)s_p;
+    (void)m_p;
 }
 
 static void stripes(struct pf_hash_state *h, char *d, const char *s, size_t m, enum sink sink)
@@ -414,12 +508,24 @@ void pf_copy_hash(void *dst, const void *src, size_t len, struct pf_hash_state *
         stripes(h, NULL, (const char *)h->buf, 1, SINK_NONE);
         h->buffered = 0;
     }
-    size_t m = (len - 1) / STRIPE; /* fused: each line read once, hashed from its register */
-    stripes(h, d, s, m, ((uintptr_t)d & 63) ? SINK_STORE : SINK_STREAM);
-    fence();
-    d += m * STRIPE;
-    s += m * STRIPE;
+    /* fused: each line read once, hashed from its register */
+    size_t m = (len - 1) / STRIPE; /* the stripes followed by more input */
+    enum sink sink = ((uintptr_t)d & 63) ? SINK_STORE : SINK_STREAM;
     len -= m * STRIPE;
+    if (h->nstripe && m >= GROUP_BYTES / STRIPE) { /* on to a block boundary */
+        size_t k = BLOCK_STRIPES - h->nstripe;
+        stripes(h, d, s, k, sink);
+        d += k * STRIPE;
+        s += k * STRIPE;
+        m -= k;
+    }
+    four_streams(h, &d, &s, &m);
+    if (m) {
+        stripes(h, d, s, m, sink);
+        d += m * STRIPE;
+        s += m * STRIPE;
+    }
+    fence();
     memcpy(d, s, len); /* 1..64 bytes: kept in buf until more input or the digest */
     h->buffered = (unsigned)len;
     memcpy(h->buf, d, len);

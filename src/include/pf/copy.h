@@ -10,7 +10,9 @@
  * (src/common/copy_hash.c): the state is its own implementation of XXH3's long-input
  * accumulators, so each 64-byte stripe is hashed from the register that copies it (a
  * streaming store to the destination, a few vector operations beside it) and neither the
- * source nor the destination is read twice. Several calls on one state hash the
+ * source nor the destination is read twice; with AVX-512 whole 16 KiB groups are read as four
+ * 4 KiB streams side by side, as pf_copy_nt does (each 1 KiB block's sum formed apart, then
+ * folded in input order). Several calls on one state hash the
  * concatenation (two segments of one slot); the value is XXH3_64bits (seed 0) of it.
  *
  * Both are plain functions without fault handling: run them under pf_guard_call when src
