@@ -22,6 +22,7 @@ struct pf_server_config {
     bool enable_lfu_admission;
     bool disable_numa_affinity;
     bool blockwise_alloc;
+    uint64_t load_cancel_chunk;
     enum pf_log_level log_level;
     char *http_addr;
     bool enable_prometheus;

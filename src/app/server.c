@@ -218,6 +218,7 @@ static int start_engine(struct server_app *a)
         .pool_shards = (uint32_t)a->cfg.pool_shards,
         .lfu_admission = a->cfg.enable_lfu_admission,
         .blockwise_alloc = a->cfg.blockwise_alloc,
+        .load_chunk_bytes = a->cfg.load_cancel_chunk,
         .integrity = a->cfg.integrity,
         .pad_512 = a->cfg.ssd_cache_path.n > 0,
         .version = PF_VERSION,

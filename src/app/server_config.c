@@ -137,6 +137,10 @@ const struct pf_flag pf_server_flags[] = {
       .dmax = 1),
     F("gpu-backend", PF_FLAG_STR, gpu_backend, "auto", "NAME",
       "GPU backend: auto, cuda or sim (auto = cuda when a GPU is present)"),
+    F("load-cancel-chunk", PF_FLAG_SIZE, load_cancel_chunk, "128mb", "SIZE",
+      "Bytes a cancellable Load submits between two looks at its cancel flag (at least 64 "
+      "copies): larger copies faster, smaller stops a cancelled Load sooner",
+      .min = 1),
     F("gpu-copy-batch", PF_FLAG_STR, gpu_copy_batch, "auto", "MODE",
       "cuda: direct copies of scattered ranges as one cuMemcpyBatchAsync (auto = where the "
       "driver has it, CUDA 12.8+; on = required; off = one copy per range)"),
@@ -199,7 +203,7 @@ const struct pf_flag_group pf_server_flag_groups[] = {
            "rdma-traffic-class", "rdma-sl", "rdma-pkey-index", "rdma-timeout", "rdma-retry-cnt",
            "rdma-rnr-retry")},
     {"Engine and backends", NAMES("pool-shards", "integrity", "gpu-backend", "gpu-copy-batch",
-                                  "net-backend", "rpc-threads")},
+                                  "load-cancel-chunk", "net-backend", "rpc-threads")},
     {"Security (docs/security.md)",
      NAMES("tls-cert", "tls-key", "tls-ca", "cluster-token-file", "admin-token-file", "local-addr",
            "local-rpcs", "insecure-cluster", "local-addr-group")},

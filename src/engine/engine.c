@@ -286,6 +286,8 @@ int pf_engine_create(const struct pf_engine_config *cfg, struct pf_engine **e_p,
         e->cfg.copy_timeout_ms = 60000;
     if (!e->cfg.save_chunk_bytes)
         e->cfg.save_chunk_bytes = PF_SAVE_CHUNK_BYTES;
+    if (!e->cfg.load_chunk_bytes)
+        e->cfg.load_chunk_bytes = PF_XFER_CHUNK_BYTES;
     if (!e->cfg.version)
         e->cfg.version = PF_VERSION;
     e->gpu = cfg->gpu;

@@ -75,6 +75,7 @@ struct pf_xfer {
     /* optional: asked before each chunk (PF_XFER_CHUNK*, the first included); true
      * stops the batch there (result -ECANCELED, every submitted copy completed first) */
     bool (*cancel_fn)(struct pf_xfer *x);
+    uint64_t chunk_bytes; /* with cancel_fn: a chunk's bytes (0: PF_XFER_CHUNK_BYTES) */
     void *ctx;
     /* D2H with integrity on: when hsums is set the copy thread asks the backend for the
      * fused copy + xxh3 (pf_gpu_copy_batch_hash, hash runs as hjoin says; both malloc'ed
@@ -89,12 +90,13 @@ struct pf_xfer {
 
 /* A batch that can be cancelled (cancel_fn) is submitted in chunks, each synchronised
  * before cancel_fn is asked again: a chunk ends once it holds at least PF_XFER_CHUNK
- * copies and PF_XFER_CHUNK_BYTES bytes, or PF_XFER_CHUNK_MAX copies (pf_xfer_chunk_end).
- * Every synchronisation is a pause of the copy engine (64-copy chunks of 64 KiB blocks
- * held the sim GPU's load at 0.78-0.81 of the best copy, 32 MiB ones at 0.87-0.90); a
- * cancel waits for at most one chunk (32 MiB: about 1.5 ms at PCIe 4 speed). */
+ * copies and x->chunk_bytes (default PF_XFER_CHUNK_BYTES, --load-cancel-chunk) bytes, or
+ * PF_XFER_CHUNK_MAX copies (pf_xfer_chunk_end). Every synchronisation is a pause of the
+ * copy engine (64 KiB blocks, sim GPU, 1 GiB Loads: 4 MiB chunks 0.78-0.81 of the best
+ * copy, 32 MiB 0.87-0.89, 64 MiB (1,024 copies) 0.96-0.97); a cancel waits for at most one chunk
+ * (128 MiB: about 5 ms at PCIe 4 speed). */
 #define PF_XFER_CHUNK       64
-#define PF_XFER_CHUNK_BYTES (32ull << 20)
+#define PF_XFER_CHUNK_BYTES (128ull << 20)
 #define PF_XFER_CHUNK_MAX   1024
 
 /* Where the chunk of x that starts at descriptor i ends (exclusive; > i when i < x->n). */

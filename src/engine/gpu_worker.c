@@ -147,9 +147,8 @@ static int run_chunk(struct gpu_dev *d, struct pf_gpu_stream *s, struct pf_xfer 
 size_t pf_xfer_chunk_end(const struct pf_xfer *x, size_t i)
 {
     size_t j = i;
-    uint64_t bytes = 0;
-    while (j < x->n && j - i < PF_XFER_CHUNK_MAX &&
-           (j - i < PF_XFER_CHUNK || bytes < PF_XFER_CHUNK_BYTES))
+    uint64_t bytes = 0, want = x->chunk_bytes ? x->chunk_bytes : PF_XFER_CHUNK_BYTES;
+    while (j < x->n && j - i < PF_XFER_CHUNK_MAX && (j - i < PF_XFER_CHUNK || bytes < want))
         bytes += x->descs[j++].len;
     return j;
 }

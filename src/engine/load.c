@@ -321,6 +321,7 @@ int pf_engine_load(struct pf_engine *e, const struct pf_engine_load *l, char *er
     x->done_fn = load_done;
     x->free_fn = load_free;
     x->cancel_fn = load_cancelled;
+    x->chunk_bytes = e->cfg.load_chunk_bytes;
     c = NULL; /* owned by the task now */
     rc = pf_gpu_worker_submit(w->gw, x);
     if (rc) {

@@ -19,12 +19,12 @@
 
 #define NB     32 /* blocks saved and loaded */
 #define NLAYER 2  /* split K/V: 4 copies per block */
-/* 512 KiB segments: a chunk (at least 64 copies and 32 MiB, PF_XFER_CHUNK*) is 64 copies,
- * 16 blocks */
+/* 512 KiB segments and --load-cancel-chunk 32mb: a chunk (at least 64 copies and 32 MiB,
+ * PF_XFER_CHUNK*) is 64 copies, 16 blocks */
 #define SEG          (512u << 10)
 #define CHUNK_BLOCKS 16
-#define DST    40 /* first destination block id */
-#define TMO_MS 10000
+#define DST          40 /* first destination block id */
+#define TMO_MS       10000
 
 static struct pft_proc srv;
 static struct pf_client *cl;
@@ -32,8 +32,8 @@ static struct pf_client *cl;
 static void start(const char *spec)
 {
     const char *args[] = {
-        "--gpu-backend",  "sim",          "--pool-size", "128mb", "--sim-gpus", "1",
-        "--enable-debug", "--fault-spec", spec,          NULL};
+        "--gpu-backend",       "sim",  "--pool-size",    "128mb",        "--sim-gpus", "1",
+        "--load-cancel-chunk", "32mb", "--enable-debug", "--fault-spec", spec,         NULL};
     PFT_CHECK(pft_start(&srv, "pegaflow-server", "127.0.0.1", args) == 0, "start server");
     PFT_CHECK(pf_client_connect(srv.addr, &cl) == 0, "connect");
 }
@@ -97,8 +97,8 @@ static void sc_cancel_stalled(void)
     size_t landed = 0;
     while (landed < NB && same(&W, &W, DST + landed, 1 + landed))
         landed++;
-    PFT_CHECK(landed % CHUNK_BLOCKS == 0 && landed < NB, "%zu blocks landed: not whole chunks, or all",
-              landed);
+    PFT_CHECK(landed % CHUNK_BLOCKS == 0 && landed < NB,
+              "%zu blocks landed: not whole chunks, or all", landed);
     for (size_t i = landed; i < NB; i++)
         PFT_CHECK(same(&W, &R, DST + i, DST + i), "destination block %zu changed", DST + i);
     /* the load thread is FIFO: once the next load completed, the first's batch is over */
@@ -115,8 +115,8 @@ static void sc_cancel_stalled(void)
               metric(&srv, "pegaflow_load_cancelled_total"));
     /* chunks submitted: landed/CHUNK_BLOCKS of the cancelled load, 1 of the second */
     double delays = metric(&srv, "pegaflow_faults_injected_total{op=\"gpu.h2d\",kind=\"delay\"}");
-    PFT_CHECK(delays == (double)(landed / CHUNK_BLOCKS + 1), "%g H2D batches ran, want %zu",
-              delays, landed / CHUNK_BLOCKS + 1);
+    PFT_CHECK(delays == (double)(landed / CHUNK_BLOCKS + 1), "%g H2D batches ran, want %zu", delays,
+              landed / CHUNK_BLOCKS + 1);
     pf_loadstate_destroy(ls);
     /* a cancel after completion finds the final value */
     PFT_CHECK(query(cl, W.id, "q3", 100, 2, &res) == 0 && res.num_hit_blocks == 2, "query 3");

@@ -52,6 +52,7 @@ struct pf_engine_config {
     uint64_t inflight_ttl_ns;      /* 300 s */
     uint64_t copy_timeout_ms;      /* save waits at most this for its D2H copy: 60 s */
     uint64_t save_chunk_bytes;     /* integrity on: copy+checksum pipeline chunk, 8 MiB */
+    uint64_t load_chunk_bytes;     /* a Load's cancellable chunk (PF_XFER_CHUNK_BYTES) */
     const struct pf_clock *clock;  /* NULL = monotonic */
     const char *version;           /* required client_version (PF_VERSION) */
     const char *hll_windows;       /* reuse estimator windows, NULL = "15m,1h,1d" */

@@ -296,7 +296,8 @@ static bool f_cancel(struct pf_xfer *x)
 
 /* Runs a cancellable H2D batch of n copies of len bytes (all syncs released up front) and
  * checks the chunks copy_batch saw; returns the batch's result. */
-static int run_cancellable(size_t n, uint64_t len, size_t after, const size_t *want, size_t nwant)
+static int run_cancellable(size_t n, uint64_t len, uint64_t chunk_bytes, size_t after,
+                           const size_t *want, size_t nwant)
 {
     f_reset(1);
     struct pf_gpu_worker *w;
@@ -308,6 +309,7 @@ static int run_cancellable(size_t n, uint64_t len, size_t after, const size_t *w
     x->n = n;
     x->bytes = n * len;
     x->cancel_fn = f_cancel;
+    x->chunk_bytes = chunk_bytes;
     cancel_asked = 0;
     cancel_after = after;
     f_release(1000);
@@ -330,19 +332,24 @@ static int run_cancellable(size_t n, uint64_t len, size_t after, const size_t *w
 static void test_cancellable_chunks(void **state)
 {
     (void)state;
-    /* 64 KiB copies: 32 MiB (512 copies) a chunk, not 64 copies */
+    /* the default: PF_XFER_CHUNK_BYTES (128 MiB), capped at PF_XFER_CHUNK_MAX copies */
+    static const size_t dflt[] = {1024, 1024, 952};
+    assert_int_equal(run_cancellable(3000, 64 << 10, 0, 100, dflt, 3), 0);
+    static const size_t dflt_big[] = {64, 36};
+    assert_int_equal(run_cancellable(100, 8 << 20, 0, 100, dflt_big, 2), 0);
+    /* 32 MiB chunks (--load-cancel-chunk 32mb): 512 copies of 64 KiB */
     static const size_t small[] = {512, 488};
-    assert_int_equal(run_cancellable(1000, 64 << 10, 100, small, 2), 0);
-    /* 8 MiB copies: PF_XFER_CHUNK copies a chunk */
+    assert_int_equal(run_cancellable(1000, 64 << 10, 32 << 20, 100, small, 2), 0);
+    /* 8 MiB copies: PF_XFER_CHUNK copies however few bytes were asked for */
     static const size_t big[] = {64, 36};
-    assert_int_equal(run_cancellable(100, 8 << 20, 100, big, 2), 0);
+    assert_int_equal(run_cancellable(100, 8 << 20, 1, 100, big, 2), 0);
     /* 1 KiB copies: capped at PF_XFER_CHUNK_MAX copies */
     static const size_t tiny[] = {1024, 1024, 452};
-    assert_int_equal(run_cancellable(2500, 1 << 10, 100, tiny, 3), 0);
+    assert_int_equal(run_cancellable(2500, 1 << 10, 0, 100, tiny, 3), 0);
     /* a yes before the second chunk: one chunk submitted, the batch cancelled */
-    assert_int_equal(run_cancellable(1000, 64 << 10, 1, small, 1), -ECANCELED);
+    assert_int_equal(run_cancellable(1000, 64 << 10, 32 << 20, 1, small, 1), -ECANCELED);
     /* a yes before the first: nothing submitted */
-    assert_int_equal(run_cancellable(1000, 64 << 10, 0, NULL, 0), -ECANCELED);
+    assert_int_equal(run_cancellable(1000, 64 << 10, 32 << 20, 0, NULL, 0), -ECANCELED);
     /* the boundary itself */
     struct pf_xfer *x = pf_xfer_new(PF_COPY_H2D, PF_COPY_MODE_DIRECT, 3);
     assert_non_null(x);
