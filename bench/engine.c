@@ -167,8 +167,8 @@ __attribute__((target("avx2"))) static void copy_nt_blk(uint8_t *dst, const uint
 
 /* The same with four source streams in flight: each 16 KiB of a block as four 4 KiB
  * strides copied side by side, 128 bytes of each in turn (AVX-512 where the CPU has it);
- * 12-15 % faster than one sequential stream here (bench/README.md "Four streams per
- * copy"). Blocks are multiples of 16 KiB. */
+ * 12-15 % faster than one sequential stream here (bench/README.md "Save: the hash
+ * beside the copy"). Blocks are multiples of 16 KiB. */
 __attribute__((target("avx512f"))) static void nt4_512(uint8_t *d, const uint8_t *s, uint64_t bs)
 {
     for (uint64_t g = 0; g < bs; g += 16384)

@@ -15,7 +15,7 @@
 /* The streaming loops copy groups of NT_WAYS strides of NT_STRIDE bytes side by side, a
  * few lines of each stride in turn, then the rest in order: with four source streams in
  * flight two threads copied 24.4-25.5 GB/s on the development VM against 21.3-21.9 for one
- * sequential stream each (bench/README.md "Four streams per copy"). */
+ * sequential stream each (bench/README.md "Save: the hash beside the copy"). */
 #define NT_STRIDE 4096u
 #define NT_WAYS   4u
 #define NT_GROUP  (NT_STRIDE * NT_WAYS)
