@@ -226,7 +226,10 @@ def test_timed_out_load_is_reported_only_after_the_server_stopped_copying(server
     from pegaflow.connector.plan import LoadIntent, SaveIntent, StepPlan
     from pegaflow.device.sim import SimDeviceAdapter, allocate_kv_caches
 
-    s = server_factory(extra_args=("--enable-debug", "--fault-spec", "gpu.h2d:delay=2000"))
+    # chunks of the 64-copy floor (--load-cancel-chunk 1): the default 128 MiB would carry
+    # this whole small Load in one chunk
+    s = server_factory(extra_args=("--enable-debug", "--fault-spec", "gpu.h2d:delay=2000",
+                                   "--load-cancel-chunk", "1"))
     c = EngineClient(s.target, lib=engine_lib, timeout_ms=10000)
     require_engine_server(c)
     nb, dst0 = 64, 80  # one layer, split K/V: 2 copies a block, 32 blocks a 64-copy chunk
