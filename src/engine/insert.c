@@ -7,9 +7,10 @@
  * then inserted into the RAM cache as retained and handed to the sealed-block hooks
  * (MetaServer advertisement, SSD write). Slots for keys already resident and slots already
  * filled (late duplicates, replicas) are dropped. In-flight blocks older than the in-flight
- * TTL (5 min) are garbage-collected. An in-flight block keeps its slots in the wide form
- * (struct pf_slot); sealing packs them into the compact block record, sharing one
- * allocation table among the blocks of a batch (pf_block_packer). */
+ * TTL (5 min) are garbage-collected. A one-slot block arriving while nothing is in flight
+ * is sealed at once, without an in-flight record (the common cross-layer save). An in-flight block
+ * keeps its slots in the wide form (struct pf_slot); sealing packs them into the compact block
+ * record, sharing one allocation table among the blocks of a batch (pf_block_packer). */
 #include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -61,27 +62,27 @@ static void inflight_drop(struct pf_engine *e, struct pf_inflight *f)
     free(f);
 }
 
-/* Packs and publishes a completed in-flight block and frees f. Newly resident blocks are
+/* Packs and publishes a block whose nslots slots all arrived (the slots' references go to
+ * the block, or are released when it cannot be packed). Newly resident blocks are
  * collected (with a reference) for the sealed hooks. */
-static void seal(struct pf_engine *e, struct pf_block_packer *pk, struct pf_inflight *f,
-                 struct pf_block **pub, size_t *npub)
+static void seal_slots(struct pf_engine *e, struct pf_block_packer *pk,
+                       const struct pf_block_key *key, uint16_t nslots, struct pf_slot *slots,
+                       struct pf_block **pub, size_t *npub)
 {
     if (e->cfg.integrity) /* Save checksums its slots as they land; anything else here */
-        for (uint16_t i = 0; i < f->nslots; i++)
-            if (!f->slots[i].has_checksum) {
-                f->slots[i].checksum = pf_slot_compute_checksum(&f->slots[i]);
-                f->slots[i].has_checksum = 1;
+        for (uint16_t i = 0; i < nslots; i++)
+            if (!slots[i].has_checksum) {
+                slots[i].checksum = pf_slot_compute_checksum(&slots[i]);
+                slots[i].has_checksum = 1;
             }
     struct pf_block *b;
-    int rc = pf_block_pack(pk, &f->key, f->nslots, f->slots, &b);
+    int rc = pf_block_pack(pk, key, nslots, slots, &b);
     if (rc) {
         pf_log_ratelimited(PF_LOG_ERROR, 10000, "cannot pack a sealed block: %s", strerror(-rc));
-        for (uint16_t i = 0; i < f->nslots; i++)
-            slot_release(&f->slots[i]);
-        free(f);
+        for (uint16_t i = 0; i < nslots; i++)
+            slot_release(&slots[i]);
         return;
     }
-    free(f);
     rc = pf_cache_insert(e->cache, b, PF_CLASS_RETAINED);
     if (rc == 1 && pub) {
         pub[(*npub)++] = b; /* keep our reference for the hooks */
@@ -92,6 +93,14 @@ static void seal(struct pf_engine *e, struct pf_block_packer *pk, struct pf_infl
     pf_block_put(b);
 }
 
+/* seal_slots for a completed in-flight block; frees f. */
+static void seal(struct pf_engine *e, struct pf_block_packer *pk, struct pf_inflight *f,
+                 struct pf_block **pub, size_t *npub)
+{
+    seal_slots(e, pk, &f->key, f->nslots, f->slots, pub, npub);
+    free(f);
+}
+
 static void handle_items(struct pf_engine *e, struct pf_insert_batch *bt)
 {
     uint64_t now = pf_now_ns();
@@ -100,6 +109,15 @@ static void handle_items(struct pf_engine *e, struct pf_insert_batch *bt)
     struct pf_block_packer pk = {0};
     for (size_t i = 0; i < bt->n; i++) {
         struct pf_insert_item *it = &bt->items[i];
+        if (it->nslots == 1 && it->slot == 0 && e->inflight.count == 0) {
+            /* a one-slot block with nothing in flight (no partial block of another slot
+             * count under this key either): sealed at once, without an in-flight record */
+            if (pf_cache_contains(e->cache, &it->key))
+                slot_release(&it->s); /* late duplicate of a resident block */
+            else
+                seal_slots(e, &pk, &it->key, 1, &it->s, pub, &npub);
+            continue;
+        }
         uint64_t h = pf_key_hash(&it->key);
         struct pf_inflight *f = inflight_find(e, &it->key, h);
         /* only a slot that would start a block asks the cache (one lock and hash per block,

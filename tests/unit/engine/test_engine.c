@@ -171,6 +171,61 @@ static void test_sealing(void **st)
     release(&res);
 }
 
+/* One-slot blocks seal without an in-flight record while nothing is in flight; while a
+ * block is, they take the in-flight path, so a one-slot save of a key that another layout
+ * (two slots) has in flight is refused, not sealed over it. */
+static void test_one_slot_blocks(void **st)
+{
+    struct pf_engine_query_result res;
+    assert_int_equal(reg("one", "ns1", 0, 1, NULL), 0);
+    assert_int_equal(save("one", 0, 10, 2), 0);
+    assert_int_equal(pf_engine_flush(F.e, 5000), 0);
+    assert_int_equal(query("one", "r1", 10, 2, &res), 0);
+    assert_int_equal(res.num_hit_blocks, 2);
+    release(&res);
+    uint32_t ns;
+    assert_int_equal(pf_ns_lookup("ns1", &ns), 0);
+    for (int i = 10; i < 12; i++) {
+        struct pf_block_key k;
+        struct pf_block *b;
+        pf_key_make(ns, H[i], 32, &k);
+        assert_int_equal(pf_cache_prefix(pf_engine_cache(F.e), &k, 1, &b), 1);
+        assert_int_equal(b->nslots, 1);
+        struct pf_slot sl;
+        pf_block_slot(b, 0, &sl);
+        assert_true(sl.has_checksum && pf_slot_verify(&sl, sl.checksum));
+        assert_memory_equal(sl.k, (uint8_t *)pf_simkv_ptr(F.kv[0]) + i * SEG, SEG);
+        pf_block_put(b);
+    }
+    /* a two-slot instance of the same namespace has block 20 in flight (rank 1 missing) */
+    assert_int_equal(reg("two", "ns1", 0, 2, NULL), 0);
+    assert_int_equal(reg("two", "ns1", 1, 2, NULL), 0);
+    assert_int_equal(save("two", 0, 20, 1), 0);
+    assert_int_equal(pf_engine_flush(F.e, 5000), 0);
+    assert_int_equal(save("one", 0, 20, 1), 0); /* the mismatching slot: dropped */
+    assert_int_equal(save("one", 0, 22, 1), 0); /* another key: sealed on the in-flight path */
+    assert_int_equal(pf_engine_flush(F.e, 5000), 0);
+    assert_int_equal(query("one", "r2", 20, 1, &res), 0);
+    assert_int_equal(res.num_hit_blocks, 0);
+    assert_int_equal(query("one", "r3", 22, 1, &res), 0);
+    assert_int_equal(res.num_hit_blocks, 1);
+    release(&res);
+    assert_int_equal(save("two", 1, 20, 1), 0); /* block 20 completes as two slots */
+    assert_int_equal(pf_engine_flush(F.e, 5000), 0);
+    assert_int_equal(query("two", "r4", 20, 1, &res), 0);
+    assert_int_equal(res.num_hit_blocks, 1);
+    release(&res);
+    struct pf_block_key k;
+    struct pf_block *b;
+    pf_key_make(ns, H[20], 32, &k);
+    assert_int_equal(pf_cache_prefix(pf_engine_cache(F.e), &k, 1, &b), 1);
+    assert_int_equal(b->nslots, 2);
+    pf_block_put(b);
+    char err[256];
+    assert_int_equal(pf_engine_unregister(F.e, "one", err, sizeof(err)), 0);
+    assert_int_equal(pf_engine_unregister(F.e, "two", err, sizeof(err)), 0);
+}
+
 static void test_inflight_gc(void **st)
 {
     double before = pf_metric_value_of("pegaflow_inflight_gc_cleaned", NULL);
@@ -478,6 +533,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sealing),
+        cmocka_unit_test(test_one_slot_blocks),
         cmocka_unit_test(test_inflight_gc),
         cmocka_unit_test(test_tier),
         cmocka_unit_test(test_hooks_and_unregister),
