@@ -20,34 +20,29 @@
 #define NT_WAYS   4u
 #define NT_GROUP  (NT_STRIDE * NT_WAYS)
 
+/* 128 bytes from s streamed to d (d 32-byte aligned). */
+__attribute__((target("avx2"), always_inline)) static inline void nt128_avx2(char *d, const char *s)
+{
+    __m256i x0 = _mm256_loadu_si256((const __m256i *)s);
+    __m256i x1 = _mm256_loadu_si256((const __m256i *)(s + 32));
+    __m256i x2 = _mm256_loadu_si256((const __m256i *)(s + 64));
+    __m256i x3 = _mm256_loadu_si256((const __m256i *)(s + 96));
+    _mm256_stream_si256((__m256i *)d, x0);
+    _mm256_stream_si256((__m256i *)(d + 32), x1);
+    _mm256_stream_si256((__m256i *)(d + 64), x2);
+    _mm256_stream_si256((__m256i *)(d + 96), x3);
+}
+
 __attribute__((target("avx2"))) static void nt_avx2(char *d, const char *s, size_t n)
 {
     /* d is 32-byte aligned, n a multiple of 128 */
     size_t i = 0;
     for (; i + NT_GROUP <= n; i += NT_GROUP)
         for (size_t o = 0; o < NT_STRIDE; o += 128)
-            for (size_t w = 0; w < NT_WAYS; w++) {
-                const char *sp = s + i + w * NT_STRIDE + o;
-                char *dp = d + i + w * NT_STRIDE + o;
-                __m256i x0 = _mm256_loadu_si256((const __m256i *)sp);
-                __m256i x1 = _mm256_loadu_si256((const __m256i *)(sp + 32));
-                __m256i x2 = _mm256_loadu_si256((const __m256i *)(sp + 64));
-                __m256i x3 = _mm256_loadu_si256((const __m256i *)(sp + 96));
-                _mm256_stream_si256((__m256i *)dp, x0);
-                _mm256_stream_si256((__m256i *)(dp + 32), x1);
-                _mm256_stream_si256((__m256i *)(dp + 64), x2);
-                _mm256_stream_si256((__m256i *)(dp + 96), x3);
-            }
-    for (; i < n; i += 128) {
-        __m256i x0 = _mm256_loadu_si256((const __m256i *)(s + i));
-        __m256i x1 = _mm256_loadu_si256((const __m256i *)(s + i + 32));
-        __m256i x2 = _mm256_loadu_si256((const __m256i *)(s + i + 64));
-        __m256i x3 = _mm256_loadu_si256((const __m256i *)(s + i + 96));
-        _mm256_stream_si256((__m256i *)(d + i), x0);
-        _mm256_stream_si256((__m256i *)(d + i + 32), x1);
-        _mm256_stream_si256((__m256i *)(d + i + 64), x2);
-        _mm256_stream_si256((__m256i *)(d + i + 96), x3);
-    }
+            for (size_t w = 0; w < NT_WAYS; w++)
+                nt128_avx2(d + i + w * NT_STRIDE + o, s + i + w * NT_STRIDE + o);
+    for (; i < n; i += 128)
+        nt128_avx2(d + i, s + i);
 }
 
 static void nt_sse2(char *d, const char *s, size_t n)
@@ -66,30 +61,26 @@ static void nt_sse2(char *d, const char *s, size_t n)
     }
 }
 
+/* 128 bytes from s streamed to d (d 64-byte aligned). */
+__attribute__((target("avx512f"), always_inline)) static inline void nt128_avx512(char *d,
+                                                                                  const char *s)
+{
+    __m512i x0 = _mm512_loadu_si512(s);
+    __m512i x1 = _mm512_loadu_si512(s + 64);
+    _mm512_stream_si512((__m512i *)d, x0);
+    _mm512_stream_si512((__m512i *)(d + 64), x1);
+}
+
 __attribute__((target("avx512f"))) static void nt_avx512(char *d, const char *s, size_t n)
 {
     /* d is 64-byte aligned, n a multiple of 256 */
     size_t i = 0;
     for (; i + NT_GROUP <= n; i += NT_GROUP)
         for (size_t o = 0; o < NT_STRIDE; o += 128)
-            for (size_t w = 0; w < NT_WAYS; w++) {
-                const char *sp = s + i + w * NT_STRIDE + o;
-                char *dp = d + i + w * NT_STRIDE + o;
-                __m512i x0 = _mm512_loadu_si512(sp);
-                __m512i x1 = _mm512_loadu_si512(sp + 64);
-                _mm512_stream_si512((__m512i *)dp, x0);
-                _mm512_stream_si512((__m512i *)(dp + 64), x1);
-            }
-    for (; i < n; i += 256) {
-        __m512i x0 = _mm512_loadu_si512(s + i);
-        __m512i x1 = _mm512_loadu_si512(s + i + 64);
-        __m512i x2 = _mm512_loadu_si512(s + i + 128);
-        __m512i x3 = _mm512_loadu_si512(s + i + 192);
-        _mm512_stream_si512((__m512i *)(d + i), x0);
-        _mm512_stream_si512((__m512i *)(d + i + 64), x1);
-        _mm512_stream_si512((__m512i *)(d + i + 128), x2);
-        _mm512_stream_si512((__m512i *)(d + i + 192), x3);
-    }
+            for (size_t w = 0; w < NT_WAYS; w++)
+                nt128_avx512(d + i + w * NT_STRIDE + o, s + i + w * NT_STRIDE + o);
+    for (; i < n; i += 128)
+        nt128_avx512(d + i, s + i);
 }
 
 static bool isa_ok(enum pf_copy_isa isa)

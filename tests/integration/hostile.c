@@ -1,6 +1,7 @@
 /* A hostile or careless client against real pegaflow-server and pegaflow-metaserver
  * processes (sim GPU). Every scenario ends by proving the server still serves.
- *   sigbus_save  the client shrinks (ftruncate 0) a registered KV tensor, then saves: the
+ *   sigbus_save  the client shrinks (ftruncate 0) a registered KV tensor (4 KiB and 64 KiB
+ *                segments: the sim's cached and streaming copy + hash), then saves: the
  *                Save fails FAILED_PRECONDITION naming the instance; the server lives and
  *                another instance round-trips byte-exact
  *   sigbus_load  the client truncates its load_state_shm while the load is copying (the copy
@@ -114,15 +115,26 @@ static void sc_sigbus_save(void)
     struct pft_proc s;
     struct pf_client *c;
     start_server(args, &s, &c);
-    struct world W;
-    world_ready(c, &W, "shrink-inst", 2, 0, 0);
-    shrink_shm(pf_simkv_name(W.kv[0][1].shm));
-    /* the client's own mapping of kv[0][1] is now past EOF: the test never touches it */
-    EXPECT(world_save(c, &W, 100, 1, 4), FP, "instance shrink-inst");
-    PFT_CHECK(strstr(pf_last_error_message(), "shrank"), "message: %s", pf_last_error_message());
-    alive(c, "a save from shrunk memory");
+    /* 4 KiB segments take the sim's cached copy + hash, 64 KiB ones its streaming four-stream
+     * loop (src/common/copy_hash.c): a SIGBUS inside either ends the Save, not the server */
+    static const struct {
+        const char *id, *want;
+        uint64_t seg;
+    } cases[] = {{"shrink-inst", "instance shrink-inst", 4096},
+                 {"shrink-big", "instance shrink-big", 65536}};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct world W;
+        world_init(&W, cases[i].id, "ns-hostile", 1, 2, KV_SPLIT, 16, cases[i].seg, true);
+        world_register(c, &W);
+        shrink_shm(pf_simkv_name(W.kv[0][1].shm));
+        /* the client's own mapping of kv[0][1] is now past EOF: the test never touches it */
+        EXPECT(world_save(c, &W, 100 + 10 * i, 1, 4), FP, cases[i].want);
+        PFT_CHECK(strstr(pf_last_error_message(), "shrank"), "message: %s",
+                  pf_last_error_message());
+        alive(c, "a save from shrunk memory");
+        world_free(&W);
+    }
     roundtrip_fresh(c, "after-shrink", 200);
-    world_free(&W);
     stop_server(&s, c);
     fprintf(stderr, "  sigbus_save: save from shrunk memory refused, server kept serving\n");
 }
