@@ -289,11 +289,11 @@ __attribute__((target("avx512f"), always_inline)) static inline __m512i contrib5
     return _mm512_add_epi64(prod, _mm512_shuffle_epi32(x, (_MM_PERM_ENUM)_MM_SHUFFLE(1, 0, 3, 2)));
 }
 
-__attribute__((target("avx512f"))) static void groups512(struct pf_hash_state *h, char *d,
-                                                         const char *s, size_t ngroups)
+__attribute__((target("avx512f"))) static void
+groups512(struct pf_hash_state *h, char *d, const char *s, size_t ngroups, bool hold_last)
 {
     const unsigned char *sec = XXH3_kSecret;
-    __m512i acc = _mm512_load_si512(h->acc), last = _mm512_setzero_si512();
+    __m512i acc = _mm512_load_si512(h->acc), last = _mm512_setzero_si512(), before = last;
     const __m512i prime = _mm512_set1_epi32((int)XXH_PRIME32_1);
     const __m512i skey = _mm512_loadu_si512(sec + SECRET_SCRAMBLE);
     __m512i sums[GROUP_BYTES / 1024];
@@ -316,8 +316,10 @@ __attribute__((target("avx512f"))) static void groups512(struct pf_hash_state *h
                 _mm512_stream_si512((__m512i *)(dp + STRIPE), x1);
                 sum[w] = _mm512_add_epi64(sum[w], contrib512(x0, k0));
                 sum[w] = _mm512_add_epi64(sum[w], contrib512(x1, k1));
-                if (w == GROUP_WAYS - 1)
+                if (w == GROUP_WAYS - 1) {
+                    before = x0;
                     last = x1;
+                }
             }
             if ((o + 2 * STRIPE) % 1024 == 0) /* each stride finished a block */
                 for (unsigned w = 0; w < GROUP_WAYS; w++) {
@@ -325,7 +327,10 @@ __attribute__((target("avx512f"))) static void groups512(struct pf_hash_state *h
                     sum[w] = _mm512_setzero_si512();
                 }
         }
-        for (unsigned b = 0; b < GROUP_BYTES / 1024; b++) {
+        unsigned nb = GROUP_BYTES / 1024;
+        if (hold_last && g + 1 == ngroups)
+            nb--; /* the last block: after the loop */
+        for (unsigned b = 0; b < nb; b++) {
             __m512i a = _mm512_add_epi64(acc, sums[b]);
             a = _mm512_xor_si512(a, _mm512_srli_epi64(a, 47));
             a = _mm512_xor_si512(a, skey);
@@ -334,23 +339,42 @@ __attribute__((target("avx512f"))) static void groups512(struct pf_hash_state *h
             acc = _mm512_add_epi64(lo, _mm512_slli_epi64(hi, 32));
         }
     }
+    if (hold_last) {
+        /* the input's last stripe: copied, not accumulated (the digest takes it), so it
+         * leaves the last block's sum (a lane-wise sum mod 2^64: subtracting is exact), and
+         * that block, not followed by more input yet, is added without the scramble */
+        const __m512i k15 = _mm512_loadu_si512(sec + 8 * (BLOCK_STRIPES - 1));
+        __m512i part = _mm512_sub_epi64(sums[GROUP_BYTES / 1024 - 1], contrib512(last, k15));
+        acc = _mm512_add_epi64(acc, part);
+        _mm512_store_si512(h->acc, acc);
+        _mm512_storeu_si512(h->prev, before);
+        _mm512_storeu_si512(h->buf, last);
+        h->nstripe = BLOCK_STRIPES - 1;
+        return;
+    }
     _mm512_store_si512(h->acc, acc);
     _mm512_storeu_si512(h->prev, last);
 }
 
 /* The stripes of the first *m_p (of s, into d) that the four-stream loop takes: whole
  * groups, at a block boundary, streamed to a 64-byte aligned d, with AVX-512. Advances
- * *d_p, *s_p and *m_p past them. */
-static void four_streams(struct pf_hash_state *h, char **d_p, const char **s_p, size_t *m_p)
+ * *d_p, *s_p and *m_p past them. When one more stripe, the input's last, completes the
+ * last group (tail == 64: a whole number of groups, as a 64 KiB block is), the loop takes
+ * it too, copied and kept in buf for the digest: returns true, *m_p 0 and all copied. */
+static bool four_streams(struct pf_hash_state *h, char **d_p, const char **s_p, size_t *m_p,
+                         size_t tail)
 {
-    size_t ng = *m_p / (GROUP_BYTES / STRIPE);
+    const size_t gs = GROUP_BYTES / STRIPE;
+    bool hold = tail == STRIPE && (*m_p + 1) % gs == 0;
+    size_t ng = hold ? (*m_p + 1) / gs : *m_p / gs;
     if (ng == 0 || h->nstripe != 0 || ((uintptr_t)*d_p & 63) ||
         pf_copy_isa_now() != PF_COPY_ISA_AVX512)
-        return;
-    groups512(h, *d_p, *s_p, ng);
+        return false;
+    groups512(h, *d_p, *s_p, ng, hold);
     *d_p += ng * GROUP_BYTES;
     *s_p += ng * GROUP_BYTES;
-    *m_p -= ng * (GROUP_BYTES / STRIPE);
+    *m_p = hold ? 0 : *m_p - ng * gs;
+    return hold;
 }
 
 /* m (> 0: prev is the m-th) stripes of s into h, copied to d as sink says (d NULL: SINK_NONE). */
@@ -387,12 +411,15 @@ static void scramble_scalar(uint64_t acc[8])
     }
 }
 
-static void four_streams(struct pf_hash_state *h, char **d_p, const char **s_p, size_t *m_p)
+static bool four_streams(struct pf_hash_state *h, char **d_p, const char **s_p, size_t *m_p,
+                         size_t tail)
 {
     (void)h;
     (void)d_p;
     (void)s_p;
     (void)m_p;
+    (void)tail;
+    return false;
 }
 
 static void stripes(struct pf_hash_state *h, char *d, const char *s, size_t m, enum sink sink)
@@ -519,7 +546,11 @@ void pf_copy_hash(void *dst, const void *src, size_t len, struct pf_hash_state *
         s += k * STRIPE;
         m -= k;
     }
-    four_streams(h, &d, &s, &m);
+    if (four_streams(h, &d, &s, &m, len)) { /* the last stripe too: in buf */
+        fence();
+        h->buffered = STRIPE;
+        return;
+    }
     if (m) {
         stripes(h, d, s, m, sink);
         d += m * STRIPE;

@@ -196,11 +196,12 @@ static void test_copy_hash_pieces(void **st)
             pf_hash_reset(h);
             memset(dst, 0, len);
             while (off < len) {
-                size_t kind = rnd(&x) % 4, n;
+                size_t kind = rnd(&x) % 5, n;
                 n = kind == 0   ? rnd(&x) % 80
                     : kind == 1 ? rnd(&x) % 1100
                     : kind == 2 ? 64 * (1 + rnd(&x) % 40)
-                                : PF_COPY_NT_MIN + rnd(&x) % 70000;
+                    : kind == 3 ? PF_COPY_NT_MIN + rnd(&x) % 70000
+                                : PF_COPY_NT_MIN + 16384 * (rnd(&x) % 5); /* whole groups */
                 if (n > len - off)
                     n = len - off;
                 pf_copy_hash(dst + off, src + off, n, h);
@@ -223,6 +224,16 @@ static void test_copy_hash_pieces(void **st)
     assert_true(a == XXH3_64bits(src, 100000));
     pf_copy_hash(dst + 100000, src + 100000, 7, h);
     assert_true(pf_hash_digest(h) == XXH3_64bits(src, 100007));
+    /* a whole number of 16 KiB groups (the four-stream loop keeps the last stripe for the
+     * digest), read, then continued by more groups and by a few bytes */
+    pf_hash_reset(h);
+    pf_copy_hash(dst, src, 65536, h);
+    assert_true(pf_hash_digest(h) == XXH3_64bits(src, 65536));
+    pf_copy_hash(dst + 65536, src + 65536, 65536 + 16384, h);
+    assert_true(pf_hash_digest(h) == XXH3_64bits(src, 2 * 65536 + 16384));
+    pf_copy_hash(dst + 2 * 65536 + 16384, src + 2 * 65536 + 16384, 3, h);
+    assert_true(pf_hash_digest(h) == XXH3_64bits(src, 2 * 65536 + 16387));
+    assert_memory_equal(dst, src, 2 * 65536 + 16387);
     pf_hash_state_free(h);
     free(src);
     free(dst);
