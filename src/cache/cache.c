@@ -409,6 +409,34 @@ out:
     return hits;
 }
 
+/* Keys per lock hold of the batched calls (pf_cache_contains_each, pf_cache_insert_each):
+ * a few tens of microseconds, so a query or the insert thread waits at most that long
+ * behind a Save's thousands of keys. */
+#define EACH_CHUNK 512
+
+size_t pf_cache_contains_each(struct pf_cache *c, const struct pf_block_key *keys, size_t n,
+                              bool *out)
+{
+    size_t hits = 0;
+    for (size_t base = 0; base < n; base += EACH_CHUNK) {
+        struct pipe p = {.keys = keys + base, .n = n - base < EACH_CHUNK ? n - base : EACH_CHUNK};
+        pthread_mutex_lock(&c->mu);
+        if (c->index.count == 0) {
+            pthread_mutex_unlock(&c->mu);
+            for (size_t i = base; i < n; i++)
+                out[i] = false;
+            break;
+        }
+        pipe_start(c, &p);
+        for (size_t i = 0; i < p.n; i++) {
+            out[base + i] = pipe_find(c, &p, i) != NULL;
+            hits += out[base + i];
+        }
+        pthread_mutex_unlock(&c->mu);
+    }
+    return hits;
+}
+
 bool pf_cache_contains(struct pf_cache *c, const struct pf_block_key *key)
 {
     uint64_t h = pf_key_hash(key);
@@ -425,18 +453,16 @@ static struct pf_block *victim(struct pf_cache *c)
     return v ? v : pf_list_last(&c->cls[PF_CLASS_RETAINED], struct pf_block, lru);
 }
 
-int pf_cache_insert(struct pf_cache *c, struct pf_block *b, enum pf_block_class cls)
+/* pf_cache_insert under the lock, for b with key hash h; the caller publishes the gauges
+ * and counts the insertions (once per call, not per block). */
+static int insert_locked(struct pf_cache *c, struct pf_block *b, uint64_t h,
+                         enum pf_block_class cls, uint64_t now)
 {
     struct pf_block_key key = pf_block_key(b);
-    uint64_t h = pf_key_hash(&key);
-    uint64_t footprint = pf_block_footprint(b);
-    int rc;
-    pthread_mutex_lock(&c->mu);
     struct pf_block *old = find(c, &key, h);
     if (old) {
         hit(c, old, h);
-        rc = 0;
-        goto out;
+        return 0;
     }
     if (c->lfu) {
         pf_tinylfu_touch(c->lfu, h);
@@ -444,29 +470,93 @@ int pf_cache_insert(struct pf_cache *c, struct pf_block *b, enum pf_block_class 
         if (v &&
             pf_tinylfu_estimate(c->lfu, h) < pf_tinylfu_estimate(c->lfu, pf_block_key_hash(v))) {
             pf_metric_add(c->m_rejects, 1);
-            rc = -EACCES;
-            goto out;
+            return -EACCES;
         }
     }
-    if (ns_reserve(c, pf_block_ns(b)) != 0) {
-        rc = -ENOMEM;
-        goto out;
-    }
+    if (ns_reserve(c, pf_block_ns(b)) != 0)
+        return -ENOMEM;
+    uint64_t footprint = pf_block_footprint(b);
     c->ns_bytes[pf_block_ns(b)] += footprint;
     pf_block_get(b);
     b->cls = (uint8_t)cls;
     b->resident = 1;
-    pf_block_stamp(b, pf_now_ns());
+    pf_block_stamp(b, now);
     pf_htable_insert(&c->index, &b->hnode, h);
     pf_list_add(&c->cls[cls], &b->lru);
     c->nblocks[cls]++;
     c->nbytes[cls] += footprint;
-    pf_metric_add(c->m_inserts, 1);
-    publish(c);
-    rc = 1;
-out:
+    return 1;
+}
+
+int pf_cache_insert(struct pf_cache *c, struct pf_block *b, enum pf_block_class cls)
+{
+    uint64_t h = pf_block_key_hash(b), now = pf_now_ns();
+    pthread_mutex_lock(&c->mu);
+    int rc = insert_locked(c, b, h, cls, now);
+    if (rc == 1) {
+        pf_metric_add(c->m_inserts, 1);
+        publish(c);
+    }
     pthread_mutex_unlock(&c->mu);
     return rc;
+}
+
+/* How far ahead the batched insert hashes a block and prefetches its bucket (stage one),
+ * and reads the bucket and prefetches its first node (stage two). The chain is walked
+ * again at the block's turn (earlier inserts may have changed it or grown the table):
+ * the stages are hints only. */
+#define INS_RING   32 /* a power of two > INS_HASH */
+#define INS_HASH   16
+#define INS_BUCKET 8
+
+static inline void ins_hash(const struct pf_cache *c, struct pf_block *const *bl, uint64_t *hs,
+                            size_t i)
+{
+    hs[i % INS_RING] = pf_block_key_hash(bl[i]);
+    if (c->index.buckets)
+        __builtin_prefetch(&c->index.buckets[hs[i % INS_RING] & c->index.mask]);
+}
+
+static inline void ins_bucket(const struct pf_cache *c, const uint64_t *hs, size_t i)
+{
+    if (!c->index.buckets)
+        return;
+    struct pf_hnode *x = c->index.buckets[hs[i % INS_RING] & c->index.mask];
+    if (x)
+        prefetch_block(x);
+}
+
+size_t pf_cache_insert_each(struct pf_cache *c, struct pf_block *const *blocks, size_t n,
+                            enum pf_block_class cls, int *rc)
+{
+    uint64_t now = pf_now_ns(), hs[INS_RING];
+    size_t inserted = 0;
+    for (size_t base = 0; base < n; base += EACH_CHUNK) {
+        size_t m = n - base < EACH_CHUNK ? n - base : EACH_CHUNK, got = 0;
+        struct pf_block *const *bl = blocks + base;
+        pthread_mutex_lock(&c->mu);
+        for (size_t i = 0; i < m && i < INS_HASH; i++)
+            ins_hash(c, bl, hs, i);
+        for (size_t i = 0; i < m && i < INS_BUCKET; i++)
+            ins_bucket(c, hs, i);
+        for (size_t i = 0; i < m; i++) {
+            if (i + INS_HASH < m)
+                ins_hash(c, bl, hs, i + INS_HASH);
+            if (i + INS_BUCKET < m)
+                ins_bucket(c, hs, i + INS_BUCKET);
+            int r = insert_locked(c, bl[i], hs[i % INS_RING], cls, now);
+            got += r == 1;
+            if (rc)
+                rc[base + i] = r;
+        }
+        if (got) {
+            pf_metric_add(c->m_inserts, (double)got);
+            publish(c);
+        }
+        pthread_mutex_unlock(&c->mu);
+        inserted += got;
+    }
+    return inserted;
 }
 
 static bool ns_in(uint32_t ns, const uint32_t *set, size_t nset)

@@ -7,8 +7,9 @@
  * then inserted into the RAM cache as retained and handed to the sealed-block hooks
  * (MetaServer advertisement, SSD write). Slots for keys already resident and slots already
  * filled (late duplicates, replicas) are dropped. In-flight blocks older than the in-flight
- * TTL (5 min) are garbage-collected. A one-slot block arriving while nothing is in flight
- * is sealed at once, without an in-flight record (the common cross-layer save). An in-flight block
+ * TTL (5 min) are garbage-collected. One-slot blocks arriving while nothing is in flight
+ * are sealed at once, without in-flight records (the common cross-layer save), and a run
+ * of them enters the cache in one batched insert. An in-flight block
  * keeps its slots in the wide form (struct pf_slot); sealing packs them into the compact block
  * record, sharing one allocation table among the blocks of a batch (pf_block_packer). */
 #include <errno.h>
@@ -93,6 +94,48 @@ static void seal_slots(struct pf_engine *e, struct pf_block_packer *pk,
     pf_block_put(b);
 }
 
+/* A run of one-slot items with nothing in flight (not even under their keys in another
+ * slot count): each packed into a block, then all inserted into the cache in one batched
+ * pass (pf_cache_insert_each). A late duplicate of a resident block is packed and dropped
+ * there, refreshing the resident one, as a sealed in-flight block's would be. blocks and rcs
+ * have room for n. */
+static void seal_run(struct pf_engine *e, struct pf_block_packer *pk, struct pf_insert_item *items,
+                     size_t n, struct pf_block **blocks, int *rcs, struct pf_block **pub,
+                     size_t *npub)
+{
+    size_t nb = 0;
+    for (size_t i = 0; i < n; i++) {
+        struct pf_slot *s = &items[i].s;
+        if (e->cfg.integrity && !s->has_checksum) {
+            s->checksum = pf_slot_compute_checksum(s);
+            s->has_checksum = 1;
+        }
+        int rc = pf_block_pack(pk, &items[i].key, 1, s, &blocks[nb]);
+        if (rc) {
+            pf_log_ratelimited(PF_LOG_ERROR, 10000, "cannot pack a sealed block: %s",
+                               strerror(-rc));
+            slot_release(s);
+            continue;
+        }
+        nb++;
+    }
+    pf_cache_insert_each(e->cache, blocks, nb, PF_CLASS_RETAINED, rcs);
+    for (size_t i = 0; i < nb; i++) {
+        if (rcs[i] == 1 && pub) {
+            pub[(*npub)++] = blocks[i]; /* keep our reference for the hooks */
+            continue;
+        }
+        if (rcs[i] < 0)
+            pf_debug("sealed block rejected by admission");
+        pf_block_put(blocks[i]);
+    }
+}
+
+static bool one_slot_now(const struct pf_engine *e, const struct pf_insert_item *it)
+{
+    return it->nslots == 1 && it->slot == 0 && e->inflight.count == 0;
+}
+
 /* seal_slots for a completed in-flight block; frees f. */
 static void seal(struct pf_engine *e, struct pf_block_packer *pk, struct pf_inflight *f,
                  struct pf_block **pub, size_t *npub)
@@ -107,15 +150,25 @@ static void handle_items(struct pf_engine *e, struct pf_insert_batch *bt)
     struct pf_block **pub = e->nhooks ? malloc(bt->n * sizeof(*pub)) : NULL;
     size_t npub = 0;
     struct pf_block_packer pk = {0};
+    struct pf_block **run = malloc(bt->n * sizeof(*run));
+    int *rcs = malloc(bt->n * sizeof(*rcs));
     for (size_t i = 0; i < bt->n; i++) {
         struct pf_insert_item *it = &bt->items[i];
-        if (it->nslots == 1 && it->slot == 0 && e->inflight.count == 0) {
-            /* a one-slot block with nothing in flight (no partial block of another slot
-             * count under this key either): sealed at once, without an in-flight record */
-            if (pf_cache_contains(e->cache, &it->key))
-                slot_release(&it->s); /* late duplicate of a resident block */
-            else
-                seal_slots(e, &pk, &it->key, 1, &it->s, pub, &npub);
+        if (one_slot_now(e, it)) {
+            /* one-slot blocks with nothing in flight (no partial block of another slot
+             * count under their keys either): sealed at once, without in-flight records */
+            if (!run || !rcs) { /* no room for the batch: one by one */
+                if (pf_cache_contains(e->cache, &it->key))
+                    slot_release(&it->s); /* late duplicate of a resident block */
+                else
+                    seal_slots(e, &pk, &it->key, 1, &it->s, pub, &npub);
+                continue;
+            }
+            size_t j = i + 1; /* a run adds nothing in flight: the condition holds along it */
+            while (j < bt->n && one_slot_now(e, &bt->items[j]))
+                j++;
+            seal_run(e, &pk, it, j - i, run, rcs, pub, &npub);
+            i = j - 1;
             continue;
         }
         uint64_t h = pf_key_hash(&it->key);
@@ -163,6 +216,8 @@ static void handle_items(struct pf_engine *e, struct pf_insert_batch *bt)
         }
     }
     pf_block_packer_done(&pk);
+    free(run);
+    free(rcs);
     pf_metric_set(e->m_inflight_bytes, (double)e->inflight_bytes);
     if (npub) {
         pf_engine_run_sealed_hooks(e, pub, npub);

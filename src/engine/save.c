@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 
 #define PF_LOG_MOD "save"
 #include "engine/engine_internal.h"
@@ -266,14 +267,21 @@ out:
     return rc;
 }
 
-/* Drops blocks whose key is already resident in the RAM cache. */
-static size_t dedup(struct pf_engine *e, struct plan *plans, size_t nplans)
+/* Drops blocks whose key is already resident in the RAM cache (one batched lookup per
+ * layer). Returns the blocks left, or -ENOMEM (as a negative ssize_t). */
+static ssize_t dedup(struct pf_engine *e, struct plan *plans, size_t nplans)
 {
-    size_t left = 0;
+    size_t left = 0, most = 0;
+    for (size_t i = 0; i < nplans; i++)
+        most = plans[i].n > most ? plans[i].n : most;
+    bool *resident = malloc(most ? most : 1);
+    if (!resident)
+        return -ENOMEM;
     for (size_t i = 0; i < nplans; i++) {
         size_t k = 0;
+        pf_cache_contains_each(e->cache, plans[i].keys, plans[i].n, resident);
         for (size_t j = 0; j < plans[i].n; j++) {
-            if (pf_cache_contains(e->cache, &plans[i].keys[j]))
+            if (resident[j])
                 continue;
             plans[i].ids[k] = plans[i].ids[j];
             plans[i].keys[k] = plans[i].keys[j];
@@ -282,7 +290,8 @@ static size_t dedup(struct pf_engine *e, struct plan *plans, size_t nplans)
         plans[i].n = k;
         left += k;
     }
-    return left;
+    free(resident);
+    return (ssize_t)left;
 }
 
 /* A page-first save writes whole pages: every layer of the worker's shard, all with the
@@ -423,7 +432,12 @@ int pf_engine_save(struct pf_engine *e, const char *instance_id, uint32_t tp_ran
     }
     /* page-first: every plan names the same blocks, the first one stands for the pages */
     size_t nplans = in->page_first ? 1 : nlayers;
-    size_t left = dedup(e, plans, nplans);
+    ssize_t nleft = dedup(e, plans, nplans);
+    if (nleft < 0) {
+        rc = (int)nleft;
+        goto out;
+    }
+    size_t left = (size_t)nleft;
     if (left == 0)
         goto out;                 /* everything already resident (or empty save) */
     uint64_t need = 0, piece = 0; /* all new bytes; the largest contiguous piece */

@@ -71,12 +71,22 @@ size_t pf_cache_lookup_each(struct pf_cache *c, const struct pf_block_key *keys,
                             struct pf_block **out);
 /* Membership only: no refresh, no reference. */
 bool pf_cache_contains(struct pf_cache *c, const struct pf_block_key *key);
+/* pf_cache_contains for each key: out[i] true when keys[i] is resident. The lookups run
+ * through the prefetching pipeline, a few hundred keys per lock hold. Returns the number of
+ * resident keys. */
+size_t pf_cache_contains_each(struct pf_cache *c, const struct pf_block_key *keys, size_t n,
+                              bool *out);
 
 /* Inserts b with class cls, taking the cache's own strong reference. Returns 1 when
  * inserted, 0 when the key was already resident (recency refreshed, class unchanged, b not
  * taken), -EACCES when TinyLFU rejected it, -ENOMEM when the per-namespace byte table
  * cannot grow (b not taken). */
 int pf_cache_insert(struct pf_cache *c, struct pf_block *b, enum pf_block_class cls);
+/* pf_cache_insert for each block in order (a few hundred per lock hold, buckets prefetched
+ * ahead), with rc[i] (may be NULL) its result as pf_cache_insert's (a key repeated in the
+ * batch: the later block gets 0). Returns the number inserted (rc 1). */
+size_t pf_cache_insert_each(struct pf_cache *c, struct pf_block *const *blocks, size_t n,
+                            enum pf_block_class cls, int *rc);
 
 /* Removes up to max evictable blocks, oldest first, reclaimable class first. The removed
  * blocks are stored in out with the cache's reference transferred to the caller. Returns

@@ -544,6 +544,79 @@ static void test_evict_by_namespace(void **st)
     pf_cache_destroy(c);
 }
 
+/* The batched membership and insert calls agree with the one-key calls, across their lock
+ * chunks (more keys than one hold takes) and with the table growing under the insert:
+ * resident keys, keys repeated in one batch, and a TinyLFU refusal. */
+static void test_batched_insert(void **st)
+{
+    rng_state = pft_seed() | 1;
+    struct pf_cache *c;
+    assert_int_equal(pf_cache_create(NULL, &c), 0);
+    enum { N = 2600 };
+    struct pf_block_key *keys = malloc(N * sizeof(*keys));
+    struct pf_block **bl = malloc(N * sizeof(*bl));
+    int *rc = malloc(N * sizeof(*rc));
+    bool *in = malloc(N);
+    for (size_t i = 0; i < N; i++)
+        keys[i] = rand_key((uint32_t)i);
+    /* an empty cache: nothing resident, nothing looked at */
+    memset(in, 1, N);
+    assert_int_equal(pf_cache_contains_each(c, keys, N, in), 0);
+    for (size_t i = 0; i < N; i++)
+        assert_false(in[i]);
+    /* every third key resident beforehand */
+    for (size_t i = 0; i < N; i += 3) {
+        struct pf_block *b = blk_key(&keys[i]);
+        assert_int_equal(pf_cache_insert(c, b, PF_CLASS_RETAINED), 1);
+        pf_block_put(b);
+    }
+    assert_int_equal(pf_cache_contains_each(c, keys, N, in), (N + 2) / 3);
+    for (size_t i = 0; i < N; i++)
+        assert_int_equal(in[i], i % 3 == 0);
+    /* a batch of all N keys, key 7 twice (at 7 and at N - 1: the later one is refused) */
+    for (size_t i = 0; i < N; i++)
+        bl[i] = blk_key(i == N - 1 ? &keys[7] : &keys[i]);
+    size_t want = 0;
+    for (size_t i = 0; i < N - 1; i++)
+        want += i % 3 != 0;
+    assert_int_equal(pf_cache_insert_each(c, bl, N, PF_CLASS_RECLAIMABLE, rc), want);
+    for (size_t i = 0; i < N; i++) {
+        int expect = i == N - 1 ? 0 : i % 3 == 0 ? 0 : 1;
+        if (rc[i] != expect)
+            fail_msg("block %zu: insert_each returned %d, expected %d", i, rc[i], expect);
+        /* inserted: ours and the cache's reference; refused: ours only */
+        assert_int_equal(pf_block_strong(bl[i]), expect == 1 ? 2 : 1);
+    }
+    assert_int_equal(pf_cache_contains_each(c, keys, N - 1, in), N - 1);
+    struct pf_cache_stats cs;
+    pf_cache_stats(c, &cs);
+    assert_int_equal(cs.blocks[PF_CLASS_RETAINED], (N + 2) / 3);
+    assert_int_equal(cs.blocks[PF_CLASS_RECLAIMABLE], want);
+    for (size_t i = 0; i < N; i++)
+        pf_block_put(bl[i]);
+    pf_cache_destroy(c);
+    /* admission applies per block: a cold newcomer is refused beside a popular victim */
+    struct pf_cache_config cfg = {.lfu_items = 64};
+    assert_int_equal(pf_cache_create(&cfg, &c), 0);
+    struct pf_block *hot = blk(1, 1);
+    assert_int_equal(pf_cache_insert(c, hot, PF_CLASS_RETAINED), 1);
+    struct pf_block_key hk = pf_block_key(hot);
+    for (int i = 0; i < 10; i++)
+        pf_cache_prefix(c, &hk, 1, NULL);
+    struct pf_block *two[2] = {blk(1, 1), blk(1, 2)};
+    assert_int_equal(pf_cache_insert_each(c, two, 2, PF_CLASS_RETAINED, rc), 0);
+    assert_int_equal(rc[0], 0);
+    assert_int_equal(rc[1], -EACCES);
+    pf_block_put(two[0]);
+    pf_block_put(two[1]);
+    pf_block_put(hot);
+    pf_cache_destroy(c);
+    free(keys);
+    free(bl);
+    free(rc);
+    free(in);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -556,6 +629,7 @@ int main(void)
         cmocka_unit_test(test_block_refs),
         cmocka_unit_test(test_leases),
         cmocka_unit_test(test_batched_lookups),
+        cmocka_unit_test(test_batched_insert),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
