@@ -523,7 +523,9 @@ static void throughput_run(struct eng *e, struct pf_simkv *src, struct pf_simkv 
         f0 = server_faults(e->s.pid);
     }
     double t = bu_now();
-    double trpc = bu_save_range(c, src_id, tag, 0, nb, nb < 4096 ? nb : 4096, nb, TMO, NULL);
+    double pc[8] = {0};
+    double trpc = bu_save_range(c, src_id, tag, 0, nb, nb < 4096 ? nb : 4096, nb, TMO, nb <= 32768 ? pc : NULL);
+    if (verbose) fprintf(stderr, "CLIENT %.3f %.3f %.3f %.3f\n", pc[0]*1e3, pc[1]*1e3, pc[2]*1e3, pc[3]*1e3);
     bu_wait_resident(c, src_id, tag, 0, nb, TMO);
     double ts = bu_now() - t;
     if (verbose) {
