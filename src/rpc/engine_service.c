@@ -16,6 +16,7 @@
 #include "pf/tenant.h"
 #include "rpc/validate.h"
 #include "rpc/wire.h"
+#include "rpc/wire_save.h"
 
 #define ERRLEN 480
 
@@ -242,45 +243,30 @@ static int h_register(void *ctx, struct pf_rpc_call *call, const ProtobufCMessag
     return rc;
 }
 
-static struct pf_bytes *to_bytes(const ProtobufCBinaryData *b, size_t n)
-{
-    struct pf_bytes *o = malloc((n ? n : 1) * sizeof(*o));
-    for (size_t i = 0; o && i < n; i++)
-        o[i] = (struct pf_bytes){b[i].data, b[i].len};
-    return o;
-}
-
-static int h_save(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *m)
+/* SaveRequest decoded in place (rpc/wire_save.h): the method is raw, after the server's
+ * pf_rpc_validate (string and repeated-field rules) passed. */
+static int h_save(void *ctx, struct pf_rpc_call *call, const uint8_t *data, size_t len)
 {
     struct pf_engine_service *svc = ctx;
-    const Pegaflow__SaveRequest *r = (const void *)m;
     char err[ERRLEN] = "";
     char tenant[PF_TENANT_NAME_MAX + 1];
     if (need_engine(svc, call))
         return PF_GRPC_UNAVAILABLE;
-    int trc = tenant_check(svc, call, PF_TENANT_OP_INSTANCE, r->instance_id, NULL, tenant);
-    if (trc)
-        return trc;
-    struct pf_engine_save_layer *layers = calloc(r->n_saves ? r->n_saves : 1, sizeof(*layers));
-    if (!layers)
+    struct pf_wire_save r;
+    int rc = pf_wire_decode_save(data, len, &r);
+    if (rc == -ENOMEM)
         return pf_rpc_fail(call, PF_GRPC_RESOURCE_EXHAUSTED, "out of memory");
-    int rc = 0;
-    for (size_t i = 0; i < r->n_saves; i++) {
-        const Pegaflow__SaveLayer *s = r->saves[i];
-        layers[i].name = s->layer_name;
-        layers[i].block_ids = s->block_ids;
-        layers[i].nids = s->n_block_ids;
-        layers[i].nhashes = s->n_block_hashes;
-        layers[i].hashes = to_bytes(s->block_hashes, s->n_block_hashes);
-        if (!layers[i].hashes)
-            rc = -ENOMEM;
+    if (rc)
+        return pf_rpc_fail(call, PF_GRPC_INVALID_ARGUMENT,
+                           "malformed SaveRequest (protobuf decoding failed)");
+    rc = tenant_check(svc, call, PF_TENANT_OP_INSTANCE, r.instance_id, NULL, tenant);
+    if (rc) {
+        pf_wire_save_free(&r);
+        return rc;
     }
-    if (rc == 0)
-        rc = pf_engine_save(svc->engine, r->instance_id, r->tp_rank, r->pp_rank, r->device_id,
-                            layers, r->n_saves, err, sizeof(err));
-    for (size_t i = 0; i < r->n_saves; i++)
-        free((void *)layers[i].hashes);
-    free(layers);
+    rc = pf_engine_save(svc->engine, r.instance_id, r.tp_rank, r.pp_rank, r.device_id, r.layers,
+                        r.nlayers, err, sizeof(err));
+    pf_wire_save_free(&r);
     if (rc)
         return fail_errno(call, rc, err[0] ? err : strerror(-rc));
     Pegaflow__SaveResponse resp = PEGAFLOW__SAVE_RESPONSE__INIT;
@@ -672,7 +658,7 @@ const struct pf_rpc_method pf_engine_methods[] = {
     {.path = "/pegaflow.Engine/Save",
      .metric_name = "save",
      .req_desc = &pegaflow__save_request__descriptor,
-     .unary = h_save},
+     .raw = h_save},
     {.path = "/pegaflow.Engine/Load",
      .metric_name = "load",
      .req_desc = &pegaflow__load_request__descriptor,
