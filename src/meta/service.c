@@ -18,6 +18,7 @@
 #include "pf/meta.h"
 #include "pf/thread.h"
 #include "pf/util.h"
+#include "rpc/wire_decode.h"
 
 _Static_assert(sizeof(struct pf_meta_hash) == sizeof(ProtobufCBinaryData) &&
                    offsetof(struct pf_meta_hash, len) == offsetof(ProtobufCBinaryData, len) &&
@@ -269,25 +270,35 @@ static int h_remove(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage 
     return pf_rpc_respond(call, &resp.base);
 }
 
-static int h_query(void *ctx, struct pf_rpc_call *call, const ProtobufCMessage *msg)
+/* Raw: the request (pf_rpc_validate's rules already checked by the server) is decoded in
+ * place (rpc/wire_decode.h), the hashes pointing into the request bytes. */
+static int h_query(void *ctx, struct pf_rpc_call *call, const uint8_t *data, size_t len)
 {
     struct pf_meta_store *st = ctx;
-    const Pegaflow__QueryPrefixBlocksRequest *req = (const Pegaflow__QueryPrefixBlocksRequest *)msg;
-    int rc = check_ns(call, req->namespace_);
+    struct pf_wire_prefix_query req;
+    int rc = pf_wire_decode_prefix_query(data, len, &req);
+    if (rc == -ENOMEM)
+        return pf_rpc_fail(call, PF_GRPC_RESOURCE_EXHAUSTED, "MetaServer out of memory");
     if (rc)
-        return rc;
-    if (req->n_block_hashes == 0)
-        return pf_rpc_fail(call, PF_GRPC_INVALID_ARGUMENT, "block_hashes cannot be empty");
-    rc = check_hashes(call, req->block_hashes, req->n_block_hashes);
+        return pf_rpc_fail(call, PF_GRPC_INVALID_ARGUMENT,
+                           "malformed QueryPrefixBlocksRequest (protobuf decoding failed)");
+    rc = check_ns(call, req.ns);
     if (rc)
-        return rc;
+        goto out_req;
+    if (req.n == 0) {
+        rc = pf_rpc_fail(call, PF_GRPC_INVALID_ARGUMENT, "block_hashes cannot be empty");
+        goto out_req;
+    }
+    rc = check_hashes(call, (const ProtobufCBinaryData *)req.hashes, req.n);
+    if (rc)
+        goto out_req;
     struct pf_meta_prefix *res = NULL;
     size_t nres = 0;
-    rc = pf_meta_store_query_prefix(st, req->namespace_,
-                                    (const struct pf_meta_hash *)req->block_hashes,
-                                    req->n_block_hashes, &res, &nres);
-    if (rc)
-        return fail_store(call, rc, "");
+    rc = pf_meta_store_query_prefix(st, req.ns, req.hashes, req.n, &res, &nres);
+    if (rc) {
+        rc = fail_store(call, rc, "");
+        goto out_req;
+    }
     Pegaflow__NodePrefix *np = NULL, **npp = NULL;
     if (nres) {
         np = calloc(nres, sizeof(*np));
@@ -313,6 +324,8 @@ out:
     free(npp);
     free(np);
     free(res);
+out_req:
+    pf_wire_prefix_query_free(&req);
     return rc;
 }
 
@@ -336,7 +349,7 @@ const struct pf_rpc_method pf_meta_methods[] = {
     {.path = "/pegaflow.MetaServer/QueryPrefixBlocks",
      .metric_name = "query_prefix_blocks",
      .req_desc = &pegaflow__query_prefix_blocks_request__descriptor,
-     .unary = h_query},
+     .raw = h_query},
 };
 const size_t pf_meta_nmethods = PF_ARRAY_SIZE(pf_meta_methods);
 

@@ -16,7 +16,7 @@
 #include "pf/tenant.h"
 #include "rpc/validate.h"
 #include "rpc/wire.h"
-#include "rpc/wire_save.h"
+#include "rpc/wire_decode.h"
 
 #define ERRLEN 480
 
@@ -243,7 +243,7 @@ static int h_register(void *ctx, struct pf_rpc_call *call, const ProtobufCMessag
     return rc;
 }
 
-/* SaveRequest decoded in place (rpc/wire_save.h): the method is raw, after the server's
+/* SaveRequest decoded in place (rpc/wire_decode.h): the method is raw, after the server's
  * pf_rpc_validate (string and repeated-field rules) passed. */
 static int h_save(void *ctx, struct pf_rpc_call *call, const uint8_t *data, size_t len)
 {

@@ -1,5 +1,5 @@
-/* SaveRequest decoded in place (see wire_save.h). Two passes over the bytes: the first checks
- * wire types and counts layers, block ids, hashes and string bytes; one allocation then holds
+/* Requests decoded in place (see wire_decode.h). Two passes over the bytes: the first checks
+ * wire types and counts the repeated elements and string bytes; one allocation then holds
  * every array; the second fills them. */
 #include <errno.h>
 #include <stdalign.h>
@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "rpc/wire.h"
-#include "rpc/wire_save.h"
+#include "rpc/wire_decode.h"
 
 /* SaveRequest and SaveLayer field numbers (proto/engine.proto) */
 enum { REQ_INSTANCE = 1, REQ_TP = 2, REQ_DEVICE = 3, REQ_SAVES = 4, REQ_PP = 5 };
@@ -183,4 +183,53 @@ void pf_wire_save_free(struct pf_wire_save *s)
 {
     free(s->mem);
     memset(s, 0, sizeof(*s));
+}
+
+int pf_wire_decode_prefix_query(const uint8_t *data, size_t len, struct pf_wire_prefix_query *q)
+{
+    enum { PQ_NAMESPACE = 1, PQ_HASHES = 2 };
+    memset(q, 0, sizeof(*q));
+    struct pf_wire w = {data, data + len};
+    struct pf_wire_field f = {0};
+    const uint8_t *ns = NULL;
+    size_t nslen = 0, n = 0;
+    int r;
+    while ((r = pf_wire_next(&w, &f)) == 1) {
+        if (f.number != PQ_NAMESPACE && f.number != PQ_HASHES)
+            continue; /* unknown fields are skipped */
+        if (f.type != 2)
+            return -EBADMSG;
+        if (f.number == PQ_NAMESPACE) {
+            ns = f.data;
+            nslen = f.len;
+        } else {
+            n++;
+        }
+    }
+    if (r < 0)
+        return -EBADMSG;
+    size_t off_s = round8(n * sizeof(struct pf_meta_hash));
+    char *mem = malloc(off_s + nslen + 1);
+    if (!mem)
+        return -ENOMEM;
+    struct pf_meta_hash *hashes = (void *)mem;
+    char *str = mem + off_s;
+    memcpy(str, ns ? (const char *)ns : "", nslen);
+    str[nslen] = '\0';
+    w = (struct pf_wire){data, data + len};
+    size_t i = 0;
+    while (pf_wire_next(&w, &f) == 1)
+        if (f.number == PQ_HASHES)
+            hashes[i++] = (struct pf_meta_hash){.len = f.len, .data = f.data};
+    q->ns = str;
+    q->hashes = hashes;
+    q->n = n;
+    q->mem = mem;
+    return 0;
+}
+
+void pf_wire_prefix_query_free(struct pf_wire_prefix_query *q)
+{
+    free(q->mem);
+    memset(q, 0, sizeof(*q));
 }

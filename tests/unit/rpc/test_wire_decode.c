@@ -1,10 +1,15 @@
-/* The server's in-place SaveRequest decoder (pf_wire_decode_save) against protobuf-c's unpack,
- * differentially: seeded random requests packed by protobuf-c (layers, names, block ids of
- * every varint length, hashes of 0..64 bytes, negative device ids); the same with hand-made
- * encodings protobuf-c's packer never writes (unpacked and mixed block ids, repeated scalar
- * and string fields, unknown fields of every wire type at both levels); and every one of
+/* The in-place decoders (rpc/wire_decode.h) against protobuf-c's unpack, differentially. The
+ * engine's SaveRequest (pf_wire_decode_save): seeded random requests packed by protobuf-c (layers,
+ * names, block ids of every varint length, hashes of 0..64 bytes, negative device ids); the same
+ * with hand-made encodings protobuf-c's packer never writes (unpacked and mixed block ids, repeated
+ * scalar and string fields, unknown fields of every wire type at both levels); and every one of
  * those mutated (bytes flipped, cut short, inserted). For each input both decoders must agree
- * on accepting it and, when they do, on every value. */
+ * on accepting it and, when they do, on every value. The MetaServer's QueryPrefixBlocksRequest
+ * (pf_wire_decode_prefix_query): the same with random namespaces and hashes, repeated
+ * namespaces, unknown fields and wrong wire types, and mutations. The server runs the
+ * decoders after pf_rpc_validate (which refuses, among others, field numbers above 2^29-1 that
+ * protobuf-c would truncate): inputs it refuses never reach them and are not compared. */
+
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -18,8 +23,9 @@
 
 #include "engine.pb-c.h"
 #include "pftest.h"
+#include "rpc/validate.h"
 #include "rpc/wire.h"
-#include "rpc/wire_save.h"
+#include "rpc/wire_decode.h"
 
 static uint64_t rng;
 
@@ -33,9 +39,22 @@ static uint64_t next(void)
 
 static size_t compared, accepted;
 
+/* What the server does before a raw handler decodes: 0 when the bytes pass validation. */
+static int validated(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len)
+{
+    char err[256];
+    return pf_rpc_validate(d, buf, len, err, sizeof(err));
+}
+
+static size_t refused_by_validation;
+
 /* Decodes buf both ways; fails the test where they disagree. */
 static void compare(const uint8_t *buf, size_t len, const char *what)
 {
+    if (validated(&pegaflow__save_request__descriptor, buf, len) != 0) {
+        refused_by_validation++;
+        return;
+    }
     Pegaflow__SaveRequest *pb = pegaflow__save_request__unpack(NULL, len, buf);
     struct pf_wire_save ws;
     int rc = pf_wire_decode_save(buf, len, &ws);
@@ -165,7 +184,8 @@ static void test_packed_by_protobuf_c(void **st)
         free(ids);
         free(bd);
     }
-    print_message("%zu inputs compared, %zu accepted by both\n", compared, accepted);
+    print_message("%zu inputs compared, %zu accepted by both, %zu refused by validation first\n",
+                  compared, accepted, refused_by_validation);
 }
 
 /* Hand-made encodings protobuf-c's packer does not write, and malformed ones. */
@@ -258,11 +278,123 @@ static void test_hand_made(void **st)
     pf_wire_save_free(&ws);
 }
 
+/* ---- QueryPrefixBlocksRequest */
+
+static void compare_pq(const uint8_t *buf, size_t len, const char *what)
+{
+    if (validated(&pegaflow__query_prefix_blocks_request__descriptor, buf, len) != 0) {
+        refused_by_validation++;
+        return;
+    }
+    Pegaflow__QueryPrefixBlocksRequest *pb =
+        pegaflow__query_prefix_blocks_request__unpack(NULL, len, buf);
+    struct pf_wire_prefix_query q;
+    int rc = pf_wire_decode_prefix_query(buf, len, &q);
+    compared++;
+    if (!pb) {
+        if (rc != -EBADMSG)
+            fail_msg("%s (%zu bytes): protobuf-c refuses it, pf_wire_decode_prefix_query "
+                     "returned %d",
+                     what, len, rc);
+        return;
+    }
+    if (rc != 0)
+        fail_msg("%s (%zu bytes): protobuf-c accepts it, pf_wire_decode_prefix_query returned %d",
+                 what, len, rc);
+    accepted++;
+    assert_string_equal(q.ns, pb->namespace_);
+    assert_int_equal(q.n, pb->n_block_hashes);
+    for (size_t i = 0; i < q.n; i++) {
+        assert_int_equal(q.hashes[i].len, pb->block_hashes[i].len);
+        if (q.hashes[i].len)
+            assert_memory_equal(q.hashes[i].data, pb->block_hashes[i].data, q.hashes[i].len);
+    }
+    pf_wire_prefix_query_free(&q);
+    pegaflow__query_prefix_blocks_request__free_unpacked(pb, NULL);
+}
+
+static void test_prefix_query(void **st)
+{
+    rng = pft_seed() | 1;
+    compared = accepted = refused_by_validation = 0;
+    for (int round = 0; round < 300; round++) {
+        Pegaflow__QueryPrefixBlocksRequest r = PEGAFLOW__QUERY_PREFIX_BLOCKS_REQUEST__INIT;
+        char ns[24];
+        snprintf(ns, sizeof(ns), round % 9 ? "ns-%d" : "", round);
+        r.namespace_ = ns;
+        size_t n = round < 20 ? next() % 3 : next() % 400;
+        ProtobufCBinaryData *bd = malloc((n ? n : 1) * sizeof(*bd));
+        uint8_t *blob = malloc(n * 64 + 1);
+        size_t bo = 0;
+        for (size_t i = 0; i < n; i++) {
+            size_t hl = next() % 8 ? 32 : next() % 65;
+            for (size_t b = 0; b < hl; b++)
+                blob[bo + b] = (uint8_t)next();
+            bd[i] = (ProtobufCBinaryData){hl, blob + bo};
+            bo += hl;
+        }
+        r.block_hashes = bd;
+        r.n_block_hashes = n;
+        size_t len = pegaflow__query_prefix_blocks_request__get_packed_size(&r);
+        uint8_t *buf = malloc(len + 1);
+        assert_int_equal(pegaflow__query_prefix_blocks_request__pack(&r, buf), len);
+        compare_pq(buf, len, "packed by protobuf-c");
+        /* mutated: a flipped bit, a cut, an inserted byte */
+        uint8_t *m = malloc(len + 1);
+        for (int k = 0; k < 12 && len; k++) {
+            size_t at = next() % len;
+            memcpy(m, buf, len);
+            if (k % 3 == 0) {
+                m[at] ^= (uint8_t)(1u << (next() % 8));
+                compare_pq(m, len, "a flipped bit");
+            } else if (k % 3 == 1) {
+                compare_pq(m, at, "a cut");
+            } else {
+                memmove(m + at + 1, m + at, len - at);
+                m[at] = (uint8_t)next();
+                compare_pq(m, len + 1, "an inserted byte");
+            }
+        }
+        free(m);
+        free(buf);
+        free(blob);
+        free(bd);
+    }
+    /* hand-made: the last namespace wins, unknown fields of every wire type are skipped */
+    uint8_t buf[512], *p = buf;
+    p = pf_wire_put_len_field(p, 1, "first", 5);
+    p = pf_wire_put_len_field(p, 2, "abcd", 4);
+    p = pf_wire_put_varint_field(p, 7, 3);
+    *p++ = 8 << 3 | 1;
+    memset(p, 1, 8);
+    p += 8;
+    *p++ = 9 << 3 | 5;
+    memset(p, 2, 4);
+    p += 4;
+    p = pf_wire_put_len_field(p, 10, "x", 1);
+    p = pf_wire_put_len_field(p, 2, "", 0);
+    p = pf_wire_put_len_field(p, 1, "second", 6);
+    compare_pq(buf, (size_t)(p - buf), "hand-made");
+    struct pf_wire_prefix_query q;
+    assert_int_equal(pf_wire_decode_prefix_query(buf, (size_t)(p - buf), &q), 0);
+    assert_string_equal(q.ns, "second");
+    assert_int_equal(q.n, 2);
+    assert_memory_equal(q.hashes[0].data, "abcd", 4);
+    assert_int_equal(q.hashes[1].len, 0);
+    pf_wire_prefix_query_free(&q);
+    static const uint8_t bad[][3] = {{1 << 3 | 0, 1}, {2 << 3 | 0, 1}, {2 << 3 | 5, 0}};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        compare_pq(bad[i], 2, "a wrong wire type");
+    print_message("%zu inputs compared, %zu accepted by both, %zu refused by validation first\n",
+                  compared, accepted, refused_by_validation);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_packed_by_protobuf_c),
         cmocka_unit_test(test_hand_made),
+        cmocka_unit_test(test_prefix_query),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
