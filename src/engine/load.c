@@ -73,14 +73,22 @@ static int keep_blocks(struct load_ctx *c, struct pf_block **b, size_t n)
     return 0;
 }
 
-/* Counts copy descriptors (and validates the plan) for one lease's blocks. gsg[g] is the
- * storage group of layer group g (-1: the group names no layer). A block is checked only
- * against the layer groups it has a destination in: the lease of a group-1 query carries
- * "no destination" for the attention groups and the other way round. */
-static int plan_lease(struct pf_instance *in, struct pf_worker *w, uint32_t tp_rank,
-                      const struct pf_engine_load *l, const int64_t *gsg,
+/* A layer of the request's groups, resolved once per Load (not once per block). */
+struct lay_ref {
+    struct pf_layer_reg *lr;
+    const struct pf_topo_layer *tl;
+    uint16_t slot; /* its slot in the blocks of its storage group, for this tp_rank */
+};
+
+/* Validates one lease's blocks against the request and appends their copy descriptors to x
+ * (room for them ensured by the caller). lay[goff[g] .. goff[g] + groups[g].n) are layer
+ * group g's layers; gsg[g] is its storage group (-1: the group names no layer). A block is
+ * checked only against the layer groups it has a destination in: the lease of a group-1
+ * query carries "no destination" for the attention groups and the other way round. */
+static int plan_lease(struct pf_instance *in, const struct pf_engine_load *l, const int64_t *gsg,
+                      const struct lay_ref *lay, const size_t *goff,
                       const struct pf_engine_load_lease *ll, struct pf_block **blocks, size_t nb,
-                      struct pf_xfer *x, bool emit, size_t *ndesc_p, char *err, size_t errlen)
+                      struct pf_xfer *x, char *err, size_t errlen)
 {
     if (ll->ngroups != l->ngroups) {
         snprintf(err, errlen,
@@ -113,47 +121,42 @@ static int plan_lease(struct pf_instance *in, struct pf_worker *w, uint32_t tp_r
                 return -EINVAL;
             }
             for (size_t k = 0; k < l->groups[g].n; k++) {
-                const char *name = l->groups[g].layer_names[k];
-                struct pf_layer_reg *lr = pf_worker_layer(w, name);
-                const struct pf_topo_layer *tl = &in->topo[lr->layer_id];
+                const struct lay_ref *r = &lay[goff[g] + k];
+                const struct pf_layout *lo = &r->lr->lay;
                 struct pf_slot sv, *s = &sv;
-                pf_block_slot(blocks[j], (uint16_t)pf_instance_slot_of(in, lr->layer_id, tp_rank),
-                              s);
-                if ((uint64_t)target >= lr->lay.num_blocks) {
+                pf_block_slot(blocks[j], r->slot, s);
+                if ((uint64_t)target >= lo->num_blocks) {
                     snprintf(err, errlen,
                              "layer %s: destination block id %lld out of range "
                              "(num_blocks %llu)",
-                             name, (long long)target, (unsigned long long)lr->lay.num_blocks);
+                             r->lr->name, (long long)target, (unsigned long long)lo->num_blocks);
                     return -EINVAL;
                 }
                 bool fits = in->page_first
-                                ? s->nseg == 1 && s->seg_len == in->shard_bytes[tl->index]
-                                : s->seg_len == lr->lay.copy_len && s->nseg == lr->lay.nseg;
+                                ? s->nseg == 1 && s->seg_len == in->shard_bytes[r->tl->index]
+                                : s->seg_len == lo->copy_len && s->nseg == lo->nseg;
                 if (!fits || !s->k) {
                     if (in->page_first)
                         snprintf(err, errlen,
                                  "layer %s: stored page (%u x %u bytes) does not match the "
                                  "registered shard page (%llu bytes)",
-                                 name, s->nseg, s->seg_len,
-                                 (unsigned long long)in->shard_bytes[tl->index]);
+                                 r->lr->name, s->nseg, s->seg_len,
+                                 (unsigned long long)in->shard_bytes[r->tl->index]);
                     else
                         snprintf(err, errlen,
                                  "layer %s: stored slot (%u x %u bytes) does not match the "
                                  "registered layout (%u x %llu bytes)",
-                                 name, s->nseg, s->seg_len, lr->lay.nseg,
-                                 (unsigned long long)lr->lay.copy_len);
+                                 r->lr->name, s->nseg, s->seg_len, lo->nseg,
+                                 (unsigned long long)lo->copy_len);
                     return -EINVAL;
                 }
-                for (uint32_t seg = 0; seg < lr->lay.nseg; seg++) {
-                    if (emit) {
-                        char *host = in->page_first ? (char *)s->k + tl->offset : seg ? s->v : s->k;
-                        x->descs[x->n++] = (struct pf_copy_desc){
-                            .dev = pf_layout_addr(&lr->lay, (uint64_t)target, seg),
-                            .host = host,
-                            .len = lr->lay.copy_len};
-                        x->bytes += lr->lay.copy_len;
-                    }
-                    (*ndesc_p)++;
+                for (uint32_t seg = 0; seg < lo->nseg; seg++) {
+                    char *host = in->page_first ? (char *)s->k + r->tl->offset : seg ? s->v : s->k;
+                    x->descs[x->n++] =
+                        (struct pf_copy_desc){.dev = pf_layout_addr(lo, (uint64_t)target, seg),
+                                              .host = host,
+                                              .len = lo->copy_len};
+                    x->bytes += lo->copy_len;
                 }
             }
         }
@@ -183,8 +186,11 @@ int pf_engine_load(struct pf_engine *e, const struct pf_engine_load *l, char *er
         size_t n;
     } *leased = NULL;
     size_t nleased = 0;
-    bool *seen = NULL;   /* per registered layer: named by the request */
-    int64_t *gsg = NULL; /* per layer group: its storage group, -1 while it names no layer */
+    bool *seen = NULL;    /* per registered layer: named by the request */
+    int64_t *gsg = NULL;  /* per layer group: its storage group, -1 while it names no layer */
+    size_t *goff = NULL;  /* per layer group: its first layer in lay */
+    size_t *gsegs = NULL; /* per layer group: copy descriptors per block (segments of its layers) */
+    struct lay_ref *lay = NULL; /* the groups' layers, resolved */
     if (!l->instance_id || !*l->instance_id) {
         snprintf(err, errlen, "instance_id must not be empty");
         rc = -EINVAL;
@@ -219,12 +225,20 @@ int pf_engine_load(struct pf_engine *e, const struct pf_engine_load *l, char *er
     }
     seen = calloc(w->nlayers ? w->nlayers : 1, sizeof(*seen));
     gsg = malloc(l->ngroups * sizeof(*gsg));
-    if (!seen || !gsg) {
+    goff = malloc(l->ngroups * sizeof(*goff));
+    gsegs = calloc(l->ngroups, sizeof(*gsegs));
+    size_t nlay = 0;
+    for (size_t g = 0; g < l->ngroups; g++)
+        nlay += l->groups[g].n;
+    lay = malloc((nlay ? nlay : 1) * sizeof(*lay));
+    if (!seen || !gsg || !goff || !gsegs || !lay) {
         rc = -ENOMEM;
         goto fail;
     }
+    nlay = 0;
     for (size_t g = 0; g < l->ngroups; g++) {
         gsg[g] = -1;
+        goff[g] = nlay;
         for (size_t k = 0; k < l->groups[g].n; k++) {
             const char *name = l->groups[g].layer_names[k];
             struct pf_layer_reg *lr = name ? pf_worker_layer(w, name) : NULL;
@@ -250,6 +264,11 @@ int pf_engine_load(struct pf_engine *e, const struct pf_engine_load *l, char *er
                 goto fail;
             }
             gsg[g] = sg;
+            lay[nlay++] = (struct lay_ref){
+                .lr = lr,
+                .tl = &in->topo[lr->layer_id],
+                .slot = (uint16_t)pf_instance_slot_of(in, lr->layer_id, l->tp_rank)};
+            gsegs[g] += lr->lay.nseg;
         }
     }
     leased = calloc(l->nloads ? l->nloads : 1, sizeof(*leased));
@@ -258,16 +277,26 @@ int pf_engine_load(struct pf_engine *e, const struct pf_engine_load *l, char *er
         goto fail;
     }
     /* every lease is checked against the request before any share is taken: a rejected
-     * Load leaves its leases as they were (the caller may retry it corrected) */
-    size_t ndesc = 0;
+     * Load leaves its leases as they were (the caller may retry it corrected). The copy
+     * list is built in the same pass, into room for every block of every group. */
+    size_t room = 0;
     for (size_t i = 0; i < l->nloads; i++) {
         rc = pf_lease_peek(e->leases, l->loads[i].lease.data, l->loads[i].lease.len, in->id,
                            &leased[i].b, &leased[i].n, err, errlen);
         if (rc)
             goto fail;
         nleased = i + 1;
-        rc = plan_lease(in, w, l->tp_rank, l, gsg, &l->loads[i], leased[i].b, leased[i].n, NULL,
-                        false, &ndesc, err, errlen);
+        for (size_t g = 0; g < l->ngroups; g++)
+            room += leased[i].n * gsegs[g];
+    }
+    x = pf_xfer_new(PF_COPY_H2D, w->mode, room ? room : 1);
+    if (!x) {
+        rc = -ENOMEM;
+        goto fail;
+    }
+    for (size_t i = 0; i < l->nloads; i++) {
+        rc = plan_lease(in, l, gsg, lay, goff, &l->loads[i], leased[i].b, leased[i].n, x, err,
+                        errlen);
         if (rc)
             goto fail;
     }
@@ -296,20 +325,12 @@ int pf_engine_load(struct pf_engine *e, const struct pf_engine_load *l, char *er
             goto fail;
         }
     }
-    if (ndesc == 0) {
+    if (x->n == 0) {
         pf_loadstate_set(&c->shm, 1);
         rc = 0;
         goto fail; /* nothing to copy: success, release everything */
     }
-    x = pf_xfer_new(PF_COPY_H2D, w->mode, ndesc);
-    if (!x) {
-        rc = -ENOMEM;
-        goto fail;
-    }
-    size_t dummy = 0;
     for (size_t i = 0; i < l->nloads; i++) {
-        plan_lease(in, w, l->tp_rank, l, gsg, &l->loads[i], leased[i].b, leased[i].n, x, true,
-                   &dummy, err, errlen);
         rc = keep_blocks(c, leased[i].b, leased[i].n);
         if (rc)
             goto fail;
@@ -332,6 +353,9 @@ int pf_engine_load(struct pf_engine *e, const struct pf_engine_load *l, char *er
     free(leased);
     free(seen);
     free(gsg);
+    free(goff);
+    free(gsegs);
+    free(lay);
     pf_instance_put(in);
     return rc;
 fail:
@@ -354,6 +378,9 @@ fail:
     free(leased);
     free(seen);
     free(gsg);
+    free(goff);
+    free(gsegs);
+    free(lay);
     pf_xfer_put(x);
     pf_instance_put(in);
     return rc;
