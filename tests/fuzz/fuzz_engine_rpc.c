@@ -346,10 +346,13 @@ static void run_one(uint8_t sel, const uint8_t *data, size_t size)
     fz_call_reset(&call);
     if (m->raw) {
         /* a handler that checks its request itself (checks_request: the server skips
-         * pf_rpc_validate) must refuse what validation refuses, with its code and message */
+         * pf_rpc_validate) must refuse what validation refuses, with its code and message;
+         * any other raw handler (Save, decoded in place) runs, as in the server, only on
+         * bytes that passed validation */
         char verr[PF_RPC_ERRMSG] = "";
-        int vrc =
-            m->checks_request ? pf_rpc_validate(m->req_desc, data, size, verr, sizeof(verr)) : 0;
+        int vrc = pf_rpc_validate(m->req_desc, data, size, verr, sizeof(verr));
+        if (vrc && !m->checks_request)
+            return; /* the server answers with validation's error */
         int rc = m->raw(&svc, &call, data, size);
         fz_check_unary(m->path, rc, &call);
         if (vrc && (call.code != pf_grpc_code_from_errno(vrc) || strcmp(call.msg, verr) != 0))

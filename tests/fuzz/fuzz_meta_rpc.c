@@ -1,5 +1,6 @@
 /* Fuzz target: every request of service pegaflow.MetaServer (src/meta/service.c), unpacked
- * by the generated protobuf-c code and validated by the handlers, against a fresh in-memory
+ * by the generated protobuf-c code (QueryPrefixBlocks: validated by pf_rpc_validate, then
+ * decoded in place by its raw handler, as in the server) and checked by the handlers, against a fresh in-memory
  * store per input (fake clock, stale 30 s, TTL 120 s).
  *
  * Input: byte 0 < 0x80: one request, byte 0 picks the method in pf_meta_methods[] (modulo
@@ -18,6 +19,8 @@
 #include "pf/clock.h"
 #include "pf/log.h"
 #include "pf/meta.h"
+#include "pf/rpc.h"
+#include "rpc/validate.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -43,6 +46,16 @@ static void one(struct pf_meta_store *st, struct pf_fake_clock *clk, uint8_t sel
         return;
     }
     const struct pf_rpc_method *m = &pf_meta_methods[sel % pf_meta_nmethods];
+    if (m->raw) { /* decoded in place (QueryPrefixBlocks), after validation as in the server */
+        char verr[PF_RPC_ERRMSG];
+        if (pf_rpc_validate(m->req_desc, msg, len, verr, sizeof(verr)) != 0)
+            return; /* the server answers with validation's error */
+        struct pf_rpc_call call;
+        fz_call_reset(&call);
+        int rc = m->raw(st, &call, msg, len);
+        fz_check_unary(m->path, rc, &call);
+        return;
+    }
     ProtobufCMessage *req = protobuf_c_message_unpack(m->req_desc, NULL, len, msg);
     if (!req)
         return; /* the server answers INVALID_ARGUMENT "malformed ..." */
