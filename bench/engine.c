@@ -523,9 +523,9 @@ static void throughput_run(struct eng *e, struct pf_simkv *src, struct pf_simkv 
         f0 = server_faults(e->s.pid);
     }
     double t = bu_now();
-    double pc[8] = {0};
-    double trpc = bu_save_range(c, src_id, tag, 0, nb, nb < 4096 ? nb : 4096, nb, TMO, nb <= 32768 ? pc : NULL);
-    if (verbose) fprintf(stderr, "CLIENT %.3f %.3f %.3f %.3f\n", pc[0]*1e3, pc[1]*1e3, pc[2]*1e3, pc[3]*1e3);
+    uint64_t batch = nb < 4096 ? nb : 4096, ncalls = (nb + batch - 1) / batch;
+    double *per_call = verbose ? calloc(ncalls, sizeof(*per_call)) : NULL;
+    double trpc = bu_save_range(c, src_id, tag, 0, nb, batch, nb, TMO, per_call);
     bu_wait_resident(c, src_id, tag, 0, nb, TMO);
     double ts = bu_now() - t;
     if (verbose) {
@@ -535,8 +535,15 @@ static void throughput_run(struct eng *e, struct pf_simkv *src, struct pf_simkv 
                 "  %lluKiB run %d: Save RPCs %.1f ms, until queryable %.1f ms, %llu server page "
                 "faults\n",
                 (unsigned long long)(bs >> 10), r, trpc * 1e3, ts * 1e3, f1 - f0);
+        if (per_call && ncalls > 1) { /* each call's round trip, as the client saw it */
+            fprintf(stderr, "    Save calls of %llu blocks (ms):", (unsigned long long)batch);
+            for (uint64_t i = 0; i < ncalls; i++)
+                fprintf(stderr, " %.1f", per_call[i] * 1e3);
+            fprintf(stderr, "\n");
+        }
         print_cpu(&c0, &c1);
     }
+    free(per_call);
     uint8_t lease[16];
     if (bu_query_n(c, dst_id, tag, 0, nb, lease, NULL, TMO) != nb)
         bu_die("engine", "query after save");

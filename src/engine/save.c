@@ -589,7 +589,6 @@ int pf_engine_save(struct pf_engine *e, const char *instance_id, uint32_t tp_ran
         goto out;
     }
     pf_metric_observe(e->m_save_dur, (double)(pf_now_ns() - t0) / 1e9);
-    fprintf(stderr, "SAVEPROF n=%zu total %.3f\n", left, (pf_now_ns() - t0) / 1e6);
     goto out;
 alloc_fail:
     if (rc == -ENOMEM) {
