@@ -11,6 +11,7 @@
 #include <string.h>
 
 #define PF_LOG_MOD "http"
+#include "http/http_internal.h"
 #include "pf/engine.h"
 #include "pf/http.h"
 #include "pf/log.h"
@@ -72,8 +73,9 @@ int pf_http_instances_cleanup(void *ctx, const struct pf_http_req *req, struct p
     int rc = pf_engine_cleanup_instances(e, id, &removed, &nremoved, &ntensors);
     if (rc == -ENOENT) {
         free(removed);
-        char msg[300];
-        snprintf(msg, sizeof(msg), "instance %s not found\n", id);
+        char msg[300], eid[200];
+        pf_http_printable(id, eid, sizeof(eid));
+        snprintf(msg, sizeof(msg), "instance %s not found\n", eid);
         return pf_http_resp_text(resp, 404, msg);
     }
     if (rc)

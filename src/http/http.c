@@ -102,11 +102,13 @@ static enum MHD_Result check_param(void *cls, enum MHD_ValueKind kind, const cha
     bool known = false;
     for (const char *const *a = pc->allowed; a && *a && !known; a++)
         known = strcmp(*a, key) == 0;
+    char ek[64]; /* the client's key, escaped (and cut) for the answer */
+    pf_http_printable(key, ek, sizeof(ek));
     if (!known)
-        snprintf(pc->bad, sizeof(pc->bad), "unknown query parameter '%.60s'", key);
+        snprintf(pc->bad, sizeof(pc->bad), "unknown query parameter '%s'", ek);
     else if (!value)
-        snprintf(pc->bad, sizeof(pc->bad), "query parameter '%.60s' has no value (use %.60s=...)",
-                 key, key);
+        snprintf(pc->bad, sizeof(pc->bad), "query parameter '%s' has no value (use %s=...)", ek,
+                 ek);
     return pc->bad[0] ? MHD_NO : MHD_YES;
 }
 
@@ -129,8 +131,7 @@ static size_t unescape(void *cls, struct MHD_Connection *c, char *s)
     return (size_t)(w - s);
 }
 
-/* in with every byte outside printable ASCII as \xNN, truncated to fit out (n > 4) */
-static void printable(const char *in, char *out, size_t n)
+void pf_http_printable(const char *in, char *out, size_t n)
 {
     size_t o = 0;
     for (const unsigned char *p = (const unsigned char *)in; *p && o + 5 < n; p++) {
@@ -173,8 +174,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         /* the client's bytes go into the answer escaped: a decoded "%0a" in the path must not
          * put a line of the client's choosing into the body */
         char msg[512], em[64], eu[160];
-        printable(method, em, sizeof(em));
-        printable(url, eu, sizeof(eu));
+        pf_http_printable(method, em, sizeof(em));
+        pf_http_printable(url, eu, sizeof(eu));
         if (allow[0]) {
             snprintf(msg, sizeof(msg), "method %s not allowed on %s (allowed: %s)\n", em, eu,
                      allow);

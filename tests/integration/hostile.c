@@ -446,6 +446,18 @@ static void sc_http(void)
     PFT_CHECK(pft_http(H, P, "POST", "/instances/cleanup?id=http-inst%00x", &body) == 404,
               "%%00 in id: %s", body ? body : "");
     free(body);
+    /* the client's decoded bytes come back escaped: a "%0a" in a key or an id must not put a
+     * line of the client's choosing into the answer (fuzz_http found the key case) */
+    PFT_CHECK(pft_http(H, P, "POST", "/instances/cleanup?a%0aHTTP/1.1%20200=x", &body) == 400 &&
+                  strstr(body, "unknown query parameter 'a\\x0aHTTP/1.1 200'") &&
+                  !strstr(body, "\nHTTP/1."),
+              "%%0a in a key: %s", body ? body : "");
+    free(body);
+    PFT_CHECK(pft_http(H, P, "POST", "/instances/cleanup?id=no%0aHTTP/1.1%ef", &body) == 404 &&
+                  strstr(body, "instance no\\x0aHTTP/1.1\\xef not found") &&
+                  !strstr(body, "\nHTTP/1."),
+              "%%0a in an id: %s", body ? body : "");
+    free(body);
     PFT_CHECK(pft_http(H, P, "GET", "/health%00", &body) == 404, "/health%%00: %s",
               body ? body : "");
     free(body);
