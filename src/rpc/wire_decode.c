@@ -92,6 +92,18 @@ static size_t round8(size_t n)
     return (n + 7) & ~(size_t)7;
 }
 
+/* Copies a string field's n bytes at p (NULL: absent, "") to *cur as a C string; returns it
+ * and advances *cur past its NUL. */
+static const char *put_str(char **cur, const uint8_t *p, size_t n)
+{
+    char *s = *cur;
+    if (n)
+        memcpy(s, p, n);
+    s[n] = '\0';
+    *cur += n + 1;
+    return s;
+}
+
 int pf_wire_decode_save(const uint8_t *data, size_t len, struct pf_wire_save *s)
 {
     memset(s, 0, sizeof(*s));
@@ -147,10 +159,7 @@ int pf_wire_decode_save(const uint8_t *data, size_t len, struct pf_wire_save *s)
     struct pf_bytes *hashes = (void *)(mem + off_h);
     uint32_t *ids = (void *)(mem + off_i);
     char *str = mem + off_s;
-    memcpy(str, inst ? (const char *)inst : "", instlen);
-    str[instlen] = '\0';
-    s->instance_id = str;
-    str += instlen + 1;
+    s->instance_id = put_str(&str, inst, instlen);
     /* pass 2: the layers (the wire was checked in pass 1) */
     w = (struct pf_wire){data, data + len};
     size_t li = 0;
@@ -159,14 +168,11 @@ int pf_wire_decode_save(const uint8_t *data, size_t len, struct pf_wire_save *s)
             continue;
         struct layer_scan sc = {0};
         (void)layer_walk(f.data, f.len, &sc, ids, hashes);
-        memcpy(str, sc.name ? (const char *)sc.name : "", sc.namelen);
-        str[sc.namelen] = '\0';
-        layers[li++] = (struct pf_engine_save_layer){.name = str,
+        layers[li++] = (struct pf_engine_save_layer){.name = put_str(&str, sc.name, sc.namelen),
                                                      .block_ids = ids,
                                                      .nids = sc.nids,
                                                      .hashes = hashes,
                                                      .nhashes = sc.nhashes};
-        str += sc.namelen + 1;
         ids += sc.nids;
         hashes += sc.nhashes;
     }
@@ -214,14 +220,12 @@ int pf_wire_decode_prefix_query(const uint8_t *data, size_t len, struct pf_wire_
         return -ENOMEM;
     struct pf_meta_hash *hashes = (void *)mem;
     char *str = mem + off_s;
-    memcpy(str, ns ? (const char *)ns : "", nslen);
-    str[nslen] = '\0';
+    q->ns = put_str(&str, ns, nslen);
     w = (struct pf_wire){data, data + len};
     size_t i = 0;
     while (pf_wire_next(&w, &f) == 1)
         if (f.number == PQ_HASHES)
             hashes[i++] = (struct pf_meta_hash){.len = f.len, .data = f.data};
-    q->ns = str;
     q->hashes = hashes;
     q->n = n;
     q->mem = mem;

@@ -53,6 +53,14 @@ int pft_http(const char *host, int port, const char *method, const char *path, c
 /* Deterministic bytes: fills buf from (seed, stream). */
 void pft_fill(void *buf, size_t len, uint64_t seed, uint64_t stream);
 uint64_t pft_seed(void); /* PF_TEST_SEED or time; printed */
+/* The next value of xorshift64 state *x (non-zero: seed it with pft_seed() | 1). */
+static inline uint64_t pft_xorshift(uint64_t *x)
+{
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    return *x;
+}
 
 uint64_t pft_now_ms(void);
 

@@ -211,6 +211,22 @@ static void test_cleanup_and_hints(void **st)
     pf_cache_destroy(c);
 }
 
+/* A TinyLFU cache (64 items) holding block (1, 1) of blk(), looked up ten times: a newcomer
+ * seen once is refused beside it. The caller puts *hot_p and destroys the cache. */
+static struct pf_cache *lfu_with_hot_block(struct pf_block **hot_p)
+{
+    struct pf_cache *c;
+    struct pf_cache_config cfg = {.lfu_items = 64};
+    assert_int_equal(pf_cache_create(&cfg, &c), 0);
+    struct pf_block *hot = blk(1, 1);
+    assert_int_equal(pf_cache_insert(c, hot, PF_CLASS_RETAINED), 1);
+    struct pf_block_key hk = pf_block_key(hot);
+    for (int i = 0; i < 10; i++)
+        pf_cache_prefix(c, &hk, 1, NULL);
+    *hot_p = hot;
+    return c;
+}
+
 static void test_tinylfu(void **st)
 {
     struct pf_tinylfu *t;
@@ -229,14 +245,8 @@ static void test_tinylfu(void **st)
     pf_tinylfu_destroy(t);
 
     /* admission: a one-hit wonder is refused in favour of a popular victim */
-    struct pf_cache *c;
-    struct pf_cache_config cfg = {.lfu_items = 64};
-    assert_int_equal(pf_cache_create(&cfg, &c), 0);
-    struct pf_block *hot = blk(1, 1);
-    assert_int_equal(pf_cache_insert(c, hot, PF_CLASS_RETAINED), 1);
-    struct pf_block_key hk = pf_block_key(hot);
-    for (int i = 0; i < 10; i++)
-        pf_cache_prefix(c, &hk, 1, NULL);
+    struct pf_block *hot;
+    struct pf_cache *c = lfu_with_hot_block(&hot);
     struct pf_block *cold = blk(1, 2);
     assert_int_equal(pf_cache_insert(c, cold, PF_CLASS_RETAINED), -EACCES);
     struct pf_block_key ck = pf_block_key(cold);
@@ -596,13 +606,8 @@ static void test_batched_insert(void **st)
         pf_block_put(bl[i]);
     pf_cache_destroy(c);
     /* admission applies per block: a cold newcomer is refused beside a popular victim */
-    struct pf_cache_config cfg = {.lfu_items = 64};
-    assert_int_equal(pf_cache_create(&cfg, &c), 0);
-    struct pf_block *hot = blk(1, 1);
-    assert_int_equal(pf_cache_insert(c, hot, PF_CLASS_RETAINED), 1);
-    struct pf_block_key hk = pf_block_key(hot);
-    for (int i = 0; i < 10; i++)
-        pf_cache_prefix(c, &hk, 1, NULL);
+    struct pf_block *hot;
+    c = lfu_with_hot_block(&hot);
     struct pf_block *two[2] = {blk(1, 1), blk(1, 2)};
     assert_int_equal(pf_cache_insert_each(c, two, 2, PF_CLASS_RETAINED, rc), 0);
     assert_int_equal(rc[0], 0);

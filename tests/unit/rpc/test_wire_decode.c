@@ -31,10 +31,7 @@ static uint64_t rng;
 
 static uint64_t next(void)
 {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
+    return pft_xorshift(&rng);
 }
 
 static size_t compared, accepted;
